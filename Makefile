@@ -1,0 +1,37 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   the whole pipeline on the built-in demo world (writes runs/demo/)
+#   make test   the test suite (slow and gpu tests are off by default: make test-slow / test-gpu)
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test test-slow test-gpu install clean-runs
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+# torch first, pinned here (not in pyproject) so a GPU machine can bring its own CUDA build
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet $(TORCH)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/specdraft run configs/demo.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu
+
+clean-runs:
+	rm -rf runs/

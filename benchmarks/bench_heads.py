@@ -1,0 +1,99 @@
+"""Time training the SpecDec++ head grid (D in 0..4 x w_rej in {1, 3, 6, 12} = 20 heads) on CPU.
+
+Synthetic cached features of demo size (default 100k Y positions, hidden 64, fp16) with soft labels
+from a hidden logistic teacher skewed towards acceptance, as real acceptance data is. Measures:
+  grid-stacked   all 20 heads in one Lightning run (heads/lit_head.py's default), full recipe
+  separate       one Lightning run per head (20 runs): timed on a subset, per-step cost extrapolated
+and prints the best head's eval KL next to the constant predictor's. Appends a section to
+benchmarks/RESULTS.md unless --no-write.
+
+    python benchmarks/bench_heads.py [--positions 100000] [--hidden 64] [--epochs 3] [--no-write]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from heads.lit_head import DEPTHS, W_REJS, HeadSpec, HeadTrainConfig, train_head_grid, train_heads  # noqa: E402
+from heads.metrics import constant_baseline  # noqa: E402
+
+
+def synthetic(m: int, hidden: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    feats = torch.randn(m, hidden, generator=g)
+    w = torch.randn(hidden, generator=g) / hidden**0.5
+    labels = torch.sigmoid(2.5 * feats @ w + 1.5 + 0.5 * torch.randn(m, generator=g)).clamp(0, 1)
+    return feats.half(), labels
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--positions", type=int, default=100_000)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--separate-positions", type=int, default=10_000, help="subset for timing separate runs")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+
+    train = synthetic(args.positions, args.hidden, seed=0)
+    dev = synthetic(max(args.positions // 10, 1000), args.hidden, seed=1)
+    cfg = HeadTrainConfig(epochs=args.epochs)
+    steps = args.epochs * -(-args.positions // cfg.batch_size)
+    load = os.getloadavg()[0]
+
+    t = time.perf_counter()
+    heads = train_head_grid(train, dev, cfg=cfg)
+    grid_s = time.perf_counter() - t
+
+    sub = (train[0][: args.separate_positions], train[1][: args.separate_positions])
+    sub_steps = -(-args.separate_positions // cfg.batch_size)
+    specs = [HeadSpec(d, w) for d in DEPTHS for w in W_REJS]
+    t = time.perf_counter()
+    for spec in specs:
+        train_heads(sub, None, [spec], HeadTrainConfig(epochs=1))
+    sep_s = time.perf_counter() - t
+    sep_per_step = sep_s / (len(specs) * sub_steps)
+    sep_full_est = sep_per_step * steps * len(specs)
+
+    base = constant_baseline(dev[1])
+    best = min(heads, key=lambda h: h.eval_metrics["kl"])
+    rows = [
+        ("grid-stacked, 20 heads in 1 run (measured)", grid_s, grid_s / steps * 1000),
+        (f"separate, 20 runs (measured on {args.separate_positions} positions x 1 epoch, extrapolated)",
+         sep_full_est, sep_per_step * 1000 * len(specs)),
+    ]
+    lines = [
+        f"## Acceptance-head grid training ({datetime.date.today().isoformat()}, 2-core CPU box)",
+        "",
+        f"`python benchmarks/bench_heads.py --positions {args.positions} --hidden {args.hidden} --epochs {args.epochs}`: "
+        f"20 heads (D 0..4 x w_rej 1/3/6/12), {args.positions} cached fp16 positions, batch {cfg.batch_size}, "
+        f"{steps} steps per head, torch {torch.__version__}, 1 torch thread; load average at start {load:.1f} "
+        "(the box is shared, so times are upper bounds).",
+        "",
+        "| variant | wall s (all 20 heads) | ms per step (all 20 heads) |",
+        "| --- | ---: | ---: |",
+        *[f"| {name} | {s:.1f} | {ms:.2f} |" for name, s, ms in rows],
+        "",
+        f"Speedup of stacking: {sep_full_est / grid_s:.1f}x. Best head {best.spec.name}: eval KL "
+        f"{best.eval_metrics['kl']:.4f} vs constant predictor {base['kl']:.4f}; rejection AUROC "
+        f"{best.eval_metrics['auroc_reject']:.3f}.",
+        "",
+    ]
+    print("\n".join(lines))
+    print("per head eval KL:", ", ".join(f"{h.spec.name}={h.eval_metrics['kl']:.4f}" for h in heads))
+    if not args.no_write:
+        results = Path(__file__).resolve().parent / "RESULTS.md"
+        with results.open("a") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Prompt sets as `datasets` datasets: the demo world's, or a user's JSONL files / datasets directories.
+
+Every prompt set has the same columns, so the stages never care where prompts came from:
+  id        stable example id ("<domain>/<split>/<n>")
+  domain    task domain (drafters specialise by it)
+  prompt    the text the target continues
+  response  reference answer ("" when unknown); the demo corpus uses it, generation never does
+  split     train | dev | test | perturbed | ood
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import datasets
+
+from data import demo_world
+from data.templates import REPHRASINGS, render
+from decoding.errors import InputError
+
+COLUMNS = ("id", "domain", "prompt", "response", "split")
+SPLITS = ("train", "dev", "test")
+
+
+def _rows(examples: list[demo_world.Example], split: str) -> list[dict]:
+    return [{"id": e.id, "domain": e.domain, "prompt": e.prompt, "response": e.response, "split": split}
+            for e in examples]
+
+
+def demo_prompt_sets(seed: int, domains, heldout, n_train: int, n_dev: int, n_test: int) -> datasets.DatasetDict:
+    """train/dev/test per in-domain task, plus `perturbed` (test prompts reworded by fixed rephrasing
+    templates) and `ood` (test prompts of held-out domains no drafter is trained on)."""
+    rows = {s: [] for s in (*SPLITS, "perturbed", "ood")}
+    for domain in domains:
+        for split, n in zip(SPLITS, (n_train, n_dev, n_test)):
+            rows[split] += _rows(demo_world.build_split(domain, split, n, seed), split)
+        for i, e in enumerate(demo_world.build_split(domain, "test", n_test, seed)):
+            rows["perturbed"].append({"id": f"{domain}/perturbed/{i:06d}", "domain": domain,
+                                      "prompt": render(domain, e.fields, rephrasing=i % len(REPHRASINGS[domain])),
+                                      "response": e.response, "split": "perturbed"})
+    for domain in heldout:
+        rows["ood"] += [dict(r, id=r["id"].replace("/test/", "/ood/"), split="ood")
+                        for r in _rows(demo_world.build_split(domain, "test", n_test, seed), "ood")]
+    return datasets.DatasetDict({s: datasets.Dataset.from_list(r) if r else _empty() for s, r in rows.items()})
+
+
+def demo_corpus(seed: int, domains, n_per_domain: int) -> datasets.Dataset:
+    """Pretraining documents (prompt + reference response) for every domain, held-out ones included:
+    the target is the general model and knows every domain; drafters never see the held-out ones."""
+    rows = [{"domain": d, "prompt": e.prompt, "response": e.response}
+            for d in domains for e in demo_world.build_split(d, "corpus", n_per_domain, seed)]
+    return datasets.Dataset.from_list(rows)
+
+
+def _empty() -> datasets.Dataset:
+    return datasets.Dataset.from_dict({c: [] for c in COLUMNS})
+
+
+def _split_of(example_id: str, dev_frac: float = 0.1, test_frac: float = 0.1) -> str:
+    u = int(hashlib.sha256(example_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return "dev" if u < dev_frac else "test" if u < dev_frac + test_frac else "train"
+
+
+def load_user_prompts(path: str | Path) -> list[dict]:
+    """A JSONL file (one object per line with a `prompt` field; optional `domain`, `response`, `split`,
+    `id`) or a `datasets` directory (Dataset or DatasetDict with at least a `prompt` column)."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"prompt source '{path}' does not exist; give a JSONL file or a datasets directory")
+    if path.is_dir():
+        try:
+            ds = datasets.load_from_disk(str(path))
+        except Exception as e:  # datasets raises several types for a non-dataset dir
+            raise InputError(f"'{path}' is not a datasets directory ({type(e).__name__}); save it with save_to_disk") from None
+        parts = ds.items() if isinstance(ds, datasets.DatasetDict) else [(None, ds)]
+        raw = [dict(r, split=r.get("split") or split) for split, d in parts for r in d]
+    else:
+        raw = []
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                raise InputError(f"{path}:{n} is not valid JSON; each line must be one JSON object") from None
+            if not isinstance(obj, dict):
+                raise InputError(f"{path}:{n} must be a JSON object with a 'prompt' field")
+            raw.append(obj)
+    rows = []
+    for n, r in enumerate(raw):
+        if not isinstance(r.get("prompt"), str) or not r["prompt"]:
+            raise InputError(f"{path}: record {n} has no non-empty 'prompt' string; every record needs one")
+        domain = str(r.get("domain") or path.stem)
+        ex_id = str(r.get("id") or f"{domain}/{path.stem}/{n:06d}")
+        split = r.get("split") or _split_of(ex_id)
+        if split not in (*SPLITS, "perturbed", "ood"):
+            raise InputError(f"{path}: record {n} has split {split!r}; use train, dev, test, perturbed or ood")
+        rows.append({"id": ex_id, "domain": domain, "prompt": r["prompt"], "response": str(r.get("response") or ""),
+                     "split": split})
+    if not rows:
+        raise InputError(f"prompt source '{path}' holds no prompts")
+    return rows
+
+
+def user_prompt_sets(paths) -> datasets.DatasetDict:
+    rows = [r for p in paths for r in load_user_prompts(p)]
+    ids = [r["id"] for r in rows]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise InputError(f"prompt id {dup!r} appears twice across the prompt sources; ids must be unique")
+    by_split = {s: [r for r in rows if r["split"] == s] for s in (*SPLITS, "perturbed", "ood")}
+    return datasets.DatasetDict({s: datasets.Dataset.from_list(r) if r else _empty() for s, r in by_split.items()})
+
+
+def load_prompt_sets(prompts_dir: str | Path) -> datasets.DatasetDict:
+    """The `prompts/` stage output."""
+    return datasets.load_from_disk(str(Path(prompts_dir) / "sets"))
+
+
+def domains_of(ds: datasets.Dataset) -> list[str]:
+    return sorted(set(ds["domain"]))

@@ -1,0 +1,49 @@
+"""Prompt templates per demo domain, and the fixed rephrasings used for the robustness sets.
+
+A template turns an example's fields into the prompt text; the target's answer follows the prompt
+directly (the response starts with a space). The rephrasings say the same thing in other words: a
+router that learned the surface form of the canonical template should stumble on them, a bandit that
+measures acceptance online should not (MetaSD §4.3).
+"""
+from __future__ import annotations
+
+TEMPLATES: dict[str, str] = {
+    "code": "Complete this Python function from the {module} module:\n{head}",
+    "math": "Question: {question}\nAnswer:",
+    "translate": "Translate to {lang}: {sentence} =>",
+    "summarize": "Summarize: {paragraph}\nSummary:",
+    "chat": "User: {message}\nAssistant:",
+    "spell": "Spell the word '{word}' letter by letter:",
+}
+
+REPHRASINGS: dict[str, list[str]] = {
+    "code": [
+        "Here is the start of a function ({module}). Write the rest.\n{head}",
+        "# finish the implementation below, taken from {module}\n{head}",
+    ],
+    "math": [
+        "Solve this word problem and show your work. {question}\nSolution:",
+        "Can you work this out step by step? {question}\nWorking:",
+    ],
+    "translate": [
+        "Please render this sentence in {lang}. {sentence} ->",
+        "How would you say \"{sentence}\" in {lang}? Answer:",
+    ],
+    "summarize": [
+        "Give a one-sentence summary of the following text. {paragraph}\nOne sentence:",
+        "TL;DR of: {paragraph}\nTL;DR:",
+    ],
+    "chat": [
+        "Human: {message}\nAI:",
+        "Q: {message}\nA:",
+    ],
+    "spell": [
+        "How do you spell '{word}'? Letters:",
+        "Write out '{word}' one letter at a time:",
+    ],
+}
+
+
+def render(domain: str, fields: dict[str, str], rephrasing: int | None = None) -> str:
+    template = TEMPLATES[domain] if rephrasing is None else REPHRASINGS[domain][rephrasing % len(REPHRASINGS[domain])]
+    return template.format(**fields)

@@ -1,0 +1,36 @@
+"""The demo target's tokenizer: byte-level BPE trained with `tokenizers`, saved as an HF fast tokenizer.
+
+Byte-level BPE needs no unknown token and round-trips any text, including code indentation. The
+result is a `PreTrainedTokenizerFast` saved with `save_pretrained`, so `AutoTokenizer.from_pretrained`
+loads it like any hub tokenizer.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[PAD, BOS, EOS],  # ids 0, 1, 2
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    bos_id = tok.token_to_id(BOS)
+    # Every encoded text starts with BOS (prompts and training documents alike); EOS is appended by
+    # the data code where a document ends, never by the tokenizer, so prompts stay open-ended.
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, bos_id)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, padding_side="left",
+        model_max_length=1_000_000,
+    )

@@ -1,0 +1,84 @@
+"""The SpecDec++ cost model (§3, §5.2, Eq. 3.1 and 5.1) and the fixed-K analytic speedup.
+
+T_total = t_draft N_draft + t_target N_target                                  (3.1)
+latency per token = t_draft (1 + N_discarded/N) + (t_target - t_draft) N_target/N (5.1)
+fixed-K speedup over the target alone, per-token acceptance a, cost ratio c = t_draft / t_target:
+    (1 - a^(K+1)) / ((1 - a)(K c + 1))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from decoding.errors import InputError
+from decoding.metrics import GenerationMetrics
+
+
+@dataclass(frozen=True)
+class CostFit:
+    t_draft: float  # seconds per draft forward
+    t_target: float  # seconds per target forward
+    r2: float  # coefficient of determination of the fit on T_total
+    n_rows: int
+
+    @property
+    def cost_ratio(self) -> float:
+        return self.t_draft / self.t_target
+
+    def predict_total(self, n_draft: float, n_target: float) -> float:
+        """Eq. 3.1."""
+        return self.t_draft * n_draft + self.t_target * n_target
+
+    def predict_latency(self, discard_rate: float, verification_rate: float) -> float:
+        """Eq. 5.1: seconds per generated token from the two hardware-independent rates."""
+        return self.t_draft + self.t_draft * discard_rate + (self.t_target - self.t_draft) * verification_rate
+
+
+def fit_costs(rows: Iterable[tuple[float, float, float]]) -> CostFit:
+    """Least squares T_total ~ t_draft N_draft + t_target N_target, no intercept (Eq. 3.1), over
+    (N_draft, N_target, T_total) rows, e.g. one per generation. R^2 is about the mean of T_total."""
+    data = torch.tensor(list(rows), dtype=torch.float64)
+    if data.dim() != 2 or data.shape[0] < 2 or data.shape[1] != 3:
+        raise InputError("fit_costs needs at least two (N_draft, N_target, T_total) rows")
+    X, y = data[:, :2], data[:, 2:]
+    coef = torch.linalg.lstsq(X, y).solution[:, 0]
+    residual = y[:, 0] - X @ coef
+    ss_res = float((residual**2).sum())
+    ss_tot = float(((y[:, 0] - y[:, 0].mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    return CostFit(t_draft=float(coef[0]), t_target=float(coef[1]), r2=r2, n_rows=data.shape[0])
+
+
+def fit_from_metrics(items: Iterable[GenerationMetrics]) -> CostFit:
+    return fit_costs((m.n_draft, m.n_target, m.time_total) for m in items)
+
+
+def expected_tokens_per_round(a: float, k: int) -> float:
+    """E[tokens per round] with i.i.d. per-token acceptance a: (1 - a^(K+1)) / (1 - a)."""
+    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def analytic_speedup(a: float, k: int, c: float) -> float:
+    """Fixed-K speedup over autoregressive decoding of the target (Leviathan et al. Thm 3.8)."""
+    return expected_tokens_per_round(a, k) / (k * c + 1.0)
+
+
+def acceptance_from_mat(mat: float, k: int) -> float:
+    """The i.i.d. acceptance a whose expected tokens per round equals a measured MAT (fixed K).
+
+    Measured this way the analytic speedup uses exactly the measured tokens per target call, so the
+    implementation efficiency isolates time overheads from acceptance modelling error."""
+    if not (1.0 <= mat <= k + 1):
+        raise InputError(f"MAT must be in [1, K+1] = [1, {k + 1}], got {mat}")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # bisection; expected_tokens_per_round is increasing in a
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens_per_round(mid, k) < mat else (lo, mid)
+    return (lo + hi) / 2
+
+
+def implementation_efficiency(measured_speedup: float, a: float, k: int, c: float) -> float:
+    """Measured speedup / analytic speedup: 1.0 means no overhead beyond the cost model."""
+    return measured_speedup / analytic_speedup(a, k, c)

@@ -1,0 +1,118 @@
+"""Speculative sampling (SpecDec++ App. C, Alg. 2) as a thin loop over small pieces.
+
+Per round:
+    draft = speculator.propose(context)                     y_1..y_k with q_1..q_k   (k >= 0)
+    p     = one target forward over [unseen context, y_1..y_k] -> p_1..p_{k+1}
+    pi    = verification_distribution(p, q)                 p itself, or a cascade target
+    n, y' = verify(pi, q, y)                                accepted prefix + correction/bonus
+    roll the target cache back to context + y_1..y_n; commit y_1..y_n, y'
+The target cache never holds the last committed token: it is fed, together with the next drafts, in
+the next round's single forward. The speculator rolls its own cache back (see `decoding.speculator`).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from decoding import kv
+from decoding.autoregressive import as_token_list, eos_set, generate_autoregressive
+from decoding.compat import check_prompt
+from decoding.metrics import GenerationMetrics, GenerationResult
+from decoding.sampling import SamplingConfig, probs
+from decoding.speculator import DrafterSpeculator, RoundOutcome, Speculator
+from decoding.stopping import FixedK, HindsightOracle, StoppingPolicy
+from decoding.verify import verify
+
+# (p (k+1, V), q (k, V)) -> the distribution verification makes the output follow, (k+1, V)
+VerificationDistribution = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@torch.inference_mode()
+def generate_speculative(
+    target: torch.nn.Module,
+    speculator: Speculator,
+    prompt_ids,
+    max_new_tokens: int,
+    sampling: SamplingConfig = SamplingConfig(temperature=0.0),
+    eos_token_id: int | list[int] | None = None,
+    generator: torch.Generator | None = None,
+    verification_distribution: VerificationDistribution | None = None,
+) -> GenerationResult:
+    """Generate up to max_new_tokens tokens; output distributed exactly as sampling from the target
+    under `sampling` (token-for-token equal to greedy decoding when sampling.temperature == 0).
+    `generator` must be a CPU generator (drafting and verification sample on CPU)."""
+    prompt = as_token_list(prompt_ids)
+    check_prompt(prompt, max_new_tokens, target)
+    eos = eos_set(eos_token_id)
+    m = GenerationMetrics()
+    start = time.perf_counter()
+    speculator.start(target, eos)
+    cache = kv.new_cache()
+    device = kv.input_device(target)
+    context = list(prompt)
+    while True:
+        remaining = max_new_tokens - (len(context) - len(prompt))
+        t0 = time.perf_counter()
+        # leave room for the extra token every round emits
+        draft = speculator.propose(context, remaining - 1, sampling, generator)
+        t1 = time.perf_counter()
+        k = len(draft.tokens)
+        logits, _ = kv.forward(target, cache, context[kv.cache_length(cache) :] + draft.tokens, last=k + 1, device=device)
+        p = probs(logits, sampling).cpu()  # (k+1, V)
+        m.time_target += time.perf_counter() - t1
+        m.time_draft += t1 - t0
+        pi = p if verification_distribution is None else verification_distribution(p, draft.q)
+        result = verify(pi, draft.q, torch.tensor(draft.tokens, dtype=torch.long), generator, sampling.greedy)
+        n = result.n_accepted
+        kv.crop(cache, len(context) + n)  # keep context + y_1..y_n; y' is fed next round
+        emitted = draft.tokens[:n] + [result.token]
+        context += emitted
+        m.n_target += 1
+        m.n_draft += draft.n_forwards
+        m.n_discarded += k - n
+        m.drafted.append(k)
+        m.accepted.append(n)
+        speculator.observe(RoundOutcome(draft=draft, p=pi, verification=result, context=context))
+        hit = [i for i, t in enumerate(emitted) if t in eos]
+        if hit:  # only the last draft token or y' can be EOS (drafting stops at EOS)
+            del context[len(context) - len(emitted) + hit[0] + 1 :]
+            break
+        if len(context) - len(prompt) >= max_new_tokens:
+            break
+    m.time_total = time.perf_counter() - start
+    m.n_generated = len(context) - len(prompt)
+    return GenerationResult(tokens=context[len(prompt) :], metrics=m)
+
+
+def speculative_generate(
+    target: torch.nn.Module,
+    drafter: torch.nn.Module,
+    prompt_ids,
+    max_new_tokens: int,
+    sampling: SamplingConfig = SamplingConfig(temperature=0.0),
+    stopping: StoppingPolicy | None = None,
+    k: int = 4,
+    eos_token_id: int | list[int] | None = None,
+    generator: torch.Generator | None = None,
+) -> GenerationResult:
+    """Convenience: one drafter with `stopping` (default FixedK(k))."""
+    speculator = DrafterSpeculator(drafter, stopping if stopping is not None else FixedK(k))
+    return generate_speculative(target, speculator, prompt_ids, max_new_tokens, sampling, eos_token_id, generator)
+
+
+def hindsight_oracle(
+    target: torch.nn.Module,
+    drafter: torch.nn.Module,
+    prompt_ids,
+    max_new_tokens: int,
+    eos_token_id: int | list[int] | None = None,
+) -> GenerationResult:
+    """Greedy analysis mode (SpecDec++ Theorem 4.1): decode the target greedily, then replay with a
+    stopping policy that knows that continuation. Its N_target and N_discarded (= 0) bound every policy."""
+    greedy = SamplingConfig(temperature=0.0)
+    prompt = as_token_list(prompt_ids)
+    reference = generate_autoregressive(target, prompt, max_new_tokens, greedy, eos_token_id).tokens
+    speculator = DrafterSpeculator(drafter, HindsightOracle(prompt + reference))
+    return generate_speculative(target, speculator, prompt, max_new_tokens, greedy, eos_token_id)

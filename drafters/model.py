@@ -1,0 +1,176 @@
+"""Causal LMs built from a small typed config: the drafters, and the demo's tiny target.
+
+A drafter is a plain `LlamaForCausalLM` (MetaSD App. F.2), so every exported drafter loads with
+`AutoModelForCausalLM.from_pretrained` and the decoder needs no special case for it. A drafter is only
+useful if it speaks the target's vocabulary: `check_same_vocabulary` refuses a mismatch before any
+training starts (issue 3, bad input).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from decoding.errors import InputError
+
+
+@dataclass(frozen=True)
+class CausalLMConfig:
+    """Architecture of a Llama decoder. vocab_size comes from the target's tokenizer, never a preset."""
+
+    n_layers: int
+    hidden: int
+    n_heads: int
+    intermediate: int  # MLP width (SwiGLU)
+    max_positions: int = 2048
+    tie_embeddings: bool = False
+    n_kv_heads: int | None = None  # None = n_heads (plain multi-head attention)
+    rope_theta: float = 10000.0
+
+    def __post_init__(self):
+        for name in ("n_layers", "hidden", "n_heads", "intermediate", "max_positions"):
+            if getattr(self, name) < 1:
+                raise InputError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden % self.n_heads:
+            raise InputError(
+                f"model.hidden ({self.hidden}) must be divisible by model.n_heads ({self.n_heads}); "
+                "pick a head count that divides it"
+            )
+        kv = self.n_kv_heads or self.n_heads
+        if self.n_heads % kv:
+            raise InputError(f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({kv})")
+
+
+# MetaSD App. F.2: "2 hidden layers, 768 hidden size, 12 attention heads, vocabulary size of 32,000",
+# i.e. Vicuna-68M (double7/vicuna-68m: intermediate 3072, untied embeddings, 2048 positions). With a
+# 32k vocabulary this is 68M parameters, most of them in the two embedding matrices.
+PRESETS: dict[str, CausalLMConfig] = {
+    "metasd-68m": CausalLMConfig(n_layers=2, hidden=768, n_heads=12, intermediate=3072, max_positions=2048),
+    # Demo sizes for 2 CPU cores. The drafter/target pair keeps the MetaSD shape (2-layer drafter,
+    # deeper and wider target); tie_embeddings keeps the small models from being mostly embeddings.
+    "demo-drafter": CausalLMConfig(
+        n_layers=2, hidden=128, n_heads=4, intermediate=384, max_positions=512, tie_embeddings=True
+    ),
+    "demo-target": CausalLMConfig(
+        n_layers=4, hidden=256, n_heads=8, intermediate=768, max_positions=512, tie_embeddings=True
+    ),
+    # For tests: a forward pass takes about a millisecond.
+    "demo-tiny": CausalLMConfig(n_layers=1, hidden=32, n_heads=2, intermediate=64, max_positions=128),
+}
+
+
+def preset(name: str, **overrides) -> CausalLMConfig:
+    """A named preset, optionally with some fields replaced (e.g. max_positions=1024)."""
+    if name not in PRESETS:
+        raise InputError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+    return dataclasses.replace(PRESETS[name], **overrides)
+
+
+def llama_config(
+    cfg: CausalLMConfig,
+    vocab_size: int,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> LlamaConfig:
+    if vocab_size < 2:
+        raise InputError(f"vocab_size must be >= 2, got {vocab_size}; take it from the target's tokenizer")
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden,
+        intermediate_size=cfg.intermediate,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads or cfg.n_heads,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=cfg.tie_embeddings,
+        rope_theta=cfg.rope_theta,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        attention_dropout=0.0,  # App. F.2
+    )
+
+
+def build_causal_lm(
+    cfg: CausalLMConfig | str,
+    vocab_size: int,
+    seed: int = 0,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> LlamaForCausalLM:
+    """A freshly initialised LlamaForCausalLM. The same seed gives the same weights, and the global
+    RNG is left untouched (the init runs under a forked RNG)."""
+    if isinstance(cfg, str):
+        cfg = preset(cfg)
+    config = llama_config(cfg, vocab_size, bos_token_id, eos_token_id, pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model
+
+
+def load_causal_lm(path: str | os.PathLike, trust_remote_code: bool = False, **kwargs) -> PreTrainedModel:
+    """A causal LM from a local HF model directory; safetensors weights only (nothing is unpickled)."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise InputError(f"{path} is not a model directory (no config.json); point to a save_pretrained dir")
+    if not any(path.glob("*.safetensors")):
+        raise InputError(
+            f"{path} has no .safetensors weights; convert the checkpoint with save_pretrained(safe_serialization=True)"
+        )
+    return AutoModelForCausalLM.from_pretrained(
+        path, use_safetensors=True, trust_remote_code=trust_remote_code, local_files_only=True, **kwargs
+    )
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    """Unique parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def tokenizer_fingerprint(tokenizer_or_dir) -> str:
+    """The decoder's tokenizer content hash (`decoding.compat.tokenizer_fingerprint`), so training and
+    decoding agree on one definition. Accepts a tokenizer object or a directory saved with
+    save_pretrained (loaded locally; nothing is downloaded or unpickled)."""
+    from decoding.compat import tokenizer_fingerprint as fingerprint
+
+    if isinstance(tokenizer_or_dir, (str, os.PathLike)):
+        from transformers import AutoTokenizer
+
+        path = Path(tokenizer_or_dir)
+        if not (path / "tokenizer.json").is_file():
+            raise InputError(f"no tokenizer.json in {path}; save the tokenizer there with save_pretrained")
+        tokenizer_or_dir = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    return fingerprint(tokenizer_or_dir)
+
+
+def check_same_vocabulary(
+    drafter_vocab_size: int,
+    target_vocab_size: int,
+    drafter_tokenizer=None,
+    target_tokenizer=None,
+    name: str = "drafter",
+) -> None:
+    """Refuse a drafter that cannot share the target's tokens: different vocab size or tokenizer.
+
+    Vocab sizes are compared always; tokenizers (directories or fast tokenizer objects) by content hash
+    when both are given. Raises InputError before any training.
+    """
+    if drafter_vocab_size != target_vocab_size:
+        raise InputError(
+            f"{name} vocab size {drafter_vocab_size} != target vocab size {target_vocab_size}; "
+            "build the drafter with the target's vocab_size"
+        )
+    if drafter_tokenizer is not None and target_tokenizer is not None:
+        d, t = tokenizer_fingerprint(drafter_tokenizer), tokenizer_fingerprint(target_tokenizer)
+        if d != t:
+            raise InputError(
+                f"{name} tokenizer (sha256 {d[:12]}) differs from the target's (sha256 {t[:12]}); "
+                "train and export the drafter with the target's tokenizer"
+            )

@@ -1,0 +1,284 @@
+"""Training SpecDec++ acceptance heads on cached drafter features with Lightning.
+
+The drafter is frozen, so its final hidden states at the Y positions are computed once (the
+`acceptance-data` stage caches them, fp16) and the heads train on (features (M, H), labels (M,)).
+Paper recipe (SpecDec++ §5.1): Adam, cosine schedule, lr 5e-5, 3 epochs, batch 32.
+
+The paper's grid D x w_rej is 20 heads that read the same features. `AcceptanceHeadsModule` trains
+any number of them in one Lightning run: heads of equal depth are stacked into one `StackedHeads`
+whose layers are batched matmuls, so a training step costs a handful of kernels instead of ~60 small
+ones. The heads share no parameters, the loss is the sum of the per-head losses and Adam acts per
+element, so this is exactly separate training runs that see the same batch order (a test checks it).
+On a small CPU box this cut the step time about 3x (benchmarks/bench_heads.py); tiny matmuls also
+run faster on one thread than on several contended ones, hence `HeadTrainConfig.cpu_threads`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
+
+from decoding.errors import InputError
+from heads.acceptance_head import AcceptanceHead
+from heads.losses import weighted_bce_terms
+from heads.metrics import head_metrics
+
+DEPTHS = (0, 1, 2, 3, 4)
+W_REJS = (1.0, 3.0, 6.0, 12.0)
+
+
+@dataclass
+class HeadTrainConfig:
+    lr: float = 5e-5
+    epochs: int = 3
+    batch_size: int = 32
+    eval_batch_size: int = 8192
+    w_acc: float = 1.0
+    tie_blocks: bool = False
+    zero_init: bool = False
+    seed: int = 0  # head initialisation and batch order
+    cpu_threads: int | None = 1  # torch threads while training on CPU (None: leave as is); small heads run best on 1
+    trainer: dict[str, Any] = field(default_factory=dict)  # extra lightning.Trainer kwargs (accelerator, devices, logger...)
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    depth: int
+    w_rej: float
+
+    @property
+    def name(self) -> str:
+        return f"D{self.depth}_w{self.w_rej:g}"
+
+
+def check_finite(features: torch.Tensor, labels: torch.Tensor, what: str = "features") -> None:
+    """InputError naming the first example with NaN/inf features or a label outside [0, 1]."""
+    if features.ndim != 2 or labels.shape != features.shape[:1]:
+        raise InputError(f"{what}: expected features (M, H) and labels (M,), got {tuple(features.shape)} and {tuple(labels.shape)}")
+    bad_f = ~torch.isfinite(features).all(-1)
+    bad_l = ~(torch.isfinite(labels) & (labels >= 0) & (labels <= 1))
+    for bad, kind in ((bad_f, "NaN/inf in the cached features"), (bad_l, "a NaN/inf or out-of-[0, 1] label")):
+        if bad.any():
+            idx = int(bad.nonzero()[0])
+            raise InputError(f"{what}: example {idx} has {kind} ({int(bad.sum())} such examples); rebuild acceptance-data")
+
+
+def _cosine(total_steps: int):
+    return lambda step: 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / max(total_steps, 1)))
+
+
+class StackedHeads(nn.Module):
+    """G independent AcceptanceHeads of one depth, run as batched matmuls: (B, H) -> (G, B) logits.
+
+    Built from the heads themselves (so initialisation is the head's own) and turned back into
+    AcceptanceHeads by `export`. Parameters: w (G, n_blocks, H, H), b (G, n_blocks, H), out_w (G, H, 1),
+    out_b (G, 1, 1); n_blocks is D, or 1 when the blocks are tied.
+    """
+
+    def __init__(self, heads: Sequence[AcceptanceHead]):
+        super().__init__()
+        first = heads[0]
+        self.hidden_size, self.depth, self.tie_blocks = first.hidden_size, first.depth, first.tie_blocks
+        H, n_blocks = first.hidden_size, len(first.blocks)
+        assert all((h.hidden_size, h.depth, h.tie_blocks) == (H, self.depth, self.tie_blocks) for h in heads)
+
+        def stack(get, empty_shape):
+            if n_blocks == 0:
+                return nn.Parameter(torch.zeros(len(heads), 0, *empty_shape))
+            return nn.Parameter(torch.stack([torch.stack([get(blk).detach() for blk in h.blocks]) for h in heads]))
+
+        self.w = stack(lambda blk: blk.linear.weight, (H, H))
+        self.b = stack(lambda blk: blk.linear.bias, (H,))
+        self.out_w = nn.Parameter(torch.stack([h.out.weight.detach()[0] for h in heads])[..., None])
+        self.out_b = nn.Parameter(torch.stack([h.out.bias.detach() for h in heads])[..., None])
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        G = self.w.shape[0]
+        x = features.to(self.out_w.dtype).expand(G, *features.shape)  # (G, B, H)
+        for i in range(self.depth):
+            j = 0 if self.tie_blocks else i
+            x = x + F.silu(torch.baddbmm(self.b[:, j, None, :], x, self.w[:, j].transpose(1, 2)))
+        return torch.baddbmm(self.out_b, x, self.out_w).squeeze(-1)  # (G, B)
+
+    @torch.no_grad()
+    def export(self) -> list[AcceptanceHead]:
+        heads = []
+        for g in range(self.w.shape[0]):
+            head = AcceptanceHead(self.hidden_size, self.depth, tie_blocks=self.tie_blocks)
+            for i, blk in enumerate(head.blocks):
+                blk.linear.weight.copy_(self.w[g, i])
+                blk.linear.bias.copy_(self.b[g, i])
+            head.out.weight.copy_(self.out_w[g, :, 0][None])
+            head.out.bias.copy_(self.out_b[g, 0])
+            heads.append(head.eval())
+        return heads
+
+
+class AcceptanceHeadsModule(pl.LightningModule):
+    """One or more independent AcceptanceHeads trained with weighted BCE on the same batches.
+
+    Batches are (features (B, H) any float dtype, labels (B,)); all rows are Y positions.
+    Logs train/loss (sum over heads) and, per head, eval/kl/<name> (unweighted binary KL on the
+    validation data) and train/kl/<name> (over the epoch's training batches, weights of the moment).
+    """
+
+    def __init__(self, hidden_size: int, specs: Sequence[HeadSpec], cfg: HeadTrainConfig = HeadTrainConfig()):
+        super().__init__()
+        if not specs:
+            raise InputError("no heads to train: give at least one (depth, w_rej)")
+        for s in specs:
+            if s.w_rej <= 0:
+                raise InputError(f"w_rej must be > 0, got {s.w_rej}")
+        self.specs, self.cfg = list(specs), cfg
+        depths = sorted({s.depth for s in self.specs})
+        groups = [[i for i, s in enumerate(self.specs) if s.depth == d] for d in depths]
+        self.groups = nn.ModuleList(
+            StackedHeads([AcceptanceHead(hidden_size, d, cfg.tie_blocks, cfg.zero_init) for _ in g])
+            for d, g in zip(depths, groups)
+        )
+        order = [i for g in groups for i in g]  # spec index of each stacked row
+        self.register_buffer("to_spec_order", torch.argsort(torch.tensor(order)), persistent=False)
+        self.register_buffer("w_rej", torch.tensor([self.specs[i].w_rej for i in order])[:, None], persistent=False)
+        self._sums: dict[str, torch.Tensor] = {}
+
+    def stacked_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """(B, H) -> (n_heads, B), rows in group order (matching self.w_rej)."""
+        return torch.cat([g(features) for g in self.groups])
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """(B, H) -> (n_heads, B) logits, rows in the order of `specs`."""
+        return self.stacked_logits(features)[self.to_spec_order]
+
+    def export_heads(self) -> list[AcceptanceHead]:
+        """Trained heads as plain AcceptanceHeads, in the order of `specs`."""
+        stacked = [h for g in self.groups for h in g.export()]
+        return [stacked[int(i)] for i in self.to_spec_order]
+
+    def _accumulate(self, prefix: str, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        with torch.no_grad():  # summed binary KL per head; logits in group order
+            p, x = labels.double(), logits.detach().double()
+            kl = (-(p * F.logsigmoid(x) + (1 - p) * F.logsigmoid(-x)) + torch.xlogy(p, p) + torch.xlogy(1 - p, 1 - p)).sum(-1)
+            self._sums[prefix] = self._sums.get(prefix, 0) + kl
+            self._sums[prefix + "_n"] = self._sums.get(prefix + "_n", 0) + labels.numel()
+
+    def _log_epoch(self, prefix: str) -> None:
+        if prefix not in self._sums:
+            return
+        kl = (self._sums.pop(prefix) / self._sums.pop(prefix + "_n"))[self.to_spec_order]
+        for s, v in zip(self.specs, kl.tolist()):
+            self.log(f"{prefix}/kl/{s.name}", v)
+
+    def training_step(self, batch, batch_idx):
+        features, labels = batch
+        logits = self.stacked_logits(features)  # (n_heads, B)
+        # sum over heads of each head's own mean weighted BCE: the heads' gradients do not mix
+        loss = weighted_bce_terms(logits, labels, self.w_rej, self.cfg.w_acc).mean(-1).sum()
+        self._accumulate("train", logits, labels)
+        self.log("train/loss", loss.detach(), on_step=False, on_epoch=True)
+        return loss
+
+    def on_train_epoch_end(self):
+        self._log_epoch("train")
+
+    def validation_step(self, batch, batch_idx):
+        features, labels = batch
+        self._accumulate("eval", self.stacked_logits(features), labels)
+
+    def on_validation_epoch_end(self):
+        self._log_epoch("eval")
+
+    def configure_optimizers(self):
+        opt = torch.optim.Adam(self.parameters(), lr=self.cfg.lr)
+        total = int(self.trainer.estimated_stepping_batches)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, _cosine(total))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def feature_loader(features: torch.Tensor, labels: torch.Tensor, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
+    """Whole batches indexed straight out of the tensors (no per-example collate)."""
+    ds = TensorDataset(features, labels)
+    base = RandomSampler(ds, generator=torch.Generator().manual_seed(seed)) if shuffle else SequentialSampler(ds)
+    return DataLoader(ds, sampler=BatchSampler(base, batch_size, drop_last=False), batch_size=None)
+
+
+@dataclass
+class TrainedHead:
+    spec: HeadSpec
+    head: AcceptanceHead
+    train_metrics: dict[str, float]
+    eval_metrics: dict[str, float]
+
+
+@torch.no_grad()
+def predict_logits(head: AcceptanceHead, features: torch.Tensor, batch_size: int = 8192) -> torch.Tensor:
+    """(M, H) -> (M,) logits, in chunks so that large feature caches do not need a second copy in fp32."""
+    head.eval()
+    chunks = [head(features[i : i + batch_size]) for i in range(0, len(features), batch_size)]
+    return torch.cat(chunks) if chunks else torch.zeros(0)
+
+
+def train_heads(
+    train_data: tuple[torch.Tensor, torch.Tensor],
+    eval_data: tuple[torch.Tensor, torch.Tensor] | None,
+    specs: Sequence[HeadSpec],
+    cfg: HeadTrainConfig = HeadTrainConfig(),
+) -> AcceptanceHeadsModule:
+    """Fit the heads in `specs` together in one Lightning run; returns the trained module (on CPU)."""
+    f_train, y_train = train_data
+    check_finite(f_train, y_train, "train features")
+    if eval_data is not None:
+        check_finite(*eval_data, what="eval features")
+    if len(f_train) == 0:
+        raise InputError("no training positions for the acceptance heads; the acceptance data is empty")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        module = AcceptanceHeadsModule(f_train.shape[1], specs, cfg)
+    trainer_kwargs = dict(
+        max_epochs=cfg.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu", devices=1,
+    )
+    trainer_kwargs.update(cfg.trainer)
+    trainer = pl.Trainer(**trainer_kwargs)
+    val = feature_loader(*eval_data, cfg.eval_batch_size, shuffle=False) if eval_data is not None else None
+    threads = torch.get_num_threads()
+    if cfg.cpu_threads and trainer_kwargs["accelerator"] == "cpu":
+        torch.set_num_threads(cfg.cpu_threads)
+    try:
+        trainer.fit(module, feature_loader(f_train, y_train, cfg.batch_size, shuffle=True, seed=cfg.seed), val)
+    finally:
+        torch.set_num_threads(threads)
+    return module.cpu().eval()
+
+
+def train_head_grid(
+    train_data: tuple[torch.Tensor, torch.Tensor],
+    eval_data: tuple[torch.Tensor, torch.Tensor],
+    depths: Sequence[int] = DEPTHS,
+    w_rejs: Sequence[float] = W_REJS,
+    cfg: HeadTrainConfig = HeadTrainConfig(),
+    heads_per_run: int | None = None,
+) -> list[TrainedHead]:
+    """Train the D x w_rej grid (20 heads by default) and score each on train and eval.
+
+    heads_per_run: heads trained together per Lightning run (default: all of them in one run).
+    Returns one TrainedHead per (D, w_rej), in grid order, with `head_metrics` on both splits.
+    """
+    specs = [HeadSpec(d, float(w)) for d in depths for w in w_rejs]
+    group = heads_per_run or len(specs)
+    out: list[TrainedHead] = []
+    for start in range(0, len(specs), group):
+        module = train_heads(train_data, eval_data, specs[start : start + group], cfg)
+        for spec, head in zip(module.specs, module.export_heads()):
+            out.append(TrainedHead(
+                spec, head,
+                head_metrics(predict_logits(head, train_data[0]), train_data[1]),
+                head_metrics(predict_logits(head, eval_data[0]), eval_data[1]),
+            ))
+    return out
+

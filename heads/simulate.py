@@ -1,0 +1,220 @@
+"""Choosing a head's stopping threshold by simulating speculative decoding on dev sequences.
+
+Cost model (SpecDec++ §3, SPEC.md section 2): T = t_draft N_draft + t_target N_target. Only the
+ratio c = t_draft / t_target matters for ranking policies, so costs are in units of one target
+forward: cost = c N_draft + N_target, and plain autoregressive decoding of N tokens costs N.
+
+The simulation, per dev sequence (a target response X_1..X_N with per-position acceptance
+probabilities P_i = min(1, p_i(Y_i)/q_i(Y_i)) and head predictions sigma_i at the same positions):
+- A round starts at position j (j tokens generated so far) and drafts K(j) tokens for positions
+  j .. j+K-1. The policy fixes K(j); it never exceeds N - j (drafting stops at the end of the
+  response, like the EOS rule of the paper's footnote 1).
+- Token j+m is accepted with probability P_{j+m} given that the earlier ones were (the labels are
+  exactly these conditional probabilities, on the target's own prefix X_<i - the same approximation
+  the head is trained under). The first rejection at j+m emits the correction there, discards the
+  K - m drafts from j+m on, and the next round starts at j+m+1. If all K are accepted the target's
+  bonus token is emitted and the next round starts at j+K+1 (a bonus past the end is not counted in N).
+- Every round costs one target forward (N_target += 1) and K draft tokens (N_draft += K).
+The expected N_target, N_draft, N_discarded are computed exactly by dynamic programming over the
+round's start position (backwards from the end), for many policies and sequences at once: no
+sampling, so no seed. N is the response length. Totals are pooled over sequences (ratios of sums,
+i.e. the throughput of decoding the whole dev set).
+
+Policies:
+- SpecDec++ (paper Algorithm 1, and the reference implementation): after drafting y_k the head's
+  prediction for y_{k-1} becomes available (it comes out of the same draft forward that produces
+  q_k), so K(j) = min{k >= 1 : 1 - prod_{i=j}^{j+k-2} sigma_i > h}, capped at k_max (= 20) and N - j.
+  The first draft of a round has no prediction yet, so every uncapped round drafts at least 2 tokens.
+- Fixed K: K(j) = min(K, N - j).
+- Greedy oracle (Theorem 4.1): with greedy agreement indicators g_i (argmax q_i == argmax p_i on the
+  target's prefix), P_i = g_i and K(j) = distance to the next disagreement (no k_max cap): every round
+  stops right before a disagreement, whose token comes as the target's bonus, so N_discarded = 0 and
+  N_target = |S| + 1, or |S| when the last response token is itself a disagreement (nothing is left to
+  verify after it; the theorem's count is one higher there).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import torch
+
+from decoding.errors import InputError
+
+THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
+K_MAX = 20
+
+
+@dataclass(frozen=True)
+class SimResult:
+    policy: str  # "specdec++ h=0.7", "fixed K=4", "greedy oracle"
+    n: float  # generated tokens (sum of response lengths)
+    n_target: float  # expected target forwards
+    n_draft: float  # expected draft tokens (= draft forwards)
+    n_discarded: float  # expected rejected-or-later draft tokens
+    cost: float  # c * n_draft + n_target, in target forwards
+
+    @property
+    def verification_rate(self) -> float:
+        return self.n_target / self.n
+
+    @property
+    def discard_rate(self) -> float:
+        return self.n_discarded / self.n
+
+    @property
+    def speedup(self) -> float:
+        """Over autoregressive decoding with the target (cost n) under the same cost model."""
+        return self.n / self.cost
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "verification_rate": self.verification_rate, "discard_rate": self.discard_rate,
+                "speedup": self.speedup, "mean_accepted_per_target_call": self.n / self.n_target}
+
+
+def pad(seqs: Sequence[torch.Tensor], fill: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """List of 1-D tensors -> ((B, T) float64 padded with `fill`, (B,) long lengths)."""
+    if len(seqs) == 0:
+        raise InputError("no dev sequences to simulate; the dev split is empty")
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    out = torch.full((len(seqs), int(lengths.max())), fill, dtype=torch.float64)
+    for b, s in enumerate(seqs):
+        out[b, : len(s)] = s.detach().double().cpu()
+    return out, lengths
+
+
+def _cap_to_end(k: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """k (S, B, T) -> min(k, N_b - j), 0 past the end."""
+    T = k.shape[-1]
+    remaining = (lengths[:, None] - torch.arange(T)[None, :]).clamp(min=0)  # (B, T)
+    return torch.minimum(k, remaining[None])
+
+
+def specdecpp_round_lengths(sigma: torch.Tensor, lengths: torch.Tensor, thresholds: Sequence[float], k_max: int = K_MAX) -> torch.Tensor:
+    """(B, T) predicted acceptance probabilities -> (S, B, T) drafts per round started at j, one row per h."""
+    B, T = sigma.shape
+    h = torch.tensor(thresholds, dtype=torch.float64)[:, None, None, None]
+    padded = torch.cat([sigma.double(), torch.ones(B, k_max, dtype=torch.float64)], dim=1)
+    windows = padded.unfold(1, max(k_max - 1, 1), 1)[:, :T, : k_max - 1]  # (B, T, k_max-1): sigma_j .. sigma_{j+k_max-2}
+    prod = torch.cat([torch.ones(B, T, 1, dtype=torch.float64), windows.cumprod(-1)], dim=-1)  # prod[..., k-1] = prod_{i<k-1}
+    fires = (1 - prod)[None] > h  # (S, B, T, k_max): stop after drafting k = index + 1 tokens
+    first = fires.to(torch.int8).argmax(-1) + 1
+    k = torch.where(fires.any(-1), first, torch.full_like(first, k_max))
+    return _cap_to_end(k, lengths)
+
+
+def fixed_round_lengths(lengths: torch.Tensor, T: int, ks: Sequence[int]) -> torch.Tensor:
+    k = torch.tensor(ks, dtype=torch.long)[:, None, None].expand(len(ks), len(lengths), T)
+    return _cap_to_end(k, lengths)
+
+
+def oracle_round_lengths(agree: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool greedy agreement -> (1, B, T) distance from j to the next disagreement (or the end)."""
+    B, T = agree.shape
+    dist = torch.zeros(B, T + 1, dtype=torch.long)
+    for j in range(T - 1, -1, -1):
+        dist[:, j] = torch.where(agree[:, j].bool(), dist[:, j + 1] + 1, torch.zeros_like(dist[:, j]))
+    return _cap_to_end(dist[None, :, :T], lengths)
+
+
+def expected_counts(accept: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Exact expected (n_target, n_draft, n_discarded) per policy and sequence, each (S, B).
+
+    accept: (B, T) P_i; k: (S, B, T) drafts of the round that starts at j (0 for j >= N_b).
+    """
+    S, B, T = k.shape
+    W = max(int(k.max()), 1)  # longest round
+    p = torch.cat([accept.double(), torch.zeros(B, W + 1, dtype=torch.float64)], dim=1)  # (B, T+W+1)
+    # e[:, :, j]: expected counts from a round starting at j to the end; 0 at and past the end.
+    e_target, e_draft, e_disc = (torch.zeros(S, B, T + W + 2, dtype=torch.float64) for _ in range(3))
+    m = torch.arange(W, dtype=torch.float64)
+    for j in range(T - 1, -1, -1):
+        kj = k[:, :, j]  # (S, B)
+        pw = p[:, j : j + W]  # (B, W): P_j .. P_{j+W-1}
+        reach = torch.cat([torch.ones(B, 1, dtype=torch.float64), pw.cumprod(-1)], dim=-1)  # (B, W+1): P(first m accepted)
+        in_round = m[None, None, :] < kj[..., None]  # (S, B, W)
+        rej = torch.where(in_round, (reach[:, :W] * (1 - pw))[None], 0.0)  # first rejection at j+m
+        all_acc = reach[None].expand(S, B, W + 1).gather(-1, kj[..., None]).squeeze(-1)  # (S, B)
+        nxt_all = (j + kj + 1)[..., None]
+        active = (j < lengths)[None].to(torch.float64)  # (1, B)
+
+        def step(e: torch.Tensor, now_rej: torch.Tensor, now_all: torch.Tensor) -> torch.Tensor:
+            after_rej = e[:, :, j + 1 : j + 1 + W]  # round after a rejection at j+m starts at j+m+1
+            after_all = e.gather(-1, nxt_all).squeeze(-1)
+            return active * ((rej * (now_rej + after_rej)).sum(-1) + all_acc * (now_all + after_all))
+
+        kf = kj.to(torch.float64)
+        e_target[:, :, j] = step(e_target, torch.ones(1), torch.ones(1))
+        e_draft[:, :, j] = step(e_draft, kf[..., None], kf)
+        e_disc[:, :, j] = step(e_disc, kf[..., None] - m, torch.zeros(1))
+    return {"n_target": e_target[:, :, 0], "n_draft": e_draft[:, :, 0], "n_discarded": e_disc[:, :, 0]}
+
+
+def _results(names: Sequence[str], counts: dict[str, torch.Tensor], lengths: torch.Tensor, cost_ratio: float) -> list[SimResult]:
+    out = []
+    n = float(lengths.sum())
+    for s, name in enumerate(names):
+        nt, nd, nx = (float(counts[key][s].sum()) for key in ("n_target", "n_draft", "n_discarded"))
+        out.append(SimResult(name, n, nt, nd, nx, cost_ratio * nd + nt))
+    return out
+
+
+def _check(cost_ratio: float, accept: Sequence[torch.Tensor]) -> None:
+    if not cost_ratio >= 0:
+        raise InputError(f"cost ratio c = t_draft / t_target must be >= 0, got {cost_ratio}")
+    for b, a in enumerate(accept):
+        if not (torch.isfinite(a).all() and (a >= 0).all() and (a <= 1).all()):
+            raise InputError(f"dev sequence {b} has acceptance probabilities outside [0, 1] or NaN; rebuild acceptance-data")
+
+
+def simulate_specdecpp(
+    accept: Sequence[torch.Tensor],
+    sigma: Sequence[torch.Tensor],
+    cost_ratio: float,
+    thresholds: Sequence[float] = THRESHOLDS,
+    k_max: int = K_MAX,
+) -> list[SimResult]:
+    """One SimResult per threshold h; accept[b], sigma[b]: (N_b,) P_i and the head's sigmoid outputs."""
+    _check(cost_ratio, accept)
+    if [len(a) for a in accept] != [len(s) for s in sigma]:
+        raise InputError("acceptance labels and head predictions differ in length for some dev sequence")
+    if k_max < 1:
+        raise InputError(f"k_max must be >= 1, got {k_max}")
+    p, lengths = pad(accept)
+    sig, _ = pad(sigma, fill=1.0)
+    k = specdecpp_round_lengths(sig, lengths, thresholds, k_max)
+    return _results([f"specdec++ h={h:g}" for h in thresholds], expected_counts(p, lengths, k), lengths, cost_ratio)
+
+
+def simulate_fixed_k(accept: Sequence[torch.Tensor], cost_ratio: float, ks: Sequence[int] = tuple(range(1, K_MAX + 1))) -> list[SimResult]:
+    _check(cost_ratio, accept)
+    p, lengths = pad(accept)
+    k = fixed_round_lengths(lengths, p.shape[1], ks)
+    return _results([f"fixed K={kk}" for kk in ks], expected_counts(p, lengths, k), lengths, cost_ratio)
+
+
+def greedy_oracle(agree: Sequence[torch.Tensor], cost_ratio: float) -> SimResult:
+    """Theorem 4.1 oracle from per-position greedy agreement (bool) indicators."""
+    g = [a.double() for a in agree]
+    _check(cost_ratio, g)
+    p, lengths = pad(g)
+    k = oracle_round_lengths(p > 0.5, lengths)
+    return _results(["greedy oracle"], expected_counts(p, lengths, k), lengths, cost_ratio)[0]
+
+
+def best(results: Sequence[SimResult]) -> SimResult:
+    """Lowest cost (ties: the first, i.e. the smaller h or K)."""
+    return min(results, key=lambda r: r.cost)
+
+
+def choose_threshold(
+    accept: Sequence[torch.Tensor],
+    sigma: Sequence[torch.Tensor],
+    cost_ratio: float,
+    thresholds: Sequence[float] = THRESHOLDS,
+    k_max: int = K_MAX,
+) -> tuple[float, list[SimResult]]:
+    """The h with the lowest simulated cost on the dev sequences, and the results for every h."""
+    results = simulate_specdecpp(accept, sigma, cost_ratio, thresholds, k_max)
+    i = min(range(len(results)), key=lambda s: results[s].cost)
+    return float(thresholds[i]), results

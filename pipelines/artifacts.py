@@ -1,0 +1,168 @@
+"""The artifact store: one directory per stage under the run root, written atomically.
+
+A stage builds its output in a temp directory next to the final one and renames it into place after
+`manifest.json` is written, so a directory under its final name is always finished. A stage killed
+midway leaves only a `.tmp-*` directory (removed on the next run) and, for resumable stages, its
+progress under `.work/` (kept until the stage finishes).
+
+manifest.json: stage, resolved config, cache key, inputs (path + content hash), package version, git
+commit, metrics, wall time, and the content hash of the directory's own files.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from decoding.errors import InputError
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+def package_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("specdraft")
+    except Exception:
+        return "unknown"
+
+
+def git_commit() -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        commit = out.stdout.strip() if out.returncode == 0 else "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return commit + ("-dirty" if dirty and commit != "unknown" else "")
+    except Exception:
+        return "unknown"
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def dir_files(root: Path) -> list[Path]:
+    """All files under root except the manifest, in a stable order."""
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).as_posix() != MANIFEST)
+
+
+def dir_hashes(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): file_sha256(p) for p in dir_files(root)}
+
+
+def content_hash(file_hashes: dict[str, str]) -> str:
+    blob = json.dumps(sorted(file_hashes.items())).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+@dataclass
+class Manifest:
+    stage: str
+    config: dict
+    cache_key: str
+    inputs: dict[str, dict[str, str]]
+    metrics: dict[str, Any]
+    wall_time_s: float
+    content_hash: str
+    files: dict[str, str]
+    package_version: str = field(default_factory=package_version)
+    git_commit: str = field(default_factory=git_commit)
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    format_version: int = FORMAT_VERSION
+
+    def write(self, directory: Path) -> None:
+        (directory / MANIFEST).write_text(json.dumps(self.__dict__, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_manifest(directory: Path, expect_stage: str | None = None, hint: str = "") -> Manifest:
+    """Load and sanity-check a finished stage's manifest; one-line InputError otherwise."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    run_hint = hint or (f"run `specdraft {expect_stage}` first" if expect_stage else "rerun the stage that makes it")
+    if not directory.is_dir():
+        raise InputError(f"'{directory}' does not exist; {run_hint}")
+    if not path.is_file():
+        raise InputError(f"'{directory}' has no {MANIFEST} (not a finished stage output); {run_hint}")
+    try:
+        data = json.loads(path.read_text())
+        m = Manifest(**data)
+    except (json.JSONDecodeError, TypeError) as e:
+        raise InputError(f"'{path}' is corrupt ({type(e).__name__}); rerun the stage with --force") from None
+    if expect_stage and m.stage != expect_stage:
+        raise InputError(f"'{directory}' was written by stage '{m.stage}', expected '{expect_stage}'; check the path")
+    return m
+
+
+def verify_files(directory: Path, manifest: Manifest | None = None) -> None:
+    """Re-hash every file listed in the manifest: catches missing, extra-corrupted or tampered files."""
+    directory = Path(directory)
+    manifest = manifest or read_manifest(directory)
+    for rel, want in manifest.files.items():
+        p = directory / rel
+        if not p.is_file():
+            raise InputError(f"'{p}' is missing; rerun stage '{manifest.stage}' with --force")
+        if file_sha256(p) != want:
+            raise InputError(f"'{p}' does not match its hash in {MANIFEST} (corrupt or modified); rerun stage '{manifest.stage}' with --force")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+class StageOutput:
+    """Context manager: a temp directory that becomes `final` only if the body finishes.
+
+    with StageOutput(final) as tmp:
+        ... write files into tmp ...
+        out.commit(manifest_fields)   # hashes files, writes manifest.json, renames into place
+    """
+
+    def __init__(self, final: Path):
+        self.final = Path(final)
+        self.tmp = self.final.parent / f".tmp-{self.final.name}-{uuid.uuid4().hex[:8]}"
+        self.committed = False
+
+    def __enter__(self) -> "StageOutput":
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        for stale in self.final.parent.glob(f".tmp-{self.final.name}-*"):
+            _remove(stale)  # left by a killed run
+        for stale in self.final.parent.glob(f".old-{self.final.name}-*"):
+            _remove(stale)
+        self.tmp.mkdir()
+        return self
+
+    def commit(self, **manifest_fields) -> Manifest:
+        files = dir_hashes(self.tmp)
+        manifest = Manifest(content_hash=content_hash(files), files=files, **manifest_fields)
+        manifest.write(self.tmp)  # written last: its presence marks the directory finished
+        if self.final.exists():
+            old = self.final.parent / f".old-{self.final.name}-{uuid.uuid4().hex[:8]}"
+            os.replace(self.final, old)
+            os.replace(self.tmp, self.final)
+            _remove(old)
+        else:
+            os.replace(self.tmp, self.final)
+        self.committed = True
+        return manifest
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self.committed:
+            _remove(self.tmp)

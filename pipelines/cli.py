@@ -1,0 +1,110 @@
+"""`specdraft`: run one stage, a whole run, or validate a config.
+
+  specdraft <stage> --config FILE [--force] [key.path=value ...]
+  specdraft run FILE [--force] [--from STAGE] [key.path=value ...]
+  specdraft validate FILE [key.path=value ...]
+
+Bad input (config errors, missing or corrupt artifacts, mismatched models) prints one line starting
+with "specdraft: error:" and exits with code 2, before anything is written.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from decoding.errors import InputError
+
+EXIT_BAD_INPUT = 2
+
+
+def _load(path: str | None, overrides: list[str]):
+    from pipelines.config import load_config
+    from pipelines.schema import RunConfig
+
+    return load_config(RunConfig, path, overrides)
+
+
+def _run_one(args) -> None:
+    from pipelines.stage import run_stage
+
+    cfg = _load(args.config, args.overrides)
+    run_stage(cfg, args.stage, force=args.force)
+
+
+def _run_all(args) -> None:
+    from pipelines.stage import STAGE_NAMES, get_spec, is_implemented, run_stage
+
+    cfg = _load(args.config, args.overrides)
+    names = list(cfg.run.stages or STAGE_NAMES)
+    if args.start:
+        get_spec(args.start)
+        names = names[names.index(args.start):] if args.start in names else []
+    missing = [n for n in names if not is_implemented(get_spec(n))]
+    for name in names:
+        if name in missing:
+            continue
+        run_stage(cfg, name, force=args.force and (args.start is None or name == args.start))
+    if missing:
+        print(f"not run (not implemented yet in this version): {', '.join(missing)}")
+    print(f"run outputs: {Path(cfg.run.root).resolve()}")
+
+
+def _validate(args) -> None:
+    from pipelines.config import to_dict
+    from pipelines.stage import STAGE_NAMES, get_spec, is_implemented
+
+    cfg = _load(args.config, args.overrides)
+    names = cfg.run.stages or STAGE_NAMES
+    todo = [n for n in names if not is_implemented(get_spec(n))]
+    print(f"{args.config}: ok ({len(to_dict(cfg))} sections; stages: {', '.join(names)})")
+    if todo:
+        print(f"note: not implemented yet in this version: {', '.join(todo)}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from pipelines.stage import STAGE_NAMES
+
+    p = argparse.ArgumentParser(prog="specdraft", description="Train and evaluate speculative-decoding components.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in STAGE_NAMES:
+        sp = sub.add_parser(name, help=f"run the {name} stage")
+        sp.add_argument("--config", required=True, help="run config YAML (see configs/)")
+        sp.add_argument("--force", action="store_true", help="redo the stage even if its output is cached")
+        sp.add_argument("overrides", nargs="*", help="dotted overrides, e.g. pretrain_target.train.max_steps=50")
+        sp.set_defaults(func=_run_one, stage=name)
+    sp = sub.add_parser("run", help="run every stage of a run config in order (cache hits are skipped)")
+    sp.add_argument("config")
+    sp.add_argument("--force", action="store_true", help="redo the first stage run (with --from) or all")
+    sp.add_argument("--from", dest="start", default=None, help="start at this stage")
+    sp.add_argument("overrides", nargs="*")
+    sp.set_defaults(func=_run_all)
+    sp = sub.add_parser("validate", help="check a config file without running anything")
+    sp.add_argument("config")
+    sp.add_argument("overrides", nargs="*")
+    sp.set_defaults(func=_validate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except InputError as e:
+        print(f"specdraft: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("specdraft: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+def stage_main(stage: str) -> None:
+    """Entry point for `python -m pipelines.<stage> --config FILE [...]`."""
+    sys.exit(main([stage, *sys.argv[1:]]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Typed configs: YAML mapped onto dataclasses, strictly.
+
+The YAML mirrors the dataclasses field for field (litgpt style). Loading is strict: an unknown key is
+an error naming the key and the closest valid one, a wrong type is an error naming the field. Both are
+`ConfigError` (an `InputError`), which the CLI prints as one line with exit code 2 before anything is
+written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+from decoding.errors import InputError
+
+
+class ConfigError(InputError):
+    pass
+
+
+# --------------------------------------------------------------------------- typed loading
+
+
+def _closest(name: str, valid: list[str]) -> str:
+    match = difflib.get_close_matches(name, valid, n=1, cutoff=0.0)
+    return match[0] if match else ""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    """Check `value` against the annotation `tp` and build nested dataclasses."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(arg, value, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"config field '{where}' has the wrong type: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value not in args:
+            choices = ", ".join(repr(a) for a in args)
+            hint = _closest(str(value), [str(a) for a in args])
+            raise ConfigError(f"config field '{where}' must be one of {choices}, got {value!r} (did you mean {hint!r}?)")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config field '{where}' has the wrong type: expected a list, got {value!r}")
+        item = args[0] if args else Any
+        out = [_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config field '{where}' has the wrong type: expected a mapping, got {value!r}")
+        vt = args[1] if len(args) == 2 else Any
+        return {str(k): _coerce(vt, v, f"{where}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config field '{where}' has the wrong type: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config field '{where}' has the wrong type: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config field '{where}' has the wrong type: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"config field '{where}' has the wrong type: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config annotation {tp!r} at {where}")  # a bug in our dataclasses
+
+
+def from_dict(cls: type, data: Any, where: str = "") -> Any:
+    """Build dataclass `cls` from a plain mapping, strictly (see module docstring)."""
+    prefix = f"{where}." if where else ""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config section '{where or '<root>'}' must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for key in data:
+        if key not in fields:
+            hint = _closest(str(key), list(fields))
+            raise ConfigError(f"unknown config key '{prefix}{key}'; did you mean '{prefix}{hint}'?")
+    kwargs = {k: _coerce(hints[k], v, f"{prefix}{k}") for k, v in data.items()}
+    try:
+        obj = cls(**kwargs)
+    except TypeError as e:  # a required field is missing
+        raise ConfigError(f"config section '{where or '<root>'}': {e}") from None
+    check = getattr(obj, "check", None)
+    if callable(check):
+        check()
+    return obj
+
+
+def to_dict(obj: Any) -> Any:
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+
+
+def config_hash(obj: Any) -> str:
+    blob = json.dumps(to_dict(obj), sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """`a.b.c=value` pairs (value parsed as YAML) set into a nested mapping."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key.path=value")
+        path, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw != "" else ""
+        node = data
+        parts = path.strip().split(".")
+        for part in parts[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override '{item}': '{part}' is not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return data
+
+
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist; pass an existing YAML file (see configs/)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"config file '{path}' is not valid YAML{where}; fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping at the top level")
+    return data
+
+
+def load_config(cls: type, path: str | Path | None, overrides: list[str] = ()) -> Any:
+    data = load_yaml(path) if path is not None else {}
+    return from_dict(cls, apply_overrides(data, list(overrides)))

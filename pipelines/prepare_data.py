@@ -1,0 +1,50 @@
+"""Stage `prepare-data`: the prompt sets every later stage reads, plus the demo pretraining corpus.
+
+Demo run (no `prompts.sources`): builds the demo world offline from the interpreter's standard library
+(data/demo_world.py). Real run: converts the user's JSONL files / datasets directories.
+
+Writes prompts/
+  sets/     DatasetDict: train, dev, test, perturbed, ood (columns: id, domain, prompt, response, split)
+  corpus/   Dataset of pretraining documents (demo only; columns domain, prompt, response)
+"""
+from __future__ import annotations
+
+import json
+
+from data.prompts import demo_corpus, demo_prompt_sets, domains_of, user_prompt_sets
+from pipelines.stage import Context
+
+
+def build(ctx: Context) -> dict:
+    cfg = ctx.cfg
+    if cfg.prompts.sources:
+        sets = user_prompt_sets(cfg.prompts.sources)
+        ctx.input_hashes.update({f"prompt_source:{s}": {"path": s, "content_hash": _source_hash(s)}
+                                 for s in cfg.prompts.sources})
+    else:
+        d = cfg.demo
+        print(f"[prepare-data] building the demo world (seed {d.seed}): {', '.join(d.domains)}"
+              f" + held out {', '.join(d.heldout_domains) or 'none'}")
+        sets = demo_prompt_sets(d.seed, d.domains, d.heldout_domains, d.train_per_domain, d.dev_per_domain,
+                                d.test_per_domain)
+        corpus = demo_corpus(d.seed, [*d.domains, *d.heldout_domains], d.corpus_per_domain)
+        corpus.save_to_disk(str(ctx.out / "corpus"))
+    sets.save_to_disk(str(ctx.out / "sets"))
+    counts = {split: {dom: ds["domain"].count(dom) for dom in domains_of(ds)} for split, ds in sets.items()}
+    print("[prepare-data] prompts per split and domain: " + json.dumps(counts))
+    return {"prompts": counts, "domains": domains_of(sets["train"])}
+
+
+def _source_hash(path: str) -> str:
+    from pathlib import Path
+
+    from pipelines.artifacts import content_hash, dir_hashes, file_sha256
+
+    p = Path(path)
+    return content_hash(dir_hashes(p)) if p.is_dir() else file_sha256(p)
+
+
+if __name__ == "__main__":
+    from pipelines.cli import stage_main
+
+    stage_main("prepare-data")

@@ -1,0 +1,110 @@
+"""Every config key of a run, as typed dataclasses. A run YAML mirrors `RunConfig` section by section.
+
+Each stage reads the sections named in its `StageSpec.sections` (pipelines/stage.py); those, plus the
+run seed and its inputs' content hashes, are its cache key. See configs/demo.yaml for every key with
+its type, default and meaning.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+from data.demo_world import DOMAINS, HELDOUT_DOMAINS
+from decoding.errors import InputError
+from drafters.model import CausalLMConfig, preset
+from pipelines.training import TrainerConfig
+
+
+@dataclass
+class RunSection:
+    root: str = "runs/demo"  # every stage writes one directory under here
+    seed: int = 0  # global seed; stages derive their own streams from it
+    stages: Optional[list[str]] = None  # stages `specdraft run` executes, in order; null: all
+
+
+@dataclass
+class TargetSection:
+    name_or_path: Optional[str] = None  # local HF dir or hub id; null: the demo target from pretrain-target
+    trust_remote_code: bool = False  # never on unless you trust the model repository
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    quantization: Literal["none", "int8", "nf4"] = "none"  # bitsandbytes loading of the target
+    device_map: Union[str, dict[str, Any], None] = None  # "auto", an explicit map, or null (one device)
+
+
+@dataclass
+class DemoSection:
+    seed: int = 0  # the demo world is a pure function of this seed (and the interpreter's stdlib)
+    domains: list[str] = field(default_factory=lambda: list(DOMAINS))
+    heldout_domains: list[str] = field(default_factory=lambda: list(HELDOUT_DOMAINS))  # OOD: no drafter
+    corpus_per_domain: int = 3000  # pretraining documents per domain (target and general drafter phase)
+    train_per_domain: int = 200  # prompts per domain: distillation and acceptance data
+    dev_per_domain: int = 40  # prompts per domain: alignment, head thresholds, router dev
+    test_per_domain: int = 20  # prompts per domain: evaluation (also the perturbed and OOD sets)
+
+    def check(self) -> None:
+        known = set(DOMAINS) | set(HELDOUT_DOMAINS)
+        for d in self.domains + self.heldout_domains:
+            if d not in known:
+                import difflib
+
+                hint = difflib.get_close_matches(d, sorted(known), n=1, cutoff=0.0)
+                raise InputError(f"demo domain '{d}' does not exist; did you mean '{hint[0]}'?")
+        if not self.domains:
+            raise InputError("demo.domains is empty; name at least one of " + ", ".join(DOMAINS))
+        for name in ("corpus_per_domain", "train_per_domain", "dev_per_domain", "test_per_domain"):
+            if getattr(self, name) < 1:
+                raise InputError(f"demo.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class PromptsSection:
+    # User prompt sources for a real run: JSONL files (a `prompt` field; optional `domain`, `response`,
+    # `split`, `id`) or `datasets` directories. Empty: the demo world's prompt sets.
+    sources: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TokenizerSection:
+    vocab_size: int = 2048  # byte-level BPE vocabulary of the demo target
+    min_frequency: int = 2
+
+
+@dataclass
+class PretrainTargetSection:
+    tokenizer: TokenizerSection = field(default_factory=TokenizerSection)
+    model: CausalLMConfig = field(default_factory=lambda: preset("demo-target"))
+    seq_len: int = 256  # packed training blocks
+    lr: float = 3e-3
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    dev_docs_per_domain: int = 100  # documents per domain for the dev perplexity table
+    train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_steps=300, batch_size=16,
+                                                                       checkpoint_every_n_steps=100))
+
+    def check(self) -> None:
+        if self.seq_len < 8:
+            raise InputError(f"pretrain_target.seq_len must be >= 8, got {self.seq_len}")
+        if self.seq_len > self.model.max_positions:
+            raise InputError(f"pretrain_target.seq_len ({self.seq_len}) exceeds model.max_positions "
+                             f"({self.model.max_positions}); lower one or raise the other")
+        if not self.lr > 0:
+            raise InputError(f"pretrain_target.lr must be > 0, got {self.lr}")
+
+
+@dataclass
+class RunConfig:
+    run: RunSection = field(default_factory=RunSection)
+    target: TargetSection = field(default_factory=TargetSection)
+    demo: DemoSection = field(default_factory=DemoSection)
+    prompts: PromptsSection = field(default_factory=PromptsSection)
+    pretrain_target: PretrainTargetSection = field(default_factory=PretrainTargetSection)
+
+    def check(self) -> None:
+        from pipelines.stage import STAGE_NAMES
+
+        for s in self.run.stages or []:
+            if s not in STAGE_NAMES:
+                import difflib
+
+                hint = difflib.get_close_matches(s, STAGE_NAMES, n=1, cutoff=0.0)
+                raise InputError(f"run.stages names unknown stage '{s}'; did you mean '{hint[0]}'?")

@@ -1,0 +1,149 @@
+"""How a stage runs: check inputs, hit the cache or build into a temp dir, commit atomically.
+
+Each stage module (`pipelines/<stage>.py`) defines `build(ctx) -> metrics` and nothing about caching,
+manifests or atomicity; this file does that once for all of them.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from decoding.errors import InputError
+from pipelines.artifacts import Manifest, StageOutput, read_manifest
+from pipelines.config import to_dict
+from pipelines.schema import RunConfig
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str  # CLI name
+    out: str  # directory under the run root
+    inputs: tuple[str, ...]  # stages whose outputs it reads
+    sections: tuple[str, ...]  # config sections that change its output (the cache key)
+    module: str  # pipelines.<module> defines build(ctx)
+    # returns a reason to skip the stage for this config (e.g. a real target needs no pretraining)
+    skip: Callable[[RunConfig], str | None] = lambda cfg: None
+
+
+def _demo_only(cfg: RunConfig) -> str | None:
+    if cfg.target.name_or_path is not None:
+        return f"the target is given (target.name_or_path={cfg.target.name_or_path!r})"
+    return None
+
+
+STAGES: tuple[StageSpec, ...] = (
+    StageSpec("prepare-data", "prompts", (), ("demo", "prompts"), "prepare_data"),
+    StageSpec("pretrain-target", "target", ("prepare-data",), ("pretrain_target",), "pretrain_target", _demo_only),
+    StageSpec("distill-data", "distill_data", ("prepare-data", "pretrain-target"), ("target", "distill_data"), "distill_data"),
+    StageSpec("train-drafters", "drafters", ("prepare-data", "pretrain-target", "distill-data"), ("target", "train_drafters"), "train_drafters"),
+    StageSpec("acceptance-data", "acceptance_data", ("pretrain-target", "distill-data", "train-drafters"), ("target", "acceptance_data"), "acceptance_data"),
+    StageSpec("train-heads", "heads", ("train-drafters", "acceptance-data"), ("train_heads",), "train_heads"),
+    StageSpec("train-router", "router", ("prepare-data", "pretrain-target", "train-drafters"), ("target", "train_router"), "train_router"),
+    StageSpec("export", "bundle", ("pretrain-target", "train-drafters", "train-heads", "train-router"), ("target", "export"), "export"),
+    StageSpec("evaluate", "report", ("prepare-data", "export"), ("evaluate",), "evaluate"),
+)
+STAGE_NAMES = tuple(s.name for s in STAGES)
+STAGE_VERSION = 1  # bump to invalidate every cached stage output after a format change
+
+
+def get_spec(name: str) -> StageSpec:
+    for spec in STAGES:
+        if spec.name == name:
+            return spec
+    import difflib
+
+    hint = difflib.get_close_matches(name, STAGE_NAMES, n=1, cutoff=0.0)
+    raise InputError(f"unknown stage '{name}'; did you mean '{hint[0] if hint else STAGE_NAMES[0]}'?")
+
+
+def is_implemented(spec: StageSpec) -> bool:
+    return importlib.util.find_spec(f"pipelines.{spec.module}") is not None
+
+
+@dataclass
+class Context:
+    """What a stage's build() gets: the config, where to write, and its inputs' locations."""
+
+    cfg: RunConfig
+    spec: StageSpec
+    root: Path
+    out: Path  # temp dir; becomes root/spec.out when build() returns
+    work: Path  # persistent scratch for resumable progress; removed after a successful commit
+    inputs: dict[str, Path] = field(default_factory=dict)  # stage name -> finished output dir
+    manifests: dict[str, Manifest] = field(default_factory=dict)
+    input_hashes: dict[str, dict[str, str]] = field(default_factory=dict)  # extra inputs (external target...)
+
+    def input(self, stage: str) -> Path:
+        return self.inputs[stage]
+
+
+def stage_dir(cfg: RunConfig, name: str) -> Path:
+    return Path(cfg.run.root) / get_spec(name).out
+
+
+def _cache_key(cfg: RunConfig, spec: StageSpec, inputs: dict[str, Manifest]) -> str:
+    relevant = {s: to_dict(getattr(cfg, s)) for s in spec.sections}
+    relevant["seed"] = cfg.run.seed
+    blob = json.dumps({"stage": spec.name, "version": STAGE_VERSION, "config": relevant,
+                       "inputs": {k: m.content_hash for k, m in sorted(inputs.items())}},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def load_inputs(cfg: RunConfig, spec: StageSpec) -> dict[str, Manifest]:
+    """Finished manifests of the stages this one reads; one-line error naming what to run first."""
+    manifests = {}
+    for dep in spec.inputs:
+        dep_spec = get_spec(dep)
+        if dep_spec.skip(cfg):
+            continue
+        path = stage_dir(cfg, dep)
+        manifests[dep] = read_manifest(path, expect_stage=dep,
+                                       hint=f"stage '{dep}' has not finished; run `specdraft {dep} --config ...` first")
+    return manifests
+
+
+def run_stage(cfg: RunConfig, name: str, force: bool = False, log: Callable[[str], Any] = print) -> Path | None:
+    spec = get_spec(name)
+    root = Path(cfg.run.root)
+    out = root / spec.out
+    reason = spec.skip(cfg)
+    if reason:
+        log(f"[{name}] skipped: {reason}")
+        return None
+    if not is_implemented(spec):
+        raise InputError(f"stage '{name}' is not implemented yet in this version of specdraft")
+    manifests = load_inputs(cfg, spec)
+    key = _cache_key(cfg, spec, manifests)
+    if out.is_dir() and not force:
+        try:
+            done = read_manifest(out, expect_stage=name)
+        except InputError:
+            done = None
+        if done is not None and done.cache_key == key:
+            log(f"[{name}] cache hit: {out} (use --force to redo)")
+            return out
+        if done is not None:
+            log(f"[{name}] config or inputs changed since {out} was built; rebuilding")
+    module = importlib.import_module(f"pipelines.{spec.module}")
+    work = root / ".work" / f"{spec.out}-{key[:16]}"
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    with StageOutput(out) as staged:
+        ctx = Context(cfg=cfg, spec=spec, root=root, out=staged.tmp, work=work,
+                      inputs={k: stage_dir(cfg, k) for k in manifests}, manifests=manifests)
+        metrics = module.build(ctx) or {}
+        inputs = {k: {"path": str(stage_dir(cfg, k)), "content_hash": m.content_hash} for k, m in manifests.items()}
+        inputs.update(ctx.input_hashes)
+        staged.commit(stage=name, config=to_dict(cfg), cache_key=key, inputs=inputs, metrics=metrics,
+                      wall_time_s=round(time.time() - t0, 3))
+    shutil.rmtree(work, ignore_errors=True)
+    log(f"[{name}] done in {time.time() - t0:.1f}s -> {out}")
+    return out

@@ -1,0 +1,193 @@
+"""The one place a Lightning Trainer is built: every training stage goes through `build_trainer` + `fit`.
+
+Outputs under out_dir:
+    checkpoints/last.ckpt     written every `checkpoint_every_n_steps` optimizer steps (model,
+                              optimizer, scheduler, loop progress, data position, RNG)
+    csv/version_N/metrics.csv one version per launch (a resumed run writes the next version)
+    wandb/                    offline W&B run unless wandb.mode says otherwise
+
+Exact resume: the data position is checkpointed by `drafters.data.ResumableDataLoader` (Lightning
+saves stateful train loaders and skips the consumed batches on restart); `RNGState` restores the RNG
+streams; the LR scheduler and optimizer are in the checkpoint. Under Slurm, Lightning's SLURMEnvironment
+requeues a preempted job and restores from its own hpc checkpoint in out_dir.
+"""
+from __future__ import annotations
+
+import difflib
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+from decoding.errors import InputError
+
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
+GPU_ONLY_STRATEGIES = ("fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
+PRECISIONS = {"32": "32-true", "32-true": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+def _closest(value: str, valid) -> str:
+    match = difflib.get_close_matches(str(value), list(valid), n=1, cutoff=0.0)
+    return match[0] if match else list(valid)[0]
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "offline"  # online | offline | disabled; offline runs can be `wandb sync`ed later
+    project: str = "specdraft"
+    run_name: str | None = None  # None: W&B picks a name
+
+    def check(self) -> None:
+        if self.mode not in WANDB_MODES:
+            raise InputError(
+                f"wandb.mode {self.mode!r} is not valid; did you mean {_closest(self.mode, WANDB_MODES)!r}? "
+                f"(choose from {list(WANDB_MODES)})"
+            )
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = -1  # optimizer steps; -1: run max_epochs
+    max_epochs: int = 1  # used when max_steps is -1
+    batch_size: int = 8  # per device
+    accumulate_grad_batches: int = 1
+    precision: str | None = None  # "32" | "bf16-mixed" | "16-mixed"; None: bf16-mixed on CUDA, 32 on CPU
+    strategy: str = "auto"  # auto | ddp | ddp_spawn | fsdp | deepspeed_stage_2 | deepspeed_stage_3
+    accelerator: str = "auto"  # auto | cpu | gpu
+    devices: int | str = "auto"  # per node: a count, or "auto"
+    num_nodes: int = 1
+    gradient_clip_val: float | None = 1.0  # by norm; None disables clipping
+    checkpoint_every_n_steps: int = 200  # 0: no periodic checkpoints (last.ckpt still at the end)
+    resume: bool = False  # continue from out_dir/checkpoints/last.ckpt when it exists
+    log_every_n_steps: int = 10
+    seed: int = 0
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    def check(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise InputError(
+                f"trainer.strategy {self.strategy!r} is not valid; did you mean "
+                f"{_closest(self.strategy, STRATEGIES)!r}? (choose from {list(STRATEGIES)})"
+            )
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise InputError(
+                f"trainer.precision {self.precision!r} is not valid; did you mean "
+                f"{_closest(self.precision, PRECISIONS)!r}? (or null for automatic)"
+            )
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise InputError(f"trainer.max_steps must be >= 1, or -1 to use max_epochs; got {self.max_steps}")
+        if self.max_steps == -1 and self.max_epochs < 1:
+            raise InputError(f"trainer.max_epochs must be >= 1 when max_steps is -1; got {self.max_epochs}")
+        for name in ("batch_size", "accumulate_grad_batches", "num_nodes", "log_every_n_steps"):
+            if getattr(self, name) < 1:
+                raise InputError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_every_n_steps < 0:
+            raise InputError(f"trainer.checkpoint_every_n_steps must be >= 0, got {self.checkpoint_every_n_steps}")
+        self.wandb.check()
+
+    def resolved_precision(self) -> str:
+        if self.precision is not None:
+            return PRECISIONS[self.precision]
+        cuda = torch.cuda.is_available() and self.accelerator != "cpu"
+        return "bf16-mixed" if cuda and torch.cuda.is_bf16_supported() else "32-true"
+
+
+class RNGState(Callback):
+    """Saves and restores this process's RNG streams (python, numpy, torch CPU and CUDA) in the
+    checkpoint, so sampling-based code (dropout, on-the-fly sampling) continues identically."""
+
+    def state_dict(self) -> dict:
+        # plain tensors and tuples only: checkpoints are loaded with torch.load(weights_only=True)
+        name, keys, pos, has_gauss, gauss = np.random.get_state()
+        numpy_state = (name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
+        state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        random.setstate(state["python"])
+        name, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def checkpoint_dir(out_dir: str | Path) -> Path:
+    return Path(out_dir) / "checkpoints"
+
+
+def build_trainer(cfg: TrainerConfig, out_dir: str | Path, callbacks: list[Callback] | None = None) -> L.Trainer:
+    """A Trainer with loggers, periodic last.ckpt, RNG checkpointing and Slurm requeue from `cfg`."""
+    cfg.check()
+    out_dir = Path(out_dir)
+    cuda = torch.cuda.is_available() and cfg.accelerator != "cpu"
+    if cfg.strategy in GPU_ONLY_STRATEGIES and not cuda:
+        raise InputError(
+            f"trainer.strategy {cfg.strategy!r} needs CUDA GPUs and none is available; use 'ddp' (or 'auto') on CPU"
+        )
+    precision = cfg.resolved_precision()
+    if precision != "32-true" and not cuda:
+        raise InputError(f"trainer.precision {cfg.precision!r} needs a CUDA GPU; use '32' (or null) on CPU")
+
+    loggers = [CSVLogger(out_dir, name="csv", flush_logs_every_n_steps=cfg.log_every_n_steps)]
+    if cfg.wandb.mode != "disabled":
+        from lightning.pytorch.loggers import WandbLogger
+
+        (out_dir / "wandb").mkdir(parents=True, exist_ok=True)
+        loggers.append(
+            WandbLogger(
+                project=cfg.wandb.project,
+                name=cfg.wandb.run_name,
+                save_dir=str(out_dir),
+                mode=cfg.wandb.mode,  # passed to wandb.init (offline=True would set WANDB_MODE globally)
+            )
+        )
+    ckpt = ModelCheckpoint(
+        dirpath=checkpoint_dir(out_dir),
+        every_n_train_steps=cfg.checkpoint_every_n_steps or None,
+        save_top_k=0,  # only last.ckpt: a resume point, not a model zoo (stages export the model)
+        save_last=True,
+    )
+    plugins = [SLURMEnvironment(auto_requeue=True)] if SLURMEnvironment.detect() else None
+    return L.Trainer(
+        default_root_dir=out_dir,  # Slurm requeue writes and finds hpc_ckpt_*.ckpt here
+        max_steps=cfg.max_steps,
+        max_epochs=cfg.max_epochs if cfg.max_steps == -1 else None,
+        accumulate_grad_batches=cfg.accumulate_grad_batches,
+        precision=precision,
+        strategy=cfg.strategy,
+        accelerator=cfg.accelerator,
+        devices=cfg.devices,
+        num_nodes=cfg.num_nodes,
+        gradient_clip_val=cfg.gradient_clip_val,
+        gradient_clip_algorithm="norm",
+        log_every_n_steps=cfg.log_every_n_steps,
+        logger=loggers,
+        callbacks=[ckpt, RNGState(), *(callbacks or [])],
+        plugins=plugins,
+        enable_progress_bar=True,
+        enable_model_summary=False,
+        # the batch sampler of drafters.data shards over ranks itself so that its position can be
+        # checkpointed; Lightning's DistributedSampler injection would replace it
+        use_distributed_sampler=False,
+        num_sanity_val_steps=0,
+    )
+
+
+def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule, cfg: TrainerConfig) -> None:
+    """trainer.fit, resuming from checkpoints/last.ckpt when cfg.resume is true and it exists."""
+    ckpt_path = None
+    if cfg.resume:
+        last = checkpoint_dir(trainer.default_root_dir) / "last.ckpt"
+        ckpt_path = str(last) if last.is_file() else None
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)

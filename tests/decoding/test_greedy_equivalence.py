@@ -1,0 +1,116 @@
+"""Greedy speculative decoding reproduces greedy decoding of the target token for token: ours
+(autoregressive with KV cache) and transformers' `generate`, for fixed K, SpecDec++ stopping and the
+hindsight oracle, over several prompts and lengths, with rollback and the bonus path exercised."""
+import pytest
+import torch
+
+from decoding.autoregressive import generate_autoregressive
+from decoding.metrics import aggregate
+from decoding.sampling import SamplingConfig
+from decoding.speculative import hindsight_oracle, speculative_generate
+from decoding.stopping import FixedK, SpecDecPP
+
+GREEDY = SamplingConfig(temperature=0.0)
+# (prompt length, max_new_tokens) pairs; prompts drawn with a fixed seed
+CASES = [(1, 9), (3, 24), (6, 40), (11, 17), (20, 33)]
+
+
+def prompts(vocab: int):
+    gen = torch.Generator().manual_seed(123)
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n, _ in CASES]
+
+
+@pytest.fixture(scope="module")
+def references(llama_pair):
+    target, _ = llama_pair
+    out = []
+    for prompt, (_, n) in zip(prompts(target.config.vocab_size), CASES):
+        ours = generate_autoregressive(target, prompt, n, GREEDY).tokens
+        hf = target.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0)
+        out.append((prompt, n, ours, hf[0, len(prompt) :].tolist()))
+    return out
+
+
+def test_autoregressive_matches_transformers_generate(references):
+    for _, n, ours, hf in references:
+        assert len(ours) == n
+        assert ours == hf
+
+
+def random_head(hidden: int, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    head = torch.nn.Sequential(torch.nn.Linear(hidden, 16), torch.nn.SiLU(), torch.nn.Linear(16, 1))
+    with torch.no_grad():
+        head[2].bias.fill_(1.5)  # sigmoid around 0.8: rounds of a few tokens, varying with the context
+    return head
+
+
+@pytest.mark.parametrize(
+    "make_stopping",
+    [
+        pytest.param(lambda h: FixedK(1), id="K1"),
+        pytest.param(lambda h: FixedK(2), id="K2"),
+        pytest.param(lambda h: FixedK(4), id="K4"),
+        pytest.param(lambda h: FixedK(7), id="K7"),
+        pytest.param(lambda h: SpecDecPP(random_head(h, 0), threshold=0.5), id="specdecpp-h0.5"),
+        pytest.param(lambda h: SpecDecPP(random_head(h, 1), threshold=0.9, k_max=6), id="specdecpp-h0.9"),
+    ],
+)
+def test_greedy_speculative_equals_greedy_target(llama_pair, references, make_stopping):
+    target, drafter = llama_pair
+    runs = []
+    for prompt, n, ours, hf in references:
+        stopping = make_stopping(drafter.config.hidden_size)
+        result = speculative_generate(target, drafter, prompt, n, GREEDY, stopping=stopping)
+        assert result.tokens == ours == hf
+        m = result.metrics
+        assert m.n_generated == n == sum(m.accepted) + m.n_rounds
+        assert m.n_discarded == sum(m.drafted) - sum(m.accepted)
+        runs.append((stopping, m))
+    total = aggregate(m for _, m in runs)
+    cap = runs[0][0].max_tokens
+    # every path was taken: full acceptance with a bonus token, and rejection with rollback
+    assert any(a == d > 0 for a, d in zip(total.accepted, total.drafted))
+    assert any(a < d for a, d in zip(total.accepted, total.drafted))
+    assert 1.0 < total.mat
+    if isinstance(runs[0][0], SpecDecPP):
+        assert len(set(total.drafted)) > 2  # the head really varies the round length
+        assert max(total.drafted) <= cap
+    else:
+        assert max(total.drafted) == cap
+
+
+def test_eos_stops_both_decoders_at_the_same_token(llama_pair, references):
+    target, drafter = llama_pair
+    checked = 0
+    for prompt, n, ours, _ in references:
+        if len(set(ours)) < 3:
+            continue
+        eos = ours[len(ours) // 2]  # a token the target emits mid-generation
+        expected = ours[: ours.index(eos) + 1]
+        assert generate_autoregressive(target, prompt, n, GREEDY, eos_token_id=eos).tokens == expected
+        for k in (1, 3, 6):
+            got = speculative_generate(target, drafter, prompt, n, GREEDY, k=k, eos_token_id=eos)
+            assert got.tokens == expected
+            assert got.metrics.n_generated == len(expected)
+        hf = target.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)
+        assert hf[0, len(prompt) :].tolist()[: len(expected)] == expected
+        checked += 1
+    assert checked >= 2
+
+
+def test_hindsight_oracle_has_no_discards_and_theorem_4_1_target_calls(llama_pair, references):
+    target, drafter = llama_pair
+    for prompt, n, ours, _ in references:
+        result = hindsight_oracle(target, drafter, prompt, n)
+        assert result.tokens == ours
+        assert result.metrics.n_discarded == 0
+        # S: positions where the drafter's greedy token, teacher-forced on the target's tokens, disagrees
+        seq = torch.tensor([prompt + ours[:-1]])
+        with torch.no_grad():
+            draft_greedy = drafter(seq).logits[0, len(prompt) - 1 :].argmax(-1).tolist()
+        S = {i for i, (y, x) in enumerate(zip(draft_greedy, ours), start=1) if y != x}
+        assert result.metrics.n_target == len(S | {n})  # every disagreement, plus the last token
+        for k in (1, 4):
+            fixed = speculative_generate(target, drafter, prompt, n, GREEDY, k=k).metrics
+            assert result.metrics.n_target <= fixed.n_target

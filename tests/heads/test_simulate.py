@@ -1,0 +1,130 @@
+import math
+import random
+
+import pytest
+import torch
+
+from decoding.errors import InputError
+from heads.simulate import (
+    choose_threshold,
+    greedy_oracle,
+    simulate_fixed_k,
+    simulate_specdecpp,
+    specdecpp_round_lengths,
+)
+
+
+def test_all_accept_fixed_k_by_hand():
+    # N = 10, K = 4: rounds at 0 (positions 0-3 + bonus 4) and 5 (5-8 + bonus 9): 2 target calls, 8 drafts
+    (r,) = simulate_fixed_k([torch.ones(10)], cost_ratio=0.25, ks=[4])
+    assert (r.n, r.n_target, r.n_draft, r.n_discarded) == (10, 2, 8, 0)
+    assert r.cost == pytest.approx(0.25 * 8 + 2)
+    assert r.verification_rate == pytest.approx(0.2) and r.discard_rate == 0
+
+
+def test_all_reject_fixed_k_by_hand():
+    # every round emits only the correction: one round per position, drafts capped at the end
+    (r,) = simulate_fixed_k([torch.zeros(10)], cost_ratio=0.1, ks=[4])
+    drafts = 4 * 7 + 3 + 2 + 1
+    assert (r.n_target, r.n_draft, r.n_discarded) == (10, drafts, drafts)
+
+
+def test_specdecpp_rule_with_constant_prediction():
+    # sigma = 0.9, h = 0.5: stop at the first k with 1 - 0.9^(k-1) > 0.5, i.e. k = 8 (0.9^7 = 0.478)
+    k = specdecpp_round_lengths(torch.full((1, 30), 0.9), torch.tensor([30]), [0.5], k_max=20)
+    assert k[0, 0, 0] == 8
+    assert k[0, 0, 25] == 5  # capped at the end of the response
+    # sigma = 0: the first prediction fires, but the round already drafted its second token
+    k0 = specdecpp_round_lengths(torch.zeros(1, 30), torch.tensor([30]), [0.1], k_max=20)
+    assert k0[0, 0, 0] == 2
+    # sigma = 1 never fires: K_max
+    k1 = specdecpp_round_lengths(torch.ones(1, 30), torch.tensor([30]), [0.9], k_max=20)
+    assert k1[0, 0, 0] == 20
+
+
+def test_specdecpp_all_accept_by_hand():
+    # perfect head on an all-accept sequence of 45 tokens: rounds of K_max = 20 + bonus: starts 0, 21, 42
+    (r,) = simulate_specdecpp([torch.ones(45)], [torch.ones(45)], cost_ratio=0.2, thresholds=[0.5])
+    assert (r.n_target, r.n_draft, r.n_discarded) == (3, 20 + 20 + 3, 0)
+
+
+def test_greedy_oracle_counts():
+    agree = torch.tensor([1, 1, 0, 1, 0, 0, 1, 1, 1, 1], dtype=torch.bool)  # S = {2, 4, 5}
+    r = greedy_oracle([agree], cost_ratio=0.1)
+    assert (r.n_target, r.n_discarded) == (3 + 1, 0)
+    assert r.n_draft == 10 - 3
+    # last token a disagreement: it is the final round's bonus, nothing left to verify
+    r2 = greedy_oracle([torch.tensor([1, 1, 0], dtype=torch.bool)], cost_ratio=0.1)
+    assert (r2.n_target, r2.n_draft, r2.n_discarded) == (1, 2, 0)
+
+
+def _monte_carlo(accept, round_len, n_runs, seed):
+    """Straightforward round-by-round simulation; round_len(j) -> K."""
+    rng = random.Random(seed)
+    tot = [0, 0, 0]
+    for _ in range(n_runs):
+        j, N = 0, len(accept)
+        while j < N:
+            K = round_len(j)
+            m = 0
+            while m < K and rng.random() < accept[j + m]:
+                m += 1
+            tot[0] += 1
+            tot[1] += K
+            tot[2] += K - m
+            j = j + m + 1
+    return [t / n_runs for t in tot]
+
+
+def test_dp_matches_monte_carlo():
+    g = torch.Generator().manual_seed(0)
+    accept = torch.rand(40, generator=g) ** 0.3
+    sigma = torch.rand(40, generator=g) ** 0.3
+    h, k_max = 0.5, 6
+    (r,) = simulate_specdecpp([accept], [sigma], cost_ratio=0.1, thresholds=[h], k_max=k_max)
+
+    def round_len(j):  # Algorithm 1: after drafting y_k, sigma of y_(k-1) joins the product
+        prod, k = 1.0, 1
+        while True:
+            if k >= 2:
+                prod *= float(sigma[j + k - 2])
+            if 1 - prod > h or k == k_max or j + k == 40:
+                return k
+            k += 1
+
+    mc = _monte_carlo([float(a) for a in accept], round_len, n_runs=20000, seed=1)
+    assert r.n_target == pytest.approx(mc[0], rel=0.02)
+    assert r.n_draft == pytest.approx(mc[1], rel=0.02)
+    assert r.n_discarded == pytest.approx(mc[2], rel=0.04)
+
+
+def test_batched_equals_one_by_one_and_pools():
+    g = torch.Generator().manual_seed(3)
+    accept = [torch.rand(n, generator=g) for n in (5, 17, 9)]
+    sigma = [torch.rand(n, generator=g) for n in (5, 17, 9)]
+    together = simulate_specdecpp(accept, sigma, 0.2, thresholds=[0.3, 0.7])
+    alone = [simulate_specdecpp([a], [s], 0.2, thresholds=[0.3, 0.7]) for a, s in zip(accept, sigma)]
+    for i in range(2):
+        assert together[i].n_target == pytest.approx(sum(a[i].n_target for a in alone))
+        assert together[i].n_discarded == pytest.approx(sum(a[i].n_discarded for a in alone))
+    assert together[0].n == 31
+
+
+def test_good_head_beats_fixed_k_and_threshold_choice():
+    # alternating easy stretches and a hard token: a head that knows it stops right before the hard token
+    accept = torch.tensor(([0.98] * 7 + [0.05]) * 10)
+    (h, results) = choose_threshold([accept], [accept], cost_ratio=0.05)
+    fixed = min(simulate_fixed_k([accept], cost_ratio=0.05), key=lambda r: r.cost)
+    oracle = greedy_oracle([accept > 0.5], cost_ratio=0.05)
+    chosen = results[[0.1, 0.3, 0.5, 0.7, 0.9].index(h)]
+    assert chosen.cost == min(r.cost for r in results)
+    assert oracle.cost < chosen.cost < fixed.cost
+
+
+def test_bad_inputs():
+    with pytest.raises(InputError, match="outside"):
+        simulate_fixed_k([torch.tensor([0.5, math.nan])], 0.1)
+    with pytest.raises(InputError, match="length"):
+        simulate_specdecpp([torch.ones(3)], [torch.ones(4)], 0.1)
+    with pytest.raises(InputError, match="empty"):
+        simulate_fixed_k([], 0.1)

@@ -1,0 +1,61 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+from pipelines.config import ConfigError, apply_overrides, from_dict, load_config
+from pipelines.schema import RunConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").rglob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_parses(path):
+    cfg = load_config(RunConfig, path)
+    assert isinstance(cfg, RunConfig)
+
+
+def test_unknown_key_names_key_and_closest():
+    with pytest.raises(ConfigError, match=r"unknown config key 'pretrain_target\.seq_lne'; did you mean 'pretrain_target\.seq_len'"):
+        from_dict(RunConfig, {"pretrain_target": {"seq_lne": 12}})
+
+
+def test_wrong_type_names_field():
+    with pytest.raises(ConfigError, match=r"'pretrain_target\.train\.max_steps' has the wrong type"):
+        from_dict(RunConfig, {"pretrain_target": {"train": {"max_steps": "many"}}})
+    with pytest.raises(ConfigError, match=r"'run\.seed' has the wrong type"):
+        from_dict(RunConfig, {"run": {"seed": True}})
+
+
+def test_literal_choices_and_impossible_values():
+    with pytest.raises(ConfigError, match="target.quantization"):
+        from_dict(RunConfig, {"target": {"quantization": "int4"}})
+    with pytest.raises(Exception, match="demo.train_per_domain must be >= 1"):
+        from_dict(RunConfig, {"demo": {"train_per_domain": 0}})
+
+
+def test_dotted_overrides_are_typed():
+    data = apply_overrides({}, ["pretrain_target.train.max_steps=7", "run.root=/x/y", "demo.domains=[math, code]"])
+    cfg = from_dict(RunConfig, data)
+    assert cfg.pretrain_target.train.max_steps == 7 and cfg.run.root == "/x/y" and cfg.demo.domains == ["math", "code"]
+
+
+def test_cli_misspelled_key_exits_2_and_writes_nothing(tmp_path, capsys):
+    root = tmp_path / "run"
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(f"run:\n  root: {root}\ndemo:\n  corpus_per_domian: 5\n")
+    assert main(["validate", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "demo.corpus_per_domian" in err[0] and "demo.corpus_per_domain" in err[0]
+    assert main(["prepare-data", "--config", str(cfg)]) == 2
+    assert not root.exists()
+
+
+def test_console_script_exit_code(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("pretrain_target:\n  seq_len: short\n")
+    r = subprocess.run([sys.executable, "-m", "pipelines.cli", "validate", str(cfg)], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert "pretrain_target.seq_len" in r.stderr and r.stderr.count("\n") == 1

@@ -1,0 +1,72 @@
+import json
+
+import pytest
+
+import pipelines.prepare_data
+from decoding.errors import InputError
+from pipelines.artifacts import read_manifest, verify_files
+from pipelines.config import from_dict
+from pipelines.schema import RunConfig
+from pipelines.stage import run_stage
+
+TINY_DEMO = {"domains": ["math", "translate"], "heldout_domains": ["spell"], "corpus_per_domain": 8,
+             "train_per_domain": 4, "dev_per_domain": 2, "test_per_domain": 2}
+
+
+def tiny_cfg(root, **demo):
+    return from_dict(RunConfig, {"run": {"root": str(root)}, "demo": {**TINY_DEMO, **demo}})
+
+
+def test_manifest_fields_and_cache_hit(tmp_path):
+    cfg = tiny_cfg(tmp_path)
+    logs = []
+    out = run_stage(cfg, "prepare-data", log=logs.append)
+    m = read_manifest(out, expect_stage="prepare-data")
+    for key in ("stage", "config", "inputs", "package_version", "git_commit", "metrics", "wall_time_s", "content_hash"):
+        assert key in json.loads((out / "manifest.json").read_text())
+    assert m.config["demo"]["train_per_domain"] == 4 and m.metrics["prompts"]["train"]["math"] == 4
+    verify_files(out)
+    stamp = (out / "manifest.json").stat().st_mtime_ns
+    run_stage(cfg, "prepare-data", log=logs.append)
+    assert "cache hit" in logs[-1] and (out / "manifest.json").stat().st_mtime_ns == stamp
+    run_stage(cfg, "prepare-data", force=True, log=logs.append)
+    assert (out / "manifest.json").stat().st_mtime_ns != stamp
+    run_stage(tiny_cfg(tmp_path, train_per_domain=5), "prepare-data", log=logs.append)
+    assert "rebuilding" in logs[-2]
+    assert read_manifest(out).metrics["prompts"]["train"]["math"] == 5
+
+
+def test_interrupted_stage_leaves_nothing_finished(tmp_path, monkeypatch):
+    cfg = tiny_cfg(tmp_path)
+
+    def boom(*a, **k):
+        raise RuntimeError("killed midway")
+
+    monkeypatch.setattr(pipelines.prepare_data, "demo_corpus", boom)
+    with pytest.raises(RuntimeError):
+        run_stage(cfg, "prepare-data")
+    assert not (tmp_path / "prompts").exists()
+    assert not list(tmp_path.glob(".tmp-*"))
+    monkeypatch.undo()
+    out = run_stage(cfg, "prepare-data")
+    verify_files(out)
+
+
+def test_missing_and_corrupt_inputs(tmp_path):
+    cfg = tiny_cfg(tmp_path)
+    with pytest.raises(InputError, match="stage 'prepare-data' has not finished; run `specdraft prepare-data"):
+        run_stage(cfg, "pretrain-target")
+    out = run_stage(cfg, "prepare-data")
+    (out / "manifest.json").write_text("{not json")
+    with pytest.raises(InputError, match="corrupt"):
+        run_stage(cfg, "pretrain-target")
+
+
+def test_verify_files_catches_a_flipped_byte(tmp_path):
+    out = run_stage(tiny_cfg(tmp_path), "prepare-data")
+    victim = next(p for p in sorted(out.rglob("*.arrow")))
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    with pytest.raises(InputError, match="does not match its hash"):
+        verify_files(out)

@@ -1,0 +1,150 @@
+import csv
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from decoding.errors import InputError
+from drafters.data import CausalLMCollator, CausalLMDataModule
+from drafters.lit_lm import CausalLMModule
+from drafters.model import build_causal_lm
+from pipelines.training import TrainerConfig, WandbConfig, build_trainer, fit
+
+REPO = Path(__file__).resolve().parents[2]
+V = 48
+
+
+def _data(n=20):
+    g = torch.Generator().manual_seed(0)
+    return [{"input_ids": torch.randint(0, V, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist()} for _ in range(n)]
+
+
+def _cfg(**kw) -> TrainerConfig:
+    base = dict(
+        max_steps=8, batch_size=4, checkpoint_every_n_steps=3, log_every_n_steps=1,
+        accelerator="cpu", wandb=WandbConfig(mode="disabled"), seed=0,
+    )
+    return TrainerConfig(**{**base, **kw})
+
+
+def _run(out_dir, cfg, callbacks=None):
+    module = CausalLMModule(build_causal_lm("demo-tiny", V, seed=0), lr=1e-2)
+    dm = CausalLMDataModule(_data(), CausalLMCollator(pad_token_id=0), batch_size=cfg.batch_size, seed=cfg.seed)
+    trainer = build_trainer(cfg, out_dir, callbacks=callbacks)
+    trainer.enable_progress_bar = False
+    fit(trainer, module, dm, cfg)
+    return trainer
+
+
+def _logged(out_dir, key="train/loss") -> dict[int, float]:
+    """step -> value over all CSV versions in launch order (a later launch overrides a step)."""
+    curve = {}
+    for version in sorted((Path(out_dir) / "csv").glob("version_*"), key=lambda p: int(p.name.split("_")[1])):
+        with open(version / "metrics.csv") as f:
+            for row in csv.DictReader(f):
+                if row.get(key):
+                    curve[int(row["step"])] = float(row[key])
+    return curve
+
+
+class Crash(L.Callback):
+    """Dies in the middle of an epoch, after some checkpoints were written (a preempted job)."""
+
+    def __init__(self, at_step):
+        self.at_step = at_step
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.at_step:
+            raise RuntimeError("simulated preemption")
+
+
+def test_resumed_run_reproduces_the_uninterrupted_loss_curve(tmp_path):
+    # 20 examples / batch 4 = 5 batches per epoch; 8 steps cross an epoch boundary; checkpoints at 3, 6
+    _run(tmp_path / "straight", _cfg())
+    straight = _logged(tmp_path / "straight")
+    assert sorted(straight) == list(range(8))
+    assert len({round(v, 4) for v in straight.values()}) == 8  # batches differ, so order matters
+
+    with pytest.raises(RuntimeError, match="preemption"):
+        _run(tmp_path / "resumed", _cfg(), callbacks=[Crash(at_step=5)])  # last.ckpt is from step 3
+    trainer = _run(tmp_path / "resumed", _cfg(resume=True))
+    resumed = _logged(tmp_path / "resumed")
+    assert trainer.global_step == 8
+    assert sorted(resumed) == list(range(8))
+    for step in range(8):
+        assert resumed[step] == pytest.approx(straight[step], abs=1e-6), step
+    lr = _logged(tmp_path / "straight", "train/lr")
+    assert lr[0] < lr[1] and lr[7] < lr[2]  # linear warmup (1 step at 3% of 8), then cosine decay
+
+
+def test_strategy_and_precision_are_validated(tmp_path):
+    with pytest.raises(InputError, match="did you mean 'ddp'"):
+        build_trainer(_cfg(strategy="dpp"), tmp_path)
+    with pytest.raises(InputError, match="did you mean 'bf16-mixed'"):
+        build_trainer(_cfg(precision="bf16"), tmp_path)
+    with pytest.raises(InputError, match="wandb.mode"):
+        build_trainer(_cfg(wandb=WandbConfig(mode="offine")), tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed_stage_2", "deepspeed_stage_3"])
+def test_gpu_only_strategies_are_refused_on_cpu(tmp_path, strategy):
+    with pytest.raises(InputError, match="needs CUDA"):
+        build_trainer(_cfg(strategy=strategy), tmp_path)
+
+
+def test_precision_defaults_to_32_on_cpu():
+    assert _cfg().resolved_precision() == "32-true"
+
+
+_DDP_SCRIPT = textwrap.dedent(
+    """
+    import sys, torch
+    sys.path.insert(0, {repo!r})
+    from drafters.data import CausalLMCollator, CausalLMDataModule
+    from drafters.lit_lm import CausalLMModule
+    from drafters.model import build_causal_lm
+    from pipelines.training import TrainerConfig, WandbConfig, build_trainer, fit
+
+    class Seen(__import__("lightning").Callback):
+        def on_train_batch_start(self, trainer, module, batch, idx):
+            print(f"rank{{trainer.global_rank}} batch", batch["input_ids"][:, 0].tolist(), flush=True)
+
+    cfg = TrainerConfig(max_steps=3, batch_size=2, strategy="ddp", devices=2, accelerator="cpu",
+                        log_every_n_steps=1, checkpoint_every_n_steps=2, wandb=WandbConfig(mode="disabled"))
+    data = [{{"input_ids": [i, 1, 2, 3]}} for i in range(12)]
+    module = CausalLMModule(build_causal_lm("demo-tiny", 48, seed=0), lr=1e-2)
+    trainer = build_trainer(cfg, sys.argv[1], callbacks=[Seen()])
+    fit(trainer, module, CausalLMDataModule(data, CausalLMCollator(0), batch_size=2), cfg)
+    print(f"rank{{trainer.global_rank}} done world={{trainer.world_size}} step={{trainer.global_step}}", flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_ddp_with_two_cpu_processes(tmp_path):
+    script = tmp_path / "ddp_run.py"
+    script.write_text(_DDP_SCRIPT.format(repo=str(REPO)))
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    t0 = time.time()
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=240
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "rank0 done world=2 step=3" in out and "rank1 done world=2 step=3" in out, out[-3000:]
+    firsts = {r: [] for r in ("rank0", "rank1")}
+    for line in out.splitlines():
+        if " batch [" in line:
+            rank, rest = line.split(" batch ")
+            firsts[rank.strip()] += eval(rest)  # noqa: S307 - our own printed list of ints
+    assert len(firsts["rank0"]) == len(firsts["rank1"]) == 6
+    assert not set(firsts["rank0"]) & set(firsts["rank1"])  # each rank trains on its own shard
+    assert (tmp_path / "out" / "checkpoints" / "last.ckpt").is_file()
+    print(f"ddp test wall time {time.time() - t0:.1f}s")
