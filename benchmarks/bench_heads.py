@@ -27,9 +27,9 @@ from heads.metrics import constant_baseline  # noqa: E402
 
 
 def synthetic(m: int, hidden: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    w = torch.randn(hidden, generator=torch.Generator().manual_seed(1234)) / hidden**0.5  # one teacher for all splits
     g = torch.Generator().manual_seed(seed)
     feats = torch.randn(m, hidden, generator=g)
-    w = torch.randn(hidden, generator=g) / hidden**0.5
     labels = torch.sigmoid(2.5 * feats @ w + 1.5 + 0.5 * torch.randn(m, generator=g)).clamp(0, 1)
     return feats.half(), labels
 

@@ -34,3 +34,14 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
         tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, padding_side="left",
         model_max_length=1_000_000,
     )
+
+
+def encode_document(tok, prompt: str, response: str) -> list[int]:
+    """BOS + prompt + response + EOS, prompt and response tokenized separately (as generation sees them)."""
+    return tok(prompt)["input_ids"] + tok(response, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+
+def pack(docs: list[list[int]], seq_len: int) -> list[list[int]]:
+    """Concatenate documents and cut into full blocks of seq_len tokens (the ragged tail is dropped)."""
+    stream = [t for d in docs for t in d]
+    return [stream[i : i + seq_len] for i in range(0, len(stream) - seq_len + 1, seq_len)]

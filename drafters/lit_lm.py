@@ -81,11 +81,10 @@ class CausalLMModule(L.LightningModule):
         n = int(mask.sum())
         if n == 0:  # nothing to learn from in this batch (e.g. all responses empty); keep the graph
             return out.logits.sum() * 0.0, 0
-        student = losses.gather_positions(out.logits, mask)  # (N, V)
         name = self.hparams.loss
         if name == "ce":
-            targets = losses.gather_positions(losses.next_token_targets(batch["input_ids"]), mask)
-            return losses.cross_entropy(student, targets), n
+            return losses.masked_next_token_ce(out.logits, batch["input_ids"], mask), n
+        student = losses.gather_positions(out.logits, mask)  # (N, V)
         if TOPK_IDS in batch:
             ids = losses.gather_positions(batch[TOPK_IDS], mask)
             logprobs = losses.gather_positions(batch[TOPK_LOGPROBS], mask)

@@ -124,7 +124,7 @@ class AcceptanceHeadsModule(pl.LightningModule):
     """One or more independent AcceptanceHeads trained with weighted BCE on the same batches.
 
     Batches are (features (B, H) any float dtype, labels (B,)); all rows are Y positions.
-    Logs train/loss (sum over heads) and, per head, eval/kl/<name> (unweighted binary KL on the
+    Logs per epoch train/loss (mean over steps of the sum over heads) and, per head, eval/kl/<name> (unweighted binary KL on the
     validation data) and train/kl/<name> (over the epoch's training batches, weights of the moment).
     """
 
@@ -179,12 +179,15 @@ class AcceptanceHeadsModule(pl.LightningModule):
         logits = self.stacked_logits(features)  # (n_heads, B)
         # sum over heads of each head's own mean weighted BCE: the heads' gradients do not mix
         loss = weighted_bce_terms(logits, labels, self.w_rej, self.cfg.w_acc).mean(-1).sum()
-        self._accumulate("train", logits, labels)
-        self.log("train/loss", loss.detach(), on_step=False, on_epoch=True)
+        self._accumulate("train", logits, labels)  # logged once per epoch: per-step self.log costs as much as the step
+        self._sums["loss"] = self._sums.get("loss", 0) + loss.detach()
+        self._sums["steps"] = self._sums.get("steps", 0) + 1
         return loss
 
     def on_train_epoch_end(self):
         self._log_epoch("train")
+        if "loss" in self._sums:
+            self.log("train/loss", self._sums.pop("loss") / self._sums.pop("steps"))
 
     def validation_step(self, batch, batch_idx):
         features, labels = batch
@@ -194,7 +197,8 @@ class AcceptanceHeadsModule(pl.LightningModule):
         self._log_epoch("eval")
 
     def configure_optimizers(self):
-        opt = torch.optim.Adam(self.parameters(), lr=self.cfg.lr)
+        # fused Adam: the same update in one kernel per step (measured ~1.5x faster per step on CPU here)
+        opt = torch.optim.Adam(self.parameters(), lr=self.cfg.lr, fused=True)
         total = int(self.trainer.estimated_stepping_batches)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, _cosine(total))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

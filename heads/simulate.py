@@ -176,6 +176,9 @@ def simulate_specdecpp(
 ) -> list[SimResult]:
     """One SimResult per threshold h; accept[b], sigma[b]: (N_b,) P_i and the head's sigmoid outputs."""
     _check(cost_ratio, accept)
+    for b, s in enumerate(sigma):
+        if not (torch.isfinite(s).all() and (s >= 0).all() and (s <= 1).all()):
+            raise InputError(f"head predictions for dev sequence {b} are not probabilities in [0, 1]; pass sigmoid(logits)")
     if [len(a) for a in accept] != [len(s) for s in sigma]:
         raise InputError("acceptance labels and head predictions differ in length for some dev sequence")
     if k_max < 1:

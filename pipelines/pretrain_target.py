@@ -19,23 +19,12 @@ import datasets
 import torch
 
 from data.prompts import load_prompt_sets
-from data.tokenizer import train_bpe
+from data.tokenizer import encode_document, pack, train_bpe
 from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.lit_lm import CausalLMModule
 from drafters.model import build_causal_lm, num_parameters
 from pipelines.stage import Context
 from pipelines.training import build_trainer, fit
-
-
-def encode_document(tok, prompt: str, response: str) -> list[int]:
-    """BOS + prompt + response + EOS, with prompt and response tokenized separately."""
-    return tok(prompt)["input_ids"] + tok(response, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-
-
-def pack(docs: list[list[int]], seq_len: int) -> list[list[int]]:
-    """Concatenate documents and cut into full blocks of seq_len tokens (the ragged tail is dropped)."""
-    stream = [t for d in docs for t in d]
-    return [stream[i : i + seq_len] for i in range(0, len(stream) - seq_len + 1, seq_len)]
 
 
 @torch.no_grad()

@@ -77,7 +77,6 @@ class PretrainTargetSection:
     lr: float = 3e-3
     warmup_ratio: float = 0.05
     weight_decay: float = 0.0
-    dev_docs_per_domain: int = 100  # documents per domain for the dev perplexity table
     train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_steps=300, batch_size=16,
                                                                        checkpoint_every_n_steps=100))
 
@@ -92,12 +91,77 @@ class PretrainTargetSection:
 
 
 @dataclass
+class DistillDataSection:
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 0.3, 0.7, 1.0])  # MetaSD App. F.2
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0  # 1.0 disables
+    max_new_tokens: int = 64
+    batch_size: int = 32  # prompts per generate call
+    chunk_size: int = 128  # jobs per resumable chunk file (the unit of sharding and of redo after a kill)
+    max_prompt_tokens: int = 384
+    long_prompts: Literal["truncate", "refuse"] = "truncate"  # truncate keeps BOS and the last tokens
+    splits: list[str] = field(default_factory=lambda: ["train", "dev"])
+    device: str = "auto"  # where the target runs without a device_map: auto = cuda if available, else cpu
+
+    def check(self) -> None:
+        if not self.temperatures or any(t < 0 for t in self.temperatures):
+            raise InputError(f"distill_data.temperatures must be a non-empty list of values >= 0, got {self.temperatures}")
+        if not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise InputError("distill_data.top_p must be in (0, 1] and top_k >= 0 (0 disables top-k)")
+        for name in ("max_new_tokens", "batch_size", "chunk_size", "max_prompt_tokens"):
+            if getattr(self, name) < 1:
+                raise InputError(f"distill_data.{name} must be >= 1, got {getattr(self, name)}")
+        for s in self.splits:
+            if s not in ("train", "dev", "test"):
+                raise InputError(f"distill_data.splits: unknown split '{s}'; use train, dev or test")
+
+
+@dataclass
+class DrafterSpec:
+    name: str
+    domains: list[str] = field(default_factory=list)  # empty: every training domain (an OFA drafter)
+
+
+@dataclass
+class PhaseSection:
+    enabled: bool = True  # only the general phase can be turned off
+    loss: Literal["ce", "fkl", "tvd"] = "ce"  # ce: KD on target samples; fkl/tvd: against the target's p
+    lr: float = 2e-5  # MetaSD App. F.2
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+    optimizer: Literal["adamw", "adamw8bit"] = "adamw"
+    teacher_topk: Optional[int] = None  # fkl/tvd: keep only the target's top-k (null: full distribution)
+    grad_checkpointing: bool = False
+    max_length: int = 512  # tokens per training sequence (long prompts lose tokens from the left)
+    train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=3, batch_size=8))
+
+    def check(self) -> None:
+        if not self.lr > 0:
+            raise InputError(f"lr must be > 0, got {self.lr}")
+        if self.max_length < 2:
+            raise InputError(f"max_length must be >= 2, got {self.max_length}")
+
+
+@dataclass
+class TrainDraftersSection:
+    model: CausalLMConfig = field(default_factory=lambda: preset("demo-drafter"))  # preset metasd-68m for real runs
+    init_from: Optional[str] = None  # a drafter checkpoint dir to start from instead of random init
+    drafters: Optional[list[DrafterSpec]] = None  # null: one per training domain + "ofa" on all of them
+    general: PhaseSection = field(default_factory=lambda: PhaseSection(lr=1e-3, train=TrainerConfig(max_steps=200, batch_size=16)))
+    finetune: PhaseSection = field(default_factory=PhaseSection)
+    alignment_batch_size: int = 32
+    device: str = "auto"  # where the target runs for alignment / fkl teachers: auto = cuda if available
+
+
+@dataclass
 class RunConfig:
     run: RunSection = field(default_factory=RunSection)
     target: TargetSection = field(default_factory=TargetSection)
     demo: DemoSection = field(default_factory=DemoSection)
     prompts: PromptsSection = field(default_factory=PromptsSection)
     pretrain_target: PretrainTargetSection = field(default_factory=PretrainTargetSection)
+    distill_data: DistillDataSection = field(default_factory=DistillDataSection)
+    train_drafters: TrainDraftersSection = field(default_factory=TrainDraftersSection)
 
     def check(self) -> None:
         from pipelines.stage import STAGE_NAMES

@@ -83,6 +83,19 @@ class Context:
     def input(self, stage: str) -> Path:
         return self.inputs[stage]
 
+    def target_path(self) -> str:
+        """The target model: the user's (local dir or hub id) or the demo target from pretrain-target."""
+        given = self.cfg.target.name_or_path
+        if given is not None:
+            self.input_hashes["target"] = {"path": given, "content_hash": "external"}
+            return given
+        return str(self.input("pretrain-target"))
+
+
+class StageIncomplete(Exception):
+    """Raised by build() when this process finished its share but the stage as a whole is not done
+    (other shards still running): nothing is committed, progress stays in the work dir."""
+
 
 def stage_dir(cfg: RunConfig, name: str) -> Path:
     return Path(cfg.run.root) / get_spec(name).out
@@ -139,7 +152,11 @@ def run_stage(cfg: RunConfig, name: str, force: bool = False, log: Callable[[str
     with StageOutput(out) as staged:
         ctx = Context(cfg=cfg, spec=spec, root=root, out=staged.tmp, work=work,
                       inputs={k: stage_dir(cfg, k) for k in manifests}, manifests=manifests)
-        metrics = module.build(ctx) or {}
+        try:
+            metrics = module.build(ctx) or {}
+        except StageIncomplete as e:
+            log(f"[{name}] {e}")
+            return None
         inputs = {k: {"path": str(stage_dir(cfg, k)), "content_hash": m.content_hash} for k, m in manifests.items()}
         inputs.update(ctx.input_hashes)
         staged.commit(stage=name, config=to_dict(cfg), cache_key=key, inputs=inputs, metrics=metrics,

@@ -40,6 +40,11 @@ def noisy_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Modu
     return drafter
 
 
+@pytest.fixture(scope="session")
+def make_llama():
+    return tiny_llama
+
+
 @pytest.fixture(scope="module")
 def llama_pair():
     target = tiny_llama(0)
@@ -77,7 +82,7 @@ class TableLM(torch.nn.Module):
         return SimpleNamespace(logits=logits, hidden_states=hidden)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def table_lm():
     return TableLM
 

@@ -114,3 +114,68 @@ def test_hindsight_oracle_has_no_discards_and_theorem_4_1_target_calls(llama_pai
         for k in (1, 4):
             fixed = speculative_generate(target, drafter, prompt, n, GREEDY, k=k).metrics
             assert result.metrics.n_target <= fixed.n_target
+
+
+class Alternating:
+    """A stand-in for a bandit: switches drafter every round, so each drafter must roll back and catch
+    up on context it never saw (several tokens at once) through the same seam."""
+
+    def __init__(self, *speculators):
+        self.speculators = speculators
+        self.rounds = 0
+        self.observed = []
+
+    def start(self, target, eos):
+        for s in self.speculators:
+            s.start(target, eos)
+        self.rounds = 0
+
+    def propose(self, context, max_tokens, sampling, generator):
+        active = self.speculators[self.rounds % len(self.speculators)]
+        self.rounds += 1
+        return active.propose(context, max_tokens, sampling, generator)
+
+    def observe(self, outcome):
+        self.observed.append((outcome.verification.n_accepted, len(outcome.draft.tokens), len(outcome.context)))
+
+
+def test_switching_drafters_catch_up_through_the_seam(llama_pair, references):
+    from decoding.speculative import generate_speculative
+    from decoding.speculator import DrafterSpeculator
+
+    target, drafter = llama_pair
+    for prompt, n, ours, _ in references:
+        spec = Alternating(DrafterSpeculator(drafter, FixedK(3)), DrafterSpeculator(target, FixedK(2)))
+        result = generate_speculative(target, spec, prompt, n, GREEDY)
+        assert result.tokens == ours
+        assert len(spec.observed) == result.metrics.n_rounds
+        assert spec.observed[-1][2] == len(prompt) + n  # the observed context is the committed one
+        # the target drafting for itself is always accepted: its rounds emit k + 1 tokens
+        assert all(acc == k for acc, k, _ in spec.observed[1::2])
+
+
+def test_verification_distribution_hook_reaches_verify(llama_pair, references):
+    from decoding.speculative import generate_speculative
+    from decoding.speculator import DrafterSpeculator
+
+    target, drafter = llama_pair
+    prompt, n, ours, _ = references[2]
+    seen = []
+
+    def identity(p, q):
+        seen.append((p.shape, q.shape))
+        return p
+
+    result = generate_speculative(target, DrafterSpeculator(drafter, FixedK(3)), prompt, n, GREEDY, verification_distribution=identity)
+    assert result.tokens == ours and len(seen) == result.metrics.n_rounds
+    assert all(ps[0] == qs[0] + 1 for ps, qs in seen)
+
+
+@pytest.mark.gpu
+def test_target_on_gpu_drafter_on_cpu(llama_pair):
+    target, drafter = llama_pair
+    gpu_target = __import__("copy").deepcopy(target).to("cuda")
+    prompt = list(range(1, 9))
+    expected = generate_autoregressive(gpu_target, prompt, 20, GREEDY).tokens  # GPU numerics may differ from CPU
+    result = speculative_generate(gpu_target, drafter, prompt, 20, GREEDY, k=3)
+    assert result.tokens == expected and result.metrics.n_target < 20

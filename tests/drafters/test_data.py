@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 from decoding.errors import InputError
 from drafters.data import (

@@ -97,3 +97,25 @@ def test_bad_options_are_refused():
         CausalLMModule(m, loss="rkl")
     with pytest.raises(InputError, match="vocab size"):
         CausalLMModule(m, loss="fkl", teacher=build_causal_lm("demo-tiny", V + 1, seed=0))
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    batch = CausalLMCollator(pad_token_id=0)(_examples(4))
+    grads = []
+    for ckpt in (False, True):
+        module = CausalLMModule(build_causal_lm("demo-tiny", V, seed=0), grad_checkpointing=ckpt)
+        module.train()
+        module.compute_loss(batch)[0].backward()
+        grads.append(module.model.model.embed_tokens.weight.grad)
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_adamw8bit_option_trains():
+    pytest.importorskip("bitsandbytes")
+    module = CausalLMModule(build_causal_lm("demo-tiny", V, seed=0), lr=3e-2, warmup_ratio=0.0, optimizer="adamw8bit")
+    batch = CausalLMCollator(pad_token_id=0)(_examples())
+    before = module.compute_loss(batch)[0].item()
+    trainer = _trainer(10)
+    trainer.fit(module, CausalLMDataModule(_examples(), CausalLMCollator(pad_token_id=0), batch_size=8))
+    assert type(trainer.optimizers[0]).__name__ == "AdamW8bit"
+    assert module.compute_loss(batch)[0].item() < before

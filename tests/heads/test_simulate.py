@@ -92,7 +92,7 @@ def test_dp_matches_monte_carlo():
                 return k
             k += 1
 
-    mc = _monte_carlo([float(a) for a in accept], round_len, n_runs=20000, seed=1)
+    mc = _monte_carlo([float(a) for a in accept], round_len, n_runs=4000, seed=1)
     assert r.n_target == pytest.approx(mc[0], rel=0.02)
     assert r.n_draft == pytest.approx(mc[1], rel=0.02)
     assert r.n_discarded == pytest.approx(mc[2], rel=0.04)
@@ -128,3 +128,8 @@ def test_bad_inputs():
         simulate_specdecpp([torch.ones(3)], [torch.ones(4)], 0.1)
     with pytest.raises(InputError, match="empty"):
         simulate_fixed_k([], 0.1)
+
+
+def test_predictions_must_be_probabilities():
+    with pytest.raises(InputError, match="sigmoid"):
+        simulate_specdecpp([torch.ones(3)], [torch.tensor([0.5, 2.0, 0.1])], 0.1)

@@ -37,7 +37,6 @@ def _run(out_dir, cfg, callbacks=None):
     module = CausalLMModule(build_causal_lm("demo-tiny", V, seed=0), lr=1e-2)
     dm = CausalLMDataModule(_data(), CausalLMCollator(pad_token_id=0), batch_size=cfg.batch_size, seed=cfg.seed)
     trainer = build_trainer(cfg, out_dir, callbacks=callbacks)
-    trainer.enable_progress_bar = False
     fit(trainer, module, dm, cfg)
     return trainer
 
@@ -148,3 +147,32 @@ def test_ddp_with_two_cpu_processes(tmp_path):
     assert not set(firsts["rank0"]) & set(firsts["rank1"])  # each rank trains on its own shard
     assert (tmp_path / "out" / "checkpoints" / "last.ckpt").is_file()
     print(f"ddp test wall time {time.time() - t0:.1f}s")
+
+
+def test_wandb_offline_run_is_written_under_out_dir(tmp_path):
+    trainer = _run(tmp_path, _cfg(max_steps=2, wandb=WandbConfig(mode="offline", project="p", run_name="r")))
+    assert [type(l).__name__ for l in trainer.loggers] == ["CSVLogger", "WandbLogger"]
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+    assert _logged(tmp_path)  # CSV too
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", ["auto", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3"])
+def test_gpu_strategies_train_in_bf16(tmp_path, strategy):
+    cfg = _cfg(strategy=strategy, accelerator="gpu", devices=1, max_steps=4)
+    assert cfg.resolved_precision() == "bf16-mixed"
+    trainer = _run(tmp_path, cfg)
+    assert trainer.global_step == 4
+    assert trainer.precision == "bf16-mixed"
+    assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
+def test_slurm_jobs_get_auto_requeue(tmp_path, monkeypatch):
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    slurm = dict(SLURM_NTASKS="1", SLURM_NTASKS_PER_NODE="1", SLURM_JOB_NAME="train", SLURM_JOB_ID="7",
+                 SLURM_NODELIST="node1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0")
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    env = build_trainer(_cfg(devices=1), tmp_path)._accelerator_connector.cluster_environment
+    assert isinstance(env, SLURMEnvironment) and env.auto_requeue

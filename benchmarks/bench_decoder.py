@@ -1,0 +1,227 @@
+"""Our speculative decoder side by side with transformers assisted generation, batch 1, on CPU or GPU.
+
+    python benchmarks/bench_decoder.py --target DIR --drafter DIR [--k 4] [--max-new-tokens 64]
+        [--prompts FILE] [--runs 5] [--temperature 0.7] [--threads N] [--no-append]
+    python benchmarks/bench_decoder.py --random-tiny          # smoke test on two random tiny models
+
+For greedy and for sampling it measures, per prompt and method, the median over --runs timed runs
+(after one warm-up run per method): ours autoregressive (the baseline), ours speculative with fixed K,
+transformers `generate` alone, and assisted generation with `num_assistant_tokens=K` (constant schedule)
+and with its defaults. Reports tokens/s, MAT (tokens per target forward, counted with a forward hook for
+transformers), the ratio ours / transformers at equal K, and the implementation efficiency: measured
+speedup over our autoregressive baseline divided by the analytic fixed-K speedup at the measured
+acceptance (inverted from MAT) and cost ratio c = t_draft / t_target (from autoregressive per-token
+times of each model). The table is printed and appended to benchmarks/RESULTS.md with the machine named.
+EOS is ignored so every method generates exactly --max-new-tokens tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import pathlib
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from decoding.autoregressive import generate_autoregressive  # noqa: E402
+from decoding.cost_model import acceptance_from_mat, analytic_speedup  # noqa: E402
+from decoding.sampling import SamplingConfig  # noqa: E402
+from decoding.speculative import speculative_generate  # noqa: E402
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def random_tiny_pair(out_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """A 4-layer random target and a drafter made of its first layer (shared embeddings, norm and head),
+    saved as safetensors: the drafter is cheaper and agrees with the target often."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.1,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+    target = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # deeper layers only nudge the residual stream, so the first layer alone agrees often
+        for layer in target.model.layers[1:]:
+            layer.self_attn.o_proj.weight.mul_(0.25)
+            layer.mlp.down_proj.weight.mul_(0.25)
+    drafter = copy.deepcopy(target)
+    drafter.model.layers = drafter.model.layers[:1]
+    drafter.config.num_hidden_layers = 1
+    paths = out_dir / "target", out_dir / "drafter"
+    target.save_pretrained(paths[0], safe_serialization=True)
+    drafter.save_pretrained(paths[1], safe_serialization=True)
+    return paths
+
+
+def load(path: str, device: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, trust_remote_code=False, dtype=dtype)
+    return model.to(device).eval()
+
+
+def load_prompts(args, vocab: int) -> list[list[int]]:
+    if args.prompts:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.target, trust_remote_code=False)
+        lines = [l.strip() for l in pathlib.Path(args.prompts).read_text().splitlines() if l.strip()]
+        return [tok(line)["input_ids"] for line in lines[: args.n_prompts]]
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(0, vocab, (int(n),), generator=gen).tolist() for n in torch.randint(4, 24, (args.n_prompts,), generator=gen)]
+
+
+class ForwardCounter:
+    """Counts forward calls of a model (transformers' generate has no per-call counters)."""
+
+    def __init__(self, model):
+        self.calls = 0
+        model.register_forward_hook(self._hook)
+
+    def _hook(self, *_):
+        self.calls += 1
+
+
+def timed(fn, runs: int) -> tuple[float, object]:
+    fn()  # warm-up, excluded
+    times, out = [], None
+    for _ in range(runs):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def bench(args) -> str:
+    device = args.device
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    target, drafter = load(args.target, device, dtype), load(args.drafter, device, dtype)
+    t_calls, d_calls = ForwardCounter(target), ForwardCounter(drafter)
+    prompts = load_prompts(args, target.config.vocab_size)
+    n, k = args.max_new_tokens, args.k
+
+    def hf(prompt, sampling: SamplingConfig, assistant_k: int | None, assisted: bool):
+        kwargs = dict(max_new_tokens=n, min_new_tokens=n, do_sample=not sampling.greedy, eos_token_id=None, pad_token_id=0)
+        if not sampling.greedy:
+            kwargs.update(temperature=sampling.temperature, top_k=0, top_p=1.0)
+        if assisted:
+            kwargs["assistant_model"] = drafter
+            # transformers reads these from the *assistant's* generation config (generate() kwargs do
+            # not reach it); None restores its defaults: 20 tokens, constant, confidence stop at 0.4
+            gc = drafter.generation_config
+            gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = assistant_k, "constant" if assistant_k else None
+            gc.assistant_confidence_threshold = 0.0 if assistant_k else None  # equal K: no early stop
+        ids = torch.tensor([prompt], device=target.device)
+        t_calls.calls = 0
+        out = target.generate(ids, **kwargs)
+        return out.shape[1] - len(prompt), t_calls.calls
+
+    rows = []
+    for mode, sampling in (("greedy", SamplingConfig(0.0)), (f"T={args.temperature}", SamplingConfig(args.temperature))):
+        per = {key: [] for key in ("ar", "ar_d", "spec", "hf", "hf_k", "hf_def")}
+        mats = {key: [] for key in ("spec", "hf_k", "hf_def")}
+        for i, prompt in enumerate(prompts):
+            gen = lambda: torch.Generator().manual_seed(i)  # noqa: E731
+            t, r = timed(lambda: generate_autoregressive(target, prompt, n, sampling, generator=gen()), args.runs)
+            per["ar"].append((t, r.metrics.n_generated))
+            t, r = timed(lambda: generate_autoregressive(drafter, prompt, n, sampling, generator=gen()), args.runs)
+            per["ar_d"].append((t, r.metrics.n_generated))
+            t, r = timed(lambda: speculative_generate(target, drafter, prompt, n, sampling, k=k, generator=gen()), args.runs)
+            per["spec"].append((t, r.metrics.n_generated))
+            mats["spec"].append((r.metrics.n_generated, r.metrics.n_target))
+            torch.manual_seed(i)
+            t, (toks, _) = timed(lambda: hf(prompt, sampling, None, False), args.runs)
+            per["hf"].append((t, toks))
+            t, (toks, calls) = timed(lambda: hf(prompt, sampling, k, True), args.runs)
+            per["hf_k"].append((t, toks))
+            mats["hf_k"].append((toks, calls))
+            t, (toks, calls) = timed(lambda: hf(prompt, sampling, None, True), args.runs)
+            per["hf_def"].append((t, toks))
+            mats["hf_def"].append((toks, calls))
+        tps = {key: sum(tok for _, tok in v) / sum(t for t, _ in v) for key, v in per.items()}
+        mat = {key: sum(a for a, _ in v) / sum(b for _, b in v) for key, v in mats.items()}
+        t_target, t_draft = 1 / tps["ar"], 1 / tps["ar_d"]
+        c = t_draft / t_target
+        a = acceptance_from_mat(min(max(mat["spec"], 1.0), k + 1), k)
+        speedup = tps["spec"] / tps["ar"]
+        analytic = analytic_speedup(a, k, c)
+        rows.append((mode, tps, mat, c, a, speedup, analytic))
+
+    machine = f"{platform.machine()} {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), device {device}, {args.dtype}"
+    lines = [
+        f"## Decoder vs transformers assisted generation ({datetime.date.today()}, {machine})",
+        "",
+        f"`python benchmarks/bench_decoder.py {' '.join(sys.argv[1:])}`: {len(prompts)} prompts, batch 1, "
+        f"max_new_tokens={n}, K={k}, median of {args.runs} timed runs after one warm-up; tokens/s over all prompts.",
+        "",
+        "| mode | ours AR tok/s | ours SD tok/s | ours MAT | HF tok/s | HF assisted K tok/s | HF MAT | ours/HF at K | HF assisted default tok/s | HF default MAT | c | a | speedup | analytic | efficiency |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for mode, tps, mat, c, a, speedup, analytic in rows:
+        lines.append(
+            f"| {mode} | {tps['ar']:.1f} | {tps['spec']:.1f} | {mat['spec']:.2f} | {tps['hf']:.1f} | {tps['hf_k']:.1f} | "
+            f"{mat['hf_k']:.2f} | {tps['spec'] / tps['hf_k']:.2f} | {tps['hf_def']:.1f} | {mat['hf_def']:.2f} | "
+            f"{c:.3f} | {a:.3f} | {speedup:.2f} | {analytic:.2f} | {speedup / analytic:.2f} |"
+        )
+    lines += [
+        "",
+        "c = t_draft / t_target from autoregressive per-token times; a = per-token acceptance whose fixed-K "
+        "expected tokens per round equals our MAT; speedup = ours SD / ours AR; efficiency = speedup / analytic.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target")
+    parser.add_argument("--drafter")
+    parser.add_argument("--random-tiny", action="store_true", help="benchmark two random tiny models (smoke test)")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--prompts", help="text file, one prompt per line (tokenized with the target's tokenizer)")
+    parser.add_argument("--n-prompts", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.random_tiny:
+            args.target, args.drafter = map(str, random_tiny_pair(pathlib.Path(tmp)))
+        elif not (args.target and args.drafter):
+            parser.error("give --target and --drafter, or --random-tiny")
+        table = bench(args)
+    print(table)
+    if not args.no_append:
+        with RESULTS.open("a") as f:
+            f.write("\n" + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

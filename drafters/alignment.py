@@ -1,0 +1,64 @@
+"""How well a drafter matches the target, measured teacher-forced on target responses (no generation).
+
+Two numbers per (drafter, domain), over every response position of the dev sequences:
+  acceptance   mean of 1 - TV(p_i, q_i) at temperature 1: the expected acceptance rate of one draft
+               token under speculative sampling (SpecDec++ / MetaSD use this quantity)
+  agreement    mean of 1{argmax p_i == argmax q_i}: the acceptance rate of greedy speculative decoding
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from drafters.data import CausalLMCollator
+
+
+def _device(model) -> torch.device:
+    return model.get_input_embeddings().weight.device
+
+
+@torch.no_grad()
+def response_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Logits at the positions that predict response tokens, (N, V) float32, in batch order."""
+    dev = _device(model)
+    logits = model(input_ids=batch["input_ids"].to(dev), attention_mask=batch["attention_mask"].to(dev),
+                   use_cache=False).logits
+    return logits[batch["loss_mask"].to(dev).bool()].float().cpu()
+
+
+@torch.no_grad()
+def alignment_by_domain(target, drafters: dict[str, torch.nn.Module], rows: list[dict], pad_token_id: int,
+                        batch_size: int = 32, max_length: int | None = None) -> dict[str, dict[str, dict]]:
+    """rows: {"domain", "prompt_ids", "response_ids"}. Returns drafter -> domain -> metrics.
+    The target runs once per batch and is shared by all drafters."""
+    collate = CausalLMCollator(pad_token_id=pad_token_id, max_length=max_length)
+    sums = {name: defaultdict(lambda: torch.zeros(3, dtype=torch.float64)) for name in drafters}
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        batch = collate([{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in chunk])
+        p = response_logits(target, batch).softmax(-1)  # (N, V)
+        # which domain each response position belongs to
+        counts = batch["loss_mask"].sum(1).tolist()
+        domains = [r["domain"] for r, n in zip(chunk, counts) for _ in range(n)]
+        for name, drafter in drafters.items():
+            q = response_logits(drafter, batch).softmax(-1)
+            acc = torch.minimum(p, q).sum(-1)  # 1 - TV
+            agree = (p.argmax(-1) == q.argmax(-1)).double()
+            for d in set(domains):
+                m = torch.tensor([x == d for x in domains])
+                sums[name][d] += torch.stack([acc[m].double().sum(), agree[m].sum(), m.sum().double()])
+    return {name: {d: {"acceptance": round(float(s[0] / s[2]), 4), "agreement": round(float(s[1] / s[2]), 4),
+                       "positions": int(s[2])} for d, s in sorted(by_dom.items())}
+            for name, by_dom in sums.items()}
+
+
+def format_table(table: dict[str, dict[str, dict]], metric: str) -> str:
+    domains = sorted({d for row in table.values() for d in row})
+    lines = [f"{metric:<12}" + "".join(f"{d:>11}" for d in domains) + f"{'mean':>9}"]
+    for name, row in table.items():
+        vals = [row.get(d, {}).get(metric) for d in domains]
+        mean = sum(v for v in vals if v is not None) / max(1, sum(v is not None for v in vals))
+        lines.append(f"{name:<12}" + "".join(f"{v:>11.3f}" if v is not None else f"{'-':>11}" for v in vals)
+                     + f"{mean:>9.3f}")
+    return "\n".join(lines)

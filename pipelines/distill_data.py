@@ -1,0 +1,182 @@
+"""Stage `distill-data`: the target answers every train/dev prompt at each configured temperature.
+
+MetaSD App. F.2: drafters are finetuned on the target's own responses at temperatures {0, 0.3, 0.7, 1}.
+
+Work is cut into chunks of (prompt, temperature) jobs with a fixed order; chunk i belongs to shard
+i mod N, so N processes (Slurm array tasks, torchrun ranks, or SPECDRAFT_SHARD=i/N) split the work
+without talking to each other. A finished chunk is one JSON file written atomically into the stage's
+work dir; "done" is the set of chunk files present, so a killed run redoes only its unfinished chunk
+and nothing is duplicated. Each batch is seeded from (run seed, chunk, batch), so a redone chunk is
+identical. The shard that finds every chunk done merges them into the output dataset.
+
+Writes distill_data/
+  data/   DatasetDict {train, dev}: id, prompt_id, domain, temperature, prompt_ids, response_ids
+          (EOS included when the target stopped), finish_reason (eos | length), prompt_truncated
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import datasets
+import torch
+from tqdm.auto import tqdm
+
+from data.prompts import load_prompt_sets
+from decoding.errors import InputError
+from decoding.loading import load_causal_lm, load_tokenizer
+from pipelines.stage import Context, StageIncomplete
+
+
+def shard_from_env() -> tuple[int, int]:
+    """(index, count) of this process among the processes sharing the stage."""
+    if "SPECDRAFT_SHARD" in os.environ:
+        try:
+            i, n = (int(x) for x in os.environ["SPECDRAFT_SHARD"].split("/"))
+        except ValueError:
+            raise InputError("SPECDRAFT_SHARD must look like 'i/N' (e.g. 0/2)") from None
+    elif "SLURM_ARRAY_TASK_ID" in os.environ and "SLURM_ARRAY_TASK_COUNT" in os.environ:
+        i = int(os.environ["SLURM_ARRAY_TASK_ID"]) - int(os.environ.get("SLURM_ARRAY_TASK_MIN", 0))
+        n = int(os.environ["SLURM_ARRAY_TASK_COUNT"])
+    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        i, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    else:
+        i, n = 0, 1
+    if not 0 <= i < n:
+        raise InputError(f"shard index {i} is outside 0..{n - 1}; check SPECDRAFT_SHARD / the array range")
+    return i, n
+
+
+def fit_prompt(ids: list[int], max_tokens: int, policy: str, ex_id: str) -> tuple[list[int], int]:
+    """Truncate a long prompt from the left (keeping BOS) or refuse it."""
+    if len(ids) <= max_tokens:
+        return ids, 0
+    if policy == "refuse":
+        raise InputError(f"prompt {ex_id} has {len(ids)} tokens > distill_data.max_prompt_tokens={max_tokens}; "
+                         "raise the limit or set distill_data.long_prompts: truncate")
+    dropped = len(ids) - max_tokens
+    return ids[:1] + ids[1 + dropped:], dropped
+
+
+def plan_chunks(sets: datasets.DatasetDict, splits, temperatures, chunk_size: int) -> list[dict]:
+    """Fixed, ordered chunks of jobs; one temperature and one split per chunk (one generate call
+    setting per batch)."""
+    chunks = []
+    for split in splits:
+        rows = sorted(sets[split], key=lambda r: r["id"])
+        for t in temperatures:
+            for start in range(0, len(rows), chunk_size):
+                part = rows[start:start + chunk_size]
+                name = f"{split}-t{t:g}-{start // chunk_size:05d}"
+                chunks.append({"name": name, "split": split, "temperature": t, "rows": part})
+    return chunks
+
+
+def _seed(*parts) -> int:
+    return int(hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:15], 16)
+
+
+@torch.no_grad()
+def generate_batch(model, prompts: list[list[int]], pad_id: int, eos_id: int, temperature: float, top_k: int,
+                   top_p: float, max_new_tokens: int, seed: int) -> list[tuple[list[int], str]]:
+    """Left-padded batched generation with the KV cache; each row stops at its own EOS."""
+    device = model.get_input_embeddings().weight.device
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):] = torch.tensor(p)
+        mask[r, width - len(p):] = 1
+    torch.manual_seed(seed)
+    sampling = dict(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p) if temperature > 0 else \
+        dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
+                         eos_token_id=eos_id, pad_token_id=pad_id, use_cache=True, **sampling)
+    results = []
+    for row in out[:, width:].tolist():
+        if eos_id in row:
+            results.append((row[: row.index(eos_id) + 1], "eos"))
+        else:
+            results.append((row, "length"))
+    return results
+
+
+def run_chunk(chunk: dict, model, tok, dcfg, seed: int) -> list[dict]:
+    rows, out = chunk["rows"], []
+    for b in range(0, len(rows), dcfg.batch_size):
+        batch = rows[b:b + dcfg.batch_size]
+        fitted = [fit_prompt(tok(r["prompt"])["input_ids"], dcfg.max_prompt_tokens, dcfg.long_prompts, r["id"])
+                  for r in batch]
+        gens = generate_batch(model, [p for p, _ in fitted], tok.pad_token_id, tok.eos_token_id,
+                              chunk["temperature"], dcfg.top_k, dcfg.top_p, dcfg.max_new_tokens,
+                              _seed(seed, chunk["name"], b))
+        for r, (p, dropped), (resp, finish) in zip(batch, fitted, gens):
+            out.append({"id": f"{r['id']}@t{chunk['temperature']:g}", "prompt_id": r["id"], "domain": r["domain"],
+                        "temperature": float(chunk["temperature"]), "prompt_ids": p, "response_ids": resp,
+                        "finish_reason": finish, "prompt_truncated": dropped})
+    return out
+
+
+def _write_atomic(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(rows))
+    os.replace(tmp, path)
+
+
+def build(ctx: Context) -> dict:
+    cfg, dcfg = ctx.cfg, ctx.cfg.distill_data
+    sets = load_prompt_sets(ctx.input("prepare-data"))
+    for split in dcfg.splits:
+        if len(sets[split]) == 0:
+            raise InputError(f"prompt split '{split}' is empty; add prompts for it or drop it from distill_data.splits")
+    chunks = plan_chunks(sets, dcfg.splits, dcfg.temperatures, dcfg.chunk_size)
+    chunk_dir = ctx.work / "chunks"
+    chunk_dir.mkdir(parents=True, exist_ok=True)
+    shard, n_shards = shard_from_env()
+    todo = [c for i, c in enumerate(chunks) if i % n_shards == shard and not (chunk_dir / f"{c['name']}.json").exists()]
+
+    if todo:
+        target = ctx.target_path()
+        tok = load_tokenizer(target, cfg.target.trust_remote_code)
+        device = dcfg.device if dcfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        model = load_causal_lm(target, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
+                               cfg.target.trust_remote_code)
+        done_before = len(chunks) - len(todo) if n_shards == 1 else None
+        print(f"[distill-data] shard {shard}/{n_shards}: {len(todo)} chunks to generate"
+              + (f" ({done_before} already done)" if done_before else ""))
+        for chunk in tqdm(todo, desc=f"distill-data shard {shard}", unit="chunk"):
+            rows = run_chunk(chunk, model, tok, dcfg, cfg.run.seed)
+            _write_atomic(chunk_dir / f"{chunk['name']}.json", rows)
+
+    missing = [c["name"] for c in chunks if not (chunk_dir / f"{c['name']}.json").exists()]
+    if missing:
+        raise StageIncomplete(f"shard {shard}/{n_shards} is done; {len(missing)} chunks remain for other shards "
+                              "(the shard that finishes last, or a rerun, writes the dataset)")
+
+    by_split: dict[str, list[dict]] = {s: [] for s in dcfg.splits}
+    for c in chunks:
+        by_split[c["split"]] += json.loads((chunk_dir / f"{c['name']}.json").read_text())
+    ds = datasets.DatasetDict({s: datasets.Dataset.from_list(sorted(rows, key=lambda r: r["id"]))
+                               for s, rows in by_split.items()})
+    ds.save_to_disk(str(ctx.out / "data"))
+
+    stats = {}
+    for split, d in ds.items():
+        lengths = [len(x) for x in d["response_ids"]]
+        stats[split] = {"examples": len(d), "response_tokens": sum(lengths),
+                        "eos_fraction": round(sum(f == "eos" for f in d["finish_reason"]) / max(1, len(d)), 4),
+                        "prompts_truncated": sum(1 for x in d["prompt_truncated"] if x > 0)}
+    print(f"[distill-data] {json.dumps(stats)}")
+    return {"splits": stats, "chunks": len(chunks)}
+
+
+def load_distill_data(path: str | Path) -> datasets.DatasetDict:
+    return datasets.load_from_disk(str(Path(path) / "data"))
+
+
+if __name__ == "__main__":
+    from pipelines.cli import stage_main
+
+    stage_main("distill-data")

@@ -1,0 +1,182 @@
+"""Stage `train-drafters`: one specialised drafter per domain plus a one-size-fits-all (OFA) drafter.
+
+MetaSD App. F.2: a small LLaMA drafter is first pretrained on a general corpus, then finetuned on the
+target's own responses (self-distillation). Here:
+  1. general phase (optional): one base drafter trained on the demo corpus (held-out domains excluded,
+     so they stay out-of-domain for every drafter); every drafter starts from it
+  2. finetune phase: per drafter, on distill_data train rows of its domains (all domains for OFA);
+     loss ce (sequence-level KD on target samples), fkl or tvd against the target
+  3. alignment table on distill_data dev rows: 1 - TV(p, q) at T=1 and greedy agreement, per
+     drafter x domain, with the general-only base drafter as the no-distillation reference
+
+Each finished drafter is kept in the work dir, so a killed run resumes with the next drafter (and a
+drafter killed mid-training resumes from its last checkpoint).
+
+Writes drafters/
+  <name>/           save_pretrained (safetensors) + tokenizer + drafter.json (domains, data hash, steps, metrics)
+  alignment.json    drafter -> domain -> {acceptance, agreement, positions}
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+import datasets
+import torch
+
+from data.tokenizer import encode_document, pack
+from decoding.errors import InputError
+from decoding.loading import load_causal_lm, load_tokenizer
+from drafters.alignment import alignment_by_domain, format_table
+from drafters.data import CausalLMCollator, CausalLMDataModule
+from drafters.lit_lm import CausalLMModule
+from drafters.model import build_causal_lm, check_same_vocabulary, load_causal_lm as load_drafter, num_parameters
+from pipelines.distill_data import load_distill_data
+from pipelines.stage import Context
+from pipelines.training import build_trainer, fit
+
+BASE = "base"  # the general-phase drafter: the "trained on the raw corpus, no target generations" reference
+
+
+def drafter_specs(cfg, train_domains: list[str]) -> list[tuple[str, list[str]]]:
+    """(name, domains) per drafter; default: one per training domain plus 'ofa' on all of them."""
+    tcfg = cfg.train_drafters
+    if tcfg.drafters is None:
+        return [(d, [d]) for d in train_domains] + [("ofa", list(train_domains))]
+    specs = []
+    for spec in tcfg.drafters:
+        doms = spec.domains or list(train_domains)
+        for d in doms:
+            if d not in train_domains:
+                raise InputError(f"drafter '{spec.name}' names domain '{d}', which has no distill_data train rows; "
+                                 f"choose from {', '.join(train_domains)}")
+        specs.append((spec.name, doms))
+    names = [n for n, _ in specs]
+    if len(set(names)) != len(names) or BASE in names:
+        raise InputError(f"drafter names must be unique and not '{BASE}': {names}")
+    return specs
+
+
+def _train(model, examples: list[dict], phase, pad_id: int, seed: int, work: Path, teacher=None) -> dict:
+    module = CausalLMModule(model, loss=phase.loss, lr=phase.lr, warmup_ratio=phase.warmup_ratio,
+                            weight_decay=phase.weight_decay, optimizer=phase.optimizer,
+                            teacher=teacher if phase.loss != "ce" else None, teacher_topk=phase.teacher_topk,
+                            grad_checkpointing=phase.grad_checkpointing, seed=seed)
+    data = CausalLMDataModule(examples, CausalLMCollator(pad_token_id=pad_id, max_length=phase.max_length),
+                              batch_size=phase.train.batch_size, seed=seed)
+    train_cfg = dataclasses.replace(phase.train, resume=True, seed=seed)
+    trainer = build_trainer(train_cfg, work / "train")
+    t0 = time.time()
+    fit(trainer, module, data, train_cfg)
+    seconds = time.time() - t0
+    avg_tokens = sum(len(e["input_ids"]) if "input_ids" in e else len(e["prompt_ids"]) + len(e["response_ids"])
+                     for e in examples) / len(examples)
+    loss = trainer.callback_metrics.get("train/loss")
+    return {"steps": trainer.global_step, "seconds": round(seconds, 1), "examples": len(examples),
+            "final_loss": round(float(loss), 4) if loss is not None else None,
+            "tokens_per_s": round(trainer.global_step * phase.train.batch_size * avg_tokens / max(seconds, 1e-9))}
+
+
+def _export(model, tok, out: Path, info: dict) -> None:
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "drafter.json").write_text(json.dumps(info, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def _data_hash(rows: list[dict]) -> str:
+    return hashlib.sha256(json.dumps([r["id"] for r in rows]).encode()).hexdigest()
+
+
+def build(ctx: Context) -> dict:
+    cfg, tcfg = ctx.cfg, ctx.cfg.train_drafters
+    seed = cfg.run.seed
+    target_path = ctx.target_path()
+    tok = load_tokenizer(target_path, cfg.target.trust_remote_code)
+    distill = load_distill_data(ctx.input("distill-data"))
+    train_rows = [dict(r) for r in distill["train"]]
+    train_domains = sorted({r["domain"] for r in train_rows})
+    specs = drafter_specs(cfg, train_domains)
+    vocab = len(tok)
+    device = tcfg.device if tcfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+
+    # phase 1: the general base drafter
+    base_dir = ctx.work / BASE / "model"
+    if not base_dir.is_dir():
+        if tcfg.init_from is not None:
+            model = load_drafter(tcfg.init_from)
+            check_same_vocabulary(model.config.vocab_size, vocab, name=f"init_from {tcfg.init_from}")
+        else:
+            model = build_causal_lm(tcfg.model, vocab, seed=seed, bos_token_id=tok.bos_token_id,
+                                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        info = {"name": BASE, "domains": [], "parameters": num_parameters(model), "phase": "general"}
+        if tcfg.general.enabled:
+            corpus_dir = ctx.input("prepare-data") / "corpus"
+            if not corpus_dir.is_dir():
+                raise InputError("train_drafters.general.enabled needs a pretraining corpus, which only the demo "
+                                 "world provides; set train_drafters.general.enabled: false or give init_from")
+            corpus = datasets.load_from_disk(str(corpus_dir))
+            held = set(cfg.demo.heldout_domains)
+            docs = [encode_document(tok, r["prompt"], r["response"]) for r in corpus if r["domain"] not in held]
+            perm = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
+            blocks = [{"input_ids": b} for b in pack([docs[i] for i in perm], tcfg.general.max_length)]
+            print(f"[train-drafters] general phase: {len(blocks)} blocks of {tcfg.general.max_length} tokens")
+            info["general"] = _train(model, blocks, tcfg.general, tok.pad_token_id, seed, ctx.work / BASE)
+        _export(model, tok, base_dir, info)
+
+    # phase 2: self-distillation finetuning, one drafter at a time (finished ones are skipped on rerun)
+    teacher = None
+    if tcfg.finetune.loss != "ce":
+        teacher = load_causal_lm(target_path, cfg.target.dtype, device, cfg.target.device_map,
+                                 cfg.target.quantization, cfg.target.trust_remote_code)
+    for name, domains in specs:
+        done = ctx.work / name / "model"
+        if done.is_dir():
+            print(f"[train-drafters] {name}: already trained (resumed run)")
+            continue
+        rows = [r for r in train_rows if r["domain"] in domains]
+        if not rows:
+            raise InputError(f"drafter '{name}' has no training rows for domains {domains}")
+        model = load_drafter(base_dir)
+        examples = [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in rows]
+        print(f"[train-drafters] {name}: finetuning on {len(rows)} self-distilled responses ({', '.join(domains)})")
+        stats = _train(model, examples, tcfg.finetune, tok.pad_token_id, seed, ctx.work / name, teacher)
+        info = {"name": name, "domains": domains, "parameters": num_parameters(model), "phase": "finetune",
+                "data_hash": _data_hash(rows), "finetune": stats, "loss": tcfg.finetune.loss}
+        _export(model, tok, done, info)
+
+    # alignment on held-out dev responses
+    target = load_causal_lm(target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
+                            cfg.target.trust_remote_code)
+    names = [n for n, _ in specs] + [BASE]
+    drafters = {n: load_drafter(ctx.work / n / "model").to(device).eval() for n in names}
+    dev_rows = [dict(r) for r in distill["dev"]]
+    if not dev_rows:
+        raise InputError("distill_data has no dev rows; keep 'dev' in distill_data.splits for the alignment table")
+    print(f"[train-drafters] alignment on {len(dev_rows)} dev responses")
+    table = alignment_by_domain(target, drafters, dev_rows, tok.pad_token_id, tcfg.alignment_batch_size,
+                                tcfg.finetune.max_length)
+    print("[train-drafters] acceptance 1 - TV(p, q) at T=1 (rows: drafters, columns: dev domain)\n"
+          + format_table(table, "acceptance"))
+    print("[train-drafters] greedy agreement\n" + format_table(table, "agreement"))
+
+    for n in names:
+        shutil.copytree(ctx.work / n / "model", ctx.out / n)
+    (ctx.out / "alignment.json").write_text(json.dumps(table, indent=2) + "\n")
+    infos = {n: json.loads((ctx.out / n / "drafter.json").read_text()) for n in names}
+    return {"drafters": {n: {"domains": i["domains"], "parameters": i["parameters"]} for n, i in infos.items()},
+            "alignment": table,
+            "training": {n: i.get("finetune") or i.get("general") for n, i in infos.items()}}
+
+
+if __name__ == "__main__":
+    from pipelines.cli import stage_main
+
+    stage_main("train-drafters")
