@@ -1,7 +1,7 @@
 """Our speculative decoder side by side with transformers assisted generation, batch 1, on CPU or GPU.
 
     python benchmarks/bench_decoder.py --target DIR --drafter DIR [--k 4] [--max-new-tokens 64]
-        [--prompts FILE] [--runs 5] [--temperature 0.7] [--threads N] [--no-append]
+        [--prompts FILE] [--runs 5] [--temperature 0.7] [--head DIR --h 0.7] [--threads N] [--no-append]
     python benchmarks/bench_decoder.py --random-tiny          # smoke test on two random tiny models
 
 For greedy and for sampling it measures, per prompt and method, the median over --runs timed runs
@@ -11,7 +11,9 @@ and with its defaults. Reports tokens/s, MAT (tokens per target forward, counted
 transformers), the ratio ours / transformers at equal K, and the implementation efficiency: measured
 speedup over our autoregressive baseline divided by the analytic fixed-K speedup at the measured
 acceptance (inverted from MAT) and cost ratio c = t_draft / t_target (from autoregressive per-token
-times of each model). The table is printed and appended to benchmarks/RESULTS.md with the machine named.
+times of each model). A second table compares greedy stopping policies (fixed K, SpecDec++ with --head,
+the hindsight oracle) by discard and verification rate, with the §5.2 cost fit. The tables are printed
+and appended to benchmarks/RESULTS.md with the machine named.
 EOS is ignored so every method generates exactly --max-new-tokens tokens.
 """
 from __future__ import annotations
@@ -32,8 +34,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from decoding.autoregressive import generate_autoregressive  # noqa: E402
 from decoding.cost_model import acceptance_from_mat, analytic_speedup  # noqa: E402
+from decoding.metrics import aggregate  # noqa: E402
 from decoding.sampling import SamplingConfig  # noqa: E402
-from decoding.speculative import speculative_generate  # noqa: E402
+from decoding.cost_model import fit_from_metrics  # noqa: E402
+from decoding.speculative import hindsight_oracle, speculative_generate  # noqa: E402
+from decoding.stopping import FixedK, SpecDecPP  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -78,7 +83,8 @@ def load_prompts(args, vocab: int) -> list[list[int]]:
         lines = [l.strip() for l in pathlib.Path(args.prompts).read_text().splitlines() if l.strip()]
         return [tok(line)["input_ids"] for line in lines[: args.n_prompts]]
     gen = torch.Generator().manual_seed(0)
-    return [torch.randint(0, vocab, (int(n),), generator=gen).tolist() for n in torch.randint(4, 24, (args.n_prompts,), generator=gen)]
+    lengths = torch.randint(4, 24, (args.n_prompts,), generator=gen).tolist()
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
 class ForwardCounter:
@@ -130,6 +136,7 @@ def bench(args) -> str:
     for mode, sampling in (("greedy", SamplingConfig(0.0)), (f"T={args.temperature}", SamplingConfig(args.temperature))):
         per = {key: [] for key in ("ar", "ar_d", "spec", "hf", "hf_k", "hf_def")}
         mats = {key: [] for key in ("spec", "hf_k", "hf_def")}
+        spec_metrics = []
         for i, prompt in enumerate(prompts):
             gen = lambda: torch.Generator().manual_seed(i)  # noqa: E731
             t, r = timed(lambda: generate_autoregressive(target, prompt, n, sampling, generator=gen()), args.runs)
@@ -139,6 +146,7 @@ def bench(args) -> str:
             t, r = timed(lambda: speculative_generate(target, drafter, prompt, n, sampling, k=k, generator=gen()), args.runs)
             per["spec"].append((t, r.metrics.n_generated))
             mats["spec"].append((r.metrics.n_generated, r.metrics.n_target))
+            spec_metrics.append(r.metrics)
             torch.manual_seed(i)
             t, (toks, _) = timed(lambda: hf(prompt, sampling, None, False), args.runs)
             per["hf"].append((t, toks))
@@ -155,31 +163,76 @@ def bench(args) -> str:
         a = acceptance_from_mat(min(max(mat["spec"], 1.0), k + 1), k)
         speedup = tps["spec"] / tps["ar"]
         analytic = analytic_speedup(a, k, c)
-        rows.append((mode, tps, mat, c, a, speedup, analytic))
+        split = aggregate(spec_metrics)
+        where = [t / split.time_total for t in (split.time_draft, split.time_target, split.time_other)]
+        verify_cost = (split.time_target / split.n_target) / t_target  # K+1-token forward vs 1-token forward
+        rows.append((mode, tps, mat, c, a, speedup, analytic, where, verify_cost))
 
-    machine = f"{platform.machine()} {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), device {device}, {args.dtype}"
+    machine = (
+        f"{platform.machine()} {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
+        f"device {device}, {args.dtype}"
+    )
     lines = [
         f"## Decoder vs transformers assisted generation ({datetime.date.today()}, {machine})",
         "",
-        f"`python benchmarks/bench_decoder.py {' '.join(sys.argv[1:])}`: {len(prompts)} prompts, batch 1, "
+        f"`python benchmarks/bench_decoder.py {' '.join(args.argv)}`: {len(prompts)} prompts, batch 1, "
         f"max_new_tokens={n}, K={k}, median of {args.runs} timed runs after one warm-up; tokens/s over all prompts.",
         "",
-        "| mode | ours AR tok/s | ours SD tok/s | ours MAT | HF tok/s | HF assisted K tok/s | HF MAT | ours/HF at K | HF assisted default tok/s | HF default MAT | c | a | speedup | analytic | efficiency |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| mode | ours AR tok/s | ours SD tok/s | ours MAT | HF tok/s | HF assisted K tok/s | HF MAT | ours/HF at K "
+        "| HF assisted default tok/s | HF default MAT | c | a | speedup | analytic | efficiency "
+        "| SD time draft/target/other | verify fwd / AR fwd |",
+        "| --- " + "| ---: " * 16 + "|",
     ]
-    for mode, tps, mat, c, a, speedup, analytic in rows:
+    for mode, tps, mat, c, a, speedup, analytic, where, verify_cost in rows:
         lines.append(
             f"| {mode} | {tps['ar']:.1f} | {tps['spec']:.1f} | {mat['spec']:.2f} | {tps['hf']:.1f} | {tps['hf_k']:.1f} | "
             f"{mat['hf_k']:.2f} | {tps['spec'] / tps['hf_k']:.2f} | {tps['hf_def']:.1f} | {mat['hf_def']:.2f} | "
-            f"{c:.3f} | {a:.3f} | {speedup:.2f} | {analytic:.2f} | {speedup / analytic:.2f} |"
+            f"{c:.3f} | {a:.3f} | {speedup:.2f} | {analytic:.2f} | {speedup / analytic:.2f} | "
+            f"{where[0]:.0%} / {where[1]:.0%} / {where[2]:.0%} | {verify_cost:.2f} |"
         )
     lines += [
         "",
         "c = t_draft / t_target from autoregressive per-token times; a = per-token acceptance whose fixed-K "
-        "expected tokens per round equals our MAT; speedup = ours SD / ours AR; efficiency = speedup / analytic.",
+        "expected tokens per round equals our MAT; speedup = ours SD / ours AR; efficiency = speedup / analytic "
+        "(the analytic model assumes a (K+1)-token verification forward costs one single-token forward: the last "
+        "column shows how far that holds here).",
         "",
     ]
+    lines += policy_table(args, target, drafter, prompts)
     return "\n".join(lines)
+
+
+def policy_table(args, target, drafter, prompts) -> list[str]:
+    """Greedy stopping policies on the same prompts: fixed K, SpecDec++ (with --head), the hindsight
+    oracle; hardware-independent rates, and the SpecDec++ §5.2 cost fit over all these generations."""
+    greedy, n = SamplingConfig(0.0), args.max_new_tokens
+    policies = [(f"fixed K={k}", lambda k=k: FixedK(k)) for k in (1, 2, 4, 6, 8)]
+    if args.head:
+        from heads.acceptance_head import load_head
+
+        head, _ = load_head(args.head, expected_hidden_size=drafter.config.hidden_size)
+        head = head.to(next(drafter.parameters()).device)
+        policies.append((f"SpecDec++ h={args.h}", lambda: SpecDecPP(head, args.h)))
+    lines = [
+        "| greedy policy | MAT | discard rate | verification rate | tok/s |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    everything = []
+    for name, make in policies:
+        runs = [speculative_generate(target, drafter, p, n, greedy, stopping=make()).metrics for p in prompts]
+        everything += runs
+        m = aggregate(runs)
+        lines.append(f"| {name} | {m.mat:.2f} | {m.discard_rate:.2f} | {m.verification_rate:.2f} | {m.tokens_per_s:.1f} |")
+    m = aggregate(hindsight_oracle(target, drafter, p, n).metrics for p in prompts)
+    lines.append(f"| hindsight oracle (Thm 4.1) | {m.mat:.2f} | {m.discard_rate:.2f} | {m.verification_rate:.2f} | - |")
+    fit = fit_from_metrics(everything)
+    lines += [
+        "",
+        f"Cost fit over these {fit.n_rows} generations (Eq. 3.1, least squares): t_draft = {fit.t_draft * 1e3:.2f} ms, "
+        f"t_target = {fit.t_target * 1e3:.2f} ms, R^2 = {fit.r2:.3f}.",
+        "",
+    ]
+    return lines
 
 
 def _cpu_name() -> str:
@@ -203,11 +256,14 @@ def main(argv=None) -> int:
     parser.add_argument("--n-prompts", type=int, default=8)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--head", help="acceptance head dir (train-heads output) for a SpecDec++ row")
+    parser.add_argument("--h", type=float, default=0.7, help="SpecDec++ stopping threshold")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:

@@ -59,12 +59,14 @@ def generate_speculative(
         draft = speculator.propose(context, remaining - 1, sampling, generator)
         t1 = time.perf_counter()
         k = len(draft.tokens)
-        logits, _ = kv.forward(target, cache, context[kv.cache_length(cache) :] + draft.tokens, last=k + 1, device=device)
+        unseen = context[kv.cache_length(cache) :]  # the last committed token (the whole prompt at first)
+        logits, _ = kv.forward(target, cache, unseen + draft.tokens, last=k + 1, device=device)
         p = probs(logits, sampling).cpu()  # (k+1, V)
         m.time_target += time.perf_counter() - t1
         m.time_draft += t1 - t0
-        pi = p if verification_distribution is None else verification_distribution(p, draft.q)
-        result = verify(pi, draft.q, torch.tensor(draft.tokens, dtype=torch.long), generator, sampling.greedy)
+        q = draft.q if k else p.new_zeros(0, p.shape[-1])  # (k, V)
+        pi = p if verification_distribution is None else verification_distribution(p, q)
+        result = verify(pi, q, torch.tensor(draft.tokens, dtype=torch.long), generator, sampling.greedy)
         n = result.n_accepted
         kv.crop(cache, len(context) + n)  # keep context + y_1..y_n; y' is fed next round
         emitted = draft.tokens[:n] + [result.token]

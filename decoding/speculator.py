@@ -30,7 +30,9 @@ class Draft:
     tokens: list[int]  # y_1..y_k, k >= 0
     q: torch.Tensor  # (k, V) float32 on CPU: the distributions y_i were sampled from
     n_forwards: int  # draft forward passes spent on this proposal (catch-up included)
-    hidden: torch.Tensor | None = None  # (k, H) e_1..e_k when the stopping policy read them
+    # (j, H) e_1..e_j, the hidden states the stopping policy read (j = k, or k - 1 when the round was
+    # capped or hit EOS and y_k was never fed); None when the policy reads none
+    hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -40,7 +42,7 @@ class RoundOutcome:
     draft: Draft
     p: torch.Tensor  # (k+1, V) the verification distribution used
     verification: Verification
-    context: list[int]  # the committed context after this round (accepted tokens and extra token)
+    context: list[int]  # the committed context after this round (the loop's own list: read it, do not mutate)
 
 
 class Speculator(Protocol):

@@ -116,7 +116,9 @@ def load_head(
         config = json.loads(cfg_path.read_text())
         hidden_size, depth, tie = int(config["hidden_size"]), int(config["depth"]), bool(config["tie_blocks"])
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
-        raise InputError(f"acceptance head config {cfg_path} is corrupt ({type(e).__name__}: {e}); re-run train-heads") from None
+        raise InputError(
+            f"acceptance head config {cfg_path} is corrupt ({type(e).__name__}: {e}); re-run train-heads"
+        ) from None
     if config.get("format") != FORMAT:
         raise InputError(f"{cfg_path} has format {config.get('format')!r}, expected {FORMAT!r}; re-run train-heads")
     if expected_hidden_size is not None and hidden_size != expected_hidden_size:

@@ -40,6 +40,7 @@ def acceptance_labels(
 
     target_logits, draft_logits: (..., V), position i holding the next-token logits given X_<i
     (so logits[..., i, :] of a causal LM run on (prompt, X) shifted by one, response part only).
+    `generator` draws Y and must live on the logits' device.
     """
     if target_logits.shape != draft_logits.shape:
         raise InputError(
@@ -71,6 +72,8 @@ def mix_tokens(
     if not 0.0 <= r <= 1.0:
         raise InputError(f"token mixing rate r must be in [0, 1], got {r}; the paper uses 0.15")
     if target_tokens.shape != draft_tokens.shape:
-        raise InputError(f"target tokens {tuple(target_tokens.shape)} and draft tokens {tuple(draft_tokens.shape)} differ")
+        raise InputError(
+            f"target tokens {tuple(target_tokens.shape)} and draft tokens {tuple(draft_tokens.shape)} differ"
+        )
     take_x = torch.rand(target_tokens.shape, generator=generator, device=target_tokens.device) < r
     return torch.where(take_x, target_tokens, draft_tokens), ~take_x

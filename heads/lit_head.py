@@ -9,12 +9,14 @@ any number of them in one Lightning run: heads of equal depth are stacked into o
 whose layers are batched matmuls, so a training step costs a handful of kernels instead of ~60 small
 ones. The heads share no parameters, the loss is the sum of the per-head losses and Adam acts per
 element, so this is exactly separate training runs that see the same batch order (a test checks it).
-On a small CPU box this cut the step time about 3x (benchmarks/bench_heads.py); tiny matmuls also
-run faster on one thread than on several contended ones, hence `HeadTrainConfig.cpu_threads`.
+On the 2-core CPU box the 20 stacked heads trained ~6x faster than 20 separate runs (see
+benchmarks/bench_heads.py and RESULTS.md); tiny matmuls also run faster on one thread than on two
+contended ones, hence `HeadTrainConfig.cpu_threads`.
 """
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -44,7 +46,8 @@ class HeadTrainConfig:
     zero_init: bool = False
     seed: int = 0  # head initialisation and batch order
     cpu_threads: int | None = 1  # torch threads while training on CPU (None: leave as is); small heads run best on 1
-    trainer: dict[str, Any] = field(default_factory=dict)  # extra lightning.Trainer kwargs (accelerator, devices, logger...)
+    # extra lightning.Trainer kwargs (accelerator, devices, logger, ...), applied over the defaults
+    trainer: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -60,13 +63,30 @@ class HeadSpec:
 def check_finite(features: torch.Tensor, labels: torch.Tensor, what: str = "features") -> None:
     """InputError naming the first example with NaN/inf features or a label outside [0, 1]."""
     if features.ndim != 2 or labels.shape != features.shape[:1]:
-        raise InputError(f"{what}: expected features (M, H) and labels (M,), got {tuple(features.shape)} and {tuple(labels.shape)}")
+        raise InputError(
+            f"{what}: expected features (M, H) and labels (M,), got {tuple(features.shape)} and {tuple(labels.shape)}"
+        )
     bad_f = ~torch.isfinite(features).all(-1)
     bad_l = ~(torch.isfinite(labels) & (labels >= 0) & (labels <= 1))
     for bad, kind in ((bad_f, "NaN/inf in the cached features"), (bad_l, "a NaN/inf or out-of-[0, 1] label")):
         if bad.any():
             idx = int(bad.nonzero()[0])
-            raise InputError(f"{what}: example {idx} has {kind} ({int(bad.sum())} such examples); rebuild acceptance-data")
+            raise InputError(
+                f"{what}: example {idx} has {kind} ({int(bad.sum())} such examples); rebuild acceptance-data"
+            )
+
+
+@contextmanager
+def cpu_threads(n: int | None):
+    """Temporarily run torch CPU ops on n threads (None: unchanged). The heads' matmuls are tiny, and
+    on a shared 2-core box two contending threads made them ~5-10x slower than one (measured)."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _cosine(total_steps: int):
@@ -124,8 +144,9 @@ class AcceptanceHeadsModule(pl.LightningModule):
     """One or more independent AcceptanceHeads trained with weighted BCE on the same batches.
 
     Batches are (features (B, H) any float dtype, labels (B,)); all rows are Y positions.
-    Logs per epoch train/loss (mean over steps of the sum over heads) and, per head, eval/kl/<name> (unweighted binary KL on the
-    validation data) and train/kl/<name> (over the epoch's training batches, weights of the moment).
+    Logs per epoch train/loss (mean over steps of the sum over heads) and, per head, eval/kl/<name>
+    (unweighted binary KL on the validation data) and train/kl/<name> (over the epoch's training
+    batches, with the weights of the moment).
     """
 
     def __init__(self, hidden_size: int, specs: Sequence[HeadSpec], cfg: HeadTrainConfig = HeadTrainConfig()):
@@ -163,7 +184,8 @@ class AcceptanceHeadsModule(pl.LightningModule):
     def _accumulate(self, prefix: str, logits: torch.Tensor, labels: torch.Tensor) -> None:
         with torch.no_grad():  # summed binary KL per head; logits in group order
             p, x = labels.double(), logits.detach().double()
-            kl = (-(p * F.logsigmoid(x) + (1 - p) * F.logsigmoid(-x)) + torch.xlogy(p, p) + torch.xlogy(1 - p, 1 - p)).sum(-1)
+            bce = -(p * F.logsigmoid(x) + (1 - p) * F.logsigmoid(-x))
+            kl = (bce + torch.xlogy(p, p) + torch.xlogy(1 - p, 1 - p)).sum(-1)  # (n_heads,)
             self._sums[prefix] = self._sums.get(prefix, 0) + kl
             self._sums[prefix + "_n"] = self._sums.get(prefix + "_n", 0) + labels.numel()
 
@@ -204,7 +226,9 @@ class AcceptanceHeadsModule(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def feature_loader(features: torch.Tensor, labels: torch.Tensor, batch_size: int, shuffle: bool, seed: int = 0) -> DataLoader:
+def feature_loader(
+    features: torch.Tensor, labels: torch.Tensor, batch_size: int, shuffle: bool, seed: int = 0
+) -> DataLoader:
     """Whole batches indexed straight out of the tensors (no per-example collate)."""
     ds = TensorDataset(features, labels)
     base = RandomSampler(ds, generator=torch.Generator().manual_seed(seed)) if shuffle else SequentialSampler(ds)
@@ -250,13 +274,8 @@ def train_heads(
     trainer_kwargs.update(cfg.trainer)
     trainer = pl.Trainer(**trainer_kwargs)
     val = feature_loader(*eval_data, cfg.eval_batch_size, shuffle=False) if eval_data is not None else None
-    threads = torch.get_num_threads()
-    if cfg.cpu_threads and trainer_kwargs["accelerator"] == "cpu":
-        torch.set_num_threads(cfg.cpu_threads)
-    try:
+    with cpu_threads(cfg.cpu_threads if trainer_kwargs["accelerator"] == "cpu" else None):
         trainer.fit(module, feature_loader(f_train, y_train, cfg.batch_size, shuffle=True, seed=cfg.seed), val)
-    finally:
-        torch.set_num_threads(threads)
     return module.cpu().eval()
 
 
@@ -278,11 +297,12 @@ def train_head_grid(
     out: list[TrainedHead] = []
     for start in range(0, len(specs), group):
         module = train_heads(train_data, eval_data, specs[start : start + group], cfg)
-        for spec, head in zip(module.specs, module.export_heads()):
-            out.append(TrainedHead(
-                spec, head,
-                head_metrics(predict_logits(head, train_data[0]), train_data[1]),
-                head_metrics(predict_logits(head, eval_data[0]), eval_data[1]),
-            ))
+        with cpu_threads(cfg.cpu_threads):  # the metrics run on CPU whatever trained the heads
+            for spec, head in zip(module.specs, module.export_heads()):
+                out.append(TrainedHead(
+                    spec, head,
+                    head_metrics(predict_logits(head, train_data[0]), train_data[1]),
+                    head_metrics(predict_logits(head, eval_data[0]), eval_data[1]),
+                ))
     return out
 

@@ -16,9 +16,10 @@ probabilities P_i = min(1, p_i(Y_i)/q_i(Y_i)) and head predictions sigma_i at th
   bonus token is emitted and the next round starts at j+K+1 (a bonus past the end is not counted in N).
 - Every round costs one target forward (N_target += 1) and K draft tokens (N_draft += K).
 The expected N_target, N_draft, N_discarded are computed exactly by dynamic programming over the
-round's start position (backwards from the end), for many policies and sequences at once: no
-sampling, so no seed. N is the response length. Totals are pooled over sequences (ratios of sums,
-i.e. the throughput of decoding the whole dev set).
+position where each round starts (the probability that a round starts at j, pushed forward), for
+many policies and sequences at once: no sampling, so no seed (a test checks it against Monte Carlo).
+N is the response length. Totals are pooled over sequences (ratios of sums, i.e. the throughput of
+decoding the whole dev set).
 
 Policies:
 - SpecDec++ (paper Algorithm 1, and the reference implementation): after drafting y_k the head's
@@ -90,13 +91,17 @@ def _cap_to_end(k: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return torch.minimum(k, remaining[None])
 
 
-def specdecpp_round_lengths(sigma: torch.Tensor, lengths: torch.Tensor, thresholds: Sequence[float], k_max: int = K_MAX) -> torch.Tensor:
+def specdecpp_round_lengths(
+    sigma: torch.Tensor, lengths: torch.Tensor, thresholds: Sequence[float], k_max: int = K_MAX
+) -> torch.Tensor:
     """(B, T) predicted acceptance probabilities -> (S, B, T) drafts per round started at j, one row per h."""
     B, T = sigma.shape
     h = torch.tensor(thresholds, dtype=torch.float64)[:, None, None, None]
     padded = torch.cat([sigma.double(), torch.ones(B, k_max, dtype=torch.float64)], dim=1)
-    windows = padded.unfold(1, max(k_max - 1, 1), 1)[:, :T, : k_max - 1]  # (B, T, k_max-1): sigma_j .. sigma_{j+k_max-2}
-    prod = torch.cat([torch.ones(B, T, 1, dtype=torch.float64), windows.cumprod(-1)], dim=-1)  # prod[..., k-1] = prod_{i<k-1}
+    # (B, T, k_max-1): sigma_j .. sigma_{j+k_max-2}
+    windows = padded.unfold(1, max(k_max - 1, 1), 1)[:, :T, : k_max - 1]
+    # prod[..., k-1] = sigma_j * ... * sigma_{j+k-2}: the predictions available once k tokens are drafted
+    prod = torch.cat([torch.ones(B, T, 1, dtype=torch.float64), windows.cumprod(-1)], dim=-1)
     fires = (1 - prod)[None] > h  # (S, B, T, k_max): stop after drafting k = index + 1 tokens
     first = fires.to(torch.int8).argmax(-1) + 1
     k = torch.where(fires.any(-1), first, torch.full_like(first, k_max))
@@ -121,36 +126,37 @@ def expected_counts(accept: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor
     """Exact expected (n_target, n_draft, n_discarded) per policy and sequence, each (S, B).
 
     accept: (B, T) P_i; k: (S, B, T) drafts of the round that starts at j (0 for j >= N_b).
+    Propagates start[j] = P(some round starts at position j) forward: a round at j moves its mass to
+    j+m+1 when its first rejection is at j+m, and to j+K+1 when all K drafts are accepted. Then
+    E[N_target] = sum_j start[j], E[N_draft] = sum_j start[j] K(j), and
+    E[N_discarded] = sum_j start[j] E[discarded drafts | round at j].
     """
     S, B, T = k.shape
     W = max(int(k.max()), 1)  # longest round
-    p = torch.cat([accept.double(), torch.zeros(B, W + 1, dtype=torch.float64)], dim=1)  # (B, T+W+1)
-    # e[:, :, j]: expected counts from a round starting at j to the end; 0 at and past the end.
-    e_target, e_draft, e_disc = (torch.zeros(S, B, T + W + 2, dtype=torch.float64) for _ in range(3))
-    m = torch.arange(W, dtype=torch.float64)
-    for j in range(T - 1, -1, -1):
-        kj = k[:, :, j]  # (S, B)
-        pw = p[:, j : j + W]  # (B, W): P_j .. P_{j+W-1}
-        reach = torch.cat([torch.ones(B, 1, dtype=torch.float64), pw.cumprod(-1)], dim=-1)  # (B, W+1): P(first m accepted)
-        in_round = m[None, None, :] < kj[..., None]  # (S, B, W)
-        rej = torch.where(in_round, (reach[:, :W] * (1 - pw))[None], 0.0)  # first rejection at j+m
-        all_acc = reach[None].expand(S, B, W + 1).gather(-1, kj[..., None]).squeeze(-1)  # (S, B)
-        nxt_all = (j + kj + 1)[..., None]
-        active = (j < lengths)[None].to(torch.float64)  # (1, B)
-
-        def step(e: torch.Tensor, now_rej: torch.Tensor, now_all: torch.Tensor) -> torch.Tensor:
-            after_rej = e[:, :, j + 1 : j + 1 + W]  # round after a rejection at j+m starts at j+m+1
-            after_all = e.gather(-1, nxt_all).squeeze(-1)
-            return active * ((rej * (now_rej + after_rej)).sum(-1) + all_acc * (now_all + after_all))
-
-        kf = kj.to(torch.float64)
-        e_target[:, :, j] = step(e_target, torch.ones(1), torch.ones(1))
-        e_draft[:, :, j] = step(e_draft, kf[..., None], kf)
-        e_disc[:, :, j] = step(e_disc, kf[..., None] - m, torch.zeros(1))
-    return {"n_target": e_target[:, :, 0], "n_draft": e_draft[:, :, 0], "n_discarded": e_disc[:, :, 0]}
+    p = torch.cat([accept.double(), torch.zeros(B, W, dtype=torch.float64)], dim=1)
+    windows = p.unfold(1, W, 1)[:, :T]  # (B, T, W): P_j .. P_{j+W-1}
+    reach = torch.cat([torch.ones(B, T, 1, dtype=torch.float64), windows.cumprod(-1)], dim=-1)  # P(first m accepted)
+    m = torch.arange(W)
+    start = torch.zeros(S, B, T + W + 2, dtype=torch.float64)
+    start[:, :, 0] = 1.0
+    active = (torch.arange(T)[None, :] < lengths[:, None]).to(torch.float64)  # (B, T)
+    n_discarded = torch.zeros(S, B, dtype=torch.float64)
+    for j in range(T):
+        mass = start[:, :, j] * active[:, j]  # (S, B)
+        kj = k[:, :, j]
+        # (S, B, W): P(first rejection at j+m), for m inside the round
+        rej = torch.where(m < kj[..., None], reach[:, j, :W] * (1 - windows[:, j]), 0.0)
+        all_acc = reach[:, j].expand(S, B, W + 1).gather(-1, kj[..., None]).squeeze(-1)  # (S, B)
+        start[:, :, j + 1 : j + 1 + W] += mass[..., None] * rej
+        start.scatter_add_(-1, (j + kj + 1)[..., None], (mass * all_acc)[..., None])
+        n_discarded += mass * (rej * (kj[..., None] - m)).sum(-1)
+    rounds = start[:, :, :T] * active  # (S, B, T): P(a round starts at j)
+    return {"n_target": rounds.sum(-1), "n_draft": (rounds * k).sum(-1), "n_discarded": n_discarded}
 
 
-def _results(names: Sequence[str], counts: dict[str, torch.Tensor], lengths: torch.Tensor, cost_ratio: float) -> list[SimResult]:
+def _results(
+    names: Sequence[str], counts: dict[str, torch.Tensor], lengths: torch.Tensor, cost_ratio: float
+) -> list[SimResult]:
     out = []
     n = float(lengths.sum())
     for s, name in enumerate(names):
@@ -164,7 +170,9 @@ def _check(cost_ratio: float, accept: Sequence[torch.Tensor]) -> None:
         raise InputError(f"cost ratio c = t_draft / t_target must be >= 0, got {cost_ratio}")
     for b, a in enumerate(accept):
         if not (torch.isfinite(a).all() and (a >= 0).all() and (a <= 1).all()):
-            raise InputError(f"dev sequence {b} has acceptance probabilities outside [0, 1] or NaN; rebuild acceptance-data")
+            raise InputError(
+                f"dev sequence {b} has acceptance probabilities outside [0, 1] or NaN; rebuild acceptance-data"
+            )
 
 
 def simulate_specdecpp(
@@ -178,7 +186,9 @@ def simulate_specdecpp(
     _check(cost_ratio, accept)
     for b, s in enumerate(sigma):
         if not (torch.isfinite(s).all() and (s >= 0).all() and (s <= 1).all()):
-            raise InputError(f"head predictions for dev sequence {b} are not probabilities in [0, 1]; pass sigmoid(logits)")
+            raise InputError(
+                f"head predictions for dev sequence {b} are not probabilities in [0, 1]; pass sigmoid(logits)"
+            )
     if [len(a) for a in accept] != [len(s) for s in sigma]:
         raise InputError("acceptance labels and head predictions differ in length for some dev sequence")
     if k_max < 1:
@@ -189,7 +199,10 @@ def simulate_specdecpp(
     return _results([f"specdec++ h={h:g}" for h in thresholds], expected_counts(p, lengths, k), lengths, cost_ratio)
 
 
-def simulate_fixed_k(accept: Sequence[torch.Tensor], cost_ratio: float, ks: Sequence[int] = tuple(range(1, K_MAX + 1))) -> list[SimResult]:
+def simulate_fixed_k(
+    accept: Sequence[torch.Tensor], cost_ratio: float, ks: Sequence[int] = tuple(range(1, K_MAX + 1))
+) -> list[SimResult]:
+    """One SimResult per fixed candidate length K (default 1..K_MAX)."""
     _check(cost_ratio, accept)
     p, lengths = pad(accept)
     k = fixed_round_lengths(lengths, p.shape[1], ks)
@@ -197,12 +210,24 @@ def simulate_fixed_k(accept: Sequence[torch.Tensor], cost_ratio: float, ks: Sequ
 
 
 def greedy_oracle(agree: Sequence[torch.Tensor], cost_ratio: float) -> SimResult:
-    """Theorem 4.1 oracle from per-position greedy agreement (bool) indicators."""
-    g = [a.double() for a in agree]
-    _check(cost_ratio, g)
-    p, lengths = pad(g)
-    k = oracle_round_lengths(p > 0.5, lengths)
-    return _results(["greedy oracle"], expected_counts(p, lengths, k), lengths, cost_ratio)[0]
+    """Theorem 4.1 oracle from per-position greedy agreement (bool) indicators.
+
+    Every disagreement is the bonus token of the round that stops right before it, and the agreeing
+    tail after the last one needs one more target call: N_target = |S| + 1[last token agrees],
+    N_draft = N - |S|, N_discarded = 0 (equal to running `expected_counts` with
+    `oracle_round_lengths`, which a test checks).
+    """
+    _check(cost_ratio, [a.double() for a in agree])
+    if len(agree) == 0:
+        raise InputError("no dev sequences to simulate; the dev split is empty")
+    n = n_target = n_draft = 0.0
+    for a in agree:
+        a = a.bool()
+        n_s = float((~a).sum())
+        n += len(a)
+        n_target += n_s + float(len(a) > 0 and bool(a[-1]))
+        n_draft += len(a) - n_s
+    return SimResult("greedy oracle", n, n_target, n_draft, 0.0, cost_ratio * n_draft + n_target)
 
 
 def best(results: Sequence[SimResult]) -> SimResult:

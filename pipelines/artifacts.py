@@ -166,3 +166,13 @@ class StageOutput:
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self.committed:
             _remove(self.tmp)
+
+
+def subdir_hash(manifest: Manifest, subdir: str) -> str:
+    """Content hash of one subdirectory of a stage output (e.g. one drafter of drafters/), from the
+    manifest's file hashes: identical to hashing that directory on its own."""
+    prefix = subdir.rstrip("/") + "/"
+    files = {k[len(prefix):]: v for k, v in manifest.files.items() if k.startswith(prefix)}
+    if not files:
+        raise InputError(f"'{subdir}' is not part of stage '{manifest.stage}'; rerun that stage")
+    return content_hash(files)

@@ -154,6 +154,36 @@ class TrainDraftersSection:
 
 
 @dataclass
+class SamplingSection:
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0  # 1.0 disables
+
+    def check(self) -> None:
+        from decoding.sampling import SamplingConfig
+
+        SamplingConfig(self.temperature, self.top_k, self.top_p)  # raises InputError on impossible values
+
+
+@dataclass
+class AcceptanceDataSection:
+    # The transform labels are made under; it must be the one the decoder serves with (SPEC.md 3).
+    sampling: SamplingSection = field(default_factory=SamplingSection)
+    mix_rate: float = 0.15  # r: probability that Z_i is the target's token X_i (SpecDec++ §4.4)
+    batch_size: int = 32
+    max_length: int = 512  # tokens per sequence (prompt truncated from the left)
+    max_sequences: dict[str, int] = field(default_factory=lambda: {"train": 4000, "dev": 400})  # per drafter
+    drafters: Optional[list[str]] = None  # null: every drafter of train-drafters
+    device: str = "auto"
+
+    def check(self) -> None:
+        if not 0.0 <= self.mix_rate < 1.0:
+            raise InputError(f"acceptance_data.mix_rate must be in [0, 1), got {self.mix_rate}")
+        if self.batch_size < 1 or self.max_length < 2:
+            raise InputError("acceptance_data.batch_size must be >= 1 and max_length >= 2")
+
+
+@dataclass
 class RunConfig:
     run: RunSection = field(default_factory=RunSection)
     target: TargetSection = field(default_factory=TargetSection)
@@ -162,6 +192,7 @@ class RunConfig:
     pretrain_target: PretrainTargetSection = field(default_factory=PretrainTargetSection)
     distill_data: DistillDataSection = field(default_factory=DistillDataSection)
     train_drafters: TrainDraftersSection = field(default_factory=TrainDraftersSection)
+    acceptance_data: AcceptanceDataSection = field(default_factory=AcceptanceDataSection)
 
     def check(self) -> None:
         from pipelines.stage import STAGE_NAMES

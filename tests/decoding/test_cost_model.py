@@ -65,8 +65,10 @@ def test_acceptance_from_mat_inverts_expected_tokens():
 
 
 def test_aggregate_sums_counters_and_rates_are_ratios_of_totals():
-    a = GenerationMetrics(n_generated=10, n_target=4, n_draft=12, n_discarded=6, drafted=[3] * 4, accepted=[1, 2, 0, 3], time_total=1.0, time_draft=0.3, time_target=0.5)
-    b = GenerationMetrics(n_generated=30, n_target=6, n_draft=18, n_discarded=0, drafted=[4] * 6, accepted=[4] * 6, time_total=2.0, time_draft=0.5, time_target=1.0)
+    a = GenerationMetrics(n_generated=10, n_target=4, n_draft=12, n_discarded=6, drafted=[3] * 4, accepted=[1, 2, 0, 3])
+    a.time_total, a.time_draft, a.time_target = 1.0, 0.3, 0.5
+    b = GenerationMetrics(n_generated=30, n_target=6, n_draft=18, n_discarded=0, drafted=[4] * 6, accepted=[4] * 6)
+    b.time_total, b.time_draft, b.time_target = 2.0, 0.5, 1.0
     total = aggregate([a, b])
     assert (total.n_generated, total.n_target, total.n_draft, total.n_discarded) == (40, 10, 30, 6)
     assert total.mat == 4.0 and total.discard_rate == pytest.approx(0.15) and total.verification_rate == 0.25

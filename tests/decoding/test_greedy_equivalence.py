@@ -166,7 +166,8 @@ def test_verification_distribution_hook_reaches_verify(llama_pair, references):
         seen.append((p.shape, q.shape))
         return p
 
-    result = generate_speculative(target, DrafterSpeculator(drafter, FixedK(3)), prompt, n, GREEDY, verification_distribution=identity)
+    speculator = DrafterSpeculator(drafter, FixedK(3))
+    result = generate_speculative(target, speculator, prompt, n, GREEDY, verification_distribution=identity)
     assert result.tokens == ours and len(seen) == result.metrics.n_rounds
     assert all(ps[0] == qs[0] + 1 for ps, qs in seen)
 

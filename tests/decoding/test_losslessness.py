@@ -61,7 +61,9 @@ def linear_head(seed: int) -> torch.nn.Module:
     "sampling,make_stopping",
     [
         pytest.param(SamplingConfig(temperature=0.8, top_k=2), lambda: FixedK(2), id="fixedK2-T0.8-topk2"),
-        pytest.param(SamplingConfig(temperature=1.0, top_p=0.9), lambda: SpecDecPP(linear_head(0), 0.3), id="specdecpp-topp0.9"),
+        pytest.param(
+            SamplingConfig(temperature=1.0, top_p=0.9), lambda: SpecDecPP(linear_head(0), 0.3), id="specdecpp-topp0.9"
+        ),
     ],
 )
 def test_first_tokens_follow_the_target_distribution(stub_pair, sampling, make_stopping):

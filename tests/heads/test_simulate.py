@@ -133,3 +133,16 @@ def test_bad_inputs():
 def test_predictions_must_be_probabilities():
     with pytest.raises(InputError, match="sigmoid"):
         simulate_specdecpp([torch.ones(3)], [torch.tensor([0.5, 2.0, 0.1])], 0.1)
+
+
+def test_oracle_closed_form_equals_the_dp():
+    from heads.simulate import expected_counts, oracle_round_lengths, pad
+
+    g = torch.Generator().manual_seed(7)
+    agree = [torch.rand(n, generator=g) < 0.8 for n in (12, 30, 1, 7)]
+    p, lengths = pad([a.double() for a in agree])
+    counts = expected_counts(p, lengths, oracle_round_lengths(p > 0.5, lengths))
+    r = greedy_oracle(agree, cost_ratio=0.3)
+    assert r.n_target == pytest.approx(float(counts["n_target"].sum()))
+    assert r.n_draft == pytest.approx(float(counts["n_draft"].sum()))
+    assert float(counts["n_discarded"].sum()) == pytest.approx(0.0)

@@ -1,4 +1,5 @@
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -104,7 +105,7 @@ def test_precision_defaults_to_32_on_cpu():
 
 _DDP_SCRIPT = textwrap.dedent(
     """
-    import sys, torch
+    import json, pathlib, sys
     sys.path.insert(0, {repo!r})
     from drafters.data import CausalLMCollator, CausalLMDataModule
     from drafters.lit_lm import CausalLMModule
@@ -112,8 +113,9 @@ _DDP_SCRIPT = textwrap.dedent(
     from pipelines.training import TrainerConfig, WandbConfig, build_trainer, fit
 
     class Seen(__import__("lightning").Callback):
+        seen = []
         def on_train_batch_start(self, trainer, module, batch, idx):
-            print(f"rank{{trainer.global_rank}} batch", batch["input_ids"][:, 0].tolist(), flush=True)
+            self.seen += batch["input_ids"][:, 0].tolist()
 
     cfg = TrainerConfig(max_steps=3, batch_size=2, strategy="ddp", devices=2, accelerator="cpu",
                         log_every_n_steps=1, checkpoint_every_n_steps=2, wandb=WandbConfig(mode="disabled"))
@@ -121,7 +123,8 @@ _DDP_SCRIPT = textwrap.dedent(
     module = CausalLMModule(build_causal_lm("demo-tiny", 48, seed=0), lr=1e-2)
     trainer = build_trainer(cfg, sys.argv[1], callbacks=[Seen()])
     fit(trainer, module, CausalLMDataModule(data, CausalLMCollator(0), batch_size=2), cfg)
-    print(f"rank{{trainer.global_rank}} done world={{trainer.world_size}} step={{trainer.global_step}}", flush=True)
+    out = pathlib.Path(sys.argv[1]) / f"rank{{trainer.global_rank}}.json"
+    out.write_text(json.dumps({{"world": trainer.world_size, "step": trainer.global_step, "seen": Seen.seen}}))
     """
 )
 
@@ -137,14 +140,10 @@ def test_ddp_with_two_cpu_processes(tmp_path):
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    assert "rank0 done world=2 step=3" in out and "rank1 done world=2 step=3" in out, out[-3000:]
-    firsts = {r: [] for r in ("rank0", "rank1")}
-    for line in out.splitlines():
-        if " batch [" in line:
-            rank, rest = line.split(" batch ")
-            firsts[rank.strip()] += eval(rest)  # noqa: S307 - our own printed list of ints
-    assert len(firsts["rank0"]) == len(firsts["rank1"]) == 6
-    assert not set(firsts["rank0"]) & set(firsts["rank1"])  # each rank trains on its own shard
+    r0, r1 = (json.loads((tmp_path / "out" / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["world"] == r1["world"] == 2 and r0["step"] == r1["step"] == 3
+    assert len(r0["seen"]) == len(r1["seen"]) == 6  # 3 steps x batch 2 on each rank
+    assert not set(r0["seen"]) & set(r1["seen"])  # each rank trains on its own shard
     assert (tmp_path / "out" / "checkpoints" / "last.ckpt").is_file()
     print(f"ddp test wall time {time.time() - t0:.1f}s")
 

@@ -1,0 +1,193 @@
+"""Stage `acceptance-data`: SpecDec++ training data for acceptance heads, per drafter (paper §4.4).
+
+For every self-distilled response X (reused from distill-data; nothing is generated), in batches:
+  1. one teacher-forced target forward on (prompt, X) gives p_i (shared by all drafters)
+  2. per drafter, one teacher-forced draft forward on (prompt, X) gives q_i; Y_i ~ q_i;
+     label P_i = min(1, p_i(Y_i) / q_i(Y_i)), also 1 - TV(p_i, q_i) and greedy agreement; p and q go
+     through the decoder's sampling transform (acceptance_data.sampling), never a different one
+  3. token mixing: Z_i = X_i with probability r, else Y_i (seeded per example)
+  4. per drafter, one draft forward on (prompt, Z) caches the final hidden state at every position
+     taken from Y (fp16): the head's input e_i(prompt, Z_<i, Y_i); heads then train on the cache
+
+Writes acceptance_data/<drafter>/
+  sequences/                 DatasetDict {train, dev}: id, domain, temperature, x_ids, z_ids, from_y,
+                             accept_prob, one_minus_tv, greedy_agree (per response position)
+  features_{train,dev}.safetensors   features (M, H) fp16, labels (M,), one_minus_tv (M,),
+                             sequence (M,) and position (M,) of each Y position, in sequence order
+  info.json                  drafter, drafter hash, hidden size, label transform, counts
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+
+import datasets
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from decoding.errors import InputError
+from decoding.loading import load_causal_lm, load_tokenizer
+from decoding.sampling import SamplingConfig
+from drafters.data import CausalLMCollator
+from drafters.model import check_same_vocabulary, load_causal_lm as load_drafter
+from heads.labels import acceptance_labels, mix_tokens
+from pipelines.artifacts import subdir_hash
+from pipelines.distill_data import load_distill_data
+from pipelines.stage import Context
+from pipelines.train_drafters import BASE
+
+
+def _generator(*parts) -> torch.Generator:
+    seed = int(hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:15], 16)
+    return torch.Generator().manual_seed(seed)
+
+
+def _device(model) -> torch.device:
+    return model.get_input_embeddings().weight.device
+
+
+@torch.no_grad()
+def forward_at_response(model, batch: dict, hidden: bool = False) -> torch.Tensor:
+    """Logits (or final hidden states) at the positions that predict / hold response tokens.
+
+    logits: positions p-1 .. p+r-2 (loss_mask) predict response tokens 0 .. r-1.
+    hidden: positions p .. p+r-1 hold response tokens 0 .. r-1 (loss_mask shifted right by one).
+    Returns (N_total, V or H) float32 on CPU, rows in batch order."""
+    dev = _device(model)
+    out = model(input_ids=batch["input_ids"].to(dev), attention_mask=batch["attention_mask"].to(dev),
+                use_cache=False, output_hidden_states=hidden)
+    mask = batch["loss_mask"].to(dev).bool()
+    if hidden:
+        mask = torch.nn.functional.pad(mask, (1, 0))[:, :-1]  # the token itself, not its predictor
+        return out.hidden_states[-1][mask].float().cpu()  # after the final norm: what the decoder sees
+    return out.logits[mask].float().cpu()
+
+
+def select_rows(rows: list[dict], domains: list[str], max_sequences: int, seed: int, tag: str) -> list[dict]:
+    chosen = [r for r in rows if r["domain"] in domains]
+    if len(chosen) > max_sequences:
+        chosen = sorted(random.Random(f"{seed}/{tag}").sample(chosen, max_sequences), key=lambda r: r["id"])
+    return chosen
+
+
+def build(ctx: Context) -> dict:
+    cfg, acfg = ctx.cfg, ctx.cfg.acceptance_data
+    sampling = SamplingConfig(acfg.sampling.temperature, acfg.sampling.top_k, acfg.sampling.top_p)
+    target_path = ctx.target_path()
+    tok = load_tokenizer(target_path, cfg.target.trust_remote_code)
+    device = acfg.device if acfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    target = load_causal_lm(target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
+                            cfg.target.trust_remote_code)
+    drafters_dir = ctx.input("train-drafters")
+    drafter_manifest = ctx.manifests["train-drafters"]
+    names = sorted(p.name for p in drafters_dir.iterdir() if (p / "drafter.json").is_file() and p.name != BASE)
+    if acfg.drafters is not None:
+        missing = sorted(set(acfg.drafters) - set(names))
+        if missing:
+            raise InputError(f"acceptance_data.drafters names {missing}, not in {drafters_dir}; choose from {names}")
+        names = [n for n in names if n in acfg.drafters]
+    drafters, infos = {}, {}
+    for n in names:
+        drafters[n] = load_drafter(drafters_dir / n).to(device).eval()
+        check_same_vocabulary(drafters[n].config.vocab_size, target.config.vocab_size, name=f"drafter '{n}'")
+        infos[n] = json.loads((drafters_dir / n / "drafter.json").read_text())
+    distill = load_distill_data(ctx.input("distill-data"))
+    collate = CausalLMCollator(pad_token_id=tok.pad_token_id, max_length=acfg.max_length)
+
+    # per drafter and split: its sequences (own domains, or all for an OFA drafter), capped
+    plan = {n: {s: select_rows([dict(r) for r in distill[s]], infos[n]["domains"],
+                               acfg.max_sequences[s] if s in acfg.max_sequences else 10 ** 9, cfg.run.seed, f"{n}/{s}")
+                for s in ("train", "dev")} for n in names}
+    counters = {"target_forwards": 0, "draft_label_forwards": 0, "draft_feature_forwards": 0, "sequences": 0}
+    t0 = time.time()
+    results = {n: {s: {"rows": [], "feats": []} for s in ("train", "dev")} for n in names}
+    for split in ("train", "dev"):
+        # each sequence needs one target forward, shared by every drafter that uses it
+        union = sorted({r["id"]: r for n in names for r in plan[n][split]}.values(), key=lambda r: r["id"])
+        users = {n: {r["id"] for r in plan[n][split]} for n in names}
+        for start in tqdm(range(0, len(union), acfg.batch_size), desc=f"acceptance-data {split}", unit="batch"):
+            chunk = union[start:start + acfg.batch_size]
+            batch = collate([{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in chunk])
+            lengths = batch["loss_mask"].sum(1).tolist()  # response tokens kept per row
+            p_logits = forward_at_response(target, batch).split(lengths)
+            counters["target_forwards"] += 1
+            counters["sequences"] += len(chunk)
+            for n in names:
+                rows = [i for i, r in enumerate(chunk) if r["id"] in users[n]]
+                if not rows:
+                    continue
+                sub = {k: v[rows] for k, v in batch.items()}
+                q_logits = forward_at_response(drafters[n], sub).split([lengths[i] for i in rows])
+                counters["draft_label_forwards"] += 1
+                z_examples, metas = [], []
+                for j, i in enumerate(rows):
+                    r, n_i = chunk[i], lengths[i]
+                    gen = _generator(cfg.run.seed, n, r["id"])
+                    lab = acceptance_labels(p_logits[i], q_logits[j], sampling, gen)
+                    x = torch.tensor(r["response_ids"][:n_i], dtype=torch.long)
+                    z, from_y = mix_tokens(x, lab.draft_tokens, gen, acfg.mix_rate)
+                    prompt = sub["input_ids"][j][: int(sub["attention_mask"][j].sum()) - n_i].tolist()
+                    z_examples.append({"prompt_ids": prompt, "response_ids": z.tolist()})
+                    metas.append((r, x, z, from_y, lab))
+                zbatch = collate(z_examples)
+                hidden = forward_at_response(drafters[n], zbatch, hidden=True).split([m[1].numel() for m in metas])
+                counters["draft_feature_forwards"] += 1
+                for (r, x, z, from_y, lab), h in zip(metas, hidden):
+                    if not torch.isfinite(h).all():
+                        raise InputError(f"drafter '{n}' produced NaN/inf hidden states on example {r['id']}; "
+                                         "check the drafter checkpoint")
+                    results[n][split]["rows"].append({
+                        "id": r["id"], "domain": r["domain"], "temperature": r["temperature"],
+                        "x_ids": x.tolist(), "z_ids": z.tolist(), "from_y": from_y.tolist(),
+                        "accept_prob": lab.accept_prob.tolist(), "one_minus_tv": lab.one_minus_tv.tolist(),
+                        "greedy_agree": lab.greedy_agree.tolist()})
+                    results[n][split]["feats"].append((h[from_y].half(), lab.accept_prob[from_y],
+                                                       lab.one_minus_tv[from_y], from_y.nonzero().squeeze(-1)))
+    seconds = time.time() - t0
+
+    summary = {}
+    for n in names:
+        out = ctx.out / n
+        out.mkdir(parents=True)
+        datasets.DatasetDict({s: datasets.Dataset.from_list(results[n][s]["rows"]) for s in ("train", "dev")}
+                             ).save_to_disk(str(out / "sequences"))
+        counts = {}
+        for s in ("train", "dev"):
+            feats = results[n][s]["feats"]
+            if not feats:
+                raise InputError(f"drafter '{n}' has no {s} sequences for acceptance data; check distill_data.splits")
+            tensors = {"features": torch.cat([f[0] for f in feats]), "labels": torch.cat([f[1] for f in feats]),
+                       "one_minus_tv": torch.cat([f[2] for f in feats]),
+                       "sequence": torch.cat([torch.full((len(f[3]),), k) for k, f in enumerate(feats)]),
+                       "position": torch.cat([f[3] for f in feats])}
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / f"features_{s}.safetensors"))
+            counts[s] = {"sequences": len(feats), "y_positions": int(tensors["labels"].numel()),
+                         "mean_label": round(float(tensors["labels"].mean()), 4)}
+        info = {"drafter": n, "drafter_hash": subdir_hash(drafter_manifest, n),
+                "drafter_path": str(drafters_dir / n), "hidden_size": drafters[n].config.hidden_size,
+                "label_transform": {"temperature": sampling.temperature, "top_k": sampling.top_k,
+                                    "top_p": sampling.top_p},
+                "mix_rate": acfg.mix_rate, "counts": counts}
+        (out / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+        summary[n] = counts
+        print(f"[acceptance-data] {n}: " + ", ".join(f"{s} {c['sequences']} seqs / {c['y_positions']} Y positions "
+                                                     f"(mean P {c['mean_label']:.3f})" for s, c in counts.items()))
+    return {"drafters": summary, "forwards": counters, "seconds": round(seconds, 1),
+            "sequences_per_s": round(counters["sequences"] / max(seconds, 1e-9), 2),
+            "label_transform": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}}
+
+
+def load_features(drafter_dir, split: str) -> dict[str, torch.Tensor]:
+    path = drafter_dir / f"features_{split}.safetensors"
+    if not path.is_file():
+        raise InputError(f"{path} is missing; rerun `specdraft acceptance-data --force`")
+    return load_file(str(path))
+
+
+if __name__ == "__main__":
+    from pipelines.cli import stage_main
+
+    stage_main("acceptance-data")

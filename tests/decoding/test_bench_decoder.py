@@ -1,0 +1,20 @@
+"""Smoke test of benchmarks/bench_decoder.py on two random tiny models (slow: ~20 s on 2 cores)."""
+import pathlib
+import sys
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.mark.slow
+def test_bench_decoder_runs_on_random_tiny_models(capsys):
+    sys.path.insert(0, str(BENCH))
+    try:
+        import bench_decoder
+    finally:
+        sys.path.remove(str(BENCH))
+    argv = ["--random-tiny", "--n-prompts", "2", "--runs", "1", "--max-new-tokens", "12", "--threads", "1", "--no-append"]
+    assert bench_decoder.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| greedy |" in out and "| T=0.7 |" in out and "hindsight oracle" in out and "R^2" in out

@@ -1,0 +1,48 @@
+"""A tiny demo run (prompts + a 1-layer target) built once per session; tests get their own copy."""
+import shutil
+
+import pytest
+
+from pipelines.config import from_dict
+from pipelines.schema import RunConfig
+from pipelines.stage import run_stage
+
+OFF = {"wandb": {"mode": "disabled"}}
+
+
+def tiny_config(root, **sections) -> RunConfig:
+    data = {
+        "run": {"root": str(root)},
+        "demo": {"domains": ["math", "translate"], "heldout_domains": ["spell"], "corpus_per_domain": 30,
+                 "train_per_domain": 6, "dev_per_domain": 3, "test_per_domain": 2},
+        "pretrain_target": {"tokenizer": {"vocab_size": 300}, "seq_len": 64,
+                            "model": {"n_layers": 1, "hidden": 64, "n_heads": 2, "intermediate": 128,  # nf4 on CPU needs >= 64
+                                      "max_positions": 256},
+                            "train": {"max_steps": 4, "batch_size": 4, **OFF}},
+        "distill_data": {"temperatures": [0.0, 1.0], "max_new_tokens": 8, "batch_size": 4, "chunk_size": 5},
+        "train_drafters": {
+            "model": {"n_layers": 1, "hidden": 16, "n_heads": 2, "intermediate": 32, "max_positions": 256},
+            "general": {"lr": 1e-3, "max_length": 64, "train": {"max_steps": 2, "batch_size": 4, **OFF}},
+            "finetune": {"lr": 1e-3, "max_length": 64, "train": {"max_epochs": 1, "batch_size": 8, **OFF}},
+        },
+    }
+    for name, value in sections.items():
+        data.setdefault(name, {}).update(value)
+    return from_dict(RunConfig, data)
+
+
+@pytest.fixture(scope="session")
+def _tiny_run_template(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_run")
+    cfg = tiny_config(root)
+    run_stage(cfg, "prepare-data")
+    run_stage(cfg, "pretrain-target")
+    return root
+
+
+@pytest.fixture
+def tiny_run(_tiny_run_template, tmp_path):
+    """A run root holding finished prompts/ and target/ stages."""
+    root = tmp_path / "run"
+    shutil.copytree(_tiny_run_template, root)
+    return root
