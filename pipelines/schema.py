@@ -184,6 +184,32 @@ class AcceptanceDataSection:
 
 
 @dataclass
+class TrainHeadsSection:
+    depths: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])  # D residual blocks (SpecDec++ §5.1)
+    w_rejs: list[float] = field(default_factory=lambda: [1.0, 3.0, 6.0, 12.0])  # rejection weights; w_acc = 1
+    lr: float = 5e-5  # Adam, cosine schedule
+    epochs: int = 3
+    batch_size: int = 32
+    tie_blocks: bool = False  # share one block across the D positions (the reference code's accident, made explicit)
+    zero_init: bool = False  # residual blocks start as the identity
+    thresholds: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # h candidates
+    k_max: int = 20  # longest round
+    cost_ratio: Optional[float] = None  # t_draft / t_target; null: measured on this machine
+
+    def check(self) -> None:
+        if any(d < 0 or d > 8 for d in self.depths) or not self.depths:
+            raise InputError(f"train_heads.depths must be a non-empty list of 0..8, got {self.depths}")
+        if not self.w_rejs or any(w <= 0 for w in self.w_rejs):
+            raise InputError(f"train_heads.w_rejs must be positive, got {self.w_rejs}")
+        if not self.thresholds or any(not 0 < h < 1 for h in self.thresholds):
+            raise InputError(f"train_heads.thresholds must lie in (0, 1), got {self.thresholds}")
+        if self.k_max < 1 or self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
+            raise InputError("train_heads.k_max, epochs and batch_size must be >= 1 and lr > 0")
+        if self.cost_ratio is not None and self.cost_ratio < 0:
+            raise InputError(f"train_heads.cost_ratio must be >= 0, got {self.cost_ratio}")
+
+
+@dataclass
 class RunConfig:
     run: RunSection = field(default_factory=RunSection)
     target: TargetSection = field(default_factory=TargetSection)
@@ -193,6 +219,7 @@ class RunConfig:
     distill_data: DistillDataSection = field(default_factory=DistillDataSection)
     train_drafters: TrainDraftersSection = field(default_factory=TrainDraftersSection)
     acceptance_data: AcceptanceDataSection = field(default_factory=AcceptanceDataSection)
+    train_heads: TrainHeadsSection = field(default_factory=TrainHeadsSection)
 
     def check(self) -> None:
         from pipelines.stage import STAGE_NAMES

@@ -44,7 +44,7 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("distill-data", "distill_data", ("prepare-data", "pretrain-target"), ("target", "distill_data"), "distill_data"),
     StageSpec("train-drafters", "drafters", ("prepare-data", "pretrain-target", "distill-data"), ("target", "train_drafters"), "train_drafters"),
     StageSpec("acceptance-data", "acceptance_data", ("pretrain-target", "distill-data", "train-drafters"), ("target", "acceptance_data"), "acceptance_data"),
-    StageSpec("train-heads", "heads", ("train-drafters", "acceptance-data"), ("train_heads",), "train_heads"),
+    StageSpec("train-heads", "heads", ("pretrain-target", "train-drafters", "acceptance-data"), ("target", "train_heads"), "train_heads"),
     StageSpec("train-router", "router", ("prepare-data", "pretrain-target", "train-drafters"), ("target", "train_router"), "train_router"),
     StageSpec("export", "bundle", ("pretrain-target", "train-drafters", "train-heads", "train-router"), ("target", "export"), "export"),
     StageSpec("evaluate", "report", ("prepare-data", "export"), ("evaluate",), "evaluate"),

@@ -1,0 +1,146 @@
+"""Stage `train-heads`: the SpecDec++ head grid per drafter, thresholds chosen by simulation.
+
+Per drafter (SpecDec++ §4.4, §5.1; SPEC.md section 3):
+  1. train D in {0..4} x w_rej in {1, 3, 6, 12} (20 heads) on the cached features, in one Lightning run
+  2. score each head on train and dev: unweighted binary KL, AUROC of predicting rejection, ECE, Brier;
+     beside them the constant predictor (the dev mean label)
+  3. choose each head's threshold h by simulating the stopping rule on the dev sequences under the
+     cost model T = t_draft N_draft + t_target N_target (c = t_draft / t_target from config or measured)
+  4. references on the same dev sequences: every fixed K (and the best one) and the greedy oracle of
+     Theorem 4.1; the gap to the oracle is what a better head would close
+
+Writes heads/
+  <drafter>/<D{d}_w{w}>/   head.safetensors + head_config.json (D, hidden size, tying, drafter path and
+                           hash, w_rej, label transform, chosen h, metrics)
+  sweep.json               every metric, simulation and reference above
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+
+from decoding import kv
+from decoding.errors import InputError
+from decoding.loading import load_causal_lm
+from drafters.model import load_causal_lm as load_drafter
+from heads.acceptance_head import save_head
+from heads.lit_head import HeadTrainConfig, predict_logits, train_head_grid
+from heads.metrics import constant_baseline
+from heads.simulate import best, choose_threshold, greedy_oracle, simulate_fixed_k
+from pipelines.acceptance_data import load_features
+from pipelines.stage import Context
+
+
+@torch.no_grad()
+def measure_cost_ratio(target, drafter, context: int = 64, reps: int = 20) -> dict:
+    """t_draft / t_target of one cached single-token forward (the unit both models pay per token)."""
+    def per_token(model) -> float:
+        cache = kv.new_cache()
+        kv.forward(model, cache, torch.randint(3, model.config.vocab_size, (context,)).tolist())
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            kv.forward(model, cache, [3])
+            times.append(time.perf_counter() - t0)
+            kv.crop(cache, context)
+        return sorted(times)[len(times) // 2]
+
+    t_target, t_draft = per_token(target), per_token(drafter)
+    return {"t_draft_s": t_draft, "t_target_s": t_target, "cost_ratio": t_draft / t_target, "source": "measured"}
+
+
+def dev_sequences(features: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """Row indices of each dev sequence's Y positions, in order (the cache is in sequence order)."""
+    seq = features["sequence"]
+    counts = torch.bincount(seq, minlength=int(seq.max()) + 1 if len(seq) else 0).tolist()
+    return list(torch.arange(len(seq)).split(counts))
+
+
+def build(ctx: Context) -> dict:
+    cfg, hcfg = ctx.cfg, ctx.cfg.train_heads
+    acc_dir = ctx.input("acceptance-data")
+    names = sorted(p.name for p in acc_dir.iterdir() if (p / "info.json").is_file())
+    if not names:
+        raise InputError(f"{acc_dir} holds no drafters; rerun `specdraft acceptance-data`")
+    if hcfg.cost_ratio is None:
+        target = load_causal_lm(ctx.target_path(), cfg.target.dtype, "cpu" if not torch.cuda.is_available() else "cuda")
+    train_cfg = HeadTrainConfig(lr=hcfg.lr, epochs=hcfg.epochs, batch_size=hcfg.batch_size, tie_blocks=hcfg.tie_blocks,
+                                zero_init=hcfg.zero_init, seed=cfg.run.seed)
+    sweep, printed = {}, []
+    for name in names:
+        info = json.loads((acc_dir / name / "info.json").read_text())
+        tr, dev = load_features(acc_dir / name, "train"), load_features(acc_dir / name, "dev")
+        if hcfg.cost_ratio is None:
+            cost = measure_cost_ratio(target, load_drafter(info["drafter_path"]).to(
+                target.get_input_embeddings().weight.device).eval())
+        else:
+            cost = {"cost_ratio": hcfg.cost_ratio, "source": "config"}
+        c = cost["cost_ratio"]
+        t0 = time.time()
+        print(f"[train-heads] {name}: {len(hcfg.depths) * len(hcfg.w_rejs)} heads on {len(tr['labels'])} positions "
+              f"(dev {len(dev['labels'])}), c = t_draft/t_target = {c:.3f}")
+        trained = train_head_grid((tr["features"], tr["labels"]), (dev["features"], dev["labels"]),
+                                  hcfg.depths, hcfg.w_rejs, train_cfg)
+        train_seconds = time.time() - t0
+
+        seqs = dev_sequences(dev)
+        accept = [dev["labels"][i] for i in seqs]
+        fixed = simulate_fixed_k(accept, c, list(range(1, hcfg.k_max + 1)))
+        best_fixed = best(fixed)
+        from datasets import load_from_disk
+
+        dev_rows = load_from_disk(str(acc_dir / name / "sequences"))["dev"]
+        agree = [torch.tensor(a)[torch.tensor(f)] for a, f in zip(dev_rows["greedy_agree"], dev_rows["from_y"])]
+        oracle = greedy_oracle(agree, c)
+        best_fixed_greedy = best(simulate_fixed_k([a.double() for a in agree], c, list(range(1, hcfg.k_max + 1))))
+
+        heads_out = []
+        for th in trained:
+            sigma = torch.sigmoid(predict_logits(th.head, dev["features"]).double())
+            h, sims = choose_threshold(accept, [sigma[i] for i in seqs], c, hcfg.thresholds, hcfg.k_max)
+            chosen = next(s for s, t in zip(sims, hcfg.thresholds) if t == h)
+            meta = {"drafter": name, "drafter_path": f"drafters/{name}", "drafter_hash": info["drafter_hash"],
+                    "w_rej": th.spec.w_rej, "w_acc": 1.0, "label_transform": info["label_transform"],
+                    "threshold": h, "k_max": hcfg.k_max, "train_metrics": th.train_metrics,
+                    "eval_metrics": th.eval_metrics, "simulated": chosen.as_dict()}
+            save_head(th.head, ctx.out / name / th.spec.name, meta)
+            heads_out.append({"head": th.spec.name, "depth": th.spec.depth, "w_rej": th.spec.w_rej,
+                              "train": th.train_metrics, "eval": th.eval_metrics, "threshold": h,
+                              "by_threshold": {f"{t:g}": s.as_dict() for t, s in zip(hcfg.thresholds, sims)}})
+        best_head = min(heads_out, key=lambda r: r["by_threshold"][f"{r['threshold']:g}"]["cost"])
+        sweep[name] = {"cost": cost, "train_seconds": round(train_seconds, 1),
+                       "constant_predictor": {"train": constant_baseline(tr["labels"]),
+                                              "eval": constant_baseline(dev["labels"], float(tr["labels"].mean()))},
+                       "heads": heads_out, "best_head": best_head["head"],
+                       "fixed_k": {r.policy: r.as_dict() for r in fixed}, "best_fixed_k": best_fixed.as_dict(),
+                       "oracle": oracle.as_dict(), "best_fixed_k_greedy": best_fixed_greedy.as_dict(), "dev_sequences": len(seqs)}
+        printed.append(_table(name, sweep[name]))
+        print(printed[-1])
+    (ctx.out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
+    return {"drafters": {n: {"best_head": s["best_head"], "best_fixed_k": s["best_fixed_k"]["policy"],
+                             "train_seconds": s["train_seconds"]} for n, s in sweep.items()}}
+
+
+def _table(name: str, s: dict) -> str:
+    """Per drafter, like SpecDec++ Table 3: simulated cost per (D, w_rej) at its chosen h."""
+    const = s["constant_predictor"]["eval"]["kl"]
+    lines = [f"{name}: dev KL / AUROC / chosen h / simulated speedup (constant-predictor KL {const:.4f})",
+             f"{'head':<10}{'KL train':>10}{'KL dev':>9}{'AUROC':>8}{'ECE':>7}{'h':>5}{'ver.rate':>10}{'disc.rate':>10}{'speedup':>9}"]
+    for r in s["heads"]:
+        sim = r["by_threshold"][f"{r['threshold']:g}"]
+        lines.append(f"{r['head']:<10}{r['train']['kl']:>10.4f}{r['eval']['kl']:>9.4f}{r['eval']['auroc_reject']:>8.3f}"
+                     f"{r['eval']['ece']:>7.3f}{r['threshold']:>5.1f}{sim['verification_rate']:>10.3f}"
+                     f"{sim['discard_rate']:>10.3f}{sim['speedup']:>9.3f}")
+    for label, sim in (("best " + s["best_fixed_k"]["policy"], s["best_fixed_k"]),
+                       ("greedy: best " + s["best_fixed_k_greedy"]["policy"], s["best_fixed_k_greedy"]),
+                       ("greedy: hindsight oracle (Thm 4.1)", s["oracle"])):
+        lines.append(f"{label:<46}{sim['verification_rate']:>10.3f}{sim['discard_rate']:>10.3f}{sim['speedup']:>9.3f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    from pipelines.cli import stage_main
+
+    stage_main("train-heads")
