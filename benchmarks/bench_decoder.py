@@ -22,6 +22,7 @@ import argparse
 import copy
 import datetime
 import pathlib
+import os
 import platform
 import statistics
 import sys
@@ -176,7 +177,8 @@ def bench(args) -> str:
         f"## Decoder vs transformers assisted generation ({datetime.date.today()}, {machine})",
         "",
         f"`python benchmarks/bench_decoder.py {' '.join(args.argv)}`: {len(prompts)} prompts, batch 1, "
-        f"max_new_tokens={n}, K={k}, median of {args.runs} timed runs after one warm-up; tokens/s over all prompts.",
+        f"max_new_tokens={n}, K={k}, median of {args.runs} timed runs after one warm-up; tokens/s over all prompts. "
+        f"Load average at the end: {os.getloadavg()[0]:.1f} (a shared machine makes single runs noisy).",
         "",
         "| mode | ours AR tok/s | ours SD tok/s | ours MAT | HF tok/s | HF assisted K tok/s | HF MAT | ours/HF at K "
         "| HF assisted default tok/s | HF default MAT | c | a | speedup | analytic | efficiency "

@@ -210,6 +210,36 @@ class TrainHeadsSection:
 
 
 @dataclass
+class TrainRouterSection:
+    # Routing baselines (MetaSD §4.3): pick one drafter per prompt before decoding.
+    labels: Literal["acceptance", "domain"] = "acceptance"  # best measured drafter per prompt, or its domain's
+    hidden: int = 128  # MLP width over mean-pooled target input embeddings
+    lr: float = 1e-3
+    train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=20, batch_size=32))
+    label_batch_size: int = 16  # prompts per teacher-forced forward when measuring drafter acceptance
+    device: str = "auto"
+
+
+@dataclass
+class DecodingDefaults:
+    # What the decoder does when a bundle user names nothing else.
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0
+    top_p: float = 1.0
+    k: int = 4  # fixed draft length
+    k_max: int = 20  # SpecDec++ cap
+    selector: str = "ucb"  # multi-drafter bandit (decoding/selectors.py)
+    max_new_tokens: int = 64
+
+
+@dataclass
+class ExportSection:
+    heads: Literal["best", "all"] = "best"  # per drafter: the head with the best simulated cost, or all 20
+    target: Literal["copy", "reference"] = "copy"  # copy the weights into the bundle, or reference path/hub id
+    decoding: DecodingDefaults = field(default_factory=DecodingDefaults)
+
+
+@dataclass
 class RunConfig:
     run: RunSection = field(default_factory=RunSection)
     target: TargetSection = field(default_factory=TargetSection)
@@ -220,6 +250,8 @@ class RunConfig:
     train_drafters: TrainDraftersSection = field(default_factory=TrainDraftersSection)
     acceptance_data: AcceptanceDataSection = field(default_factory=AcceptanceDataSection)
     train_heads: TrainHeadsSection = field(default_factory=TrainHeadsSection)
+    train_router: TrainRouterSection = field(default_factory=TrainRouterSection)
+    export: ExportSection = field(default_factory=ExportSection)
 
     def check(self) -> None:
         from pipelines.stage import STAGE_NAMES

@@ -28,6 +28,7 @@ class StageSpec:
     inputs: tuple[str, ...]  # stages whose outputs it reads
     sections: tuple[str, ...]  # config sections that change its output (the cache key)
     module: str  # pipelines.<module> defines build(ctx)
+    optional: tuple[str, ...] = ()  # inputs used when they exist (and part of the cache key then)
     # returns a reason to skip the stage for this config (e.g. a real target needs no pretraining)
     skip: Callable[[RunConfig], str | None] = lambda cfg: None
 
@@ -46,7 +47,8 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("acceptance-data", "acceptance_data", ("pretrain-target", "distill-data", "train-drafters"), ("target", "acceptance_data"), "acceptance_data"),
     StageSpec("train-heads", "heads", ("pretrain-target", "train-drafters", "acceptance-data"), ("target", "train_heads"), "train_heads"),
     StageSpec("train-router", "router", ("prepare-data", "pretrain-target", "train-drafters"), ("target", "train_router"), "train_router"),
-    StageSpec("export", "bundle", ("pretrain-target", "train-drafters", "train-heads", "train-router"), ("target", "export"), "export"),
+    StageSpec("export", "bundle", ("pretrain-target", "train-drafters", "train-heads"), ("target", "export"), "export",
+              optional=("train-router",)),
     StageSpec("evaluate", "report", ("prepare-data", "export"), ("evaluate",), "evaluate"),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
@@ -113,11 +115,13 @@ def _cache_key(cfg: RunConfig, spec: StageSpec, inputs: dict[str, Manifest]) -> 
 def load_inputs(cfg: RunConfig, spec: StageSpec) -> dict[str, Manifest]:
     """Finished manifests of the stages this one reads; one-line error naming what to run first."""
     manifests = {}
-    for dep in spec.inputs:
+    for dep in spec.inputs + spec.optional:
         dep_spec = get_spec(dep)
         if dep_spec.skip(cfg):
             continue
         path = stage_dir(cfg, dep)
+        if dep in spec.optional and not path.is_dir():
+            continue
         manifests[dep] = read_manifest(path, expect_stage=dep,
                                        hint=f"stage '{dep}' has not finished; run `specdraft {dep} --config ...` first")
     return manifests
