@@ -6,8 +6,8 @@ All functions take head logits x (or probabilities) and labels P as 1-D tensors 
 - rejection AUROC: how well 1 - sigma ranks rejections above acceptances. With soft labels each
   position counts as a rejected example with weight 1 - P and an accepted one with weight P (exactly
   what a Monte Carlo draw of the accept/reject event would give in expectation); the AUROC is the
-  weighted Mann-Whitney statistic over all (rejected, accepted) pairs, ties counting one half. With
-  0/1 labels it is the ordinary AUROC.
+  weighted Mann-Whitney statistic over all (rejected, accepted) pairs, ties (including a position
+  paired with itself) counting one half. With 0/1 labels it is the ordinary AUROC.
 - ECE: `n_bins` equal-width bins of sigma; sum over bins of (bin share) * |mean sigma - mean P|.
 - Brier: mean (sigma - P)^2.
 `constant_baseline` scores the predictor that always says the mean label, the bar a head must clear.

@@ -28,9 +28,9 @@ class StageSpec:
     inputs: tuple[str, ...]  # stages whose outputs it reads
     sections: tuple[str, ...]  # config sections that change its output (the cache key)
     module: str  # pipelines.<module> defines build(ctx)
-    optional: tuple[str, ...] = ()  # inputs used when they exist (and part of the cache key then)
     # returns a reason to skip the stage for this config (e.g. a real target needs no pretraining)
     skip: Callable[[RunConfig], str | None] = lambda cfg: None
+    optional: tuple[str, ...] = ()  # inputs used when they exist (and part of the cache key then)
 
 
 def _demo_only(cfg: RunConfig) -> str | None:

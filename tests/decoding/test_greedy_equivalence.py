@@ -12,7 +12,7 @@ from decoding.stopping import FixedK, SpecDecPP
 
 GREEDY = SamplingConfig(temperature=0.0)
 # (prompt length, max_new_tokens) pairs; prompts drawn with a fixed seed
-CASES = [(1, 9), (3, 24), (6, 40), (11, 17), (20, 33)]
+CASES = [(1, 9), (3, 24), (6, 40), (11, 17), (20, 33), (2, 50), (8, 5), (15, 28)]
 
 
 def prompts(vocab: int):
