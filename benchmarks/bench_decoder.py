@@ -130,7 +130,8 @@ def bench(args) -> str:
             gc.assistant_confidence_threshold = 0.0 if assistant_k else None  # equal K: no early stop
         ids = torch.tensor([prompt], device=target.device)
         t_calls.calls = 0
-        out = target.generate(ids, **kwargs)
+        # an explicit mask: otherwise prompt tokens equal to pad_token_id would be masked as padding
+        out = target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
         return out.shape[1] - len(prompt), t_calls.calls
 
     rows = []

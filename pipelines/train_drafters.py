@@ -144,7 +144,7 @@ def build(ctx: Context) -> dict:
         rows = [r for r in train_rows if r["domain"] in domains]
         if not rows:
             raise InputError(f"drafter '{name}' has no training rows for domains {domains}")
-        model = load_drafter(base_dir)
+        model = load_drafter(base_dir).train()  # from_pretrained returns eval mode
         examples = [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in rows]
         print(f"[train-drafters] {name}: finetuning on {len(rows)} self-distilled responses ({', '.join(domains)})")
         stats = _train(model, examples, tcfg.finetune, tok.pad_token_id, seed, ctx.work / name, teacher)

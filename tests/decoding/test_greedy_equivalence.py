@@ -20,14 +20,20 @@ def prompts(vocab: int):
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n, _ in CASES]
 
 
+def hf_greedy(model, prompt, n, **kwargs):
+    # an explicit mask: otherwise generate() treats prompt tokens equal to pad_token_id as padding
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=0, **kwargs)
+    return out[0, len(prompt) :].tolist()
+
+
 @pytest.fixture(scope="module")
 def references(llama_pair):
     target, _ = llama_pair
     out = []
     for prompt, (_, n) in zip(prompts(target.config.vocab_size), CASES):
         ours = generate_autoregressive(target, prompt, n, GREEDY).tokens
-        hf = target.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0)
-        out.append((prompt, n, ours, hf[0, len(prompt) :].tolist()))
+        out.append((prompt, n, ours, hf_greedy(target, prompt, n)))
     return out
 
 
@@ -93,8 +99,7 @@ def test_eos_stops_both_decoders_at_the_same_token(llama_pair, references):
             got = speculative_generate(target, drafter, prompt, n, GREEDY, k=k, eos_token_id=eos)
             assert got.tokens == expected
             assert got.metrics.n_generated == len(expected)
-        hf = target.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)
-        assert hf[0, len(prompt) :].tolist()[: len(expected)] == expected
+        assert hf_greedy(target, prompt, n, eos_token_id=eos)[: len(expected)] == expected
         checked += 1
     assert checked >= 2
 

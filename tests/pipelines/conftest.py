@@ -46,3 +46,25 @@ def tiny_run(_tiny_run_template, tmp_path):
     root = tmp_path / "run"
     shutil.copytree(_tiny_run_template, root)
     return root
+
+
+FAST_HEADS = {"depths": [0, 2], "w_rejs": [1.0, 6.0], "epochs": 1, "cost_ratio": 0.2, "lr": 1e-3}
+FAST = {"acceptance_data": {"max_sequences": {"train": 10, "dev": 6}}, "train_heads": FAST_HEADS}
+
+
+@pytest.fixture(scope="session")
+def _drafted_template(_tiny_run_template, tmp_path_factory):
+    root = tmp_path_factory.mktemp("drafted_run") / "run"
+    shutil.copytree(_tiny_run_template, root)
+    cfg = tiny_config(root, **FAST)
+    run_stage(cfg, "distill-data")
+    run_stage(cfg, "train-drafters")
+    return root
+
+
+@pytest.fixture
+def drafted_run(_drafted_template, tmp_path):
+    """A run root with prompts/, target/, distill_data/ and drafters/ finished (tiny sizes)."""
+    root = tmp_path / "drafted"
+    shutil.copytree(_drafted_template, root)
+    return root

@@ -1,0 +1,98 @@
+"""train-drafters, acceptance-data and train-heads on the tiny run (seconds each)."""
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import pipelines.acceptance_data as ad
+from decoding.errors import InputError
+from heads.acceptance_head import load_head
+from pipelines.artifacts import read_manifest
+from pipelines.stage import run_stage
+from tests.pipelines.conftest import FAST, tiny_config
+
+
+
+@pytest.fixture
+def drafted(drafted_run):
+    return tiny_config(drafted_run, **FAST)
+
+
+def test_drafters_export_and_alignment(drafted):
+    root = drafted.run.root
+    from pathlib import Path
+
+    out = Path(root) / "drafters"
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["base", "math", "ofa", "translate"]
+    model = AutoModelForCausalLM.from_pretrained(out / "math")
+    assert model.config.vocab_size == AutoModelForCausalLM.from_pretrained(Path(root) / "target").config.vocab_size
+    info = json.loads((out / "math" / "drafter.json").read_text())
+    assert info["domains"] == ["math"] and info["finetune"]["steps"] > 0 and len(info["data_hash"]) == 64
+    table = json.loads((out / "alignment.json").read_text())
+    for name in ("math", "translate", "ofa", "base"):
+        for dom in ("math", "translate"):
+            row = table[name][dom]
+            assert 0 <= row["acceptance"] <= 1 and 0 <= row["agreement"] <= 1 and row["positions"] > 0
+    assert read_manifest(out).metrics["alignment"] == table
+
+
+def test_drafter_with_other_vocabulary_is_refused(tiny_run, tmp_path):
+    from drafters.model import build_causal_lm, preset
+
+    other = tmp_path / "other"
+    build_causal_lm(preset("demo-tiny"), vocab_size=77).save_pretrained(other)
+    cfg = tiny_config(tiny_run, train_drafters={"init_from": str(other)})
+    run_stage(cfg, "distill-data")
+    with pytest.raises(InputError, match="vocab size 77 != target vocab size"):
+        run_stage(cfg, "train-drafters")
+
+
+def test_acceptance_data_one_target_forward_per_sequence(drafted, monkeypatch):
+    seen = []
+    real = ad.forward_at_response
+
+    def counting(model, batch, hidden=False):
+        seen.append((model.config.hidden_size, hidden, int(batch["input_ids"].shape[0])))
+        return real(model, batch, hidden)
+
+    monkeypatch.setattr(ad, "forward_at_response", counting)
+    out = run_stage(drafted, "acceptance-data")
+    target_h = drafted.pretrain_target.model.hidden
+    m = read_manifest(out).metrics
+    n_seqs = m["forwards"]["sequences"]
+    per_drafter = {n: c["train"]["sequences"] + c["dev"]["sequences"] for n, c in m["drafters"].items()}
+    # the target sees every distinct sequence exactly once, whatever the number of drafters
+    assert sum(b for h, hid, b in seen if h == target_h) == n_seqs
+    # each drafter: one teacher-forced forward for q and one for the cached features, per sequence
+    drafter_rows = [(hid, b) for h, hid, b in seen if h != target_h]
+    assert sum(b for hid, b in drafter_rows if not hid) == sum(per_drafter.values())
+    assert sum(b for hid, b in drafter_rows if hid) == sum(per_drafter.values())
+    feats = ad.load_features(out / "math", "train")
+    assert feats["features"].dtype == torch.float16 and feats["features"].shape[1] == 16
+    assert ((feats["labels"] >= 0) & (feats["labels"] <= 1)).all()
+
+
+def test_acceptance_data_is_reproducible(drafted, tmp_path):
+    out = run_stage(drafted, "acceptance-data")
+    first = ad.load_features(out / "translate", "dev")
+    out = run_stage(drafted, "acceptance-data", force=True)
+    again = ad.load_features(out / "translate", "dev")
+    assert all(torch.equal(first[k], again[k]) for k in first)
+
+
+def test_train_heads_exports_grid_with_thresholds(drafted):
+    run_stage(drafted, "acceptance-data")
+    out = run_stage(drafted, "train-heads")
+    sweep = json.loads((out / "sweep.json").read_text())
+    for name in ("math", "translate", "ofa"):
+        s = sweep[name]
+        assert len(s["heads"]) == 4 and {"kl", "auroc_reject", "ece", "brier"} <= set(s["heads"][0]["eval"])
+        assert "best_fixed_k" in s and "oracle" in s and s["oracle"]["n_discarded"] == 0
+        for r in s["heads"]:
+            head, config = load_head(out / name / r["head"], expected_hidden_size=16)
+            assert config["threshold"] in (0.1, 0.3, 0.5, 0.7, 0.9)
+            assert config["drafter_hash"] and config["label_transform"]["temperature"] == 1.0
+            assert head(torch.zeros(3, 16)).shape == (3,)
+    with pytest.raises(InputError, match="hidden size"):
+        load_head(out / "math" / "D2_w6", expected_hidden_size=32)
