@@ -1,4 +1,5 @@
 """Checks that fail early, with one line naming the problem and the fix (`InputError`).
+(Sampling settings are validated by `decoding.sampling.SamplingConfig` itself.)
 
 Speculative sampling compares p and q token by token, so drafter and target must share the vocabulary
 *and* the tokenizer (same ids for the same strings); heads must read the drafter they were trained on.
@@ -88,11 +89,6 @@ def check_k(k: int, name: str = "K") -> None:
 def check_threshold(h: float) -> None:
     if not (0.0 < h < 1.0):
         raise InputError(f"stopping threshold h must be in (0, 1), got {h}; the paper's default is 0.7")
-
-
-def check_temperature(temperature: float) -> None:
-    if not (temperature >= 0):
-        raise InputError(f"temperature must be >= 0, got {temperature}; use 0 for greedy")
 
 
 def check_prompt(prompt: list[int], max_new_tokens: int, *models: Any) -> None:

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 import uuid
@@ -127,23 +128,44 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class StageOutput:
     """Context manager: a temp directory that becomes `final` only if the body finishes.
 
-    with StageOutput(final) as tmp:
-        ... write files into tmp ...
-        out.commit(manifest_fields)   # hashes files, writes manifest.json, renames into place
+    with StageOutput(final) as out:
+        ... write files into out.tmp ...
+        out.commit(**manifest_fields)   # hashes files, writes manifest.json, renames into place
+
+    Temp dirs carry host and pid, so cleaning up after killed runs never removes the temp dir of a
+    process still running (another shard or rank writing the same stage).
     """
 
     def __init__(self, final: Path):
         self.final = Path(final)
-        self.tmp = self.final.parent / f".tmp-{self.final.name}-{uuid.uuid4().hex[:8]}"
+        self.host = socket.gethostname().replace("-", "_")
+        self.tmp = self.final.parent / f".tmp-{self.final.name}-{self.host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.committed = False
+
+    def _stale(self, path: Path) -> bool:
+        parts = path.name.rsplit("-", 3)  # .tmp-<name>, host, pid, uuid
+        if len(parts) != 4 or parts[1] != self.host or not parts[2].isdigit():
+            return False  # another machine's, or an unknown layout: leave it alone
+        return not _pid_alive(int(parts[2]))
 
     def __enter__(self) -> "StageOutput":
         self.final.parent.mkdir(parents=True, exist_ok=True)
         for stale in self.final.parent.glob(f".tmp-{self.final.name}-*"):
-            _remove(stale)  # left by a killed run
+            if self._stale(stale):
+                _remove(stale)  # left by a killed run
         for stale in self.final.parent.glob(f".old-{self.final.name}-*"):
             _remove(stale)
         self.tmp.mkdir()

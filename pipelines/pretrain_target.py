@@ -23,7 +23,7 @@ from data.tokenizer import encode_document, pack, train_bpe
 from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.lit_lm import CausalLMModule
 from drafters.model import build_causal_lm, num_parameters
-from pipelines.stage import Context
+from pipelines.stage import Context, leave_unless_rank_zero
 from pipelines.training import build_trainer, fit
 
 
@@ -80,6 +80,7 @@ def build(ctx: Context) -> dict:
     train_cfg = dataclasses.replace(pt.train, resume=True, seed=cfg.run.seed)
     trainer = build_trainer(train_cfg, ctx.work / "train")
     fit(trainer, module, data, train_cfg)
+    leave_unless_rank_zero(trainer)
     model = module.model.float().eval()
 
     counts = Counter(t for d in docs for t in d[1:])

@@ -9,6 +9,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -97,7 +98,24 @@ class Context:
 
 class StageIncomplete(Exception):
     """Raised by build() when this process finished its share but the stage as a whole is not done
-    (other shards still running): nothing is committed, progress stays in the work dir."""
+    (other shards still running, or this is a non-zero rank of a multi-process training job):
+    nothing is committed, progress stays in the work dir."""
+
+
+def global_rank() -> int:
+    """This process's rank in a multi-process job (torchrun, srun, Lightning's ddp launcher), else 0."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ:
+        return int(os.environ["SLURM_PROCID"])
+    return int(os.environ.get("NODE_RANK", "0")) + int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def leave_unless_rank_zero(trainer) -> None:
+    """After a collective fit, only rank 0 goes on to export and commit (the others would race it)."""
+    trainer.strategy.barrier()
+    if not trainer.is_global_zero:
+        raise StageIncomplete(f"rank {trainer.global_rank} finished training; rank 0 writes the stage output")
 
 
 def stage_dir(cfg: RunConfig, name: str) -> Path:

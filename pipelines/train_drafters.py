@@ -36,7 +36,7 @@ from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.lit_lm import CausalLMModule
 from drafters.model import build_causal_lm, check_same_vocabulary, load_causal_lm as load_drafter, num_parameters
 from pipelines.distill_data import load_distill_data
-from pipelines.stage import Context
+from pipelines.stage import Context, leave_unless_rank_zero
 from pipelines.training import build_trainer, fit
 
 BASE = "base"  # the general-phase drafter: the "trained on the raw corpus, no target generations" reference
@@ -72,6 +72,7 @@ def _train(model, examples: list[dict], phase, pad_id: int, seed: int, work: Pat
     trainer = build_trainer(train_cfg, work / "train")
     t0 = time.time()
     fit(trainer, module, data, train_cfg)
+    leave_unless_rank_zero(trainer)
     seconds = time.time() - t0
     avg_tokens = sum(len(e["input_ids"]) if "input_ids" in e else len(e["prompt_ids"]) + len(e["response_ids"])
                      for e in examples) / len(examples)

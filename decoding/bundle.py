@@ -1,0 +1,388 @@
+"""The bundle: everything the decoder serves with, in one directory that can be moved or copied.
+
+Written by the `export` stage (pipelines/export.py), read here (ARCHITECTURE.md "The bundle"):
+
+  bundle/
+    bundle.json             what is below, and the sha256 of every file
+    target/                 the target's HF dir (absent when bundle.json references a path or hub id)
+    drafters/<name>/        HF dirs (safetensors + tokenizer + drafter.json)
+    heads/<drafter>/<head>/ head.safetensors + head_config.json
+    router/                 the routing baseline (optional)
+
+bundle.json:
+  format     "specdraft-bundle/1"
+  target     {path: "target"} or {reference: "/abs/dir" | "org/model"}; tokenizer_sha256, vocab_size, dtype
+  drafters   name -> {path, domains, parameters, hidden_size, vocab_size, tokenizer_sha256, content_hash,
+                      alignment: {domain: {acceptance, agreement, positions}}, head: default head name | null}
+  heads      drafter -> head name -> {path, drafter, depth, w_rej, label_transform, threshold, k_max, best,
+                                      simulated}
+  router     {path, kind} or null
+  decoding   {temperature, top_k, top_p, k, k_max, selector, max_new_tokens}
+  files      relative path -> sha256, every file except bundle.json (and the stage's manifest.json)
+
+Every path in bundle.json is relative to the bundle and must stay inside it, so a bundle copied
+elsewhere loads unchanged. Loading checks paths before reading anything, then (verify=True) every
+file's hash, and refuses files bundle.json does not list and weights that are not safetensors.
+Nothing is unpickled; `trust_remote_code` is off unless the caller turns it on.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any
+
+from decoding.errors import InputError
+
+BUNDLE_JSON = "bundle.json"
+FORMAT = "specdraft-bundle/1"
+# Written by the pipeline's artifact store beside bundle.json; bookkeeping the decoder never reads.
+STAGE_MANIFEST = "manifest.json"
+# Suffixes of formats that unpickle (or may) when loaded: never part of a bundle.
+UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib", ".npy", ".npz")
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def content_hash(file_hashes: dict[str, str]) -> str:
+    """Hash of a directory from its files' hashes; the definition of `pipelines.artifacts.content_hash`
+    (which the heads' `drafter_hash` uses), repeated here because decoding/ must not import pipelines."""
+    return hashlib.sha256(json.dumps(sorted(file_hashes.items())).encode()).hexdigest()
+
+
+def subdir_files(files: dict[str, str], subdir: str) -> dict[str, str]:
+    """The entries of `files` under `subdir`, keyed relative to it."""
+    prefix = subdir.rstrip("/") + "/"
+    return {k[len(prefix):]: v for k, v in files.items() if k.startswith(prefix)}
+
+
+def bundle_files(root: Path) -> dict[str, str]:
+    """relative posix path -> sha256 of every file under root except bundle.json and the manifest."""
+    skip = {BUNDLE_JSON, STAGE_MANIFEST}
+    return {p.relative_to(root).as_posix(): file_sha256(p)
+            for p in sorted(root.rglob("*")) if p.is_file() and p.relative_to(root).as_posix() not in skip}
+
+
+def check_safe_weights(rel_paths) -> None:
+    for rel in rel_paths:
+        if str(rel).lower().endswith(UNSAFE_SUFFIXES):
+            raise InputError(f"'{rel}' is a pickle-based weight file; bundles hold safetensors only "
+                             "(re-save it with save_pretrained(safe_serialization=True))")
+
+
+def write_bundle_json(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Hash every file under root and write bundle.json = meta + format + files. Returns what it wrote."""
+    root = Path(root)
+    files = bundle_files(root)
+    check_safe_weights(files)
+    data = {"format": FORMAT, **meta, "files": files}
+    (root / BUNDLE_JSON).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return data
+
+
+def resolve_inside(root: Path, rel: Any, what: str) -> Path:
+    """root/rel, refusing anything that could leave the bundle: absolute paths (POSIX or Windows),
+    '..' parts, and symlinks that resolve outside. root must already be resolved."""
+    if not isinstance(rel, str) or not rel.strip():
+        raise InputError(f"{BUNDLE_JSON}: {what} path {rel!r} is not a non-empty string; re-export the bundle")
+    posix, win = PurePosixPath(rel), PureWindowsPath(rel)
+    if posix.is_absolute() or win.is_absolute() or win.drive or ".." in posix.parts or ".." in win.parts:
+        raise InputError(f"{BUNDLE_JSON}: {what} path '{rel}' is absolute or leaves the bundle; "
+                         "bundle paths must be relative and stay inside it (re-export the bundle)")
+    path = (root / rel).resolve()
+    if not path.is_relative_to(root):
+        raise InputError(f"{BUNDLE_JSON}: {what} path '{rel}' resolves outside the bundle (a symlink?); "
+                         "re-export the bundle")
+    return path
+
+
+@dataclass(frozen=True)
+class DrafterEntry:
+    name: str
+    path: Path  # absolute, inside the bundle
+    domains: list[str]
+    parameters: int
+    hidden_size: int
+    vocab_size: int
+    tokenizer_sha256: str
+    content_hash: str  # of the drafter's files; the heads trained on it record the same value
+    alignment: dict[str, dict[str, float]]  # domain -> {acceptance, agreement, positions}
+    head: str | None  # the head load_head(drafter) picks (the best simulated one)
+
+
+@dataclass(frozen=True)
+class HeadEntry:
+    drafter: str
+    name: str
+    path: Path
+    depth: int
+    w_rej: float
+    threshold: float  # the chosen h
+    k_max: int
+    label_transform: dict[str, Any]  # {temperature, top_k, top_p} the labels were made under
+    best: bool
+    simulated: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RouterEntry:
+    path: Path
+    kind: str
+
+
+@dataclass
+class Bundle:
+    root: Path
+    meta: dict[str, Any]  # bundle.json as written
+    target_path: str  # a directory (inside the bundle or referenced) or a hub id
+    target_in_bundle: bool
+    drafters: dict[str, DrafterEntry]
+    heads: dict[str, dict[str, HeadEntry]]  # drafter -> head name -> entry
+    router: RouterEntry | None
+    decoding: dict[str, Any]
+    verified: bool
+
+    @property
+    def tokenizer_sha256(self) -> str:
+        return self.meta["target"]["tokenizer_sha256"]
+
+    @property
+    def files(self) -> dict[str, str]:
+        return self.meta["files"]
+
+    def sampling_config(self):
+        """The default sampling transform (decoding.sampling.SamplingConfig)."""
+        from decoding.sampling import SamplingConfig
+
+        d = self.decoding
+        return SamplingConfig(d["temperature"], d["top_k"], d["top_p"])
+
+    def drafter(self, name: str) -> DrafterEntry:
+        if name not in self.drafters:
+            raise InputError(f"the bundle has no drafter '{name}'; it has {', '.join(self.drafters) or 'none'}")
+        return self.drafters[name]
+
+    def load_tokenizer(self, trust_remote_code: bool = False):
+        """The target's tokenizer, checked against the fingerprint recorded at export."""
+        from decoding.compat import tokenizer_fingerprint
+        from decoding.loading import load_tokenizer
+
+        tok = load_tokenizer(self.target_path, trust_remote_code)
+        got = tokenizer_fingerprint(tok)
+        if got != self.tokenizer_sha256:
+            raise InputError(f"the target tokenizer at '{self.target_path}' (sha256 {got[:12]}) is not the one the "
+                             f"bundle was exported with ({self.tokenizer_sha256[:12]}); point to the original target")
+        return tok
+
+    def load_target(self, dtype: str | None = None, device: str | None = None, device_map=None,
+                    quantization: str = "none", trust_remote_code: bool = False):
+        """The target LM (eval mode); dtype defaults to the one recorded at export."""
+        from decoding.loading import load_causal_lm
+
+        model = load_causal_lm(self.target_path, dtype or self.meta["target"].get("dtype", "auto"), device,
+                               device_map, quantization, trust_remote_code)
+        want = self.meta["target"]["vocab_size"]
+        if model.config.vocab_size != want:
+            raise InputError(f"the target at '{self.target_path}' has vocabulary size {model.config.vocab_size}, "
+                             f"the bundle's drafters expect {want}; point to the original target")
+        return model
+
+    def load_drafter(self, name: str, device: str | None = None, dtype: str = "auto", target=None):
+        """A drafter LM (eval mode). With `target` given, also checks the pair with decoding.compat."""
+        from decoding.compat import check_pair
+        from decoding.loading import load_causal_lm
+
+        entry = self.drafter(name)
+        model = load_causal_lm(entry.path, dtype, device)
+        if model.config.vocab_size != self.meta["target"]["vocab_size"]:
+            raise InputError(f"drafter '{name}' has vocabulary size {model.config.vocab_size}, the target "
+                             f"{self.meta['target']['vocab_size']}; re-export with drafters trained on this target")
+        if target is not None:
+            check_pair(target, model)
+        return model
+
+    def load_head(self, drafter: str, head: str | None = None, device: str | None = None):
+        """(AcceptanceHead in eval mode, its head_config dict). head=None: the drafter's default head.
+
+        The head must read this drafter's hidden size and have been trained on exactly this drafter's
+        files (its recorded drafter_hash)."""
+        from heads.acceptance_head import load_head
+
+        entry = self.drafter(drafter)
+        available = self.heads.get(drafter, {})
+        name = head if head is not None else entry.head
+        if name is None or name not in available:
+            raise InputError(f"drafter '{drafter}' has no head {name!r} in the bundle; "
+                             f"available: {', '.join(available) or 'none (export with train-heads)'}")
+        module, config = load_head(available[name].path, expected_hidden_size=entry.hidden_size,
+                                   expected_drafter_hash=entry.content_hash)
+        return (module.to(device) if device is not None else module), config
+
+
+def _need(d: Any, key: str, where: str) -> Any:
+    if not isinstance(d, dict) or key not in d:
+        raise InputError(f"{BUNDLE_JSON}: {where} lacks '{key}'; re-export the bundle with `specdraft export`")
+    return d[key]
+
+
+def _verify(root: Path, files: dict[str, str]) -> None:
+    listed = set()
+    for rel, want in files.items():
+        p = resolve_inside(root, rel, "file")
+        listed.add(p)
+        if not p.is_file():
+            raise InputError(f"bundle file '{rel}' is missing; copy the whole bundle directory or re-export it")
+        if file_sha256(p) != want:
+            raise InputError(f"bundle file '{rel}' does not match its sha256 in {BUNDLE_JSON} (corrupt or "
+                             "modified); re-copy or re-export the bundle")
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and rel not in (BUNDLE_JSON, STAGE_MANIFEST) and p.resolve() not in listed:
+            raise InputError(f"'{rel}' is in the bundle but not in {BUNDLE_JSON} (added after export); "
+                             "remove it or re-export the bundle")
+
+
+def _component(root: Path, files: dict[str, str], rel: Any, what: str) -> Path:
+    path = resolve_inside(root, rel, what)
+    if not subdir_files(files, rel):
+        raise InputError(f"{BUNDLE_JSON}: {what} '{rel}' has no files listed; re-export the bundle")
+    return path
+
+
+def load_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
+    """Read bundle.json, check every path stays inside, and (verify) every file's sha256.
+
+    Raises InputError with a one-line reason: missing or corrupt file, tampered hash, bad path,
+    unknown format, malformed entries, drafters whose tokenizer differs from the target's."""
+    try:
+        return _load_bundle(Path(path), verify)
+    except InputError:
+        raise
+    except (AttributeError, TypeError, ValueError, KeyError) as e:  # wrong types in a hand-edited bundle.json
+        raise InputError(f"{BUNDLE_JSON} in '{path}' is malformed ({type(e).__name__}: {e}); "
+                         "re-export the bundle") from None
+
+
+def _load_bundle(path: Path, verify: bool) -> Bundle:
+    root = path.resolve()
+    meta_path = root / BUNDLE_JSON
+    if not meta_path.is_file():
+        raise InputError(f"'{path}' is not a bundle (no {BUNDLE_JSON}); run `specdraft export` or point to its bundle/ dir")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{meta_path} is not valid JSON ({type(e).__name__}); re-copy or re-export the bundle") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else None
+        raise InputError(f"bundle format {got!r} is not supported (this specdraft reads {FORMAT!r}); "
+                         "re-export the bundle with this version")
+    files = _need(meta, "files", "the bundle")
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise InputError(f"{BUNDLE_JSON}: 'files' must map relative paths to sha256 strings; re-export the bundle")
+    for rel in files:  # every path is checked before anything is read
+        resolve_inside(root, rel, "file")
+    check_safe_weights(files)
+
+    target = _need(meta, "target", "the bundle")
+    for key in ("tokenizer_sha256", "vocab_size"):
+        _need(target, key, "target")
+    if ("path" in target) == ("reference" in target):
+        raise InputError(f"{BUNDLE_JSON}: target needs exactly one of 'path' (in the bundle) or 'reference'; re-export")
+    if "path" in target:
+        target_path, in_bundle = str(_component(root, files, target["path"], "target")), True
+    else:
+        target_path, in_bundle = str(target["reference"]), False
+
+    drafters = {}
+    for name, d in _need(meta, "drafters", "the bundle").items():
+        where = f"drafter '{name}'"
+        rel = _need(d, "path", where)
+        if _need(d, "tokenizer_sha256", where) != target["tokenizer_sha256"]:
+            raise InputError(f"drafter '{name}' uses a tokenizer other than the target's; "
+                             "re-export with drafters trained on this target")
+        drafters[name] = DrafterEntry(
+            name=name, path=_component(root, files, rel, where), domains=list(d.get("domains", [])),
+            parameters=int(_need(d, "parameters", where)), hidden_size=int(_need(d, "hidden_size", where)),
+            vocab_size=int(_need(d, "vocab_size", where)), tokenizer_sha256=d["tokenizer_sha256"],
+            content_hash=content_hash(subdir_files(files, rel)), alignment=dict(d.get("alignment", {})),
+            head=d.get("head"))
+
+    heads: dict[str, dict[str, HeadEntry]] = {}
+    for drafter, by_name in _need(meta, "heads", "the bundle").items():
+        if drafter not in drafters:
+            raise InputError(f"{BUNDLE_JSON}: heads name drafter '{drafter}', which the bundle lacks; re-export")
+        for name, h in by_name.items():
+            where = f"head '{drafter}/{name}'"
+            heads.setdefault(drafter, {})[name] = HeadEntry(
+                drafter=drafter, name=name, path=_component(root, files, _need(h, "path", where), where),
+                depth=int(_need(h, "depth", where)), w_rej=float(_need(h, "w_rej", where)),
+                threshold=float(_need(h, "threshold", where)), k_max=int(h.get("k_max", 0)),
+                label_transform=dict(_need(h, "label_transform", where)), best=bool(h.get("best", False)),
+                simulated=dict(h.get("simulated", {})))
+
+    router = meta.get("router")
+    if router is not None:
+        router = RouterEntry(path=_component(root, files, _need(router, "path", "router"), "router"),
+                             kind=str(router.get("kind")))
+
+    if verify:
+        _verify(root, files)
+    return Bundle(root=root, meta=meta, target_path=target_path, target_in_bundle=in_bundle, drafters=drafters,
+                  heads=heads, router=router, decoding=dict(_need(meta, "decoding", "the bundle")), verified=verify)
+
+
+def _fmt_params(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n / 1e3:.1f}k"
+
+
+def inspect_bundle(path: str | os.PathLike) -> str:
+    """A readable summary of a bundle, after verifying every file (raises InputError otherwise)."""
+    b = load_bundle(path, verify=True)
+    t = b.meta["target"]
+    where = "in the bundle (target/)" if b.target_in_bundle else f"referenced: {b.target_path}"
+    lines = [f"bundle {b.root} ({b.meta['format']})",
+             f"target: {where}; vocab {t['vocab_size']}, dtype {t.get('dtype', 'auto')}, "
+             f"tokenizer sha256 {t['tokenizer_sha256'][:12]}", f"drafters ({len(b.drafters)}):"]
+    for d in b.drafters.values():
+        align = ", ".join(f"{dom} {a['acceptance']:.3f}/{a['agreement']:.3f}" for dom, a in sorted(d.alignment.items()))
+        lines.append(f"  {d.name:<12} domains: {', '.join(d.domains) or 'all'}; {_fmt_params(d.parameters)} params, "
+                     f"hidden {d.hidden_size}; default head: {d.head or 'none'}")
+        if align:
+            lines.append(f"  {'':<12} alignment (1-TV / greedy agreement): {align}")
+    n_heads = sum(len(v) for v in b.heads.values())
+    lines.append(f"heads ({n_heads}):")
+    for drafter, by_name in b.heads.items():
+        for h in by_name.values():
+            lt = h.label_transform
+            sim = f", simulated speedup {h.simulated['speedup']:.3f}" if "speedup" in h.simulated else ""
+            lines.append(f"  {drafter}/{h.name:<10} D={h.depth} w_rej={h.w_rej:g} h={h.threshold:g} k_max={h.k_max} "
+                         f"labels T={lt.get('temperature')} top_k={lt.get('top_k')} top_p={lt.get('top_p')}{sim}"
+                         + (" (default)" if h.best else ""))
+    lines.append(f"router: {b.router.kind} ({b.router.path.relative_to(b.root).as_posix()}/)" if b.router else "router: none")
+    lines.append("decoding defaults: " + ", ".join(f"{k}={v}" for k, v in sorted(b.decoding.items())))
+    lines.append(f"all {len(b.files)} files verified (sha256)")
+    return "\n".join(lines)
+
+
+def inspect_main(argv: list[str] | None = None) -> int:
+    """`specdraft inspect-bundle DIR`: print the summary; exit 2 with one line on any problem."""
+    p = argparse.ArgumentParser(prog="specdraft inspect-bundle",
+                                description="Summarise a bundle and verify every file's sha256.")
+    p.add_argument("bundle", help="the bundle directory (a run's bundle/)")
+    args = p.parse_args(argv)
+    try:
+        print(inspect_bundle(args.bundle))
+    except InputError as e:
+        print(f"specdraft: error: {e}", file=sys.stderr)
+        return 2
+    return 0

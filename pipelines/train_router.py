@@ -1,0 +1,264 @@
+"""Stage `train-router`: the routing baselines of MetaSD §4.3, which pick one drafter per prompt.
+
+Both routers read the target's input embeddings mean-pooled over the prompt (heads/router.py says why).
+
+Which drafters a router chooses among: the *specialised* drafters only (a non-empty strict subset of
+the training domains). MetaSD's MoE-routing baseline routes among the domain experts; the OFA drafter
+(trained on every domain) is the single-drafter baseline that routing is compared with, and the
+general-only `base` drafter is no serving drafter at all. With acceptance labels OFA, trained on five
+times the data, may beat the experts on many prompts, and a router that learned to answer "OFA" would
+no longer be a routing baseline. The OFA drafter's acceptance is reported beside the routers instead.
+
+  1. per training prompt, the acceptance 1 - TV(p, q) at T=1 of each specialised drafter, teacher-forced
+     on that prompt's self-distilled responses (distill_data train, every temperature; the target runs
+     once per batch, shared by all drafters)
+  2. labels: `acceptance` = the drafter with the highest measured acceptance on the prompt;
+     `domain` = the prompt's domain drafter (the specialised drafter with the fewest domains covering it)
+  3. the classifier (heads/lit_router.py) trains on pooled embeddings; the centroid router fits one
+     centroid per domain that has a drafter
+  4. evaluation per prompt set: dev (distill_data dev responses), perturbed and ood (when present;
+     they have no self-distilled responses, so the target answers them here, greedily, with
+     distill_data.max_new_tokens). Per router: accuracy against the acceptance-best drafter and against
+     the domain drafter, the mean acceptance of the routed drafter, next to the per-prompt oracle, the
+     true-domain drafter and the OFA drafter(s)
+
+Writes router/
+  classifier/   router.safetensors + router_config.json (drafters, embedding size, label kind,
+                target tokenizer fingerprint, metrics)
+  centroid/     the same for the centroid router (+ domains and their drafters)
+  eval.json     label statistics and every evaluation number above
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from data.prompts import load_prompt_sets
+from decoding.compat import tokenizer_fingerprint
+from decoding.errors import InputError
+from decoding.loading import load_causal_lm, load_tokenizer
+from drafters.alignment import response_logits
+from drafters.data import CausalLMCollator
+from drafters.model import load_causal_lm as load_drafter
+from heads.lit_router import train_classifier
+from heads.router import CentroidRouter, Router, mean_pooled, save_router
+from pipelines.distill_data import fit_prompt, generate_batch, load_distill_data
+from pipelines.stage import Context
+from pipelines.train_drafters import BASE
+
+POOLING = "mean of the target's input embeddings over the prompt tokens"
+
+
+def drafter_roles(infos: dict[str, dict], train_domains: list[str]) -> tuple[list[str], list[str]]:
+    """(specialised drafters, generalist drafters such as OFA) from each drafter.json's domains."""
+    everything = set(train_domains)
+    special = sorted(n for n, i in infos.items() if n != BASE and i["domains"] and set(i["domains"]) < everything)
+    general = sorted(n for n, i in infos.items() if n != BASE and set(i["domains"]) >= everything)
+    if len(special) < 2:
+        raise InputError(f"train-router needs at least 2 specialised drafters to route among, found {special}; "
+                         "train one drafter per domain (train_drafters.drafters) or drop train-router from run.stages")
+    return special, general
+
+
+def domain_drafters(infos: dict[str, dict], special: list[str]) -> dict[str, str]:
+    """Domain -> the specialised drafter with the fewest domains that covers it (ties: by name)."""
+    out: dict[str, str] = {}
+    for name in sorted(special, key=lambda n: (len(infos[n]["domains"]), n)):
+        for d in infos[name]["domains"]:
+            out.setdefault(d, name)
+    return out
+
+
+@torch.no_grad()
+def prompt_acceptance(target, drafters: dict[str, torch.nn.Module], rows: list[dict], pad_token_id: int,
+                      batch_size: int, max_length: int | None) -> tuple[list[dict], torch.Tensor]:
+    """Teacher-forced acceptance 1 - TV(p, q) at T=1 per prompt and drafter.
+
+    rows: {"prompt_id", "domain", "prompt_ids", "response_ids"}; a prompt may have several responses
+    (one per distillation temperature), whose positions are pooled. Returns (one row per prompt, in
+    order of first appearance, with its "prompt_ids"; acceptance (P, len(drafters)) float64).
+    """
+    prompts: dict[str, dict] = {}
+    for r in rows:
+        prompts.setdefault(r["prompt_id"], {"prompt_id": r["prompt_id"], "domain": r["domain"],
+                                            "prompt_ids": list(r["prompt_ids"])})
+    index = {pid: i for i, pid in enumerate(prompts)}
+    sums = torch.zeros(len(prompts), len(drafters), dtype=torch.float64)
+    counts = torch.zeros(len(prompts), dtype=torch.float64)
+    collate = CausalLMCollator(pad_token_id=pad_token_id, max_length=max_length)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]["prompt_ids"]) + len(rows[i]["response_ids"]))
+    for start in range(0, len(order), batch_size):  # length-sorted batches: little padding
+        chunk = [rows[i] for i in order[start:start + batch_size]]
+        batch = collate([{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in chunk])
+        owner = torch.tensor([index[r["prompt_id"]] for r in chunk]).repeat_interleave(batch["loss_mask"].sum(1))
+        p = response_logits(target, batch).softmax(-1)  # (N, V), N response positions of the batch
+        counts.index_add_(0, owner, torch.ones(len(owner), dtype=torch.float64))
+        for j, drafter in enumerate(drafters.values()):
+            q = response_logits(drafter, batch).softmax(-1)
+            sums[:, j].index_add_(0, owner, torch.minimum(p, q).sum(-1).double())
+    if (counts == 0).any():
+        empty = [pid for pid, c in zip(prompts, counts.tolist()) if c == 0]
+        raise InputError(f"prompt {empty[0]} has no response tokens to measure acceptance on ({len(empty)} such); "
+                         "rebuild distill-data")
+    return list(prompts.values()), sums / counts[:, None]
+
+
+def greedy_rows(target, tok, prompts, dcfg, seed: int) -> list[dict]:
+    """The target's greedy answer to each prompt-set row, in the layout of distill_data rows."""
+    rows = []
+    for b in range(0, len(prompts), dcfg.batch_size):
+        batch = prompts[b:b + dcfg.batch_size]
+        ids = [fit_prompt(tok(r["prompt"])["input_ids"], dcfg.max_prompt_tokens, "truncate", r["id"])[0] for r in batch]
+        gens = generate_batch(target, ids, tok.pad_token_id, tok.eos_token_id, 0.0, 0, 1.0, dcfg.max_new_tokens, seed)
+        rows += [{"prompt_id": r["id"], "domain": r["domain"], "prompt_ids": p, "response_ids": resp}
+                 for r, p, (resp, _) in zip(batch, ids, gens)]
+    return rows
+
+
+def evaluate(routers: dict[str, Router], pooled: torch.Tensor, prompts: list[dict], acceptance: torch.Tensor,
+             names: list[str], special: list[str], general: list[str], by_domain: dict[str, str]) -> dict:
+    """Routing quality on one prompt set; acceptance (P, len(names)) per prompt and drafter."""
+    col = {n: j for j, n in enumerate(names)}
+    sp = acceptance[:, [col[n] for n in special]]  # (P, S)
+    best = [special[j] for j in sp.argmax(-1).tolist()]
+    dom = [by_domain.get(p["domain"]) for p in prompts]
+    has_dom = [d is not None for d in dom]
+    rows = range(len(prompts))
+
+    def mean(xs):
+        xs = list(xs)
+        return round(sum(xs) / len(xs), 4) if xs else None
+
+    out = {"prompts": len(prompts), "best_counts": dict(sorted(Counter(best).items())),
+           "oracle_acceptance": mean(sp.max(-1).values.tolist()),
+           "drafter_acceptance": {n: mean(acceptance[:, col[n]].tolist()) for n in names},
+           "domain_drafter_acceptance": mean(float(acceptance[i, col[dom[i]]]) for i in rows if has_dom[i]),
+           "routers": {}}
+    out["best_fixed"] = max(special, key=lambda n: out["drafter_acceptance"][n])  # best single drafter in hindsight
+    for kind, router in routers.items():
+        routed = router.pick(pooled)
+        out["routers"][kind] = {
+            "accuracy_vs_best": mean(float(r == b) for r, b in zip(routed, best)),
+            "accuracy_vs_domain": mean(float(routed[i] == dom[i]) for i in rows if has_dom[i]),
+            "acceptance": mean(float(acceptance[i, col[routed[i]]]) for i in rows),
+            "routed_counts": dict(sorted(Counter(routed).items())),
+        }
+    out["general_acceptance"] = {n: out["drafter_acceptance"][n] for n in general}
+    return out
+
+
+def build(ctx: Context) -> dict:
+    cfg, rcfg = ctx.cfg, ctx.cfg.train_router
+    seed = cfg.run.seed
+    target_path = ctx.target_path()
+    tok = load_tokenizer(target_path, cfg.target.trust_remote_code)
+    device = rcfg.device if rcfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    target = load_causal_lm(target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
+                            cfg.target.trust_remote_code)
+    embeddings = target.get_input_embeddings().weight.detach()
+
+    distill = load_distill_data(ctx.input("distill-data"))
+    train_rows = [dict(r) for r in distill["train"]]
+    if not train_rows:
+        raise InputError("distill_data has no train rows; the router needs labelled training prompts")
+    train_domains = sorted({r["domain"] for r in train_rows})
+    drafters_dir = ctx.input("train-drafters")
+    infos = {p.name: json.loads((p / "drafter.json").read_text())
+             for p in sorted(drafters_dir.iterdir()) if (p / "drafter.json").is_file()}
+    special, general = drafter_roles(infos, train_domains)
+    by_domain = domain_drafters(infos, special)
+    names = special + general
+    models = {n: load_drafter(drafters_dir / n).to(device).eval() for n in names}
+    measure = dict(pad_token_id=tok.pad_token_id, batch_size=rcfg.label_batch_size,
+                   max_length=cfg.train_drafters.finetune.max_length)
+
+    # 1-2. labels on the training prompts
+    print(f"[train-router] measuring {len(names)} drafters on {len(train_rows)} train responses "
+          f"(routing among {', '.join(special)}; labels: {rcfg.labels})")
+    train_prompts, train_acc = prompt_acceptance(target, models, train_rows, **measure)
+    best_train = train_acc[:, :len(special)].argmax(-1)
+    if rcfg.labels == "acceptance":
+        keep = list(range(len(train_prompts)))
+        labels = best_train
+    else:
+        keep = [i for i, p in enumerate(train_prompts) if p["domain"] in by_domain]
+        labels = torch.tensor([special.index(by_domain[train_prompts[i]["domain"]]) for i in keep])
+    train_pooled = mean_pooled(embeddings, [p["prompt_ids"] for p in train_prompts])
+    label_counts = dict(sorted(Counter(special[i] for i in labels.tolist()).items()))
+    print(f"[train-router] {len(keep)} labelled train prompts: {label_counts}")
+
+    # evaluation sets: dev from distill_data, perturbed / ood answered here
+    sets: dict[str, tuple[list[dict], torch.Tensor]] = {}
+    if "dev" in distill and len(distill["dev"]):
+        sets["dev"] = prompt_acceptance(target, models, [dict(r) for r in distill["dev"]], **measure)
+    prompt_sets = load_prompt_sets(ctx.input("prepare-data"))
+    for split in ("perturbed", "ood"):
+        if split in prompt_sets and len(prompt_sets[split]):
+            rows = greedy_rows(target, tok, [dict(r) for r in prompt_sets[split]], cfg.distill_data, seed)
+            sets[split] = prompt_acceptance(target, models, rows, **measure)
+    pooled = {s: mean_pooled(embeddings, [p["prompt_ids"] for p in ps]) for s, (ps, _) in sets.items()}
+
+    # 3. the two routers
+    val = None
+    if "dev" in sets:
+        dev_prompts, dev_acc = sets["dev"]
+        if rcfg.labels == "acceptance":
+            val = (pooled["dev"], dev_acc[:, :len(special)].argmax(-1))
+        else:
+            rows_d = [i for i, p in enumerate(dev_prompts) if p["domain"] in by_domain]
+            val = (pooled["dev"][rows_d], torch.tensor([special.index(by_domain[dev_prompts[i]["domain"]])
+                                                        for i in rows_d], dtype=torch.long))
+    classifier, train_stats = train_classifier(train_pooled[keep], labels, special, ctx.work / "classifier",
+                                               rcfg.train, rcfg.hidden, rcfg.lr, val=val, seed=seed)
+    domains = sorted(d for d in by_domain if d in train_domains)
+    centroid_rows = [i for i, p in enumerate(train_prompts) if p["domain"] in by_domain]
+    centroid = CentroidRouter(embeddings.shape[1], domains, [by_domain[d] for d in domains]).fit(
+        train_pooled[centroid_rows], [train_prompts[i]["domain"] for i in centroid_rows])
+    routers: dict[str, Router] = {"classifier": classifier, "centroid": centroid}
+
+    # 4. evaluation
+    results = {s: evaluate(routers, pooled[s], ps, acc, names, special, general, by_domain)
+               for s, (ps, acc) in sets.items()}
+    train_eval = evaluate(routers, train_pooled, train_prompts, train_acc, names, special, general, by_domain)
+    report = {"label_kind": rcfg.labels, "drafters": special, "general_drafters": general,
+              "domain_drafters": by_domain, "pooling": POOLING,
+              "train": {"prompts": len(train_prompts), "labelled": len(keep), "label_counts": label_counts,
+                        "classifier": train_stats, **{k: train_eval[k] for k in ("oracle_acceptance", "best_fixed")},
+                        "routers": train_eval["routers"]},
+              "sets": results}
+    (ctx.out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    fingerprint = tokenizer_fingerprint(tok)
+    for kind, router in routers.items():
+        metrics = {s: r["routers"][kind] for s, r in results.items()}
+        save_router(router, ctx.out / kind, {"label_kind": rcfg.labels, "tokenizer_fingerprint": fingerprint,
+                                             "pooling": POOLING, "metrics": metrics,
+                                             **({"train": train_stats} if kind == "classifier" else {})})
+    print("[train-router] routing on prompt sets (acceptance = mean 1 - TV of the chosen drafter at T=1)\n"
+          + format_table(results))
+    return {"label_kind": rcfg.labels, "drafters": special, "label_counts": label_counts, "classifier": train_stats,
+            "eval": {s: {k: {m: v for m, v in r.items() if m != "routed_counts"} for k, r in res["routers"].items()}
+                     for s, res in results.items()}}
+
+
+def format_table(results: dict[str, dict]) -> str:
+    def f(x):
+        return f"{x:.3f}" if x is not None else "-"
+
+    lines = [f"{'set':<10}{'router':<12}{'acc/best':>9}{'acc/dom':>9}{'accept':>8}{'oracle':>8}{'domain':>8}"
+             f"{'general':>9}"]
+    for s, r in results.items():
+        gen = max(r["general_acceptance"].values()) if r["general_acceptance"] else None
+        for kind, m in r["routers"].items():
+            lines.append(f"{s:<10}{kind:<12}{f(m['accuracy_vs_best']):>9}{f(m['accuracy_vs_domain']):>9}"
+                         f"{f(m['acceptance']):>8}{f(r['oracle_acceptance']):>8}{f(r['domain_drafter_acceptance']):>8}"
+                         f"{f(gen):>9}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    from pipelines.cli import stage_main
+
+    stage_main("train-router")
