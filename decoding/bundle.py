@@ -80,10 +80,15 @@ def check_safe_weights(rel_paths) -> None:
                              "(re-save it with save_pretrained(safe_serialization=True))")
 
 
-def write_bundle_json(root: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """Hash every file under root and write bundle.json = meta + format + files. Returns what it wrote."""
+def write_bundle_json(root: Path, meta: dict[str, Any], files: dict[str, str] | None = None) -> dict[str, Any]:
+    """Write bundle.json = format + meta + files (hashed here unless the caller already has them; the
+    given ones must name exactly the files on disk). Returns what it wrote."""
     root = Path(root)
-    files = bundle_files(root)
+    on_disk = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} - {BUNDLE_JSON, STAGE_MANIFEST}
+    if files is None:
+        files = bundle_files(root)
+    elif set(files) != on_disk:
+        raise InputError(f"bundle files and their hashes disagree ({sorted(set(files) ^ on_disk)[:3]}); re-export")
     check_safe_weights(files)
     data = {"format": FORMAT, **meta, "files": files}
     (root / BUNDLE_JSON).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -345,33 +350,37 @@ def _fmt_params(n: int) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n / 1e3:.1f}k"
 
 
-def inspect_bundle(path: str | os.PathLike) -> str:
-    """A readable summary of a bundle, after verifying every file (raises InputError otherwise)."""
-    b = load_bundle(path, verify=True)
+def summarize(b: Bundle) -> str:
+    """A readable summary: target, drafters (domains, size, alignment), heads, router, decoding defaults."""
     t = b.meta["target"]
     where = "in the bundle (target/)" if b.target_in_bundle else f"referenced: {b.target_path}"
     lines = [f"bundle {b.root} ({b.meta['format']})",
              f"target: {where}; vocab {t['vocab_size']}, dtype {t.get('dtype', 'auto')}, "
              f"tokenizer sha256 {t['tokenizer_sha256'][:12]}", f"drafters ({len(b.drafters)}):"]
     for d in b.drafters.values():
-        align = ", ".join(f"{dom} {a['acceptance']:.3f}/{a['agreement']:.3f}" for dom, a in sorted(d.alignment.items()))
         lines.append(f"  {d.name:<12} domains: {', '.join(d.domains) or 'all'}; {_fmt_params(d.parameters)} params, "
                      f"hidden {d.hidden_size}; default head: {d.head or 'none'}")
-        if align:
-            lines.append(f"  {'':<12} alignment (1-TV / greedy agreement): {align}")
-    n_heads = sum(len(v) for v in b.heads.values())
-    lines.append(f"heads ({n_heads}):")
+        if d.alignment:
+            align = ", ".join(f"{dom} {a['acceptance']:.3f}/{a['agreement']:.3f}" for dom, a in sorted(d.alignment.items()))
+            lines.append(f"  {'':<12} alignment by domain (1-TV / greedy agreement): {align}")
+    lines.append(f"heads ({sum(len(v) for v in b.heads.values())}):")
     for drafter, by_name in b.heads.items():
         for h in by_name.values():
             lt = h.label_transform
             sim = f", simulated speedup {h.simulated['speedup']:.3f}" if "speedup" in h.simulated else ""
-            lines.append(f"  {drafter}/{h.name:<10} D={h.depth} w_rej={h.w_rej:g} h={h.threshold:g} k_max={h.k_max} "
-                         f"labels T={lt.get('temperature')} top_k={lt.get('top_k')} top_p={lt.get('top_p')}{sim}"
-                         + (" (default)" if h.best else ""))
+            lines.append(f"  {drafter + '/' + h.name:<20} D={h.depth} w_rej={h.w_rej:g} h={h.threshold:g} "
+                         f"k_max={h.k_max}; labels T={lt.get('temperature')} top_k={lt.get('top_k')} "
+                         f"top_p={lt.get('top_p')}{sim}" + (" (default)" if h.best else ""))
     lines.append(f"router: {b.router.kind} ({b.router.path.relative_to(b.root).as_posix()}/)" if b.router else "router: none")
     lines.append("decoding defaults: " + ", ".join(f"{k}={v}" for k, v in sorted(b.decoding.items())))
-    lines.append(f"all {len(b.files)} files verified (sha256)")
+    n = len(b.files)
+    lines.append(f"all {n} files verified (sha256)" if b.verified else f"{n} files (not verified)")
     return "\n".join(lines)
+
+
+def inspect_bundle(path: str | os.PathLike) -> str:
+    """Verify every file of a bundle (InputError otherwise) and summarise it."""
+    return summarize(load_bundle(path, verify=True))
 
 
 def inspect_main(argv: list[str] | None = None) -> int:

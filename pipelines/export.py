@@ -1,0 +1,167 @@
+"""Stage `export`: one relocatable bundle with everything the decoder serves with.
+
+1. target: the demo target's HF dir is copied into the bundle, unless export.target is "reference"
+   (then bundle.json names its absolute path); a user's target.name_or_path is always referenced
+2. drafters: every serving drafter of train-drafters (not the general-phase `base`), with its domains,
+   parameter count and alignment row; its tokenizer and vocabulary must be the target's
+3. heads: per drafter the head with the best simulated cost (sweep.json `best_head`), or all of them;
+   each must have been trained on exactly the exported drafter (its recorded drafter_hash)
+4. router: train-router's output directory as is, when that stage has run
+5. bundle.json (decoding/bundle.py documents the format): the above, the decoding defaults, and the
+   sha256 of every file. Files are copied from the lists in the input stages' manifests and checked
+   against the hashes recorded there, so a bundle holds exactly what the stages produced.
+
+Weights are safetensors only: a pickle-based file anywhere in the inputs fails the stage.
+
+Writes bundle/ (layout in decoding/bundle.py); `specdraft inspect-bundle runs/<run>/bundle` summarises it.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from decoding.bundle import (BUNDLE_JSON, check_safe_weights, content_hash, file_sha256, load_bundle,
+                             subdir_files, summarize, write_bundle_json)
+from decoding.compat import check_k, tokenizer_fingerprint
+from decoding.errors import InputError
+from decoding.loading import load_tokenizer
+from decoding.sampling import SamplingConfig
+from decoding.selectors import SELECTORS
+from heads.acceptance_head import CONFIG_NAME as HEAD_CONFIG
+from pipelines.artifacts import MANIFEST, Manifest
+from pipelines.config import to_dict
+from pipelines.stage import Context
+from pipelines.train_drafters import BASE
+
+
+def copy_listed(src: Path, manifest: Manifest, sub: str | None, dst: Path) -> dict[str, str]:
+    """Copy the files a finished stage's manifest lists (under `sub`/, or all) into dst, checking each
+    copy against the hash recorded there. Returns dst-relative path -> sha256."""
+    listed = dict(manifest.files) if sub is None else subdir_files(manifest.files, sub)
+    if not listed:
+        raise InputError(f"'{src / (sub or '')}' lists no files in its {MANIFEST}; rerun stage '{manifest.stage}'")
+    check_safe_weights(listed)
+    copied = {}
+    for rel, want in sorted(listed.items()):
+        source = src / sub / rel if sub is not None else src / rel
+        target = dst / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copyfile(source, target)
+        except FileNotFoundError:
+            raise InputError(f"'{source}' is missing; rerun stage '{manifest.stage}' with --force") from None
+        copied[rel] = file_sha256(target)
+        if copied[rel] != want:
+            raise InputError(f"'{source}' changed since stage '{manifest.stage}' finished; rerun it with --force")
+    return copied
+
+
+def decoding_defaults(ctx: Context) -> dict:
+    d = to_dict(ctx.cfg.export.decoding)
+    SamplingConfig(d["temperature"], d["top_k"], d["top_p"])  # raises on impossible values
+    check_k(d["k"], "export.decoding.k")
+    check_k(d["k_max"], "export.decoding.k_max")
+    check_k(d["max_new_tokens"], "export.decoding.max_new_tokens")
+    if d["selector"] not in SELECTORS:
+        raise InputError(f"export.decoding.selector {d['selector']!r} is not one of {', '.join(SELECTORS)}")
+    return d
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def build(ctx: Context) -> dict:
+    cfg, ecfg = ctx.cfg, ctx.cfg.export
+    out = ctx.out
+    defaults = decoding_defaults(ctx)  # bad config fails before anything is copied
+    files: dict[str, str] = {}
+
+    def add(prefix: str, copied: dict[str, str]) -> None:
+        files.update({f"{prefix}/{rel}": h for rel, h in copied.items()})
+
+    # 1. target
+    target_src = ctx.target_path()
+    external = cfg.target.name_or_path is not None
+    tok = load_tokenizer(target_src, cfg.target.trust_remote_code)
+    target_meta = {"tokenizer_sha256": tokenizer_fingerprint(tok), "dtype": cfg.target.dtype}
+    if external or ecfg.target == "reference":
+        local = Path(target_src).expanduser()
+        target_meta["reference"] = str(local.resolve()) if local.exists() else target_src  # a dir or a hub id
+    else:
+        add("target", copy_listed(Path(target_src), ctx.manifests["pretrain-target"], None, out / "target"))
+        target_meta["path"] = "target"
+    from transformers import AutoConfig
+
+    target_meta["vocab_size"] = AutoConfig.from_pretrained(
+        target_src, trust_remote_code=cfg.target.trust_remote_code).vocab_size
+
+    # 2. drafters
+    drafters_dir, drafters_manifest = ctx.input("train-drafters"), ctx.manifests["train-drafters"]
+    names = sorted({rel.split("/")[0] for rel in drafters_manifest.files if rel.endswith("/drafter.json")} - {BASE})
+    if not names:
+        raise InputError(f"{drafters_dir} holds no serving drafters; rerun `specdraft train-drafters`")
+    alignment = _json(drafters_dir / "alignment.json")
+    drafters = {}
+    for name in names:
+        rel = f"drafters/{name}"
+        copied = copy_listed(drafters_dir, drafters_manifest, name, out / rel)
+        add(rel, copied)
+        info, config = _json(out / rel / "drafter.json"), _json(out / rel / "config.json")
+        fingerprint = tokenizer_fingerprint(load_tokenizer(out / rel))
+        if fingerprint != target_meta["tokenizer_sha256"] or config["vocab_size"] != target_meta["vocab_size"]:
+            raise InputError(f"drafter '{name}' does not share the target's tokenizer and vocabulary "
+                             f"({config['vocab_size']} vs {target_meta['vocab_size']}); rerun train-drafters for this target")
+        drafters[name] = {"path": rel, "domains": info["domains"], "parameters": info["parameters"],
+                          "hidden_size": config["hidden_size"], "vocab_size": config["vocab_size"],
+                          "tokenizer_sha256": fingerprint, "content_hash": content_hash(copied),
+                          "alignment": alignment.get(name, {}), "head": None}
+
+    # 3. heads
+    heads_dir, heads_manifest = ctx.input("train-heads"), ctx.manifests["train-heads"]
+    sweep = _json(heads_dir / "sweep.json")
+    heads: dict[str, dict] = {}
+    for name, s in sorted(sweep.items()):
+        if name not in drafters:
+            raise InputError(f"train-heads has heads for drafter '{name}', which train-drafters lacks; rerun train-heads")
+        chosen = [s["best_head"]] if ecfg.heads == "best" else [h["head"] for h in s["heads"]]
+        for head in chosen:
+            rel = f"heads/{name}/{head}"
+            add(rel, copy_listed(heads_dir, heads_manifest, f"{name}/{head}", out / rel))
+            hc = _json(out / rel / HEAD_CONFIG)
+            if hc.get("drafter_hash") != drafters[name]["content_hash"]:
+                raise InputError(f"head {name}/{head} was trained on another version of drafter '{name}'; "
+                                 "rerun acceptance-data and train-heads")
+            heads.setdefault(name, {})[head] = {
+                "path": rel, "drafter": name, "depth": hc["depth"], "w_rej": hc["w_rej"],
+                "label_transform": hc["label_transform"], "threshold": hc["threshold"], "k_max": hc.get("k_max"),
+                "best": head == s["best_head"], "simulated": hc.get("simulated", {})}
+        drafters[name]["head"] = s["best_head"]
+
+    # 4. router
+    router = None
+    if "train-router" in ctx.inputs:
+        add("router", copy_listed(ctx.input("train-router"), ctx.manifests["train-router"], None, out / "router"))
+        rc_path = out / "router" / "router_config.json"
+        rc = _json(rc_path) if rc_path.is_file() else {}
+        router = {"path": "router", "kind": str(rc.get("kind") or rc.get("type") or "unknown")}
+
+    # 5. bundle.json, then load it back the way the decoder will (paths, tokenizers, every head)
+    write_bundle_json(out, {"target": target_meta, "drafters": drafters, "heads": heads, "router": router,
+                            "decoding": defaults}, files)
+    bundle = load_bundle(out, verify=False)  # the hashes were checked while copying
+    for name, by_head in bundle.heads.items():
+        for head in by_head:
+            bundle.load_head(name, head)
+    print(f"[export] {summarize(bundle)}")
+    size = sum((out / rel).stat().st_size for rel in files)
+    return {"target": "bundled" if "path" in target_meta else "referenced", "drafters": names,
+            "heads": {n: sorted(h) for n, h in heads.items()}, "router": router and router["kind"],
+            "files": len(files) + 1, "bytes": size + (out / BUNDLE_JSON).stat().st_size}
+
+
+if __name__ == "__main__":
+    from pipelines.cli import stage_main
+
+    stage_main("export")
