@@ -312,8 +312,9 @@ def _load_bundle(path: Path, verify: bool) -> Bundle:
     for name, d in _need(meta, "drafters", "the bundle").items():
         where = f"drafter '{name}'"
         rel = _need(d, "path", where)
-        if _need(d, "tokenizer_sha256", where) != target["tokenizer_sha256"]:
-            raise InputError(f"drafter '{name}' uses a tokenizer other than the target's; "
+        if (_need(d, "tokenizer_sha256", where) != target["tokenizer_sha256"]
+                or _need(d, "vocab_size", where) != target["vocab_size"]):
+            raise InputError(f"drafter '{name}' uses a tokenizer or vocabulary other than the target's; "
                              "re-export with drafters trained on this target")
         drafters[name] = DrafterEntry(
             name=name, path=_component(root, files, rel, where), domains=list(d.get("domains", [])),
@@ -395,3 +396,7 @@ def inspect_main(argv: list[str] | None = None) -> int:
         print(f"specdraft: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(inspect_main())

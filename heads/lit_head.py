@@ -9,7 +9,7 @@ any number of them in one Lightning run: heads of equal depth are stacked into o
 whose layers are batched matmuls, so a training step costs a handful of kernels instead of ~60 small
 ones. The heads share no parameters, the loss is the sum of the per-head losses and Adam acts per
 element, so this is exactly separate training runs that see the same batch order (a test checks it).
-On the 2-core CPU box the 20 stacked heads trained ~6x faster than 20 separate runs (see
+On the 2-core CPU box the 20 stacked heads trained 4.5-6x faster than 20 separate runs (see
 benchmarks/bench_heads.py and RESULTS.md); tiny matmuls also run faster on one thread than on two
 contended ones, hence `HeadTrainConfig.cpu_threads`.
 """

@@ -22,10 +22,13 @@ N is the response length. Totals are pooled over sequences (ratios of sums, i.e.
 decoding the whole dev set).
 
 Policies:
-- SpecDec++ (paper Algorithm 1, and the reference implementation): after drafting y_k the head's
-  prediction for y_{k-1} becomes available (it comes out of the same draft forward that produces
-  q_k), so K(j) = min{k >= 1 : 1 - prod_{i=j}^{j+k-2} sigma_i > h}, capped at k_max (= 20) and N - j.
-  The first draft of a round has no prediction yet, so every uncapped round drafts at least 2 tokens.
+- SpecDec++ (decoding/stopping.py's SpecDecPP, the default): the draft forward that consumes y_k
+  yields e_k, so the decision to stop after y_k can use sigma_k:
+  K(j) = min{k >= 1 : 1 - prod_{i=j}^{j+k-1} sigma_i > h}, capped at k_max (= 20) and N - j.
+  `lag=True` instead reproduces the paper's Algorithm 1 and its reference code, which decide after
+  sampling y_k from q_k using only sigma up to y_{k-1} (y_k rides along unpredicted):
+  K(j) = min{k >= 1 : 1 - prod_{i=j}^{j+k-2} sigma_i > h}, so every uncapped round is >= 2 tokens.
+  Simulate with the rule the decoder will serve with, or the chosen h does not transfer.
 - Fixed K: K(j) = min(K, N - j).
 - Greedy oracle (Theorem 4.1): with greedy agreement indicators g_i (argmax q_i == argmax p_i on the
   target's prefix), P_i = g_i and K(j) = distance to the next disagreement (no k_max cap): every round
@@ -78,6 +81,8 @@ def pad(seqs: Sequence[torch.Tensor], fill: float = 0.0) -> tuple[torch.Tensor, 
     if len(seqs) == 0:
         raise InputError("no dev sequences to simulate; the dev split is empty")
     lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    if int(lengths.max()) == 0:
+        raise InputError("every dev sequence is empty; nothing to simulate (check the acceptance-data dev split)")
     out = torch.full((len(seqs), int(lengths.max())), fill, dtype=torch.float64)
     for b, s in enumerate(seqs):
         out[b, : len(s)] = s.detach().double().cpu()
@@ -92,16 +97,15 @@ def _cap_to_end(k: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 
 def specdecpp_round_lengths(
-    sigma: torch.Tensor, lengths: torch.Tensor, thresholds: Sequence[float], k_max: int = K_MAX
+    sigma: torch.Tensor, lengths: torch.Tensor, thresholds: Sequence[float], k_max: int = K_MAX, lag: bool = False
 ) -> torch.Tensor:
     """(B, T) predicted acceptance probabilities -> (S, B, T) drafts per round started at j, one row per h."""
     B, T = sigma.shape
     h = torch.tensor(thresholds, dtype=torch.float64)[:, None, None, None]
     padded = torch.cat([sigma.double(), torch.ones(B, k_max, dtype=torch.float64)], dim=1)
-    # (B, T, k_max-1): sigma_j .. sigma_{j+k_max-2}
-    windows = padded.unfold(1, max(k_max - 1, 1), 1)[:, :T, : k_max - 1]
-    # prod[..., k-1] = sigma_j * ... * sigma_{j+k-2}: the predictions available once k tokens are drafted
-    prod = torch.cat([torch.ones(B, T, 1, dtype=torch.float64), windows.cumprod(-1)], dim=-1)
+    prod = padded.unfold(1, k_max, 1)[:, :T].cumprod(-1)  # (B, T, k_max): prod[..., k-1] = sigma_j ... sigma_{j+k-1}
+    if lag:  # after drafting k tokens only sigma_j .. sigma_{j+k-2} are known
+        prod = torch.cat([torch.ones(B, T, 1, dtype=torch.float64), prod[..., :-1]], dim=-1)
     fires = (1 - prod)[None] > h  # (S, B, T, k_max): stop after drafting k = index + 1 tokens
     first = fires.to(torch.int8).argmax(-1) + 1
     k = torch.where(fires.any(-1), first, torch.full_like(first, k_max))
@@ -181,8 +185,12 @@ def simulate_specdecpp(
     cost_ratio: float,
     thresholds: Sequence[float] = THRESHOLDS,
     k_max: int = K_MAX,
+    lag: bool = False,
 ) -> list[SimResult]:
-    """One SimResult per threshold h; accept[b], sigma[b]: (N_b,) P_i and the head's sigmoid outputs."""
+    """One SimResult per threshold h; accept[b], sigma[b]: (N_b,) P_i and the head's sigmoid outputs.
+
+    lag=False is the rule of decoding/stopping.py; lag=True the paper's Algorithm 1 (module docstring).
+    """
     _check(cost_ratio, accept)
     for b, s in enumerate(sigma):
         if not (torch.isfinite(s).all() and (s >= 0).all() and (s <= 1).all()):
@@ -195,7 +203,7 @@ def simulate_specdecpp(
         raise InputError(f"k_max must be >= 1, got {k_max}")
     p, lengths = pad(accept)
     sig, _ = pad(sigma, fill=1.0)
-    k = specdecpp_round_lengths(sig, lengths, thresholds, k_max)
+    k = specdecpp_round_lengths(sig, lengths, thresholds, k_max, lag)
     return _results([f"specdec++ h={h:g}" for h in thresholds], expected_counts(p, lengths, k), lengths, cost_ratio)
 
 
@@ -241,8 +249,9 @@ def choose_threshold(
     cost_ratio: float,
     thresholds: Sequence[float] = THRESHOLDS,
     k_max: int = K_MAX,
+    lag: bool = False,
 ) -> tuple[float, list[SimResult]]:
     """The h with the lowest simulated cost on the dev sequences, and the results for every h."""
-    results = simulate_specdecpp(accept, sigma, cost_ratio, thresholds, k_max)
+    results = simulate_specdecpp(accept, sigma, cost_ratio, thresholds, k_max, lag)
     i = min(range(len(results)), key=lambda s: results[s].cost)
     return float(thresholds[i]), results

@@ -63,6 +63,12 @@ def _validate(args) -> None:
         print(f"note: not implemented yet in this version: {', '.join(todo)}")
 
 
+def _inspect_bundle(args) -> None:
+    from decoding.bundle import inspect_bundle
+
+    print(inspect_bundle(args.bundle))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pipelines.stage import STAGE_NAMES
 
@@ -80,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--from", dest="start", default=None, help="start at this stage")
     sp.add_argument("overrides", nargs="*")
     sp.set_defaults(func=_run_all)
+    sp = sub.add_parser("inspect-bundle", help="summarise a bundle and verify every file's sha256")
+    sp.add_argument("bundle")
+    sp.set_defaults(func=_inspect_bundle)
     sp = sub.add_parser("validate", help="check a config file without running anything")
     sp.add_argument("config")
     sp.add_argument("overrides", nargs="*")

@@ -154,7 +154,7 @@ def build(ctx: Context) -> dict:
     for name, by_head in bundle.heads.items():
         for head in by_head:
             bundle.load_head(name, head)
-    print(f"[export] {summarize(bundle)}")
+    print("[export] " + summarize(bundle).split("\n", 1)[1])
     size = sum((out / rel).stat().st_size for rel in files)
     return {"target": "bundled" if "path" in target_meta else "referenced", "drafters": names,
             "heads": {n: sorted(h) for n, h in heads.items()}, "router": router and router["kind"],

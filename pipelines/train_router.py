@@ -245,7 +245,7 @@ def build(ctx: Context) -> dict:
 
 def format_table(results: dict[str, dict]) -> str:
     def f(x):
-        return f"{x:.3f}" if x is not None else "-"
+        return f"{x:.4f}" if x is not None else "-"
 
     lines = [f"{'set':<10}{'router':<12}{'acc/best':>9}{'acc/dom':>9}{'accept':>8}{'oracle':>8}{'domain':>8}"
              f"{'general':>9}"]

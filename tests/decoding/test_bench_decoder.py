@@ -1,11 +1,14 @@
-"""Smoke test of benchmarks/bench_decoder.py on two random tiny models (a few seconds), so the script
-keeps running on a fresh clone."""
+"""Smoke test of benchmarks/bench_decoder.py on two random tiny models, so the script keeps running on a
+fresh clone (slow: 4-9 s on the shared 2-core box; run with -m slow)."""
 import pathlib
 import sys
+
+import pytest
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 
 
+@pytest.mark.slow
 def test_bench_decoder_runs_on_random_tiny_models(capsys):
     sys.path.insert(0, str(BENCH))
     try:

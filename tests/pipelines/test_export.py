@@ -1,0 +1,131 @@
+"""The export stage on a tiny run: layout, bundle.json against its inputs, relocation, damage."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from decoding.bundle import BUNDLE_JSON, bundle_files, content_hash, inspect_main, load_bundle
+from decoding.errors import InputError
+from pipelines.artifacts import StageOutput, content_hash as artifacts_content_hash, read_manifest, subdir_hash
+from pipelines.stage import run_stage
+from tests.pipelines.conftest import tiny_config
+
+FAST = {"train_heads": {"depths": [0, 1], "w_rejs": [1.0, 6.0], "epochs": 1, "cost_ratio": 0.2},
+        "acceptance_data": {"max_sequences": {"train": 8, "dev": 4}}}
+
+
+def _config(root, **sections):
+    return tiny_config(root, **FAST, **sections)
+
+
+@pytest.fixture(scope="module")
+def _headed_template(_tiny_run_template, tmp_path_factory):
+    """A run root with every stage up to train-heads finished (built once for this module)."""
+    root = tmp_path_factory.mktemp("export") / "run"
+    shutil.copytree(_tiny_run_template, root)
+    cfg = _config(root)
+    for stage in ("distill-data", "train-drafters", "acceptance-data", "train-heads"):
+        run_stage(cfg, stage)
+    return root
+
+
+@pytest.fixture
+def run_root(_headed_template, tmp_path):
+    root = tmp_path / "run"
+    shutil.copytree(_headed_template, root)
+    return root
+
+
+def _fake_router(root: Path, weights_name: str = "router.safetensors") -> None:
+    """A finished train-router output (the real stage is built elsewhere): weights + router_config.json."""
+    with StageOutput(root / "router") as out:
+        save_file({"w": torch.zeros(2, 3)}, str(out.tmp / weights_name))
+        (out.tmp / "router_config.json").write_text(json.dumps({"kind": "mlp", "drafters": ["math", "translate"]}))
+        out.commit(stage="train-router", config={}, cache_key="x", inputs={}, metrics={}, wall_time_s=0.0)
+
+
+def test_bundle_matches_its_inputs_and_loads_after_move(run_root, tmp_path, capsys):
+    out = run_stage(_config(run_root), "export")
+    meta = json.loads((out / BUNDLE_JSON).read_text())
+    assert meta["files"] == bundle_files(out)  # every file but bundle.json and the manifest, hashed
+    assert sorted(meta["drafters"]) == ["math", "ofa", "translate"] and not (out / "drafters" / "base").exists()
+    drafters_manifest = read_manifest(run_root / "drafters")
+    sweep = json.loads((run_root / "heads" / "sweep.json").read_text())
+    alignment = json.loads((run_root / "drafters" / "alignment.json").read_text())
+    for name, d in meta["drafters"].items():
+        info = json.loads((run_root / "drafters" / name / "drafter.json").read_text())
+        assert d["domains"] == info["domains"] and d["parameters"] == info["parameters"]
+        assert d["alignment"] == alignment[name]
+        assert d["content_hash"] == subdir_hash(drafters_manifest, name)  # what the heads' drafter_hash means
+        assert d["head"] == sweep[name]["best_head"] and list(meta["heads"][name]) == [d["head"]]
+        head = meta["heads"][name][d["head"]]
+        head_cfg = json.loads((run_root / "heads" / name / d["head"] / "head_config.json").read_text())
+        assert (head["depth"], head["w_rej"], head["threshold"]) == (head_cfg["depth"], head_cfg["w_rej"],
+                                                                     head_cfg["threshold"])
+    assert meta["target"]["path"] == "target" and meta["router"] is None
+    assert meta["decoding"]["selector"] == "ucb" and meta["decoding"]["k"] == 4
+
+    moved = tmp_path / "copied" / "bundle"
+    moved.parent.mkdir()
+    shutil.move(out, moved)
+    b = load_bundle(moved)
+    tok = b.load_tokenizer()
+    target = b.load_target(device="cpu")
+    ids = torch.tensor([tok("x = 1 + 2")["input_ids"]])
+    for name in b.drafters:
+        drafter = b.load_drafter(name, device="cpu", dtype="float32", target=target)
+        head, _ = b.load_head(name)
+        with torch.no_grad():
+            h = drafter(ids, output_hidden_states=True)
+            assert h.logits.shape == target(ids).logits.shape
+            sigma = torch.sigmoid(head(h.hidden_states[-1]))
+        assert sigma.shape == ids.shape and ((sigma > 0) & (sigma < 1)).all()
+
+    capsys.readouterr()
+    assert inspect_main([str(moved)]) == 0
+    assert f"all {len(meta['files'])} files verified" in capsys.readouterr().out
+    weights = moved / "drafters" / "math" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x80
+    weights.write_bytes(bytes(data))
+    assert inspect_main([str(moved)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'drafters/math/model.safetensors' does not match its sha256" in err and "\n" not in err
+
+
+def test_reference_target_all_heads_and_router(run_root):
+    _fake_router(run_root)
+    out = run_stage(_config(run_root, export={"target": "reference", "heads": "all"}), "export")
+    b = load_bundle(out)
+    assert not b.target_in_bundle and not (out / "target").exists()
+    assert b.target_path == str((run_root / "target").resolve())
+    assert all(len(heads) == 4 for heads in b.heads.values())
+    assert sum(h.best for heads in b.heads.values() for h in heads.values()) == 3
+    assert b.router.kind == "mlp" and (b.router.path / "router.safetensors").is_file()
+    assert b.load_target(device="cpu").config.vocab_size == b.meta["target"]["vocab_size"]
+    assert read_manifest(out).inputs["train-router"]["content_hash"] == read_manifest(run_root / "router").content_hash
+
+
+def test_pickle_weights_and_changed_inputs_are_refused(run_root):
+    _fake_router(run_root, weights_name="router.pt")
+    with pytest.raises(InputError, match="safetensors only"):
+        run_stage(_config(run_root), "export")
+    shutil.rmtree(run_root / "router")
+    weights = run_root / "drafters" / "ofa" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
+    with pytest.raises(InputError, match="changed since stage 'train-drafters' finished"):
+        run_stage(_config(run_root), "export")
+    assert not (run_root / "bundle").exists()
+
+
+def test_bad_decoding_defaults_fail_before_copying(run_root):
+    with pytest.raises(InputError, match="selector 'nope'"):
+        run_stage(_config(run_root, export={"decoding": {"selector": "nope"}}), "export")
+
+
+def test_content_hash_is_the_artifact_store_definition():
+    files = {"b.json": "12", "a/model.safetensors": "34"}
+    assert content_hash(files) == artifacts_content_hash(files)
