@@ -16,7 +16,7 @@ bundle.json:
                       alignment: {domain: {acceptance, agreement, positions}}, head: default head name | null}
   heads      drafter -> head name -> {path, drafter, depth, w_rej, label_transform, threshold, k_max, best,
                                       simulated}
-  router     {path, kind} or null
+  routers    {name: {path, kind}} (empty without train-router)
   decoding   {temperature, top_k, top_p, k, k_max, selector, max_new_tokens}
   files      relative path -> sha256, every file except bundle.json (and the stage's manifest.json)
 
@@ -153,7 +153,7 @@ class Bundle:
     target_in_bundle: bool
     drafters: dict[str, DrafterEntry]
     heads: dict[str, dict[str, HeadEntry]]  # drafter -> head name -> entry
-    router: RouterEntry | None
+    routers: dict[str, RouterEntry]  # name -> entry (train-router writes "classifier" and "centroid")
     decoding: dict[str, Any]
     verified: bool
 
@@ -336,15 +336,15 @@ def _load_bundle(path: Path, verify: bool) -> Bundle:
                 label_transform=dict(_need(h, "label_transform", where)), best=bool(h.get("best", False)),
                 simulated=dict(h.get("simulated", {})))
 
-    router = meta.get("router")
-    if router is not None:
-        router = RouterEntry(path=_component(root, files, _need(router, "path", "router"), "router"),
-                             kind=str(router.get("kind")))
+    routers = {}
+    for name, r in (meta.get("routers") or {}).items():
+        routers[name] = RouterEntry(path=_component(root, files, _need(r, "path", f"router {name}"), f"router {name}"),
+                                    kind=str(r.get("kind")))
 
     if verify:
         _verify(root, files)
     return Bundle(root=root, meta=meta, target_path=target_path, target_in_bundle=in_bundle, drafters=drafters,
-                  heads=heads, router=router, decoding=dict(_need(meta, "decoding", "the bundle")), verified=verify)
+                  heads=heads, routers=routers, decoding=dict(_need(meta, "decoding", "the bundle")), verified=verify)
 
 
 def _fmt_params(n: int) -> str:
@@ -372,7 +372,8 @@ def summarize(b: Bundle) -> str:
             lines.append(f"  {drafter + '/' + h.name:<20} D={h.depth} w_rej={h.w_rej:g} h={h.threshold:g} "
                          f"k_max={h.k_max}; labels T={lt.get('temperature')} top_k={lt.get('top_k')} "
                          f"top_p={lt.get('top_p')}{sim}" + (" (default)" if h.best else ""))
-    lines.append(f"router: {b.router.kind} ({b.router.path.relative_to(b.root).as_posix()}/)" if b.router else "router: none")
+    lines.append("routers: " + (", ".join(f"{n} ({r.kind}, {r.path.relative_to(b.root).as_posix()}/)"
+                                          for n, r in b.routers.items()) or "none"))
     lines.append("decoding defaults: " + ", ".join(f"{k}={v}" for k, v in sorted(b.decoding.items())))
     n = len(b.files)
     lines.append(f"all {n} files verified (sha256)" if b.verified else f"{n} files (not verified)")

@@ -139,16 +139,16 @@ def build(ctx: Context) -> dict:
                 "best": head == s["best_head"], "simulated": hc.get("simulated", {})}
         drafters[name]["head"] = s["best_head"]
 
-    # 4. router
-    router = None
+    # 4. routers: train-router writes one subdirectory per router (router_config.json inside)
+    routers = {}
     if "train-router" in ctx.inputs:
         add("router", copy_listed(ctx.input("train-router"), ctx.manifests["train-router"], None, out / "router"))
-        rc_path = out / "router" / "router_config.json"
-        rc = _json(rc_path) if rc_path.is_file() else {}
-        router = {"path": "router", "kind": str(rc.get("kind") or rc.get("type") or "unknown")}
+        for rc_path in sorted((out / "router").glob("*/router_config.json")):
+            rc = _json(rc_path)
+            routers[rc_path.parent.name] = {"path": f"router/{rc_path.parent.name}", "kind": str(rc.get("kind", "unknown"))}
 
     # 5. bundle.json, then load it back the way the decoder will (paths, tokenizers, every head)
-    write_bundle_json(out, {"target": target_meta, "drafters": drafters, "heads": heads, "router": router,
+    write_bundle_json(out, {"target": target_meta, "drafters": drafters, "heads": heads, "routers": routers,
                             "decoding": defaults}, files)
     bundle = load_bundle(out, verify=False)  # the hashes were checked while copying
     for name, by_head in bundle.heads.items():
@@ -157,7 +157,7 @@ def build(ctx: Context) -> dict:
     print("[export] " + summarize(bundle).split("\n", 1)[1])
     size = sum((out / rel).stat().st_size for rel in files)
     return {"target": "bundled" if "path" in target_meta else "referenced", "drafters": names,
-            "heads": {n: sorted(h) for n, h in heads.items()}, "router": router and router["kind"],
+            "heads": {n: sorted(h) for n, h in heads.items()}, "routers": {n: r["kind"] for n, r in routers.items()},
             "files": len(files) + 1, "bytes": size + (out / BUNDLE_JSON).stat().st_size}
 
 

@@ -34,7 +34,7 @@ def _meta(root, tok_sha: str, drafter_tok_sha: str | None = None) -> dict:
         "heads": {"d": {"D1_w6": {"path": "heads/d/D1_w6", "drafter": "d", "depth": 1, "w_rej": 6.0,
                                   "threshold": 0.7, "k_max": 20, "best": True,
                                   "label_transform": {"temperature": 1.0, "top_k": 0, "top_p": 1.0}}}},
-        "router": None,
+        "routers": {},
         "decoding": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "k": 4, "k_max": 20, "selector": "ucb",
                      "max_new_tokens": 16},
     }
@@ -191,7 +191,7 @@ def test_inspect_summarises_and_counts_verified_files(bundle, capsys):
     n = len(json.loads((bundle / BUNDLE_JSON).read_text())["files"])
     assert f"all {n} files verified" in text and n == len(bundle_files(bundle))
     for expected in ("domains: math", "1.2k params", "math 0.800/0.700", "d/D1_w6", "D=1 w_rej=6 h=0.7",
-                     "router: none", "selector=ucb"):
+                     "routers: none", "selector=ucb"):
         assert expected in text
     assert inspect_main([str(bundle)]) == 0
     assert capsys.readouterr().out.strip() == text

@@ -40,10 +40,13 @@ def run_root(_headed_template, tmp_path):
 
 
 def _fake_router(root: Path, weights_name: str = "router.safetensors") -> None:
-    """A finished train-router output (the real stage is built elsewhere): weights + router_config.json."""
+    """A finished train-router output (the real stage is tested in test_train_router.py): one
+    subdirectory per router with weights + router_config.json."""
     with StageOutput(root / "router") as out:
-        save_file({"w": torch.zeros(2, 3)}, str(out.tmp / weights_name))
-        (out.tmp / "router_config.json").write_text(json.dumps({"kind": "mlp", "drafters": ["math", "translate"]}))
+        (out.tmp / "classifier").mkdir()
+        save_file({"w": torch.zeros(2, 3)}, str(out.tmp / "classifier" / weights_name))
+        (out.tmp / "classifier" / "router_config.json").write_text(
+            json.dumps({"kind": "mlp", "drafters": ["math", "translate"]}))
         out.commit(stage="train-router", config={}, cache_key="x", inputs={}, metrics={}, wall_time_s=0.0)
 
 
@@ -65,7 +68,7 @@ def test_bundle_matches_its_inputs_and_loads_after_move(run_root, tmp_path, caps
         head_cfg = json.loads((run_root / "heads" / name / d["head"] / "head_config.json").read_text())
         assert (head["depth"], head["w_rej"], head["threshold"]) == (head_cfg["depth"], head_cfg["w_rej"],
                                                                      head_cfg["threshold"])
-    assert meta["target"]["path"] == "target" and meta["router"] is None
+    assert meta["target"]["path"] == "target" and meta["routers"] == {}
     assert meta["decoding"]["selector"] == "ucb" and meta["decoding"]["k"] == 4
 
     moved = tmp_path / "copied" / "bundle"
@@ -104,7 +107,7 @@ def test_reference_target_all_heads_and_router(run_root):
     assert b.target_path == str((run_root / "target").resolve())
     assert all(len(heads) == 4 for heads in b.heads.values())
     assert sum(h.best for heads in b.heads.values() for h in heads.values()) == 3
-    assert b.router.kind == "mlp" and (b.router.path / "router.safetensors").is_file()
+    assert b.routers["classifier"].kind == "mlp" and (b.routers["classifier"].path / "router.safetensors").is_file()
     assert b.load_target(device="cpu").config.vocab_size == b.meta["target"]["vocab_size"]
     assert read_manifest(out).inputs["train-router"]["content_hash"] == read_manifest(run_root / "router").content_hash
 

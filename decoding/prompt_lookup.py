@@ -1,0 +1,80 @@
+"""Prompt lookup decoding: a model-free drafter (Saxena 2023; transformers' `prompt_lookup_num_tokens`).
+
+Find the last n-gram of the context (prompt and text so far) earlier in the context and propose the
+tokens that followed it there. It costs no forward pass, and it pays off whenever the output copies from
+the prompt (summaries, code edits, quoting) or repeats itself.
+
+The proposal is a point mass: q_i = one-hot(y_i). Under greedy decoding q is never read. Under sampling
+speculative sampling stays lossless with it: y is accepted with probability min(1, p(y) / 1) = p(y), and
+on rejection the residual norm((p - q)_+) is p with y removed and renormalised, so every token x != y is
+emitted with probability (1 - p(y)) p(x) / (1 - p(y)) = p(x).
+"""
+from __future__ import annotations
+
+import torch
+
+from decoding.compat import vocab_size
+from decoding.errors import InputError
+from decoding.sampling import SamplingConfig
+from decoding.speculator import Draft, RoundOutcome
+
+
+def lookup(context: list[int], ngram: int, max_tokens: int, min_ngram: int = 1) -> list[int]:
+    """The tokens that followed the most recent earlier occurrence of the context's last n-gram.
+
+    Tries n = ngram, ngram - 1, ..., min_ngram and stops at the first n with a match (longer matches
+    predict better). The continuation may run into the final n-gram itself: it is all committed text.
+    Returns at most max_tokens tokens; [] when nothing matches.
+    """
+    T = len(context)
+    for n in range(min(ngram, T - 1), min_ngram - 1, -1):
+        suffix = context[T - n :]
+        # most recent match first: start positions T-n-1 down to 0 (T-n is the suffix itself)
+        for start in range(T - n - 1, -1, -1):
+            if context[start : start + n] == suffix:
+                follow = start + n
+                return context[follow : follow + max_tokens]
+    return []
+
+
+class PromptLookupSpeculator:
+    """Implements `decoding.speculator.Speculator` without a model: propose the continuation of the last
+    n-gram's previous occurrence (see `lookup`), at most `max_tokens` tokens, cut after an EOS token."""
+
+    def __init__(self, ngram: int = 3, max_tokens: int = 10, min_ngram: int = 1):
+        for name, value in (("ngram", ngram), ("max_tokens", max_tokens), ("min_ngram", min_ngram)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"prompt lookup {name} must be an integer >= 1, got {value!r}")
+        if min_ngram > ngram:
+            raise InputError(f"prompt lookup min_ngram ({min_ngram}) must be <= ngram ({ngram})")
+        self.ngram = ngram
+        self.max_tokens = max_tokens
+        self.min_ngram = min_ngram
+        self.eos: set[int] = set()
+        self.vocab: int | None = None
+
+    def start(self, target: torch.nn.Module, eos: set[int]) -> None:
+        self.vocab = vocab_size(target)
+        if self.vocab is None:
+            raise InputError("prompt lookup needs the target's vocabulary size (target.config.vocab_size)")
+        self.eos = eos
+
+    def propose(
+        self, context: list[int], max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> Draft:
+        if self.vocab is None:
+            raise RuntimeError("PromptLookupSpeculator.propose() before start(target, eos)")
+        tokens = lookup(context, self.ngram, min(self.max_tokens, max_tokens), self.min_ngram)
+        for i, t in enumerate(tokens):
+            if t in self.eos:
+                tokens = tokens[: i + 1]  # drafting past EOS is wasted work
+                break
+        q = torch.zeros(len(tokens), self.vocab)  # (k, V) point masses
+        q[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
+        return Draft(tokens=tokens, q=q, n_forwards=0)
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"PromptLookupSpeculator(ngram={self.ngram}, max_tokens={self.max_tokens})"
