@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--from", dest="start", default=None, help="start at this stage")
     sp.add_argument("overrides", nargs="*")
     sp.set_defaults(func=_run_all)
+    sp = sub.add_parser("generate", help="decode one prompt with a bundle (or target + drafter [+ head])")
+    from decoding.generate import add_arguments, run
+
+    add_arguments(sp)
+    sp.set_defaults(func=run)
     sp = sub.add_parser("inspect-bundle", help="summarise a bundle and verify every file's sha256")
     sp.add_argument("bundle")
     sp.set_defaults(func=_inspect_bundle)

@@ -1,0 +1,122 @@
+"""`specdraft generate`: one prompt through the decoder, from a bundle or from model directories.
+
+  specdraft generate --bundle runs/demo/bundle --drafter math --prompt "Question: ..."
+  specdraft generate --target DIR --drafter DIR [--head DIR] --prompt "..." [--k 4 | --threshold 0.7]
+
+With a head (the drafter's default head in a bundle, or --head) the round length follows SpecDec++;
+`--k` forces fixed-K drafting; `--method ar` decodes with the target alone. Prints the text and one
+line of metrics. The same pieces are the function API: `load_pair` + `generate_text`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from decoding.autoregressive import generate_autoregressive
+from decoding.compat import check_head, check_pair, tokenizer_fingerprint
+from decoding.errors import InputError
+from decoding.loading import load_causal_lm, load_tokenizer
+from decoding.sampling import SamplingConfig
+from decoding.speculative import speculative_generate
+from decoding.stopping import FixedK, SpecDecPP
+
+
+def load_pair(bundle: str | None = None, target: str | None = None, drafter: str | None = None,
+              head: str | None = None, device: str = "cpu", dtype: str = "auto", device_map=None,
+              drafter_device: str | None = None):
+    """-> (tokenizer, target model, drafter model, head module or None, head config or None).
+
+    The target may be spread over GPUs (device_map="auto" or a map); the drafter and head sit on
+    `drafter_device` (default: `device`)."""
+    drafter_device = drafter_device or device
+    if bundle is not None:
+        from decoding.bundle import load_bundle
+
+        b = load_bundle(bundle)
+        name = drafter or next(iter(b.drafters))
+        tok = b.load_tokenizer()
+        tgt = b.load_target(dtype=dtype, device=None if device_map else device, device_map=device_map)
+        dft = b.load_drafter(name, device=drafter_device, target=tgt)
+        h, hcfg = (b.load_head(name, head, device=drafter_device) if b.drafter(name).head or head else (None, None))
+        return tok, tgt, dft, h, hcfg
+    if target is None or drafter is None:
+        raise InputError("give --bundle DIR, or both --target DIR and --drafter DIR")
+    tok = load_tokenizer(target)
+    dtok = load_tokenizer(drafter)
+    if tokenizer_fingerprint(tok) != tokenizer_fingerprint(dtok):
+        raise InputError(f"drafter '{drafter}' uses a different tokenizer from target '{target}'; "
+                         "use a drafter trained on this target's tokenizer")
+    tgt = load_causal_lm(target, dtype, None if device_map else device, device_map)
+    dft = load_causal_lm(drafter, dtype, drafter_device)
+    check_pair(tgt, dft)
+    h = hcfg = None
+    if head is not None:
+        from heads.acceptance_head import load_head
+
+        h, hcfg = load_head(head, expected_hidden_size=dft.config.hidden_size)
+        h = h.to(drafter_device)
+        check_head(h, dft)
+    return tok, tgt, dft, h, hcfg
+
+
+def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = 64, sampling=SamplingConfig(0.0),
+                  head=None, threshold: float | None = None, k: int | None = None, k_max: int = 20,
+                  method: str = "speculative", seed: int = 0) -> tuple[str, dict]:
+    """Decode one prompt -> (text, metrics summary)."""
+    ids = tok(prompt)["input_ids"]
+    gen = torch.Generator().manual_seed(seed)
+    if method == "ar":
+        res = generate_autoregressive(target, ids, max_new_tokens, sampling, tok.eos_token_id, gen)
+    elif method == "speculative":
+        stopping = SpecDecPP(head, threshold, k_max) if head is not None and k is None else FixedK(k or 4)
+        res = speculative_generate(target, drafter, ids, max_new_tokens, sampling, stopping,
+                                   eos_token_id=tok.eos_token_id, generator=gen)
+    else:
+        raise InputError(f"unknown method {method!r}; use speculative or ar")
+    return tok.decode(res.tokens, skip_special_tokens=True), res.metrics.summary()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="specdraft generate", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    run(p.parse_args(argv))
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bundle", help="an exported bundle directory")
+    p.add_argument("--target", help="target model directory (without --bundle)")
+    p.add_argument("--drafter", help="drafter name in the bundle, or a drafter model directory")
+    p.add_argument("--head", help="head name in the bundle, or a head directory")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--method", default="speculative", choices=["speculative", "ar"])
+    p.add_argument("--k", type=int, default=None, help="fixed draft length (default: SpecDec++ with the head, else 4)")
+    p.add_argument("--threshold", type=float, default=None, help="SpecDec++ h (default: the head's chosen h)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--drafter-device", default=None)
+    p.add_argument("--device-map", default=None, help='"auto" to spread the target over the visible GPUs')
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run(args) -> None:
+    tok, tgt, dft, head, hcfg = load_pair(args.bundle, args.target, args.drafter, args.head, args.device, args.dtype,
+                                         args.device_map, args.drafter_device)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    if head is not None and hcfg is not None:
+        lt = hcfg.get("label_transform", {})
+        if lt and (lt.get("temperature"), lt.get("top_k"), lt.get("top_p")) != (sampling.temperature, sampling.top_k, sampling.top_p):
+            print(f"note: the head was trained on labels at {lt}; decoding at temperature={sampling.temperature} "
+                  f"top_k={sampling.top_k} top_p={sampling.top_p} (SpecDec++ thresholds may transfer poorly)")
+    threshold = args.threshold if args.threshold is not None else (hcfg or {}).get("threshold", 0.7)
+    text, metrics = generate_text(tok, tgt, dft, args.prompt, args.max_new_tokens, sampling, head, threshold, args.k,
+                                  (hcfg or {}).get("k_max", 20) or 20, args.method, args.seed)
+    print(text)
+    keys = ("N", "N_target", "N_draft", "N_discarded", "MAT", "discard_rate", "verification_rate", "tokens_per_s")
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items() if k in keys}))

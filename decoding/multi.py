@@ -1,0 +1,346 @@
+"""Several speculation settings ("arms") behind one `Speculator`: bandits, Draft-All, hindsight oracle.
+
+An arm is a drafter (optionally with its SpecDec++ head), a speculation length gamma over a drafter
+(gamma = 0: propose nothing, i.e. a plain target step), or the model-free prompt lookup drafter.
+One speculative-decoding round is one bandit round (MetaSD Alg. 2, BanditSpec Alg. 1):
+
+    propose:  arm = selector.select(); the arm drafts at most n_max tokens
+    (the loop verifies the draft with one target forward)
+    observe:  reward from the round (block divergence, block efficiency or accepted length);
+              selector.update(arm, reward)
+
+Only one drafter is active per round. A drafter that sat out some rounds has not seen the tokens they
+committed; when it is chosen again its KV cache catches up on them (prefill). That catch-up is run as a
+separate forward before the draft and timed on its own (`switch_seconds`, `switch_forwards`), so the
+cost of switching can be reported next to the draft time it is part of.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+
+from decoding import kv
+from decoding.compat import check_pair
+from decoding.errors import InputError
+from decoding.metrics import GenerationResult
+from decoding.rewards import accepted_length_reward, block_divergence_reward, block_efficiency_reward
+from decoding.sampling import SamplingConfig
+from decoding.selectors import EXP3, EXP3Spec, MetaSDUCB, SequentialHalving, UCBSpec
+from decoding.speculator import Draft, DrafterSpeculator, RoundOutcome, Speculator, common_prefix
+from decoding.stopping import FixedK
+
+REWARDS = ("bd", "be", "accepted")
+
+
+@dataclass
+class Arm:
+    name: str  # e.g. "math", "ofa", "lookup", "gamma=2"
+    speculator: Speculator  # e.g. DrafterSpeculator(drafter, FixedK(4)), PromptLookupSpeculator()
+    drafter_key: str | None = None  # arms sharing a drafter model share its KV cache state (gamma arms)
+
+
+class NoDraftSpeculator:
+    """gamma = 0: propose nothing, so the round is one plain target step (BanditSpec's gamma = 0 arm)."""
+
+    def start(self, target: torch.nn.Module, eos: set[int]) -> None:
+        pass
+
+    def propose(
+        self, context: list[int], max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> Draft:
+        return _empty_draft()
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        pass
+
+
+def gamma_arms(drafter: torch.nn.Module, gammas: list[int], key: str = "drafter") -> list[Arm]:
+    """Speculation lengths as arms over one drafter (BanditSpec §5): "gamma=g" drafts exactly g tokens
+    per round (g = 0 is plain decoding). The drafter arms share `key`, hence one KV cache."""
+    if not gammas:
+        raise InputError("gamma_arms needs at least one speculation length, e.g. [0, 1, 2, 3, 4]")
+    arms = []
+    for g in gammas:
+        if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+            raise InputError(f"speculation length gamma must be an integer >= 0, got {g!r}")
+        spec = NoDraftSpeculator() if g == 0 else DrafterSpeculator(drafter, FixedK(g))
+        arms.append(Arm(f"gamma={g}", spec, None if g == 0 else key))
+    return arms
+
+
+def _empty_draft() -> Draft:
+    return Draft(tokens=[], q=torch.empty(0, 0), n_forwards=0)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _check_arms(arms: list[Arm]) -> None:
+    if not arms:
+        raise InputError("the arm list is empty; give at least one drafter / speculation setting")
+    for arm in arms:
+        if not isinstance(arm, Arm):
+            raise InputError(f"arms must be decoding.multi.Arm(name, speculator, drafter_key), got {type(arm).__name__}")
+    names = [a.name for a in arms]
+    if len(set(names)) != len(names):
+        raise InputError(f"arm names must be unique, got {names}")
+
+
+def _check_targets(arms: list[Arm], target: torch.nn.Module) -> None:
+    """Every drafter matches the target's vocabulary; arms sharing a drafter_key share one drafter model."""
+    shared: dict[str, torch.nn.Module] = {}
+    for arm in arms:
+        drafter = getattr(arm.speculator, "drafter", None)
+        if drafter is not None:
+            try:
+                check_pair(target, drafter)
+            except InputError as e:
+                raise InputError(f"arm {arm.name!r}: {e}") from None
+        if arm.drafter_key is not None:
+            if not isinstance(arm.speculator, DrafterSpeculator):
+                raise InputError(f"arm {arm.name!r} has drafter_key but no drafter to share; set drafter_key=None")
+            first = shared.setdefault(arm.drafter_key, drafter)
+            if first is not drafter:
+                raise InputError(
+                    f"arms with drafter_key {arm.drafter_key!r} wrap different drafter models; "
+                    "give each drafter its own key"
+                )
+
+
+class MultiDrafterSpeculator:
+    """A bandit over arms, one arm per round (implements `decoding.speculator.Speculator`).
+
+    reward: "bd"       MetaSD Eq. 4 block divergence, mean over drafted positions of 1 - TV(p, q), in [0, 1]
+            "be"       block efficiency N_acc / n_max, in [0, 1]
+            "accepted" BanditSpec's accepted length Y = N_acc + 1 in [1, n_max + 1]
+    n_max: the most tokens any arm drafts in a round (MetaSD's N_max = 5; BanditSpec's L); arms are
+        capped at it so that rewards compare equal budgets.
+
+    The BD reward is computed from the distributions the round was verified with (`RoundOutcome.p`,
+    `Draft.q`). Under greedy decoding they are one-hots, so BD is the fraction of drafted positions
+    where the two argmaxes agree (positions after the first rejection included) rather than MetaSD's
+    dense softmax TV; the seam does not hand over the raw logits. BD rates token agreement, not speed:
+    over gamma arms of one drafter use "accepted" (BD scores gamma = 0 as 0).
+
+    A round with no room to draft (the last token of a generation: max_tokens == 0) is no bandit round:
+    no arm is chosen, nothing is learnt, nothing is appended to `history`.
+    Per generation (reset in `start`): `history` (one dict per bandit round: arm, reward, accepted,
+    drafted), `switch_seconds` and `switch_forwards` (catch-up prefills when the drafter changed; their
+    forwards are also counted in the round's `Draft.n_forwards`, hence in N_draft).
+    """
+
+    def __init__(self, arms: list[Arm], selector, reward: str = "bd", n_max: int = 5):
+        _check_arms(arms)
+        if reward not in REWARDS:
+            raise InputError(f"unknown reward {reward!r}; use one of {', '.join(REWARDS)}")
+        if isinstance(n_max, bool) or not isinstance(n_max, int) or n_max < 1:
+            raise InputError(f"n_max (the most draft tokens per round) must be an integer >= 1, got {n_max!r}")
+        if getattr(selector, "n_arms", None) != len(arms):
+            raise InputError(
+                f"the selector has {getattr(selector, 'n_arms', None)} arms but {len(arms)} arms were given; "
+                "build it with make_selector(name, len(arms))"
+            )
+        if isinstance(selector, (UCBSpec, EXP3Spec)):
+            if reward != "accepted":
+                raise InputError(f"{type(selector).__name__} takes accepted-length rewards; use reward='accepted'")
+            if selector.max_len != n_max:
+                raise InputError(f"selector max_len ({selector.max_len}) must equal n_max ({n_max})")
+        if isinstance(selector, (MetaSDUCB, EXP3, SequentialHalving)) and reward == "accepted":
+            raise InputError(f"{type(selector).__name__} takes rewards in [0, 1]; use reward='bd' or 'be'")
+        self.arms = arms
+        self.selector = selector
+        self.reward = reward
+        self.n_max = n_max
+        self._reset()
+
+    def _reset(self) -> None:
+        self.history: list[dict] = []
+        self.switch_seconds = 0.0
+        self.switch_forwards = 0
+        self._arm: int | None = None  # the arm of the round in flight
+        self._last_key = None  # the drafter that drafted the previous round
+        self._holder: dict[str, int] = {}  # drafter_key -> the arm whose speculator holds that cache
+
+    def _key(self, i: int):
+        return self.arms[i].drafter_key or ("arm", i)
+
+    def start(self, target: torch.nn.Module, eos: set[int]) -> None:
+        _check_targets(self.arms, target)
+        for arm in self.arms:
+            arm.speculator.start(target, eos)
+        self.selector.start_query()
+        self._reset()
+
+    def _take_shared_cache(self, i: int) -> None:
+        """Arms over one drafter model (gamma arms) hand its cache to each other instead of re-prefilling."""
+        key = self.arms[i].drafter_key
+        if key is None:
+            return
+        holder = self._holder.get(key)
+        if holder is not None and holder != i:
+            src, dst = self.arms[holder].speculator, self.arms[i].speculator
+            dst.cache, dst.fed, dst._committed = src.cache, src.fed, src._committed
+        self._holder[key] = i
+
+    def _catch_up(self, spec, context: list[int]) -> int:
+        """Prefill everything but the last token of `context` the drafter has not seen; the draft's own
+        first forward then feeds only the last token. Returns the forwards spent (0 or 1)."""
+        if not isinstance(spec, DrafterSpeculator) or common_prefix(spec.fed, context) >= len(context) - 1:
+            return 0
+        t0 = time.perf_counter()
+        # DrafterSpeculator keeps its catch-up inside propose(); we run it one token short to time it alone
+        spec._catch_up(context[:-1], hidden=False)
+        _sync(spec.device)
+        self.switch_seconds += time.perf_counter() - t0
+        self.switch_forwards += 1
+        return 1
+
+    def propose(
+        self, context: list[int], max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> Draft:
+        if max_tokens <= 0:
+            self._arm = None
+            return _empty_draft()
+        i = self._arm = self.selector.select()
+        spec = self.arms[i].speculator
+        self._take_shared_cache(i)
+        extra = 0
+        key = self._key(i)
+        if self._last_key is not None and key != self._last_key:
+            extra = self._catch_up(spec, context)
+        self._last_key = key
+        draft = spec.propose(context, min(max_tokens, self.n_max), sampling, generator)
+        return replace(draft, n_forwards=draft.n_forwards + extra) if extra else draft
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        i, self._arm = self._arm, None
+        if i is None:
+            return  # not a bandit round
+        self.arms[i].speculator.observe(outcome)
+        k = len(outcome.draft.tokens)
+        n = outcome.verification.n_accepted
+        reward = self.round_reward(outcome.p, outcome.draft.q, k, n)
+        self.selector.update(i, reward)
+        self.history.append({"arm": i, "reward": reward, "accepted": n, "drafted": k})
+
+    def round_reward(self, p: torch.Tensor, q: torch.Tensor, k: int, n: int) -> float:
+        """The configured reward of a round that drafted k tokens and had n accepted (p: (k+1, V), q: (k, V))."""
+        if self.reward == "bd":
+            return float(block_divergence_reward(p[:k], q)) if k else 0.0
+        if self.reward == "be":
+            return float(block_efficiency_reward(n, self.n_max))
+        return float(accepted_length_reward(n, self.n_max))
+
+    def counts(self) -> list[int]:
+        """Rounds per arm in this generation's history."""
+        out = [0] * len(self.arms)
+        for h in self.history:
+            out[h["arm"]] += 1
+        return out
+
+
+class DraftAllSpeculator:
+    """Static baseline: every arm drafts every round, the draft with the longest accepted prefix is kept.
+
+    Choosing a draft after seeing the target's verdict is lossless only under greedy decoding (under
+    sampling it biases the output towards tokens the target likes), so sampling raises InputError.
+
+    Verification of the candidates: one after another, one target forward each, on this speculator's
+    own copy of the target cache (rolled back to the committed context after each). The loop then
+    verifies the kept draft again with its own forward, so a round costs len(arms) + 1 target forwards:
+    the loop counts 1 in N_target, the others are in `target_forwards` / `target_seconds` (and inside
+    the loop's draft time). All drafters' forwards are counted in the kept draft's `n_forwards`.
+    `history`: per round the kept arm, reward = its accepted length, accepted and drafted.
+    """
+
+    def __init__(self, arms: list[Arm], n_max: int = 5):
+        _check_arms(arms)
+        if isinstance(n_max, bool) or not isinstance(n_max, int) or n_max < 1:
+            raise InputError(f"n_max (the most draft tokens per round) must be an integer >= 1, got {n_max!r}")
+        self.arms = arms
+        self.n_max = n_max
+        self.target: torch.nn.Module | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.history: list[dict] = []
+        self.target_forwards = 0
+        self.target_seconds = 0.0
+        self.cache = kv.new_cache()
+        self._kept: int | None = None
+
+    def start(self, target: torch.nn.Module, eos: set[int]) -> None:
+        _check_targets(self.arms, target)
+        for arm in self.arms:
+            arm.speculator.start(target, eos)
+        self.target = target
+        self._reset()
+
+    def propose(
+        self, context: list[int], max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> Draft:
+        if not sampling.greedy:
+            raise InputError(
+                "Draft-All picks a draft after seeing the target's verdict, which is lossless only under "
+                "greedy decoding; use temperature 0 or a bandit (MultiDrafterSpeculator)"
+            )
+        self._kept = None
+        if max_tokens <= 0:
+            return _empty_draft()
+        limit = min(max_tokens, self.n_max)
+        device = kv.input_device(self.target)
+        drafts = [arm.speculator.propose(context, limit, sampling, generator) for arm in self.arms]
+        best, best_n = 0, -1
+        t0 = time.perf_counter()
+        for i, d in enumerate(drafts):
+            if not d.tokens:
+                n = 0
+            else:
+                # the cache holds the committed context minus its last token, the state the loop keeps
+                keep = min(kv.cache_length(self.cache), len(context) - 1)
+                kv.crop(self.cache, keep)
+                logits, _ = kv.forward(
+                    self.target, self.cache, context[keep:] + d.tokens, last=len(d.tokens) + 1, device=device
+                )
+                kv.crop(self.cache, len(context) - 1)
+                self.target_forwards += 1
+                agree = torch.tensor(d.tokens) == logits[:-1].argmax(-1).cpu()  # (k,)
+                n = len(d.tokens) if bool(agree.all()) else int((~agree).int().argmax())
+            if n > best_n:  # ties: the earlier arm
+                best, best_n = i, n
+        _sync(device)
+        self.target_seconds += time.perf_counter() - t0
+        self._kept = best
+        kept = drafts[best]
+        return replace(kept, n_forwards=sum(d.n_forwards for d in drafts))
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        i, self._kept = self._kept, None
+        if i is None:
+            return
+        self.arms[i].speculator.observe(outcome)
+        n, k = outcome.verification.n_accepted, len(outcome.draft.tokens)
+        self.history.append({"arm": i, "reward": float(n + 1), "accepted": n, "drafted": k})
+
+
+def best_fixed_arm_in_hindsight(
+    run_one_arm: Callable[[int], GenerationResult],
+    n_arms: int,
+    score: Callable[[GenerationResult], float] = lambda r: r.metrics.mat,
+) -> tuple[int, list[GenerationResult]]:
+    """Run the prompt once per arm (`run_one_arm(i)`, e.g. with FixedArm(n, i)) and return the arm with
+    the best `score` (default MAT; ties go to the lower index) and every arm's result."""
+    if isinstance(n_arms, bool) or not isinstance(n_arms, int) or n_arms < 1:
+        raise InputError(f"n_arms must be an integer >= 1, got {n_arms!r}")
+    results = [run_one_arm(i) for i in range(n_arms)]
+    scores = [score(r) for r in results]
+    best = max(range(n_arms), key=lambda i: (scores[i], -i))
+    if not math.isfinite(scores[best]):
+        raise InputError(f"arm scores must be finite, got {scores}")
+    return best, results

@@ -1,0 +1,44 @@
+"""`specdraft generate` from model directories: the speculative text equals the autoregressive text."""
+import json
+
+import pytest
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from data.tokenizer import train_bpe
+from decoding.generate import generate_text, load_pair
+from decoding.errors import InputError
+from pipelines.cli import main
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    tok = train_bpe(["the quick brown fox jumps over the lazy dog"] * 50 + ["hello world"] * 20, vocab_size=300)
+    for name, layers in (("target", 2), ("drafter", 1)):
+        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        LlamaForCausalLM(cfg).save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return root
+
+
+def test_generate_matches_autoregressive(pair, capsys):
+    tok, tgt, dft, head, _ = load_pair(target=str(pair / "target"), drafter=str(pair / "drafter"))
+    spec, m = generate_text(tok, tgt, dft, "the quick", 16, k=3)
+    ar, _ = generate_text(tok, tgt, dft, "the quick", 16, method="ar")
+    assert spec == ar and m["N"] == 16
+    assert main(["generate", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"),
+                 "--prompt", "the quick", "--max-new-tokens", "8", "--k", "2"]) == 0
+    text, metrics = capsys.readouterr().out.strip().rsplit("\n", 1)
+    assert json.loads(metrics)["N"] == 8
+
+
+def test_generate_refuses_mismatched_tokenizer(pair, tmp_path):
+    other = train_bpe(["completely different text corpus"] * 30, vocab_size=300)
+    d = tmp_path / "d"
+    LlamaForCausalLM.from_pretrained(pair / "drafter").save_pretrained(d)
+    other.save_pretrained(d)
+    with pytest.raises(InputError, match="different tokenizer"):
+        load_pair(target=str(pair / "target"), drafter=str(d))
+    assert main(["generate", "--target", str(pair / "target"), "--drafter", str(d), "--prompt", "x"]) == 2
