@@ -28,7 +28,6 @@ Nothing is unpickled; `trust_remote_code` is off unless the caller turns it on.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -37,6 +36,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from decoding.errors import InputError
+from decoding.hashing import content_hash, file_sha256  # noqa: F401 (re-exported for callers)
 
 BUNDLE_JSON = "bundle.json"
 FORMAT = "specdraft-bundle/1"
@@ -44,20 +44,6 @@ FORMAT = "specdraft-bundle/1"
 STAGE_MANIFEST = "manifest.json"
 # Suffixes of formats that unpickle (or may) when loaded: never part of a bundle.
 UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle", ".joblib", ".npy", ".npz")
-
-
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def content_hash(file_hashes: dict[str, str]) -> str:
-    """Hash of a directory from its files' hashes; the definition of `pipelines.artifacts.content_hash`
-    (which the heads' `drafter_hash` uses), repeated here because decoding/ must not import pipelines."""
-    return hashlib.sha256(json.dumps(sorted(file_hashes.items())).encode()).hexdigest()
 
 
 def subdir_files(files: dict[str, str], subdir: str) -> dict[str, str]:

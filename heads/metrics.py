@@ -48,7 +48,6 @@ def rejection_auroc(logits: torch.Tensor, labels: torch.Tensor) -> float:
 def expected_calibration_error(logits: torch.Tensor, labels: torch.Tensor, n_bins: int = 10) -> float:
     sigma, p = torch.sigmoid(logits.double()), labels.double()
     bins = (sigma * n_bins).long().clamp(max=n_bins - 1)
-    count = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, bins, torch.ones_like(sigma))
     gap = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, bins, sigma - p)  # sum(sigma - P) per bin
     return float((gap.abs() / len(sigma)).sum())  # sum_b (n_b/n) |mean_b sigma - mean_b P|
 

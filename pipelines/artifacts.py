@@ -10,7 +10,6 @@ commit, metrics, wall time, and the content hash of the directory's own files.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from decoding.errors import InputError
+from decoding.hashing import content_hash, file_sha256
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -49,14 +49,6 @@ def git_commit() -> str:
         return "unknown"
 
 
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def dir_files(root: Path) -> list[Path]:
     """All files under root except the manifest, in a stable order."""
     return sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).as_posix() != MANIFEST)
@@ -64,11 +56,6 @@ def dir_files(root: Path) -> list[Path]:
 
 def dir_hashes(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): file_sha256(p) for p in dir_files(root)}
-
-
-def content_hash(file_hashes: dict[str, str]) -> str:
-    blob = json.dumps(sorted(file_hashes.items())).encode()
-    return hashlib.sha256(blob).hexdigest()
 
 
 @dataclass

@@ -1,0 +1,23 @@
+"""Content hashes shared by the artifact store (pipelines/) and the bundle loader (decoding/).
+
+One definition, here in the lowest layer, so a drafter's hash recorded at training time (the heads'
+`drafter_hash`) is exactly what the decoder recomputes from a bundle.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def content_hash(file_hashes: dict[str, str]) -> str:
+    """Hash of a directory from its files' relative paths and hashes (order-independent)."""
+    return hashlib.sha256(json.dumps(sorted(file_hashes.items())).encode()).hexdigest()
