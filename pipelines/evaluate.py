@@ -127,23 +127,18 @@ class Record:
 
 
 def _load_routers(bundle: Bundle, target, tok) -> tuple[dict[str, Any], list[str]]:
-    """Each router of the bundle (router/<kind>/ from train-router, or router/ itself), or notes on why not."""
-    if bundle.router is None:
+    """Each router of the bundle (bundle.routers: name -> entry), or notes on why there are none."""
+    entries = {name: e.path for name, e in (getattr(bundle, "routers", None) or {}).items()}
+    if not entries:
         return {}, ["no router in the bundle (train-router did not run before export): routing rows skipped"]
     try:
-        from heads.router import CONFIG_NAME, load_router
+        from heads.router import load_router
     except ImportError:
         return {}, ["heads.router is not available in this version: routing rows skipped"]
     from decoding.compat import tokenizer_fingerprint
 
-    root = bundle.router.path
-    dirs = [root] if (root / CONFIG_NAME).is_file() else sorted(p for p in root.iterdir() if (p / CONFIG_NAME).is_file())
     fp = tokenizer_fingerprint(tok)
-    routers = {}
-    for d in dirs:
-        r = load_router(d, target.get_input_embeddings(), fp)
-        routers[str(r.metadata.get("kind", d.name))] = r
-    return routers, ([] if routers else [f"router dir {root} holds no {CONFIG_NAME}: routing rows skipped"])
+    return {name: load_router(path, target.get_input_embeddings(), fp) for name, path in sorted(entries.items())}, []
 
 
 def _bandit_factory(cfg: EvaluateSection, k: int):

@@ -51,6 +51,19 @@ def measure_cost_ratio(target, drafter, context: int = 64, reps: int = 20) -> di
     return {"t_draft_s": t_draft, "t_target_s": t_target, "cost_ratio": t_draft / t_target, "source": "measured"}
 
 
+def check_cache(features: dict[str, torch.Tensor], ids: list[str], where: str) -> None:
+    """NaN/inf features or labels outside [0, 1] -> InputError naming the example (sequence id)."""
+    bad = ~torch.isfinite(features["features"].float()).all(-1)
+    lab = features["labels"]
+    bad |= ~(torch.isfinite(lab) & (lab >= 0) & (lab <= 1))
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        example = ids[int(features["sequence"][row])]
+        raise InputError(f"{where}: example {example} (position {int(features['position'][row])}) has NaN/inf "
+                         f"features or a label outside [0, 1] ({int(bad.sum())} bad rows); rebuild acceptance-data "
+                         "with --force and check the drafter")
+
+
 def dev_sequences(features: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     """Row indices of each dev sequence's Y positions, in order (the cache is in sequence order)."""
     seq = features["sequence"]
@@ -72,6 +85,11 @@ def build(ctx: Context) -> dict:
     for name in names:
         info = json.loads((acc_dir / name / "info.json").read_text())
         tr, dev = load_features(acc_dir / name, "train"), load_features(acc_dir / name, "dev")
+        from datasets import load_from_disk
+
+        seqs_ds = load_from_disk(str(acc_dir / name / "sequences"))
+        check_cache(tr, list(seqs_ds["train"]["id"]), f"acceptance_data/{name} train")
+        check_cache(dev, list(seqs_ds["dev"]["id"]), f"acceptance_data/{name} dev")
         if hcfg.cost_ratio is None:
             cost = measure_cost_ratio(target, load_drafter(info["drafter_path"]).to(
                 target.get_input_embeddings().weight.device).eval())
@@ -89,9 +107,7 @@ def build(ctx: Context) -> dict:
         accept = [dev["labels"][i] for i in seqs]
         fixed = simulate_fixed_k(accept, c, list(range(1, hcfg.k_max + 1)))
         best_fixed = best(fixed)
-        from datasets import load_from_disk
-
-        dev_rows = load_from_disk(str(acc_dir / name / "sequences"))["dev"]
+        dev_rows = seqs_ds["dev"]
         agree = [torch.tensor(a)[torch.tensor(f)] for a, f in zip(dev_rows["greedy_agree"], dev_rows["from_y"])]
         oracle = greedy_oracle(agree, c)
         best_fixed_greedy = best(simulate_fixed_k([a.double() for a in agree], c, list(range(1, hcfg.k_max + 1))))

@@ -96,3 +96,15 @@ def test_train_heads_exports_grid_with_thresholds(drafted):
             assert head(torch.zeros(3, 16)).shape == (3,)
     with pytest.raises(InputError, match="hidden size"):
         load_head(out / "math" / "D2_w6", expected_hidden_size=32)
+
+
+def test_nan_in_cached_features_names_the_example(drafted):
+    from safetensors.torch import save_file
+
+    out = run_stage(drafted, "acceptance-data")
+    path = out / "math" / "features_train.safetensors"
+    feats = ad.load_features(out / "math", "train")
+    feats["features"][5, 3] = float("nan")
+    save_file(feats, str(path))
+    with pytest.raises(InputError, match=r"example math/train/\d+@t[\d.]+ \(position \d+\) has NaN/inf"):
+        run_stage(drafted, "train-heads")
