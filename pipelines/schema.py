@@ -149,6 +149,9 @@ class TrainDraftersSection:
     drafters: Optional[list[DrafterSpec]] = None  # null: one per training domain + "ofa" on all of them
     general: PhaseSection = field(default_factory=lambda: PhaseSection(lr=1e-3, train=TrainerConfig(max_steps=200, batch_size=16)))
     finetune: PhaseSection = field(default_factory=PhaseSection)
+    # distilled: the target's own responses (self-distillation); reference: the prompt sets' reference
+    # answers instead (the no-distillation control of benchmarks/bench_distillation.py)
+    finetune_on: Literal["distilled", "reference"] = "distilled"
     alignment_batch_size: int = 32
     device: str = "auto"  # where the target runs for alignment / fkl teachers: auto = cuda if available
 

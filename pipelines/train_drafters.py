@@ -82,6 +82,22 @@ def _train(model, examples: list[dict], phase, pad_id: int, seed: int, work: Pat
             "tokens_per_s": round(trainer.global_step * phase.train.batch_size * avg_tokens / max(seconds, 1e-9))}
 
 
+def reference_rows(ctx: Context, tok, distill_rows: list[dict]) -> list[dict]:
+    """The control without self-distillation: the prompt sets' reference answers (the demo world's
+    own text) in place of the target's responses, one row per distilled row so step counts match."""
+    from data.prompts import load_prompt_sets
+
+    sets = load_prompt_sets(ctx.input("prepare-data"))["train"]
+    ref = {r["id"]: r for r in sets}
+    rows = []
+    for r in distill_rows:
+        src = ref[r["prompt_id"]]
+        if not src["response"]:
+            raise InputError(f"prompt {src['id']} has no reference response; finetune_on: reference needs them")
+        rows.append(dict(r, response_ids=tok(src["response"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]))
+    return rows
+
+
 def _export(model, tok, out: Path, info: dict) -> None:
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -103,6 +119,8 @@ def build(ctx: Context) -> dict:
     tok = load_tokenizer(target_path, cfg.target.trust_remote_code)
     distill = load_distill_data(ctx.input("distill-data"))
     train_rows = [dict(r) for r in distill["train"]]
+    if tcfg.finetune_on == "reference":
+        train_rows = reference_rows(ctx, tok, train_rows)
     train_domains = sorted({r["domain"] for r in train_rows})
     specs = drafter_specs(cfg, train_domains)
     vocab = len(tok)
