@@ -28,8 +28,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -46,54 +46,9 @@ from decoding.speculative import generate_speculative
 from decoding.speculator import DrafterSpeculator
 from decoding.stopping import FixedK, HindsightOracle, SpecDecPP
 from pipelines.distill_data import fit_prompt
+from pipelines.schema import BANDITS, EvaluateSection  # noqa: F401 (EvaluateSection re-exported)
 from pipelines.stage import Context
 
-SETS = ("test", "perturbed", "ood")
-# name -> (label, selector in decoding.selectors, reward in decoding.multi)
-BANDITS: dict[str, tuple[str, str, str]] = {
-    "ucb-bd": ("MetaSD-UCB (BD)", "ucb", "bd"),
-    "ucb-be": ("MetaSD-UCB (BE)", "ucb", "be"),
-    "ucbspec": ("UCBSpec", "ucbspec", "accepted"),
-    "exp3spec": ("EXP3Spec", "exp3spec", "accepted"),
-}
-
-
-@dataclass
-class EvaluateSection:
-    sets: list[str] = field(default_factory=lambda: list(SETS))  # prompt sets of prompts/sets to decode
-    prompts_per_domain: int = 4  # first N prompts per domain and set (4 x 11 domain-sets: ~3 min on 2 CPU cores)
-    max_new_tokens: int = 48  # per generation
-    max_prompt_tokens: int = 384  # longer prompts keep BOS and their last tokens
-    k: Optional[int] = None  # K of the per-drafter table, the routers and the bandits' N_max; null: bundle's k
-    ks: list[int] = field(default_factory=lambda: [2, 4, 6, 8])  # fixed-K sweep (SpecDec++ vs fixed K)
-    sweep_drafters: Literal["in_domain", "all"] = "in_domain"  # K sweep, SpecDec++, oracle: domain drafter + OFA, or all
-    per_drafter_sets: list[str] = field(default_factory=lambda: ["test"])  # sets where every drafter runs at K
-    sampling_prompts: int = 1  # per domain (test set) also decoded in sampling mode; 0: greedy only
-    bandits: list[str] = field(default_factory=lambda: list(BANDITS))  # of ucb-bd, ucb-be, ucbspec, exp3spec
-    beta: float = 0.01  # MetaSD-UCB exploration strength (paper)
-    delta: float = 0.5  # UCBSpec confidence (BanditSpec Thm 4.3)
-    device: str = "auto"  # auto: cuda if available, else cpu
-
-    def check(self) -> None:
-        for s in self.sets + self.per_drafter_sets:
-            if s not in SETS:
-                raise InputError(f"evaluate: unknown prompt set '{s}'; use {', '.join(SETS)}")
-        if not self.sets:
-            raise InputError("evaluate.sets is empty; name at least one of " + ", ".join(SETS))
-        for name in ("prompts_per_domain", "max_new_tokens", "max_prompt_tokens"):
-            if getattr(self, name) < 1:
-                raise InputError(f"evaluate.{name} must be >= 1, got {getattr(self, name)}")
-        if self.sampling_prompts < 0:
-            raise InputError(f"evaluate.sampling_prompts must be >= 0, got {self.sampling_prompts}")
-        if self.k is not None:
-            check_k(self.k, "evaluate.k")
-        if not self.ks:
-            raise InputError("evaluate.ks is empty; give at least one K, e.g. [2, 4, 6, 8]")
-        for k in self.ks:
-            check_k(k, "evaluate.ks")
-        for b in self.bandits:
-            if b not in BANDITS:
-                raise InputError(f"evaluate.bandits: unknown bandit '{b}'; use {', '.join(BANDITS)}")
 
 
 def _seed(*parts) -> int:
@@ -128,7 +83,7 @@ class Record:
 
 def _load_routers(bundle: Bundle, target, tok) -> tuple[dict[str, Any], list[str]]:
     """Each router of the bundle (bundle.routers: name -> entry), or notes on why there are none."""
-    entries = {name: e.path for name, e in (getattr(bundle, "routers", None) or {}).items()}
+    entries = {name: e.path for name, e in bundle.routers.items()}
     if not entries:
         return {}, ["no router in the bundle (train-router did not run before export): routing rows skipped"]
     try:
@@ -171,7 +126,7 @@ def _arm_names(history, names: list[str]) -> list[str]:
 
 def build(ctx: Context) -> dict:
     cfg = ctx.cfg
-    ecfg: EvaluateSection = getattr(cfg, "evaluate", None) or EvaluateSection()
+    ecfg: EvaluateSection = cfg.evaluate
     ecfg.check()
     seed = cfg.run.seed
     bundle = load_bundle(ctx.input("export"), verify=True)  # one-line InputError on any damage

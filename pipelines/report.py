@@ -246,7 +246,7 @@ def render(metrics: dict) -> str:
         f"target on the same prompts (wall time; a shared machine makes it noisy). MAT counts the bonus token. "
         f"Fixed K = {k} unless named; bandits draft N_max = {k} per round. Every number below is in metrics.json.", "",
         "## What the expected effects look like here", "", *_effect_lines(metrics), "",
-        f"## MAT / speedup per domain x method (greedy, test set; MetaSD Table 3 shape)", "", _per_domain_table(metrics), "",
+        "## MAT / speedup per domain x method (greedy, test set; MetaSD Table 3 shape)", "", _per_domain_table(metrics), "",
         "## SpecDec++ vs fixed K vs the hindsight oracle (greedy, test set)", "", _stopping_table(metrics, "greedy"), "",
     ]
     if select(metrics, mode="sampling"):

@@ -11,6 +11,7 @@ from typing import Any, Literal, Optional, Union
 
 from data.demo_world import DOMAINS, HELDOUT_DOMAINS
 from decoding.errors import InputError
+from decoding.compat import check_k
 from drafters.model import CausalLMConfig, preset
 from pipelines.training import TrainerConfig
 
@@ -242,6 +243,55 @@ class ExportSection:
     decoding: DecodingDefaults = field(default_factory=DecodingDefaults)
 
 
+SETS = ("test", "perturbed", "ood")
+# name -> (label, selector in decoding.selectors, reward in decoding.multi)
+BANDITS: dict[str, tuple[str, str, str]] = {
+    "ucb-bd": ("MetaSD-UCB (BD)", "ucb", "bd"),
+    "ucb-be": ("MetaSD-UCB (BE)", "ucb", "be"),
+    "ucbspec": ("UCBSpec", "ucbspec", "accepted"),
+    "exp3spec": ("EXP3Spec", "exp3spec", "accepted"),
+}
+
+
+@dataclass
+class EvaluateSection:
+    sets: list[str] = field(default_factory=lambda: list(SETS))  # prompt sets of prompts/sets to decode
+    prompts_per_domain: int = 4  # first N prompts per domain and set (4 x 11 domain-sets: ~3 min on 2 CPU cores)
+    max_new_tokens: int = 48  # per generation
+    max_prompt_tokens: int = 384  # longer prompts keep BOS and their last tokens
+    k: Optional[int] = None  # K of the per-drafter table, the routers and the bandits' N_max; null: bundle's k
+    ks: list[int] = field(default_factory=lambda: [2, 4, 6, 8])  # fixed-K sweep (SpecDec++ vs fixed K)
+    sweep_drafters: Literal["in_domain", "all"] = "in_domain"  # K sweep, SpecDec++, oracle: domain drafter + OFA, or all
+    per_drafter_sets: list[str] = field(default_factory=lambda: ["test"])  # sets where every drafter runs at K
+    sampling_prompts: int = 1  # per domain (test set) also decoded in sampling mode; 0: greedy only
+    bandits: list[str] = field(default_factory=lambda: list(BANDITS))  # of ucb-bd, ucb-be, ucbspec, exp3spec
+    beta: float = 0.01  # MetaSD-UCB exploration strength (paper)
+    delta: float = 0.5  # UCBSpec confidence (BanditSpec Thm 4.3)
+    device: str = "auto"  # auto: cuda if available, else cpu
+
+    def check(self) -> None:
+        for s in self.sets + self.per_drafter_sets:
+            if s not in SETS:
+                raise InputError(f"evaluate: unknown prompt set '{s}'; use {', '.join(SETS)}")
+        if not self.sets:
+            raise InputError("evaluate.sets is empty; name at least one of " + ", ".join(SETS))
+        for name in ("prompts_per_domain", "max_new_tokens", "max_prompt_tokens"):
+            if getattr(self, name) < 1:
+                raise InputError(f"evaluate.{name} must be >= 1, got {getattr(self, name)}")
+        if self.sampling_prompts < 0:
+            raise InputError(f"evaluate.sampling_prompts must be >= 0, got {self.sampling_prompts}")
+        if self.k is not None:
+            check_k(self.k, "evaluate.k")
+        if not self.ks:
+            raise InputError("evaluate.ks is empty; give at least one K, e.g. [2, 4, 6, 8]")
+        for k in self.ks:
+            check_k(k, "evaluate.ks")
+        for b in self.bandits:
+            if b not in BANDITS:
+                raise InputError(f"evaluate.bandits: unknown bandit '{b}'; use {', '.join(BANDITS)}")
+
+
+
 @dataclass
 class RunConfig:
     run: RunSection = field(default_factory=RunSection)
@@ -255,6 +305,7 @@ class RunConfig:
     train_heads: TrainHeadsSection = field(default_factory=TrainHeadsSection)
     train_router: TrainRouterSection = field(default_factory=TrainRouterSection)
     export: ExportSection = field(default_factory=ExportSection)
+    evaluate: EvaluateSection = field(default_factory=EvaluateSection)
 
     def check(self) -> None:
         from pipelines.stage import STAGE_NAMES

@@ -24,7 +24,6 @@ def test_every_prompt_at_every_temperature_once(tiny_run):
     assert len(ds["train"]) == 2 * 6 * 2 and len(ds["dev"]) == 2 * 3 * 2
     ids = list(ds["train"]["id"])
     assert len(set(ids)) == len(ids)
-    eos = cfg.pretrain_target  # noqa: F841 (the target's EOS is id 2, see data/tokenizer.py)
     for r in ds["train"]:
         assert 1 <= len(r["response_ids"]) <= 8
         assert (r["finish_reason"] == "eos") == (r["response_ids"][-1] == 2)
