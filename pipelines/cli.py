@@ -48,6 +48,14 @@ def _run_all(args) -> None:
         run_stage(cfg, name, force=args.force and (args.start is None or name == args.start))
     if missing:
         print(f"not run (not implemented yet in this version): {', '.join(missing)}")
+    metrics = Path(cfg.run.root) / "report" / "metrics.json"
+    if metrics.is_file():
+        import json
+
+        from pipelines.report import headline
+
+        print(headline(json.loads(metrics.read_text())))
+        print(f"report: {metrics.parent.resolve() / 'report.md'}")
     print(f"run outputs: {Path(cfg.run.root).resolve()}")
 
 

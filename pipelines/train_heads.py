@@ -90,11 +90,11 @@ def build(ctx: Context) -> dict:
         seqs_ds = load_from_disk(str(acc_dir / name / "sequences"))
         check_cache(tr, list(seqs_ds["train"]["id"]), f"acceptance_data/{name} train")
         check_cache(dev, list(seqs_ds["dev"]["id"]), f"acceptance_data/{name} dev")
-        if hcfg.cost_ratio is None:
-            cost = measure_cost_ratio(target, load_drafter(info["drafter_path"]).to(
-                target.get_input_embeddings().weight.device).eval())
-        else:
+        if hcfg.cost_ratio is not None:
             cost = {"cost_ratio": hcfg.cost_ratio, "source": "config"}
+        elif name == names[0]:  # drafters share one architecture: measure once, carefully, and reuse
+            cost = measure_cost_ratio(target, load_drafter(info["drafter_path"]).to(
+                target.get_input_embeddings().weight.device).eval(), reps=60)
         c = cost["cost_ratio"]
         t0 = time.time()
         print(f"[train-heads] {name}: {len(hcfg.depths) * len(hcfg.w_rejs)} heads on {len(tr['labels'])} positions "
