@@ -153,6 +153,9 @@ class TrainDraftersSection:
     # distilled: the target's own responses (self-distillation); reference: the prompt sets' reference
     # answers instead (the no-distillation control of benchmarks/bench_distillation.py)
     finetune_on: Literal["distilled", "reference"] = "distilled"
+    # same_epochs: the OFA drafter runs the finetune epochs over the whole mixture (MetaSD);
+    # same_steps: it gets as many optimizer steps as one specialist (an equal-compute comparison)
+    ofa_compute: Literal["same_epochs", "same_steps"] = "same_epochs"
     alignment_batch_size: int = 32
     device: str = "auto"  # where the target runs for alignment / fkl teachers: auto = cuda if available
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import shutil
 import time
 from pathlib import Path
@@ -98,6 +99,16 @@ def reference_rows(ctx: Context, tok, distill_rows: list[dict]) -> list[dict]:
     return rows
 
 
+def specialist_steps(specs, rows: list[dict], train) -> int:
+    """Optimizer steps of the average single-domain drafter: the budget of an equal-compute OFA drafter."""
+    per = [sum(r["domain"] == d[0] for r in rows) for _, d in specs if len(d) == 1]
+    if not per:
+        raise InputError("train_drafters.ofa_compute: same_steps needs at least one single-domain drafter")
+    if train.max_steps != -1:
+        return train.max_steps
+    return max(1, round(sum(math.ceil(n / train.batch_size) for n in per) / len(per)) * train.max_epochs)
+
+
 def _export(model, tok, out: Path, info: dict) -> None:
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -165,8 +176,13 @@ def build(ctx: Context) -> dict:
             raise InputError(f"drafter '{name}' has no training rows for domains {domains}")
         model = load_drafter(base_dir).train()  # from_pretrained returns eval mode
         examples = [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in rows]
-        print(f"[train-drafters] {name}: finetuning on {len(rows)} self-distilled responses ({', '.join(domains)})")
-        stats = _train(model, examples, tcfg.finetune, tok.pad_token_id, seed, ctx.work / name, teacher)
+        phase = tcfg.finetune
+        if tcfg.ofa_compute == "same_steps" and len(domains) > 1:
+            phase = dataclasses.replace(phase, train=dataclasses.replace(
+                phase.train, max_steps=specialist_steps(specs, train_rows, phase.train)))
+        print(f"[train-drafters] {name}: finetuning on {len(rows)} self-distilled responses ({', '.join(domains)})"
+              + (f" for {phase.train.max_steps} steps (as many as a specialist)" if phase is not tcfg.finetune else ""))
+        stats = _train(model, examples, phase, tok.pad_token_id, seed, ctx.work / name, teacher)
         info = {"name": name, "domains": domains, "parameters": num_parameters(model), "phase": "finetune",
                 "data_hash": _data_hash(rows), "finetune": stats, "loss": tcfg.finetune.loss}
         _export(model, tok, done, info)
