@@ -81,7 +81,8 @@ def load_prompts(args, vocab: int) -> list[list[int]]:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(args.target, trust_remote_code=False)
-        lines = [l.strip() for l in pathlib.Path(args.prompts).read_text().splitlines() if l.strip()]
+        # one prompt per line; a literal \n inside a line stands for a newline (multi-line prompts)
+        lines = [l.strip().replace("\\n", "\n") for l in pathlib.Path(args.prompts).read_text().splitlines() if l.strip()]
         return [tok(line)["input_ids"] for line in lines[: args.n_prompts]]
     gen = torch.Generator().manual_seed(0)
     lengths = torch.randint(4, 24, (args.n_prompts,), generator=gen).tolist()
