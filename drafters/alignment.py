@@ -28,6 +28,17 @@ def response_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 @torch.no_grad()
+def response_hidden(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Final hidden states (after the final norm: what the decoder's heads read) at the positions that
+    *hold* response tokens (the loss mask shifted right by one), (N, H) float32 on CPU, in batch order."""
+    dev = _device(model)
+    out = model(input_ids=batch["input_ids"].to(dev), attention_mask=batch["attention_mask"].to(dev),
+                use_cache=False, output_hidden_states=True)
+    holds = torch.nn.functional.pad(batch["loss_mask"].to(dev).bool(), (1, 0))[:, :-1]
+    return out.hidden_states[-1][holds].float().cpu()
+
+
+@torch.no_grad()
 def alignment_by_domain(target, drafters: dict[str, torch.nn.Module], rows: list[dict], pad_token_id: int,
                         batch_size: int = 32, max_length: int | None = None) -> dict[str, dict[str, dict]]:
     """rows: {"domain", "prompt_ids", "response_ids"}. Returns drafter -> domain -> metrics.

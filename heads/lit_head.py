@@ -256,17 +256,28 @@ def train_heads(
     eval_data: tuple[torch.Tensor, torch.Tensor] | None,
     specs: Sequence[HeadSpec],
     cfg: HeadTrainConfig = HeadTrainConfig(),
+    train_loader: DataLoader | None = None,
 ) -> AcceptanceHeadsModule:
-    """Fit the heads in `specs` together in one Lightning run; returns the trained module (on CPU)."""
-    f_train, y_train = train_data
-    check_finite(f_train, y_train, "train features")
+    """Fit the heads in `specs` together in one Lightning run; returns the trained module (on CPU).
+
+    train_loader: batches of (features, labels) computed online (heads/online.py) instead of
+    `train_data` tensors, for drafters whose features are too big to cache; eval_data is required then."""
+    if train_loader is None:
+        f_train, y_train = train_data
+        check_finite(f_train, y_train, "train features")
+        if len(f_train) == 0:
+            raise InputError("no training positions for the acceptance heads; the acceptance data is empty")
+        hidden_size = f_train.shape[1]
+        train_loader = feature_loader(f_train, y_train, cfg.batch_size, shuffle=True, seed=cfg.seed)
+    elif eval_data is None:
+        raise InputError("online head training needs eval features to know the hidden size and score the heads")
+    else:
+        hidden_size = eval_data[0].shape[1]
     if eval_data is not None:
         check_finite(*eval_data, what="eval features")
-    if len(f_train) == 0:
-        raise InputError("no training positions for the acceptance heads; the acceptance data is empty")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        module = AcceptanceHeadsModule(f_train.shape[1], specs, cfg)
+        module = AcceptanceHeadsModule(hidden_size, specs, cfg)
     trainer_kwargs = dict(
         max_epochs=cfg.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu", devices=1,
@@ -275,7 +286,7 @@ def train_heads(
     trainer = pl.Trainer(**trainer_kwargs)
     val = feature_loader(*eval_data, cfg.eval_batch_size, shuffle=False) if eval_data is not None else None
     with cpu_threads(cfg.cpu_threads if trainer_kwargs["accelerator"] == "cpu" else None):
-        trainer.fit(module, feature_loader(f_train, y_train, cfg.batch_size, shuffle=True, seed=cfg.seed), val)
+        trainer.fit(module, train_loader, val)
     return module.cpu().eval()
 
 
@@ -286,6 +297,7 @@ def train_head_grid(
     w_rejs: Sequence[float] = W_REJS,
     cfg: HeadTrainConfig = HeadTrainConfig(),
     heads_per_run: int | None = None,
+    train_loader: DataLoader | None = None,
 ) -> list[TrainedHead]:
     """Train the D x w_rej grid (20 heads by default) and score each on train and eval.
 
@@ -296,13 +308,21 @@ def train_head_grid(
     group = heads_per_run or len(specs)
     out: list[TrainedHead] = []
     for start in range(0, len(specs), group):
-        module = train_heads(train_data, eval_data, specs[start : start + group], cfg)
+        module = train_heads(train_data, eval_data, specs[start : start + group], cfg, train_loader)
         with cpu_threads(cfg.cpu_threads):  # the metrics run on CPU whatever trained the heads
-            for spec, head in zip(module.specs, module.export_heads()):
-                out.append(TrainedHead(
-                    spec, head,
-                    head_metrics(predict_logits(head, train_data[0]), train_data[1]),
-                    head_metrics(predict_logits(head, eval_data[0]), eval_data[1]),
-                ))
+            heads = module.export_heads()
+            if train_loader is None:
+                train_scores = [head_metrics(predict_logits(h, train_data[0]), train_data[1]) for h in heads]
+            else:  # one more online pass: every head scored on the same recomputed features
+                logits, labels = [[] for _ in heads], []
+                for features, y in train_loader:
+                    labels.append(y)
+                    for i, h in enumerate(heads):
+                        logits[i].append(predict_logits(h, features))
+                y_all = torch.cat(labels)
+                train_scores = [head_metrics(torch.cat(lg), y_all) for lg in logits]
+            for spec, head, train_score in zip(module.specs, heads, train_scores):
+                out.append(TrainedHead(spec, head, train_score,
+                                       head_metrics(predict_logits(head, eval_data[0]), eval_data[1])))
     return out
 

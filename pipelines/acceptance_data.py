@@ -12,7 +12,8 @@ For every self-distilled response X (reused from distill-data; nothing is genera
 Writes acceptance_data/<drafter>/
   sequences/                 DatasetDict {train, dev}: id, domain, temperature, x_ids, z_ids, from_y,
                              accept_prob, one_minus_tv, greedy_agree (per response position)
-  features_{train,dev}.safetensors   features (M, H) fp16, labels (M,), one_minus_tv (M,),
+  features_{train,dev}.safetensors   features (M, H) fp16 (unless cache_features is off: then
+                             train-heads recomputes them online), labels (M,), one_minus_tv (M,),
                              sequence (M,) and position (M,) of each Y position, in sequence order
   info.json                  drafter, drafter hash, hidden size, label transform, counts
 """
@@ -31,6 +32,7 @@ from tqdm.auto import tqdm
 from decoding.errors import InputError
 from decoding.loading import load_causal_lm, load_tokenizer
 from decoding.sampling import SamplingConfig
+from drafters.alignment import response_hidden, response_logits
 from drafters.data import CausalLMCollator
 from drafters.model import check_same_vocabulary, load_causal_lm as load_drafter
 from heads.labels import acceptance_labels, mix_tokens
@@ -45,25 +47,10 @@ def _generator(*parts) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _device(model) -> torch.device:
-    return model.get_input_embeddings().weight.device
-
-
-@torch.no_grad()
 def forward_at_response(model, batch: dict, hidden: bool = False) -> torch.Tensor:
-    """Logits (or final hidden states) at the positions that predict / hold response tokens.
-
-    logits: positions p-1 .. p+r-2 (loss_mask) predict response tokens 0 .. r-1.
-    hidden: positions p .. p+r-1 hold response tokens 0 .. r-1 (loss_mask shifted right by one).
-    Returns (N_total, V or H) float32 on CPU, rows in batch order."""
-    dev = _device(model)
-    out = model(input_ids=batch["input_ids"].to(dev), attention_mask=batch["attention_mask"].to(dev),
-                use_cache=False, output_hidden_states=hidden)
-    mask = batch["loss_mask"].to(dev).bool()
-    if hidden:
-        mask = torch.nn.functional.pad(mask, (1, 0))[:, :-1]  # the token itself, not its predictor
-        return out.hidden_states[-1][mask].float().cpu()  # after the final norm: what the decoder sees
-    return out.logits[mask].float().cpu()
+    """Logits at the positions predicting response tokens 0..r-1, or final hidden states at the
+    positions holding them (drafters/alignment.py); (N_total, V or H) float32 on CPU in batch order."""
+    return response_hidden(model, batch) if hidden else response_logits(model, batch)
 
 
 def select_rows(rows: list[dict], domains: list[str], max_sequences: int, seed: int, tag: str) -> list[dict]:
@@ -132,16 +119,19 @@ def build(ctx: Context) -> dict:
                     prompt = sub["input_ids"][j][: int(sub["attention_mask"][j].sum()) - n_i].tolist()
                     z_examples.append({"prompt_ids": prompt, "response_ids": z.tolist()})
                     metas.append((r, x, z, from_y, lab))
-                zbatch = collate(z_examples)
-                hidden = forward_at_response(drafters[n], zbatch, hidden=True).split([m[1].numel() for m in metas])
-                counters["draft_feature_forwards"] += 1
-                for (r, x, z, from_y, lab), h in zip(metas, hidden):
+                if acfg.cache_features:
+                    zbatch = collate(z_examples)
+                    hidden = forward_at_response(drafters[n], zbatch, hidden=True).split([m[1].numel() for m in metas])
+                    counters["draft_feature_forwards"] += 1
+                else:  # train-heads recomputes them every epoch (heads/online.py)
+                    hidden = [torch.zeros(m[1].numel(), 0) for m in metas]
+                for (r, x, z, from_y, lab), h, zex in zip(metas, hidden, z_examples):
                     if not torch.isfinite(h).all():
                         raise InputError(f"drafter '{n}' produced NaN/inf hidden states on example {r['id']}; "
                                          "check the drafter checkpoint")
                     results[n][split]["rows"].append({
                         "id": r["id"], "domain": r["domain"], "temperature": r["temperature"],
-                        "x_ids": x.tolist(), "z_ids": z.tolist(), "from_y": from_y.tolist(),
+                        "prompt_ids": zex["prompt_ids"], "x_ids": x.tolist(), "z_ids": z.tolist(), "from_y": from_y.tolist(),
                         "accept_prob": lab.accept_prob.tolist(), "one_minus_tv": lab.one_minus_tv.tolist(),
                         "greedy_agree": lab.greedy_agree.tolist()})
                     results[n][split]["feats"].append((h[from_y].half(), lab.accept_prob[from_y],
@@ -159,10 +149,12 @@ def build(ctx: Context) -> dict:
             feats = results[n][s]["feats"]
             if not feats:
                 raise InputError(f"drafter '{n}' has no {s} sequences for acceptance data; check distill_data.splits")
-            tensors = {"features": torch.cat([f[0] for f in feats]), "labels": torch.cat([f[1] for f in feats]),
+            tensors = {"labels": torch.cat([f[1] for f in feats]),
                        "one_minus_tv": torch.cat([f[2] for f in feats]),
                        "sequence": torch.cat([torch.full((len(f[3]),), k) for k, f in enumerate(feats)]),
                        "position": torch.cat([f[3] for f in feats])}
+            if acfg.cache_features:
+                tensors["features"] = torch.cat([f[0] for f in feats])
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / f"features_{s}.safetensors"))
             counts[s] = {"sequences": len(feats), "y_positions": int(tensors["labels"].numel()),
                          "mean_label": round(float(tensors["labels"].mean()), 4)}
@@ -170,7 +162,8 @@ def build(ctx: Context) -> dict:
                 "drafter_path": str(drafters_dir / n), "hidden_size": drafters[n].config.hidden_size,
                 "label_transform": {"temperature": sampling.temperature, "top_k": sampling.top_k,
                                     "top_p": sampling.top_p},
-                "mix_rate": acfg.mix_rate, "counts": counts}
+                "mix_rate": acfg.mix_rate, "cached_features": acfg.cache_features, "max_length": acfg.max_length,
+                "counts": counts}
         (out / "info.json").write_text(json.dumps(info, indent=2) + "\n")
         summary[n] = counts
         print(f"[acceptance-data] {n}: " + ", ".join(f"{s} {c['sequences']} seqs / {c['y_positions']} Y positions "

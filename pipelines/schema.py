@@ -180,6 +180,7 @@ class AcceptanceDataSection:
     batch_size: int = 32
     max_length: int = 512  # tokens per sequence (prompt truncated from the left)
     max_sequences: dict[str, int] = field(default_factory=lambda: {"train": 4000, "dev": 400})  # per drafter
+    cache_features: bool = True  # false: store no hidden states; train-heads reruns the drafter each epoch
     drafters: Optional[list[str]] = None  # null: every drafter of train-drafters
     device: str = "auto"
 

@@ -20,14 +20,17 @@ import json
 import time
 
 import torch
+from datasets import load_from_disk
+from torch.utils.data import DataLoader
 
 from decoding import kv
 from decoding.errors import InputError
-from decoding.loading import load_causal_lm
+from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.model import load_causal_lm as load_drafter
 from heads.acceptance_head import save_head
 from heads.lit_head import HeadTrainConfig, predict_logits, train_head_grid
 from heads.metrics import constant_baseline
+from heads.online import OnlineFeatures, compute_features
 from heads.simulate import best, choose_threshold, greedy_oracle, simulate_fixed_k
 from pipelines.acceptance_data import load_features
 from pipelines.stage import Context
@@ -77,18 +80,27 @@ def build(ctx: Context) -> dict:
     names = sorted(p.name for p in acc_dir.iterdir() if (p / "info.json").is_file())
     if not names:
         raise InputError(f"{acc_dir} holds no drafters; rerun `specdraft acceptance-data`")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tok = load_tokenizer(ctx.target_path(), cfg.target.trust_remote_code)
     if hcfg.cost_ratio is None:
-        target = load_causal_lm(ctx.target_path(), cfg.target.dtype, "cpu" if not torch.cuda.is_available() else "cuda")
+        target = load_causal_lm(ctx.target_path(), cfg.target.dtype, device)
     train_cfg = HeadTrainConfig(lr=hcfg.lr, epochs=hcfg.epochs, batch_size=hcfg.batch_size, tie_blocks=hcfg.tie_blocks,
                                 zero_init=hcfg.zero_init, seed=cfg.run.seed)
     sweep, printed = {}, []
     for name in names:
         info = json.loads((acc_dir / name / "info.json").read_text())
         tr, dev = load_features(acc_dir / name, "train"), load_features(acc_dir / name, "dev")
-        from datasets import load_from_disk
-
         seqs_ds = load_from_disk(str(acc_dir / name / "sequences"))
-        check_cache(tr, list(seqs_ds["train"]["id"]), f"acceptance_data/{name} train")
+        online = "features" not in tr  # acceptance_data.cache_features was off: recompute every epoch
+        loader = None
+        if online:
+            drafter = load_drafter(info["drafter_path"]).to(device).eval()
+            pad = tok.pad_token_id
+            loader = DataLoader(OnlineFeatures(drafter, [dict(r) for r in seqs_ds["train"]], pad, hcfg.batch_size,
+                                               max_length=info["max_length"], seed=cfg.run.seed), batch_size=None)
+            dev["features"] = compute_features(drafter, [dict(r) for r in seqs_ds["dev"]], pad, info["max_length"])
+        else:
+            check_cache(tr, list(seqs_ds["train"]["id"]), f"acceptance_data/{name} train")
         check_cache(dev, list(seqs_ds["dev"]["id"]), f"acceptance_data/{name} dev")
         if hcfg.cost_ratio is not None:
             cost = {"cost_ratio": hcfg.cost_ratio, "source": "config"}
@@ -98,9 +110,10 @@ def build(ctx: Context) -> dict:
         c = cost["cost_ratio"]
         t0 = time.time()
         print(f"[train-heads] {name}: {len(hcfg.depths) * len(hcfg.w_rejs)} heads on {len(tr['labels'])} positions "
-              f"(dev {len(dev['labels'])}), c = t_draft/t_target = {c:.3f}")
-        trained = train_head_grid((tr["features"], tr["labels"]), (dev["features"], dev["labels"]),
-                                  hcfg.depths, hcfg.w_rejs, train_cfg)
+              f"(dev {len(dev['labels'])}){' with features recomputed online' if online else ''}, "
+              f"c = t_draft/t_target = {c:.3f}")
+        trained = train_head_grid(None if online else (tr["features"], tr["labels"]), (dev["features"], dev["labels"]),
+                                  hcfg.depths, hcfg.w_rejs, train_cfg, train_loader=loader)
         train_seconds = time.time() - t0
 
         seqs = dev_sequences(dev)

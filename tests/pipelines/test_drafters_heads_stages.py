@@ -108,3 +108,27 @@ def test_nan_in_cached_features_names_the_example(drafted):
     save_file(feats, str(path))
     with pytest.raises(InputError, match=r"example math/train/\d+@t[\d.]+ \(position \d+\) has NaN/inf"):
         run_stage(drafted, "train-heads")
+
+
+def test_heads_train_online_without_a_feature_cache(drafted_run):
+    """cache_features off: no hidden states on disk; train-heads reruns the frozen drafter each epoch
+    and still exports scored heads. The recomputed dev features equal what the cache would hold."""
+    from heads.online import compute_features
+    from datasets import load_from_disk
+    from drafters.model import load_causal_lm
+
+    cached = tiny_config(drafted_run, **FAST)
+    out = run_stage(cached, "acceptance-data")
+    want = ad.load_features(out / "math", "dev")["features"].float()
+    rows = [dict(r) for r in load_from_disk(str(out / "math" / "sequences"))["dev"]]
+    got = compute_features(load_causal_lm(out.parent / "drafters" / "math"), rows, pad_token_id=0)
+    assert torch.allclose(got, want, atol=1e-2)  # the cache is fp16
+
+    online = tiny_config(drafted_run, **{**FAST, "acceptance_data": {**FAST["acceptance_data"], "cache_features": False}})
+    out = run_stage(online, "acceptance-data")
+    assert "features" not in ad.load_features(out / "math", "train")
+    heads = run_stage(online, "train-heads")
+    sweep = json.loads((heads / "sweep.json").read_text())
+    for r in sweep["math"]["heads"]:
+        assert 0 <= r["eval"]["kl"] < 5 and 0 <= r["train"]["kl"] < 5
+    load_head(heads / "math" / sweep["math"]["best_head"], expected_hidden_size=16)
