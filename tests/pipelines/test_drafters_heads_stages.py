@@ -132,3 +132,40 @@ def test_heads_train_online_without_a_feature_cache(drafted_run):
     for r in sweep["math"]["heads"]:
         assert 0 <= r["eval"]["kl"] < 5 and 0 <= r["train"]["kl"] < 5
     load_head(heads / "math" / sweep["math"]["best_head"], expected_hidden_size=16)
+
+
+def test_train_drafters_killed_midway_resumes_to_identical_drafters(tiny_run, tmp_path, monkeypatch):
+    """Killed while finetuning the second drafter: the rerun keeps base and the first drafter, redoes
+    the rest, and ends with exactly the drafters of an uninterrupted run."""
+    import shutil
+
+    import pipelines.train_drafters as td
+
+    reference = tmp_path / "reference"
+    shutil.copytree(tiny_run, reference)
+    cfg_ref = tiny_config(reference)
+    run_stage(cfg_ref, "distill-data")
+    run_stage(cfg_ref, "train-drafters")
+
+    cfg = tiny_config(tiny_run)
+    run_stage(cfg, "distill-data")
+    real_train, calls = td._train, {"n": 0}
+
+    def killed_on_third_fit(*args, **kwargs):  # base, math, then killed inside translate
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(td, "_train", killed_on_third_fit)
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(cfg, "train-drafters")
+    assert not (tiny_run / "drafters").exists()
+    monkeypatch.setattr(td, "_train", real_train)
+    out = run_stage(cfg, "train-drafters")
+    assert json.loads((out / "alignment.json").read_text()) == json.loads(
+        (reference / "drafters" / "alignment.json").read_text())
+    for name in ("math", "translate", "ofa"):
+        a = AutoModelForCausalLM.from_pretrained(out / name).state_dict()
+        b = AutoModelForCausalLM.from_pretrained(reference / "drafters" / name).state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a)
