@@ -21,3 +21,9 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
 def content_hash(file_hashes: dict[str, str]) -> str:
     """Hash of a directory from its files' relative paths and hashes (order-independent)."""
     return hashlib.sha256(json.dumps(sorted(file_hashes.items())).encode()).hexdigest()
+
+
+def derive_seed(*parts) -> int:
+    """A stable 60-bit seed from a run seed and names (stage, example id, method): the same parts give
+    the same stream in every process and after every restart, whatever ran before."""
+    return int(hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:15], 16)

@@ -19,7 +19,6 @@ Writes acceptance_data/<drafter>/
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import time
@@ -30,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from decoding.errors import InputError
+from decoding.hashing import derive_seed
 from decoding.loading import load_causal_lm, load_tokenizer
 from decoding.sampling import SamplingConfig
 from drafters.alignment import response_hidden, response_logits
@@ -40,11 +40,6 @@ from pipelines.artifacts import subdir_hash
 from pipelines.distill_data import load_distill_data
 from pipelines.stage import Context
 from pipelines.train_drafters import BASE
-
-
-def _generator(*parts) -> torch.Generator:
-    seed = int(hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:15], 16)
-    return torch.Generator().manual_seed(seed)
 
 
 def forward_at_response(model, batch: dict, hidden: bool = False) -> torch.Tensor:
@@ -112,7 +107,7 @@ def build(ctx: Context) -> dict:
                 z_examples, metas = [], []
                 for j, i in enumerate(rows):
                     r, n_i = chunk[i], lengths[i]
-                    gen = _generator(cfg.run.seed, n, r["id"])
+                    gen = torch.Generator().manual_seed(derive_seed(cfg.run.seed, n, r["id"]))
                     lab = acceptance_labels(p_logits[i], q_logits[j], sampling, gen)
                     x = torch.tensor(r["response_ids"][:n_i], dtype=torch.long)
                     z, from_y = mix_tokens(x, lab.draft_tokens, gen, acfg.mix_rate)

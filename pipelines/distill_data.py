@@ -15,7 +15,6 @@ Writes distill_data/
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -26,6 +25,7 @@ from tqdm.auto import tqdm
 
 from data.prompts import load_prompt_sets
 from decoding.errors import InputError
+from decoding.hashing import derive_seed
 from decoding.loading import load_causal_lm, load_tokenizer
 from pipelines.stage import Context, StageIncomplete
 
@@ -74,10 +74,6 @@ def plan_chunks(sets: datasets.DatasetDict, splits, temperatures, chunk_size: in
     return chunks
 
 
-def _seed(*parts) -> int:
-    return int(hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:15], 16)
-
-
 @torch.no_grad()
 def generate_batch(model, prompts: list[list[int]], pad_id: int, eos_id: int, temperature: float, top_k: int,
                    top_p: float, max_new_tokens: int, seed: int) -> list[tuple[list[int], str]]:
@@ -111,7 +107,7 @@ def run_chunk(chunk: dict, model, tok, dcfg, seed: int) -> list[dict]:
                   for r in batch]
         gens = generate_batch(model, [p for p, _ in fitted], tok.pad_token_id, tok.eos_token_id,
                               chunk["temperature"], dcfg.top_k, dcfg.top_p, dcfg.max_new_tokens,
-                              _seed(seed, chunk["name"], b))
+                              derive_seed(seed, chunk["name"], b))
         for r, (p, dropped), (resp, finish) in zip(batch, fitted, gens):
             out.append({"id": f"{r['id']}@t{chunk['temperature']:g}", "prompt_id": r["id"], "domain": r["domain"],
                         "temperature": float(chunk["temperature"]), "prompt_ids": p, "response_ids": resp,

@@ -26,7 +26,6 @@ Writes report/: report.md, metrics.json, *.png (pipelines/report.py lists them).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +39,7 @@ from decoding.bundle import Bundle, load_bundle
 from decoding.compat import check_k
 from decoding.cost_model import fit_from_metrics
 from decoding.errors import InputError
+from decoding.hashing import derive_seed
 from decoding.metrics import GenerationMetrics, aggregate
 from decoding.sampling import SamplingConfig
 from decoding.speculative import generate_speculative
@@ -49,11 +49,6 @@ from pipelines.distill_data import fit_prompt
 from pipelines.schema import BANDITS, EvaluateSection  # noqa: F401 (EvaluateSection re-exported)
 from pipelines.stage import Context
 
-
-
-def _seed(*parts) -> int:
-    """A stable 60-bit seed from the run seed and names (prompt id, method)."""
-    return int(hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:15], 16)
 
 
 def drafter_roles(bundle: Bundle) -> tuple[dict[str, str], str | None]:
@@ -242,7 +237,7 @@ def build(ctx: Context) -> dict:
             best = max(names, key=lambda n: (mats[n], -names.index(n))) if mats else None
             for b in ecfg.bandits:
                 label = BANDITS[b][0]
-                spec = make_bandit(b, drafters, _seed(seed, pid, b))
+                spec = make_bandit(b, drafters, derive_seed(seed, pid, b))
                 res = generate_speculative(target, spec, ids, ecfg.max_new_tokens, greedy, eos)
                 add("greedy", label, "bandit", None, k_main, res.metrics)
                 switch_s[label] = switch_s.get(label, 0.0) + float(getattr(spec, "switch_seconds", 0.0))
@@ -255,7 +250,7 @@ def build(ctx: Context) -> dict:
                         rounds[t][1] += 1
         if s == "test" and i < ecfg.sampling_prompts:
             def gen(seed_name):
-                return torch.Generator().manual_seed(_seed(seed, pid, "sampling", seed_name))
+                return torch.Generator().manual_seed(derive_seed(seed, pid, "sampling", seed_name))
 
             res = generate_autoregressive(target, ids, ecfg.max_new_tokens, sampling_cfg, eos, gen("AR"))
             add("sampling", "AR", "ar", None, None, res.metrics)
