@@ -91,6 +91,23 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     raise TypeError(f"unsupported config annotation {tp!r} at {where}")  # a bug in our dataclasses
 
 
+def _merge(base: dict, given: dict) -> dict:
+    out = dict(base)
+    for k, v in given.items():
+        out[k] = _merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return out
+
+
+def _over_default(f: dataclasses.Field, value: Any) -> Any:
+    """A partial mapping for a nested section fills in the field's own default instance, not the
+    section class's bare defaults (e.g. `train: {max_steps: 7}` keeps the stage's batch size)."""
+    if isinstance(value, dict) and f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+        if dataclasses.is_dataclass(default):
+            return _merge(dataclasses.asdict(default), value)
+    return value
+
+
 def from_dict(cls: type, data: Any, where: str = "") -> Any:
     """Build dataclass `cls` from a plain mapping, strictly (see module docstring)."""
     prefix = f"{where}." if where else ""
@@ -104,7 +121,7 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
         if key not in fields:
             hint = _closest(str(key), list(fields))
             raise ConfigError(f"unknown config key '{prefix}{key}'; did you mean '{prefix}{hint}'?")
-    kwargs = {k: _coerce(hints[k], v, f"{prefix}{k}") for k, v in data.items()}
+    kwargs = {k: _coerce(hints[k], _over_default(fields[k], v), f"{prefix}{k}") for k, v in data.items()}
     try:
         obj = cls(**kwargs)
     except TypeError as e:  # a required field is missing

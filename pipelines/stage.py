@@ -122,8 +122,19 @@ def stage_dir(cfg: RunConfig, name: str) -> Path:
     return Path(cfg.run.root) / get_spec(name).out
 
 
+# Config keys that change how a stage logs or checkpoints, never what it writes: not in the cache key,
+# so switching W&B to online or checkpointing more often does not redo finished stages.
+OUTPUT_NEUTRAL_KEYS = frozenset({"wandb", "log_every_n_steps", "checkpoint_every_n_steps", "resume"})
+
+
+def _without_neutral(value):
+    if isinstance(value, dict):
+        return {k: _without_neutral(v) for k, v in value.items() if k not in OUTPUT_NEUTRAL_KEYS}
+    return value
+
+
 def _cache_key(cfg: RunConfig, spec: StageSpec, inputs: dict[str, Manifest]) -> str:
-    relevant = {s: to_dict(getattr(cfg, s)) for s in spec.sections}
+    relevant = {s: _without_neutral(to_dict(getattr(cfg, s))) for s in spec.sections}
     relevant["seed"] = cfg.run.seed
     blob = json.dumps({"stage": spec.name, "version": STAGE_VERSION, "config": relevant,
                        "inputs": {k: m.content_hash for k, m in sorted(inputs.items())}},

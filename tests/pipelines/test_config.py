@@ -59,3 +59,11 @@ def test_console_script_exit_code(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pipelines.cli", "validate", str(cfg)], capture_output=True, text=True)
     assert r.returncode == 2
     assert "pretrain_target.seq_len" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_partial_section_keeps_the_stage_defaults():
+    cfg = from_dict(RunConfig, {"pretrain_target": {"train": {"max_steps": 7}, "model": {"n_layers": 2}}})
+    default = RunConfig().pretrain_target
+    assert cfg.pretrain_target.train.max_steps == 7
+    assert cfg.pretrain_target.train.batch_size == default.train.batch_size
+    assert cfg.pretrain_target.model.hidden == default.model.hidden and cfg.pretrain_target.model.n_layers == 2

@@ -70,3 +70,14 @@ def test_verify_files_catches_a_flipped_byte(tmp_path):
     victim.write_bytes(bytes(data))
     with pytest.raises(InputError, match="does not match its hash"):
         verify_files(out)
+
+
+def test_logging_settings_do_not_invalidate_the_cache(tmp_path):
+    from pipelines.stage import _cache_key, get_spec
+
+    spec = get_spec("pretrain-target")
+    a = from_dict(RunConfig, {"run": {"root": str(tmp_path)}})
+    b = from_dict(RunConfig, {"run": {"root": str(tmp_path)},
+                              "pretrain_target": {"train": {"wandb": {"mode": "online"}, "log_every_n_steps": 1}}})
+    c = from_dict(RunConfig, {"run": {"root": str(tmp_path)}, "pretrain_target": {"train": {"max_steps": 7}}})
+    assert _cache_key(a, spec, {}) == _cache_key(b, spec, {}) != _cache_key(c, spec, {})
