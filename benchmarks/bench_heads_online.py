@@ -30,11 +30,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("root", nargs="?", default="runs/demo")
     ap.add_argument("--drafter", default="math")
+    ap.add_argument("--transform", default="T1", help="label transform tag (a subdirectory of acceptance_data/<drafter>)")
     ap.add_argument("--config", default="configs/demo.yaml")
     ap.add_argument("--no-append", action="store_true")
     args = ap.parse_args()
     root, hcfg = Path(args.root), load_config(RunConfig, args.config).train_heads
-    acc = root / "acceptance_data" / args.drafter
+    acc = root / "acceptance_data" / args.drafter / args.transform
     info = json.loads((acc / "info.json").read_text())
     tr, dev = load_features(acc, "train"), load_features(acc, "dev")
     cfg = HeadTrainConfig(lr=hcfg.lr, epochs=hcfg.epochs, batch_size=hcfg.batch_size)

@@ -77,16 +77,21 @@ def heads(root: Path) -> list[str]:
     if not p.is_file():
         return []
     sweep = json.loads(p.read_text())
-    rows = ["| drafter | c | best head | KL dev (const) | AUROC | h | SpecDec++ cost | best fixed K cost | speedup vs fixed K | greedy oracle ver. rate |",
-            "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for name, s in sweep.items():
-        best = next(h for h in s["heads"] if h["head"] == s["best_head"])
-        sim = best["by_threshold"][f"{best['threshold']:g}"]
-        fk = s["best_fixed_k"]
-        rows.append(f"| {name} | {s['cost']['cost_ratio']:.3f} | {best['head']} | {best['eval']['kl']:.4f} "
-                    f"({s['constant_predictor']['eval']['kl']:.4f}) | {best['eval']['auroc_reject']:.3f} | "
-                    f"{best['threshold']:g} | {sim['cost']:.1f} | {fk['cost']:.1f} ({fk['policy']}) | "
-                    f"{fk['cost'] / sim['cost']:.3f}x | {s['oracle']['verification_rate']:.3f} |")
+    rows = ["| drafter | labels | c | best head | KL dev (const) | AUROC | lowest dev KL (head) | 1-TV predictor KL "
+            "| h | SpecDec++ cost | best fixed K cost | speedup vs fixed K | greedy oracle ver. rate |",
+            "| --- | --- | ---: | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, by_tag in sweep.items():
+        for tag, s in by_tag.items():
+            best = next(h for h in s["heads"] if h["head"] == s["best_head"])
+            low = min(s["heads"], key=lambda h: h["eval"]["kl"])
+            sim = best["by_threshold"][f"{best['threshold']:g}"]
+            fk = s["best_fixed_k"]
+            rows.append(f"| {name} | {tag} | {s['cost']['cost_ratio']:.3f} | {best['head']} | {best['eval']['kl']:.4f} "
+                        f"({s['constant_predictor']['eval']['kl']:.4f}) | {best['eval']['auroc_reject']:.3f} | "
+                        f"{low['eval']['kl']:.4f} ({low['head']}) | {s['overlap_reference']['kl']:.4f} | "
+                        f"{best['threshold']:g} | {sim['cost']:.1f} | "
+                        f"{fk['cost']:.1f} ({fk['policy']}) | {fk['cost'] / sim['cost']:.3f}x | "
+                        f"{s['oracle']['verification_rate']:.3f} |")
     return rows
 
 

@@ -6,7 +6,7 @@ Written by the `export` stage (pipelines/export.py), read here (ARCHITECTURE.md 
     bundle.json             what is below, and the sha256 of every file
     target/                 the target's HF dir (absent when bundle.json references a path or hub id)
     drafters/<name>/        HF dirs (safetensors + tokenizer + drafter.json)
-    heads/<drafter>/<head>/ head.safetensors + head_config.json
+    heads/<drafter>/<transform tag>/<head>/ head.safetensors + head_config.json (head name "<tag>/<head>")
     router/                 the routing baseline (optional)
 
 bundle.json:
@@ -201,6 +201,13 @@ class Bundle:
         if target is not None:
             check_pair(target, model)
         return model
+
+    def head_for(self, drafter: str, sampling) -> str | None:
+        """The drafter's best head labelled under `sampling` (a SamplingConfig), or None: a head's
+        threshold and calibration hold only for the transform its labels were made under (SPEC.md 3)."""
+        matching = [h for h in self.heads.get(drafter, {}).values() if sampling.matches(h.label_transform)]
+        matching.sort(key=lambda h: (not h.best, h.name != self.drafter(drafter).head, h.name))
+        return matching[0].name if matching else None
 
     def load_head(self, drafter: str, head: str | None = None, device: str | None = None):
         """(AcceptanceHead in eval mode, its head_config dict). head=None: the drafter's default head.

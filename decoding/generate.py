@@ -25,8 +25,11 @@ from decoding.stopping import FixedK, SpecDecPP
 
 def load_pair(bundle: str | None = None, target: str | None = None, drafter: str | None = None,
               head: str | None = None, device: str = "cpu", dtype: str = "auto", device_map=None,
-              drafter_device: str | None = None):
+              drafter_device: str | None = None, sampling: SamplingConfig | None = None):
     """-> (tokenizer, target model, drafter model, head module or None, head config or None).
+
+    From a bundle without an explicit head: the drafter's best head labelled under `sampling` (when
+    given and the bundle has one), else its default head.
 
     The target may be spread over GPUs (device_map="auto" or a map); the drafter and head sit on
     `drafter_device` (default: `device`)."""
@@ -39,6 +42,8 @@ def load_pair(bundle: str | None = None, target: str | None = None, drafter: str
         tok = b.load_tokenizer()
         tgt = b.load_target(dtype=dtype, device=None if device_map else device, device_map=device_map)
         dft = b.load_drafter(name, device=drafter_device, target=tgt)
+        if head is None and sampling is not None:
+            head = b.head_for(name, sampling)
         h, hcfg = (b.load_head(name, head, device=drafter_device) if b.drafter(name).head or head else (None, None))
         return tok, tgt, dft, h, hcfg
     if target is None or drafter is None:
@@ -106,12 +111,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> None:
-    tok, tgt, dft, head, hcfg = load_pair(args.bundle, args.target, args.drafter, args.head, args.device, args.dtype,
-                                         args.device_map, args.drafter_device)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    tok, tgt, dft, head, hcfg = load_pair(args.bundle, args.target, args.drafter, args.head, args.device, args.dtype,
+                                         args.device_map, args.drafter_device, sampling)
     if head is not None and hcfg is not None:
         lt = hcfg.get("label_transform", {})
-        if lt and (lt.get("temperature"), lt.get("top_k"), lt.get("top_p")) != (sampling.temperature, sampling.top_k, sampling.top_p):
+        if lt and not sampling.matches(lt):
             print(f"note: the head was trained on labels at {lt}; decoding at temperature={sampling.temperature} "
                   f"top_k={sampling.top_k} top_p={sampling.top_p} (SpecDec++ thresholds may transfer poorly)")
     threshold = args.threshold if args.threshold is not None else (hcfg or {}).get("threshold", 0.7)

@@ -32,6 +32,23 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def tag(self) -> str:
+        """A short directory-safe name: "greedy", "T1", "T0.7_k50_p0.9"."""
+        if self.greedy:
+            return "greedy"
+        return f"T{self.temperature:g}" + (f"_k{self.top_k}" if self.top_k else "") + (
+            f"_p{self.top_p:g}" if self.top_p < 1.0 else "")
+
+    def as_dict(self) -> dict:
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
+    def matches(self, transform: dict) -> bool:
+        """Whether a recorded {temperature, top_k, top_p} (e.g. a head's label transform) is this one.
+        Under greedy decoding top-k and top-p change nothing, so any greedy transform matches."""
+        other = SamplingConfig(**{k: transform[k] for k in ("temperature", "top_k", "top_p") if k in transform})
+        return other.tag == self.tag
+
 
 def warp_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """Temperature, then top-k, then top-p; filtered entries become -inf. logits: (..., V)."""

@@ -10,7 +10,9 @@ All functions take head logits x (or probabilities) and labels P as 1-D tensors 
   paired with itself) counting one half. With 0/1 labels it is the ordinary AUROC.
 - ECE: `n_bins` equal-width bins of sigma; sum over bins of (bin share) * |mean sigma - mean P|.
 - Brier: mean (sigma - P)^2.
-`constant_baseline` scores the predictor that always says the mean label, the bar a head must clear.
+`constant_baseline` scores the predictor that always says the mean label, the bar a head must clear;
+`overlap_reference` scores predicting 1 - TV(p_i, q_i), which knows the target's distribution but not
+which token was drafted: how much of P is predictable at all before a head sees anything.
 """
 from __future__ import annotations
 
@@ -75,3 +77,9 @@ def constant_baseline(labels: torch.Tensor, constant: float | None = None, n_bin
     c = min(max(c, 1e-12), 1 - 1e-12)  # keep the logit finite for all-0 / all-1 label sets
     logits = torch.full_like(labels, math.log(c / (1 - c)))
     return head_metrics(logits, labels, n_bins)
+
+
+def overlap_reference(labels: torch.Tensor, one_minus_tv: torch.Tensor, n_bins: int = 10) -> dict[str, float]:
+    """Metrics of predicting P_i by 1 - TV(p_i, q_i) = E_{Y ~ q}[P_i] (clipped away from 0 and 1)."""
+    sigma = one_minus_tv.detach().flatten().cpu().double().clamp(1e-6, 1 - 1e-6)
+    return head_metrics(torch.log(sigma / (1 - sigma)), labels, n_bins)

@@ -4,12 +4,13 @@ For every self-distilled response X (reused from distill-data; nothing is genera
   1. one teacher-forced target forward on (prompt, X) gives p_i (shared by all drafters)
   2. per drafter, one teacher-forced draft forward on (prompt, X) gives q_i; Y_i ~ q_i;
      label P_i = min(1, p_i(Y_i) / q_i(Y_i)), also 1 - TV(p_i, q_i) and greedy agreement; p and q go
-     through the decoder's sampling transform (acceptance_data.sampling), never a different one
+     through a sampling transform the decoder will serve with (acceptance_data.label_transforms; one
+     set of labels, features and later heads per transform), never a different one
   3. token mixing: Z_i = X_i with probability r, else Y_i (seeded per example)
-  4. per drafter, one draft forward on (prompt, Z) caches the final hidden state at every position
+  4. per drafter and transform, one draft forward on (prompt, Z) caches the final hidden state at every position
      taken from Y (fp16): the head's input e_i(prompt, Z_<i, Y_i); heads then train on the cache
 
-Writes acceptance_data/<drafter>/
+Writes acceptance_data/<drafter>/<transform tag>/   (tag: "greedy", "T1", "T0.7_k50", ...)
   sequences/                 DatasetDict {train, dev}: id, domain, temperature, x_ids, z_ids, from_y,
                              accept_prob, one_minus_tv, greedy_agree (per response position)
   features_{train,dev}.safetensors   features (M, H) fp16 (unless cache_features is off: then
@@ -31,7 +32,6 @@ from tqdm.auto import tqdm
 from decoding.errors import InputError
 from decoding.hashing import derive_seed
 from decoding.loading import load_causal_lm, load_tokenizer
-from decoding.sampling import SamplingConfig
 from drafters.alignment import response_hidden, response_logits
 from drafters.data import CausalLMCollator
 from drafters.model import check_same_vocabulary, load_causal_lm as load_drafter
@@ -57,7 +57,7 @@ def select_rows(rows: list[dict], domains: list[str], max_sequences: int, seed: 
 
 def build(ctx: Context) -> dict:
     cfg, acfg = ctx.cfg, ctx.cfg.acceptance_data
-    sampling = SamplingConfig(acfg.sampling.temperature, acfg.sampling.top_k, acfg.sampling.top_p)
+    transforms = [t.config() for t in acfg.label_transforms]  # one set of labels + features (+ heads) each
     target_path = ctx.target_path()
     tok = load_tokenizer(target_path, cfg.target.trust_remote_code)
     device = acfg.device if acfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -85,7 +85,7 @@ def build(ctx: Context) -> dict:
                 for s in ("train", "dev")} for n in names}
     counters = {"target_forwards": 0, "draft_label_forwards": 0, "draft_feature_forwards": 0, "sequences": 0}
     t0 = time.time()
-    results = {n: {s: {"rows": [], "feats": []} for s in ("train", "dev")} for n in names}
+    results = {(n, t.tag): {s: {"rows": [], "feats": []} for s in ("train", "dev")} for n in names for t in transforms}
     for split in ("train", "dev"):
         # each sequence needs one target forward, shared by every drafter that uses it
         union = sorted({r["id"]: r for n in names for r in plan[n][split]}.values(), key=lambda r: r["id"])
@@ -104,68 +104,83 @@ def build(ctx: Context) -> dict:
                 sub = {k: v[rows] for k, v in batch.items()}
                 q_logits = forward_at_response(drafters[n], sub).split([lengths[i] for i in rows])
                 counters["draft_label_forwards"] += 1
-                z_examples, metas = [], []
-                for j, i in enumerate(rows):
-                    r, n_i = chunk[i], lengths[i]
-                    gen = torch.Generator().manual_seed(derive_seed(cfg.run.seed, n, r["id"]))
-                    lab = acceptance_labels(p_logits[i], q_logits[j], sampling, gen)
-                    x = torch.tensor(r["response_ids"][:n_i], dtype=torch.long)
-                    z, from_y = mix_tokens(x, lab.draft_tokens, gen, acfg.mix_rate)
-                    prompt = sub["input_ids"][j][: int(sub["attention_mask"][j].sum()) - n_i].tolist()
-                    z_examples.append({"prompt_ids": prompt, "response_ids": z.tolist()})
-                    metas.append((r, x, z, from_y, lab))
-                if acfg.cache_features:
-                    zbatch = collate(z_examples)
-                    hidden = forward_at_response(drafters[n], zbatch, hidden=True).split([m[1].numel() for m in metas])
-                    counters["draft_feature_forwards"] += 1
-                else:  # train-heads recomputes them every epoch (heads/online.py)
-                    hidden = [torch.zeros(m[1].numel(), 0) for m in metas]
-                for (r, x, z, from_y, lab), h, zex in zip(metas, hidden, z_examples):
-                    if not torch.isfinite(h).all():
-                        raise InputError(f"drafter '{n}' produced NaN/inf hidden states on example {r['id']}; "
-                                         "check the drafter checkpoint")
-                    results[n][split]["rows"].append({
-                        "id": r["id"], "domain": r["domain"], "temperature": r["temperature"],
-                        "prompt_ids": zex["prompt_ids"], "x_ids": x.tolist(), "z_ids": z.tolist(), "from_y": from_y.tolist(),
-                        "accept_prob": lab.accept_prob.tolist(), "one_minus_tv": lab.one_minus_tv.tolist(),
-                        "greedy_agree": lab.greedy_agree.tolist()})
-                    results[n][split]["feats"].append((h[from_y].half(), lab.accept_prob[from_y],
-                                                       lab.one_minus_tv[from_y], from_y.nonzero().squeeze(-1)))
+                for sampling in transforms:  # the logits are shared; Y, Z and so the features are not
+                    _label_and_cache(n, sampling, chunk, rows, sub, lengths, p_logits, q_logits, drafters[n],
+                                     collate, acfg, cfg.run.seed, results[n, sampling.tag][split], counters)
     seconds = time.time() - t0
 
     summary = {}
     for n in names:
-        out = ctx.out / n
-        out.mkdir(parents=True)
-        datasets.DatasetDict({s: datasets.Dataset.from_list(results[n][s]["rows"]) for s in ("train", "dev")}
-                             ).save_to_disk(str(out / "sequences"))
-        counts = {}
-        for s in ("train", "dev"):
-            feats = results[n][s]["feats"]
-            if not feats:
-                raise InputError(f"drafter '{n}' has no {s} sequences for acceptance data; check distill_data.splits")
-            tensors = {"labels": torch.cat([f[1] for f in feats]),
-                       "one_minus_tv": torch.cat([f[2] for f in feats]),
-                       "sequence": torch.cat([torch.full((len(f[3]),), k) for k, f in enumerate(feats)]),
-                       "position": torch.cat([f[3] for f in feats])}
-            if acfg.cache_features:
-                tensors["features"] = torch.cat([f[0] for f in feats])
-            save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / f"features_{s}.safetensors"))
-            counts[s] = {"sequences": len(feats), "y_positions": int(tensors["labels"].numel()),
-                         "mean_label": round(float(tensors["labels"].mean()), 4)}
-        info = {"drafter": n, "drafter_hash": subdir_hash(drafter_manifest, n),
-                "drafter_path": str(drafters_dir / n), "hidden_size": drafters[n].config.hidden_size,
-                "label_transform": {"temperature": sampling.temperature, "top_k": sampling.top_k,
-                                    "top_p": sampling.top_p},
-                "mix_rate": acfg.mix_rate, "cached_features": acfg.cache_features, "max_length": acfg.max_length,
-                "counts": counts}
-        (out / "info.json").write_text(json.dumps(info, indent=2) + "\n")
-        summary[n] = counts
-        print(f"[acceptance-data] {n}: " + ", ".join(f"{s} {c['sequences']} seqs / {c['y_positions']} Y positions "
-                                                     f"(mean P {c['mean_label']:.3f})" for s, c in counts.items()))
+        for sampling in transforms:
+            out = ctx.out / n / sampling.tag
+            out.mkdir(parents=True)
+            res = results[n, sampling.tag]
+            datasets.DatasetDict({s: datasets.Dataset.from_list(res[s]["rows"]) for s in ("train", "dev")}
+                                 ).save_to_disk(str(out / "sequences"))
+            counts = {}
+            for s in ("train", "dev"):
+                feats = res[s]["feats"]
+                if not feats:
+                    raise InputError(f"drafter '{n}' has no {s} sequences for acceptance data; check distill_data.splits")
+                tensors = {"labels": torch.cat([f[1] for f in feats]),
+                           "one_minus_tv": torch.cat([f[2] for f in feats]),
+                           "sequence": torch.cat([torch.full((len(f[3]),), k) for k, f in enumerate(feats)]),
+                           "position": torch.cat([f[3] for f in feats])}
+                if acfg.cache_features:
+                    tensors["features"] = torch.cat([f[0] for f in feats])
+                save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / f"features_{s}.safetensors"))
+                counts[s] = {"sequences": len(feats), "y_positions": int(tensors["labels"].numel()),
+                             "mean_label": round(float(tensors["labels"].mean()), 4)}
+            info = {"drafter": n, "drafter_hash": subdir_hash(drafter_manifest, n),
+                    "drafter_path": str(drafters_dir / n), "hidden_size": drafters[n].config.hidden_size,
+                    "label_transform": sampling.as_dict(), "transform_tag": sampling.tag,
+                    "mix_rate": acfg.mix_rate, "cached_features": acfg.cache_features, "max_length": acfg.max_length,
+                    "counts": counts}
+            (out / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+            summary.setdefault(n, {})[sampling.tag] = counts
+            print(f"[acceptance-data] {n} ({sampling.tag}): " + ", ".join(
+                f"{s} {c['sequences']} seqs / {c['y_positions']} Y positions (mean P {c['mean_label']:.3f})"
+                for s, c in counts.items()))
     return {"drafters": summary, "forwards": counters, "seconds": round(seconds, 1),
             "sequences_per_s": round(counters["sequences"] / max(seconds, 1e-9), 2),
-            "label_transform": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}}
+            "label_transforms": {t.tag: t.as_dict() for t in transforms}}
+
+
+def _label_and_cache(n, sampling, chunk, rows, sub, lengths, p_logits, q_logits, drafter, collate, acfg, seed,
+                     res, counters) -> None:
+    """Labels, token mixing and (one draft forward on (prompt, Z)) cached features of one drafter's
+    rows of a batch under one label transform, appended to `res` {"rows", "feats"}."""
+    z_examples, metas = [], []
+    for j, i in enumerate(rows):
+        r, n_i = chunk[i], lengths[i]
+        gen = torch.Generator().manual_seed(derive_seed(seed, n, sampling.tag, r["id"]))
+        lab = acceptance_labels(p_logits[i], q_logits[j], sampling, gen)
+        x = torch.tensor(r["response_ids"][:n_i], dtype=torch.long)
+        z, from_y = mix_tokens(x, lab.draft_tokens, gen, acfg.mix_rate)
+        prompt = sub["input_ids"][j][: int(sub["attention_mask"][j].sum()) - n_i].tolist()
+        z_examples.append({"prompt_ids": prompt, "response_ids": z.tolist()})
+        metas.append((r, x, z, from_y, lab))
+    if acfg.cache_features:
+        hidden = forward_at_response(drafter, collate(z_examples), hidden=True).split([m[1].numel() for m in metas])
+        counters["draft_feature_forwards"] += 1
+    else:  # train-heads recomputes them every epoch (heads/online.py)
+        hidden = [torch.zeros(m[1].numel(), 0) for m in metas]
+    for (r, x, z, from_y, lab), h, zex in zip(metas, hidden, z_examples):
+        if not torch.isfinite(h).all():
+            raise InputError(f"drafter '{n}' produced NaN/inf hidden states on example {r['id']}; "
+                             "check the drafter checkpoint")
+        res["rows"].append({
+            "id": r["id"], "domain": r["domain"], "temperature": r["temperature"],
+            "prompt_ids": zex["prompt_ids"], "x_ids": x.tolist(), "z_ids": z.tolist(), "from_y": from_y.tolist(),
+            "accept_prob": lab.accept_prob.tolist(), "one_minus_tv": lab.one_minus_tv.tolist(),
+            "greedy_agree": lab.greedy_agree.tolist()})
+        res["feats"].append((h[from_y].half(), lab.accept_prob[from_y], lab.one_minus_tv[from_y],
+                             from_y.nonzero().squeeze(-1)))
+
+
+def transform_dirs(acc_dir) -> list:
+    """Every <drafter>/<transform tag>/ of an acceptance-data output, sorted."""
+    return sorted(p.parent for p in acc_dir.glob("*/*/info.json"))
 
 
 def load_features(drafter_dir, split: str) -> dict[str, torch.Tensor]:

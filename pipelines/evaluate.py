@@ -13,8 +13,10 @@
      <drafter> oracle        the greedy hindsight oracle (SpecDec++ Thm 4.1), replaying AR's tokens
      router:<kind>           route once per prompt, then fixed K (the routed drafter's run is shared with
                              "<drafter> K=k"; the routing time is added to its wall time)
-     bandits                 MetaSD-UCB (BD, BE), UCBSpec, EXP3Spec over every exported drafter, N_max = K
-   and on the first `sampling_prompts` test prompts per domain, sampling at the heads' label transform:
+     bandits                 MetaSD-UCB (BD, BE), UCBSpec, EXP3Spec over every exported drafter, N_max = K,
+                             reset per prompt; "(stream)": state kept across each (set, domain) stream
+   and on the first `sampling_prompts` test prompts per domain, sampling at the heads' (non-greedy) label
+   transform; each mode's SpecDec++ rows use the heads labelled under that mode's own transform:
    AR, fixed K and SpecDec++ for the sweep drafters
 4. aggregate per (mode, set, domain, method): counters summed, rates as ratios of totals, speedup =
    tokens/s over AR's on the same prompts; the least-squares t_draft / t_target fit (Eq. 3.1) over all
@@ -99,14 +101,14 @@ def _bandit_factory(cfg: EvaluateSection, k: int):
         return None, f"multi-drafter bandits are not available in this version ({e}): bandit rows skipped"
     from decoding.selectors import make_selector
 
-    def make(name: str, drafters: dict[str, torch.nn.Module], seed: int):
+    def make(name: str, drafters: dict[str, torch.nn.Module], seed: int, persistent: bool = False):
         _, selector_name, reward = BANDITS[name]
         params = {"beta": cfg.beta} if selector_name == "ucb" else {"max_len": k}
         if selector_name == "ucbspec":
             params["delta"] = cfg.delta
         arms = [Arm(n, DrafterSpeculator(m, FixedK(k)), drafter_key=n) for n, m in drafters.items()]
-        return MultiDrafterSpeculator(arms, make_selector(selector_name, len(arms), seed=seed, **params),
-                                      reward=reward, n_max=k)
+        return MultiDrafterSpeculator(arms, make_selector(selector_name, len(arms), seed=seed, persistent=persistent,
+                                                          **params), reward=reward, n_max=k)
 
     return make, None
 
@@ -133,23 +135,31 @@ def build(ctx: Context) -> dict:
     tok = bundle.load_tokenizer(cfg.target.trust_remote_code)
     target = bundle.load_target(device=device, trust_remote_code=cfg.target.trust_remote_code)
     drafters = {n: bundle.load_drafter(n, device=device, target=target) for n in sorted(bundle.drafters)}
-    heads = {}
-    for n in drafters:
-        if bundle.drafters[n].head is not None:
-            module, _ = bundle.load_head(n, device=device)
-            entry = bundle.heads[n][bundle.drafters[n].head]
-            heads[n] = (module, entry.threshold, entry.k_max or int(bundle.decoding.get("k_max", 20)), entry)
     own, ofa = drafter_roles(bundle)
     routers, notes = _load_routers(bundle, target, tok)
     make_bandit, why_not = _bandit_factory(ecfg, k_main) if ecfg.bandits else (None, None)
     if why_not:
         notes.append(why_not)
-    # sampling mode: the transform the heads' labels were made under (SPEC.md 3); the first head decides
-    transforms = {tuple(sorted(h[3].label_transform.items())) for h in heads.values()}
-    sampling_cfg = SamplingConfig(**dict(sorted(transforms)[0])) if transforms else SamplingConfig(temperature=1.0)
-    if len(transforms) > 1:
-        notes.append(f"heads were labelled under {len(transforms)} transforms; sampling mode uses {sampling_cfg}")
+    # each mode uses the heads labelled under its own transform (SPEC.md 3); sampling mode decodes at
+    # the first non-greedy label transform of the bundle's heads (T=1 when there is none)
     greedy = SamplingConfig(temperature=0.0)
+    labelled = sorted({SamplingConfig(**h.label_transform) for by in bundle.heads.values() for h in by.values()},
+                      key=lambda t: t.tag)
+    sampled = [t for t in labelled if not t.greedy]
+    sampling_cfg = sampled[0] if sampled else SamplingConfig(temperature=1.0)
+    heads: dict[str, dict[str, tuple]] = {}  # mode -> drafter -> (module, h, k_max, entry)
+    for mode, transform in (("greedy", greedy), ("sampling", sampling_cfg)):
+        heads[mode] = {}
+        for n in drafters:
+            name = bundle.head_for(n, transform)
+            if name is not None:
+                module, _ = bundle.load_head(n, name, device=device)
+                entry = bundle.heads[n][name]
+                heads[mode][n] = (module, entry.threshold, entry.k_max or int(bundle.decoding.get("k_max", 20)), entry)
+        lacking = sorted(n for n in drafters if n not in heads[mode] and bundle.heads.get(n))
+        if lacking:
+            notes.append(f"no head labelled under {transform.tag} for {', '.join(lacking)}: their {mode} SpecDec++ rows "
+                         f"are skipped (add {transform.as_dict()} to acceptance_data.label_transforms)")
     eos = tok.eos_token_id
     ctx_len = getattr(target.config, "max_position_embeddings", None) or 10**9
     max_prompt = min(ecfg.max_prompt_tokens, ctx_len - ecfg.max_new_tokens - 1)
@@ -183,15 +193,16 @@ def build(ctx: Context) -> dict:
         """Runs planned for one prompt (the progress bar's total; a routed drafter may add one)."""
         sweep = sweep_for(domain)
         fixed_runs = {(n, k_main) for n in per_drafter_for(s, domain)} | {(n, k) for n in sweep for k in ecfg.ks}
-        n = 1 + len(fixed_runs) + sum(d in heads for d in sweep) + len(sweep)
-        n += len(routers) + (len(ecfg.bandits) if make_bandit else 0)
+        n = 1 + len(fixed_runs) + sum(d in heads["greedy"] for d in sweep) + len(sweep)
+        n += len(routers) + (len(ecfg.bandits) + len(ecfg.stream_bandits) if make_bandit else 0)
         if s == "test" and i < ecfg.sampling_prompts:
-            n += 1 + len(sweep) + sum(d in heads for d in sweep)
+            n += 1 + len(sweep) + sum(d in heads["sampling"] for d in sweep)
         return n
 
     records: list[Record] = []
     best_arm_hits: dict[str, list[list[int]]] = {}  # bandit label -> per round t: [hits, prompts]
     switch_s: dict[str, float] = {}
+    streams: dict[tuple[str, str, str], Any] = {}  # (bandit, set, domain) -> a speculator that keeps its state
     bar = tqdm(total=sum(n_runs(s, d, i) for s, d, _, _, i in prompts), desc="evaluate", unit="run")
     for s, domain, pid, ids, i in prompts:
         def add(mode, method, family, drafter, k, m):
@@ -215,8 +226,8 @@ def build(ctx: Context) -> dict:
         for name in sweep_for(domain):
             for k in ecfg.ks:
                 run_fixed(name, k)
-            if name in heads:
-                head, h, k_max, _ = heads[name]
+            if name in heads["greedy"]:
+                head, h, k_max, _ = heads["greedy"][name]
                 res = generate_speculative(target, DrafterSpeculator(drafters[name], SpecDecPP(head, h, k_max)), ids,
                                            ecfg.max_new_tokens, greedy, eos)
                 add("greedy", f"{name} SpecDec++", "specdecpp", name, None, res.metrics)
@@ -235,9 +246,12 @@ def build(ctx: Context) -> dict:
             names = list(drafters)
             mats = {n: run_fixed(n, k_main).mat for n in names} if s in ecfg.per_drafter_sets else None
             best = max(names, key=lambda n: (mats[n], -names.index(n))) if mats else None
-            for b in ecfg.bandits:
-                label = BANDITS[b][0]
-                spec = make_bandit(b, drafters, derive_seed(seed, pid, b))
+            runs = [(b, BANDITS[b][0], make_bandit(b, drafters, derive_seed(seed, pid, b))) for b in ecfg.bandits]
+            for b in ecfg.stream_bandits:
+                if (b, s, domain) not in streams:
+                    streams[b, s, domain] = make_bandit(b, drafters, derive_seed(seed, s, domain, b, "stream"), True)
+                runs.append((b, f"{BANDITS[b][0]} (stream)", streams[b, s, domain]))
+            for b, label, spec in runs:
                 res = generate_speculative(target, spec, ids, ecfg.max_new_tokens, greedy, eos)
                 add("greedy", label, "bandit", None, k_main, res.metrics)
                 switch_s[label] = switch_s.get(label, 0.0) + float(getattr(spec, "switch_seconds", 0.0))
@@ -258,8 +272,8 @@ def build(ctx: Context) -> dict:
                 res = generate_speculative(target, DrafterSpeculator(drafters[name], FixedK(k_main)), ids,
                                            ecfg.max_new_tokens, sampling_cfg, eos, gen(f"{name} K={k_main}"))
                 add("sampling", f"{name} K={k_main}", "fixed", name, k_main, res.metrics)
-                if name in heads:
-                    head, h, k_max, _ = heads[name]
+                if name in heads["sampling"]:
+                    head, h, k_max, _ = heads["sampling"][name]
                     res = generate_speculative(target, DrafterSpeculator(drafters[name], SpecDecPP(head, h, k_max)),
                                                ids, ecfg.max_new_tokens, sampling_cfg, eos, gen(f"{name} SpecDec++"))
                     add("sampling", f"{name} SpecDec++", "specdecpp", name, None, res.metrics)
@@ -336,7 +350,8 @@ def summarize(records: list[Record], ecfg: EvaluateSection, k_main: int, own: di
         "config": dataclasses.asdict(ecfg), "k": k_main, "device": device, "prompts": n_prompts,
         "sampling": {"temperature": sampling_cfg.temperature, "top_k": sampling_cfg.top_k, "top_p": sampling_cfg.top_p},
         "drafters": {"own": own, "ofa": ofa},
-        "heads": {n: {"threshold": h[1], "k_max": h[2], "name": h[3].name} for n, h in heads.items()},
+        "heads": {mode: {n: {"threshold": h[1], "k_max": h[2], "name": h[3].name} for n, h in by.items()}
+                  for mode, by in heads.items()},
         "rows": rows, "cost_fit": cost_fit, "best_arm_ratio": best_arm_ratio, "best_arm_prompts": best_arm_prompts,
         "switch_seconds": {k: _r(v) for k, v in switch_s.items()}, "notes": notes,
     }

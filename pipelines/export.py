@@ -4,8 +4,10 @@
    (then bundle.json names its absolute path); a user's target.name_or_path is always referenced
 2. drafters: every serving drafter of train-drafters (not the general-phase `base`), with its domains,
    parameter count and alignment row; its tokenizer and vocabulary must be the target's
-3. heads: per drafter the head with the best simulated cost (sweep.json `best_head`), or all of them;
-   each must have been trained on exactly the exported drafter (its recorded drafter_hash)
+3. heads: per drafter and label transform the head with the best simulated cost (sweep.json
+   `best_head`), or all of them, named "<transform tag>/<head>"; the drafter's default head is the best
+   one labelled under the serving transform (export.decoding). Each must have been trained on exactly
+   the exported drafter (its recorded drafter_hash)
 4. router: train-router's output directory as is, when that stage has run
 5. bundle.json (decoding/bundle.py documents the format): the above, the decoding defaults, and the
    sha256 of every file. Files are copied from the lists in the input stages' manifests and checked
@@ -122,22 +124,28 @@ def build(ctx: Context) -> dict:
     heads_dir, heads_manifest = ctx.input("train-heads"), ctx.manifests["train-heads"]
     sweep = _json(heads_dir / "sweep.json")
     heads: dict[str, dict] = {}
-    for name, s in sorted(sweep.items()):
+    serving = SamplingConfig(defaults["temperature"], defaults["top_k"], defaults["top_p"])
+    for name, by_tag in sorted(sweep.items()):
         if name not in drafters:
             raise InputError(f"train-heads has heads for drafter '{name}', which train-drafters lacks; rerun train-heads")
-        chosen = [s["best_head"]] if ecfg.heads == "best" else [h["head"] for h in s["heads"]]
-        for head in chosen:
-            rel = f"heads/{name}/{head}"
-            add(rel, copy_listed(heads_dir, heads_manifest, f"{name}/{head}", out / rel))
-            hc = _json(out / rel / HEAD_CONFIG)
-            if hc.get("drafter_hash") != drafters[name]["content_hash"]:
-                raise InputError(f"head {name}/{head} was trained on another version of drafter '{name}'; "
-                                 "rerun acceptance-data and train-heads")
-            heads.setdefault(name, {})[head] = {
-                "path": rel, "drafter": name, "depth": hc["depth"], "w_rej": hc["w_rej"],
-                "label_transform": hc["label_transform"], "threshold": hc["threshold"], "k_max": hc.get("k_max"),
-                "best": head == s["best_head"], "simulated": hc.get("simulated", {})}
-        drafters[name]["head"] = s["best_head"]
+        # the drafter's default head: the best one labelled under the serving transform, else the first tag's
+        tags = sorted(by_tag, key=lambda t: (not serving.matches(by_tag[t]["label_transform"]), t))
+        for tag in tags:
+            s = by_tag[tag]
+            chosen = [s["best_head"]] if ecfg.heads == "best" else [h["head"] for h in s["heads"]]
+            for head in chosen:
+                key = f"{tag}/{head}"
+                rel = f"heads/{name}/{key}"
+                add(rel, copy_listed(heads_dir, heads_manifest, f"{name}/{key}", out / rel))
+                hc = _json(out / rel / HEAD_CONFIG)
+                if hc.get("drafter_hash") != drafters[name]["content_hash"]:
+                    raise InputError(f"head {name}/{key} was trained on another version of drafter '{name}'; "
+                                     "rerun acceptance-data and train-heads")
+                heads.setdefault(name, {})[key] = {
+                    "path": rel, "drafter": name, "depth": hc["depth"], "w_rej": hc["w_rej"],
+                    "label_transform": hc["label_transform"], "threshold": hc["threshold"], "k_max": hc.get("k_max"),
+                    "best": head == s["best_head"], "simulated": hc.get("simulated", {})}
+        drafters[name]["head"] = f"{tags[0]}/{by_tag[tags[0]]['best_head']}"
 
     # 4. routers: train-router writes one subdirectory per router (router_config.json inside)
     routers = {}

@@ -166,16 +166,21 @@ class SamplingSection:
     top_k: int = 0  # 0 disables
     top_p: float = 1.0  # 1.0 disables
 
-    def check(self) -> None:
+    def config(self):
+        """The decoder's SamplingConfig (raises InputError on impossible values)."""
         from decoding.sampling import SamplingConfig
 
-        SamplingConfig(self.temperature, self.top_k, self.top_p)  # raises InputError on impossible values
+        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+    def check(self) -> None:
+        self.config()
 
 
 @dataclass
 class AcceptanceDataSection:
-    # The transform labels are made under; it must be the one the decoder serves with (SPEC.md 3).
-    sampling: SamplingSection = field(default_factory=SamplingSection)
+    # The transforms labels are made under, one set of labels, features and heads each; the decoder
+    # picks the heads whose transform it serves with (SPEC.md 3 pitfall: never label at another one).
+    label_transforms: list[SamplingSection] = field(default_factory=lambda: [SamplingSection()])
     mix_rate: float = 0.15  # r: probability that Z_i is the target's token X_i (SpecDec++ §4.4)
     batch_size: int = 32
     max_length: int = 512  # tokens per sequence (prompt truncated from the left)
@@ -189,6 +194,10 @@ class AcceptanceDataSection:
             raise InputError(f"acceptance_data.mix_rate must be in [0, 1), got {self.mix_rate}")
         if self.batch_size < 1 or self.max_length < 2:
             raise InputError("acceptance_data.batch_size must be >= 1 and max_length >= 2")
+        tags = [t.config().tag for t in self.label_transforms]
+        if not tags or len(set(tags)) != len(tags):
+            raise InputError(f"acceptance_data.label_transforms must list distinct transforms, got {tags}; "
+                             "e.g. [{temperature: 0.0}, {temperature: 1.0}]")
 
 
 @dataclass
@@ -269,6 +278,9 @@ class EvaluateSection:
     per_drafter_sets: list[str] = field(default_factory=lambda: ["test"])  # sets where every drafter runs at K
     sampling_prompts: int = 1  # per domain (test set) also decoded in sampling mode; 0: greedy only
     bandits: list[str] = field(default_factory=lambda: list(BANDITS))  # of ucb-bd, ucb-be, ucbspec, exp3spec
+    # bandits that also run once more with their state kept across each (set, domain) stream of prompts
+    # (MetaSD resets per query; a deployment serving one task can keep what it learnt)
+    stream_bandits: list[str] = field(default_factory=list)
     beta: float = 0.01  # MetaSD-UCB exploration strength (paper)
     delta: float = 0.5  # UCBSpec confidence (BanditSpec Thm 4.3)
     device: str = "auto"  # auto: cuda if available, else cpu
@@ -293,6 +305,9 @@ class EvaluateSection:
         for b in self.bandits:
             if b not in BANDITS:
                 raise InputError(f"evaluate.bandits: unknown bandit '{b}'; use {', '.join(BANDITS)}")
+        for b in self.stream_bandits:
+            if b not in BANDITS:
+                raise InputError(f"evaluate.stream_bandits: unknown bandit '{b}'; use {', '.join(BANDITS)}")
 
 
 

@@ -1,18 +1,19 @@
 """Stage `train-heads`: the SpecDec++ head grid per drafter, thresholds chosen by simulation.
 
-Per drafter (SpecDec++ §4.4, §5.1; SPEC.md section 3):
+Per drafter and label transform (SpecDec++ §4.4, §5.1; SPEC.md section 3):
   1. train D in {0..4} x w_rej in {1, 3, 6, 12} (20 heads) on the cached features, in one Lightning run
   2. score each head on train and dev: unweighted binary KL, AUROC of predicting rejection, ECE, Brier;
-     beside them the constant predictor (the dev mean label)
+     beside them the constant predictor (the dev mean label) and 1 - TV(p, q) as a predictor (knows the
+     target, not the drafted token: under sampling labels most of P's variance is the draw of Y)
   3. choose each head's threshold h by simulating the stopping rule on the dev sequences under the
      cost model T = t_draft N_draft + t_target N_target (c = t_draft / t_target from config or measured)
   4. references on the same dev sequences: every fixed K (and the best one) and the greedy oracle of
      Theorem 4.1; the gap to the oracle is what a better head would close
 
 Writes heads/
-  <drafter>/<D{d}_w{w}>/   head.safetensors + head_config.json (D, hidden size, tying, drafter path and
+  <drafter>/<tag>/<D{d}_w{w}>/   head.safetensors + head_config.json (D, hidden size, tying, drafter path and
                            hash, w_rej, label transform, chosen h, metrics)
-  sweep.json               every metric, simulation and reference above
+  sweep.json               drafter -> transform tag -> every metric, simulation and reference above
 """
 from __future__ import annotations
 
@@ -29,10 +30,10 @@ from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.model import load_causal_lm as load_drafter
 from heads.acceptance_head import save_head
 from heads.lit_head import HeadTrainConfig, predict_logits, train_head_grid
-from heads.metrics import constant_baseline
+from heads.metrics import constant_baseline, overlap_reference
 from heads.online import OnlineFeatures, compute_features
 from heads.simulate import best, choose_threshold, greedy_oracle, simulate_fixed_k
-from pipelines.acceptance_data import load_features
+from pipelines.acceptance_data import load_features, transform_dirs
 from pipelines.stage import Context
 
 
@@ -77,8 +78,8 @@ def dev_sequences(features: dict[str, torch.Tensor]) -> list[torch.Tensor]:
 def build(ctx: Context) -> dict:
     cfg, hcfg = ctx.cfg, ctx.cfg.train_heads
     acc_dir = ctx.input("acceptance-data")
-    names = sorted(p.name for p in acc_dir.iterdir() if (p / "info.json").is_file())
-    if not names:
+    sets = transform_dirs(acc_dir)  # <drafter>/<transform tag>/: one grid of heads each
+    if not sets:
         raise InputError(f"{acc_dir} holds no drafters; rerun `specdraft acceptance-data`")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = load_tokenizer(ctx.target_path(), cfg.target.trust_remote_code)
@@ -86,11 +87,12 @@ def build(ctx: Context) -> dict:
         target = load_causal_lm(ctx.target_path(), cfg.target.dtype, device)
     train_cfg = HeadTrainConfig(lr=hcfg.lr, epochs=hcfg.epochs, batch_size=hcfg.batch_size, tie_blocks=hcfg.tie_blocks,
                                 zero_init=hcfg.zero_init, seed=cfg.run.seed)
-    sweep, printed = {}, []
-    for name in names:
-        info = json.loads((acc_dir / name / "info.json").read_text())
-        tr, dev = load_features(acc_dir / name, "train"), load_features(acc_dir / name, "dev")
-        seqs_ds = load_from_disk(str(acc_dir / name / "sequences"))
+    sweep, printed, cost = {}, [], None
+    for data_dir in sets:
+        name, tag = data_dir.parent.name, data_dir.name
+        info = json.loads((data_dir / "info.json").read_text())
+        tr, dev = load_features(data_dir, "train"), load_features(data_dir, "dev")
+        seqs_ds = load_from_disk(str(data_dir / "sequences"))
         online = "features" not in tr  # acceptance_data.cache_features was off: recompute every epoch
         loader = None
         if online:
@@ -100,16 +102,16 @@ def build(ctx: Context) -> dict:
                                                max_length=info["max_length"], seed=cfg.run.seed), batch_size=None)
             dev["features"] = compute_features(drafter, [dict(r) for r in seqs_ds["dev"]], pad, info["max_length"])
         else:
-            check_cache(tr, list(seqs_ds["train"]["id"]), f"acceptance_data/{name} train")
-        check_cache(dev, list(seqs_ds["dev"]["id"]), f"acceptance_data/{name} dev")
+            check_cache(tr, list(seqs_ds["train"]["id"]), f"acceptance_data/{name}/{tag} train")
+        check_cache(dev, list(seqs_ds["dev"]["id"]), f"acceptance_data/{name}/{tag} dev")
         if hcfg.cost_ratio is not None:
             cost = {"cost_ratio": hcfg.cost_ratio, "source": "config"}
-        elif name == names[0]:  # drafters share one architecture: measure once, carefully, and reuse
+        elif cost is None:  # drafters share one architecture: measure once, carefully, and reuse
             cost = measure_cost_ratio(target, load_drafter(info["drafter_path"]).to(
                 target.get_input_embeddings().weight.device).eval(), reps=60)
         c = cost["cost_ratio"]
         t0 = time.time()
-        print(f"[train-heads] {name}: {len(hcfg.depths) * len(hcfg.w_rejs)} heads on {len(tr['labels'])} positions "
+        print(f"[train-heads] {name} ({tag} labels): {len(hcfg.depths) * len(hcfg.w_rejs)} heads on {len(tr['labels'])} positions "
               f"(dev {len(dev['labels'])}){' with features recomputed online' if online else ''}, "
               f"c = t_draft/t_target = {c:.3f}")
         trained = train_head_grid(None if online else (tr["features"], tr["labels"]), (dev["features"], dev["labels"]),
@@ -134,28 +136,31 @@ def build(ctx: Context) -> dict:
                     "w_rej": th.spec.w_rej, "w_acc": 1.0, "label_transform": info["label_transform"],
                     "threshold": h, "k_max": hcfg.k_max, "train_metrics": th.train_metrics,
                     "eval_metrics": th.eval_metrics, "simulated": chosen.as_dict()}
-            save_head(th.head, ctx.out / name / th.spec.name, meta)
+            save_head(th.head, ctx.out / name / tag / th.spec.name, meta)
             heads_out.append({"head": th.spec.name, "depth": th.spec.depth, "w_rej": th.spec.w_rej,
                               "train": th.train_metrics, "eval": th.eval_metrics, "threshold": h,
                               "by_threshold": {f"{t:g}": s.as_dict() for t, s in zip(hcfg.thresholds, sims)}})
         best_head = min(heads_out, key=lambda r: r["by_threshold"][f"{r['threshold']:g}"]["cost"])
-        sweep[name] = {"cost": cost, "train_seconds": round(train_seconds, 1),
+        sweep.setdefault(name, {})[tag] = {"label_transform": info["label_transform"], "cost": cost, "train_seconds": round(train_seconds, 1),
                        "constant_predictor": {"train": constant_baseline(tr["labels"]),
                                               "eval": constant_baseline(dev["labels"], float(tr["labels"].mean()))},
+                       "overlap_reference": overlap_reference(dev["labels"], dev["one_minus_tv"]),
                        "heads": heads_out, "best_head": best_head["head"],
                        "fixed_k": {r.policy: r.as_dict() for r in fixed}, "best_fixed_k": best_fixed.as_dict(),
                        "oracle": oracle.as_dict(), "best_fixed_k_greedy": best_fixed_greedy.as_dict(), "dev_sequences": len(seqs)}
-        printed.append(_table(name, sweep[name]))
+        printed.append(_table(f"{name} ({tag} labels)", sweep[name][tag]))
         print(printed[-1])
     (ctx.out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
-    return {"drafters": {n: {"best_head": s["best_head"], "best_fixed_k": s["best_fixed_k"]["policy"],
-                             "train_seconds": s["train_seconds"]} for n, s in sweep.items()}}
+    return {"drafters": {n: {tag: {"best_head": s["best_head"], "best_fixed_k": s["best_fixed_k"]["policy"],
+                                   "train_seconds": s["train_seconds"]} for tag, s in by_tag.items()}
+                         for n, by_tag in sweep.items()}}
 
 
 def _table(name: str, s: dict) -> str:
     """Per drafter, like SpecDec++ Table 3: simulated cost per (D, w_rej) at its chosen h."""
-    const = s["constant_predictor"]["eval"]["kl"]
-    lines = [f"{name}: dev KL / AUROC / chosen h / simulated speedup (constant-predictor KL {const:.4f})",
+    const, overlap = s["constant_predictor"]["eval"]["kl"], s["overlap_reference"]["kl"]
+    lines = [f"{name}: dev KL / AUROC / chosen h / simulated speedup (constant-predictor KL {const:.4f}; "
+             f"predicting 1 - TV(p, q): KL {overlap:.4f})",
              f"{'head':<10}{'KL train':>10}{'KL dev':>9}{'AUROC':>8}{'ECE':>7}{'h':>5}{'ver.rate':>10}{'disc.rate':>10}{'speedup':>9}"]
     for r in s["heads"]:
         sim = r["by_threshold"][f"{r['threshold']:g}"]

@@ -54,6 +54,7 @@ def test_analytic_speedup_by_hand():
     assert analytic_speedup(0.5, 2, 0.1) == pytest.approx(1.75 / 1.2)
     assert analytic_speedup(1.0, 4, 0.0) == 5.0  # the a -> 1 limit
     assert analytic_speedup(0.0, 4, 0.25) == 0.5  # nothing accepted: pure overhead
+    assert analytic_speedup(0.5, 2, 0.1, verify_cost=1.3) == pytest.approx(1.75 / 1.5)  # a dearer (K+1)-token forward
     assert implementation_efficiency(1.75 / 1.2 * 0.9, 0.5, 2, 0.1) == pytest.approx(0.9)
 
 

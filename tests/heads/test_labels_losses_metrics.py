@@ -132,3 +132,13 @@ def test_ece_brier_baseline():
     assert base["auroc_reject"] == 0.5 and base["ece"] == pytest.approx(0.0)
     m = head_metrics(logits, labels)
     assert m["kl"] < base["kl"] and m["brier"] < base["brier"] and m["auroc_reject"] == 1.0
+
+
+def test_overlap_reference_is_the_one_minus_tv_predictor():
+    from heads.metrics import binary_kl, overlap_reference
+
+    labels = torch.tensor([1.0, 0.0, 0.5, 0.25])
+    tv = torch.tensor([0.9, 0.2, 0.5, 0.25])
+    ref = overlap_reference(labels, tv)
+    assert ref["kl"] == pytest.approx(binary_kl(torch.logit(tv.double()), labels), rel=1e-6)
+    assert overlap_reference(tv, tv)["kl"] == pytest.approx(0.0, abs=1e-9)  # P = 1 - TV exactly: nothing left

@@ -34,6 +34,12 @@ def test_literal_choices_and_impossible_values():
         from_dict(RunConfig, {"target": {"quantization": "int4"}})
     with pytest.raises(Exception, match="demo.train_per_domain must be >= 1"):
         from_dict(RunConfig, {"demo": {"train_per_domain": 0}})
+    with pytest.raises(Exception, match="label_transforms must list distinct transforms"):
+        from_dict(RunConfig, {"acceptance_data": {"label_transforms": [{"temperature": 0.0}, {"temperature": 0.0, "top_k": 5}]}})
+    with pytest.raises(Exception, match="temperature must be >= 0"):
+        from_dict(RunConfig, {"acceptance_data": {"label_transforms": [{"temperature": -1.0}]}})
+    with pytest.raises(Exception, match="unknown bandit"):
+        from_dict(RunConfig, {"evaluate": {"stream_bandits": ["ucb-db"]}})
 
 
 def test_dotted_overrides_are_typed():

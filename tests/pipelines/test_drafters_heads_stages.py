@@ -48,36 +48,77 @@ def test_drafter_with_other_vocabulary_is_refused(tiny_run, tmp_path):
         run_stage(cfg, "train-drafters")
 
 
-def test_acceptance_data_one_target_forward_per_sequence(drafted, monkeypatch):
-    seen = []
+@pytest.fixture
+def seen(monkeypatch):
+    """Every forward acceptance-data makes: (hidden size of the model, hidden states?, batch rows)."""
+    calls = []
     real = ad.forward_at_response
 
     def counting(model, batch, hidden=False):
-        seen.append((model.config.hidden_size, hidden, int(batch["input_ids"].shape[0])))
+        calls.append((model.config.hidden_size, hidden, int(batch["input_ids"].shape[0])))
         return real(model, batch, hidden)
 
     monkeypatch.setattr(ad, "forward_at_response", counting)
+    return calls
+
+
+def test_acceptance_data_one_target_forward_per_sequence(drafted, seen):
     out = run_stage(drafted, "acceptance-data")
     target_h = drafted.pretrain_target.model.hidden
     m = read_manifest(out).metrics
     n_seqs = m["forwards"]["sequences"]
-    per_drafter = {n: c["train"]["sequences"] + c["dev"]["sequences"] for n, c in m["drafters"].items()}
+    per_drafter = {n: c["T1"]["train"]["sequences"] + c["T1"]["dev"]["sequences"] for n, c in m["drafters"].items()}
     # the target sees every distinct sequence exactly once, whatever the number of drafters
     assert sum(b for h, hid, b in seen if h == target_h) == n_seqs
     # each drafter: one teacher-forced forward for q and one for the cached features, per sequence
     drafter_rows = [(hid, b) for h, hid, b in seen if h != target_h]
     assert sum(b for hid, b in drafter_rows if not hid) == sum(per_drafter.values())
     assert sum(b for hid, b in drafter_rows if hid) == sum(per_drafter.values())
-    feats = ad.load_features(out / "math", "train")
+    feats = ad.load_features(out / "math" / "T1", "train")
     assert feats["features"].dtype == torch.float16 and feats["features"].shape[1] == 16
     assert ((feats["labels"] >= 0) & (feats["labels"] <= 1)).all()
 
 
+def test_label_transforms_share_the_logits_and_get_their_own_heads(drafted_run, seen):
+    """Two label transforms: still one target forward and one q forward per sequence, one feature
+    forward per transform; greedy labels are 0/1 agreement; train-heads exports a grid per transform
+    and export makes the greedy one (the serving transform) each drafter's default head."""
+    cfg = tiny_config(drafted_run, **{**FAST, "acceptance_data": {
+        **FAST["acceptance_data"], "label_transforms": [{"temperature": 0.0}, {"temperature": 0.7, "top_k": 20}]}})
+    out = run_stage(cfg, "acceptance-data")
+    m = read_manifest(out).metrics
+    per_drafter = sum(c["greedy"]["train"]["sequences"] + c["greedy"]["dev"]["sequences"] for c in m["drafters"].values())
+    target_h = cfg.pretrain_target.model.hidden
+    assert sum(b for h, hid, b in seen if h == target_h) == m["forwards"]["sequences"]
+    assert sum(b for h, hid, b in seen if h != target_h and not hid) == per_drafter
+    assert sum(b for h, hid, b in seen if h != target_h and hid) == 2 * per_drafter
+    assert sorted(p.name for p in (out / "math").iterdir()) == ["T0.7_k20", "greedy"]
+    greedy = ad.load_features(out / "math" / "greedy", "train")["labels"]
+    assert set(greedy.unique().tolist()) <= {0.0, 1.0}
+    info = json.loads((out / "math" / "T0.7_k20" / "info.json").read_text())
+    assert info["label_transform"] == {"temperature": 0.7, "top_k": 20, "top_p": 1.0}
+
+    heads = run_stage(cfg, "train-heads")
+    sweep = json.loads((heads / "sweep.json").read_text())
+    assert set(sweep["math"]) == {"greedy", "T0.7_k20"}
+    _, config = load_head(heads / "math" / "greedy" / sweep["math"]["greedy"]["best_head"], expected_hidden_size=16)
+    assert config["label_transform"]["temperature"] == 0.0
+    bundle = run_stage(cfg, "export")
+    from decoding.bundle import load_bundle
+    from decoding.sampling import SamplingConfig
+
+    b = load_bundle(bundle)
+    assert b.drafter("math").head == "greedy/" + sweep["math"]["greedy"]["best_head"]  # export.decoding is greedy
+    assert b.head_for("math", SamplingConfig(0.0)) == b.drafter("math").head
+    assert b.head_for("math", SamplingConfig(0.7, 20)).startswith("T0.7_k20/")
+    assert b.head_for("math", SamplingConfig(1.0)) is None
+
+
 def test_acceptance_data_is_reproducible(drafted, tmp_path):
     out = run_stage(drafted, "acceptance-data")
-    first = ad.load_features(out / "translate", "dev")
+    first = ad.load_features(out / "translate" / "T1", "dev")
     out = run_stage(drafted, "acceptance-data", force=True)
-    again = ad.load_features(out / "translate", "dev")
+    again = ad.load_features(out / "translate" / "T1", "dev")
     assert all(torch.equal(first[k], again[k]) for k in first)
 
 
@@ -86,24 +127,24 @@ def test_train_heads_exports_grid_with_thresholds(drafted):
     out = run_stage(drafted, "train-heads")
     sweep = json.loads((out / "sweep.json").read_text())
     for name in ("math", "translate", "ofa"):
-        s = sweep[name]
+        s = sweep[name]["T1"]
         assert len(s["heads"]) == 4 and {"kl", "auroc_reject", "ece", "brier"} <= set(s["heads"][0]["eval"])
         assert "best_fixed_k" in s and "oracle" in s and s["oracle"]["n_discarded"] == 0
         for r in s["heads"]:
-            head, config = load_head(out / name / r["head"], expected_hidden_size=16)
+            head, config = load_head(out / name / "T1" / r["head"], expected_hidden_size=16)
             assert config["threshold"] in (0.1, 0.3, 0.5, 0.7, 0.9)
             assert config["drafter_hash"] and config["label_transform"]["temperature"] == 1.0
             assert head(torch.zeros(3, 16)).shape == (3,)
     with pytest.raises(InputError, match="hidden size"):
-        load_head(out / "math" / "D2_w6", expected_hidden_size=32)
+        load_head(out / "math" / "T1" / "D2_w6", expected_hidden_size=32)
 
 
 def test_nan_in_cached_features_names_the_example(drafted):
     from safetensors.torch import save_file
 
     out = run_stage(drafted, "acceptance-data")
-    path = out / "math" / "features_train.safetensors"
-    feats = ad.load_features(out / "math", "train")
+    path = out / "math" / "T1" / "features_train.safetensors"
+    feats = ad.load_features(out / "math" / "T1", "train")
     feats["features"][5, 3] = float("nan")
     save_file(feats, str(path))
     with pytest.raises(InputError, match=r"example math/train/\d+@t[\d.]+ \(position \d+\) has NaN/inf"):
@@ -119,19 +160,19 @@ def test_heads_train_online_without_a_feature_cache(drafted_run):
 
     cached = tiny_config(drafted_run, **FAST)
     out = run_stage(cached, "acceptance-data")
-    want = ad.load_features(out / "math", "dev")["features"].float()
-    rows = [dict(r) for r in load_from_disk(str(out / "math" / "sequences"))["dev"]]
+    want = ad.load_features(out / "math" / "T1", "dev")["features"].float()
+    rows = [dict(r) for r in load_from_disk(str(out / "math" / "T1" / "sequences"))["dev"]]
     got = compute_features(load_causal_lm(out.parent / "drafters" / "math"), rows, pad_token_id=0)
     assert torch.allclose(got, want, atol=1e-2)  # the cache is fp16
 
     online = tiny_config(drafted_run, **{**FAST, "acceptance_data": {**FAST["acceptance_data"], "cache_features": False}})
     out = run_stage(online, "acceptance-data")
-    assert "features" not in ad.load_features(out / "math", "train")
+    assert "features" not in ad.load_features(out / "math" / "T1", "train")
     heads = run_stage(online, "train-heads")
     sweep = json.loads((heads / "sweep.json").read_text())
-    for r in sweep["math"]["heads"]:
+    for r in sweep["math"]["T1"]["heads"]:
         assert 0 <= r["eval"]["kl"] < 5 and 0 <= r["train"]["kl"] < 5
-    load_head(heads / "math" / sweep["math"]["best_head"], expected_hidden_size=16)
+    load_head(heads / "math" / "T1" / sweep["math"]["T1"]["best_head"], expected_hidden_size=16)
 
 
 def test_train_drafters_killed_midway_resumes_to_identical_drafters(tiny_run, tmp_path, monkeypatch):

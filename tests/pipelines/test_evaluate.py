@@ -11,11 +11,14 @@ from pipelines.schema import EvaluateSection
 from pipelines.stage import run_stage
 from tests.pipelines.conftest import FAST, tiny_config
 
-TINY_EVAL = {"prompts_per_domain": 2, "max_new_tokens": 8, "ks": [2], "k": 2, "sampling_prompts": 1}
+TINY_EVAL = {"prompts_per_domain": 2, "max_new_tokens": 8, "ks": [2], "k": 2, "sampling_prompts": 1,
+             "stream_bandits": ["ucb-bd"]}
+# heads for greedy decoding and for the sampling rows, each labelled under its own transform
+TWO_TRANSFORMS = {**FAST["acceptance_data"], "label_transforms": [{"temperature": 0.0}, {"temperature": 1.0}]}
 
 
 def _config(root):
-    return tiny_config(root, **FAST, evaluate=TINY_EVAL)
+    return tiny_config(root, **{**FAST, "acceptance_data": TWO_TRANSFORMS}, evaluate=TINY_EVAL)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +75,12 @@ def test_report_numbers_come_from_metrics_json(run_root):
         if r["family"] == "oracle":
             assert r["N_discarded"] == 0  # Theorem 4.1: the oracle never drafts a token it loses
     assert {r["mode"] for r in rows} == {"greedy", "sampling"}
+    for mode, temperature in (("greedy", 0.0), ("sampling", 1.0)):  # SpecDec++ rows in both modes...
+        assert any(r["mode"] == mode and r["family"] == "specdecpp" for r in rows)
+        for h in metrics["heads"][mode].values():  # ...each with the heads labelled under its transform
+            assert h["name"].startswith("greedy/" if temperature == 0.0 else "T1/")
+    bandits = {r["method"] for r in rows if r["family"] == "bandit"}
+    assert "MetaSD-UCB (BD)" in bandits and "MetaSD-UCB (BD) (stream)" in bandits
     assert {r["set"] for r in rows} == {"test", "perturbed", "ood"}
     assert metrics["cost_fit"]["runs"] > 2
     # every number in the report's tables is a number of metrics.json

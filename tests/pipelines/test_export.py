@@ -63,7 +63,7 @@ def test_bundle_matches_its_inputs_and_loads_after_move(run_root, tmp_path, caps
         assert d["domains"] == info["domains"] and d["parameters"] == info["parameters"]
         assert d["alignment"] == alignment[name]
         assert d["content_hash"] == subdir_hash(drafters_manifest, name)  # what the heads' drafter_hash means
-        assert d["head"] == sweep[name]["best_head"] and list(meta["heads"][name]) == [d["head"]]
+        assert d["head"] == "T1/" + sweep[name]["T1"]["best_head"] and list(meta["heads"][name]) == [d["head"]]
         head = meta["heads"][name][d["head"]]
         head_cfg = json.loads((run_root / "heads" / name / d["head"] / "head_config.json").read_text())
         assert (head["depth"], head["w_rej"], head["threshold"]) == (head_cfg["depth"], head_cfg["w_rej"],
