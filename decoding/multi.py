@@ -123,10 +123,11 @@ class MultiDrafterSpeculator:
         capped at it so that rewards compare equal budgets.
 
     The BD reward is computed from the distributions the round was verified with (`RoundOutcome.p`,
-    `Draft.q`). Under greedy decoding they are one-hots, so BD is the fraction of drafted positions
-    where the two argmaxes agree (positions after the first rejection included) rather than MetaSD's
-    dense softmax TV; the seam does not hand over the raw logits. BD rates token agreement, not speed:
-    over gamma arms of one drafter use "accepted" (BD scores gamma = 0 as 0).
+    `Draft.q`) when sampling. Under greedy decoding those are one-hots (BD would only count argmax
+    agreements), so it reads the models' own softmax distributions from the raw logits instead, as
+    MetaSD defines alpha = 1 - TV(p, q) for T = 0 too (its Assumption 2); a model-free arm (prompt
+    lookup) has no logits and keeps the one-hot form. BD rates token agreement, not speed: over gamma
+    arms of one drafter use "accepted" (BD scores gamma = 0 as 0).
 
     A round with no room to draft (the last token of a generation: max_tokens == 0) is no bandit round:
     no arm is chosen, nothing is learnt, nothing is appended to `history`.
@@ -164,6 +165,7 @@ class MultiDrafterSpeculator:
         self.switch_seconds = 0.0
         self.switch_forwards = 0
         self._arm: int | None = None  # the arm of the round in flight
+        self._greedy = False  # the round in flight decodes greedily
         self._last_key = None  # the drafter that drafted the previous round
         self._holder: dict[str, int] = {}  # drafter_key -> the arm whose speculator holds that cache
 
@@ -208,6 +210,7 @@ class MultiDrafterSpeculator:
             self._arm = None
             return _empty_draft()
         i = self._arm = self.selector.select()
+        self._greedy = sampling.greedy
         spec = self.arms[i].speculator
         self._take_shared_cache(i)
         extra = 0
@@ -225,7 +228,13 @@ class MultiDrafterSpeculator:
         self.arms[i].speculator.observe(outcome)
         k = len(outcome.draft.tokens)
         n = outcome.verification.n_accepted
-        reward = self.round_reward(outcome.p, outcome.draft.q, k, n)
+        p, q = outcome.p, outcome.draft.q
+        if self.reward == "bd" and self._greedy and outcome.logits is not None and outcome.draft.logits is not None:
+            # greedy verification distributions are one-hots; MetaSD's alpha = 1 - TV(p, q) is defined on
+            # the models' own next-token distributions (its Assumption 2 covers T = 0 that way)
+            p = outcome.logits[:k].float().softmax(-1).cpu()
+            q = outcome.draft.logits.float().softmax(-1).cpu()
+        reward = self.round_reward(p, q, k, n)
         self.selector.update(i, reward)
         self.history.append({"arm": i, "reward": reward, "accepted": n, "drafted": k})
 

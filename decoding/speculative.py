@@ -76,7 +76,7 @@ def generate_speculative(
         m.n_discarded += k - n
         m.drafted.append(k)
         m.accepted.append(n)
-        speculator.observe(RoundOutcome(draft=draft, p=pi, verification=result, context=context))
+        speculator.observe(RoundOutcome(draft=draft, p=pi, verification=result, context=context, logits=logits))
         hit = [i for i, t in enumerate(emitted) if t in eos]
         if hit:  # only the last draft token or y' can be EOS (drafting stops at EOS)
             del context[len(context) - len(emitted) + hit[0] + 1 :]

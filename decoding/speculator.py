@@ -33,6 +33,9 @@ class Draft:
     # (j, H) e_1..e_j, the hidden states the stopping policy read (j = k, or k - 1 when the round was
     # capped or hit EOS and y_k was never fed); None when the policy reads none
     hidden: torch.Tensor | None = None
+    # (k, V) the drafter's raw logits behind q, on its device (None for model-free drafters): under greedy
+    # decoding q is one-hot, and MetaSD's block-divergence reward reads the model's own distribution
+    logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -43,6 +46,7 @@ class RoundOutcome:
     p: torch.Tensor  # (k+1, V) the verification distribution used
     verification: Verification
     context: list[int]  # the committed context after this round (the loop's own list: read it, do not mutate)
+    logits: torch.Tensor | None = None  # (k+1, V) the target's raw logits behind p, on its device
 
 
 class Speculator(Protocol):
@@ -115,6 +119,7 @@ class DrafterSpeculator:
         q_next = probs(logits, sampling).cpu()  # (V,)
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
+        raw: list[torch.Tensor] = []  # the logits behind each q row
         hiddens: list[torch.Tensor] = []
         hidden = None
         policy.start_round(context)
@@ -122,6 +127,7 @@ class DrafterSpeculator:
             y = int(q_next.argmax()) if sampling.greedy else int(sample(q_next, generator))
             tokens.append(y)
             qs.append(q_next)
+            raw.append(logits[-1] if logits.ndim == 2 else logits)
             if len(tokens) == limit or y in self.eos:
                 break  # the round ends anyway: no need to feed y
             logits, states = kv.forward(self.drafter, self.cache, [y], hidden=need_hidden, device=self.device)
@@ -132,7 +138,8 @@ class DrafterSpeculator:
                 hidden = states[-1]  # e_k: final hidden state at y_k
                 hiddens.append(hidden)
         q = torch.stack(qs) if qs else torch.empty(0, q_next.shape[-1])
-        return Draft(tokens=tokens, q=q, n_forwards=n_forwards, hidden=torch.stack(hiddens) if hiddens else None)
+        return Draft(tokens=tokens, q=q, n_forwards=n_forwards, hidden=torch.stack(hiddens) if hiddens else None,
+                     logits=torch.stack(raw) if raw else None)
 
     def observe(self, outcome: RoundOutcome) -> None:
         pass  # rollback happens lazily in the next `_catch_up`, against the committed context

@@ -94,6 +94,30 @@ def test_ucb_with_bd_prefers_the_good_drafter(models):
     assert spec.selector.means[1] == pytest.approx(1.0)  # the target agrees with itself everywhere
 
 
+def test_greedy_bd_reads_the_models_own_distributions(models, monkeypatch):
+    """Under greedy decoding p and q are one-hots; the BD reward is 1 - TV of the softmax distributions
+    behind them (MetaSD Assumption 2), so it is dense rather than a count of argmax agreements."""
+    import decoding.multi as multi
+
+    seen = []
+    real = multi.block_divergence_reward
+
+    def spy(p, q, *args):
+        seen.append((p, q))
+        return real(p, q, *args)
+
+    monkeypatch.setattr(multi, "block_divergence_reward", spy)
+    target = models["target"]
+    arms = [Arm("good", DrafterSpeculator(models["good"], FixedK(4)))]
+    spec = MultiDrafterSpeculator(arms, make_selector("fixed", 1, arm=0), reward="bd", n_max=4)
+    out = generate_speculative(target, spec, prompts(1)[0], 30, GREEDY)
+    assert out.tokens == generate_autoregressive(target, prompts(1)[0], 30, GREEDY).tokens  # still lossless
+    assert seen and all(0.0 < h["reward"] < 1.0 for h in spec.history)  # never exactly 0 or 1: dense
+    for p, q in seen:  # full-support softmax rows, not one-hots
+        assert (p > 0).all() and (q > 0).all()
+        assert torch.allclose(p.sum(-1), torch.ones(len(p))) and torch.allclose(q.sum(-1), torch.ones(len(q)))
+
+
 def test_switching_counts_catch_up_forwards(models):
     target = models["target"]
     arms = drafter_arms(models)[:2]
