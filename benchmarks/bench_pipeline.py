@@ -86,9 +86,11 @@ def heads(root: Path) -> list[str]:
             low = min(s["heads"], key=lambda h: h["eval"]["kl"])
             sim = best["by_threshold"][f"{best['threshold']:g}"]
             fk = s["best_fixed_k"]
+            ref = s.get("overlap_reference")  # none for greedy labels: 1 - TV of one-hots is the label itself
+            overlap = f"{ref['kl']:.4f}" if ref and tag != "greedy" else "-"
             rows.append(f"| {name} | {tag} | {s['cost']['cost_ratio']:.3f} | {best['head']} | {best['eval']['kl']:.4f} "
                         f"({s['constant_predictor']['eval']['kl']:.4f}) | {best['eval']['auroc_reject']:.3f} | "
-                        f"{low['eval']['kl']:.4f} ({low['head']}) | {s['overlap_reference']['kl']:.4f} | "
+                        f"{low['eval']['kl']:.4f} ({low['head']}) | {overlap} | "
                         f"{best['threshold']:g} | {sim['cost']:.1f} | "
                         f"{fk['cost']:.1f} ({fk['policy']}) | {fk['cost'] / sim['cost']:.3f}x | "
                         f"{s['oracle']['verification_rate']:.3f} |")

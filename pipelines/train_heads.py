@@ -144,7 +144,9 @@ def build(ctx: Context) -> dict:
         sweep.setdefault(name, {})[tag] = {"label_transform": info["label_transform"], "cost": cost, "train_seconds": round(train_seconds, 1),
                        "constant_predictor": {"train": constant_baseline(tr["labels"]),
                                               "eval": constant_baseline(dev["labels"], float(tr["labels"].mean()))},
-                       "overlap_reference": overlap_reference(dev["labels"], dev["one_minus_tv"]),
+                       # under greedy labels 1 - TV of one-hots *is* the label: no reference there
+                       "overlap_reference": (None if info["label_transform"]["temperature"] == 0
+                                             else overlap_reference(dev["labels"], dev["one_minus_tv"])),
                        "heads": heads_out, "best_head": best_head["head"],
                        "fixed_k": {r.policy: r.as_dict() for r in fixed}, "best_fixed_k": best_fixed.as_dict(),
                        "oracle": oracle.as_dict(), "best_fixed_k_greedy": best_fixed_greedy.as_dict(), "dev_sequences": len(seqs)}
@@ -158,9 +160,9 @@ def build(ctx: Context) -> dict:
 
 def _table(name: str, s: dict) -> str:
     """Per drafter, like SpecDec++ Table 3: simulated cost per (D, w_rej) at its chosen h."""
-    const, overlap = s["constant_predictor"]["eval"]["kl"], s["overlap_reference"]["kl"]
-    lines = [f"{name}: dev KL / AUROC / chosen h / simulated speedup (constant-predictor KL {const:.4f}; "
-             f"predicting 1 - TV(p, q): KL {overlap:.4f})",
+    const, overlap = s["constant_predictor"]["eval"]["kl"], s["overlap_reference"]
+    lines = [f"{name}: dev KL / AUROC / chosen h / simulated speedup (constant-predictor KL {const:.4f}"
+             + (f"; predicting 1 - TV(p, q): KL {overlap['kl']:.4f})" if overlap else ")"),
              f"{'head':<10}{'KL train':>10}{'KL dev':>9}{'AUROC':>8}{'ECE':>7}{'h':>5}{'ver.rate':>10}{'disc.rate':>10}{'speedup':>9}"]
     for r in s["heads"]:
         sim = r["by_threshold"][f"{r['threshold']:g}"]
