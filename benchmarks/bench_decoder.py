@@ -1,7 +1,8 @@
 """Our speculative decoder side by side with transformers assisted generation, batch 1, on CPU or GPU.
 
     python benchmarks/bench_decoder.py --target DIR --drafter DIR [--k 4] [--max-new-tokens 64]
-        [--prompts FILE] [--runs 5] [--temperature 0.7] [--head DIR --h 0.7] [--threads N] [--no-append]
+        [--prompts FILE | --prompt-set runs/demo/prompts/sets --domain math] [--runs 5] [--temperature 0.7]
+        [--head DIR --h 0.7] [--threads N] [--no-append]
     python benchmarks/bench_decoder.py --random-tiny          # smoke test on two random tiny models
 
 For greedy and for sampling it measures, per prompt and method, the median over --runs timed runs
@@ -78,6 +79,13 @@ def load(path: str, device: str, dtype: torch.dtype):
 
 
 def load_prompts(args, vocab: int) -> list[list[int]]:
+    if args.prompt_set:
+        from datasets import load_from_disk
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.target, trust_remote_code=False)
+        rows = [r for r in load_from_disk(args.prompt_set)["test"] if r["domain"] == args.domain]
+        return [tok(r["prompt"])["input_ids"] for r in rows[: args.n_prompts]]
     if args.prompts:
         from transformers import AutoTokenizer
 
@@ -279,6 +287,8 @@ def main(argv=None) -> int:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompts", help="text file, one prompt per line (tokenized with the target's tokenizer)")
+    parser.add_argument("--prompt-set", help="a run's prompts/sets dir (prepare-data): use its test prompts of --domain")
+    parser.add_argument("--domain", default="math", help="domain of --prompt-set prompts")
     parser.add_argument("--n-prompts", type=int, default=8)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--temperature", type=float, default=0.7)

@@ -2,6 +2,7 @@
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,8 @@ from pipelines.report import PLOTS, headline
 from pipelines.schema import EvaluateSection
 from pipelines.stage import run_stage
 from tests.pipelines.conftest import FAST, tiny_config
+
+REPO = Path(__file__).resolve().parents[2]
 
 TINY_EVAL = {"prompts_per_domain": 2, "max_new_tokens": 8, "ks": [2], "k": 2, "sampling_prompts": 1,
              "stream_bandits": ["ucb-bd"]}
@@ -92,6 +95,14 @@ def test_report_numbers_come_from_metrics_json(run_root):
             assert any(abs(x - y) < 5e-4 for y in known), f"{x} in '{line}' is not in metrics.json"
     head = headline(metrics)
     assert head.startswith("| method") and "AR" in head
+    # benchmarks/bench_multi_drafter.py builds its tables from this same metrics.json
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_multi_drafter", REPO / "benchmarks" / "bench_multi_drafter.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for table in (bench.bandit_table(metrics), bench.best_arm_table(metrics), bench.robustness_table(metrics)):
+        assert len(table) >= 3 and all(line.startswith("|") for line in table)
     assert run_stage(_config(run_root), "evaluate") == out  # a rerun is a cache hit
 
 
