@@ -195,3 +195,16 @@ def test_inspect_summarises_and_counts_verified_files(bundle, capsys):
         assert expected in text
     assert inspect_main([str(bundle)]) == 0
     assert capsys.readouterr().out.strip() == text
+
+
+def test_heads_are_matched_to_the_decoding_transform(bundle):
+    from decoding.generate import load_pair
+    from decoding.sampling import SamplingConfig
+
+    b = load_bundle(bundle)
+    assert b.head_for("d", SamplingConfig(1.0)) == "D1_w6"  # labelled at T=1
+    assert b.head_for("d", SamplingConfig(0.0)) is None and b.head_for("d", SamplingConfig(0.7)) is None
+    # generate: the head of the decoding transform when there is one, else the drafter's default head
+    for sampling in (SamplingConfig(1.0), SamplingConfig(0.0)):  # D1_w6 both times: matched, then the default
+        *_, head, cfg = load_pair(bundle=str(bundle), drafter="d", sampling=sampling)
+        assert head is not None and cfg["w_rej"] == 6.0
