@@ -68,9 +68,12 @@ class AcceptanceHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         x = hidden.to(self.out.weight.dtype)  # features are cached in fp16; the head runs in its own dtype
+        # functional calls, not the submodules': the decoder calls the head once per draft token, and on
+        # CPU nn.Module dispatch was a quarter of its ~160 us (measured, D = 3, H = 128)
         for i in range(self.depth):
-            x = self.block(i)(x)
-        return self.out(x).squeeze(-1).float()  # (...,)
+            lin = self.block(i).linear
+            x = x + nn.functional.silu(nn.functional.linear(x, lin.weight, lin.bias))
+        return nn.functional.linear(x, self.out.weight, self.out.bias).squeeze(-1).float()  # (...,)
 
     def config(self) -> dict[str, Any]:
         return {"format": FORMAT, "hidden_size": self.hidden_size, "depth": self.depth, "tie_blocks": self.tie_blocks}
