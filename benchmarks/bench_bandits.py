@@ -32,6 +32,7 @@ from decoding.selectors import make_selector  # noqa: E402
 from decoding.speculative import generate_speculative  # noqa: E402
 from decoding.speculator import DrafterSpeculator  # noqa: E402
 from decoding.stopping import FixedK  # noqa: E402
+from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 N_MAX = 5
 N_ARMS = 4
@@ -140,11 +141,7 @@ def main() -> None:
             f" {spec.switch_seconds / m.time_draft:.1%} |"
         )
     table = "\n".join(lines) + "\n"
-    print(table)
-    if not args.no_append:
-        results = pathlib.Path(__file__).resolve().parent / "RESULTS.md"
-        with results.open("a") as f:
-            f.write("\n" + table)
+    publish(table, append=not args.no_append)
 
 
 if __name__ == "__main__":

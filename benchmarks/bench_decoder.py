@@ -42,8 +42,8 @@ from decoding.sampling import SamplingConfig  # noqa: E402
 from decoding.cost_model import fit_from_metrics  # noqa: E402
 from decoding.speculative import hindsight_oracle, speculative_generate  # noqa: E402
 from decoding.stopping import FixedK, SpecDecPP  # noqa: E402
+from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "RESULTS.md"
 
 
 def random_tiny_pair(out_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
@@ -308,10 +308,7 @@ def main(argv=None) -> int:
         elif not (args.target and args.drafter):
             parser.error("give --target and --drafter, or --random-tiny")
         table = bench(args)
-    print(table)
-    if not args.no_append:
-        with RESULTS.open("a") as f:
-            f.write("\n" + table)
+    publish(table, append=not args.no_append)
     return 0
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from pipelines.config import load_config
 from pipelines.schema import RunConfig
 from pipelines.stage import run_stage
+from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 
 def main() -> None:
@@ -50,10 +51,7 @@ def main() -> None:
         lines.append(f"| {d} | {a['acceptance']:.3f} / {a['agreement']:.3f} | {b['acceptance']:.3f} / "
                      f"{b['agreement']:.3f} | {a['acceptance'] - b['acceptance']:+.3f} / {a['agreement'] - b['agreement']:+.3f} |")
     text = "\n".join(lines)
-    print(text)
-    if not args.no_append:
-        with open(Path(__file__).with_name("RESULTS.md"), "a") as f:
-            f.write("\n" + text + "\n")
+    publish(text, append=not args.no_append)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from heads.lit_head import DEPTHS, W_REJS, HeadSpec, HeadTrainConfig, train_head_grid, train_heads  # noqa: E402
 from heads.metrics import constant_baseline  # noqa: E402
+from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 
 def synthetic(m: int, hidden: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,12 +92,8 @@ def main() -> None:
         f"{best.eval_metrics['auroc_reject']:.3f}.",
         "",
     ]
-    print("\n".join(lines))
+    publish("\n".join(lines), append=not args.no_write)
     print("per head eval KL:", ", ".join(f"{h.spec.name}={h.eval_metrics['kl']:.4f}" for h in heads))
-    if not args.no_write:
-        results = Path(__file__).resolve().parent / "RESULTS.md"
-        with results.open("a") as f:
-            f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

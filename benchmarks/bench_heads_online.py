@@ -24,6 +24,7 @@ from heads.online import OnlineFeatures
 from pipelines.acceptance_data import load_features
 from pipelines.config import load_config
 from pipelines.schema import RunConfig
+from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 
 def main() -> None:
@@ -58,10 +59,7 @@ def main() -> None:
         "| features | wall s |", "| --- | ---: |", f"| cached (fp16, computed once by acceptance-data) | {cached:.1f} |",
         f"| online (drafter rerun every epoch) | {online:.1f} |", "",
         f"Caching is {online / cached:.2f}x faster for this drafter.", ""])
-    print(text)
-    if not args.no_append:
-        with open(Path(__file__).with_name("RESULTS.md"), "a") as f:
-            f.write("\n" + text)
+    publish(text, append=not args.no_append)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pipelines.config import load_config  # noqa: E402
 from pipelines.report import _methods, one, select  # noqa: E402
 from pipelines.schema import RunConfig  # noqa: E402
 from pipelines.stage import run_stage  # noqa: E402
+from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 
 def bandit_table(metrics: dict) -> list[str]:
@@ -111,10 +112,7 @@ def main() -> None:
         "drafter in that round; MetaSD Figure 3):", "", *best_arm_table(metrics), "",
         "Routing vs bandits across prompt sets (MAT pooled over domains; MetaSD Table 6):", "",
         *robustness_table(metrics), ""])
-    print(text)
-    if not args.no_append:
-        with open(Path(__file__).parent / "RESULTS.md", "a") as f:
-            f.write("\n" + text)
+    publish(text, append=not args.no_append)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 STAGES = [("prepare-data", "prompts"), ("pretrain-target", "target"), ("distill-data", "distill_data"),
           ("train-drafters", "drafters"), ("acceptance-data", "acceptance_data"), ("train-heads", "heads"),
@@ -113,10 +114,7 @@ def main() -> None:
              "SpecDec++ heads (simulated on dev sequences, cost in target-forward units, c = t_draft/t_target):", "",
              *heads(root), ""]
     text = "\n".join(parts)
-    print(text)
-    if not args.no_append:
-        with open(Path(__file__).with_name("RESULTS.md"), "a") as f:
-            f.write("\n" + text + "\n")
+    publish(text, append=not args.no_append)
 
 
 if __name__ == "__main__":

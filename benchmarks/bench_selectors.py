@@ -21,6 +21,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from decoding.selectors import SELECTORS, make_selector  # noqa: E402
+from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 MAX_LEN = 4  # L for the BanditSpec selectors
 ARMS = range(2, 9)
@@ -104,12 +105,7 @@ def main() -> None:
         )
         lines.append("")
     text = "\n".join(lines)
-    print(text)
-    if not args.no_append:
-        results = pathlib.Path(__file__).resolve().parent / "RESULTS.md"
-        with results.open("a") as f:
-            f.write(("\n" if results.exists() and results.stat().st_size else "") + text + "\n")
-        print(f"appended to {results}")
+    publish(text, append=not args.no_append)
 
 
 if __name__ == "__main__":
