@@ -13,23 +13,22 @@ JSON config beside them; nothing is ever unpickled.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from decoding.errors import InputError
+from heads.checkpoint import CheckpointFormat
 
 WEIGHTS_NAME = "head.safetensors"
 CONFIG_NAME = "head_config.json"
 FORMAT = "specdraft-acceptance-head/1"
 # Keys of head_config.json owned by the head itself; everything else comes from `meta`.
-_ARCH_KEYS = ("format", "hidden_size", "depth", "tie_blocks")
+CHECKPOINT = CheckpointFormat("acceptance head", "train-heads", WEIGHTS_NAME, CONFIG_NAME, FORMAT,
+                              ("format", "hidden_size", "depth", "tie_blocks"))
 
 
 class ResidualBlock(nn.Module):
@@ -87,17 +86,7 @@ def save_head(head: AcceptanceHead, out_dir: str | os.PathLike, meta: dict[str, 
     `load_head`), `w_rej`, `label_transform` ({temperature, top_k, top_p} the labels were made with),
     `threshold` (the chosen h), metrics. It cannot override the architecture keys.
     """
-    meta = dict(meta or {})
-    clash = sorted(set(meta) & set(_ARCH_KEYS))
-    if clash:
-        raise InputError(f"head meta must not set architecture keys {clash}; they come from the head itself")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
-    save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": FORMAT})
-    config = {**head.config(), **meta}
-    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return out
+    return CHECKPOINT.save(head, head.config(), out_dir, meta)
 
 
 def load_head(
@@ -111,19 +100,12 @@ def load_head(
     meant for (hidden size or drafter content hash differ).
     """
     d = Path(head_dir)
-    cfg_path, w_path = d / CONFIG_NAME, d / WEIGHTS_NAME
-    for p in (cfg_path, w_path):
-        if not p.is_file():
-            raise InputError(f"acceptance head file {p} is missing; re-run the train-heads stage")
+    config = CHECKPOINT.read_config(d)
     try:
-        config = json.loads(cfg_path.read_text())
         hidden_size, depth, tie = int(config["hidden_size"]), int(config["depth"]), bool(config["tie_blocks"])
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
-        raise InputError(
-            f"acceptance head config {cfg_path} is corrupt ({type(e).__name__}: {e}); re-run train-heads"
-        ) from None
-    if config.get("format") != FORMAT:
-        raise InputError(f"{cfg_path} has format {config.get('format')!r}, expected {FORMAT!r}; re-run train-heads")
+    except (KeyError, TypeError, ValueError) as e:
+        raise CHECKPOINT.corrupt_config(d, e) from None
+    CHECKPOINT.check_format(d, config)
     if expected_hidden_size is not None and hidden_size != expected_hidden_size:
         raise InputError(
             f"acceptance head {d} reads hidden size {hidden_size} but the drafter has {expected_hidden_size}; "
@@ -134,18 +116,6 @@ def load_head(
             f"acceptance head {d} was trained on drafter hash {config.get('drafter_hash')!r}, not "
             f"{expected_drafter_hash!r}; retrain the head (train-heads) for this drafter"
         )
-    try:
-        state = load_file(str(w_path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise InputError(f"acceptance head weights {w_path} are corrupt ({e}); re-run train-heads") from None
     head = AcceptanceHead(hidden_size, depth, tie_blocks=tie)
-    expected = head.state_dict()
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    bad_shape = [k for k in expected if k in state and state[k].shape != expected[k].shape]
-    if missing or unexpected or bad_shape:
-        raise InputError(
-            f"acceptance head weights {w_path} do not match its config (missing {missing}, unexpected "
-            f"{unexpected}, wrong shape {bad_shape}); re-run train-heads"
-        )
-    head.load_state_dict(state, strict=True)
+    CHECKPOINT.load_weights(head, d)
     return head.eval(), config

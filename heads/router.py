@@ -22,23 +22,22 @@ target tokenizer fingerprint, metrics). Pure PyTorch: the decoder imports this m
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from decoding.errors import InputError
+from heads.checkpoint import CheckpointFormat
 
 WEIGHTS_NAME = "router.safetensors"
 CONFIG_NAME = "router_config.json"
 FORMAT = "specdraft-router/1"
 KINDS = ("classifier", "centroid")
-_ARCH_KEYS = ("format", "kind", "drafters", "embed_dim", "hidden", "domains", "domain_drafters")
+CHECKPOINT = CheckpointFormat("router", "train-router", WEIGHTS_NAME, CONFIG_NAME, FORMAT,
+                              ("format", "kind", "drafters", "embed_dim", "hidden", "domains", "domain_drafters"))
 
 
 def _weight(embeddings: torch.Tensor | nn.Module) -> torch.Tensor:
@@ -217,16 +216,7 @@ def save_router(router: Router, out_dir: str | os.PathLike, meta: dict[str, Any]
     """Write router.safetensors + router_config.json. `meta` (JSON-serialisable) goes beside the
     architecture: the stage stores `label_kind`, `tokenizer_fingerprint` (checked by `load_router`),
     `pooling` and metrics there."""
-    meta = dict(meta or {})
-    clash = sorted(set(meta) & set(_ARCH_KEYS))
-    if clash:
-        raise InputError(f"router meta must not set architecture keys {clash}; they come from the router itself")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in router.state_dict().items()}
-    save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": FORMAT})
-    (out / CONFIG_NAME).write_text(json.dumps({**router.config(), **meta}, indent=2, sort_keys=True) + "\n")
-    return out
+    return CHECKPOINT.save(router, router.config(), out_dir, meta)
 
 
 def load_router(router_dir: str | os.PathLike, target_embeddings: torch.Tensor | nn.Module,
@@ -238,37 +228,24 @@ def load_router(router_dir: str | os.PathLike, target_embeddings: torch.Tensor |
     trained with.
     """
     d = Path(router_dir)
-    cfg_path, w_path = d / CONFIG_NAME, d / WEIGHTS_NAME
-    for p in (cfg_path, w_path):
-        if not p.is_file():
-            raise InputError(f"router file {p} is missing; re-run the train-router stage")
+    config = CHECKPOINT.read_config(d)
     try:
-        config = json.loads(cfg_path.read_text())
         kind, embed_dim, drafters = config["kind"], int(config["embed_dim"]), list(config["drafters"])
         if kind == "classifier":
             router: Router = PromptClassifierRouter(embed_dim, drafters, int(config["hidden"]))
         elif kind == "centroid":
             router = CentroidRouter(embed_dim, config["domains"], config["domain_drafters"])
         else:
-            raise InputError(f"{cfg_path}: unknown router kind {kind!r}; expected one of {', '.join(KINDS)}")
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
-        if isinstance(e, InputError):
-            raise
-        raise InputError(f"router config {cfg_path} is corrupt ({type(e).__name__}: {e}); re-run train-router") from None
-    if config.get("format") != FORMAT:
-        raise InputError(f"{cfg_path} has format {config.get('format')!r}, expected {FORMAT!r}; re-run train-router")
+            raise InputError(f"{d / CONFIG_NAME}: unknown router kind {kind!r}; expected one of {', '.join(KINDS)}")
+    except InputError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:
+        raise CHECKPOINT.corrupt_config(d, e) from None
+    CHECKPOINT.check_format(d, config)
     saved_fp = config.get("tokenizer_fingerprint")
     if tokenizer_fingerprint is not None and saved_fp != tokenizer_fingerprint:
         raise InputError(f"router {d} was trained for a target tokenizer with sha256 {str(saved_fp)[:12]}, not "
                          f"{tokenizer_fingerprint[:12]}; retrain it (train-router) for this target")
-    try:
-        state = load_file(str(w_path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise InputError(f"router weights {w_path} are corrupt ({e}); re-run train-router") from None
-    expected = router.state_dict()
-    bad = sorted(set(expected) ^ set(state)) + [k for k in expected if k in state and state[k].shape != expected[k].shape]
-    if bad:
-        raise InputError(f"router weights {w_path} do not match its config (keys {bad}); re-run train-router")
-    router.load_state_dict(state, strict=True)
+    CHECKPOINT.load_weights(router, d)
     router.metadata = config  # everything stored beside the weights (label kind, metrics, ...)
     return router.bind(target_embeddings).eval()
