@@ -157,6 +157,10 @@ class MultiDrafterSpeculator:
         self.arms = arms
         self.selector = selector
         self.reward = reward
+        if reward == "bd":  # under greedy decoding BD reads the drafters' raw logits; nobody else needs them
+            for arm in arms:
+                if hasattr(arm.speculator, "keep_logits"):
+                    arm.speculator.keep_logits = True
         self.n_max = n_max
         self._reset()
 

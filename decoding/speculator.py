@@ -85,6 +85,7 @@ class DrafterSpeculator:
         if isinstance(head, torch.nn.Module):
             check_head(head, drafter)
         self.device = kv.input_device(drafter)
+        self.keep_logits = False  # attach the raw logits to each Draft (read by the greedy BD reward)
         self.cache = kv.new_cache()
         self.fed: list[int] = []
         self._committed = 0  # a prefix length of `fed` known to be committed
@@ -127,7 +128,8 @@ class DrafterSpeculator:
             y = int(q_next.argmax()) if sampling.greedy else int(sample(q_next, generator))
             tokens.append(y)
             qs.append(q_next)
-            raw.append(logits[-1] if logits.ndim == 2 else logits)
+            if self.keep_logits:
+                raw.append(logits[-1] if logits.ndim == 2 else logits)
             if len(tokens) == limit or y in self.eos:
                 break  # the round ends anyway: no need to feed y
             logits, states = kv.forward(self.drafter, self.cache, [y], hidden=need_hidden, device=self.device)
