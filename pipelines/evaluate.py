@@ -246,12 +246,12 @@ def build(ctx: Context) -> dict:
             names = list(drafters)
             mats = {n: run_fixed(n, k_main).mat for n in names} if s in ecfg.per_drafter_sets else None
             best = max(names, key=lambda n: (mats[n], -names.index(n))) if mats else None
-            runs = [(b, BANDITS[b][0], make_bandit(b, drafters, derive_seed(seed, pid, b))) for b in ecfg.bandits]
+            runs = [(BANDITS[b][0], make_bandit(b, drafters, derive_seed(seed, pid, b))) for b in ecfg.bandits]
             for b in ecfg.stream_bandits:
                 if (b, s, domain) not in streams:
                     streams[b, s, domain] = make_bandit(b, drafters, derive_seed(seed, s, domain, b, "stream"), True)
-                runs.append((b, f"{BANDITS[b][0]} (stream)", streams[b, s, domain]))
-            for b, label, spec in runs:
+                runs.append((f"{BANDITS[b][0]} (stream)", streams[b, s, domain]))
+            for label, spec in runs:
                 res = generate_speculative(target, spec, ids, ecfg.max_new_tokens, greedy, eos)
                 add("greedy", label, "bandit", None, k_main, res.metrics)
                 switch_s[label] = switch_s.get(label, 0.0) + float(getattr(spec, "switch_seconds", 0.0))

@@ -1,5 +1,6 @@
 """A tiny demo run (prompts + a 1-layer target) built once per session; tests get their own copy."""
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -31,21 +32,33 @@ def tiny_config(root, **sections) -> RunConfig:
     return from_dict(RunConfig, data)
 
 
+def run_template(tmp_path_factory, name: str, base: Path | None, stages: tuple[str, ...], **sections) -> Path:
+    """A run root built once per session or module: a copy of `base` (or nothing) with `stages` run
+    under tiny_config(root, **sections). Tests take a `fresh_copy` so none sees another's changes."""
+    root = tmp_path_factory.mktemp(name) / "run"
+    if base is not None:
+        shutil.copytree(base, root)
+    cfg = tiny_config(root, **sections)
+    for stage in stages:
+        run_stage(cfg, stage)
+    return root
+
+
+def fresh_copy(template: Path, tmp_path: Path, name: str = "run") -> Path:
+    root = tmp_path / name
+    shutil.copytree(template, root)
+    return root
+
+
 @pytest.fixture(scope="session")
 def _tiny_run_template(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny_run")
-    cfg = tiny_config(root)
-    run_stage(cfg, "prepare-data")
-    run_stage(cfg, "pretrain-target")
-    return root
+    return run_template(tmp_path_factory, "tiny_run", None, ("prepare-data", "pretrain-target"))
 
 
 @pytest.fixture
 def tiny_run(_tiny_run_template, tmp_path):
     """A run root holding finished prompts/ and target/ stages."""
-    root = tmp_path / "run"
-    shutil.copytree(_tiny_run_template, root)
-    return root
+    return fresh_copy(_tiny_run_template, tmp_path)
 
 
 FAST_HEADS = {"depths": [0, 2], "w_rejs": [1.0, 6.0], "epochs": 1, "cost_ratio": 0.2, "lr": 1e-3}
@@ -54,17 +67,10 @@ FAST = {"acceptance_data": {"max_sequences": {"train": 10, "dev": 6}}, "train_he
 
 @pytest.fixture(scope="session")
 def _drafted_template(_tiny_run_template, tmp_path_factory):
-    root = tmp_path_factory.mktemp("drafted_run") / "run"
-    shutil.copytree(_tiny_run_template, root)
-    cfg = tiny_config(root, **FAST)
-    run_stage(cfg, "distill-data")
-    run_stage(cfg, "train-drafters")
-    return root
+    return run_template(tmp_path_factory, "drafted_run", _tiny_run_template, ("distill-data", "train-drafters"), **FAST)
 
 
 @pytest.fixture
 def drafted_run(_drafted_template, tmp_path):
     """A run root with prompts/, target/, distill_data/ and drafters/ finished (tiny sizes)."""
-    root = tmp_path / "drafted"
-    shutil.copytree(_drafted_template, root)
-    return root
+    return fresh_copy(_drafted_template, tmp_path, "drafted")

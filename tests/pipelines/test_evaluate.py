@@ -1,7 +1,6 @@
 """The evaluate stage on a tiny exported run: report files, numbers traceable to metrics.json, damage."""
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -10,7 +9,7 @@ from decoding.errors import InputError
 from pipelines.report import PLOTS, headline
 from pipelines.schema import EvaluateSection
 from pipelines.stage import run_stage
-from tests.pipelines.conftest import FAST, tiny_config
+from tests.pipelines.conftest import FAST, fresh_copy, run_template, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,19 +25,14 @@ def _config(root):
 
 @pytest.fixture(scope="module")
 def _exported(_tiny_run_template, tmp_path_factory):
-    root = tmp_path_factory.mktemp("evaluate") / "run"
-    shutil.copytree(_tiny_run_template, root)
-    cfg = _config(root)
-    for stage in ("distill-data", "train-drafters", "acceptance-data", "train-heads", "export"):
-        run_stage(cfg, stage)
-    return root
+    return run_template(tmp_path_factory, "evaluate", _tiny_run_template,
+                        ("distill-data", "train-drafters", "acceptance-data", "train-heads", "export"),
+                        **{**FAST, "acceptance_data": TWO_TRANSFORMS}, evaluate=TINY_EVAL)
 
 
 @pytest.fixture
 def run_root(_exported, tmp_path):
-    root = tmp_path / "run"
-    shutil.copytree(_exported, root)
-    return root
+    return fresh_copy(_exported, tmp_path)
 
 
 def _numbers(text: str) -> list[float]:

@@ -11,7 +11,7 @@ from decoding.bundle import BUNDLE_JSON, bundle_files, content_hash, inspect_mai
 from decoding.errors import InputError
 from pipelines.artifacts import StageOutput, content_hash as artifacts_content_hash, read_manifest, subdir_hash
 from pipelines.stage import run_stage
-from tests.pipelines.conftest import tiny_config
+from tests.pipelines.conftest import fresh_copy, run_template, tiny_config
 
 FAST = {"train_heads": {"depths": [0, 1], "w_rejs": [1.0, 6.0], "epochs": 1, "cost_ratio": 0.2},
         "acceptance_data": {"max_sequences": {"train": 8, "dev": 4}}}
@@ -24,19 +24,13 @@ def _config(root, **sections):
 @pytest.fixture(scope="module")
 def _headed_template(_tiny_run_template, tmp_path_factory):
     """A run root with every stage up to train-heads finished (built once for this module)."""
-    root = tmp_path_factory.mktemp("export") / "run"
-    shutil.copytree(_tiny_run_template, root)
-    cfg = _config(root)
-    for stage in ("distill-data", "train-drafters", "acceptance-data", "train-heads"):
-        run_stage(cfg, stage)
-    return root
+    return run_template(tmp_path_factory, "export", _tiny_run_template,
+                        ("distill-data", "train-drafters", "acceptance-data", "train-heads"), **FAST)
 
 
 @pytest.fixture
 def run_root(_headed_template, tmp_path):
-    root = tmp_path / "run"
-    shutil.copytree(_headed_template, root)
-    return root
+    return fresh_copy(_headed_template, tmp_path)
 
 
 def _fake_router(root: Path, weights_name: str = "router.safetensors") -> None:
