@@ -33,7 +33,7 @@ from decoding.selectors import EXP3, EXP3Spec, MetaSDUCB, SequentialHalving, UCB
 from decoding.speculator import Draft, DrafterSpeculator, RoundOutcome, Speculator, common_prefix
 from decoding.stopping import FixedK
 
-REWARDS = ("bd", "be", "accepted")
+REWARDS = ("bd", "bd-argmax", "be", "accepted")
 
 
 @dataclass
@@ -117,6 +117,8 @@ class MultiDrafterSpeculator:
     """A bandit over arms, one arm per round (implements `decoding.speculator.Speculator`).
 
     reward: "bd"       MetaSD Eq. 4 block divergence, mean over drafted positions of 1 - TV(p, q), in [0, 1]
+            "bd-argmax" the same, but under greedy decoding on the one-hot verification distributions:
+                       the fraction of drafted positions where draft and target argmax agree
             "be"       block efficiency N_acc / n_max, in [0, 1]
             "accepted" BanditSpec's accepted length Y = N_acc + 1 in [1, n_max + 1]
     n_max: the most tokens any arm drafts in a round (MetaSD's N_max = 5; BanditSpec's L); arms are
@@ -126,7 +128,10 @@ class MultiDrafterSpeculator:
     `Draft.q`) when sampling. Under greedy decoding those are one-hots (BD would only count argmax
     agreements), so it reads the models' own softmax distributions from the raw logits instead, as
     MetaSD defines alpha = 1 - TV(p, q) for T = 0 too (its Assumption 2); a model-free arm (prompt
-    lookup) has no logits and keeps the one-hot form. BD rates token agreement, not speed: over gamma
+    lookup) has no logits and keeps the one-hot form. The paper leaves room for both readings: its
+    Table 2 calls BD "always nonzero" (softmax), while its Lemma 2 (maximising BD maximises accepted
+    tokens) needs alpha to be the acceptance rate of the verification in use, which under greedy
+    verification is argmax agreement ("bd-argmax"). The two can rank drafters differently. BD rates token agreement, not speed: over gamma
     arms of one drafter use "accepted" (BD scores gamma = 0 as 0).
 
     A round with no room to draft (the last token of a generation: max_tokens == 0) is no bandit round:
@@ -153,7 +158,7 @@ class MultiDrafterSpeculator:
             if selector.max_len != n_max:
                 raise InputError(f"selector max_len ({selector.max_len}) must equal n_max ({n_max})")
         if isinstance(selector, (MetaSDUCB, EXP3, SequentialHalving)) and reward == "accepted":
-            raise InputError(f"{type(selector).__name__} takes rewards in [0, 1]; use reward='bd' or 'be'")
+            raise InputError(f"{type(selector).__name__} takes rewards in [0, 1]; use reward='bd', 'bd-argmax' or 'be'")
         self.arms = arms
         self.selector = selector
         self.reward = reward
@@ -244,7 +249,7 @@ class MultiDrafterSpeculator:
 
     def round_reward(self, p: torch.Tensor, q: torch.Tensor, k: int, n: int) -> float:
         """The configured reward of a round that drafted k tokens and had n accepted (p: (k+1, V), q: (k, V))."""
-        if self.reward == "bd":
+        if self.reward in ("bd", "bd-argmax"):
             return float(block_divergence_reward(p[:k], q)) if k else 0.0
         if self.reward == "be":
             return float(block_efficiency_reward(n, self.n_max))

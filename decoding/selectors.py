@@ -371,6 +371,17 @@ class OracleFixedArm(FixedArm):
         return self.arm
 
 
+class OnePassOracle(OracleFixedArm):
+    """The ceiling of any bandit that starts with one round-robin pass (MetaSD-UCB, UCBSpec): that pass,
+    then the prompt's hindsight-best arm for every later round. Its gap to the best fixed arm is the
+    price of trying every arm once, which a short generation cannot amortise."""
+
+    def _choose(self) -> int:
+        if 0 in self.counts:
+            return self.counts.index(0)  # the same pass, in the same arm order, as MetaSDUCB
+        return super()._choose()
+
+
 class UniformRandom(Selector):
     """Static baseline: a uniformly random arm every round (MetaSD's 'Rand')."""
 
@@ -387,6 +398,7 @@ SELECTORS: dict[str, type[Selector]] = {
     "fixed": FixedArm,
     "random": UniformRandom,
     "oracle": OracleFixedArm,
+    "one-pass-oracle": OnePassOracle,
 }
 
 

@@ -101,16 +101,25 @@ def _bandit_factory(cfg: EvaluateSection, k: int):
         return None, f"multi-drafter bandits are not available in this version ({e}): bandit rows skipped"
     from decoding.selectors import make_selector
 
-    def make(name: str, drafters: dict[str, torch.nn.Module], seed: int, persistent: bool = False):
+    def make(name: str, drafters: dict[str, torch.nn.Module], seed: int, persistent: bool = False,
+             best_arm: int | None = None):
+        arms = [Arm(n, DrafterSpeculator(m, FixedK(k)), drafter_key=n) for n, m in drafters.items()]
+        if name == CEILING:  # no learning: its reward is never read
+            return MultiDrafterSpeculator(arms, make_selector("one-pass-oracle", len(arms), best_arm=best_arm),
+                                          reward="be", n_max=k)
         _, selector_name, reward = BANDITS[name]
         params = {"beta": cfg.beta} if selector_name == "ucb" else {"max_len": k}
         if selector_name == "ucbspec":
             params["delta"] = cfg.delta
-        arms = [Arm(n, DrafterSpeculator(m, FixedK(k)), drafter_key=n) for n, m in drafters.items()]
         return MultiDrafterSpeculator(arms, make_selector(selector_name, len(arms), seed=seed, persistent=persistent,
                                                           **params), reward=reward, n_max=k)
 
     return make, None
+
+
+# one round-robin pass over the drafters, then the prompt's hindsight-best one: what any bandit that starts
+# with that pass (MetaSD-UCB, UCBSpec) can reach at best on a generation this long
+CEILING = "one pass + hindsight drafter"
 
 
 def _arm_names(history, names: list[str]) -> list[str]:
@@ -140,6 +149,11 @@ def build(ctx: Context) -> dict:
     make_bandit, why_not = _bandit_factory(ecfg, k_main) if ecfg.bandits else (None, None)
     if why_not:
         notes.append(why_not)
+    arm_names = sorted(set(own.values())) if ecfg.bandit_arms == "specialists" else list(drafters)
+    if len(arm_names) < 2:
+        notes.append(f"fewer than 2 single-domain drafters ({arm_names}): the bandits choose among all drafters")
+        arm_names = list(drafters)
+    arms = {n: drafters[n] for n in arm_names}
     # each mode uses the heads labelled under its own transform (SPEC.md 3); sampling mode decodes at
     # the first non-greedy label transform of the bundle's heads (T=1 when there is none)
     greedy = SamplingConfig(temperature=0.0)
@@ -195,6 +209,7 @@ def build(ctx: Context) -> dict:
         fixed_runs = {(n, k_main) for n in per_drafter_for(s, domain)} | {(n, k) for n in sweep for k in ecfg.ks}
         n = 1 + len(fixed_runs) + sum(d in heads["greedy"] for d in sweep) + len(sweep)
         n += len(routers) + (len(ecfg.bandits) + len(ecfg.stream_bandits) if make_bandit else 0)
+        n += bool(make_bandit and s in ecfg.per_drafter_sets)  # the one-pass ceiling
         if s == "test" and i < ecfg.sampling_prompts:
             n += 1 + len(sweep) + sum(d in heads["sampling"] for d in sweep)
         return n
@@ -243,17 +258,21 @@ def build(ctx: Context) -> dict:
                                     time_total=m.time_total + route_s, time_draft=m.time_draft + route_s)
             add("greedy", f"router:{kind}", "router", name, k_main, m)
         if make_bandit:
-            names = list(drafters)
+            names = list(arms)
             mats = {n: run_fixed(n, k_main).mat for n in names} if s in ecfg.per_drafter_sets else None
             best = max(names, key=lambda n: (mats[n], -names.index(n))) if mats else None
-            runs = [(BANDITS[b][0], make_bandit(b, drafters, derive_seed(seed, pid, b))) for b in ecfg.bandits]
+            runs = [(BANDITS[b][0], make_bandit(b, arms, derive_seed(seed, pid, b))) for b in ecfg.bandits]
             for b in ecfg.stream_bandits:
                 if (b, s, domain) not in streams:
-                    streams[b, s, domain] = make_bandit(b, drafters, derive_seed(seed, s, domain, b, "stream"), True)
+                    streams[b, s, domain] = make_bandit(b, arms, derive_seed(seed, s, domain, b, "stream"), True)
                 runs.append((f"{BANDITS[b][0]} (stream)", streams[b, s, domain]))
+            if best is not None:
+                runs.append((CEILING, make_bandit(CEILING, arms, 0, best_arm=names.index(best))))
             for label, spec in runs:
                 res = generate_speculative(target, spec, ids, ecfg.max_new_tokens, greedy, eos)
-                add("greedy", label, "bandit", None, k_main, res.metrics)
+                add("greedy", label, "ceiling" if label == CEILING else "bandit", None, k_main, res.metrics)
+                if label == CEILING:
+                    continue
                 switch_s[label] = switch_s.get(label, 0.0) + float(getattr(spec, "switch_seconds", 0.0))
                 if best is not None:
                     rounds = best_arm_hits.setdefault(label, [])
@@ -280,7 +299,7 @@ def build(ctx: Context) -> dict:
     bar.close()
 
     metrics = summarize(records, ecfg, k_main, own, ofa, heads, best_arm_hits, switch_s, notes, sampling_cfg,
-                        device, len(prompts), len(drafters))
+                        device, len(prompts), len(drafters), arm_names)
     from pipelines.report import write_report
 
     write_report(metrics, ctx.out)
@@ -304,7 +323,7 @@ def _row(group: list[Record], ar: GenerationMetrics | None) -> dict[str, Any]:
     return row
 
 
-MEASURED = ("ar", "fixed", "specdecpp", "oracle", "router", "bandit")  # families of real runs; others are derived
+MEASURED = ("ar", "fixed", "specdecpp", "oracle", "router", "bandit", "ceiling")  # families of real runs; others are derived
 
 
 def _derived(records: list[Record], k: int, own: dict[str, str], n_drafters: int) -> list[Record]:
@@ -328,7 +347,7 @@ def _derived(records: list[Record], k: int, own: dict[str, str], n_drafters: int
 
 def summarize(records: list[Record], ecfg: EvaluateSection, k_main: int, own: dict[str, str], ofa: str | None,
               heads: dict, best_arm_hits: dict, switch_s: dict, notes: list[str], sampling_cfg: SamplingConfig,
-              device: str, n_prompts: int, n_drafters: int) -> dict[str, Any]:
+              device: str, n_prompts: int, n_drafters: int, bandit_arms: list[str]) -> dict[str, Any]:
     """The metrics dict report.md, metrics.json and the plots are all made from."""
     records = records + _derived(records, k_main, own, n_drafters)
     groups: dict[tuple, list[Record]] = {}
@@ -349,7 +368,7 @@ def summarize(records: list[Record], ecfg: EvaluateSection, k_main: int, own: di
     metrics = {
         "config": dataclasses.asdict(ecfg), "k": k_main, "device": device, "prompts": n_prompts,
         "sampling": {"temperature": sampling_cfg.temperature, "top_k": sampling_cfg.top_k, "top_p": sampling_cfg.top_p},
-        "drafters": {"own": own, "ofa": ofa},
+        "drafters": {"own": own, "ofa": ofa}, "bandit_arms": bandit_arms,
         "heads": {mode: {n: {"threshold": h[1], "k_max": h[2], "name": h[3].name} for n, h in by.items()}
                   for mode, by in heads.items()},
         "rows": rows, "cost_fit": cost_fit, "best_arm_ratio": best_arm_ratio, "best_arm_prompts": best_arm_prompts,

@@ -260,6 +260,7 @@ SETS = ("test", "perturbed", "ood")
 # name -> (label, selector in decoding.selectors, reward in decoding.multi)
 BANDITS: dict[str, tuple[str, str, str]] = {
     "ucb-bd": ("MetaSD-UCB (BD)", "ucb", "bd"),
+    "ucb-bd-argmax": ("MetaSD-UCB (BD argmax)", "ucb", "bd-argmax"),
     "ucb-be": ("MetaSD-UCB (BE)", "ucb", "be"),
     "ucbspec": ("UCBSpec", "ucbspec", "accepted"),
     "exp3spec": ("EXP3Spec", "exp3spec", "accepted"),
@@ -277,10 +278,13 @@ class EvaluateSection:
     sweep_drafters: Literal["in_domain", "all"] = "in_domain"  # K sweep, SpecDec++, oracle: domain drafter + OFA, or all
     per_drafter_sets: list[str] = field(default_factory=lambda: ["test"])  # sets where every drafter runs at K
     sampling_prompts: int = 1  # per domain (test set) also decoded in sampling mode; 0: greedy only
-    bandits: list[str] = field(default_factory=lambda: list(BANDITS))  # of ucb-bd, ucb-be, ucbspec, exp3spec
+    bandits: list[str] = field(default_factory=lambda: list(BANDITS))  # of ucb-bd, ucb-bd-argmax, ucb-be, ucbspec, exp3spec
     # bandits that also run once more with their state kept across each (set, domain) stream of prompts
     # (MetaSD resets per query; a deployment serving one task can keep what it learnt)
     stream_bandits: list[str] = field(default_factory=list)
+    # the bandits' (and the one-pass ceiling's) arms: the single-domain drafters, as in MetaSD Table 3 where
+    # the OFA drafter is a baseline beside the bandit, or every drafter of the bundle
+    bandit_arms: Literal["specialists", "all"] = "specialists"
     beta: float = 0.01  # MetaSD-UCB exploration strength (paper)
     delta: float = 0.5  # UCBSpec confidence (BanditSpec Thm 4.3)
     device: str = "auto"  # auto: cuda if available, else cpu

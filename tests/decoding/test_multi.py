@@ -51,7 +51,7 @@ def selector_for(name, n_arms, reward):
 
 
 @pytest.mark.parametrize(
-    "name,reward", [("ucb", "bd"), ("ucb", "be"), ("exp3", "bd"), ("sh", "be"), ("ucbspec", "accepted"),
+    "name,reward", [("ucb", "bd"), ("ucb", "bd-argmax"), ("ucb", "be"), ("exp3", "bd"), ("sh", "be"), ("ucbspec", "accepted"),
                     ("exp3spec", "accepted"), ("random", "bd"), ("fixed", "bd")]
 )
 def test_greedy_output_equals_autoregressive_and_counts_add_up(models, name, reward):
@@ -116,6 +116,27 @@ def test_greedy_bd_reads_the_models_own_distributions(models, monkeypatch):
     for p, q in seen:  # full-support softmax rows, not one-hots
         assert (p > 0).all() and (q > 0).all()
         assert torch.allclose(p.sum(-1), torch.ones(len(p))) and torch.allclose(q.sum(-1), torch.ones(len(q)))
+
+
+def test_greedy_bd_argmax_counts_argmax_agreements(models, monkeypatch):
+    """reward="bd-argmax" keeps greedy verification's one-hots: the reward is the share of drafted
+    positions where the drafter's and the target's argmax agree (also after the first rejection)."""
+    import decoding.multi as multi
+
+    seen = []
+    real = multi.block_divergence_reward
+    monkeypatch.setattr(multi, "block_divergence_reward", lambda p, q, *a: seen.append((p, q)) or real(p, q, *a))
+    target = models["target"]
+    arms = [Arm("bad", DrafterSpeculator(models["bad"], FixedK(4)))]
+    spec = MultiDrafterSpeculator(arms, make_selector("fixed", 1, arm=0), reward="bd-argmax", n_max=4)
+    out = generate_speculative(target, spec, prompts(1)[0], 30, GREEDY)
+    assert out.tokens == generate_autoregressive(target, prompts(1)[0], 30, GREEDY).tokens
+    assert len(seen) == len(spec.history)
+    for (p, q), h in zip(seen, spec.history):
+        assert ((p == 0) | (p == 1)).all() and ((q == 0) | (q == 1)).all()  # one-hots
+        agree = (p.argmax(-1) == q.argmax(-1)).float().mean().item()
+        assert h["reward"] == pytest.approx(agree)
+        assert agree >= h["accepted"] / h["drafted"]  # accepted positions all agree; later ones may too
 
 
 def test_switching_counts_catch_up_forwards(models):

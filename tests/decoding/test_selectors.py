@@ -14,6 +14,7 @@ from decoding.selectors import (
     EXP3Spec,
     FixedArm,
     MetaSDUCB,
+    OnePassOracle,
     OracleFixedArm,
     SequentialHalving,
     UCBSpec,
@@ -214,6 +215,13 @@ def test_fixed_random_oracle():
     assert oracle.counts == [0, 0, 0] and oracle.select() == 1
 
 
+def test_one_pass_oracle_tries_every_arm_once_then_the_told_arm():
+    ceiling = OnePassOracle(3, best_arm=2)
+    play(ceiling, [(0, 0.9), (1, 0.9), (2, 0.1), (2, 0.1), (2, 0.9)])  # rewards never move it
+    ceiling.start_query()
+    play(ceiling, [(0, 0.5)])
+
+
 # ---------------------------------------------------------------- protocol and state
 def test_start_query_resets_unless_persistent():
     for persistent in (False, True):
@@ -302,7 +310,7 @@ def test_sequential_halving_keeps_the_best_drafter():
 
 # ---------------------------------------------------------------- factory and bad input
 def test_make_selector_builds_every_selector():
-    params = {"ucbspec": {"max_len": 4}, "exp3spec": {"max_len": 4}, "oracle": {"best_arm": 0}}
+    params = {"ucbspec": {"max_len": 4}, "exp3spec": {"max_len": 4}, "oracle": {"best_arm": 0}, "one-pass-oracle": {"best_arm": 0}}
     for name, cls in SELECTORS.items():
         sel = make_selector(name, 2, seed=1, **params.get(name, {}))
         assert type(sel) is cls and sel.n_arms == 2

@@ -78,6 +78,10 @@ def test_report_numbers_come_from_metrics_json(run_root):
             assert h["name"].startswith("greedy/" if temperature == 0.0 else "T1/")
     bandits = {r["method"] for r in rows if r["family"] == "bandit"}
     assert "MetaSD-UCB (BD)" in bandits and "MetaSD-UCB (BD) (stream)" in bandits
+    # the one-pass ceiling needs every drafter's run on the prompt: only where per_drafter_sets has them
+    ceiling = [r for r in rows if r["family"] == "ceiling"]
+    assert ceiling and {r["set"] for r in ceiling} == {"test"}
+    assert metrics["effects"]["bandits_near_best"][ceiling[0]["method"]]["family"] == "ceiling"
     assert {r["set"] for r in rows} == {"test", "perturbed", "ood"}
     assert metrics["cost_fit"]["runs"] > 2
     # every number in the report's tables is a number of metrics.json
