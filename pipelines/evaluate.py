@@ -345,6 +345,26 @@ def _derived(records: list[Record], k: int, own: dict[str, str], n_drafters: int
     return out
 
 
+def stopping_time_regret(records: list[Record], k: int, arms: list[str]) -> dict[str, dict[str, float]]:
+    """MetaSD Definition 1 per prompt, averaged: tau(bandit) - tau(best fixed arm), in rounds (target calls).
+
+    Greedy decoding makes every method emit the same B tokens, so the stopping times compare directly; the
+    best fixed arm is the prompt's own (the instance-dependent regret of MetaSD Theorem 2), taken over the
+    bandit's arms. Only prompts where every arm ran at K count. Returns {bandit: {domain or "all": mean}}.
+    """
+    best: dict[str, dict[str, int]] = {}  # prompt -> arm -> rounds
+    for r in records:
+        if r.mode == "greedy" and r.family == "fixed" and r.k == k and r.drafter in arms:
+            best.setdefault(r.prompt, {})[r.drafter] = r.metrics.n_target
+    gaps: dict[str, dict[str, list[int]]] = {}
+    for r in records:
+        taus = best.get(r.prompt, {})
+        if r.mode == "greedy" and r.family in ("bandit", "ceiling") and len(taus) == len(arms):
+            for d in (r.domain, "all"):
+                gaps.setdefault(r.method, {}).setdefault(d, []).append(r.metrics.n_target - min(taus.values()))
+    return {m: {d: _r(sum(v) / len(v)) for d, v in by.items()} for m, by in gaps.items()}
+
+
 def summarize(records: list[Record], ecfg: EvaluateSection, k_main: int, own: dict[str, str], ofa: str | None,
               heads: dict, best_arm_hits: dict, switch_s: dict, notes: list[str], sampling_cfg: SamplingConfig,
               device: str, n_prompts: int, n_drafters: int, bandit_arms: list[str]) -> dict[str, Any]:
@@ -369,6 +389,7 @@ def summarize(records: list[Record], ecfg: EvaluateSection, k_main: int, own: di
         "config": dataclasses.asdict(ecfg), "k": k_main, "device": device, "prompts": n_prompts,
         "sampling": {"temperature": sampling_cfg.temperature, "top_k": sampling_cfg.top_k, "top_p": sampling_cfg.top_p},
         "drafters": {"own": own, "ofa": ofa}, "bandit_arms": bandit_arms,
+        "stopping_regret": stopping_time_regret(records, k_main, bandit_arms),
         "heads": {mode: {n: {"threshold": h[1], "k_max": h[2], "name": h[3].name} for n, h in by.items()}
                   for mode, by in heads.items()},
         "rows": rows, "cost_fit": cost_fit, "best_arm_ratio": best_arm_ratio, "best_arm_prompts": best_arm_prompts,

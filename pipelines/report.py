@@ -8,6 +8,8 @@ Writes report/
   pareto.png           discard rate vs verification rate (SpecDec++ Figure 3 style)
   speedup.png          speedup per domain x method (test set, greedy)
   best_arm_ratio.png   fraction of prompts whose bandit picked the hindsight-best drafter, per round
+  robustness.png       MAT on in-domain / perturbed / OOD prompts per method (MetaSD Table 6)
+  regret.png           stopping-time regret per domain x bandit (MetaSD Definition 1)
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-PLOTS = ("pareto.png", "speedup.png", "best_arm_ratio.png")
+PLOTS = ("pareto.png", "speedup.png", "best_arm_ratio.png", "robustness.png", "regret.png")
 
 
 def select(metrics: dict, **where) -> list[dict]:
@@ -194,16 +196,25 @@ def _robustness_table(metrics: dict) -> str:
 
 
 def _bd_be_table(metrics: dict) -> str | None:
-    bd, be = "MetaSD-UCB (BD)", "MetaSD-UCB (BE)"
-    if not select(metrics, method=bd) or not select(metrics, method=be):
+    """MetaSD Table 7 shape: MetaSD-UCB under each reward it ran with (BD, BD argmax, BE), MAT / speedup."""
+    variants = [m for m in _methods(metrics, ("bandit",), mode="greedy", set="test")
+                if m.startswith("MetaSD-UCB") and "(stream)" not in m]
+    if len(variants) < 2:
         return None
     rows = []
     for d in _domains(metrics, "test"):
-        a = one(metrics, mode="greedy", set="test", domain=d, method=bd)
-        b = one(metrics, mode="greedy", set="test", domain=d, method=be)
-        if a and b:
-            rows.append([d, a["MAT"], a["speedup"], b["MAT"], b["speedup"]])
-    return table(["domain", "BD MAT", "BD speedup", "BE MAT", "BE speedup"], rows)
+        cells = [one(metrics, mode="greedy", set="test", domain=d, method=m) for m in variants]
+        rows.append([d] + [f"{_fmt(c['MAT'])} / {_fmt(c['speedup'])}" if c else "-" for c in cells])
+    return table(["domain"] + [f"{m}: MAT / speedup" for m in variants], rows)
+
+
+def _regret_table(metrics: dict) -> str | None:
+    """MetaSD Definition 1: mean stopping-time regret per prompt, in rounds, per domain x bandit."""
+    regret = metrics.get("stopping_regret") or {}
+    if not regret:
+        return None
+    domains = [d for d in _domains(metrics, "test") if any(d in v for v in regret.values())]
+    return table(["bandit"] + domains, [[m] + [v.get(d) for d in domains] for m, v in regret.items()])
 
 
 def _best_arm_table(metrics: dict) -> str | None:
@@ -278,9 +289,16 @@ def render(metrics: dict) -> str:
                   "the heads' label transform; fewer prompts)", "", _stopping_table(metrics, "sampling"), ""]
     parts += ["## Bandits vs routers vs OFA on in-domain / perturbed / OOD prompts (MetaSD Table 6 shape)", "",
               _robustness_table(metrics), ""]
+    parts += ["![robustness](robustness.png)", ""]
     bdbe = _bd_be_table(metrics)
     if bdbe:
         parts += ["## Block divergence vs block efficiency reward (MetaSD Table 7 shape)", "", bdbe, ""]
+    regret = _regret_table(metrics)
+    if regret:
+        parts += ["## Stopping-time regret against the best fixed arm (MetaSD Definition 1; test set)", "",
+                  "Mean over prompts of (target calls the bandit needed) - (target calls of the prompt's best arm at "
+                  "fixed K), in rounds; greedy decoding makes both emit the same tokens.", "",
+                  regret, "", "![stopping-time regret](regret.png)", ""]
     arms = _best_arm_table(metrics)
     if arms:
         parts += ["## Best-arm ratio over rounds (MetaSD Figure 3; test set)", "",
@@ -328,19 +346,9 @@ def _plots(metrics: dict, out: Path) -> None:
     methods = _methods(metrics, ("fixed", "specdecpp", "router", "bandit"), mode="greedy", set="test")
     methods = [m for m in methods if (one(metrics, method=m, set="test") or {}).get("k") in (k, None)]
     domains = _domains(metrics, "test")
-    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(methods) * len(domains) / 3), 4.5))
-    width = 0.8 / max(1, len(methods))
-    for j, m in enumerate(methods):
-        vals = [(one(metrics, mode="greedy", set="test", domain=d, method=m) or {}).get("speedup") or 0.0
-                for d in domains]
-        ax.bar([i + j * width for i in range(len(domains))], vals, width, label=m)
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(domains))], domains)
-    ax.set_ylabel("speedup over autoregressive")
-    ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out / "speedup.png", dpi=110)
-    plt.close(fig)
+    _grouped_bars(plt, methods, domains,
+                  [[(one(metrics, mode="greedy", set="test", domain=d, method=m) or {}).get("speedup") or 0.0
+                    for d in domains] for m in methods], "speedup over autoregressive", out / "speedup.png", ref=1.0)
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, ratios in metrics["best_arm_ratio"].items():
@@ -353,6 +361,36 @@ def _plots(metrics: dict, out: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "best_arm_ratio.png", dpi=110)
+    plt.close(fig)
+
+    sets = [("test", "in-domain"), ("perturbed", "perturbed"), ("ood", "OOD")]
+    heads = metrics["headline"]
+    _grouped_bars(plt, [h["method"] for h in heads], [label for _, label in sets],
+                  [[h.get(f"{s}_MAT") or 0.0 for s, _ in sets] for h in heads], "MAT (all domains pooled)",
+                  out / "robustness.png", ref=1.0)
+    regret = metrics.get("stopping_regret") or {}
+    domains = [d for d in _domains(metrics, "test") if any(d in v for v in regret.values())]
+    _grouped_bars(plt, list(regret), domains, [[v.get(d) or 0.0 for d in domains] for v in regret.values()],
+                  "stopping-time regret (rounds per prompt)", out / "regret.png", ref=0.0)
+
+
+def _grouped_bars(plt, series: list[str], groups: list[str], values: list[list[float]], ylabel: str, path: Path,
+                  ref: float) -> None:
+    """One bar per series in each group (values[series][group]); an empty figure says there is nothing."""
+    fig, ax = plt.subplots(figsize=(max(6, 0.12 * len(series) * max(1, len(groups))), 4.5))
+    width = 0.8 / max(1, len(series))
+    for j, (name, vals) in enumerate(zip(series, values)):
+        ax.bar([i + j * width for i in range(len(groups))], vals, width, label=name)
+    if not series or not groups:
+        ax.text(0.5, 0.5, "nothing measured (see the report's notes)", ha="center", va="center",
+                transform=ax.transAxes)
+    ax.axhline(ref, color="k", lw=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups)
+    ax.set_ylabel(ylabel)
+    if series:
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 

@@ -82,6 +82,7 @@ def test_report_numbers_come_from_metrics_json(run_root):
     ceiling = [r for r in rows if r["family"] == "ceiling"]
     assert ceiling and {r["set"] for r in ceiling} == {"test"}
     assert metrics["effects"]["bandits_near_best"][ceiling[0]["method"]]["family"] == "ceiling"
+    assert set(metrics["stopping_regret"]) == bandits | {ceiling[0]["method"]}
     assert {r["set"] for r in rows} == {"test", "perturbed", "ood"}
     assert metrics["cost_fit"]["runs"] > 2
     # every number in the report's tables is a number of metrics.json
@@ -104,6 +105,23 @@ def test_report_numbers_come_from_metrics_json(run_root):
     for table in (bench.bandit_table(metrics), bench.best_arm_table(metrics), bench.robustness_table(metrics)):
         assert len(table) >= 3 and all(line.startswith("|") for line in table)
     assert run_stage(_config(run_root), "evaluate") == out  # a rerun is a cache hit
+
+
+def test_stopping_time_regret_by_hand():
+    from decoding.metrics import GenerationMetrics
+    from pipelines.evaluate import Record, stopping_time_regret
+
+    def rec(prompt, domain, method, family, drafter, rounds):
+        return Record("greedy", prompt, "test", domain, method, family, drafter, 4 if family == "fixed" else None,
+                      GenerationMetrics(n_generated=20, n_target=rounds))
+
+    records = [rec("a1", "a", "x K=4", "fixed", "x", 8), rec("a1", "a", "y K=4", "fixed", "y", 6),
+               rec("a1", "a", "UCB", "bandit", None, 9),
+               rec("b1", "b", "x K=4", "fixed", "x", 5), rec("b1", "b", "y K=4", "fixed", "y", 7),
+               rec("b1", "b", "UCB", "bandit", None, 5),
+               rec("b2", "b", "x K=4", "fixed", "x", 5), rec("b2", "b", "UCB", "bandit", None, 9)]  # y never ran
+    assert stopping_time_regret(records, 4, ["x", "y"]) == {"UCB": {"a": 3.0, "b": 0.0, "all": 1.5}}
+    assert stopping_time_regret(records, 4, ["x"]) == {"UCB": {"a": 1.0, "b": 2.0, "all": 1.667}}  # (1 + 0 + 4) / 3, rounded once
 
 
 def test_corrupt_bundle_fails_without_report(run_root):
