@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.config import load_config  # noqa: E402
-from pipelines.report import _methods, one, select  # noqa: E402
+from pipelines.report import _methods, _regret_table, one, select  # noqa: E402
 from pipelines.schema import RunConfig  # noqa: E402
 from pipelines.stage import run_stage  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
@@ -57,13 +57,16 @@ def bandit_table(metrics: dict) -> list[str]:
 
 
 def best_arm_table(metrics: dict, points=(0, 2, 5, 6, 8, 10, 15, 20, 30)) -> list[str]:
-    curves = metrics["best_arm_ratio"]
+    curves, counts = metrics["best_arm_ratio"], metrics["best_arm_prompts"]
     labels = sorted(curves)
-    rows = ["| round | " + " | ".join(labels) + " |", "| ---: |" + " ---: |" * len(labels)]
+    # prompts still decoding at round t: short generations drop out, so late rounds speak for long prompts only
+    rows = ["| round | prompts | " + " | ".join(labels) + " |", "| ---: | ---: |" + " ---: |" * len(labels)]
     for t in points:
         if all(t >= len(curves[lab]) for lab in labels):
             break
-        rows.append(f"| {t} | " + " | ".join(f"{curves[lab][t]:.2f}" if t < len(curves[lab]) else "-" for lab in labels) + " |")
+        n = max(counts[lab][t] for lab in labels if t < len(counts[lab]))
+        rows.append(f"| {t} | {n} | " + " | ".join(f"{curves[lab][t]:.2f}" if t < len(curves[lab]) else "-"
+                                                   for lab in labels) + " |")
     return rows
 
 
@@ -117,6 +120,8 @@ def main() -> None:
         "prompt are the hindsight-best drafter's:", "", *bandit_table(metrics), "",
         "Best-arm ratio by bandit round (the share of prompts whose bandit picked the prompt's hindsight-best "
         "drafter in that round; MetaSD Figure 3):", "", *best_arm_table(metrics), "",
+        "Stopping-time regret against each prompt's best arm at fixed K (MetaSD Definition 1; mean target calls "
+        "per prompt beyond that arm's, test set):", "", _regret_table(metrics) or "(no per-arm runs)", "",
         "Routing vs bandits across prompt sets (MAT pooled over domains; MetaSD Table 6):", "",
         *robustness_table(metrics), ""])
     publish(text, append=not args.no_append)

@@ -253,6 +253,9 @@ def build(ctx: Context) -> dict:
             t0 = time.perf_counter()
             name = router.route(ids)
             route_s = time.perf_counter() - t0
+            if (name, k_main) not in fixed:  # a drafter n_runs did not plan for on this prompt
+                bar.total += 1
+                bar.refresh()
             m = run_fixed(name, k_main)
             m = dataclasses.replace(m, drafted=list(m.drafted), accepted=list(m.accepted),
                                     time_total=m.time_total + route_s, time_draft=m.time_draft + route_s)
