@@ -83,6 +83,9 @@ def test_report_numbers_come_from_metrics_json(run_root):
     assert ceiling and {r["set"] for r in ceiling} == {"test"}
     assert metrics["effects"]["bandits_near_best"][ceiling[0]["method"]]["family"] == "ceiling"
     assert set(metrics["stopping_regret"]) == bandits | {ceiling[0]["method"]}
+    # the bandits choose among the specialists; the OFA drafter is a baseline beside them (MetaSD Table 3)
+    assert metrics["bandit_arms"] == sorted(set(metrics["drafters"]["own"].values()))
+    assert metrics["drafters"]["ofa"] not in metrics["bandit_arms"] and len(metrics["bandit_arms"]) >= 2
     assert {r["set"] for r in rows} == {"test", "perturbed", "ood"}
     assert metrics["cost_fit"]["runs"] > 2
     # every number in the report's tables is a number of metrics.json
