@@ -5,11 +5,20 @@ too few to separate drafters whose MATs differ by a few percent. This script rer
 (`pipelines/evaluate.py`, no other code path) on a scratch copy of a finished run's bundle and prompt
 sets, with more prompts and longer generations, then prints:
   1. per domain, each bandit's MAT as a fraction of (a) the best single drafter of that domain chosen
-     in hindsight and (b) the per-prompt hindsight-best drafter; and against the OFA drafter
+     in hindsight and (b) the per-prompt hindsight-best drafter; against the OFA drafter; beside the
+     one-pass ceiling (the bandits' round-robin pass, then each prompt's best drafter)
   2. BD vs BE: the best-arm ratio over bandit rounds (MetaSD Figure 3 / Table 7)
-  3. routers vs bandits on the test, perturbed and OOD sets (MetaSD Table 6)
+  3. stopping-time regret against each prompt's best drafter (MetaSD Definition 1)
+  4. routers vs bandits on the test, perturbed and OOD sets (MetaSD Table 6)
 
-    python benchmarks/bench_multi_drafter.py runs/demo [--prompts 6] [--tokens 96] [--no-append]
+    python benchmarks/bench_multi_drafter.py runs/demo [--prompts 6] [--tokens 96] [--arms specialists] [--no-append]
+
+The demo's 180-step target leaves its drafters nearly interchangeable. A world where they specialise, as
+MetaSD's do, is the same run with a longer-trained target (about 10 more minutes on 2 CPU cores):
+
+    specdraft run configs/demo.yaml run.root=runs/demo600 pretrain_target.train.max_steps=600 \
+        'run.stages=[prepare-data,pretrain-target,distill-data,train-drafters,acceptance-data,train-heads,train-router,export]'
+    python benchmarks/bench_multi_drafter.py runs/demo600 --prompts 20
 
 Appends the tables to benchmarks/RESULTS.md with the date and machine.
 """
