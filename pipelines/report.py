@@ -380,7 +380,7 @@ def _grouped_bars(plt, series: list[str], groups: list[str], values: list[list[f
     fig, ax = plt.subplots(figsize=(max(6, 0.12 * len(series) * max(1, len(groups))), 4.5))
     width = 0.8 / max(1, len(series))
     for j, (name, vals) in enumerate(zip(series, values)):
-        ax.bar([i + j * width for i in range(len(groups))], vals, width, label=name)
+        ax.bar([i + j * width for i in range(len(groups))], vals, width, label=name, color=plt.cm.tab20(j % 20))
     if not series or not groups:
         ax.text(0.5, 0.5, "nothing measured (see the report's notes)", ha="center", va="center",
                 transform=ax.transAxes)
