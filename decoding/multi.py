@@ -131,8 +131,9 @@ class MultiDrafterSpeculator:
     lookup) has no logits and keeps the one-hot form. The paper leaves room for both readings: its
     Table 2 calls BD "always nonzero" (softmax), while its Lemma 2 (maximising BD maximises accepted
     tokens) needs alpha to be the acceptance rate of the verification in use, which under greedy
-    verification is argmax agreement ("bd-argmax"). The two can rank drafters differently. BD rates token agreement, not speed: over gamma
-    arms of one drafter use "accepted" (BD scores gamma = 0 as 0).
+    verification is argmax agreement ("bd-argmax"). The two can rank drafters differently.
+    BD rates token agreement, not speed: over gamma arms of one drafter use "accepted" (BD scores
+    gamma = 0 as 0).
 
     A round with no room to draft (the last token of a generation: max_tokens == 0) is no bandit round:
     no arm is chosen, nothing is learnt, nothing is appended to `history`.
@@ -158,7 +159,9 @@ class MultiDrafterSpeculator:
             if selector.max_len != n_max:
                 raise InputError(f"selector max_len ({selector.max_len}) must equal n_max ({n_max})")
         if isinstance(selector, (MetaSDUCB, EXP3, SequentialHalving)) and reward == "accepted":
-            raise InputError(f"{type(selector).__name__} takes rewards in [0, 1]; use reward='bd', 'bd-argmax' or 'be'")
+            raise InputError(
+                f"{type(selector).__name__} takes rewards in [0, 1]; use reward='bd', 'bd-argmax' or 'be'"
+            )
         self.arms = arms
         self.selector = selector
         self.reward = reward

@@ -326,7 +326,8 @@ def _row(group: list[Record], ar: GenerationMetrics | None) -> dict[str, Any]:
     return row
 
 
-MEASURED = ("ar", "fixed", "specdecpp", "oracle", "router", "bandit", "ceiling")  # families of real runs; others are derived
+# families of real runs; the others are derived from them
+MEASURED = ("ar", "fixed", "specdecpp", "oracle", "router", "bandit", "ceiling")
 
 
 def _derived(records: list[Record], k: int, own: dict[str, str], n_drafters: int) -> list[Record]:

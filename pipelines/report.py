@@ -108,7 +108,8 @@ def effects(metrics: dict) -> dict[str, Any]:
                       "rounds_per_prompt": round(b["N_target"] / b["prompts"], 1)}
         if per:
             family = one(metrics, mode="greedy", set="test", method=label)["family"]
-            band[label] = {"family": family, "per_domain": per, "holds": all(v["ratio"] >= 0.95 for v in per.values()),
+            band[label] = {"family": family, "per_domain": per,
+                           "holds": all(v["ratio"] >= 0.95 for v in per.values()),
                            "holds_vs_single": all(v["ratio_single"] is not None and v["ratio_single"] >= 0.95
                                                   for v in per.values()),
                            "beats_ofa": per.get("all", {}).get("OFA_MAT") is not None
