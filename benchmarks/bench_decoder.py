@@ -138,7 +138,7 @@ def bench(args) -> str:
     device = args.device
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     target, drafter = load(args.target, device, dtype), load(args.drafter, device, dtype)
-    t_calls, d_calls = ForwardCounter(target), ForwardCounter(drafter)
+    t_calls = ForwardCounter(target)  # counts target forwards inside transformers generate
     prompts = load_prompts(args, target.config.vocab_size)
     n, k = args.max_new_tokens, args.k
     t_verify_model = forward_time(target, k + 1)  # what the hardware charges for K+1 tokens at once
