@@ -28,6 +28,7 @@ Writes report/: report.md, metrics.json, *.png (pipelines/report.py lists them).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -38,15 +39,18 @@ from tqdm.auto import tqdm
 from data.prompts import load_prompt_sets
 from decoding.autoregressive import generate_autoregressive
 from decoding.bundle import Bundle, load_bundle
-from decoding.compat import check_k
+from decoding.compat import check_k, tokenizer_fingerprint
 from decoding.cost_model import fit_from_metrics
 from decoding.errors import InputError
 from decoding.hashing import derive_seed
 from decoding.metrics import GenerationMetrics, aggregate
+from decoding.multi import Arm, MultiDrafterSpeculator
 from decoding.sampling import SamplingConfig
+from decoding.selectors import make_selector
 from decoding.speculative import generate_speculative
 from decoding.speculator import DrafterSpeculator
 from decoding.stopping import FixedK, HindsightOracle, SpecDecPP
+from heads.router import load_router
 from pipelines.distill_data import fit_prompt
 from pipelines.schema import BANDITS, EvaluateSection  # noqa: F401 (EvaluateSection re-exported)
 from pipelines.stage import Context
@@ -79,42 +83,12 @@ class Record:
 
 
 def _load_routers(bundle: Bundle, target, tok) -> tuple[dict[str, Any], list[str]]:
-    """Each router of the bundle (bundle.routers: name -> entry), or notes on why there are none."""
+    """Each router of the bundle (bundle.routers: name -> entry), or a note on why there are none."""
     entries = {name: e.path for name, e in bundle.routers.items()}
     if not entries:
         return {}, ["no router in the bundle (train-router did not run before export): routing rows skipped"]
-    try:
-        from heads.router import load_router
-    except ImportError:
-        return {}, ["heads.router is not available in this version: routing rows skipped"]
-    from decoding.compat import tokenizer_fingerprint
-
     fp = tokenizer_fingerprint(tok)
     return {name: load_router(path, target.get_input_embeddings(), fp) for name, path in sorted(entries.items())}, []
-
-
-def _bandit_factory(cfg: EvaluateSection, k: int):
-    """(make(name, arms, seed) -> speculator, note) from decoding.multi, or (None, why not)."""
-    try:
-        from decoding.multi import Arm, MultiDrafterSpeculator
-    except ImportError as e:
-        return None, f"multi-drafter bandits are not available in this version ({e}): bandit rows skipped"
-    from decoding.selectors import make_selector
-
-    def make(name: str, drafters: dict[str, torch.nn.Module], seed: int, persistent: bool = False,
-             best_arm: int | None = None):
-        arms = [Arm(n, DrafterSpeculator(m, FixedK(k)), drafter_key=n) for n, m in drafters.items()]
-        if name == CEILING:  # no learning: its reward is never read
-            return MultiDrafterSpeculator(arms, make_selector("one-pass-oracle", len(arms), best_arm=best_arm),
-                                          reward="be", n_max=k)
-        _, selector_name, reward = BANDITS[name]
-        params = {"beta": cfg.beta} if selector_name == "ucb" else {"max_len": k}
-        if selector_name == "ucbspec":
-            params["delta"] = cfg.delta
-        return MultiDrafterSpeculator(arms, make_selector(selector_name, len(arms), seed=seed, persistent=persistent,
-                                                          **params), reward=reward, n_max=k)
-
-    return make, None
 
 
 # one round-robin pass over the drafters, then the prompt's hindsight-best one: what any bandit that starts
@@ -122,12 +96,19 @@ def _bandit_factory(cfg: EvaluateSection, k: int):
 CEILING = "one pass + hindsight drafter"
 
 
-def _arm_names(history, names: list[str]) -> list[str]:
-    out = []
-    for h in history:
-        arm = h["arm"] if isinstance(h, dict) else h.arm
-        out.append(names[arm] if isinstance(arm, int) else str(arm))
-    return out
+def _make_bandit(cfg: EvaluateSection, k: int, name: str, drafters: dict[str, torch.nn.Module], seed: int,
+                 persistent: bool = False, best_arm: int | None = None) -> MultiDrafterSpeculator:
+    """The bandit `name` of BANDITS (or the CEILING, told `best_arm`) over one fixed-K arm per drafter."""
+    arms = [Arm(n, DrafterSpeculator(m, FixedK(k)), drafter_key=n) for n, m in drafters.items()]
+    if name == CEILING:  # no learning: its reward is never read
+        return MultiDrafterSpeculator(arms, make_selector("one-pass-oracle", len(arms), best_arm=best_arm),
+                                      reward="be", n_max=k)
+    _, selector_name, reward = BANDITS[name]
+    params = {"beta": cfg.beta} if selector_name == "ucb" else {"max_len": k}
+    if selector_name == "ucbspec":
+        params["delta"] = cfg.delta
+    return MultiDrafterSpeculator(arms, make_selector(selector_name, len(arms), seed=seed, persistent=persistent,
+                                                      **params), reward=reward, n_max=k)
 
 
 def build(ctx: Context) -> dict:
@@ -146,9 +127,7 @@ def build(ctx: Context) -> dict:
     drafters = {n: bundle.load_drafter(n, device=device, target=target) for n in sorted(bundle.drafters)}
     own, ofa = drafter_roles(bundle)
     routers, notes = _load_routers(bundle, target, tok)
-    make_bandit, why_not = _bandit_factory(ecfg, k_main) if ecfg.bandits else (None, None)
-    if why_not:
-        notes.append(why_not)
+    make_bandit = functools.partial(_make_bandit, ecfg, k_main) if ecfg.bandits else None
     arm_names = sorted(set(own.values())) if ecfg.bandit_arms == "specialists" else list(drafters)
     if len(arm_names) < 2:
         notes.append(f"fewer than 2 single-domain drafters ({arm_names}): the bandits choose among all drafters")
@@ -279,7 +258,7 @@ def build(ctx: Context) -> dict:
                 switch_s[label] = switch_s.get(label, 0.0) + float(getattr(spec, "switch_seconds", 0.0))
                 if best is not None:
                     rounds = best_arm_hits.setdefault(label, [])
-                    for t, arm in enumerate(_arm_names(spec.history, names)):
+                    for t, arm in enumerate(names[h["arm"]] for h in spec.history):
                         if t == len(rounds):
                             rounds.append([0, 0])
                         rounds[t][0] += arm == best
