@@ -10,9 +10,10 @@ One speculative-decoding round is one bandit round (MetaSD Alg. 2, BanditSpec Al
               selector.update(arm, reward)
 
 Only one drafter is active per round. A drafter that sat out some rounds has not seen the tokens they
-committed; when it is chosen again its KV cache catches up on them (prefill). That catch-up is run as a
-separate forward before the draft and timed on its own (`switch_seconds`, `switch_forwards`), so the
-cost of switching can be reported next to the draft time it is part of.
+committed; when it is chosen again its KV cache catches up on them (prefill) in the draft's first
+forward, the one that yields q_1 anyway, so a round of k candidates still costs k drafter forwards
+(Lemma 3.1, `decoding.rounds`). That forward is timed on its own (`switch_seconds`; `switch_forwards`
+counts such catch-ups), so the cost of switching can be reported next to the draft time it is part of.
 """
 from __future__ import annotations
 
@@ -27,13 +28,19 @@ from decoding import kv
 from decoding.compat import check_pair
 from decoding.errors import InputError
 from decoding.metrics import GenerationResult
-from decoding.rewards import accepted_length_reward, block_divergence_reward, block_efficiency_reward
+from decoding.rewards import (
+    accepted_length_reward,
+    block_divergence_reward,
+    block_efficiency_reward,
+    normalized_throughput,
+)
 from decoding.sampling import SamplingConfig
 from decoding.selectors import EXP3, EXP3Spec, MetaSDUCB, SequentialHalving, UCBSpec
 from decoding.speculator import Draft, DrafterSpeculator, RoundOutcome, Speculator, common_prefix
 from decoding.stopping import FixedK
 
-REWARDS = ("bd", "bd-argmax", "be", "accepted")
+REWARDS = ("bd", "bd-argmax", "be", "accepted", "throughput")
+DEFAULT_COST_RATIO = 0.2  # c = t_draft / t_target of the throughput reward when none is given
 
 
 @dataclass
@@ -70,6 +77,13 @@ def gamma_arms(drafter: torch.nn.Module, gammas: list[int], key: str = "drafter"
         spec = NoDraftSpeculator() if g == 0 else DrafterSpeculator(drafter, FixedK(g))
         arms.append(Arm(f"gamma={g}", spec, None if g == 0 else key))
     return arms
+
+
+def _length_arms(arms: list[Arm]) -> bool:
+    """Arms that differ only in speculation length: every drafting arm wraps the same drafter model
+    (plain-decoding arms allowed), and there are at least two arms."""
+    drafters = {id(getattr(a.speculator, "drafter", None)) for a in arms if not isinstance(a.speculator, NoDraftSpeculator)}
+    return len(arms) > 1 and len(drafters) == 1 and id(None) not in drafters
 
 
 def _empty_draft() -> Draft:
@@ -121,6 +135,11 @@ class MultiDrafterSpeculator:
                        the fraction of drafted positions where draft and target argmax agree
             "be"       block efficiency N_acc / n_max, in [0, 1]
             "accepted" BanditSpec's accepted length Y = N_acc + 1 in [1, n_max + 1]
+            "throughput" BanditSpec §6.2: the round's tokens per unit of cost, (N_acc + 1) / (1 + c k),
+                       c = `cost_ratio` (t_draft / t_target), mapped affinely onto the selector's
+                       reward range ([0, 1], or [1, n_max + 1] for UCBSpec / EXP3Spec)
+            None       (default) "throughput" for length arms (every drafting arm wraps one drafter
+                       model, e.g. `gamma_arms`), else "bd"
     n_max: the most tokens any arm drafts in a round (MetaSD's N_max = 5; BanditSpec's L); arms are
         capped at it so that rewards compare equal budgets.
 
@@ -132,18 +151,23 @@ class MultiDrafterSpeculator:
     Table 2 calls BD "always nonzero" (softmax), while its Lemma 2 (maximising BD maximises accepted
     tokens) needs alpha to be the acceptance rate of the verification in use, which under greedy
     verification is argmax agreement ("bd-argmax"). The two can rank drafters differently.
-    BD rates token agreement, not speed: over gamma arms of one drafter use "accepted" (BD scores
-    gamma = 0 as 0).
+    BD rates token agreement, not speed, and the accepted length grows with gamma whatever drafting
+    costs: over gamma arms of one drafter the default is the throughput (BD scores gamma = 0 as 0).
 
     A round with no room to draft (the last token of a generation: max_tokens == 0) is no bandit round:
     no arm is chosen, nothing is learnt, nothing is appended to `history`.
     Per generation (reset in `start`): `history` (one dict per bandit round: arm, reward, accepted,
-    drafted), `switch_seconds` and `switch_forwards` (catch-up prefills when the drafter changed; their
-    forwards are also counted in the round's `Draft.n_forwards`, hence in N_draft).
+    drafted), `switch_seconds` and `switch_forwards` (the rounds whose first drafter forward also caught
+    up on tokens committed while the drafter sat out, and that forward's time; no extra forward).
     """
 
-    def __init__(self, arms: list[Arm], selector, reward: str = "bd", n_max: int = 5):
+    def __init__(self, arms: list[Arm], selector, reward: str | None = None, n_max: int = 5,
+                 cost_ratio: float = DEFAULT_COST_RATIO):
         _check_arms(arms)
+        if reward is None:
+            reward = "throughput" if _length_arms(arms) else "bd"
+        if not (isinstance(cost_ratio, (int, float)) and 0 <= cost_ratio < math.inf):
+            raise InputError(f"cost_ratio (c = t_draft / t_target) must be a finite number >= 0, got {cost_ratio!r}")
         if reward not in REWARDS:
             raise InputError(f"unknown reward {reward!r}; use one of {', '.join(REWARDS)}")
         if isinstance(n_max, bool) or not isinstance(n_max, int) or n_max < 1:
@@ -154,13 +178,14 @@ class MultiDrafterSpeculator:
                 "build it with make_selector(name, len(arms))"
             )
         if isinstance(selector, (UCBSpec, EXP3Spec)):
-            if reward != "accepted":
-                raise InputError(f"{type(selector).__name__} takes accepted-length rewards; use reward='accepted'")
+            if reward not in ("accepted", "throughput"):
+                raise InputError(f"{type(selector).__name__} takes rewards in [1, L + 1]; use reward='accepted' "
+                                 "or 'throughput'")
             if selector.max_len != n_max:
                 raise InputError(f"selector max_len ({selector.max_len}) must equal n_max ({n_max})")
         if isinstance(selector, (MetaSDUCB, EXP3, SequentialHalving)) and reward == "accepted":
             raise InputError(
-                f"{type(selector).__name__} takes rewards in [0, 1]; use reward='bd', 'bd-argmax' or 'be'"
+                f"{type(selector).__name__} takes rewards in [0, 1]; use reward='bd', 'bd-argmax', 'be' or 'throughput'"
             )
         self.arms = arms
         self.selector = selector
@@ -170,6 +195,8 @@ class MultiDrafterSpeculator:
                 if hasattr(arm.speculator, "keep_logits"):
                     arm.speculator.keep_logits = True
         self.n_max = n_max
+        self.cost_ratio = float(cost_ratio)
+        self._spec_range = isinstance(selector, (UCBSpec, EXP3Spec))  # rewards in [1, L + 1], not [0, 1]
         self._reset()
 
     def _reset(self) -> None:
@@ -202,18 +229,9 @@ class MultiDrafterSpeculator:
             dst.cache, dst.fed, dst._committed = src.cache, src.fed, src._committed
         self._holder[key] = i
 
-    def _catch_up(self, spec, context: list[int]) -> int:
-        """Prefill everything but the last token of `context` the drafter has not seen; the draft's own
-        first forward then feeds only the last token. Returns the forwards spent (0 or 1)."""
-        if not isinstance(spec, DrafterSpeculator) or common_prefix(spec.fed, context) >= len(context) - 1:
-            return 0
-        t0 = time.perf_counter()
-        # DrafterSpeculator keeps its catch-up inside propose(); we run it one token short to time it alone
-        spec._catch_up(context[:-1], hidden=False)
-        _sync(spec.device)
-        self.switch_seconds += time.perf_counter() - t0
-        self.switch_forwards += 1
-        return 1
+    def _lags(self, spec, context: list[int]) -> bool:
+        """Whether the drafter has missed committed tokens besides the last one (it sat out rounds)."""
+        return isinstance(spec, DrafterSpeculator) and common_prefix(spec.fed, context) < len(context) - 1
 
     def propose(
         self, context: list[int], max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
@@ -225,13 +243,16 @@ class MultiDrafterSpeculator:
         self._greedy = sampling.greedy
         spec = self.arms[i].speculator
         self._take_shared_cache(i)
-        extra = 0
         key = self._key(i)
-        if self._last_key is not None and key != self._last_key:
-            extra = self._catch_up(spec, context)
+        switched = self._last_key is not None and key != self._last_key and self._lags(spec, context)
         self._last_key = key
         draft = spec.propose(context, min(max_tokens, self.n_max), sampling, generator)
-        return replace(draft, n_forwards=draft.n_forwards + extra) if extra else draft
+        if switched and draft.n_forwards:
+            # the catch-up rode on the draft's first forward (the one that yields q_1): no extra forward,
+            # so N_draft stays k per round (Lemma 3.1); that forward's time is the switch cost
+            self.switch_seconds += spec.catch_up_seconds
+            self.switch_forwards += 1
+        return draft
 
     def observe(self, outcome: RoundOutcome) -> None:
         i, self._arm = self._arm, None
@@ -256,6 +277,9 @@ class MultiDrafterSpeculator:
             return float(block_divergence_reward(p[:k], q)) if k else 0.0
         if self.reward == "be":
             return float(block_efficiency_reward(n, self.n_max))
+        if self.reward == "throughput":
+            u = normalized_throughput(n, k, self.n_max, self.cost_ratio)
+            return 1.0 + self.n_max * u if self._spec_range else u
         return float(accepted_length_reward(n, self.n_max))
 
     def counts(self) -> list[int]:

@@ -1,13 +1,15 @@
 """Bandit rewards for one speculative-decoding round (MetaSD Eq. 4 and §2.3; BanditSpec §3).
 
 A round drafts n <= N_max tokens, the target scores them in one forward, and n_acc of them are
-accepted (0 <= n_acc <= n). The three rewards below summarise that round for an arm selector:
+accepted (0 <= n_acc <= n). The rewards below summarise that round for an arm selector:
 
 - block divergence r_BD (MetaSD Eq. 4): the mean of 1 - TV(p, q) over the drafted positions. Its
   expectation is the drafter's per-token acceptance rate alpha_i (MetaSD Lemma 6), it is never zero and
   its variance is at most 1 / (4 n).
 - block efficiency r_BE = n_acc / N_max (MetaSD §2.3), in [0, 1]; zero whenever the first token fails.
 - accepted length Y = n_acc + 1 in [1, L + 1] (BanditSpec: the bonus/correction token counts).
+- throughput (n_acc + 1) / (1 + c n) (BanditSpec §6.2, for speculation-length arms): tokens per unit
+  of cost, with c = t_draft / t_target; the default for length arms (`decoding.multi`).
 
 The rewards take tensors and return tensors so that the caller decides when to synchronise with the
 device (one `.item()` per round); the selectors take Python floats.
@@ -93,3 +95,40 @@ def _check_accepted(n_accepted, limit: int, limit_name: str) -> None:
     )
     if low < 0 or high > limit:
         raise InputError(f"accepted draft tokens must be in [0, {limit_name}={limit}], got {n_accepted}")
+
+
+def throughput_reward(n_accepted: int, n_drafted: int, cost_ratio: float) -> float:
+    """BanditSpec §6.2 reward for speculation-length arms: the round's throughput, tokens emitted per
+    unit of cost, (n_acc + 1) / (1 + c k), counting one target forward as 1 and each of the round's k
+    drafter forwards (Lemma 3.1: k candidates cost k) as c = t_draft / t_target.
+
+    For a length arm gamma the cost 1 + c gamma is fixed, so the arm's mean reward is its expected
+    throughput E[N_acc + 1] / (1 + c gamma): the speed the bandit should maximise. The accepted length
+    Y = N_acc + 1 instead grows with gamma whatever the cost, and drives a bandit to gamma = L even
+    where short drafts (or gamma = 0, plain decoding) are fastest.
+    """
+    if not (cost_ratio >= 0 and cost_ratio < float("inf")):
+        raise InputError(f"cost ratio c = t_draft / t_target must be a finite number >= 0, got {cost_ratio}")
+    if n_drafted < 0 or not 0 <= n_accepted <= n_drafted:
+        raise InputError(f"need 0 <= accepted <= drafted, got accepted={n_accepted}, drafted={n_drafted}")
+    return (n_accepted + 1) / (1.0 + cost_ratio * n_drafted)
+
+
+def throughput_range(max_len: int, cost_ratio: float) -> tuple[float, float]:
+    """(lowest, highest) round throughput over rounds of at most max_len = L candidates: every
+    candidate of an L-round rejected, and the best of a plain step (1) and an L-round fully accepted
+    ((L + 1) / (1 + c L); (k + 1) / (1 + c k) is monotone in k)."""
+    if max_len < 1:
+        raise InputError(f"max_len (L, the maximum speculation length) must be >= 1, got {max_len}")
+    low = 1.0 / (1.0 + cost_ratio * max_len)
+    return low, max(1.0, (max_len + 1) / (1.0 + cost_ratio * max_len))
+
+
+def normalized_throughput(n_accepted: int, n_drafted: int, max_len: int, cost_ratio: float) -> float:
+    """`throughput_reward` mapped affinely onto [0, 1] by `throughput_range`: the order of the arms'
+    means is unchanged, and the selectors get rewards in the range their confidence radii assume
+    ([0, 1]; UCBSpec / EXP3Spec take 1 + L times this, in [1, L + 1])."""
+    low, high = throughput_range(max_len, cost_ratio)
+    if n_drafted > max_len:
+        raise InputError(f"a round drafted {n_drafted} tokens, more than max_len = {max_len}")
+    return (throughput_reward(n_accepted, n_drafted, cost_ratio) - low) / (high - low)

@@ -13,6 +13,7 @@ is part of `propose`, so its time and forward count land in the draft column).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,8 +31,8 @@ class Draft:
     tokens: list[int]  # y_1..y_k, k >= 0
     q: torch.Tensor  # (k, V) float32 on CPU: the distributions y_i were sampled from
     n_forwards: int  # draft forward passes spent on this proposal (catch-up included)
-    # (j, H) e_1..e_j, the hidden states the stopping policy read (j = k, or k - 1 when the round was
-    # capped or hit EOS and y_k was never fed); None when the policy reads none
+    # (k - 1, H) e_1..e_{k-1}, the hidden states of the fed draft tokens (the stopping policy read them,
+    # up to the decision that stopped the round); None when the policy reads none
     hidden: torch.Tensor | None = None
     # (k, V) the drafter's raw logits behind q, on its device (None for model-free drafters): under greedy
     # decoding q is one-hot, and MetaSD's block-divergence reward reads the model's own distribution
@@ -89,6 +90,7 @@ class DrafterSpeculator:
         self.cache = kv.new_cache()
         self.fed: list[int] = []
         self._committed = 0  # a prefix length of `fed` known to be committed
+        self.catch_up_seconds = 0.0  # time of the last proposal's first forward (catch-up + q_1)
 
     def start(self, target: torch.nn.Module, eos: set[int]) -> None:
         check_pair(target, self.drafter)
@@ -97,6 +99,8 @@ class DrafterSpeculator:
         self.cache = kv.new_cache()
         self.fed = []
         self._committed = 0
+        self.catch_up_seconds = 0.0
+        self.stopping.start(self.drafter)
 
     def _catch_up(self, context: list[int], hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         # Keep at least one token unfed so the forward below yields fresh logits for the next position.
@@ -110,36 +114,44 @@ class DrafterSpeculator:
     def propose(
         self, context: list[int], max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> Draft:
+        """SpecDec++ Alg. 1 order: the forward on y_{i-1} gives q_i (and e_{i-1}); sample y_i ~ q_i; then
+        ask the policy (decision i, reading e_{i-1}); on stop submit y_1..y_i. A round of k candidates
+        costs exactly k forwards (`decoding.rounds`): y_k is never fed in its own round."""
         policy = self.stopping
         limit = min(policy.max_tokens, max_tokens)
-        if limit == 0:  # the target alone emits the last token; no draft forward needed
+        policy.start_round(context)
+        if limit <= 0 or policy.stop(0, None):  # the target alone emits the next token: no draft forward
             return Draft(tokens=[], q=torch.empty(0, 0), n_forwards=0)
         need_hidden = policy.needs_hidden
-        logits, _ = self._catch_up(context, hidden=False)  # e_0 is never read
+        t0 = time.perf_counter()
+        logits, _ = self._catch_up(context, hidden=False)  # e_0 is never read (Alg. 1: "if i > 1")
         n_forwards = 1
-        q_next = probs(logits, sampling).cpu()  # (V,)
+        q_next = probs(logits, sampling).cpu()  # (V,) q_1; the copy to CPU waits for the forward
+        self.catch_up_seconds = time.perf_counter() - t0
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         raw: list[torch.Tensor] = []  # the logits behind each q row
         hiddens: list[torch.Tensor] = []
-        hidden = None
-        policy.start_round(context)
-        while len(tokens) < limit and not policy.stop(len(tokens), q_next, hidden):
+        hidden = None  # e_{k-1} once y_{k-1} has been fed
+        while True:
             y = int(q_next.argmax()) if sampling.greedy else int(sample(q_next, generator))
             tokens.append(y)
             qs.append(q_next)
             if self.keep_logits:
-                raw.append(logits[-1] if logits.ndim == 2 else logits)
+                raw.append(logits)
             if len(tokens) == limit or y in self.eos:
-                break  # the round ends anyway: no need to feed y
-            logits, states = kv.forward(self.drafter, self.cache, [y], hidden=need_hidden, device=self.device)
+                break  # the round ends anyway: y_k is submitted without being fed
+            if policy.stop(len(tokens), hidden):
+                break  # Alg. 1: stop after sampling y_k; it is verified with the others
+            out, states = kv.forward(self.drafter, self.cache, [y], hidden=need_hidden, device=self.device)
+            logits = out[-1]
             self.fed.append(y)
             n_forwards += 1
-            q_next = probs(logits[-1], sampling).cpu()
+            q_next = probs(logits, sampling).cpu()
             if need_hidden:
-                hidden = states[-1]  # e_k: final hidden state at y_k
+                hidden = states[-1]  # e_k: final hidden state at y_k, read at decision k + 1
                 hiddens.append(hidden)
-        q = torch.stack(qs) if qs else torch.empty(0, q_next.shape[-1])
+        q = torch.stack(qs)
         return Draft(tokens=tokens, q=q, n_forwards=n_forwards, hidden=torch.stack(hiddens) if hiddens else None,
                      logits=torch.stack(raw) if raw else None)
 

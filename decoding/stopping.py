@@ -1,15 +1,21 @@
 """When to stop drafting and hand the candidates to the target: fixed K, SpecDec++, hindsight oracle.
 
-One seam. Before drafting token k+1 of a round (k tokens drafted so far) the speculator asks
-`policy.stop(k, q_next, hidden)`:
-    k       tokens drafted in this round so far (0 before the first)
-    q_next  (V,) the drafter's distribution for token k+1 (already computed)
-    hidden  (H,) the drafter's final hidden state e_k at draft token y_k (None when k == 0 or when
-            the policy does not ask for hidden states)
-`max_tokens` caps the round (K, or K_max); the speculator also stops at EOS and at the length limit.
+One seam, three methods. `DrafterSpeculator` calls
+    policy.start(drafter)            a generation begins (the oracle reads its hindsight here)
+    policy.start_round(context)      a round begins after `context`
+    policy.stop(k, hidden)           decision k: with y_1..y_k drafted, verify them now?
+Decision 0 is asked before any drafter forward. Decision k >= 1 is asked after y_k ~ q_k has been
+sampled; `hidden` is e_{k-1}, the drafter's final hidden state at y_{k-1}, which the same forward that
+gave q_k produced (None for k == 1, and when the policy does not ask for hidden states). A stop
+verifies y_1..y_k, y_k included. `max_tokens` caps the round (K, or K_max); the speculator also ends
+it at EOS and at the length limit without asking.
 
-SpecDec++ (paper Alg. 1) without the reference code's one-token lag: after drafting y_k the drafter is
-fed y_k anyway (that forward yields q_{k+1}), and the decision to stop after y_k already uses e_k.
+This is SpecDec++ Alg. 1 and the §4.2 decision process as the paper writes them, one-token lag
+included: the head's prediction for y_k needs e_k, i.e. a forward on y_k, which only pays off if y_{k+1}
+is drafted. Deciding after y_k with e_k instead (as this module did before) wastes that forward on every
+stop: a round of k candidates then costs k + 1 drafter forwards and Lemma 3.1 no longer holds. Here a
+round of k candidates costs exactly k (see `decoding.rounds`, which `heads/simulate.py` shares, so the
+threshold chosen offline is chosen under the cost the decoder pays).
 """
 from __future__ import annotations
 
@@ -17,16 +23,20 @@ from typing import Callable, Protocol
 
 import torch
 
+from decoding import kv
 from decoding.compat import check_k, check_threshold
+from decoding.errors import InputError
 
 
 class StoppingPolicy(Protocol):
     max_tokens: int  # hard cap on draft tokens per round
-    needs_hidden: bool  # whether `stop` reads e_k (costs output_hidden_states on draft forwards)
+    needs_hidden: bool  # whether `stop` reads e_{k-1} (costs output_hidden_states on draft forwards)
+
+    def start(self, drafter: torch.nn.Module) -> None: ...
 
     def start_round(self, context: list[int]) -> None: ...
 
-    def stop(self, k: int, q_next: torch.Tensor, hidden: torch.Tensor | None) -> bool: ...
+    def stop(self, k: int, hidden: torch.Tensor | None) -> bool: ...
 
 
 class FixedK:
@@ -38,10 +48,13 @@ class FixedK:
         check_k(k)
         self.max_tokens = k
 
+    def start(self, drafter: torch.nn.Module) -> None:
+        pass
+
     def start_round(self, context: list[int]) -> None:
         pass
 
-    def stop(self, k: int, q_next: torch.Tensor, hidden: torch.Tensor | None) -> bool:
+    def stop(self, k: int, hidden: torch.Tensor | None) -> bool:
         return False  # the cap max_tokens = K ends the round
 
     def __repr__(self) -> str:
@@ -54,8 +67,10 @@ def _module_device_dtype(module: Callable) -> tuple[torch.device | None, torch.d
 
 
 class SpecDecPP:
-    """Stop when the predicted probability of at least one rejection, 1 - prod_i sigmoid(head(e_i)),
-    exceeds h (SpecDec++ §4.3), or at K_max. `head` maps hidden (..., H) -> logits (...)."""
+    """SpecDec++ (§4.3, Alg. 1): after sampling y_k, stop when the predicted probability of at least one
+    rejection among the predicted candidates, 1 - prod_{i < k} sigmoid(head(e_i)), exceeds h; or at
+    K_max. `head` maps hidden (..., H) -> logits (...). The decisions are `decoding.rounds.specdecpp_fires`
+    (a test checks the two agree)."""
 
     needs_hidden = True
 
@@ -68,12 +83,15 @@ class SpecDecPP:
         self._device, self._dtype = _module_device_dtype(head)
         self.p_all_accepted = 1.0
 
-    def start_round(self, context: list[int]) -> None:
-        self.p_all_accepted = 1.0  # predicted P(y_1..y_k all accepted)
+    def start(self, drafter: torch.nn.Module) -> None:
+        pass
 
-    def stop(self, k: int, q_next: torch.Tensor, hidden: torch.Tensor | None) -> bool:
-        if k == 0:
-            return False  # no prediction exists before the first draft token
+    def start_round(self, context: list[int]) -> None:
+        self.p_all_accepted = 1.0  # p_hat: predicted P(the candidates read so far are all accepted)
+
+    def stop(self, k: int, hidden: torch.Tensor | None) -> bool:
+        if k <= 1:
+            return False  # no prediction exists before e_1 (y_1 always goes out)
         e = hidden.to(device=self._device or hidden.device, dtype=self._dtype or hidden.dtype)
         self.p_all_accepted *= float(torch.sigmoid(self.head(e).float()).reshape(()))
         return 1.0 - self.p_all_accepted > self.threshold
@@ -83,11 +101,15 @@ class SpecDecPP:
 
 
 class HindsightOracle:
-    """Greedy-only analysis mode (SpecDec++ Theorem 4.1): knowing the target's greedy continuation,
-    stop exactly before the drafter's next greedy token would disagree with it. Zero discards and
-    N_target = |S| + 1 (S = disagreement positions), the lower bound for any stopping policy.
+    """Greedy-only analysis mode (SpecDec++ Theorem 4.1): knowing the target's greedy continuation and
+    where the drafter's greedy tokens, conditioned on it, disagree with it (S), stop every round right
+    before a disagreement. Zero discards, N_target = |S| + 1 (|S| when the last token is itself a
+    disagreement), and by Lemma 3.1 N_draft = N - N_target: the lower bound for any stopping policy.
 
-    reference: prompt + the target's greedy tokens (e.g. from `generate_autoregressive`).
+    reference: prompt + the target's greedy tokens (e.g. from `generate_autoregressive`). The hindsight
+    is one teacher-forced drafter forward over it in `start`, outside the decode's counters (like the
+    target's reference decode); a round that starts right before a disagreement drafts nothing (decision
+    0) and spends no drafter forward.
     """
 
     needs_hidden = False
@@ -95,14 +117,23 @@ class HindsightOracle:
     def __init__(self, reference: list[int]):
         self.reference = list(reference)
         self.max_tokens = len(self.reference)  # effectively unbounded: the length limit ends rounds
+        self.agree: list[bool] = []  # agree[i]: the drafter's greedy token at reference index i is reference[i]
         self.position = 0
+
+    def start(self, drafter: torch.nn.Module) -> None:
+        if len(self.reference) < 2:
+            raise InputError("the hindsight oracle needs a reference of prompt + at least one generated token")
+        with torch.inference_mode():
+            logits, _ = kv.forward(drafter, kv.new_cache(), self.reference, last=len(self.reference))
+        guess = logits[:-1].argmax(-1).cpu()  # (L - 1,): the drafter's token for reference index 1..L-1
+        self.agree = [False] + (guess == torch.tensor(self.reference[1:])).tolist()
 
     def start_round(self, context: list[int]) -> None:
         self.position = len(context)
 
-    def stop(self, k: int, q_next: torch.Tensor, hidden: torch.Tensor | None) -> bool:
-        i = self.position + k  # index of the token the drafter would propose next
-        return i >= len(self.reference) or int(q_next.argmax()) != self.reference[i]
+    def stop(self, k: int, hidden: torch.Tensor | None) -> bool:
+        i = self.position + k  # reference index of the token the drafter would propose next, y_{k+1}
+        return i >= len(self.agree) or not self.agree[i]
 
     def __repr__(self) -> str:
         return "HindsightOracle()"

@@ -14,7 +14,8 @@ probabilities P_i = min(1, p_i(Y_i)/q_i(Y_i)) and head predictions sigma_i at th
   the head is trained under). The first rejection at j+m emits the correction there, discards the
   K - m drafts from j+m on, and the next round starts at j+m+1. If all K are accepted the target's
   bonus token is emitted and the next round starts at j+K+1 (a bonus past the end is not counted in N).
-- Every round costs one target forward (N_target += 1) and K draft tokens (N_draft += K).
+- Every round costs one target forward (N_target += 1) and K drafter forwards (N_draft += K): the
+  count of `decoding.rounds.draft_forwards`, the forwards the decoder spends (Lemma 3.1).
 The expected N_target, N_draft, N_discarded are computed exactly by dynamic programming over the
 position where each round starts (the probability that a round starts at j, pushed forward), for
 many policies and sequences at once: no sampling, so no seed (a test checks it against Monte Carlo).
@@ -22,13 +23,12 @@ N is the response length. Totals are pooled over sequences (ratios of sums, i.e.
 decoding the whole dev set).
 
 Policies:
-- SpecDec++ (decoding/stopping.py's SpecDecPP, the default): the draft forward that consumes y_k
-  yields e_k, so the decision to stop after y_k can use sigma_k:
-  K(j) = min{k >= 1 : 1 - prod_{i=j}^{j+k-1} sigma_i > h}, capped at k_max (= 20) and N - j.
-  `lag=True` instead reproduces the paper's Algorithm 1 and its reference code, which decide after
-  sampling y_k from q_k using only sigma up to y_{k-1} (y_k rides along unpredicted):
-  K(j) = min{k >= 1 : 1 - prod_{i=j}^{j+k-2} sigma_i > h}, so every uncapped round is >= 2 tokens.
-  Simulate with the rule the decoder will serve with, or the chosen h does not transfer.
+- SpecDec++ (decoding/stopping.py's SpecDecPP, paper Alg. 1): after sampling y_k the head has read
+  e_1..e_{k-1} (the forward on y_{k-1} yields q_k and e_{k-1}), so y_k rides along unpredicted:
+  K(j) = min{k >= 1 : 1 - prod_{i=j}^{j+k-2} sigma_i > h}, capped at k_max (= 20) and N - j; every
+  uncapped round is >= 2 tokens. The decisions are `decoding.rounds.specdecpp_fires`, the rule the
+  decoder runs, so the h chosen here is chosen under the cost the decoder pays (a test decodes
+  teacher-forced greedy sequences and checks the counts equal).
 - Fixed K: K(j) = min(K, N - j).
 - Greedy oracle (Theorem 4.1): with greedy agreement indicators g_i (argmax q_i == argmax p_i on the
   target's prefix), P_i = g_i and K(j) = distance to the next disagreement (no k_max cap): every round
@@ -44,6 +44,7 @@ from typing import Sequence
 import torch
 
 from decoding.errors import InputError
+from decoding.rounds import draft_forwards, round_length, specdecpp_fires
 
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
 K_MAX = 20
@@ -97,19 +98,15 @@ def _cap_to_end(k: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 
 def specdecpp_round_lengths(
-    sigma: torch.Tensor, lengths: torch.Tensor, thresholds: Sequence[float], k_max: int = K_MAX, lag: bool = False
+    sigma: torch.Tensor, lengths: torch.Tensor, thresholds: Sequence[float], k_max: int = K_MAX
 ) -> torch.Tensor:
     """(B, T) predicted acceptance probabilities -> (S, B, T) drafts per round started at j, one row per h."""
     B, T = sigma.shape
     h = torch.tensor(thresholds, dtype=torch.float64)[:, None, None, None]
     padded = torch.cat([sigma.double(), torch.ones(B, k_max, dtype=torch.float64)], dim=1)
-    prod = padded.unfold(1, k_max, 1)[:, :T].cumprod(-1)  # (B, T, k_max): prod[..., k-1] = sigma_j ... sigma_{j+k-1}
-    if lag:  # after drafting k tokens only sigma_j .. sigma_{j+k-2} are known
-        prod = torch.cat([torch.ones(B, T, 1, dtype=torch.float64), prod[..., :-1]], dim=-1)
-    fires = (1 - prod)[None] > h  # (S, B, T, k_max): stop after drafting k = index + 1 tokens
-    first = fires.to(torch.int8).argmax(-1) + 1
-    k = torch.where(fires.any(-1), first, torch.full_like(first, k_max))
-    return _cap_to_end(k, lengths)
+    windows = padded.unfold(1, k_max, 1)[:, :T]  # (B, T, k_max): sigma_j .. sigma_{j+k_max-1}
+    fires = specdecpp_fires(windows[None], h)  # (S, B, T, k_max + 1)
+    return _cap_to_end(round_length(fires, k_max), lengths)
 
 
 def fixed_round_lengths(lengths: torch.Tensor, T: int, ks: Sequence[int]) -> torch.Tensor:
@@ -155,7 +152,7 @@ def expected_counts(accept: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor
         start.scatter_add_(-1, (j + kj + 1)[..., None], (mass * all_acc)[..., None])
         n_discarded += mass * (rej * (kj[..., None] - m)).sum(-1)
     rounds = start[:, :, :T] * active  # (S, B, T): P(a round starts at j)
-    return {"n_target": rounds.sum(-1), "n_draft": (rounds * k).sum(-1), "n_discarded": n_discarded}
+    return {"n_target": rounds.sum(-1), "n_draft": (rounds * draft_forwards(k)).sum(-1), "n_discarded": n_discarded}
 
 
 def _results(
@@ -185,12 +182,8 @@ def simulate_specdecpp(
     cost_ratio: float,
     thresholds: Sequence[float] = THRESHOLDS,
     k_max: int = K_MAX,
-    lag: bool = False,
 ) -> list[SimResult]:
-    """One SimResult per threshold h; accept[b], sigma[b]: (N_b,) P_i and the head's sigmoid outputs.
-
-    lag=False is the rule of decoding/stopping.py; lag=True the paper's Algorithm 1 (module docstring).
-    """
+    """One SimResult per threshold h; accept[b], sigma[b]: (N_b,) P_i and the head's sigmoid outputs."""
     _check(cost_ratio, accept)
     for b, s in enumerate(sigma):
         if not (torch.isfinite(s).all() and (s >= 0).all() and (s <= 1).all()):
@@ -203,7 +196,7 @@ def simulate_specdecpp(
         raise InputError(f"k_max must be >= 1, got {k_max}")
     p, lengths = pad(accept)
     sig, _ = pad(sigma, fill=1.0)
-    k = specdecpp_round_lengths(sig, lengths, thresholds, k_max, lag)
+    k = specdecpp_round_lengths(sig, lengths, thresholds, k_max)
     return _results([f"specdec++ h={h:g}" for h in thresholds], expected_counts(p, lengths, k), lengths, cost_ratio)
 
 
@@ -249,9 +242,8 @@ def choose_threshold(
     cost_ratio: float,
     thresholds: Sequence[float] = THRESHOLDS,
     k_max: int = K_MAX,
-    lag: bool = False,
 ) -> tuple[float, list[SimResult]]:
     """The h with the lowest simulated cost on the dev sequences, and the results for every h."""
-    results = simulate_specdecpp(accept, sigma, cost_ratio, thresholds, k_max, lag)
+    results = simulate_specdecpp(accept, sigma, cost_ratio, thresholds, k_max)
     i = min(range(len(results)), key=lambda s: results[s].cost)
     return float(thresholds[i]), results

@@ -2,7 +2,7 @@
 supports / opposite argmax), computed by hand from the round structure:
 a round with budget `remaining` drafts k = min(K, remaining - 1) tokens and emits k + 1 (all accepted)
 or 1 (none accepted); fixed K spends k draft forwards on it (one catch-up forward giving q_1, then
-y_1..y_{k-1}); SpecDec++ also feeds y_k to read e_k unless the round was capped."""
+y_1..y_{k-1}); SpecDec++ (Alg. 1) reads the head on e_{k-1} after sampling y_k, so its rounds cost k too."""
 import pytest
 import torch
 
@@ -53,16 +53,19 @@ def test_never_accept_fixed_k(table_lm, tables, sampling):
     assert m.mat == 1.0 and m.discard_rate == pytest.approx(2.4)
 
 
-def test_specdecpp_pays_one_forward_to_read_e_k(table_lm, tables):
+def test_specdecpp_rounds_cost_one_forward_per_candidate(table_lm, tables):
     p, _, _, hidden = tables
     model = table_lm(p, hidden)
     stop_now = torch.nn.Linear(4, 1)
     with torch.no_grad():
         stop_now.weight.zero_()
-        stop_now.bias.fill_(-10.0)  # predicted acceptance ~ 0: stop after every first draft
+        stop_now.bias.fill_(-10.0)  # predicted acceptance ~ 0: stop at the first prediction
     m = speculative_generate(model, model, PROMPT, N, GREEDY, stopping=SpecDecPP(stop_now, 0.5)).metrics
-    # five rounds of one draft + bonus; each feeds y_1 to read e_1 except the last, capped by the budget
-    assert counters(m) == (10, 5, 4 * 2 + 1, 0, [1] * 5, [1] * 5)
+    # y_1 goes out unpredicted; the forward on y_1 gives q_2 and e_1; y_2 is sampled, then e_1 says stop:
+    # rounds of two drafts + bonus at two forwards each (budgets 10, 7, 4), then the budget leaves room
+    # for the target's token only
+    assert counters(m) == (10, 4, 2 * 3, 0, [2, 2, 2, 0], [2, 2, 2, 0])
+    assert m.n_draft + m.n_target == m.n_generated + m.n_discarded  # Lemma 3.1
 
     never_stop = torch.nn.Linear(4, 1)
     with torch.no_grad():

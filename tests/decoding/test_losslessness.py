@@ -1,6 +1,8 @@
 """Speculative sampling is lossless: with stub models whose next-token distributions are known, the
 first three generated tokens follow exactly the target's autoregressive distribution (same
-temperature / top-k / top-p), for fixed K and for SpecDec++ stopping.
+temperature / top-k / top-p), for fixed K and for SpecDec++ stopping. SpecDec++ generates four tokens:
+with three the first round is capped at two drafts before its head is ever read (Alg. 1 reads e_1 only
+after y_2 is drafted); with four its stop after y_2 decides whether token 3 is a bonus or a draft.
 
 Power: n = 5,000 samples; the chi-square test must also *reject* the same samples against the exact
 distribution with 0.02 of mass moved between two cells (a 2% error), so the sample size is shown to
@@ -58,29 +60,34 @@ def linear_head(seed: int) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize(
-    "sampling,make_stopping",
+    "sampling,make_stopping,n_tokens",
     [
-        pytest.param(SamplingConfig(temperature=0.8, top_k=2), lambda: FixedK(2), id="fixedK2-T0.8-topk2"),
+        pytest.param(SamplingConfig(temperature=0.8, top_k=2), lambda: FixedK(2), 3, id="fixedK2-T0.8-topk2"),
         pytest.param(
-            SamplingConfig(temperature=1.0, top_p=0.9), lambda: SpecDecPP(linear_head(0), 0.3), id="specdecpp-topp0.9"
+            SamplingConfig(temperature=1.0, top_p=0.9), lambda: SpecDecPP(linear_head(0), 0.35), 4,
+            id="specdecpp-topp0.9",
         ),
     ],
 )
-def test_first_tokens_follow_the_target_distribution(stub_pair, sampling, make_stopping):
+def test_first_tokens_follow_the_target_distribution(stub_pair, sampling, make_stopping, n_tokens):
     target, drafter, p_table = stub_pair
     exact = exact_distribution(p_table, sampling)
     gen = torch.Generator().manual_seed(42)
     counts = torch.zeros(V**N_TOKENS)
     full = rejected = 0
+    first_round = set()
     stopping = make_stopping()
     for _ in range(N_SAMPLES):
-        result = speculative_generate(target, drafter, PROMPT, N_TOKENS, sampling, stopping=stopping, generator=gen)
-        x1, x2, x3 = result.tokens
+        result = speculative_generate(target, drafter, PROMPT, n_tokens, sampling, stopping=stopping, generator=gen)
+        x1, x2, x3 = result.tokens[:N_TOKENS]
         counts[(x1 * V + x2) * V + x3] += 1
         m = result.metrics
         full += sum(a == d > 0 for a, d in zip(m.accepted, m.drafted))
         rejected += sum(a < d for a, d in zip(m.accepted, m.drafted))
+        first_round.add(m.drafted[0])
     assert full > 300 and rejected > 300  # bonus and residual paths both taken many times
+    if isinstance(stopping, SpecDecPP):
+        assert first_round == {2, 3}  # the head stops some rounds after y_2 and lets others reach y_3
     assert counts[exact == 0].sum() == 0  # filtered tokens (top-k / top-p) are never emitted
     assert chi2_pvalue(counts, exact) > 1e-3
     assert (counts / N_SAMPLES - exact).abs().max() < 0.02

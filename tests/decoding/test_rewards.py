@@ -79,3 +79,22 @@ def test_block_efficiency_and_accepted_length():
         accepted_length_reward(torch.tensor([1, 5]), 4)
     with pytest.raises(InputError):
         accepted_length_reward(-1, 4)
+
+
+def test_throughput_reward_is_tokens_per_unit_cost():
+    from decoding.rewards import normalized_throughput, throughput_range, throughput_reward
+
+    assert throughput_reward(0, 0, 0.3) == 1.0  # a plain target step
+    assert throughput_reward(2, 4, 0.25) == pytest.approx(3 / 2)  # 3 tokens for 1 + 4 * 0.25
+    low, high = throughput_range(4, 0.25)
+    assert (low, high) == (pytest.approx(0.5), pytest.approx(2.5))
+    assert normalized_throughput(0, 4, 4, 0.25) == pytest.approx(0.0)
+    assert normalized_throughput(4, 4, 4, 0.25) == pytest.approx(1.0)
+    # c large enough that drafting never pays: the plain step is the best round
+    assert throughput_range(4, 2.0)[1] == 1.0 and normalized_throughput(0, 0, 4, 2.0) == pytest.approx(1.0)
+    with pytest.raises(InputError, match="cost ratio"):
+        throughput_reward(1, 2, -0.1)
+    with pytest.raises(InputError, match="accepted"):
+        throughput_reward(3, 2, 0.1)
+    with pytest.raises(InputError, match="max_len"):
+        normalized_throughput(1, 5, 4, 0.1)

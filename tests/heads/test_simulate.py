@@ -30,16 +30,13 @@ def test_all_reject_fixed_k_by_hand():
 
 
 def test_specdecpp_rule_with_constant_prediction():
-    # sigma = 0.9, h = 0.5: stop after the first k with 1 - 0.9^k > 0.5, i.e. k = 7 (0.9^7 = 0.478)
+    # sigma = 0.9, h = 0.5, Alg. 1: the decision after drafting k tokens has read k - 1 predictions, and
+    # 1 - 0.9^k > 0.5 first at k = 7 (0.9^7 = 0.478): the round stops after drafting y_8
     k = specdecpp_round_lengths(torch.full((1, 30), 0.9), torch.tensor([30]), [0.5], k_max=20)
-    assert k[0, 0, 0] == 7
+    assert k[0, 0, 0] == 8
     assert k[0, 0, 25] == 5  # capped at the end of the response
-    # Algorithm 1's lag: the decision after drafting k tokens sees only k - 1 predictions
-    k_lag = specdecpp_round_lengths(torch.full((1, 30), 0.9), torch.tensor([30]), [0.5], k_max=20, lag=True)
-    assert k_lag[0, 0, 0] == 8
-    # sigma = 0: the first prediction fires at once (with the lag, the round already drafted a second token)
-    assert specdecpp_round_lengths(torch.zeros(1, 30), torch.tensor([30]), [0.1])[0, 0, 0] == 1
-    assert specdecpp_round_lengths(torch.zeros(1, 30), torch.tensor([30]), [0.1], lag=True)[0, 0, 0] == 2
+    # sigma = 0: the first prediction (on e_1) fires at once, after y_2 is drafted
+    assert specdecpp_round_lengths(torch.zeros(1, 30), torch.tensor([30]), [0.1])[0, 0, 0] == 2
     # sigma = 1 never fires: K_max
     k1 = specdecpp_round_lengths(torch.ones(1, 30), torch.tensor([30]), [0.9], k_max=20)
     assert k1[0, 0, 0] == 20
@@ -49,10 +46,11 @@ def test_specdecpp_all_accept_by_hand():
     # perfect head on an all-accept sequence of 45 tokens: rounds of K_max = 20 + bonus: starts 0, 21, 42
     (r,) = simulate_specdecpp([torch.ones(45)], [torch.ones(45)], cost_ratio=0.2, thresholds=[0.5])
     assert (r.n_target, r.n_draft, r.n_discarded) == (3, 20 + 20 + 3, 0)
-    # all-reject sequence, head predicting 0: one-token rounds, each rejected -> N rounds, N discards
+    # all-reject sequence, head predicting 0: two-token rounds (y_2 rides along), the first rejected ->
+    # N rounds, the last one capped at the end
     (r0,) = simulate_specdecpp([torch.zeros(6)], [torch.zeros(6)], cost_ratio=0.2, thresholds=[0.5])
-    assert (r0.n_target, r0.n_draft, r0.n_discarded) == (6, 6, 6)
-    assert r0.cost == pytest.approx(0.2 * 6 + 6) and r0.speedup == pytest.approx(6 / 7.2)
+    assert (r0.n_target, r0.n_draft, r0.n_discarded) == (6, 11, 11)
+    assert r0.cost == pytest.approx(0.2 * 11 + 6) and r0.speedup == pytest.approx(6 / 8.2)
 
 
 def test_greedy_oracle_counts():
@@ -83,19 +81,18 @@ def _monte_carlo(accept, round_len, n_runs, seed):
     return [t / n_runs for t in tot]
 
 
-@pytest.mark.parametrize("lag", [False, True])
-def test_dp_matches_monte_carlo(lag):
+def test_dp_matches_monte_carlo():
     g = torch.Generator().manual_seed(0)
     accept = torch.rand(40, generator=g) ** 0.3
     sigma = torch.rand(40, generator=g) ** 0.3
     h, k_max = 0.5, 6
-    (r,) = simulate_specdecpp([accept], [sigma], cost_ratio=0.1, thresholds=[h], k_max=k_max, lag=lag)
+    (r,) = simulate_specdecpp([accept], [sigma], cost_ratio=0.1, thresholds=[h], k_max=k_max)
 
-    def round_len(j):  # the decoder's loop: draft y_k, multiply in sigma of y_k (of y_(k-1) with the lag)
+    def round_len(j):  # the decoder's loop (Alg. 1): draft y_k, then multiply in sigma of y_(k-1)
         prod, k = 1.0, 1
         while True:
-            if k >= 2 or not lag:
-                prod *= float(sigma[j + k - 1 - lag])
+            if k >= 2:
+                prod *= float(sigma[j + k - 2])
             if 1 - prod > h or k == k_max or j + k == 40:
                 return k
             k += 1
