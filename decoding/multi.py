@@ -82,7 +82,8 @@ def gamma_arms(drafter: torch.nn.Module, gammas: list[int], key: str = "drafter"
 def _length_arms(arms: list[Arm]) -> bool:
     """Arms that differ only in speculation length: every drafting arm wraps the same drafter model
     (plain-decoding arms allowed), and there are at least two arms."""
-    drafters = {id(getattr(a.speculator, "drafter", None)) for a in arms if not isinstance(a.speculator, NoDraftSpeculator)}
+    drafting = [a.speculator for a in arms if not isinstance(a.speculator, NoDraftSpeculator)]
+    drafters = {id(getattr(s, "drafter", None)) for s in drafting}
     return len(arms) > 1 and len(drafters) == 1 and id(None) not in drafters
 
 

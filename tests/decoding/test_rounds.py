@@ -16,7 +16,7 @@ from decoding.sampling import SamplingConfig
 from decoding.selectors import make_selector
 from decoding.speculative import generate_speculative, hindsight_oracle, speculative_generate
 from decoding.speculator import DrafterSpeculator
-from decoding.stopping import FixedK, SpecDecPP
+from decoding.stopping import FixedK, HindsightOracle, SpecDecPP
 from heads.simulate import greedy_oracle, simulate_fixed_k, simulate_specdecpp
 
 GREEDY, SAMPLED = SamplingConfig(temperature=0.0), SamplingConfig(temperature=1.0)
@@ -79,17 +79,16 @@ def speculators(target, drafter, other, greedy):
         ("K4", lambda p, ref: DrafterSpeculator(drafter, FixedK(4)), 0),
         ("specdec++ h0.5", lambda p, ref: DrafterSpeculator(drafter, SpecDecPP(random_head(H, 0), 0.5)), 0),
         ("specdec++ h0.9", lambda p, ref: DrafterSpeculator(drafter, SpecDecPP(random_head(H, 1), 0.9, 6)), 0),
-        ("ucbspec drafters", lambda p, ref: MultiDrafterSpeculator(
-            [Arm("good", DrafterSpeculator(drafter, FixedK(3))), Arm("bad", DrafterSpeculator(other, FixedK(3)))],
-            make_selector("random", 2, seed=1), reward="be", n_max=3), 0),
+        ("drafter bandit, SpecDec++ arm", lambda p, ref: MultiDrafterSpeculator(
+            [Arm("good", DrafterSpeculator(drafter, SpecDecPP(random_head(H, 0), 0.5))),
+             Arm("bad", DrafterSpeculator(other, FixedK(3)))],
+            make_selector("random", 2, seed=1), reward="be", n_max=4), 0),
         ("ucbspec gamma arms", lambda p, ref: MultiDrafterSpeculator(
             gamma_arms(drafter, [0, 1, 2, 4]), make_selector("ucbspec", 4, max_len=4, seed=2), n_max=4), 0),
         ("exp3spec gamma arms", lambda p, ref: MultiDrafterSpeculator(
             gamma_arms(drafter, [0, 1, 3]), make_selector("exp3spec", 3, max_len=3, seed=2), n_max=3), 0),
     ]
     if greedy:  # the oracle's hindsight is one teacher-forced drafter call per generation
-        from decoding.stopping import HindsightOracle
-
         out.append(("oracle", lambda p, ref: DrafterSpeculator(drafter, HindsightOracle(p + ref)), 1))
     return out
 
