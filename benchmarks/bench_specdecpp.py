@@ -17,6 +17,14 @@ that h on the decoded sequences (teacher-forced agreement as labels, the head's 
 positions), which is what train-heads uses to choose h. Counts are exact; nothing is timed.
 The simulator drafts up to the end of a response (as at EOS) while these decodes stop at a length
 limit, so simulated and decoded counts may differ by one round per sequence even when they agree.
+
+    python benchmarks/bench_specdecpp.py --run runs/demo --label before [--no-append]
+
+reads a finished run instead (heads/sweep.json and report/metrics.json) and prints its SpecDec++ rows:
+per drafter, greedy test set, N_draft / N, MAT, the Lemma 3.1 gap and the Eq. 5.1 cost per token (c from
+sweep.json) against the drafter's best fixed K and its hindsight oracle, and per drafter and label
+transform the simulated cost of the chosen head against the best fixed K (what train-heads reports).
+Run it on a copy of the run before and after `train-heads --force` and `evaluate --force`.
 """
 from __future__ import annotations
 
@@ -135,6 +143,44 @@ def table(label: str, rows: list[dict], c: float) -> list[str]:
     return lines
 
 
+def run_tables(run: pathlib.Path, label: str) -> str:
+    """SpecDec++ rows of a finished run (see the module docstring)."""
+    sweep = json.loads((run / "heads" / "sweep.json").read_text())
+    metrics = json.loads((run / "report" / "metrics.json").read_text())
+    c = next(iter(next(iter(sweep.values())).values()))["cost"]["cost_ratio"]
+    rows = [r for r in metrics["rows"] if r["mode"] == "greedy" and r["set"] == "test" and r["domain"] == "all"]
+    lines = [f"**{label}: {run}**, evaluate (greedy, test set, all domains; c = {c:.3f} from sweep.json)", "",
+             "| drafter | policy | N_draft/N | MAT | Lemma 3.1 gap | cost/token (Eq. 5.1) | vs best fixed K | vs oracle |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    cost = lambda r: (c * r["N_draft"] + r["N_target"]) / r["N"]  # noqa: E731
+    for name in sorted({r["drafter"] for r in rows if r["family"] == "specdecpp"}):
+        mine = [r for r in rows if r["drafter"] == name]
+        fixed = [r for r in mine if r["family"] == "fixed"]
+        oracle = next((r for r in mine if r["family"] == "oracle"), None)
+        spec = next(r for r in mine if r["family"] == "specdecpp")
+        best = min(fixed, key=cost) if fixed else None
+        for r in (spec, best, oracle):
+            if r is None:
+                continue
+            gap = r["N_draft"] + r["N_target"] - r["N"] - r["N_discarded"]
+            vs_fixed = f"{cost(r) / cost(best):.3f}" if best else "-"
+            vs_oracle = f"{cost(r) / cost(oracle):.3f}" if oracle else "-"
+            lines.append(f"| {name} | {r['method']} | {r['N_draft'] / r['N']:.3f} | {r['N'] / r['N_target']:.2f} "
+                         f"| {gap} | {cost(r):.3f} | {vs_fixed} | {vs_oracle} |")
+    lines += ["", f"**{label}**, train-heads simulation on dev sequences (heads/sweep.json, chosen head and h):", "",
+              "| drafter | labels | head | h | simulated cost | best fixed K | simulated vs fixed K | oracle ver. rate |",
+              "| --- | --- | --- | ---: | ---: | --- | ---: | ---: |"]
+    for name, by_tag in sorted(sweep.items()):
+        for tag, s in sorted(by_tag.items()):
+            head = next(h for h in s["heads"] if h["head"] == s["best_head"])
+            sim = head["by_threshold"][f"{head['threshold']:g}"]
+            fixed = s["best_fixed_k"]
+            lines.append(f"| {name} | {tag} | {head['head']} | {head['threshold']:g} | {sim['cost']:.1f} "
+                         f"| {fixed['cost']:.1f} ({fixed['policy']}) | {fixed['cost'] / sim['cost']:.3f}x "
+                         f"| {s['oracle']['verification_rate']:.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", default="e23522e", help="git commit of the code before the change")
@@ -142,8 +188,16 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--c", type=float, default=0.2, help="cost ratio t_draft / t_target for Eq. 5.1")
     ap.add_argument("--no-append", action="store_true")
+    ap.add_argument("--run", type=pathlib.Path, help="a finished run directory: print its SpecDec++ rows")
+    ap.add_argument("--label", default="run", help="with --run: the label of its tables, e.g. before / after")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.run:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from publish import publish
+
+        publish(run_tables(args.run, args.label) + "\n", append=not args.no_append)
+        return
     if args.child:
         sys.path.insert(0, args.child)
         print(json.dumps(measure(args)))
