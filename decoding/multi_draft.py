@@ -128,3 +128,15 @@ class SpecTrSpeculator:
 
     def observe(self, outcome: RoundOutcome) -> None:
         pass  # rollback happens lazily in the next `_catch_up`, against the committed context
+
+
+def drafter_speculator(drafter: torch.nn.Module, stopping: StoppingPolicy, n_drafts: int = 1):
+    """The speculator for one drafter: `DrafterSpeculator` for a single draft (today's speculative
+    sampling), `SpecTrSpeculator` for K > 1 i.i.d. drafts per round (SpecTr). Use it wherever a drafter
+    and a stopping policy become a speculator (the CLI, evaluation plans, benchmarks)."""
+    check_drafts(n_drafts)
+    if n_drafts == 1:
+        from decoding.speculator import DrafterSpeculator
+
+        return DrafterSpeculator(drafter, stopping)
+    return SpecTrSpeculator(drafter, stopping, n_drafts)

@@ -42,3 +42,18 @@ def test_generate_refuses_mismatched_tokenizer(pair, tmp_path):
     with pytest.raises(InputError, match="different tokenizer"):
         load_pair(target=str(pair / "target"), drafter=str(d))
     assert main(["generate", "--target", str(pair / "target"), "--drafter", str(d), "--prompt", "x"]) == 2
+
+
+def test_generate_with_several_drafts(pair, capsys):
+    """`--drafts K`: SpecTr's K-draft tree decoding; greedy, so the text equals the autoregressive text."""
+    tok, tgt, dft, _, _ = load_pair(target=str(pair / "target"), drafter=str(pair / "drafter"))
+    spec, m = generate_text(tok, tgt, dft, "the quick", 16, k=3, drafts=3)
+    ar, _ = generate_text(tok, tgt, dft, "the quick", 16, method="ar")
+    assert spec == ar and m["N"] == 16
+    args = ["generate", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"), "--prompt", "the quick",
+            "--max-new-tokens", "8", "--k", "2", "--temperature", "1.0"]
+    assert main(args + ["--drafts", "4"]) == 0
+    text, metrics = capsys.readouterr().out.strip().rsplit("\n", 1)
+    assert json.loads(metrics)["N"] == 8
+    assert main(args + ["--drafts", "0"]) == 2  # a one-line InputError
+    assert "drafts" in capsys.readouterr().err
