@@ -13,7 +13,8 @@ there and the continuations stay i.i.d. given the node (what k-Seq needs). The S
 per row (a small module, not the drafter).
 
 K = 1 proposes a plain chain draft: the batched code path then draws exactly what `DrafterSpeculator`
-draws under the same generator, and the loop runs today's speculative sampling on it.
+draws under the same generator, and the loop runs today's speculative sampling on it. Greedy decoding
+drafts one chain whatever K is (K greedy drafts are K copies of it).
 
 Drafter cache: after a round it holds K rows; the next `propose` keeps the row that agrees longest with
 the committed context (the accepted draft), crops it and catches up, as `DrafterSpeculator` does.
@@ -80,7 +81,8 @@ class SpecTrSpeculator:
         limit = min(self.stopping.max_tokens, max_tokens)
         if limit == 0:  # the target alone emits the last token
             return Draft(tokens=[], q=torch.empty(0, 0), n_forwards=0)
-        K = self.n_drafts
+        # greedy drafts are deterministic: K of them would be K copies of one chain
+        K = 1 if sampling.greedy else self.n_drafts
         need_hidden = self.stopping.needs_hidden
         policies = [copy.copy(self.stopping) for _ in range(K)]  # per-row round state (shallow: shared head)
         for policy in policies:

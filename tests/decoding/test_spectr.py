@@ -4,7 +4,8 @@ speculative sampling:
     form 1 - (1 - beta(rho*))^k and the emitted token follows p (chi-square with its own power check);
 (b) end to end on table stubs with known distributions: the first three tokens follow the target's
     autoregressive distribution, for fixed L and SpecDec++ stopping;
-(c) greedy: token-for-token equal to greedy autoregressive decoding;
+(c) greedy: token-for-token equal to greedy autoregressive decoding (SpecTr's K greedy drafts are one
+    chain, so trees with real branching are checked too);
 (d) K = 1 equals `DrafterSpeculator` exactly under the same seed.
 Plus the pieces: rho* by bisection, the residual, the trie, and the tree-masked forward against plain
 forwards of each path (logits and the cache cut back to the accepted path)."""
@@ -30,7 +31,7 @@ from decoding.spectr import (
     recursive_rejection_select,
 )
 from decoding.speculative import generate_speculative
-from decoding.speculator import DrafterSpeculator
+from decoding.speculator import Draft, DrafterSpeculator
 from decoding.stopping import FixedK, SpecDecPP
 from decoding.tree import trie_from_sequences, verify_tree
 from decoding.verify import residual
@@ -352,6 +353,52 @@ def test_greedy_equals_autoregressive(llama_pair, n_drafts, make_stopping):
         out = generate_speculative(target, speculator, prompt, n, greedy)
         assert out.tokens == ref
         assert out.metrics.n_target < n  # drafts were accepted
+
+
+class BranchingTreeSpeculator:
+    """Greedy trees with real branching (i.i.d. greedy drafts would all be one chain): the drafter's greedy
+    chain, listed last, merged with random sequences that follow a random prefix of it and then diverge,
+    so accepted nodes are scattered through the tree's index order and the target cache must be gathered."""
+
+    def __init__(self, drafter, length: int, branches: int, seed: int):
+        self.chain = DrafterSpeculator(drafter, FixedK(length))
+        self.branches = branches
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def start(self, target, eos):
+        self.chain.start(target, eos)
+
+    def propose(self, context, max_tokens, sampling, generator):
+        draft = self.chain.propose(context, max_tokens, sampling, generator)
+        k = len(draft.tokens)
+        if k == 0:
+            return draft
+        seqs, qs = [], []
+        for _ in range(self.branches):
+            keep = int(torch.randint(0, k, (1,), generator=self.gen))
+            tail = torch.randint(0, draft.q.shape[-1], (k - keep,), generator=self.gen).tolist()
+            seqs.append(draft.tokens[:keep] + tail)
+            qs.append(draft.q)
+        tree = trie_from_sequences(seqs + [draft.tokens], qs + [draft.q], iid=False)
+        return Draft(tokens=tree.tokens, q=tree.q, n_forwards=draft.n_forwards, tree=tree)
+
+    def observe(self, outcome):
+        pass
+
+
+def test_greedy_branching_trees_equal_autoregressive(llama_pair):
+    target, drafter = llama_pair
+    gen = torch.Generator().manual_seed(8)
+    greedy = SamplingConfig(temperature=0.0)
+    speculator = BranchingTreeSpeculator(drafter, 4, 3, seed=0)
+    scattered = 0
+    for n_prompt, n in CASES:
+        prompt = torch.randint(0, target.config.vocab_size, (n_prompt,), generator=gen).tolist()
+        out = generate_speculative(target, speculator, prompt, n, greedy)
+        assert out.tokens == generate_autoregressive(target, prompt, n, greedy).tokens
+        assert out.metrics.n_target < n
+        scattered += out.metrics.n_discarded
+    assert scattered > 20  # many nodes were verified and dropped beside the accepted path
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.0)],
