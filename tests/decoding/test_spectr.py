@@ -439,3 +439,14 @@ def test_bad_draft_count_is_an_input_error(llama_pair):
     _, drafter = llama_pair
     with pytest.raises(InputError, match="drafts"):
         SpecTrSpeculator(drafter, FixedK(2), 0)
+
+
+def test_factory_picks_the_speculator_by_draft_count(llama_pair):
+    from decoding.multi_draft import drafter_speculator
+
+    _, drafter = llama_pair
+    assert type(drafter_speculator(drafter, FixedK(3))) is DrafterSpeculator
+    spectr = drafter_speculator(drafter, FixedK(3), 4)
+    assert type(spectr) is SpecTrSpeculator and spectr.n_drafts == 4
+    with pytest.raises(InputError, match="drafts"):
+        drafter_speculator(drafter, FixedK(3), -1)
