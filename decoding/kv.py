@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from decoding.errors import InputError
+
 
 def new_cache() -> DynamicCache:
     return DynamicCache()
@@ -121,6 +123,10 @@ def forward_tree(
     (`masking_utils._preprocess_mask_arguments`) and takes explicit `position_ids`, so no model code is
     patched. A single row (not K rows) because i.i.d. drafts share prefixes: the trie has <= K L nodes.
     """
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if isinstance(impl, str) and "flash" in impl:
+        raise InputError(f"draft-tree verification needs a custom 4D attention mask, which {impl} does not take; "
+                         "load the target with attn_implementation='sdpa' or 'eager'")
     device = device or input_device(model)
     past = cache.get_seq_length()
     n_prefix, n_tree = len(prefix_ids), len(tree_ids)
