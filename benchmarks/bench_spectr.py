@@ -2,27 +2,31 @@
 
     python benchmarks/bench_spectr.py runs/demo/bundle [--prompt-set runs/demo/prompts/sets]
         [--prompts-per-domain 4] [--tokens 48] [--seeds 3] [--ks 1,2,4,8] [--ls 4,8] [--no-append]
+    python benchmarks/bench_spectr.py --target runs/demo/target --drafter-layers 1,2 ...
 
 At T = 1 on the test prompts of each domain, each domain decoded with its own drafter (the bundle's
-single-domain drafter; the most general one where a domain has none), prints
-  1. SpecTr Table 1 / App. E Table 4 shape: per (K, L), block efficiency (tokens per target call, the
-     bonus counted), draft forwards per token, the counted speedup under SpecTr's computational model
-     (a K-row or K(L+1)-token forward costs what a 1-token one does: MAT / (1 + c N_draft / N_target), c the
-     measured drafter/target single-token forward time ratio) and the timed speedup over autoregressive
+single-domain drafter; the most general one where a domain has none), or, with --target, with
+self-speculative drafters made of the target's first n layers (no training; for when no trained drafter
+exists yet), prints
+  1. SpecTr Table 1 shape: per (K, L), block efficiency (tokens per target call, the bonus counted),
+     draft forwards per token, tree nodes per round, the counted speedup under SpecTr's computational
+     model (a K-row or K L-node forward costs what a 1-token one does: MAT / (1 + c N_draft / N_target),
+     c the measured drafter/target 1-token forward time ratio) and the timed speedup over autoregressive
      decoding of the target (median and min-max over the seeds; every seed runs every method once,
      methods interleaved in a rotating order);
-  2. per domain, block efficiency by K (L = the largest --ls);
+  2. per domain, block efficiency by K (L = the largest --ls); with several drafters, App. E Table 4's
+     shape (block efficiency by drafter size and K);
   3. App. E Tables 2-3 shape: the cost, on this machine, of the target forward that scores a round (one
-     row of K (L + 1) tokens under a tree mask, the worst case of no shared prefix) and of one drafter
-     step over K rows, relative to a plain 4-token target forward / a 1-row drafter step.
+     row of 1 + K L tokens under a tree mask, the worst case of no shared prefix) and of one drafter step
+     over K rows, relative to a plain 4-token target forward / a 1-row drafter step.
 Counts are exact; times on a shared CPU are noisy (median and spread reported). Appends the tables to
 benchmarks/RESULTS.md with the date and machine.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
-import os
 import platform
 import statistics
 import sys
@@ -120,38 +124,76 @@ def forward_costs(target, drafter, ks: list[int], ls: list[int], context: int = 
     return {key: statistics.median(v) for key, v in samples.items()}
 
 
-def run(args) -> str:
+def truncated_drafter(target, n_layers: int):
+    """A self-speculative drafter: the target's first `n_layers` decoder layers, its final norm and its LM
+    head (no training). A stand-in where no trained drafter exists; it shares the target's tokenizer."""
+    drafter = copy.deepcopy(target)
+    drafter.model.layers = drafter.model.layers[:n_layers]
+    drafter.config.num_hidden_layers = n_layers
+    if getattr(drafter.config, "layer_types", None):
+        drafter.config.layer_types = drafter.config.layer_types[:n_layers]
+    return drafter.eval()
+
+
+def load_models(args):
+    """-> (tokenizer, target, {drafter set label: {domain or None: (drafter name, model)}}, prompt set)."""
+    if args.target:
+        from decoding.loading import load_causal_lm, load_tokenizer
+
+        tok = load_tokenizer(args.target)
+        target = load_causal_lm(args.target, "auto", "cpu")
+        n_total = target.config.num_hidden_layers
+        sets = {f"first {n} of {n_total} target layers": {None: (f"layers{n}", truncated_drafter(target, n))}
+                for n in (int(x) for x in args.drafter_layers.split(","))}
+        prompt_set = args.prompt_set or str(Path(args.target).resolve().parent / "prompts" / "sets")
+        return tok, target, sets, prompt_set
     from decoding.bundle import load_bundle
 
-    torch.set_num_threads(args.threads)
     bundle = load_bundle(args.bundle, verify=False)
     tok = bundle.load_tokenizer()
     target = bundle.load_target(device="cpu")
     own, general = own_drafters(bundle)
+    loaded = {}
+    per_domain = {}
+    for d in sorted({dom for entry in bundle.drafters.values() for dom in entry.domains}):
+        name = own.get(d, general)
+        if name not in loaded:
+            loaded[name] = bundle.load_drafter(name, device="cpu", target=target)
+        per_domain[d] = (name, loaded[name])
     prompt_set = args.prompt_set or str(Path(args.bundle).resolve().parent / "prompts" / "sets")
+    return tok, target, {"each domain's own drafter": per_domain}, prompt_set
+
+
+def run(args) -> str:
+    torch.set_num_threads(args.threads)
+    tok, target, drafter_sets, prompt_set = load_models(args)
     prompts = load_prompts(prompt_set, args.prompts_per_domain, tok, args.max_prompt_tokens)
     domains = sorted(prompts)
-    drafters = {name: bundle.load_drafter(name, device="cpu", target=target)
-                for name in {own.get(d, general) for d in domains}}
+
+    def drafter_for(label: str, domain: str):
+        chosen = drafter_sets[label]
+        return chosen.get(domain) or chosen[None]
+
     sampling = SamplingConfig(temperature=1.0)
     eos = tok.eos_token_id
     ks, ls = [int(x) for x in args.ks.split(",")], [int(x) for x in args.ls.split(",")]
-    configs = [("ar", 0, 0)] + [("spectr", K, L) for L in ls for K in ks]
+    labels = list(drafter_sets)
+    configs = [("ar", None, 0, 0)] + [("spectr", lab, K, L) for lab in labels for L in ls for K in ks]
     metrics: dict = {c: {d: [] for d in domains} for c in configs}
     seconds: dict = {c: [] for c in configs}  # per seed, over all prompts
     for seed in range(args.seeds):
         order = configs[seed % len(configs):] + configs[: seed % len(configs)]  # rotate: no fixed position bias
         for config in order:
-            _, K, L = config
+            _, label, K, L = config
             total = 0.0
             for d in domains:
-                drafter = drafters[own.get(d, general)]
                 for i, ids in enumerate(prompts[d]):
                     gen = torch.Generator().manual_seed(1000 * seed + i)
                     t0 = time.perf_counter()
                     if K == 0:
                         res = generate_autoregressive(target, ids, args.tokens, sampling, eos, gen)
                     else:
+                        drafter = drafter_for(label, d)[1]
                         res = generate_speculative(target, drafter_speculator(drafter, FixedK(L), K), ids,
                                                    args.tokens, sampling, eos, gen)
                     total += time.perf_counter() - t0
@@ -159,40 +201,61 @@ def run(args) -> str:
             seconds[config].append(total)
         print(f"[bench_spectr] seed {seed} done", flush=True)
 
-    one_drafter = drafters[own.get(domains[0], general)]
-    costs = forward_costs(target, one_drafter, ks, ls, reps=args.reps)
-    c = costs[("draft", 1)] / costs[("plain", 1)]
     ar = aggregate(m for d in domains for m in metrics[configs[0]][d])
+    source = f"target {args.target}" if args.target else f"bundle {args.bundle}"
     lines = [f"## SpecTr: K drafts x L tokens at T = 1 ({datetime.date.today()}, {platform.node()}, "
              f"{args.threads} thread{'s' if args.threads > 1 else ''})", "",
-             f"`python benchmarks/bench_spectr.py {' '.join(args.argv)}`: bundle {args.bundle}, "
+             f"`python benchmarks/bench_spectr.py {' '.join(args.argv)}`: {source}, "
              f"{len(domains)} domains x {args.prompts_per_domain} test prompts, max_new_tokens={args.tokens}, "
-             f"{args.seeds} seeds (each seed: every method once, interleaved), drafter = each domain's own. "
-             f"Autoregressive: {ar.n_generated} tokens. c = t_draft / t_target (1-token forwards) = {c:.3f}.", "",
-             "| K | L | block efficiency (tokens / target call) | paper (Table 1) | draft forwards / token | "
-             "nodes / round | counted speedup (SpecTr compute model) | timed speedup: median (min-max) |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for config in configs[1:]:
-        _, K, L = config
-        m = aggregate(x for d in domains for x in metrics[config][d])
-        nodes = (m.n_discarded + sum(m.accepted)) / m.n_rounds
-        counted = m.mat / (1 + c * m.n_draft / m.n_target)
-        speedups = [a / s for a, s in zip(seconds[configs[0]], seconds[config])]
-        paper = PAPER_TABLE1.get((K, L))
-        lines.append(f"| {K} | {L} | {m.mat:.3f} | {paper if paper else '-'} | {m.n_draft / m.n_generated:.3f} | "
-                     f"{nodes:.1f} | {counted:.2f}x | {statistics.median(speedups):.2f}x "
-                     f"({min(speedups):.2f}-{max(speedups):.2f}) |")
-    L = max(ls)
-    lines += ["", f"Block efficiency by domain (L = {L}):", "",
-              "| domain | drafter | " + " | ".join(f"K={K}" for K in ks) + " |",
-              "| --- | --- |" + " ---: |" * len(ks)]
-    for d in domains:
-        cells = [f"{aggregate(metrics[('spectr', K, L)][d]).mat:.3f}" for K in ks]
-        lines.append(f"| {d} | {own.get(d, general)} | " + " | ".join(cells) + " |")
-    lines += ["", f"Forward cost on this machine (median of {args.reps}, 64-token cache; SpecTr App. E Tables 2-3 "
-              "shape): the target's tree-masked forward over 1 + K L tokens (K drafts sharing no prefix) relative to "
-              "a plain 4-token forward (1 + 3 drafts), "
-              "and the drafter's one-token step over K rows relative to 1 row.", "",
+             f"{args.seeds} seeds (each seed: every method once, methods interleaved in a rotating order). "
+             f"Autoregressive: {ar.n_generated} tokens per seed-set. Block efficiency = tokens per target call "
+             "(bonus counted). Counted speedup = block efficiency / (1 + c N_draft / N_target), c = t_draft / "
+             "t_target of 1-token forwards: SpecTr's computational model, where K rows and K L tree tokens "
+             "cost what one token does. Timed speedup = autoregressive seconds / SpecTr seconds per seed.", ""]
+    costs_by_label = {}
+    for label in labels:
+        drafter = drafter_for(label, domains[0])[1]
+        costs = forward_costs(target, drafter, ks, ls, reps=args.reps)
+        costs_by_label[label] = costs
+        c = costs[("draft", 1)] / costs[("plain", 1)]
+        lines += [f"Drafter: {label} (c = {c:.3f}).", "",
+                  "| K | L | block efficiency | paper (Table 1) | draft forwards / token | nodes / round | "
+                  "counted speedup | timed speedup: median (min-max) |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for config in configs[1:]:
+            _, lab, K, L = config
+            if lab != label:
+                continue
+            m = aggregate(x for d in domains for x in metrics[config][d])
+            nodes = (m.n_discarded + sum(m.accepted)) / m.n_rounds
+            counted = m.mat / (1 + c * m.n_draft / m.n_target)
+            speedups = [a / s for a, s in zip(seconds[configs[0]], seconds[config])]
+            paper = PAPER_TABLE1.get((K, L))
+            lines.append(f"| {K} | {L} | {m.mat:.3f} | {paper if paper else '-'} | "
+                         f"{m.n_draft / m.n_generated:.3f} | {nodes:.1f} | {counted:.2f}x | "
+                         f"{statistics.median(speedups):.2f}x ({min(speedups):.2f}-{max(speedups):.2f}) |")
+        L = max(ls)
+        lines += ["", f"Block efficiency by domain (L = {L}):", "",
+                  "| domain | drafter | " + " | ".join(f"K={K}" for K in ks) + " |",
+                  "| --- | --- |" + " ---: |" * len(ks)]
+        for d in domains:
+            cells = [f"{aggregate(metrics[('spectr', label, K, L)][d]).mat:.3f}" for K in ks]
+            lines.append(f"| {d} | {drafter_for(label, d)[0]} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if len(labels) > 1:  # App. E Table 4 shape: block efficiency by drafter size and K
+        L = max(ls)
+        lines += [f"Block efficiency by drafter and K (L = {L}; SpecTr App. E Table 4 shape):", "",
+                  "| drafter | " + " | ".join(f"K={K}" for K in ks) + " |", "| --- |" + " ---: |" * len(ks)]
+        for label in labels:
+            cells = [f"{aggregate(x for d in domains for x in metrics[('spectr', label, K, L)][d]).mat:.3f}"
+                     for K in ks]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    costs = costs_by_label[labels[-1]]
+    lines += [f"Forward cost on this machine (median of {args.reps}, 64-token cache; SpecTr App. E Tables 2-3 "
+              "shape): the target's tree-masked forward over 1 + K L tokens (K drafts sharing no prefix) relative "
+              f"to a plain 4-token forward (1 + 3 drafts), and the drafter's ({labels[-1]}) one-token step over "
+              "K rows relative to 1 row.", "",
               "| K | " + " | ".join(f"target, L={L} (tokens)" for L in ls) + " | drafter step, K rows |",
               "| ---: |" + " ---: |" * (len(ls) + 1)]
     for K in ks:
@@ -206,6 +269,9 @@ def run(args) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("bundle", nargs="?", default="/work/runs/demo-base/bundle")
+    parser.add_argument("--target", default=None,
+                        help="a target model directory instead of a bundle; drafters: its first --drafter-layers layers")
+    parser.add_argument("--drafter-layers", default="1,2", help="with --target: drafter depths (comma list)")
     parser.add_argument("--prompt-set", default=None, help="a run's prompts/sets (default: next to the bundle)")
     parser.add_argument("--prompts-per-domain", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=48)
