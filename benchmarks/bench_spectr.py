@@ -270,7 +270,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("bundle", nargs="?", default="/work/runs/demo-base/bundle")
     parser.add_argument("--target", default=None,
-                        help="a target model directory instead of a bundle; drafters: its first --drafter-layers layers")
+                        help="a target directory instead of a bundle; drafters: its first --drafter-layers layers")
     parser.add_argument("--drafter-layers", default="1,2", help="with --target: drafter depths (comma list)")
     parser.add_argument("--prompt-set", default=None, help="a run's prompts/sets (default: next to the bundle)")
     parser.add_argument("--prompts-per-domain", type=int, default=4)

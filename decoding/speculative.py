@@ -23,11 +23,11 @@ import torch
 from decoding import kv
 from decoding.autoregressive import as_token_list, eos_set, generate_autoregressive
 from decoding.compat import check_prompt
+from decoding.errors import InputError
 from decoding.metrics import GenerationMetrics, GenerationResult
 from decoding.sampling import SamplingConfig, probs
 from decoding.speculator import DrafterSpeculator, RoundOutcome, Speculator
 from decoding.stopping import FixedK, HindsightOracle, StoppingPolicy
-from decoding.errors import InputError
 from decoding.tree import verify_tree
 from decoding.verify import Verification, verify
 
