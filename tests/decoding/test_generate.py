@@ -57,3 +57,16 @@ def test_generate_with_several_drafts(pair, capsys):
     assert json.loads(metrics)["N"] == 8
     assert main(args + ["--drafts", "0"]) == 2  # a one-line InputError
     assert "drafts" in capsys.readouterr().err
+
+
+def test_drafts_default_comes_from_the_bundle(monkeypatch, capsys):
+    """No --drafts: the bundle's decoding.drafts (absent in older bundles: 1); --drafts overrides it."""
+    import decoding.generate as g
+
+    seen = []
+    monkeypatch.setattr(g, "load_pair", lambda *a, **k: (None, None, None, None, None))
+    monkeypatch.setattr(g, "generate_text", lambda *a: seen.append(a[-1]) or ("", {}))
+    for decoding, argv, expected in (({"drafts": 4}, [], 4), ({}, [], 1), ({"drafts": 4}, ["--drafts", "2"], 2)):
+        monkeypatch.setattr(g, "_bundle_decoding", lambda bundle, d=decoding: d)
+        assert g.main(["--bundle", "b", "--prompt", "x"] + argv) == 0
+        assert seen[-1] == expected
