@@ -208,7 +208,7 @@ def run(args) -> str:
              f"`python benchmarks/bench_spectr.py {' '.join(args.argv)}`: {source}, "
              f"{len(domains)} domains x {args.prompts_per_domain} test prompts, max_new_tokens={args.tokens}, "
              f"{args.seeds} seeds (each seed: every method once, methods interleaved in a rotating order). "
-             f"Autoregressive: {ar.n_generated} tokens per seed-set. Block efficiency = tokens per target call "
+             f"Autoregressive: {ar.n_generated} tokens over all seeds. Block efficiency = tokens per target call "
              "(bonus counted). Counted speedup = block efficiency / (1 + c N_draft / N_target), c = t_draft / "
              "t_target of 1-token forwards: SpecTr's computational model, where K rows and K L tree tokens "
              "cost what one token does. Timed speedup = autoregressive seconds / SpecTr seconds per seed.", ""]
