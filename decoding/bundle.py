@@ -17,7 +17,7 @@ bundle.json:
   heads      drafter -> head name -> {path, drafter, depth, w_rej, label_transform, threshold, k_max, best,
                                       simulated}
   routers    {name: {path, kind}} (empty without train-router)
-  decoding   {temperature, top_k, top_p, k, k_max, selector, max_new_tokens}
+  decoding   {temperature, top_k, top_p, k, k_max, selector, max_new_tokens, drafts (absent: 1)}
   files      relative path -> sha256, every file except bundle.json (and the stage's manifest.json)
 
 Every path in bundle.json is relative to the bundle and must stay inside it, so a bundle copied

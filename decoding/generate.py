@@ -5,7 +5,9 @@
 
 With a head (the drafter's default head in a bundle, or --head) the round length follows SpecDec++;
 `--k` forces fixed-K drafting; `--method ar` decodes with the target alone. Prints the text and one
-line of metrics. The same pieces are the function API: `load_pair` + `generate_text`.
+line of metrics. `--drafts K` (K > 1) decodes with SpecTr: K i.i.d. drafts per round verified as a tree
+with k-Seq selection (default: the bundle's `decoding.drafts`, else 1). The same pieces are the function
+API: `load_pair` + `generate_text`.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from decoding.compat import check_head, check_pair, tokenizer_fingerprint
 from decoding.errors import InputError
 from decoding.loading import load_causal_lm, load_tokenizer
 from decoding.sampling import SamplingConfig
-from decoding.speculative import speculative_generate
+from decoding.multi_draft import check_drafts, drafter_speculator
+from decoding.speculative import generate_speculative
 from decoding.stopping import FixedK, SpecDecPP
 
 
@@ -68,16 +71,17 @@ def load_pair(bundle: str | None = None, target: str | None = None, drafter: str
 
 def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = 64, sampling=SamplingConfig(0.0),
                   head=None, threshold: float | None = None, k: int | None = None, k_max: int = 20,
-                  method: str = "speculative", seed: int = 0) -> tuple[str, dict]:
-    """Decode one prompt -> (text, metrics summary)."""
+                  method: str = "speculative", seed: int = 0, drafts: int = 1) -> tuple[str, dict]:
+    """Decode one prompt -> (text, metrics summary). drafts > 1: SpecTr with that many drafts per round."""
+    check_drafts(drafts)
     ids = tok(prompt)["input_ids"]
     gen = torch.Generator().manual_seed(seed)
     if method == "ar":
         res = generate_autoregressive(target, ids, max_new_tokens, sampling, tok.eos_token_id, gen)
     elif method == "speculative":
         stopping = SpecDecPP(head, threshold, k_max) if head is not None and k is None else FixedK(k or 4)
-        res = speculative_generate(target, drafter, ids, max_new_tokens, sampling, stopping,
-                                   eos_token_id=tok.eos_token_id, generator=gen)
+        res = generate_speculative(target, drafter_speculator(drafter, stopping, drafts), ids, max_new_tokens,
+                                   sampling, eos_token_id=tok.eos_token_id, generator=gen)
     else:
         raise InputError(f"unknown method {method!r}; use speculative or ar")
     return tok.decode(res.tokens, skip_special_tokens=True), res.metrics.summary()
@@ -108,6 +112,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-map", default=None, help='"auto" to spread the target over the visible GPUs')
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--drafts", type=int, default=None,
+                   help="K i.i.d. drafts per round, verified with SpecTr's k-Seq (default: the bundle's, else 1)")
 
 
 def run(args) -> None:
@@ -119,9 +125,18 @@ def run(args) -> None:
         if lt and not sampling.matches(lt):
             print(f"note: the head was trained on labels at {lt}; decoding at temperature={sampling.temperature} "
                   f"top_k={sampling.top_k} top_p={sampling.top_p} (SpecDec++ thresholds may transfer poorly)")
+    drafts = args.drafts
+    if drafts is None:
+        drafts = int(_bundle_decoding(args.bundle).get("drafts", 1)) if args.bundle else 1
     threshold = args.threshold if args.threshold is not None else (hcfg or {}).get("threshold", 0.7)
     text, metrics = generate_text(tok, tgt, dft, args.prompt, args.max_new_tokens, sampling, head, threshold, args.k,
-                                  (hcfg or {}).get("k_max", 20) or 20, args.method, args.seed)
+                                  (hcfg or {}).get("k_max", 20) or 20, args.method, args.seed, drafts)
     print(text)
     keys = ("N", "N_target", "N_draft", "N_discarded", "MAT", "discard_rate", "verification_rate", "tokens_per_s")
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items() if k in keys}))
+
+
+def _bundle_decoding(bundle: str) -> dict:
+    from decoding.bundle import load_bundle
+
+    return load_bundle(bundle, verify=False).decoding

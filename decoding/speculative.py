@@ -8,6 +8,10 @@ Per round:
     roll the target cache back to context + y_1..y_n; commit y_1..y_n, y'
 The target cache never holds the last committed token: it is fed, together with the next drafts, in
 the next round's single forward. The speculator rolls its own cache back (see `decoding.speculator`).
+
+A draft may instead be a tree (`Draft.tree`, e.g. SpecTr's K i.i.d. drafts merged into a trie): then the
+one target forward is tree-masked over all nodes, `verify_tree` selects the accepted path with the tree's
+node rule (SpecTr Alg. 3), and the target cache keeps the context + the accepted nodes' KV.
 """
 from __future__ import annotations
 
@@ -19,11 +23,13 @@ import torch
 from decoding import kv
 from decoding.autoregressive import as_token_list, eos_set, generate_autoregressive
 from decoding.compat import check_prompt
+from decoding.errors import InputError
 from decoding.metrics import GenerationMetrics, GenerationResult
 from decoding.sampling import SamplingConfig, probs
 from decoding.speculator import DrafterSpeculator, RoundOutcome, Speculator
 from decoding.stopping import FixedK, HindsightOracle, StoppingPolicy
-from decoding.verify import verify
+from decoding.tree import verify_tree
+from decoding.verify import Verification, verify
 
 # (p (k+1, V), q (k, V)) -> the distribution verification makes the output follow, (k+1, V)
 VerificationDistribution = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -58,25 +64,32 @@ def generate_speculative(
         # leave room for the extra token every round emits
         draft = speculator.propose(context, remaining - 1, sampling, generator)
         t1 = time.perf_counter()
-        k = len(draft.tokens)
-        unseen = context[kv.cache_length(cache) :]  # the last committed token (the whole prompt at first)
-        logits, _ = kv.forward(target, cache, unseen + draft.tokens, last=k + 1, device=device)
-        p = probs(logits, sampling).cpu()  # (k+1, V)
-        m.time_target += time.perf_counter() - t1
+        if draft.tree is not None:
+            emitted, outcome, time_target = _tree_round(target, cache, context, draft, sampling, generator, device,
+                                                        verification_distribution)
+            m.time_target += time_target
+            n, k = outcome.verification.n_accepted, len(draft.tree)
+        else:
+            k = len(draft.tokens)
+            unseen = context[kv.cache_length(cache) :]  # the last committed token (the whole prompt at first)
+            logits, _ = kv.forward(target, cache, unseen + draft.tokens, last=k + 1, device=device)
+            p = probs(logits, sampling).cpu()  # (k+1, V)
+            m.time_target += time.perf_counter() - t1
+            q = draft.q if k else p.new_zeros(0, p.shape[-1])  # (k, V)
+            pi = p if verification_distribution is None else verification_distribution(p, q)
+            result = verify(pi, q, torch.tensor(draft.tokens, dtype=torch.long), generator, sampling.greedy)
+            n = result.n_accepted
+            kv.crop(cache, len(context) + n)  # keep context + y_1..y_n; y' is fed next round
+            emitted = draft.tokens[:n] + [result.token]
+            outcome = RoundOutcome(draft=draft, p=pi, verification=result, context=context, logits=logits)
         m.time_draft += t1 - t0
-        q = draft.q if k else p.new_zeros(0, p.shape[-1])  # (k, V)
-        pi = p if verification_distribution is None else verification_distribution(p, q)
-        result = verify(pi, q, torch.tensor(draft.tokens, dtype=torch.long), generator, sampling.greedy)
-        n = result.n_accepted
-        kv.crop(cache, len(context) + n)  # keep context + y_1..y_n; y' is fed next round
-        emitted = draft.tokens[:n] + [result.token]
         context += emitted
         m.n_target += 1
         m.n_draft += draft.n_forwards
         m.n_discarded += k - n
-        m.drafted.append(k)
+        m.drafted.append(draft.tree.max_depth if draft.tree is not None else k)
         m.accepted.append(n)
-        speculator.observe(RoundOutcome(draft=draft, p=pi, verification=result, context=context, logits=logits))
+        speculator.observe(outcome)
         hit = [i for i, t in enumerate(emitted) if t in eos]
         if hit:  # only the last draft token or y' can be EOS (drafting stops at EOS)
             del context[len(context) - len(emitted) + hit[0] + 1 :]
@@ -86,6 +99,28 @@ def generate_speculative(
     m.time_total = time.perf_counter() - start
     m.n_generated = len(context) - len(prompt)
     return GenerationResult(tokens=context[len(prompt) :], metrics=m)
+
+
+def _tree_round(target, cache, context, draft, sampling, generator, device, verification_distribution):
+    """One round over a draft tree: one tree-masked target forward scoring the root and every node,
+    SpecTr's sequence-level selection (`verify_tree`, the tree's node rule), then the target cache cut
+    back to the committed context + the accepted path (its KV gathered, see `kv.keep_positions`).
+    -> (emitted tokens, outcome, seconds in the target forward)."""
+    if verification_distribution is not None:
+        raise InputError("a verification distribution (cascade target) is defined for chain drafts only; "
+                         "decode with a single draft (--drafts 1) to use one")
+    tree = draft.tree
+    t1 = time.perf_counter()
+    unseen = context[kv.cache_length(cache) :]
+    logits = kv.forward_tree(target, cache, unseen, tree.tokens, tree.parents, tree.depths, device=device)
+    p = probs(logits, sampling).cpu()  # (1 + N, V)
+    time_target = time.perf_counter() - t1
+    walk = verify_tree(p, tree, generator, sampling.greedy, rule=tree.rule)
+    kv.keep_positions(cache, len(context), [len(context) + i for i in walk.path])
+    emitted = [tree.tokens[i] for i in walk.path] + [walk.token]
+    result = Verification(n_accepted=walk.n_accepted, token=walk.token, n_drafted=walk.n_drafted)
+    outcome = RoundOutcome(draft=draft, p=p, verification=result, context=context, logits=logits, path=walk.path)
+    return emitted, outcome, time_target
 
 
 def speculative_generate(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -24,6 +24,9 @@ from decoding.compat import check_head, check_pair
 from decoding.sampling import SamplingConfig, probs, sample
 from decoding.stopping import StoppingPolicy
 from decoding.verify import Verification
+
+if TYPE_CHECKING:
+    from decoding.tree import DraftTree
 
 
 @dataclass
@@ -37,6 +40,10 @@ class Draft:
     # (k, V) the drafter's raw logits behind q, on its device (None for model-free drafters): under greedy
     # decoding q is one-hot, and MetaSD's block-divergence reward reads the model's own distribution
     logits: torch.Tensor | None = None
+    # a draft tree (SpecTr's K i.i.d. drafts merged into a trie, or any tree) instead of a chain; then
+    # tokens / q are the tree's nodes in index order (tree.tokens / tree.q) and the loop verifies the tree
+    # in one tree-masked target forward. None for a chain: a chain draft is exactly what it always was.
+    tree: "DraftTree | None" = None
 
 
 @dataclass
@@ -48,6 +55,8 @@ class RoundOutcome:
     verification: Verification
     context: list[int]  # the committed context after this round (the loop's own list: read it, do not mutate)
     logits: torch.Tensor | None = None  # (k+1, V) the target's raw logits behind p, on its device
+    # for a tree draft: the accepted node indices (p and logits then have 1 + N rows: root, then nodes)
+    path: list[int] | None = None
 
 
 class Speculator(Protocol):

@@ -65,6 +65,7 @@ def decoding_defaults(ctx: Context) -> dict:
     check_k(d["k"], "export.decoding.k")
     check_k(d["k_max"], "export.decoding.k_max")
     check_k(d["max_new_tokens"], "export.decoding.max_new_tokens")
+    check_k(d.get("drafts", 1), "export.decoding.drafts")
     if d["selector"] not in SELECTORS:
         raise InputError(f"export.decoding.selector {d['selector']!r} is not one of {', '.join(SELECTORS)}")
     return d

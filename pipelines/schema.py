@@ -247,6 +247,7 @@ class DecodingDefaults:
     k_max: int = 20  # SpecDec++ cap
     selector: str = "ucb"  # multi-drafter bandit (decoding/selectors.py)
     max_new_tokens: int = 64
+    drafts: int = 1  # i.i.d. drafts per round; > 1 decodes with SpecTr (decoding/multi_draft.py)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from data.tokenizer import train_bpe
@@ -14,6 +15,7 @@ from pipelines.cli import main
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("pair")
     tok = train_bpe(["the quick brown fox jumps over the lazy dog"] * 50 + ["hello world"] * 20, vocab_size=300)
+    torch.manual_seed(0)  # the random weights must not depend on which tests ran before (early EOS)
     for name, layers in (("target", 2), ("drafter", 1)):
         cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                           num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
@@ -42,3 +44,31 @@ def test_generate_refuses_mismatched_tokenizer(pair, tmp_path):
     with pytest.raises(InputError, match="different tokenizer"):
         load_pair(target=str(pair / "target"), drafter=str(d))
     assert main(["generate", "--target", str(pair / "target"), "--drafter", str(d), "--prompt", "x"]) == 2
+
+
+def test_generate_with_several_drafts(pair, capsys):
+    """`--drafts K`: SpecTr's K-draft tree decoding; greedy, so the text equals the autoregressive text."""
+    tok, tgt, dft, _, _ = load_pair(target=str(pair / "target"), drafter=str(pair / "drafter"))
+    spec, m = generate_text(tok, tgt, dft, "the quick", 16, k=3, drafts=3)
+    ar, _ = generate_text(tok, tgt, dft, "the quick", 16, method="ar")
+    assert spec == ar and m["N"] == 16
+    args = ["generate", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"), "--prompt", "the quick",
+            "--max-new-tokens", "8", "--k", "2", "--temperature", "1.0"]
+    assert main(args + ["--drafts", "4"]) == 0
+    text, metrics = capsys.readouterr().out.strip().rsplit("\n", 1)
+    assert json.loads(metrics)["N"] == 8
+    assert main(args + ["--drafts", "0"]) == 2  # a one-line InputError
+    assert "drafts" in capsys.readouterr().err
+
+
+def test_drafts_default_comes_from_the_bundle(monkeypatch, capsys):
+    """No --drafts: the bundle's decoding.drafts (absent in older bundles: 1); --drafts overrides it."""
+    import decoding.generate as g
+
+    seen = []
+    monkeypatch.setattr(g, "load_pair", lambda *a, **k: (None, None, None, None, None))
+    monkeypatch.setattr(g, "generate_text", lambda *a: seen.append(a[-1]) or ("", {}))
+    for decoding, argv, expected in (({"drafts": 4}, [], 4), ({}, [], 1), ({"drafts": 4}, ["--drafts", "2"], 2)):
+        monkeypatch.setattr(g, "_bundle_decoding", lambda bundle, d=decoding: d)
+        assert g.main(["--bundle", "b", "--prompt", "x"] + argv) == 0
+        assert seen[-1] == expected

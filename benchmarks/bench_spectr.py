@@ -1,0 +1,292 @@
+"""SpecTr (K i.i.d. drafts, k-Seq selection, one tree-masked target forward per round) on a bundle.
+
+    python benchmarks/bench_spectr.py runs/demo/bundle [--prompt-set runs/demo/prompts/sets]
+        [--prompts-per-domain 4] [--tokens 48] [--seeds 3] [--ks 1,2,4,8] [--ls 4,8] [--no-append]
+    python benchmarks/bench_spectr.py --target runs/demo/target --drafter-layers 1,2 ...
+
+At T = 1 on the test prompts of each domain, each domain decoded with its own drafter (the bundle's
+single-domain drafter; the most general one where a domain has none), or, with --target, with
+self-speculative drafters made of the target's first n layers (no training; for when no trained drafter
+exists yet), prints
+  1. SpecTr Table 1 shape: per (K, L), block efficiency (tokens per target call, the bonus counted),
+     draft forwards per token, tree nodes per round, the counted speedup under SpecTr's computational
+     model (a K-row or K L-node forward costs what a 1-token one does: MAT / (1 + c N_draft / N_target),
+     c the measured drafter/target 1-token forward time ratio) and the timed speedup over autoregressive
+     decoding of the target (median and min-max over the seeds; every seed runs every method once,
+     methods interleaved in a rotating order);
+  2. per domain, block efficiency by K (L = the largest --ls); with several drafters, App. E Table 4's
+     shape (block efficiency by drafter size and K);
+  3. App. E Tables 2-3 shape: the cost, on this machine, of the target forward that scores a round (one
+     row of 1 + K L tokens under a tree mask, the worst case of no shared prefix) and of one drafter step
+     over K rows, relative to a plain 4-token target forward / a 1-row drafter step.
+Counts are exact; times on a shared CPU are noisy (median and spread reported). Appends the tables to
+benchmarks/RESULTS.md with the date and machine.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from decoding import kv  # noqa: E402
+from decoding.autoregressive import generate_autoregressive  # noqa: E402
+from decoding.metrics import aggregate  # noqa: E402
+from decoding.multi_draft import drafter_speculator  # noqa: E402
+from decoding.sampling import SamplingConfig  # noqa: E402
+from decoding.speculative import generate_speculative  # noqa: E402
+from decoding.stopping import FixedK  # noqa: E402
+from publish import publish  # noqa: E402  (benchmarks/publish.py)
+
+PAPER_TABLE1 = {(1, 4): 2.4, (8, 4): 3.1, (1, 8): 2.9, (8, 8): 4.0}  # PaLM-2 Gecko -> Bison, block efficiency
+
+
+def own_drafters(bundle) -> tuple[dict[str, str], str]:
+    """domain -> its single-domain drafter; and the drafter covering the most domains (the fallback)."""
+    by_size = sorted(bundle.drafters.values(), key=lambda d: (len(d.domains), d.name))
+    own: dict[str, str] = {}
+    for d in by_size:
+        if len(d.domains) == 1:
+            own.setdefault(d.domains[0], d.name)
+    return own, by_size[-1].name
+
+
+def load_prompts(prompt_set: str, per_domain: int, tok, max_prompt_tokens: int) -> dict[str, list[list[int]]]:
+    from datasets import load_from_disk
+
+    out: dict[str, list[list[int]]] = {}
+    for row in load_from_disk(prompt_set)["test"]:
+        ids = tok(row["prompt"])["input_ids"][-max_prompt_tokens:]
+        if len(out.setdefault(row["domain"], [])) < per_domain:
+            out[row["domain"]].append(ids)
+    return out
+
+
+def median_time(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def forward_costs(target, drafter, ks: list[int], ls: list[int], context: int = 64, reps: int = 30) -> dict:
+    """Median seconds of the forwards a round is made of, after a `context`-token prefix: the target's
+    tree-masked forward over the last committed token + K disjoint chains of L nodes (1 + K L tokens, what
+    the decoder feeds when no two drafts share a prefix); a plain 4-token and 1-token target forward; the
+    drafter's one-token step over K rows. Interleaved: every repetition times every shape once."""
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(3, target.config.vocab_size, (context,), generator=gen).tolist()
+    tcache = kv.new_cache()
+    kv.forward(target, tcache, prefix[:-1])  # the loop's target cache never holds the last committed token
+    dcaches = {}
+    for K in ks:
+        dcaches[K] = kv.new_cache()
+        kv.forward(drafter, dcaches[K], prefix)
+        if K > 1:
+            kv.repeat_rows(dcaches[K], K)
+
+    def chains(K: int, L: int):
+        parents = [(-1 if j == 0 else i * L + j - 1) for i in range(K) for j in range(L)]
+        depths = [j + 1 for _ in range(K) for j in range(L)]
+        tokens = torch.randint(3, target.config.vocab_size, (K * L,), generator=gen).tolist()
+        return tokens, parents, depths
+
+    shapes = {("tree", K, L): chains(K, L) for K in ks for L in ls}
+    samples: dict = {key: [] for key in list(shapes) + [("plain", 4), ("plain", 1)] + [("draft", K) for K in ks]}
+    for _ in range(reps):
+        for key, (tokens, parents, depths) in shapes.items():
+            t0 = time.perf_counter()
+            kv.forward_tree(target, tcache, prefix[-1:], tokens, parents, depths)
+            samples[key].append(time.perf_counter() - t0)
+            kv.crop(tcache, context - 1)
+        for n in (4, 1):
+            t0 = time.perf_counter()
+            kv.forward(target, tcache, prefix[-1:] + tokens[: n - 1], last=n)
+            samples[("plain", n)].append(time.perf_counter() - t0)
+            kv.crop(tcache, context - 1)
+        for K in ks:
+            y = torch.randint(3, drafter.config.vocab_size, (K,), generator=gen)
+            t0 = time.perf_counter()
+            kv.forward_batch(drafter, dcaches[K], y)
+            samples[("draft", K)].append(time.perf_counter() - t0)
+            kv.crop(dcaches[K], context)
+    return {key: statistics.median(v) for key, v in samples.items()}
+
+
+def truncated_drafter(target, n_layers: int):
+    """A self-speculative drafter: the target's first `n_layers` decoder layers, its final norm and its LM
+    head (no training). A stand-in where no trained drafter exists; it shares the target's tokenizer."""
+    drafter = copy.deepcopy(target)
+    drafter.model.layers = drafter.model.layers[:n_layers]
+    drafter.config.num_hidden_layers = n_layers
+    if getattr(drafter.config, "layer_types", None):
+        drafter.config.layer_types = drafter.config.layer_types[:n_layers]
+    return drafter.eval()
+
+
+def load_models(args):
+    """-> (tokenizer, target, {drafter set label: {domain or None: (drafter name, model)}}, prompt set)."""
+    if args.target:
+        from decoding.loading import load_causal_lm, load_tokenizer
+
+        tok = load_tokenizer(args.target)
+        target = load_causal_lm(args.target, "auto", "cpu")
+        n_total = target.config.num_hidden_layers
+        sets = {f"first {n} of {n_total} target layers": {None: (f"layers{n}", truncated_drafter(target, n))}
+                for n in (int(x) for x in args.drafter_layers.split(","))}
+        prompt_set = args.prompt_set or str(Path(args.target).resolve().parent / "prompts" / "sets")
+        return tok, target, sets, prompt_set
+    from decoding.bundle import load_bundle
+
+    bundle = load_bundle(args.bundle, verify=False)
+    tok = bundle.load_tokenizer()
+    target = bundle.load_target(device="cpu")
+    own, general = own_drafters(bundle)
+    loaded = {}
+    per_domain = {}
+    for d in sorted({dom for entry in bundle.drafters.values() for dom in entry.domains}):
+        name = own.get(d, general)
+        if name not in loaded:
+            loaded[name] = bundle.load_drafter(name, device="cpu", target=target)
+        per_domain[d] = (name, loaded[name])
+    prompt_set = args.prompt_set or str(Path(args.bundle).resolve().parent / "prompts" / "sets")
+    return tok, target, {"each domain's own drafter": per_domain}, prompt_set
+
+
+def run(args) -> str:
+    torch.set_num_threads(args.threads)
+    tok, target, drafter_sets, prompt_set = load_models(args)
+    prompts = load_prompts(prompt_set, args.prompts_per_domain, tok, args.max_prompt_tokens)
+    domains = sorted(prompts)
+
+    def drafter_for(label: str, domain: str):
+        chosen = drafter_sets[label]
+        return chosen.get(domain) or chosen[None]
+
+    sampling = SamplingConfig(temperature=1.0)
+    eos = tok.eos_token_id
+    ks, ls = [int(x) for x in args.ks.split(",")], [int(x) for x in args.ls.split(",")]
+    labels = list(drafter_sets)
+    configs = [("ar", None, 0, 0)] + [("spectr", lab, K, L) for lab in labels for L in ls for K in ks]
+    metrics: dict = {c: {d: [] for d in domains} for c in configs}
+    seconds: dict = {c: [] for c in configs}  # per seed, over all prompts
+    for seed in range(args.seeds):
+        order = configs[seed % len(configs):] + configs[: seed % len(configs)]  # rotate: no fixed position bias
+        for config in order:
+            _, label, K, L = config
+            total = 0.0
+            for d in domains:
+                for i, ids in enumerate(prompts[d]):
+                    gen = torch.Generator().manual_seed(1000 * seed + i)
+                    t0 = time.perf_counter()
+                    if K == 0:
+                        res = generate_autoregressive(target, ids, args.tokens, sampling, eos, gen)
+                    else:
+                        drafter = drafter_for(label, d)[1]
+                        res = generate_speculative(target, drafter_speculator(drafter, FixedK(L), K), ids,
+                                                   args.tokens, sampling, eos, gen)
+                    total += time.perf_counter() - t0
+                    metrics[config][d].append(res.metrics)
+            seconds[config].append(total)
+        print(f"[bench_spectr] seed {seed} done", flush=True)
+
+    ar = aggregate(m for d in domains for m in metrics[configs[0]][d])
+    source = f"target {args.target}" if args.target else f"bundle {args.bundle}"
+    lines = [f"## SpecTr: K drafts x L tokens at T = 1 ({datetime.date.today()}, {platform.node()}, "
+             f"{args.threads} thread{'s' if args.threads > 1 else ''})", "",
+             f"`python benchmarks/bench_spectr.py {' '.join(args.argv)}`: {source}, "
+             f"{len(domains)} domains x {args.prompts_per_domain} test prompts, max_new_tokens={args.tokens}, "
+             f"{args.seeds} seeds (each seed: every method once, methods interleaved in a rotating order). "
+             f"Autoregressive: {ar.n_generated} tokens over all seeds. Block efficiency = tokens per target call "
+             "(bonus counted). Counted speedup = block efficiency / (1 + c N_draft / N_target), c = t_draft / "
+             "t_target of 1-token forwards: SpecTr's computational model, where K rows and K L tree tokens "
+             "cost what one token does. Timed speedup = autoregressive seconds / SpecTr seconds per seed.", ""]
+    costs_by_label = {}
+    for label in labels:
+        drafter = drafter_for(label, domains[0])[1]
+        costs = forward_costs(target, drafter, ks, ls, reps=args.reps)
+        costs_by_label[label] = costs
+        c = costs[("draft", 1)] / costs[("plain", 1)]
+        lines += [f"Drafter: {label} (c = {c:.3f}).", "",
+                  "| K | L | block efficiency | paper (Table 1) | draft forwards / token | nodes / round | "
+                  "counted speedup | timed speedup: median (min-max) |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for config in configs[1:]:
+            _, lab, K, L = config
+            if lab != label:
+                continue
+            m = aggregate(x for d in domains for x in metrics[config][d])
+            nodes = (m.n_discarded + sum(m.accepted)) / m.n_rounds
+            counted = m.mat / (1 + c * m.n_draft / m.n_target)
+            speedups = [a / s for a, s in zip(seconds[configs[0]], seconds[config])]
+            paper = PAPER_TABLE1.get((K, L))
+            lines.append(f"| {K} | {L} | {m.mat:.3f} | {paper if paper else '-'} | "
+                         f"{m.n_draft / m.n_generated:.3f} | {nodes:.1f} | {counted:.2f}x | "
+                         f"{statistics.median(speedups):.2f}x ({min(speedups):.2f}-{max(speedups):.2f}) |")
+        L = max(ls)
+        lines += ["", f"Block efficiency by domain (L = {L}):", "",
+                  "| domain | drafter | " + " | ".join(f"K={K}" for K in ks) + " |",
+                  "| --- | --- |" + " ---: |" * len(ks)]
+        for d in domains:
+            cells = [f"{aggregate(metrics[('spectr', label, K, L)][d]).mat:.3f}" for K in ks]
+            lines.append(f"| {d} | {drafter_for(label, d)[0]} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if len(labels) > 1:  # App. E Table 4 shape: block efficiency by drafter size and K
+        L = max(ls)
+        lines += [f"Block efficiency by drafter and K (L = {L}; SpecTr App. E Table 4 shape):", "",
+                  "| drafter | " + " | ".join(f"K={K}" for K in ks) + " |", "| --- |" + " ---: |" * len(ks)]
+        for label in labels:
+            cells = [f"{aggregate(x for d in domains for x in metrics[('spectr', label, K, L)][d]).mat:.3f}"
+                     for K in ks]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    costs = costs_by_label[labels[-1]]
+    lines += [f"Forward cost on this machine (median of {args.reps}, 64-token cache; SpecTr App. E Tables 2-3 "
+              "shape): the target's tree-masked forward over 1 + K L tokens (K drafts sharing no prefix) relative "
+              f"to a plain 4-token forward (1 + 3 drafts), and the drafter's ({labels[-1]}) one-token step over "
+              "K rows relative to 1 row.", "",
+              "| K | " + " | ".join(f"target, L={L} (tokens)" for L in ls) + " | drafter step, K rows |",
+              "| ---: |" + " ---: |" * (len(ls) + 1)]
+    for K in ks:
+        cells = [f"{costs[('tree', K, L)] / costs[('plain', 4)]:.2f} ({1 + K * L})" for L in ls]
+        lines.append(f"| {K} | " + " | ".join(cells) + f" | {costs[('draft', K)] / costs[('draft', 1)]:.2f} |")
+    lines.append(f"\nPlain target forwards: 1 token {costs[('plain', 1)] * 1e3:.2f} ms, 4 tokens "
+                 f"{costs[('plain', 4)] * 1e3:.2f} ms; drafter 1-row step {costs[('draft', 1)] * 1e3:.2f} ms.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("bundle", nargs="?", default="/work/runs/demo-base/bundle")
+    parser.add_argument("--target", default=None,
+                        help="a target directory instead of a bundle; drafters: its first --drafter-layers layers")
+    parser.add_argument("--drafter-layers", default="1,2", help="with --target: drafter depths (comma list)")
+    parser.add_argument("--prompt-set", default=None, help="a run's prompts/sets (default: next to the bundle)")
+    parser.add_argument("--prompts-per-domain", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--max-prompt-tokens", type=int, default=384)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--ks", default="1,2,4,8")
+    parser.add_argument("--ls", default="4,8")
+    parser.add_argument("--reps", type=int, default=30, help="repetitions of each forward-cost measurement")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-append", action="store_true")
+    args = parser.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    publish(run(args), append=not args.no_append)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
