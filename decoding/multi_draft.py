@@ -61,6 +61,7 @@ class SpecTrSpeculator:
         self.device = kv.input_device(self.drafter)
         self.cache = kv.new_cache()
         self.rows = [[]]
+        self.stopping.start(self.drafter)
 
     def _catch_up(self, context: list[int], hidden: bool) -> torch.Tensor:
         """Back to one row (the one agreeing longest with `context`), rolled back and fed the unseen rest;
@@ -79,34 +80,33 @@ class SpecTrSpeculator:
         self, context: list[int], max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> Draft:
         limit = min(self.stopping.max_tokens, max_tokens)
-        if limit == 0:  # the target alone emits the last token
-            return Draft(tokens=[], q=torch.empty(0, 0), n_forwards=0)
         # greedy drafts are deterministic: K of them would be K copies of one chain
         K = 1 if sampling.greedy else self.n_drafts
-        need_hidden = self.stopping.needs_hidden
         policies = [copy.copy(self.stopping) for _ in range(K)]  # per-row round state (shallow: shared head)
         for policy in policies:
             policy.start_round(context)
-        logits = self._catch_up(context, hidden=False)
+        if limit <= 0 or policies[0].stop(0, None):  # the target alone emits the next token
+            return Draft(tokens=[], q=torch.empty(0, 0), n_forwards=0)
+        need_hidden = self.stopping.needs_hidden
+        logits = self._catch_up(context, hidden=False)  # e_0 is never read (SpecDec++ Alg. 1)
         n_forwards = 1
         q_next = probs(logits, sampling).cpu().expand(K, -1)  # (K, V): every row starts from the same q
-        hidden = None  # (K, H) e_k of each row
+        hidden = None  # (K, H): e_{k-1} of each row once y_{k-1} has been fed
         tokens: list[list[int]] = [[] for _ in range(K)]
         qs: list[list[torch.Tensor]] = [[] for _ in range(K)]
         active = [True] * K
         while True:
-            for r in range(K):
-                if active[r] and policies[r].stop(len(tokens[r]), q_next[r], None if hidden is None else hidden[r]):
-                    active[r] = False
-            if not any(active):
-                break
+            # SpecDec++ Alg. 1 order, per row: sample y_k ~ q_k, then decision k (reading e_{k-1});
+            # a stopped row submits y_k without feeding it, so k candidates cost k forwards
             y = q_next.argmax(-1) if sampling.greedy else sample(q_next, generator)  # (K,) one draw per row
             for r in range(K):
-                if active[r]:
-                    tokens[r].append(int(y[r]))
-                    qs[r].append(q_next[r])
-                    if len(tokens[r]) == limit or int(y[r]) in self.eos:
-                        active[r] = False  # the row's draft is complete: no need to feed its last token
+                if not active[r]:
+                    continue
+                tokens[r].append(int(y[r]))
+                qs[r].append(q_next[r])
+                if (len(tokens[r]) == limit or int(y[r]) in self.eos
+                        or policies[r].stop(len(tokens[r]), None if hidden is None else hidden[r])):
+                    active[r] = False
             if not any(active):
                 break
             if len(self.rows) == 1 and K > 1:
