@@ -8,6 +8,9 @@ accepted (0 <= n_acc <= n). The three rewards below summarise that round for an 
   its variance is at most 1 / (4 n).
 - block efficiency r_BE = n_acc / N_max (MetaSD §2.3), in [0, 1]; zero whenever the first token fails.
 - accepted length Y = n_acc + 1 in [1, L + 1] (BanditSpec: the bonus/correction token counts).
+- throughput (n_acc + 1) / (1 + c n) (BanditSpec §6.2): tokens per unit of cost, with c the cost of
+  one drafted token in target forwards (t_draft / t_target): arms of different cost (speculation
+  lengths, drafters of different size, model-free arms with c ~ 0) compare by speed, not by length.
 
 The rewards take tensors and return tensors so that the caller decides when to synchronise with the
 device (one `.item()` per round); the selectors take Python floats.
@@ -93,3 +96,31 @@ def _check_accepted(n_accepted, limit: int, limit_name: str) -> None:
     )
     if low < 0 or high > limit:
         raise InputError(f"accepted draft tokens must be in [0, {limit_name}={limit}], got {n_accepted}")
+
+
+def throughput_reward(n_accepted: int, n_drafted: int, cost_ratio: float) -> float:
+    """BanditSpec §6.2 reward: the round's throughput, tokens emitted per unit of cost,
+    (n_acc + 1) / (1 + c k), counting the target forward as 1 and each of the round's k drafted tokens
+    as c = t_draft / t_target (a drafter's forward per token; ~0 for a model-free speculator).
+
+    An arm's mean reward is then its expected throughput E[N_acc + 1] / (1 + c k): the speed the bandit
+    should maximise. The accepted length Y = N_acc + 1 instead ignores what drafting costs, so over arms
+    of different cost it prefers long or expensive drafts even where cheap ones are faster.
+    """
+    if not (cost_ratio >= 0 and cost_ratio < float("inf")):
+        raise InputError(f"cost ratio c = t_draft / t_target must be a finite number >= 0, got {cost_ratio}")
+    if n_drafted < 0 or not 0 <= n_accepted <= n_drafted:
+        raise InputError(f"need 0 <= accepted <= drafted, got accepted={n_accepted}, drafted={n_drafted}")
+    return (n_accepted + 1) / (1.0 + cost_ratio * n_drafted)
+
+
+def throughput_bounds(max_len: int, cost_ratios: list[float]) -> tuple[float, float]:
+    """(lowest, highest) round throughput over arms with these costs drafting at most max_len = L
+    tokens: an L-round of the costliest arm all rejected, and the best of a plain step (1) and an
+    L-round of the cheapest arm all accepted ((k + 1) / (1 + c k) is monotone in k)."""
+    if max_len < 1:
+        raise InputError(f"max_len (L, the maximum speculation length) must be >= 1, got {max_len}")
+    if not cost_ratios:
+        raise InputError("throughput bounds need at least one arm's cost ratio")
+    low = 1.0 / (1.0 + max(cost_ratios) * max_len)
+    return low, max(1.0, (max_len + 1) / (1.0 + min(cost_ratios) * max_len))
