@@ -111,6 +111,7 @@ class SuffixIndex:
         self.tokens = tokens  # (N,) int32
         self.suffix_array = suffix_array  # (N,) int64
         self.n_sequences = n_sequences
+        self.bytes_read = 0  # token and suffix-array bytes the queries touched (Table 2's bandwidth column)
 
     @staticmethod
     def build(sequences: Iterable[Iterable[int]]) -> "SuffixIndex":
@@ -143,6 +144,7 @@ class SuffixIndex:
             mid = (lo + hi) // 2
             s = int(sa[mid])
             head = toks[s : s + m].tolist()  # list comparison is lexicographic, a shorter prefix sorts first
+            self.bytes_read += 8 + 4 * len(head)
             if head < pattern or (upper and head == pattern):
                 lo = mid + 1
             else:
@@ -194,6 +196,7 @@ class SuffixIndex:
             starts = starts[(np.arange(max_rows) * count) // max_rows]
         idx = starts[:, None] + np.arange(depth)[None, :]  # (rows, depth)
         limit = len(self) if end is None else end
+        self.bytes_read += 8 * count + 4 * idx.size
         windows = np.where(idx < limit, self.tokens[np.minimum(idx, len(self) - 1)], SEPARATOR).astype(np.int64)
         # a sequence's end cuts its row: everything from the first SEPARATOR on is SEPARATOR
         ended = np.cumsum(windows == SEPARATOR, axis=1) > 0

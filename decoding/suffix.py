@@ -57,11 +57,13 @@ class SuffixSpeculator:
         self.source = ""  # which structure the latest draft came from: "request", "global" or ""
         self._request: SuffixIndex | None = None
         self._indexed = 0  # context length the per-request index covers
+        self.request_bytes_read = 0  # bytes the per-request queries touched (the global index counts its own)
 
     def start(self, target: torch.nn.Module, eos: set[int]) -> None:
         self.vocab = target_vocab(target, "suffix decoding")
         self.eos = eos
         self._request, self._indexed = None, 0
+        self.request_bytes_read = 0
 
     def _candidate(self, index: SuffixIndex, context: list[int], limit: int, end: int | None):
         cont = index.continuations(context, self.max_match, limit, self.max_rows, end=end)
@@ -81,6 +83,8 @@ class SuffixSpeculator:
         if limit <= 0 or len(context) < 2:
             return point_mass_draft([], self.vocab, self.eos)
         if self._request is None or self._indexed != len(context):
+            if self._request is not None:
+                self.request_bytes_read += self._request.bytes_read
             self._request, self._indexed = SuffixIndex.build([context]), len(context)
         # end=len(context): the context's own last suffix has no continuation yet and is no match
         best, score = self._candidate(self._request, context, limit, end=len(context)), "request"
@@ -91,6 +95,10 @@ class SuffixSpeculator:
         tokens = best[0]
         self.source = score if tokens else ""
         return point_mass_draft(tokens, self.vocab, self.eos)
+
+    def request_bytes(self) -> int:
+        """Bytes the per-request queries of this generation touched (see SuffixIndex.bytes_read)."""
+        return self.request_bytes_read + (self._request.bytes_read if self._request is not None else 0)
 
     def observe(self, outcome: RoundOutcome) -> None:
         pass
