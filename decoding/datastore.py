@@ -166,18 +166,23 @@ class SuffixIndex:
         lo_m, hi_m = 1, min(max_match, len(context))
         while lo_m <= hi_m:
             m = (lo_m + hi_m) // 2
-            lo, hi = self.match_range(context[len(context) - m :])
-            if end is not None and hi > lo:
-                hi_cnt = int(np.count_nonzero(self.suffix_array[lo:hi] + m < end))
-                found = hi_cnt > 0
+            pattern = context[len(context) - m :]
+            if end is None:  # existence needs the lower bound only; the upper one once, for the best m
+                lo = self._bound(pattern, upper=False)
+                s = int(self.suffix_array[lo]) if lo < len(self) else 0
+                found, hi = lo < len(self) and self.tokens[s : s + m].tolist() == pattern, None
             else:
-                found = hi > lo
+                lo, hi = self.match_range(pattern)
+                found = bool(np.count_nonzero(self.suffix_array[lo:hi] + m < end))
             if found:
                 best = (m, lo, hi)
                 lo_m = m + 1
             else:
                 hi_m = m - 1
-        return best
+        m, lo, hi = best
+        if m and hi is None:
+            hi = self._bound(context[len(context) - m :], upper=True)
+        return m, lo, hi
 
     def continuations(self, context: list[int], max_match: int, depth: int, max_rows: int = 256,
                       end: int | None = None) -> Continuations:
