@@ -52,21 +52,33 @@ BANDITS = (("UCBSpec (throughput)", "ucbspec", "throughput"), ("EXP3Spec (throug
            ("UCBSpec (accepted Y)", "ucbspec", "accepted"))
 
 
+COPY_MARK = "Repeat after me"  # the demo chat domain's copying prompts, reported as their own group
+
+
 def load_prompts(root: Path, tok, set_name: str, per_domain: int, max_prompt: int):
+    """The first per_domain prompts of each domain; chat's repeat-after-me prompts form the group
+    "chat-repeat" (up to per_domain of them, from all of the set's sets if need be)."""
     from data.prompts import load_prompt_sets
     from pipelines.distill_data import fit_prompt
 
+    sets = load_prompt_sets(root / "prompts")
     rows, taken = [], {}
-    for row in load_prompt_sets(root / "prompts")[set_name]:
-        if taken.get(row["domain"], 0) < per_domain:
-            taken[row["domain"]] = taken.get(row["domain"], 0) + 1
-            ids, _ = fit_prompt(tok(row["prompt"])["input_ids"], max_prompt, "truncate", row["id"])
-            rows.append((row["domain"], row["id"], row["prompt"], ids))
+    for name in [set_name] + [s for s in sets if s != set_name]:
+        for row in sets[name]:
+            domain = row["domain"]
+            if domain == "chat" and COPY_MARK in row["prompt"]:
+                domain = "chat-repeat"
+            elif name != set_name:
+                continue  # other sets only top up the copying group
+            if taken.get(domain, 0) < per_domain:
+                taken[domain] = taken.get(domain, 0) + 1
+                ids, _ = fit_prompt(tok(row["prompt"])["input_ids"], max_prompt, "truncate", row["id"])
+                rows.append((domain, row["id"], row["prompt"], ids))
     return rows
 
 
 def get_datastore(bundle, root: Path) -> tuple[SuffixIndex, str]:
-    index = bundle.load_datastore()
+    index = bundle.load_datastore() if bundle is not None else None
     if index is not None:
         m = bundle.meta["datastore"]
         return index, f"shipped in the bundle ({m['tokens']} tokens, {m['sequences']} responses, built in {m['build_seconds']:.2f} s at export)"
@@ -74,7 +86,7 @@ def get_datastore(bundle, root: Path) -> tuple[SuffixIndex, str]:
 
     responses = load_distill_data(root / "distill_data")["train"]["response_ids"]
     built = build_datastore(responses)
-    return built.index, (f"built here from {root / 'distill_data'} (the bundle has none): {len(built.index) - built.index.n_sequences} "
+    return built.index, (f"built here from {root / 'distill_data'} (no bundle datastore): {len(built.index) - built.index.n_sequences} "
                          f"tokens, {built.index.n_sequences} responses, {built.seconds:.2f} s")
 
 
@@ -108,12 +120,24 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)  # a shared 2-core box: one thread gives the steadiest times
     root = Path(args.root)
-    bundle = load_bundle(args.bundle or root / "bundle")
-    tok = bundle.load_tokenizer()
-    target = bundle.load_target(device="cpu", dtype="float32")
-    drafter = bundle.load_drafter(args.drafter, device="cpu", dtype="float32", target=target)
-    index, ds_note = get_datastore(bundle, root)
-    k = int(bundle.decoding.get("k", 4))
+    bundle_dir = Path(args.bundle) if args.bundle else root / "bundle"
+    if bundle_dir.is_dir():
+        bundle = load_bundle(bundle_dir)
+        tok = bundle.load_tokenizer()
+        target = bundle.load_target(device="cpu", dtype="float32")
+        drafter = bundle.load_drafter(args.drafter, device="cpu", dtype="float32", target=target)
+        index, ds_note = get_datastore(bundle, root)
+        k = int(bundle.decoding.get("k", 4))
+    else:  # a run stopped before export: its stages' outputs directly (target/, drafters/, distill_data/)
+        from decoding.compat import check_pair
+        from decoding.loading import load_causal_lm, load_tokenizer
+
+        tok = load_tokenizer(root / "target")
+        target = load_causal_lm(root / "target", "float32", "cpu")
+        drafter = load_causal_lm(root / "drafters" / args.drafter, "float32", "cpu")
+        check_pair(target, drafter)
+        index, ds_note = get_datastore(None, root)
+        k = 4
     eos = tok.eos_token_id
     prompts = load_prompts(root, tok, args.set, args.prompts, 384)
     domains = sorted({d for d, *_ in prompts})

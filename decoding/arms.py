@@ -43,6 +43,15 @@ class ArmResources:
     drafters: dict[str, torch.nn.Module] = field(default_factory=dict)
     datastore: SuffixIndex | None = None
 
+    @staticmethod
+    def from_bundle(bundle, drafters: dict[str, torch.nn.Module]) -> "ArmResources":
+        """The loaded drafters plus the bundle's datastore (None when it ships none; see
+        `Bundle.unavailable_arms`). E.g. an evaluate plan entry:
+            arms = build_arms(["lookup", "rest", "suffix", "ofa"], ArmResources.from_bundle(b, drafters), n_max=4)
+            bandit = MultiDrafterSpeculator(arms, make_selector("ucbspec", 4, max_len=4), reward="throughput", n_max=4)
+        """
+        return ArmResources(dict(drafters), bundle.load_datastore())
+
     def unavailable(self) -> dict[str, str]:
         """Arm kinds that cannot be built from these resources -> why (empty when all can)."""
         out = {}
