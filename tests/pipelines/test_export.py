@@ -145,6 +145,10 @@ def test_datastore_is_shipped_and_optional(run_root):
     index = b.load_datastore()
     assert index.tokens.tolist()[: len(responses[0]) + 1] == list(responses[0]) + [SEPARATOR]
     assert b.unavailable_arms() == {} and "datastore:" in inspect_bundle_text(out)
+    from decoding.arms import ArmResources, build_arms
+
+    arms = build_arms(["rest", "suffix"], ArmResources.from_bundle(b, {}), n_max=4)
+    assert arms[0].speculator.index.n_sequences == len(responses)
 
     bare = run_stage(_config(run_root, export={"datastore": False}), "export", force=True)
     b = load_bundle(bare)
