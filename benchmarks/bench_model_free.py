@@ -77,11 +77,39 @@ def load_prompts(root: Path, tok, set_name: str, per_domain: int, max_prompt: in
     return rows
 
 
-def get_datastore(bundle, root: Path) -> tuple[SuffixIndex, str]:
+def distill_greedy(target, tok, root: Path, per_domain: int, max_new_tokens: int) -> list[list[int]]:
+    """The distill-data recipe at T = 0 on the first per_domain train prompts of each domain (for a run
+    whose distill_data is gone): the target's own greedy responses, batched as the stage does."""
+    from data.prompts import load_prompt_sets
+    from pipelines.distill_data import fit_prompt, generate_batch
+
+    taken, prompts = {}, []
+    for row in load_prompt_sets(root / "prompts")["train"]:
+        if taken.get(row["domain"], 0) < per_domain:
+            taken[row["domain"]] = taken.get(row["domain"], 0) + 1
+            prompts.append(fit_prompt(tok(row["prompt"])["input_ids"], 384, "truncate", row["id"])[0])
+    out = []
+    for b in range(0, len(prompts), 16):
+        out += [resp for resp, _ in generate_batch(target, prompts[b:b + 16], tok.pad_token_id, tok.eos_token_id,
+                                                    0.0, 0, 1.0, max_new_tokens, 0)]
+    return out
+
+
+def get_datastore(bundle, root: Path, target=None, tok=None, per_domain: int = 20,
+                  max_new_tokens: int = 64) -> tuple[SuffixIndex, str]:
     index = bundle.load_datastore() if bundle is not None else None
     if index is not None:
         m = bundle.meta["datastore"]
         return index, f"shipped in the bundle ({m['tokens']} tokens, {m['sequences']} responses, built in {m['build_seconds']:.2f} s at export)"
+    if not (root / "distill_data").is_dir():
+        t0 = time.perf_counter()
+        responses = distill_greedy(target, tok, root, per_domain, max_new_tokens)
+        gen_s = time.perf_counter() - t0
+        built = build_datastore(responses)
+        return built.index, (f"built here (the run has neither a bundle datastore nor distill_data): the target's greedy "
+                             f"responses to the first {per_domain} train prompts per domain ({gen_s:.0f} s to generate), "
+                             f"{len(built.index) - built.index.n_sequences} tokens, {built.index.n_sequences} responses, "
+                             f"suffix array in {built.seconds:.2f} s")
     from pipelines.distill_data import load_distill_data
 
     responses = load_distill_data(root / "distill_data")["train"]["response_ids"]
@@ -116,6 +144,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved timing passes")
     ap.add_argument("--drafter", default="ofa", help="the parametric arm (the bundle's best drafter overall)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--distill-prompts", type=int, default=20,
+                    help="without a datastore or distill_data: train prompts per domain to distill one from")
     ap.add_argument("--no-append", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)  # a shared 2-core box: one thread gives the steadiest times
@@ -126,7 +156,7 @@ def main() -> None:
         tok = bundle.load_tokenizer()
         target = bundle.load_target(device="cpu", dtype="float32")
         drafter = bundle.load_drafter(args.drafter, device="cpu", dtype="float32", target=target)
-        index, ds_note = get_datastore(bundle, root)
+        index, ds_note = get_datastore(bundle, root, target, tok, args.distill_prompts, args.tokens)
         k = int(bundle.decoding.get("k", 4))
     else:  # a run stopped before export: its stages' outputs directly (target/, drafters/, distill_data/)
         from decoding.compat import check_pair
@@ -136,7 +166,7 @@ def main() -> None:
         target = load_causal_lm(root / "target", "float32", "cpu")
         drafter = load_causal_lm(root / "drafters" / args.drafter, "float32", "cpu")
         check_pair(target, drafter)
-        index, ds_note = get_datastore(None, root)
+        index, ds_note = get_datastore(None, root, target, tok, args.distill_prompts, args.tokens)
         k = 4
     eos = tok.eos_token_id
     prompts = load_prompts(root, tok, args.set, args.prompts, 384)
