@@ -8,6 +8,8 @@ Written by the `export` stage (pipelines/export.py), read here (ARCHITECTURE.md 
     drafters/<name>/        HF dirs (safetensors + tokenizer + drafter.json)
     heads/<drafter>/<transform tag>/<head>/ head.safetensors + head_config.json (head name "<tag>/<head>")
     router/                 the routing baseline (optional)
+    datastore/              datastore.safetensors + datastore.json: the distilled responses' suffix array,
+                            read by the REST and suffix-decoding arms (optional; decoding/datastore.py)
 
 bundle.json:
   format     "specdraft-bundle/1"
@@ -18,6 +20,8 @@ bundle.json:
                                       simulated}
   routers    {name: {path, kind}} (empty without train-router)
   decoding   {temperature, top_k, top_p, k, k_max, selector, max_new_tokens, drafts (absent: 1)}
+  datastore  {path, tokens, sequences, bytes, build_seconds, source} (absent: no REST arm; suffix
+             decoding then runs on its per-request structure alone)
   files      relative path -> sha256, every file except bundle.json (and the stage's manifest.json)
 
 Every path in bundle.json is relative to the bundle and must stay inside it, so a bundle copied
@@ -142,6 +146,7 @@ class Bundle:
     routers: dict[str, RouterEntry]  # name -> entry (train-router writes "classifier" and "centroid")
     decoding: dict[str, Any]
     verified: bool
+    datastore: Path | None = None  # the datastore directory, absolute, inside the bundle (None: none shipped)
 
     @property
     def tokenizer_sha256(self) -> str:
@@ -157,6 +162,23 @@ class Bundle:
 
         d = self.decoding
         return SamplingConfig(d["temperature"], d["top_k"], d["top_p"])
+
+    def load_datastore(self):
+        """The REST / suffix-decoding datastore (decoding.datastore.SuffixIndex), or None when the bundle
+        has none (see `unavailable_arms`)."""
+        from decoding.datastore import SuffixIndex
+
+        return SuffixIndex.load(self.datastore) if self.datastore is not None else None
+
+    def unavailable_arms(self) -> dict[str, str]:
+        """Bandit arm kinds (decoding.arms) this bundle cannot serve -> why; empty when all can."""
+        out = {}
+        if self.datastore is None:
+            out["rest"] = "the bundle has no datastore (export it with export.datastore: true)"
+            out["suffix (global)"] = "no datastore: suffix decoding uses its per-request structure only"
+        if not self.drafters:
+            out["drafter"] = "the bundle has no drafters"
+        return out
 
     def drafter(self, name: str) -> DrafterEntry:
         if name not in self.drafters:
@@ -334,10 +356,16 @@ def _load_bundle(path: Path, verify: bool) -> Bundle:
         routers[name] = RouterEntry(path=_component(root, files, _need(r, "path", f"router {name}"), f"router {name}"),
                                     kind=str(r.get("kind")))
 
+    datastore = None
+    if meta.get("datastore") is not None:
+        ds = meta["datastore"]
+        datastore = _component(root, files, _need(ds, "path", "datastore"), "datastore")
+
     if verify:
         _verify(root, files)
     return Bundle(root=root, meta=meta, target_path=target_path, target_in_bundle=in_bundle, drafters=drafters,
-                  heads=heads, routers=routers, decoding=dict(_need(meta, "decoding", "the bundle")), verified=verify)
+                  heads=heads, routers=routers, decoding=dict(_need(meta, "decoding", "the bundle")), verified=verify,
+                  datastore=datastore)
 
 
 def _fmt_params(n: int) -> str:
@@ -367,6 +395,10 @@ def summarize(b: Bundle) -> str:
                          f"top_p={lt.get('top_p')}{sim}" + (" (default)" if h.best else ""))
     lines.append("routers: " + (", ".join(f"{n} ({r.kind}, {r.path.relative_to(b.root).as_posix()}/)"
                                           for n, r in b.routers.items()) or "none"))
+    ds = b.meta.get("datastore")
+    lines.append(f"datastore: {ds['tokens']} tokens in {ds['sequences']} responses ({ds['bytes']} bytes, built in "
+                 f"{ds['build_seconds']:.2f}s)" if ds else
+                 "datastore: none (arms unavailable: " + "; ".join(f"{k}: {v}" for k, v in b.unavailable_arms().items()) + ")")
     lines.append("decoding defaults: " + ", ".join(f"{k}={v}" for k, v in sorted(b.decoding.items())))
     n = len(b.files)
     lines.append(f"all {n} files verified (sha256)" if b.verified else f"{n} files (not verified)")

@@ -1,7 +1,10 @@
 """Several speculation settings ("arms") behind one `Speculator`: bandits, Draft-All, hindsight oracle.
 
-An arm is a drafter (optionally with its SpecDec++ head), a speculation length gamma over a drafter
-(gamma = 0: propose nothing, i.e. a plain target step), or the model-free prompt lookup drafter.
+An arm is any `Speculator` with a name: a drafter (optionally with its SpecDec++ head), a speculation
+length gamma over a drafter (gamma = 0: propose nothing, i.e. a plain target step), or a model-free
+speculator (prompt lookup, REST, suffix decoding: BanditSpec Table 1's arms). `decoding.arms` builds
+the list from config entries. Arms of different cost compare by the throughput reward (BanditSpec §6.2)
+with each arm's own cost per drafted token (`Arm.cost_ratio`).
 One speculative-decoding round is one bandit round (MetaSD Alg. 2, BanditSpec Alg. 1):
 
     propose:  arm = selector.select(); the arm drafts at most n_max tokens
@@ -28,12 +31,8 @@ from decoding import kv
 from decoding.compat import check_pair
 from decoding.errors import InputError
 from decoding.metrics import GenerationResult
-from decoding.rewards import (
-    accepted_length_reward,
-    block_divergence_reward,
-    block_efficiency_reward,
-    normalized_throughput,
-)
+from decoding.rewards import (accepted_length_reward, block_divergence_reward, block_efficiency_reward,
+                              normalized_throughput, throughput_bounds)
 from decoding.sampling import SamplingConfig
 from decoding.selectors import EXP3, EXP3Spec, MetaSDUCB, SequentialHalving, UCBSpec
 from decoding.speculator import Draft, DrafterSpeculator, RoundOutcome, Speculator, common_prefix
@@ -48,6 +47,9 @@ class Arm:
     name: str  # e.g. "math", "ofa", "lookup", "gamma=2"
     speculator: Speculator  # e.g. DrafterSpeculator(drafter, FixedK(4)), PromptLookupSpeculator()
     drafter_key: str | None = None  # arms sharing a drafter model share its KV cache state (gamma arms)
+    # the throughput reward's cost of one drafted token in target forwards (t_draft / t_target); None:
+    # the bandit's cost_ratio for an arm with a drafter model, 0 for a model-free one (no forward)
+    cost_ratio: float | None = None
 
 
 class NoDraftSpeculator:
@@ -77,6 +79,13 @@ def gamma_arms(drafter: torch.nn.Module, gammas: list[int], key: str = "drafter"
         spec = NoDraftSpeculator() if g == 0 else DrafterSpeculator(drafter, FixedK(g))
         arms.append(Arm(f"gamma={g}", spec, None if g == 0 else key))
     return arms
+
+
+def _model_free_arms(arms: list[Arm]) -> bool:
+    """Some arm drafts without a drafter model (prompt lookup, REST, suffix decoding): its rounds cost
+    almost nothing, so accepted length would misjudge it against the drafters."""
+    return any(getattr(a.speculator, "drafter", None) is None and not isinstance(a.speculator, NoDraftSpeculator)
+               for a in arms)
 
 
 def _length_arms(arms: list[Arm]) -> bool:
@@ -136,11 +145,12 @@ class MultiDrafterSpeculator:
                        the fraction of drafted positions where draft and target argmax agree
             "be"       block efficiency N_acc / n_max, in [0, 1]
             "accepted" BanditSpec's accepted length Y = N_acc + 1 in [1, n_max + 1]
-            "throughput" BanditSpec §6.2: the round's tokens per unit of cost, (N_acc + 1) / (1 + c k),
-                       c = `cost_ratio` (t_draft / t_target), mapped affinely onto the selector's
-                       reward range ([0, 1], or [1, n_max + 1] for UCBSpec / EXP3Spec)
-            None       (default) "throughput" for length arms (every drafting arm wraps one drafter
-                       model, e.g. `gamma_arms`), else "bd"
+            "throughput" BanditSpec §6.2: the round's tokens per unit of cost, (N_acc + 1) / (1 + c_i k),
+                       c_i the arm's cost per drafted token (`arm_cost`), mapped affinely onto the
+                       selector's reward range ([0, 1], or [1, n_max + 1] for UCBSpec / EXP3Spec) by
+                       the bounds over all arms' costs; the reward for arms of different cost
+            None       (default) "throughput" for arms of different cost (length arms wrapping one
+                       drafter model, e.g. `gamma_arms`, or model-free arms beside drafters), else "bd"
     n_max: the most tokens any arm drafts in a round (MetaSD's N_max = 5; BanditSpec's L); arms are
         capped at it so that rewards compare equal budgets.
 
@@ -165,10 +175,11 @@ class MultiDrafterSpeculator:
     def __init__(self, arms: list[Arm], selector, reward: str | None = None, n_max: int = 5,
                  cost_ratio: float = DEFAULT_COST_RATIO):
         _check_arms(arms)
+        for c in [cost_ratio] + [a.cost_ratio for a in arms if a.cost_ratio is not None]:
+            if isinstance(c, bool) or not (isinstance(c, (int, float)) and 0 <= c < math.inf):
+                raise InputError(f"cost_ratio (c = t_draft / t_target) must be a finite number >= 0, got {c!r}")
         if reward is None:
-            reward = "throughput" if _length_arms(arms) else "bd"
-        if not (isinstance(cost_ratio, (int, float)) and 0 <= cost_ratio < math.inf):
-            raise InputError(f"cost_ratio (c = t_draft / t_target) must be a finite number >= 0, got {cost_ratio!r}")
+            reward = "throughput" if _length_arms(arms) or _model_free_arms(arms) else "bd"
         if reward not in REWARDS:
             raise InputError(f"unknown reward {reward!r}; use one of {', '.join(REWARDS)}")
         if isinstance(n_max, bool) or not isinstance(n_max, int) or n_max < 1:
@@ -198,7 +209,18 @@ class MultiDrafterSpeculator:
         self.n_max = n_max
         self.cost_ratio = float(cost_ratio)
         self._spec_range = isinstance(selector, (UCBSpec, EXP3Spec))  # rewards in [1, L + 1], not [0, 1]
+        # plain-decoding arms draft nothing (k = 0), so their cost never enters a round's throughput
+        drafting = [i for i, a in enumerate(arms) if not isinstance(a.speculator, NoDraftSpeculator)]
+        self._bounds = throughput_bounds(n_max, [self.arm_cost(i) for i in drafting] or [self.cost_ratio])
         self._reset()
+
+    def arm_cost(self, i: int) -> float:
+        """Arm i's cost per drafted token in target forwards: its own cost_ratio, else the bandit's for an
+        arm with a drafter model, else 0 (a model-free arm drafts without a forward)."""
+        arm = self.arms[i]
+        if arm.cost_ratio is not None:
+            return float(arm.cost_ratio)
+        return self.cost_ratio if getattr(arm.speculator, "drafter", None) is not None else 0.0
 
     def _reset(self) -> None:
         self.history: list[dict] = []
@@ -268,18 +290,19 @@ class MultiDrafterSpeculator:
             # the models' own next-token distributions (its Assumption 2 covers T = 0 that way)
             p = outcome.logits[:k].float().softmax(-1).cpu()
             q = outcome.draft.logits.float().softmax(-1).cpu()
-        reward = self.round_reward(p, q, k, n)
+        reward = self.round_reward(p, q, k, n, arm=i)
         self.selector.update(i, reward)
         self.history.append({"arm": i, "reward": reward, "accepted": n, "drafted": k})
 
-    def round_reward(self, p: torch.Tensor, q: torch.Tensor, k: int, n: int) -> float:
-        """The configured reward of a round that drafted k tokens and had n accepted (p: (k+1, V), q: (k, V))."""
+    def round_reward(self, p: torch.Tensor, q: torch.Tensor, k: int, n: int, arm: int = 0) -> float:
+        """The configured reward of a round in which `arm` drafted k tokens and had n accepted
+        (p: (k+1, V), q: (k, V))."""
         if self.reward in ("bd", "bd-argmax"):
             return float(block_divergence_reward(p[:k], q)) if k else 0.0
         if self.reward == "be":
             return float(block_efficiency_reward(n, self.n_max))
         if self.reward == "throughput":
-            u = normalized_throughput(n, k, self.n_max, self.cost_ratio)
+            u = normalized_throughput(n, k, self.n_max, self.arm_cost(arm), bounds=self._bounds)
             return 1.0 + self.n_max * u if self._spec_range else u
         return float(accepted_length_reward(n, self.n_max))
 

@@ -37,6 +37,25 @@ def lookup(context: list[int], ngram: int, max_tokens: int, min_ngram: int = 1) 
     return []
 
 
+def point_mass_draft(tokens: list[int], vocab: int, eos: set[int]) -> Draft:
+    """A model-free draft: the tokens cut after the first EOS (drafting past it is wasted work), q the
+    (k, V) point masses on them, no forward pass. Every model-free speculator returns this."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            tokens = tokens[: i + 1]
+            break
+    q = torch.zeros(len(tokens), vocab)
+    q[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
+    return Draft(tokens=list(tokens), q=q, n_forwards=0)
+
+
+def target_vocab(target: torch.nn.Module, who: str) -> int:
+    vocab = vocab_size(target)
+    if vocab is None:
+        raise InputError(f"{who} needs the target's vocabulary size (target.config.vocab_size)")
+    return vocab
+
+
 class PromptLookupSpeculator:
     """Implements `decoding.speculator.Speculator` without a model: propose the continuation of the last
     n-gram's previous occurrence (see `lookup`), at most `max_tokens` tokens, cut after an EOS token."""
@@ -54,9 +73,7 @@ class PromptLookupSpeculator:
         self.vocab: int | None = None
 
     def start(self, target: torch.nn.Module, eos: set[int]) -> None:
-        self.vocab = vocab_size(target)
-        if self.vocab is None:
-            raise InputError("prompt lookup needs the target's vocabulary size (target.config.vocab_size)")
+        self.vocab = target_vocab(target, "prompt lookup")
         self.eos = eos
 
     def propose(
@@ -65,13 +82,7 @@ class PromptLookupSpeculator:
         if self.vocab is None:
             raise RuntimeError("PromptLookupSpeculator.propose() before start(target, eos)")
         tokens = lookup(context, self.ngram, min(self.max_tokens, max_tokens), self.min_ngram)
-        for i, t in enumerate(tokens):
-            if t in self.eos:
-                tokens = tokens[: i + 1]  # drafting past EOS is wasted work
-                break
-        q = torch.zeros(len(tokens), self.vocab)  # (k, V) point masses
-        q[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
-        return Draft(tokens=tokens, q=q, n_forwards=0)
+        return point_mass_draft(tokens, self.vocab, self.eos)
 
     def observe(self, outcome: RoundOutcome) -> None:
         pass

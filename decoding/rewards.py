@@ -8,8 +8,9 @@ accepted (0 <= n_acc <= n). The rewards below summarise that round for an arm se
   its variance is at most 1 / (4 n).
 - block efficiency r_BE = n_acc / N_max (MetaSD §2.3), in [0, 1]; zero whenever the first token fails.
 - accepted length Y = n_acc + 1 in [1, L + 1] (BanditSpec: the bonus/correction token counts).
-- throughput (n_acc + 1) / (1 + c n) (BanditSpec §6.2, for speculation-length arms): tokens per unit
-  of cost, with c = t_draft / t_target; the default for length arms (`decoding.multi`).
+- throughput (n_acc + 1) / (1 + c n) (BanditSpec §6.2): tokens per unit of cost, with c the cost of
+  one drafted token in target forwards (t_draft / t_target): arms of different cost (speculation
+  lengths, drafters of different size, model-free arms with c ~ 0) compare by speed, not by length.
 
 The rewards take tensors and return tensors so that the caller decides when to synchronise with the
 device (one `.item()` per round); the selectors take Python floats.
@@ -98,14 +99,13 @@ def _check_accepted(n_accepted, limit: int, limit_name: str) -> None:
 
 
 def throughput_reward(n_accepted: int, n_drafted: int, cost_ratio: float) -> float:
-    """BanditSpec §6.2 reward for speculation-length arms: the round's throughput, tokens emitted per
-    unit of cost, (n_acc + 1) / (1 + c k), counting one target forward as 1 and each of the round's k
-    drafter forwards (Lemma 3.1: k candidates cost k) as c = t_draft / t_target.
+    """BanditSpec §6.2 reward: the round's throughput, tokens emitted per unit of cost,
+    (n_acc + 1) / (1 + c k), counting the target forward as 1 and each of the round's k drafted tokens
+    as c = t_draft / t_target (a drafter's forward per token; ~0 for a model-free speculator).
 
-    For a length arm gamma the cost 1 + c gamma is fixed, so the arm's mean reward is its expected
-    throughput E[N_acc + 1] / (1 + c gamma): the speed the bandit should maximise. The accepted length
-    Y = N_acc + 1 instead grows with gamma whatever the cost, and drives a bandit to gamma = L even
-    where short drafts (or gamma = 0, plain decoding) are fastest.
+    An arm's mean reward is then its expected throughput E[N_acc + 1] / (1 + c k): the speed the bandit
+    should maximise. The accepted length Y = N_acc + 1 instead ignores what drafting costs, so over arms
+    of different cost it prefers long or expensive drafts even where cheap ones are faster.
     """
     if not (cost_ratio >= 0 and cost_ratio < float("inf")):
         raise InputError(f"cost ratio c = t_draft / t_target must be a finite number >= 0, got {cost_ratio}")
@@ -114,21 +114,29 @@ def throughput_reward(n_accepted: int, n_drafted: int, cost_ratio: float) -> flo
     return (n_accepted + 1) / (1.0 + cost_ratio * n_drafted)
 
 
-def throughput_range(max_len: int, cost_ratio: float) -> tuple[float, float]:
-    """(lowest, highest) round throughput over rounds of at most max_len = L candidates: every
-    candidate of an L-round rejected, and the best of a plain step (1) and an L-round fully accepted
-    ((L + 1) / (1 + c L); (k + 1) / (1 + c k) is monotone in k)."""
+def throughput_bounds(max_len: int, cost_ratios: list[float]) -> tuple[float, float]:
+    """(lowest, highest) round throughput over arms with these costs drafting at most max_len = L
+    tokens: an L-round of the costliest arm all rejected, and the best of a plain step (1) and an
+    L-round of the cheapest arm all accepted ((k + 1) / (1 + c k) is monotone in k)."""
     if max_len < 1:
         raise InputError(f"max_len (L, the maximum speculation length) must be >= 1, got {max_len}")
-    low = 1.0 / (1.0 + cost_ratio * max_len)
-    return low, max(1.0, (max_len + 1) / (1.0 + cost_ratio * max_len))
+    if not cost_ratios:
+        raise InputError("throughput bounds need at least one arm's cost ratio")
+    low = 1.0 / (1.0 + max(cost_ratios) * max_len)
+    return low, max(1.0, (max_len + 1) / (1.0 + min(cost_ratios) * max_len))
 
 
-def normalized_throughput(n_accepted: int, n_drafted: int, max_len: int, cost_ratio: float) -> float:
-    """`throughput_reward` mapped affinely onto [0, 1] by `throughput_range`: the order of the arms'
-    means is unchanged, and the selectors get rewards in the range their confidence radii assume
-    ([0, 1]; UCBSpec / EXP3Spec take 1 + L times this, in [1, L + 1])."""
-    low, high = throughput_range(max_len, cost_ratio)
+def throughput_range(max_len: int, cost_ratio: float) -> tuple[float, float]:
+    """`throughput_bounds` for arms that all cost c per drafted token (speculation-length arms)."""
+    return throughput_bounds(max_len, [cost_ratio])
+
+
+def normalized_throughput(n_accepted: int, n_drafted: int, max_len: int, cost_ratio: float,
+                          bounds: tuple[float, float] | None = None) -> float:
+    """`throughput_reward` mapped affinely onto [0, 1] by the bounds over every arm's cost (default: all
+    arms cost `cost_ratio`): the order of the arms' means is unchanged, and the selectors get rewards in
+    the range their confidence radii assume ([0, 1]; UCBSpec / EXP3Spec take 1 + L times this)."""
+    low, high = bounds if bounds is not None else throughput_range(max_len, cost_ratio)
     if n_drafted > max_len:
         raise InputError(f"a round drafted {n_drafted} tokens, more than max_len = {max_len}")
     return (throughput_reward(n_accepted, n_drafted, cost_ratio) - low) / (high - low)

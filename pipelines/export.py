@@ -9,6 +9,9 @@
    one labelled under the serving transform (export.decoding). Each must have been trained on exactly
    the exported drafter (its recorded drafter_hash)
 4. router: train-router's output directory as is, when that stage has run
+4b. datastore (export.datastore, default on): a suffix array over distill-data's train responses
+   (token ids, the target's own text), read by the REST and suffix-decoding arms; its size and build
+   time go into the stage manifest's metrics. Without it the bundle still loads (no REST arm)
 5. bundle.json (decoding/bundle.py documents the format): the above, the decoding defaults, and the
    sha256 of every file. Files are copied from the lists in the input stages' manifests and checked
    against the hashes recorded there, so a bundle holds exactly what the stages produced.
@@ -26,6 +29,7 @@ from pathlib import Path
 from decoding.bundle import (BUNDLE_JSON, check_safe_weights, content_hash, file_sha256, load_bundle,
                              subdir_files, summarize, write_bundle_json)
 from decoding.compat import check_k, tokenizer_fingerprint
+from decoding.datastore import build_datastore
 from decoding.errors import InputError
 from decoding.loading import load_tokenizer
 from decoding.sampling import SamplingConfig
@@ -57,6 +61,19 @@ def copy_listed(src: Path, manifest: Manifest, sub: str | None, dst: Path) -> di
         if copied[rel] != want:
             raise InputError(f"'{source}' changed since stage '{manifest.stage}' finished; rerun it with --force")
     return copied
+
+
+def build_datastore_dir(distill_dir: Path, dst: Path) -> dict:
+    """Suffix array over distill-data's train responses (decoding/datastore.py) written into dst;
+    returns its datastore.json (tokens, sequences, bytes, build_seconds, source)."""
+    from pipelines.distill_data import load_distill_data
+
+    data = load_distill_data(distill_dir)
+    if "train" not in data or len(data["train"]) == 0:
+        raise InputError(f"'{distill_dir}' has no train responses for the datastore; rerun distill-data "
+                         "or set export.datastore: false")
+    built = build_datastore(data["train"]["response_ids"], source="distill-data train response_ids")
+    return built.index.save(dst, built.meta)
 
 
 def decoding_defaults(ctx: Context) -> dict:
@@ -156,9 +173,18 @@ def build(ctx: Context) -> dict:
             rc = _json(rc_path)
             routers[rc_path.parent.name] = {"path": f"router/{rc_path.parent.name}", "kind": str(rc.get("kind", "unknown"))}
 
+    # 4b. datastore: the self-distilled responses, as REST's and suffix decoding's retrieval structure
+    datastore_meta, datastore_metrics = None, {"datastore": None}
+    if ecfg.datastore and "distill-data" in ctx.inputs:
+        datastore_meta = build_datastore_dir(ctx.input("distill-data"), out / "datastore")
+        add("datastore", {p.name: file_sha256(p) for p in sorted((out / "datastore").iterdir())})
+        datastore_metrics = {"datastore": {k: datastore_meta[k] for k in ("tokens", "sequences", "bytes",
+                                                                           "build_seconds")}}
+
     # 5. bundle.json, then load it back the way the decoder will (paths, tokenizers, every head)
+    extra = {"datastore": {"path": "datastore", **datastore_meta}} if datastore_meta else {}
     write_bundle_json(out, {"target": target_meta, "drafters": drafters, "heads": heads, "routers": routers,
-                            "decoding": defaults}, files)
+                            "decoding": defaults, **extra}, files)
     bundle = load_bundle(out, verify=False)  # the hashes were checked while copying
     for name, by_head in bundle.heads.items():
         for head in by_head:
@@ -167,7 +193,7 @@ def build(ctx: Context) -> dict:
     size = sum((out / rel).stat().st_size for rel in files)
     return {"target": "bundled" if "path" in target_meta else "referenced", "drafters": names,
             "heads": {n: sorted(h) for n, h in heads.items()}, "routers": {n: r["kind"] for n, r in routers.items()},
-            "files": len(files) + 1, "bytes": size + (out / BUNDLE_JSON).stat().st_size}
+            "files": len(files) + 1, "bytes": size + (out / BUNDLE_JSON).stat().st_size, **datastore_metrics}
 
 
 if __name__ == "__main__":

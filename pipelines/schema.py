@@ -255,6 +255,8 @@ class ExportSection:
     heads: Literal["best", "all"] = "best"  # per drafter: the head with the best simulated cost, or all 20
     target: Literal["copy", "reference"] = "copy"  # copy the weights into the bundle, or reference path/hub id
     decoding: DecodingDefaults = field(default_factory=DecodingDefaults)
+    # ship the REST / suffix-decoding datastore (suffix array over distill-data's train responses)
+    datastore: bool = True
 
 
 SETS = ("test", "perturbed", "ood")

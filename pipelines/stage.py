@@ -50,7 +50,7 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("train-router", "router", ("prepare-data", "pretrain-target", "distill-data", "train-drafters"),
               ("target", "train_router"), "train_router"),
     StageSpec("export", "bundle", ("pretrain-target", "train-drafters", "train-heads"), ("target", "export"), "export",
-              optional=("train-router",)),
+              optional=("train-router", "distill-data")),
     StageSpec("evaluate", "report", ("prepare-data", "export"), ("evaluate",), "evaluate"),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)

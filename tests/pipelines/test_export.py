@@ -126,3 +126,37 @@ def test_bad_decoding_defaults_fail_before_copying(run_root):
 def test_content_hash_is_the_artifact_store_definition():
     files = {"b.json": "12", "a/model.safetensors": "34"}
     assert content_hash(files) == artifacts_content_hash(files)
+
+
+def test_datastore_is_shipped_and_optional(run_root):
+    """export builds the REST / suffix datastore from distill-data's train responses (safetensors + JSON),
+    records its size and build time in the manifest; without it the bundle loads and names what is missing."""
+    from datasets import load_from_disk
+
+    from decoding.datastore import SEPARATOR
+
+    out = run_stage(_config(run_root), "export")
+    ds_meta = read_manifest(out).metrics["datastore"]
+    responses = load_from_disk(str(run_root / "distill_data" / "data"))["train"]["response_ids"]
+    assert ds_meta["sequences"] == len(responses) and ds_meta["tokens"] == sum(map(len, responses))
+    assert ds_meta["bytes"] > 0 and ds_meta["build_seconds"] >= 0
+    b = load_bundle(out)
+    assert sorted(p.name for p in b.datastore.iterdir()) == ["datastore.json", "datastore.safetensors"]
+    index = b.load_datastore()
+    assert index.tokens.tolist()[: len(responses[0]) + 1] == list(responses[0]) + [SEPARATOR]
+    assert b.unavailable_arms() == {} and "datastore:" in inspect_bundle_text(out)
+    from decoding.arms import ArmResources, build_arms
+
+    arms = build_arms(["rest", "suffix"], ArmResources.from_bundle(b, {}), n_max=4)
+    assert arms[0].speculator.index.n_sequences == len(responses)
+
+    bare = run_stage(_config(run_root, export={"datastore": False}), "export", force=True)
+    b = load_bundle(bare)
+    assert b.datastore is None and b.load_datastore() is None and "datastore" not in b.meta
+    assert "rest" in b.unavailable_arms() and "rest" in inspect_bundle_text(bare)
+
+
+def inspect_bundle_text(path) -> str:
+    from decoding.bundle import inspect_bundle
+
+    return inspect_bundle(path)
