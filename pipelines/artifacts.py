@@ -242,22 +242,11 @@ class StageOutput:
 
     def __init__(self, final: Path):
         self.final = Path(final)
-        self.host = socket.gethostname().replace("-", "_")
-        self.tmp = self.final.parent / f".tmp-{self.final.name}-{self.host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.tmp = self.final.parent / f".tmp-{self.final.name}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.committed = False
 
-    def _stale(self, path: Path) -> bool:
-        parts = path.name.rsplit("-", 3)  # .tmp-<name>, host, pid, uuid
-        if len(parts) != 4 or parts[1] != self.host or not parts[2].isdigit():
-            return False  # another machine's, or an unknown layout: leave it alone
-        return not _pid_alive(int(parts[2]))
-
     def __enter__(self) -> "StageOutput":
-        self.final.parent.mkdir(parents=True, exist_ok=True)
-        recover_interrupted_swap(self.final)
-        for stale in self.final.parent.glob(f".tmp-{self.final.name}-*"):
-            if self._stale(stale):
-                _remove(stale)  # left by a killed run
+        tidy_stage_dir(self.final)
         self.tmp.mkdir()
         return self
 
@@ -280,16 +269,35 @@ class StageOutput:
             _remove(self.tmp)
 
 
-def recover_interrupted_swap(final: Path) -> None:
-    """`commit` replaces a finished directory in two renames (final -> .old-*, tmp -> final). A process
+def _host() -> str:
+    return socket.gethostname().replace("-", "_")
+
+
+def _dead_temp_dir(path: Path) -> bool:
+    """A `.tmp-<name>-<host>-<pid>-<uuid>` dir whose process (on this host) is gone."""
+    parts = path.name.rsplit("-", 3)
+    if len(parts) != 4 or parts[1] != _host() or not parts[2].isdigit():
+        return False  # another machine's, or an unknown layout: leave it alone
+    return not _pid_alive(int(parts[2]))
+
+
+def tidy_stage_dir(final: Path) -> None:
+    """Undo what a killed writer of `final` left behind; called under the stage's lock.
+
+    `commit` replaces a finished directory in two renames (final -> .old-*, tmp -> final). A process
     killed between them leaves no `final` and a complete `.old-*`: put the old one back rather than
-    lose it. Once `final` exists, any `.old-*` is garbage."""
+    lose it; once `final` exists, any `.old-*` is garbage. Temp dirs of dead processes are removed;
+    those of live ones (another shard or rank of the same stage) are left alone."""
     final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
     olds = sorted(final.parent.glob(f".old-{final.name}-*"), key=lambda p: p.stat().st_mtime)
     if not final.exists() and olds and (olds[-1] / MANIFEST).is_file():
         os.replace(olds.pop(), final)
     for old in olds:
         _remove(old)
+    for tmp in final.parent.glob(f".tmp-{final.name}-*"):
+        if _dead_temp_dir(tmp):
+            _remove(tmp)
 
 
 class StageLock:

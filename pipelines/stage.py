@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from decoding.errors import InputError
-from pipelines.artifacts import (HashCache, Manifest, StageLock, StageOutput, read_manifest, recover_interrupted_swap,
+from pipelines.artifacts import (HashCache, Manifest, StageLock, StageOutput, read_manifest, tidy_stage_dir,
                                  verify_files)
 from pipelines.config import to_dict
 from pipelines.schema import RunConfig
@@ -152,7 +152,7 @@ def load_inputs(cfg: RunConfig, spec: StageSpec) -> dict[str, Manifest]:
             continue
         path = stage_dir(cfg, dep)
         if not any((Path(cfg.run.root) / ".locks").glob(f"{dep_spec.out}*.lock")):
-            recover_interrupted_swap(path)  # an input killed mid-replace is put back, not reported missing
+            tidy_stage_dir(path)  # an input killed mid-replace is put back, not reported missing
         if dep in spec.optional and not path.is_dir():
             continue
         manifests[dep] = read_manifest(path, expect_stage=dep,
@@ -197,7 +197,7 @@ def run_stage(cfg: RunConfig, name: str, force: bool = False, log: Callable[[str
     manifests = load_inputs(cfg, spec)
     key = _cache_key(cfg, spec, manifests)
     with StageLock(root, _lock_name(spec)):
-        recover_interrupted_swap(out)  # under the lock: no other writer is between its two renames
+        tidy_stage_dir(out)  # under the lock: no other writer is between its two renames
         if out.is_dir() and not force:
             try:
                 done = read_manifest(out, expect_stage=name)

@@ -17,7 +17,7 @@ import yaml
 
 from decoding.errors import InputError
 from pipelines.artifacts import (MANIFEST, HashCache, StageLock, StageOutput, load_dataset_dir, read_manifest,
-                                 recover_interrupted_swap, verify_files)
+                                 tidy_stage_dir, verify_files)
 from pipelines.cli import main
 from pipelines.config import ConfigError, load_yaml
 from pipelines.stage import run_stage
@@ -230,6 +230,6 @@ def test_kill_between_the_two_renames_never_loses_the_finished_directory(tmp_pat
     before = read_manifest(final).files
     old = tmp_path / ".old-stage-deadbeef"
     os.replace(final, old)  # what commit() does first; a kill here leaves no `final`
-    recover_interrupted_swap(final)
+    tidy_stage_dir(final)
     assert read_manifest(final).files == before and not old.exists()
     verify_files(final)
