@@ -115,7 +115,12 @@ def user_prompt_sets(paths) -> datasets.DatasetDict:
 
 def load_prompt_sets(prompts_dir: str | Path) -> datasets.DatasetDict:
     """The `prompts/` stage output."""
-    return datasets.load_from_disk(str(Path(prompts_dir) / "sets"))
+    path = Path(prompts_dir) / "sets"
+    try:
+        return datasets.load_from_disk(str(path))
+    except Exception as e:  # pyarrow's damage errors (OSError, ArrowInvalid) and a missing directory
+        raise InputError(f"'{path}' is not a readable prompt set ({type(e).__name__}); rerun stage "
+                         f"'prepare-data' with --force") from None
 
 
 def domains_of(ds: datasets.Dataset) -> list[str]:

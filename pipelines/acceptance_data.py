@@ -26,7 +26,7 @@ import time
 
 import datasets
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from decoding.errors import InputError
@@ -36,7 +36,7 @@ from drafters.alignment import response_hidden, response_logits
 from drafters.data import CausalLMCollator
 from drafters.model import check_same_vocabulary, load_causal_lm as load_drafter
 from heads.labels import acceptance_labels, mix_tokens
-from pipelines.artifacts import subdir_hash
+from pipelines.artifacts import load_safetensors, read_json, subdir_hash
 from pipelines.distill_data import load_distill_data
 from pipelines.stage import Context
 from pipelines.train_drafters import BASE
@@ -75,7 +75,7 @@ def build(ctx: Context) -> dict:
     for n in names:
         drafters[n] = load_drafter(drafters_dir / n).to(device).eval()
         check_same_vocabulary(drafters[n].config.vocab_size, target.config.vocab_size, name=f"drafter '{n}'")
-        infos[n] = json.loads((drafters_dir / n / "drafter.json").read_text())
+        infos[n] = read_json(drafters_dir / n / "drafter.json", "drafter info", "rerun stage 'train-drafters' with --force")
     distill = load_distill_data(ctx.input("distill-data"))
     collate = CausalLMCollator(pad_token_id=tok.pad_token_id, max_length=acfg.max_length)
 
@@ -187,7 +187,7 @@ def load_features(drafter_dir, split: str) -> dict[str, torch.Tensor]:
     path = drafter_dir / f"features_{split}.safetensors"
     if not path.is_file():
         raise InputError(f"{path} is missing; rerun `specdraft acceptance-data --force`")
-    return load_file(str(path))
+    return load_safetensors(path, "acceptance-data")
 
 
 if __name__ == "__main__":

@@ -77,8 +77,41 @@ class Manifest:
         (directory / MANIFEST).write_text(json.dumps(self.__dict__, indent=2, sort_keys=True, default=str) + "\n")
 
 
+# The manifest's schema: every field with the JSON type it must have. Reading checks it whole, so a
+# damaged or hand-edited manifest is one line naming the field, never an AttributeError later on.
+_MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {
+    "stage": (str,), "config": (dict,), "cache_key": (str,), "inputs": (dict,), "metrics": (dict,),
+    "wall_time_s": (int, float), "content_hash": (str,), "files": (dict,), "package_version": (str,),
+    "git_commit": (str,), "created": (str,), "format_version": (int,),
+}
+
+
+def _check_manifest(data: Any, path: Path) -> None:
+    fix = "rerun the stage that wrote it with --force"
+    if not isinstance(data, dict):
+        raise InputError(f"'{path}' is not a manifest (a JSON object is expected); {fix}")
+    missing = [k for k in _MANIFEST_FIELDS if k not in data]
+    extra = [k for k in data if k not in _MANIFEST_FIELDS]
+    if missing or extra:
+        what = ", ".join([f"missing '{k}'" for k in missing] + [f"unknown '{k}'" for k in extra])
+        raise InputError(f"'{path}' does not follow the manifest schema ({what}); {fix}")
+    for key, types_ in _MANIFEST_FIELDS.items():
+        value = data[key]
+        if not isinstance(value, types_) or isinstance(value, bool):
+            raise InputError(f"'{path}' field '{key}' has the wrong type ({type(value).__name__}); {fix}")
+    if data["format_version"] != FORMAT_VERSION:
+        raise InputError(f"'{path}' has manifest format {data['format_version']}, this specdraft reads "
+                         f"{FORMAT_VERSION}; {fix}")
+    for rel, digest in data["files"].items():
+        if not isinstance(digest, str) or len(digest) != 64 or Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise InputError(f"'{path}' lists a bad file entry {rel!r}; {fix}")
+    for name, entry in data["inputs"].items():
+        if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+            raise InputError(f"'{path}' input '{name}' is malformed; {fix}")
+
+
 def read_manifest(directory: Path, expect_stage: str | None = None, hint: str = "") -> Manifest:
-    """Load and sanity-check a finished stage's manifest; one-line InputError otherwise."""
+    """Load and check a finished stage's manifest against its schema; one-line InputError otherwise."""
     directory = Path(directory)
     path = directory / MANIFEST
     run_hint = hint or (f"run `specdraft {expect_stage}` first" if expect_stage else "rerun the stage that makes it")
@@ -86,17 +119,60 @@ def read_manifest(directory: Path, expect_stage: str | None = None, hint: str = 
         raise InputError(f"'{directory}' does not exist; {run_hint}")
     if not path.is_file():
         raise InputError(f"'{directory}' has no {MANIFEST} (not a finished stage output); {run_hint}")
-    try:
-        data = json.loads(path.read_text())
-        m = Manifest(**data)
-    except (json.JSONDecodeError, TypeError) as e:
-        raise InputError(f"'{path}' is corrupt ({type(e).__name__}); rerun the stage with --force") from None
+    data = read_json(path, "a stage manifest", "rerun the stage that wrote it with --force")
+    _check_manifest(data, path)
+    m = Manifest(**data)
     if expect_stage and m.stage != expect_stage:
         raise InputError(f"'{directory}' was written by stage '{m.stage}', expected '{expect_stage}'; check the path")
     return m
 
 
-def verify_files(directory: Path, manifest: Manifest | None = None) -> None:
+def read_json(path: Path, what: str, fix: str) -> Any:
+    """A JSON file the pipeline wrote; damage (truncation, bad bytes, not JSON) is one line naming it."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"'{path}' ({what}) is missing; {fix}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise InputError(f"'{path}' ({what}) is damaged ({type(e).__name__}); {fix}") from None
+
+
+class HashCache:
+    """sha256 of files keyed by (path, size, mtime_ns), kept in one JSON file under the run root.
+
+    A real target's shards run to many GB: each is hashed once, and again only when its size or
+    modification time changes. The cache is advisory: a missing or damaged cache file is rebuilt."""
+
+    def __init__(self, path: Path | None):
+        self.path = Path(path) if path is not None else None
+        self.entries: dict[str, list] = {}
+        if self.path is not None and self.path.is_file():
+            try:
+                data = json.loads(self.path.read_text())
+                self.entries = data if isinstance(data, dict) else {}
+            except (OSError, ValueError):
+                self.entries = {}
+
+    def sha256(self, file: Path) -> str:
+        st = file.stat()
+        key = str(file.resolve())
+        hit = self.entries.get(key)
+        if isinstance(hit, list) and len(hit) == 3 and hit[0] == st.st_size and hit[1] == st.st_mtime_ns:
+            return hit[2]
+        digest = file_sha256(file)
+        self.entries[key] = [st.st_size, st.st_mtime_ns, digest]
+        return digest
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.entries))
+        os.replace(tmp, self.path)
+
+
+def verify_files(directory: Path, manifest: Manifest | None = None, cache: HashCache | None = None) -> None:
     """Re-hash every file listed in the manifest: catches missing, extra-corrupted or tampered files."""
     directory = Path(directory)
     manifest = manifest or read_manifest(directory)
@@ -104,8 +180,36 @@ def verify_files(directory: Path, manifest: Manifest | None = None) -> None:
         p = directory / rel
         if not p.is_file():
             raise InputError(f"'{p}' is missing; rerun stage '{manifest.stage}' with --force")
-        if file_sha256(p) != want:
+        got = cache.sha256(p) if cache is not None else file_sha256(p)
+        if got != want:
             raise InputError(f"'{p}' does not match its hash in {MANIFEST} (corrupt or modified); rerun stage '{manifest.stage}' with --force")
+
+
+def load_dataset_dir(path: Path, stage: str):
+    """`datasets.load_from_disk` for a stage output; a damaged Arrow file is one line naming the stage."""
+    import datasets
+
+    try:
+        return datasets.load_from_disk(str(path))
+    except FileNotFoundError:
+        raise InputError(f"'{path}' is missing; rerun stage '{stage}' with --force") from None
+    except Exception as e:  # pyarrow raises OSError / ArrowInvalid / ArrowIOError subclasses for damage
+        raise InputError(f"'{path}' is not a readable dataset ({type(e).__name__}); rerun stage '{stage}' "
+                         f"with --force") from None
+
+
+def load_safetensors(path: Path, stage: str) -> dict:
+    """`safetensors.torch.load_file`; a damaged file is one line naming the stage to rerun."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except FileNotFoundError:
+        raise InputError(f"'{path}' is missing; rerun stage '{stage}' with --force") from None
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise InputError(f"'{path}' is not a readable safetensors file ({type(e).__name__}); rerun stage "
+                         f"'{stage}' with --force") from None
 
 
 def _remove(path: Path) -> None:
@@ -138,23 +242,11 @@ class StageOutput:
 
     def __init__(self, final: Path):
         self.final = Path(final)
-        self.host = socket.gethostname().replace("-", "_")
-        self.tmp = self.final.parent / f".tmp-{self.final.name}-{self.host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.tmp = self.final.parent / f".tmp-{self.final.name}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.committed = False
 
-    def _stale(self, path: Path) -> bool:
-        parts = path.name.rsplit("-", 3)  # .tmp-<name>, host, pid, uuid
-        if len(parts) != 4 or parts[1] != self.host or not parts[2].isdigit():
-            return False  # another machine's, or an unknown layout: leave it alone
-        return not _pid_alive(int(parts[2]))
-
     def __enter__(self) -> "StageOutput":
-        self.final.parent.mkdir(parents=True, exist_ok=True)
-        for stale in self.final.parent.glob(f".tmp-{self.final.name}-*"):
-            if self._stale(stale):
-                _remove(stale)  # left by a killed run
-        for stale in self.final.parent.glob(f".old-{self.final.name}-*"):
-            _remove(stale)
+        tidy_stage_dir(self.final)
         self.tmp.mkdir()
         return self
 
@@ -175,6 +267,87 @@ class StageOutput:
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self.committed:
             _remove(self.tmp)
+
+
+def _host() -> str:
+    return socket.gethostname().replace("-", "_")
+
+
+def _dead_temp_dir(path: Path) -> bool:
+    """A `.tmp-<name>-<host>-<pid>-<uuid>` dir whose process (on this host) is gone."""
+    parts = path.name.rsplit("-", 3)
+    if len(parts) != 4 or parts[1] != _host() or not parts[2].isdigit():
+        return False  # another machine's, or an unknown layout: leave it alone
+    return not _pid_alive(int(parts[2]))
+
+
+def tidy_stage_dir(final: Path) -> None:
+    """Undo what a killed writer of `final` left behind; called under the stage's lock.
+
+    `commit` replaces a finished directory in two renames (final -> .old-*, tmp -> final). A process
+    killed between them leaves no `final` and a complete `.old-*`: put the old one back rather than
+    lose it; once `final` exists, any `.old-*` is garbage. Temp dirs of dead processes are removed;
+    those of live ones (another shard or rank of the same stage) are left alone."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    olds = sorted(final.parent.glob(f".old-{final.name}-*"), key=lambda p: p.stat().st_mtime)
+    if not final.exists() and olds and (olds[-1] / MANIFEST).is_file():
+        os.replace(olds.pop(), final)
+    for old in olds:
+        _remove(old)
+    for tmp in final.parent.glob(f".tmp-{final.name}-*"):
+        if _dead_temp_dir(tmp):
+            _remove(tmp)
+
+
+class StageLock:
+    """One writer per stage output: `run.root/.locks/<stage>[.<shard>].lock` holds host and pid.
+
+    A second run of the same stage on the same run root refuses with one line naming the holder. A lock
+    whose holder is gone (same host, dead pid) is stale and taken over; a lock held on another host
+    cannot be checked from here and is reported with how to remove it."""
+
+    def __init__(self, root: Path, name: str):
+        self.path = Path(root) / ".locks" / f"{name}.lock"
+        self.held = False
+
+    def _holder(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def __enter__(self) -> "StageLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                pid, host = holder.get("pid"), holder.get("host")
+                if host == me["host"] and isinstance(pid, int) and not _pid_alive(pid):
+                    self.path.unlink(missing_ok=True)  # stale: its process is gone
+                    continue
+                if not holder:  # being written right now, or damaged: look again shortly
+                    time.sleep(0.2)
+                    if not self._holder():
+                        self.path.unlink(missing_ok=True)
+                    continue
+                raise InputError(f"'{self.path.parent.parent}' is in use: this stage is already running "
+                                 f"(pid {pid} on {host}, since {holder.get('since', '?')}); wait for it, or "
+                                 f"remove {self.path} if that process is gone") from None
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(me))
+            self.held = True
+            return self
+        raise InputError(f"could not take the lock {self.path}; remove it if no run is active")
+
+    def __exit__(self, *exc) -> None:
+        if self.held and self._holder().get("pid") == os.getpid():
+            self.path.unlink(missing_ok=True)
+        self.held = False
 
 
 def subdir_hash(manifest: Manifest, subdir: str) -> str:

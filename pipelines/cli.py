@@ -5,7 +5,8 @@
   specdraft validate FILE [key.path=value ...]
 
 Bad input (config errors, missing or corrupt artifacts, mismatched models) prints one line starting
-with "specdraft: error:" and exits with code 2, before anything is written.
+with "specdraft: error:" and exits with code 2, before anything is written. Anything else prints one
+"specdraft: internal error:" line and exits 1; `--debug` (or SPECDRAFT_DEBUG=1) shows tracebacks.
 """
 from __future__ import annotations
 
@@ -111,15 +112,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --debug anywhere on the line: print tracebacks instead of the one-line summaries
+    debug = "--debug" in argv or os.environ.get("SPECDRAFT_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
     except InputError as e:
+        if debug:
+            raise
         print(f"specdraft: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("specdraft: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug, or damage no reader classified: still one line, the rest under --debug
+        if debug:
+            raise
+        print(f"specdraft: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+              f"(rerun with --debug for the traceback; finished stage outputs are untouched)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
-import json
 import types
 import typing
 from pathlib import Path
@@ -46,12 +44,11 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
                 return _coerce(arg, value, where)
-            except ConfigError as e:
-                errors.append(str(e))
+            except ConfigError:
+                pass
         raise ConfigError(f"config field '{where}' has the wrong type: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         if value not in args:
@@ -136,11 +133,6 @@ def to_dict(obj: Any) -> Any:
     return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
 
 
-def config_hash(obj: Any) -> str:
-    blob = json.dumps(to_dict(obj), sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()
-
-
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """`a.b.c=value` pairs (value parsed as YAML) set into a nested mapping."""
     for item in overrides:
@@ -161,20 +153,58 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error: PyYAML keeps the
+    later value silently, so a duplicated section would quietly drop half of a config."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise ConfigError(f"config key '{key}' is given twice (lines {seen[key]} and {line}) in "
+                              f"'{loader.name}'; keep one")
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
 def load_yaml(path: str | Path) -> dict:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file '{path}' is a directory; pass a YAML file (see configs/)")
     if not path.is_file():
         raise ConfigError(f"config file '{path}' does not exist; pass an existing YAML file (see configs/)")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file '{path}' cannot be read as UTF-8 text ({type(e).__name__}); "
+                          f"pass a YAML file") from None
+    if not text.strip():
+        raise ConfigError(f"config file '{path}' is empty; start from configs/demo.yaml "
+                          f"(`specdraft run` with no changes needs at least `run: {{}}`)")
+    try:
+        loader = _StrictLoader(text)
+        loader.name = str(path)
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise ConfigError(f"config file '{path}' is not valid YAML{where}; fix the syntax") from None
-    if data is None:
+    except RecursionError:
+        raise ConfigError(f"config file '{path}' nests too deeply to be a config; fix the file") from None
+    if data is None:  # only comments
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file '{path}' must hold a mapping at the top level")
+        raise ConfigError(f"config file '{path}' must hold a mapping at the top level, got "
+                          f"{type(data).__name__}")
     return data
 
 

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from data.prompts import load_prompt_sets
 from decoding.errors import InputError
+from pipelines.artifacts import load_dataset_dir
 from decoding.hashing import derive_seed
 from decoding.loading import load_causal_lm, load_tokenizer
 from pipelines.stage import Context, StageIncomplete
@@ -169,7 +170,7 @@ def build(ctx: Context) -> dict:
 
 
 def load_distill_data(path: str | Path) -> datasets.DatasetDict:
-    return datasets.load_from_disk(str(Path(path) / "data"))
+    return load_dataset_dir(Path(path) / "data", "distill-data")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ import dataclasses
 import math
 from collections import Counter
 
-import datasets
 import torch
 
 from data.prompts import load_prompt_sets
@@ -23,6 +22,7 @@ from data.tokenizer import encode_document, pack, train_bpe
 from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.lit_lm import CausalLMModule
 from drafters.model import build_causal_lm, num_parameters
+from pipelines.artifacts import load_dataset_dir
 from pipelines.stage import Context, leave_unless_rank_zero
 from pipelines.training import build_trainer, fit
 
@@ -57,7 +57,7 @@ def unigram_perplexity(counts: Counter, vocab_size: int, docs: list[list[int]]) 
 def build(ctx: Context) -> dict:
     cfg, pt = ctx.cfg, ctx.cfg.pretrain_target
     prompts_dir = ctx.input("prepare-data")
-    corpus = datasets.load_from_disk(str(prompts_dir / "corpus"))
+    corpus = load_dataset_dir(prompts_dir / "corpus", "prepare-data")
     sets = load_prompt_sets(prompts_dir)
 
     print(f"[pretrain-target] training a {pt.tokenizer.vocab_size}-token BPE tokenizer on {len(corpus)} documents")

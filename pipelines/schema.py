@@ -21,6 +21,10 @@ class RunSection:
     root: str = "runs/demo"  # every stage writes one directory under here
     seed: int = 0  # global seed; stages derive their own streams from it
     stages: Optional[list[str]] = None  # stages `specdraft run` executes, in order; null: all
+    # before a stage starts work it re-hashes the files its input manifests promise: "cached" hashes a
+    # file again only when its size or mtime changed (run.root/.work/hash-cache.json), "full" always,
+    # "off" never (the choice is recorded in the stage's manifest)
+    verify_inputs: Literal["cached", "full", "off"] = "cached"
 
 
 @dataclass

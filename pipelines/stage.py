@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from decoding.errors import InputError
-from pipelines.artifacts import Manifest, StageOutput, read_manifest
+from pipelines.artifacts import (HashCache, Manifest, StageLock, StageOutput, read_manifest, tidy_stage_dir,
+                                 verify_files)
 from pipelines.config import to_dict
 from pipelines.schema import RunConfig
 
@@ -150,11 +151,37 @@ def load_inputs(cfg: RunConfig, spec: StageSpec) -> dict[str, Manifest]:
         if dep_spec.skip(cfg):
             continue
         path = stage_dir(cfg, dep)
+        if not any((Path(cfg.run.root) / ".locks").glob(f"{dep_spec.out}*.lock")):
+            tidy_stage_dir(path)  # an input killed mid-replace is put back, not reported missing
         if dep in spec.optional and not path.is_dir():
             continue
         manifests[dep] = read_manifest(path, expect_stage=dep,
                                        hint=f"stage '{dep}' has not finished; run `specdraft {dep} --config ...` first")
     return manifests
+
+
+def verify_inputs(cfg: RunConfig, manifests: dict[str, Manifest]) -> str:
+    """Re-hash every file the input manifests promise, before any work (a flipped byte in a drafter
+    must not reach the stages after it). Returns the mode used, which goes into the manifest."""
+    mode = cfg.run.verify_inputs
+    if mode == "off":
+        return mode
+    cache = HashCache(Path(cfg.run.root) / ".work" / "hash-cache.json" if mode == "cached" else None)
+    try:
+        for dep, manifest in manifests.items():
+            verify_files(stage_dir(cfg, dep), manifest, cache)
+    finally:
+        cache.save()
+    return mode
+
+
+def _lock_name(spec: StageSpec) -> str:
+    """Processes that legitimately run one stage together (distill shards, training ranks) each take
+    their own lock; two copies of the same process slot collide."""
+    for var in ("SPECDRAFT_SHARD", "SLURM_ARRAY_TASK_ID", "RANK", "LOCAL_RANK"):
+        if var in os.environ:
+            return f"{spec.out}.{var.lower()}-{os.environ[var].replace('/', 'of')}"
+    return spec.out
 
 
 def run_stage(cfg: RunConfig, name: str, force: bool = False, log: Callable[[str], Any] = print) -> Path | None:
@@ -169,16 +196,26 @@ def run_stage(cfg: RunConfig, name: str, force: bool = False, log: Callable[[str
         raise InputError(f"stage '{name}' is not implemented yet in this version of specdraft")
     manifests = load_inputs(cfg, spec)
     key = _cache_key(cfg, spec, manifests)
-    if out.is_dir() and not force:
-        try:
-            done = read_manifest(out, expect_stage=name)
-        except InputError:
-            done = None
-        if done is not None and done.cache_key == key:
-            log(f"[{name}] cache hit: {out} (use --force to redo)")
-            return out
-        if done is not None:
-            log(f"[{name}] config or inputs changed since {out} was built; rebuilding")
+    with StageLock(root, _lock_name(spec)):
+        tidy_stage_dir(out)  # under the lock: no other writer is between its two renames
+        if out.is_dir() and not force:
+            try:
+                done = read_manifest(out, expect_stage=name)
+            except InputError:
+                done = None
+            if done is not None and done.cache_key == key:
+                log(f"[{name}] cache hit: {out} (use --force to redo)")
+                return out
+            if done is not None:
+                log(f"[{name}] config or inputs changed since {out} was built; rebuilding")
+        return _build_stage(cfg, spec, manifests, key, log)
+
+
+def _build_stage(cfg: RunConfig, spec: StageSpec, manifests: dict[str, Manifest], key: str,
+                 log: Callable[[str], Any]) -> Path | None:
+    name, root = spec.name, Path(cfg.run.root)
+    out = root / spec.out
+    verified = verify_inputs(cfg, manifests)
     module = importlib.import_module(f"pipelines.{spec.module}")
     work = root / ".work" / f"{spec.out}-{key[:16]}"
     work.mkdir(parents=True, exist_ok=True)
@@ -191,7 +228,8 @@ def run_stage(cfg: RunConfig, name: str, force: bool = False, log: Callable[[str
         except StageIncomplete as e:
             log(f"[{name}] {e}")
             return None
-        inputs = {k: {"path": str(stage_dir(cfg, k)), "content_hash": m.content_hash} for k, m in manifests.items()}
+        inputs = {k: {"path": str(stage_dir(cfg, k)), "content_hash": m.content_hash, "verified": verified}
+                  for k, m in manifests.items()}
         inputs.update(ctx.input_hashes)
         staged.commit(stage=name, config=to_dict(cfg), cache_key=key, inputs=inputs, metrics=metrics,
                       wall_time_s=round(time.time() - t0, 3))

@@ -26,11 +26,11 @@ import shutil
 import time
 from pathlib import Path
 
-import datasets
 import torch
 
 from data.tokenizer import encode_document, pack
 from decoding.errors import InputError
+from pipelines.artifacts import load_dataset_dir
 from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.alignment import alignment_by_domain, format_table
 from drafters.data import CausalLMCollator, CausalLMDataModule
@@ -152,7 +152,7 @@ def build(ctx: Context) -> dict:
             if not corpus_dir.is_dir():
                 raise InputError("train_drafters.general.enabled needs a pretraining corpus, which only the demo "
                                  "world provides; set train_drafters.general.enabled: false or give init_from")
-            corpus = datasets.load_from_disk(str(corpus_dir))
+            corpus = load_dataset_dir(corpus_dir, "prepare-data")
             held = set(cfg.demo.heldout_domains)
             docs = [encode_document(tok, r["prompt"], r["response"]) for r in corpus if r["domain"] not in held]
             perm = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()

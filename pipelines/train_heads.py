@@ -21,11 +21,11 @@ import json
 import time
 
 import torch
-from datasets import load_from_disk
 from torch.utils.data import DataLoader
 
 from decoding import kv
 from decoding.errors import InputError
+from pipelines.artifacts import load_dataset_dir, read_json
 from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.model import load_causal_lm as load_drafter
 from heads.acceptance_head import save_head
@@ -90,9 +90,9 @@ def build(ctx: Context) -> dict:
     sweep, printed, cost = {}, [], None
     for data_dir in sets:
         name, tag = data_dir.parent.name, data_dir.name
-        info = json.loads((data_dir / "info.json").read_text())
+        info = read_json(data_dir / "info.json", "acceptance data info", "rerun stage 'acceptance-data' with --force")
         tr, dev = load_features(data_dir, "train"), load_features(data_dir, "dev")
-        seqs_ds = load_from_disk(str(data_dir / "sequences"))
+        seqs_ds = load_dataset_dir(data_dir / "sequences", "acceptance-data")
         online = "features" not in tr  # acceptance_data.cache_features was off: recompute every epoch
         loader = None
         if online:

@@ -38,6 +38,7 @@ import torch
 from data.prompts import load_prompt_sets
 from decoding.compat import tokenizer_fingerprint
 from decoding.errors import InputError
+from pipelines.artifacts import read_json
 from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.alignment import response_logits
 from drafters.data import CausalLMCollator
@@ -165,7 +166,7 @@ def build(ctx: Context) -> dict:
         raise InputError("distill_data has no train rows; the router needs labelled training prompts")
     train_domains = sorted({r["domain"] for r in train_rows})
     drafters_dir = ctx.input("train-drafters")
-    infos = {p.name: json.loads((p / "drafter.json").read_text())
+    infos = {p.name: read_json(p / "drafter.json", "drafter info", "rerun stage 'train-drafters' with --force")
              for p in sorted(drafters_dir.iterdir()) if (p / "drafter.json").is_file()}
     special, general = drafter_roles(infos, train_domains)
     by_domain = domain_drafters(infos, special)
