@@ -20,7 +20,7 @@ from decoding import kv
 from decoding.autoregressive import as_token_list, eos_set, generate_autoregressive
 from decoding.compat import check_prompt
 from decoding.metrics import GenerationMetrics, GenerationResult
-from decoding.sampling import SamplingConfig, probs
+from decoding.sampling import SamplingConfig, probs_on_cpu
 from decoding.speculator import DrafterSpeculator, RoundOutcome, Speculator
 from decoding.stopping import FixedK, HindsightOracle, StoppingPolicy
 from decoding.verify import verify
@@ -61,7 +61,7 @@ def generate_speculative(
         k = len(draft.tokens)
         unseen = context[kv.cache_length(cache) :]  # the last committed token (the whole prompt at first)
         logits, _ = kv.forward(target, cache, unseen + draft.tokens, last=k + 1, device=device)
-        p = probs(logits, sampling).cpu()  # (k+1, V)
+        p = probs_on_cpu(logits, sampling)  # (k+1, V)
         m.time_target += time.perf_counter() - t1
         m.time_draft += t1 - t0
         q = draft.q if k else p.new_zeros(0, p.shape[-1])  # (k, V)

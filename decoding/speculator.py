@@ -20,7 +20,7 @@ import torch
 
 from decoding import kv
 from decoding.compat import check_head, check_pair
-from decoding.sampling import SamplingConfig, probs, sample
+from decoding.sampling import SamplingConfig, probs_on_cpu, sample
 from decoding.stopping import StoppingPolicy
 from decoding.verify import Verification
 
@@ -117,7 +117,7 @@ class DrafterSpeculator:
         need_hidden = policy.needs_hidden
         logits, _ = self._catch_up(context, hidden=False)  # e_0 is never read
         n_forwards = 1
-        q_next = probs(logits, sampling).cpu()  # (V,)
+        q_next = probs_on_cpu(logits, sampling)  # (V,)
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         raw: list[torch.Tensor] = []  # the logits behind each q row
@@ -135,7 +135,7 @@ class DrafterSpeculator:
             logits, states = kv.forward(self.drafter, self.cache, [y], hidden=need_hidden, device=self.device)
             self.fed.append(y)
             n_forwards += 1
-            q_next = probs(logits[-1], sampling).cpu()
+            q_next = probs_on_cpu(logits[-1], sampling)
             if need_hidden:
                 hidden = states[-1]  # e_k: final hidden state at y_k
                 hiddens.append(hidden)

@@ -179,3 +179,11 @@ def test_device_map_auto_split_over_cpu_and_gpu_decodes_like_generate(tmp_path):
         expected = _hf_greedy(target, prompt, 24)
         result = speculative_generate(target, drafter, prompt, 24, k=3)
         assert result.tokens == expected and result.metrics.n_target < 24
+
+
+def test_probs_on_cpu_from_gpu_logits_is_probs_moved_to_cpu():
+    from decoding.sampling import SamplingConfig, probs, probs_on_cpu
+
+    logits = torch.randn(5, 32000, device="cuda", dtype=torch.bfloat16)
+    for cfg in (SamplingConfig(0.0), SamplingConfig(1.0)):
+        assert torch.equal(probs_on_cpu(logits, cfg), probs(logits, cfg).cpu())
