@@ -139,8 +139,11 @@ def profile_rounds(target, drafter, prompt, n, k, path: pathlib.Path | None) -> 
                 return fn(*a, **kw)
         return wrapper
 
-    saved = {name: getattr(sp, name) for name in ("verify", "probs")}
-    sp.verify, sp.probs = marked("round::verify", sp.verify), marked("round::target_probs", sp.probs)
+    # the target's probs step is `probs_on_cpu` since the host-transfer fix, `probs` + .cpu() before it
+    probs_name = "probs_on_cpu" if hasattr(sp, "probs_on_cpu") else "probs"
+    saved = {name: getattr(sp, name) for name in ("verify", probs_name)}
+    sp.verify = marked("round::verify", sp.verify)
+    setattr(sp, probs_name, marked("round::target_probs", saved[probs_name]))
     from decoding.speculator import DrafterSpeculator
     saved_propose = DrafterSpeculator.propose
     DrafterSpeculator.propose = marked("round::propose", saved_propose)
@@ -154,7 +157,8 @@ def profile_rounds(target, drafter, prompt, n, k, path: pathlib.Path | None) -> 
             torch.cuda.synchronize()
             wall = time.perf_counter() - start
     finally:
-        sp.verify, sp.probs = saved["verify"], saved["probs"]
+        sp.verify = saved["verify"]
+        setattr(sp, probs_name, saved[probs_name])
         DrafterSpeculator.propose = saved_propose
         kv.forward = saved_forward
     rounds = result.metrics.n_rounds
