@@ -30,8 +30,13 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
-test-gpu: $(STAMP)
-	$(PY) -m pytest -q -m gpu
+# On a GPU box with network this builds the venv like `make test` (set TORCH to a CUDA build if pip's
+# default is not one). On a machine whose python already holds a CUDA torch and that has no network,
+# use that interpreter and skip the venv: `make test-gpu GPU_PY=python3` (the missing packages
+# installed beforehand, e.g. from carried wheels; the repo goes on PYTHONPATH, no editable install).
+GPU_PY ?= $(PY)
+test-gpu: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -rs -m gpu
 
 clean-runs:
 	rm -rf runs/

@@ -10,7 +10,7 @@ from decoding import kv
 from decoding.compat import check_prompt
 from decoding.errors import InputError
 from decoding.metrics import GenerationMetrics, GenerationResult
-from decoding.sampling import SamplingConfig, probs, sample
+from decoding.sampling import SamplingConfig, probs_on_cpu, sample
 
 
 def as_token_list(prompt_ids) -> list[int]:
@@ -59,7 +59,7 @@ def generate_autoregressive(
     pending = prompt
     while True:
         logits, _ = kv.forward(model, cache, pending, device=device)
-        p = probs(logits[-1], sampling).cpu()  # (V,)
+        p = probs_on_cpu(logits[-1], sampling)  # (V,)
         m.n_target += 1
         token = int(p.argmax()) if sampling.greedy else int(sample(p, generator))
         out.append(token)

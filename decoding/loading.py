@@ -52,9 +52,11 @@ def load_causal_lm(
     device_map: str | dict | None = None,
     quantization: str = "none",
     trust_remote_code: bool = False,
+    max_memory: dict | None = None,
 ) -> Any:
     """An eval-mode causal LM. `device_map` (multi-GPU) wins over `device`; quantized models are placed
-    by bitsandbytes/accelerate (device_map defaults to the named device, else CPU)."""
+    by bitsandbytes/accelerate (device_map defaults to the named device, else CPU). `max_memory`
+    ({0: bytes or "10GiB", "cpu": ...}) caps what device_map="auto" puts on each device."""
     from transformers import AutoModelForCausalLM
 
     name_or_path = str(name_or_path)
@@ -67,6 +69,8 @@ def load_causal_lm(
         kwargs["device_map"] = device_map or {"": device or "cpu"}
     elif device_map is not None:
         kwargs["device_map"] = device_map
+    if max_memory is not None and "device_map" in kwargs:
+        kwargs["max_memory"] = max_memory
     try:
         model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
     except OSError as e:

@@ -28,7 +28,7 @@ import torch
 from decoding import kv
 from decoding.compat import check_head, check_pair
 from decoding.errors import InputError
-from decoding.sampling import SamplingConfig, probs, sample
+from decoding.sampling import SamplingConfig, probs_on_cpu, sample
 from decoding.speculator import Draft, RoundOutcome, common_prefix
 from decoding.stopping import StoppingPolicy
 from decoding.tree import trie_from_sequences
@@ -90,7 +90,7 @@ class SpecTrSpeculator:
         need_hidden = self.stopping.needs_hidden
         logits = self._catch_up(context, hidden=False)  # e_0 is never read (SpecDec++ Alg. 1)
         n_forwards = 1
-        q_next = probs(logits, sampling).cpu().expand(K, -1)  # (K, V): every row starts from the same q
+        q_next = probs_on_cpu(logits, sampling).expand(K, -1)  # (K, V): every row starts from the same q
         hidden = None  # (K, H): e_{k-1} of each row once y_{k-1} has been fed
         tokens: list[list[int]] = [[] for _ in range(K)]
         qs: list[list[torch.Tensor]] = [[] for _ in range(K)]
@@ -116,7 +116,7 @@ class SpecTrSpeculator:
             for r in range(K):
                 self.rows[r].append(int(y[r]))  # finished rows are fed too (one batch); never read back
             n_forwards += 1
-            q_next = probs(logits, sampling).cpu()
+            q_next = probs_on_cpu(logits, sampling)
             hidden = states
         vocab = q_next.shape[-1]
         if K == 1:  # a chain draft: exactly `DrafterSpeculator`'s proposal

@@ -76,6 +76,18 @@ def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return warp_logits(logits, cfg).softmax(-1)
 
 
+def probs_on_cpu(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """`probs(logits, cfg)` on the CPU, for the decode loops that verify and sample there.
+
+    Under greedy only the argmax indices cross to the host (a few bytes, not a (..., V) one-hot built on
+    the device and copied back) and the one-hot is built on the CPU; a profile of a batch-1 round on a GPU
+    showed the V-sized copies and the device one-hot kernels in every draft step and verification."""
+    if cfg.greedy:
+        index = logits.argmax(-1).cpu()
+        return torch.nn.functional.one_hot(index, logits.shape[-1]).float()
+    return probs(logits, cfg).cpu()
+
+
 def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token per row from probabilities p (..., V) -> (...,) long."""
     flat = p.reshape(-1, p.shape[-1])

@@ -25,7 +25,7 @@ from decoding.autoregressive import as_token_list, eos_set, generate_autoregress
 from decoding.compat import check_prompt
 from decoding.errors import InputError
 from decoding.metrics import GenerationMetrics, GenerationResult
-from decoding.sampling import SamplingConfig, probs
+from decoding.sampling import SamplingConfig, probs_on_cpu
 from decoding.speculator import DrafterSpeculator, RoundOutcome, Speculator
 from decoding.stopping import FixedK, HindsightOracle, StoppingPolicy
 from decoding.tree import verify_tree
@@ -73,7 +73,7 @@ def generate_speculative(
             k = len(draft.tokens)
             unseen = context[kv.cache_length(cache) :]  # the last committed token (the whole prompt at first)
             logits, _ = kv.forward(target, cache, unseen + draft.tokens, last=k + 1, device=device)
-            p = probs(logits, sampling).cpu()  # (k+1, V)
+            p = probs_on_cpu(logits, sampling)  # (k+1, V)
             m.time_target += time.perf_counter() - t1
             q = draft.q if k else p.new_zeros(0, p.shape[-1])  # (k, V)
             pi = p if verification_distribution is None else verification_distribution(p, q)
@@ -113,7 +113,7 @@ def _tree_round(target, cache, context, draft, sampling, generator, device, veri
     t1 = time.perf_counter()
     unseen = context[kv.cache_length(cache) :]
     logits = kv.forward_tree(target, cache, unseen, tree.tokens, tree.parents, tree.depths, device=device)
-    p = probs(logits, sampling).cpu()  # (1 + N, V)
+    p = probs_on_cpu(logits, sampling)  # (1 + N, V)
     time_target = time.perf_counter() - t1
     walk = verify_tree(p, tree, generator, sampling.greedy, rule=tree.rule)
     kv.keep_positions(cache, len(context), [len(context) + i for i in walk.path])

@@ -21,7 +21,7 @@ import torch
 
 from decoding import kv
 from decoding.compat import check_head, check_pair
-from decoding.sampling import SamplingConfig, probs, sample
+from decoding.sampling import SamplingConfig, probs_on_cpu, sample
 from decoding.stopping import StoppingPolicy
 from decoding.verify import Verification
 
@@ -135,7 +135,7 @@ class DrafterSpeculator:
         t0 = time.perf_counter()
         logits, _ = self._catch_up(context, hidden=False)  # e_0 is never read (Alg. 1: "if i > 1")
         n_forwards = 1
-        q_next = probs(logits, sampling).cpu()  # (V,) q_1; the copy to CPU waits for the forward
+        q_next = probs_on_cpu(logits, sampling)  # (V,) q_1; the copy to CPU waits for the forward
         self.catch_up_seconds = time.perf_counter() - t0
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
@@ -156,7 +156,7 @@ class DrafterSpeculator:
             logits = out[-1]
             self.fed.append(y)
             n_forwards += 1
-            q_next = probs(logits, sampling).cpu()
+            q_next = probs_on_cpu(logits, sampling)
             if need_hidden:
                 hidden = states[-1]  # e_k: final hidden state at y_k, read at decision k + 1
                 hiddens.append(hidden)

@@ -121,6 +121,18 @@ class RNGState(Callback):
             torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class FSDPGradientClipping(Callback):
+    """Clip by global norm under FSDP, where Lightning refuses `gradient_clip_val` ("'norm' is not
+    supported for FSDPPrecision"): the norm must come from the root FSDP module's `clip_grad_norm_`,
+    which reduces over shards (torch.nn.utils.clip_grad_norm_ would see one shard only)."""
+
+    def __init__(self, max_norm: float):
+        self.max_norm = max_norm
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        trainer.strategy.model.clip_grad_norm_(self.max_norm)
+
+
 def checkpoint_dir(out_dir: str | Path) -> Path:
     return Path(out_dir) / "checkpoints"
 
@@ -158,6 +170,11 @@ def build_trainer(cfg: TrainerConfig, out_dir: str | Path, callbacks: list[Callb
         save_last=True,
     )
     plugins = [SLURMEnvironment(auto_requeue=True)] if SLURMEnvironment.detect() else None
+    clip = cfg.gradient_clip_val
+    extra = list(callbacks or [])
+    if cfg.strategy == "fsdp" and clip is not None:
+        extra.append(FSDPGradientClipping(clip))
+        clip = None
     return L.Trainer(
         default_root_dir=out_dir,  # Slurm requeue writes and finds hpc_ckpt_*.ckpt here
         max_steps=cfg.max_steps,
@@ -168,11 +185,11 @@ def build_trainer(cfg: TrainerConfig, out_dir: str | Path, callbacks: list[Callb
         accelerator=cfg.accelerator,
         devices=cfg.devices,
         num_nodes=cfg.num_nodes,
-        gradient_clip_val=cfg.gradient_clip_val,
+        gradient_clip_val=clip,
         gradient_clip_algorithm="norm",
         log_every_n_steps=cfg.log_every_n_steps,
         logger=loggers,
-        callbacks=[ckpt, RNGState(), *(callbacks or [])],
+        callbacks=[ckpt, RNGState(), *extra],
         plugins=plugins,
         enable_progress_bar=True,
         enable_model_summary=False,

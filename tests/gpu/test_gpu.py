@@ -1,0 +1,189 @@
+"""What only a CUDA machine can check (`make test-gpu`; off by default, marker `gpu`).
+
+- the shared trainer (pipelines/training.py) trains a drafter in bf16-mixed under the auto, fsdp and
+  deepspeed_stage_2 strategies on one GPU, and the loss goes down;
+- distill-data runs with an int8 and an nf4 (bitsandbytes) target on the GPU;
+- a target placed by device_map="auto" with a max_memory budget that forces part of it onto the CPU
+  still decodes greedily token for token like transformers' generate;
+- greedy speculative decoding in bf16 on the GPU equals transformers' greedy `generate`.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+# --- training: the shared trainer on one GPU ---------------------------------------------------------
+
+@pytest.mark.parametrize("strategy", ["auto", "fsdp", "deepspeed_stage_2"])
+def test_drafter_trains_in_bf16_on_one_gpu(tmp_path, strategy):
+    from drafters.data import CausalLMCollator, CausalLMDataModule
+    from drafters.lit_lm import CausalLMModule
+    from drafters.model import build_causal_lm
+    from pipelines.training import fit, build_trainer
+    from tests.pipelines.test_training import V, _cfg, _logged
+
+    # 8 fixed sequences seen again and again: a drafter that trains at all fits them quickly
+    gen = torch.Generator().manual_seed(0)
+    data = [{"input_ids": torch.randint(0, V, (12,), generator=gen).tolist()} for _ in range(8)] * 8
+    cfg = _cfg(strategy=strategy, accelerator="gpu", devices=1, max_steps=30, batch_size=8, checkpoint_every_n_steps=0)
+    module = CausalLMModule(build_causal_lm("demo-tiny", V, seed=0), lr=1e-2)
+    dm = CausalLMDataModule(data, CausalLMCollator(pad_token_id=0), batch_size=cfg.batch_size, seed=cfg.seed)
+    trainer = build_trainer(cfg, tmp_path)
+    fit(trainer, module, dm, cfg)
+
+    assert trainer.precision == "bf16-mixed" and trainer.global_step == 30
+    assert trainer.strategy.root_device.type == "cuda"
+    assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+    curve = _logged(tmp_path)
+    first, last = curve[min(curve)], curve[max(curve)]
+    print(f"{strategy}: train/loss {first:.3f} -> {last:.3f}")
+    assert last < 0.7 * first, curve
+
+
+# --- quantized targets through distill-data ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_target_run(tmp_path_factory):
+    from tests.pipelines.conftest import run_template
+
+    return run_template(tmp_path_factory, "gpu_tiny_run", None, ("prepare-data", "pretrain-target"))
+
+
+@pytest.mark.parametrize("quantization", ["int8", "nf4"])
+def test_quantized_target_through_distill_data(tiny_target_run, tmp_path, monkeypatch, quantization):
+    import bitsandbytes as bnb
+
+    import pipelines.distill_data as dd
+    from decoding.loading import load_causal_lm
+    from pipelines.stage import run_stage
+    from tests.pipelines.conftest import fresh_copy, tiny_config
+
+    root = fresh_copy(tiny_target_run, tmp_path)
+    loaded = []
+
+    def spy(*args, **kwargs):
+        model = load_causal_lm(*args, **kwargs)
+        loaded.append(model)
+        return model
+
+    monkeypatch.setattr(dd, "load_causal_lm", spy)
+    cfg = tiny_config(root, target={"quantization": quantization}, distill_data={"device": "cuda"})
+    out = run_stage(cfg, "distill-data")
+
+    (model,) = loaded
+    layer = {"int8": bnb.nn.Linear8bitLt, "nf4": bnb.nn.Linear4bit}[quantization]
+    quantized = [m for m in model.modules() if isinstance(m, layer)]
+    assert quantized and all(m.weight.device.type == "cuda" for m in quantized)
+    # the quantized model computes nearly what the bf16 one does (same weights, same prompt)
+    reference = load_causal_lm(root / "target", "bfloat16", "cuda")
+    ids = torch.arange(1, 40, device="cuda")[None]
+    with torch.no_grad():
+        a, b = model(ids).logits.float(), reference(ids).logits.float()
+    rel = float((a - b).norm() / b.norm())
+    print(f"{quantization}: relative logit error vs bf16 {rel:.4f}, "
+          f"memory {model.get_memory_footprint()} vs {reference.get_memory_footprint()} bytes")
+    assert rel < {"int8": 0.1, "nf4": 0.3}[quantization]
+    assert model.get_memory_footprint() < reference.get_memory_footprint()
+
+    ds = dd.load_distill_data(out)
+    vocab = model.config.vocab_size
+    assert len(ds["train"]) == 2 * 6 * 2 and len(ds["dev"]) == 2 * 3 * 2
+    for r in ds["train"]:
+        assert 1 <= len(r["response_ids"]) <= 8 and all(0 <= t < vocab for t in r["response_ids"])
+        assert (r["finish_reason"] == "eos") == (r["response_ids"][-1] == 2)
+
+
+# --- decoding on the GPU ------------------------------------------------------------------------------
+
+def _llama(seed: int, layers: int, hidden: int = 256, vocab: int = 512):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      initializer_range=0.2,  # peaked next-token distributions: bf16 rounding cannot flip an argmax
+                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _noisy(model, noise: float, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    drafter = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.dim() > 1:
+                p.add_(torch.randn(p.shape, generator=gen) * noise * p.std())
+    return drafter
+
+
+def _hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    ids = torch.tensor([prompt], device=model.get_input_embeddings().weight.device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                         do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+PROMPTS = [list(range(1, 9)), [5, 17, 300, 42, 9, 9, 1], [int(x) for x in torch.arange(60) * 7 % 500]]
+
+
+def test_greedy_speculative_in_bf16_equals_transformers_generate():
+    from decoding.speculative import speculative_generate
+
+    target = _llama(0, layers=4).to("cuda", torch.bfloat16)
+    drafter = _noisy(_llama(0, layers=4), 0.05, seed=1).to("cuda", torch.bfloat16)
+    n_target = n_tokens = 0
+    for prompt in PROMPTS:
+        expected = _hf_greedy(target, prompt, 40)
+        for k in (1, 3, 6):
+            result = speculative_generate(target, drafter, prompt, 40, k=k)
+            assert result.tokens == expected, (prompt, k)
+            n_target, n_tokens = n_target + result.metrics.n_target, n_tokens + result.metrics.n_generated
+    assert n_target < n_tokens  # drafts were accepted: the test exercised acceptance, rejection and rollback
+
+
+def test_sampling_on_gpu_is_seeded_and_valid():
+    from decoding.sampling import SamplingConfig
+    from decoding.speculative import speculative_generate
+
+    target = _llama(0, layers=2).to("cuda", torch.bfloat16)
+    drafter = _noisy(_llama(0, layers=2), 0.05, seed=1).to("cuda", torch.bfloat16)
+    sampling = SamplingConfig(temperature=1.0)
+    runs = [speculative_generate(target, drafter, PROMPTS[0], 30, sampling, k=4,
+                                 generator=torch.Generator().manual_seed(3)).tokens for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 30 and all(0 <= t < 512 for t in runs[0])
+
+
+def test_device_map_auto_split_over_cpu_and_gpu_decodes_like_generate(tmp_path):
+    from decoding.loading import load_causal_lm
+    from decoding.speculative import speculative_generate
+
+    _llama(0, layers=6).save_pretrained(tmp_path / "target", safe_serialization=True)
+    per_layer = sum(p.numel() for p in _llama(0, layers=1).model.layers[0].parameters()) * 2  # bf16 bytes
+    # room on the GPU for the embeddings and about two of the six layers: the rest must go to the CPU
+    budget = {0: 3 * per_layer, "cpu": 2**30}
+    target = load_causal_lm(tmp_path / "target", "bfloat16", device_map="auto", max_memory=budget)
+    placed = set(target.hf_device_map.values())
+    print(f"hf_device_map: {target.hf_device_map}")
+    assert "cpu" in placed and (0 in placed or "cuda:0" in placed), target.hf_device_map
+
+    drafter = _noisy(_llama(0, layers=6), 0.05, seed=1).to("cuda", torch.bfloat16)
+    for prompt in PROMPTS[:2]:
+        expected = _hf_greedy(target, prompt, 24)
+        result = speculative_generate(target, drafter, prompt, 24, k=3)
+        assert result.tokens == expected and result.metrics.n_target < 24
+
+
+def test_probs_on_cpu_from_gpu_logits_is_probs_moved_to_cpu():
+    from decoding.sampling import SamplingConfig, probs, probs_on_cpu
+
+    logits = torch.randn(5, 32000, device="cuda", dtype=torch.bfloat16)
+    for cfg in (SamplingConfig(0.0), SamplingConfig(1.0)):
+        assert torch.equal(probs_on_cpu(logits, cfg), probs(logits, cfg).cpu())
