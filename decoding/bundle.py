@@ -17,7 +17,8 @@ bundle.json:
   heads      drafter -> head name -> {path, drafter, depth, w_rej, label_transform, threshold, k_max, best,
                                       simulated}
   routers    {name: {path, kind}} (empty without train-router)
-  decoding   {temperature, top_k, top_p, k, k_max, selector, max_new_tokens}
+  decoding   {temperature, top_k, top_p, k, k_max, selector, max_new_tokens}, optionally
+             cascade: {rule, alpha[, beta]} (a speculative cascade served by default; decoding/cascades.py)
   files      relative path -> sha256, every file except bundle.json (and the stage's manifest.json)
 
 Every path in bundle.json is relative to the bundle and must stay inside it, so a bundle copied
@@ -157,6 +158,17 @@ class Bundle:
 
         d = self.decoding
         return SamplingConfig(d["temperature"], d["top_k"], d["top_p"])
+
+    def cascade_method(self):
+        """The decoding defaults' cascade (decoding.cascades.CascadeMethod), or None when they name none."""
+        from decoding.cascades import CascadeMethod
+
+        c = self.decoding.get("cascade")
+        if not c:
+            return None
+        if not isinstance(c, dict) or "rule" not in c or "alpha" not in c:
+            raise InputError(f"bundle decoding.cascade must be {{rule, alpha[, beta]}}, got {c!r}; re-export the bundle")
+        return CascadeMethod(str(c["rule"]), float(c["alpha"]), float(c.get("beta", 1.0)))
 
     def drafter(self, name: str) -> DrafterEntry:
         if name not in self.drafters:
