@@ -377,3 +377,33 @@ class CascadeMethod:
 def cascade_method(rule: str, alpha: float, beta: float = 1.0, seq_confidence: str = "joint") -> CascadeMethod:
     """Factory for evaluation plans: rule (a name in RULES or 'token') + alpha -> a runnable method."""
     return CascadeMethod(rule, float(alpha), float(beta), seq_confidence)
+
+
+# A few lenience values per rule spanning "almost the large model" to "almost the small model" (the paper
+# sweeps alpha over [0, 1] for the probability thresholds and over [0, 10] for BiLD's D).
+DEFAULT_ALPHAS = {
+    "chow": (0.0, 0.2, 0.4, 0.6, 0.8),
+    "diff": (0.0, 0.1, 0.2, 0.4, 0.8),
+    "opt": (0.0, 0.25, 0.5, 1.0, 2.0),
+    "token_v1": (0.0, 0.1, 0.2, 0.4, 0.8),
+    "token_v2": (0.0, 0.1, 0.2, 0.4, 0.8),
+    "token_v3": (0.0, 0.2, 0.4, 0.6, 0.8),
+    "lossy": (0.0, 0.2, 0.4, 0.6, 0.8),
+    "bild": (0.5, 1.0, 2.0, 3.0, 5.0),
+    "token_chow": (0.0, 0.2, 0.4, 0.6, 0.8),
+    "seq_chow": (0.1, 0.2, 0.3, 0.4, 0.5),  # with seq_confidence="mean"
+}
+
+
+def sweep(rules=None, alphas: dict | None = None, temperatures=(1.0, 0.5), seq_confidence: str = "mean"):
+    """Plan entries for a quality-latency sweep: [(CascadeMethod, SamplingConfig)] for every rule, alpha
+    (DEFAULT_ALPHAS unless given per rule) and temperature (the paper's Figure 2: T = 1 and T = 0.5)."""
+    out = []
+    for temperature in temperatures:
+        sampling = SamplingConfig(float(temperature))
+        check_sampling(sampling)
+        for rule in rules or RULES:
+            rule = canonical_rule(rule)
+            for alpha in (alphas or {}).get(rule, DEFAULT_ALPHAS[rule]):
+                out.append((cascade_method(rule, alpha, seq_confidence=seq_confidence), sampling))
+    return out
