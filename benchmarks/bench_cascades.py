@@ -7,9 +7,10 @@ every cascade setting (decoding/cascades.py `sweep`: rule x alpha), all from the
 (common random numbers), interleaved prompt by prompt in a rotating order so load drift hits every method
 alike. It records quality against the references, the process CPU time of each generation and the exact
 counts (N_target, N_draft). Then it prints:
-  1. the sweep: per method and alpha, quality and latency relative to the target alone, timed (sum of
-     CPU times, with the inter-quartile range of the per-prompt ratios) and counted (the SpecDec++ cost
-     model t_draft N_draft + t_target N_target, fitted by least squares over all generations here)
+  1. the sweep: per method and alpha, quality and latency per generated token relative to the target
+     alone (methods stop at EOS at different lengths), timed (CPU time, with the inter-quartile range of
+     the per-prompt ratios) and counted (the SpecDec++ cost model t_draft N_draft + t_target N_target,
+     fitted by least squares over all generations here)
   2. Table 2: per domain, the latency reduction when matching the target's quality, and the best quality
      reached without exceeding the target's latency (measured sweep points only, no interpolation)
   3. which method leads Table 2 per domain and temperature
@@ -99,7 +100,7 @@ def run_sweep(args) -> list[dict]:
                     res = method.generate(target, drafter, ids, args.tokens, sampling, args.gamma, tok.eos_token_id, gen)
                     n_draft, n_target = res.metrics.n_draft, res.metrics.n_target
                 cpu = time.process_time() - c0
-                rows.append({"domain": domain, "prompt": i, "T": sampling.temperature, "method": label,
+                rows.append({"domain": domain, "drafter": name, "prompt": i, "T": sampling.temperature, "method": label,
                              "rule": method.rule if method else label, "alpha": method.alpha if method else None,
                              "text": tok.decode(res.tokens, skip_special_tokens=True), "reference": ex["response"],
                              "N": res.metrics.n_generated, "N_target": n_target, "N_draft": n_draft,
@@ -120,13 +121,16 @@ def summarise(rows: list[dict]) -> tuple[list[dict], object]:
     for (t, domain, method, rule, alpha), rs in groups.items():
         bs = [base[(t, domain, r["prompt"])] for r in rs]
         q = aggregate(domain, [r["text"] for r in rs], [r["reference"] for r in rs])
-        ratios = sorted(r["cpu_s"] / b["cpu_s"] for r, b in zip(rs, bs))
-        counted = sum(fit.predict_total(r["N_draft"], r["N_target"]) for r in rs)
-        counted_base = sum(fit.predict_total(b["N_draft"], b["N_target"]) for b in bs)
-        n = sum(r["N"] for r in rs)
+        # per generated token: methods stop at EOS at different lengths, and a longer output is not slower decoding
+        per_tok = lambda r, v: v / max(1, r["N"])  # noqa: E731
+        ratios = sorted(per_tok(r, r["cpu_s"]) / per_tok(b, b["cpu_s"]) for r, b in zip(rs, bs))
+        n, n_base = sum(r["N"] for r in rs), sum(b["N"] for b in bs)
+        counted = sum(fit.predict_total(r["N_draft"], r["N_target"]) for r in rs) / max(1, n)
+        counted_base = sum(fit.predict_total(b["N_draft"], b["N_target"]) for b in bs) / max(1, n_base)
+        timed = (sum(r["cpu_s"] for r in rs) / max(1, n)) / (sum(b["cpu_s"] for b in bs) / max(1, n_base))
         points.append({"T": t, "domain": domain, "method": method, "rule": rule, "alpha": alpha,
                        "quality": q[PRIMARY_METRIC[domain]], "scores": q,
-                       "latency": sum(r["cpu_s"] for r in rs) / sum(b["cpu_s"] for b in bs),
+                       "latency": timed,
                        "latency_iqr": (ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]),
                        "latency_counted": counted / counted_base,
                        "N": n, "N_target_per_token": sum(r["N_target"] for r in rs) / max(1, n),
@@ -242,6 +246,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--figure", default=str(Path(__file__).resolve().parent / "cascades_figure2.png"))
     ap.add_argument("--json", default=None, help="also write every generation and point here")
+    ap.add_argument("--note", default="", help="a sentence for the published section (e.g. what the drafter is)")
     ap.add_argument("--no-append", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # one core per process on a shared box; CPU time then tracks the work done
@@ -257,12 +262,13 @@ def main(argv=None) -> int:
            f"{platform.machine()}, {torch.get_num_threads()} thread)", "",
            f"`python benchmarks/bench_cascades.py {args.run} --prompts {args.prompts} --tokens {args.tokens}` "
            f"({time.perf_counter() - t0:.0f} s). {args.prompts} test prompts per domain, up to {args.tokens} new "
-           f"tokens, gamma = {args.gamma}, the domain's drafter from the bundle; alphas: "
+           f"tokens, gamma = {args.gamma}; drafters: "
+           + ", ".join(sorted({f"{r['domain']} -> {r['drafter']}" for r in rows})) + "; alphas: "
            + "; ".join(f"{DISPLAY_NAMES[canonical_rule(r)]} {','.join(f'{a:g}' for a in v)}" for r, v in alphas.items())
-           + ". SeqCascade uses the per-token geometric-mean confidence. Latency = summed process CPU time "
-           f"relative to the target alone on the same prompts and seeds; counted = the cost model "
+           + ". SeqCascade uses the per-token geometric-mean confidence. Latency = process CPU time per generated "
+           f"token relative to the target alone on the same prompts and seeds; counted = the cost model "
            f"t_draft N_draft + t_target N_target fitted here (t_draft = {fit.t_draft * 1e3:.2f} ms, "
-           f"t_target = {fit.t_target * 1e3:.2f} ms, R^2 = {fit.r2:.2f}, {fit.n_rows} generations).", ""]
+           f"t_target = {fit.t_target * 1e3:.2f} ms, R^2 = {fit.r2:.2f}, {fit.n_rows} generations). " + args.note, ""]
     for t in args.temperatures:
         out += sweep_table(points, t) + [""]
     for t in args.temperatures:
