@@ -161,14 +161,9 @@ class Bundle:
 
     def cascade_method(self):
         """The decoding defaults' cascade (decoding.cascades.CascadeMethod), or None when they name none."""
-        from decoding.cascades import CascadeMethod
+        from decoding.cascades import method_from_spec
 
-        c = self.decoding.get("cascade")
-        if not c:
-            return None
-        if not isinstance(c, dict) or "rule" not in c or "alpha" not in c:
-            raise InputError(f"bundle decoding.cascade must be {{rule, alpha[, beta]}}, got {c!r}; re-export the bundle")
-        return CascadeMethod(str(c["rule"]), float(c["alpha"]), float(c.get("beta", 1.0)))
+        return method_from_spec(self.decoding.get("cascade"), "the bundle's decoding.cascade")
 
     def drafter(self, name: str) -> DrafterEntry:
         if name not in self.drafters:

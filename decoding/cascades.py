@@ -379,6 +379,15 @@ def cascade_method(rule: str, alpha: float, beta: float = 1.0, seq_confidence: s
     return CascadeMethod(rule, float(alpha), float(beta), seq_confidence)
 
 
+def method_from_spec(spec, where: str = "decoding.cascade") -> CascadeMethod | None:
+    """A config / bundle entry {rule, alpha[, beta]} (or null) -> CascadeMethod | None."""
+    if not spec:
+        return None
+    if not isinstance(spec, dict) or "rule" not in spec or "alpha" not in spec or set(spec) - {"rule", "alpha", "beta"}:
+        raise InputError(f"{where} must be {{rule, alpha[, beta]}}, got {spec!r}")
+    return cascade_method(str(spec["rule"]), spec["alpha"], spec.get("beta", 1.0))
+
+
 # A few lenience values per rule spanning "almost the large model" to "almost the small model" (the paper
 # sweeps alpha over [0, 1] for the probability thresholds and over [0, 10] for BiLD's D).
 DEFAULT_ALPHAS = {

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from decoding.bundle import (BUNDLE_JSON, check_safe_weights, content_hash, file_sha256, load_bundle,
                              subdir_files, summarize, write_bundle_json)
+from decoding.cascades import method_from_spec
 from decoding.compat import check_k, tokenizer_fingerprint
 from decoding.errors import InputError
 from decoding.loading import load_tokenizer
@@ -67,6 +68,7 @@ def decoding_defaults(ctx: Context) -> dict:
     check_k(d["max_new_tokens"], "export.decoding.max_new_tokens")
     if d["selector"] not in SELECTORS:
         raise InputError(f"export.decoding.selector {d['selector']!r} is not one of {', '.join(SELECTORS)}")
+    method_from_spec(d.get("cascade"), "export.decoding.cascade")  # fail at export, not when first served
     return d
 
 

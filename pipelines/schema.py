@@ -247,6 +247,7 @@ class DecodingDefaults:
     k_max: int = 20  # SpecDec++ cap
     selector: str = "ucb"  # multi-drafter bandit (decoding/selectors.py)
     max_new_tokens: int = 64
+    cascade: Optional[dict[str, Any]] = None  # {rule, alpha[, beta]}: serve a speculative cascade (decoding/cascades.py)
 
 
 @dataclass

@@ -65,5 +65,5 @@ def test_bundle_decoding_defaults_can_name_a_cascade():
     assert Bundle.cascade_method(SimpleNamespace(decoding={"temperature": 1.0})) is None
     method = Bundle.cascade_method(SimpleNamespace(decoding={"cascade": {"rule": "opt", "alpha": 0.4}}))
     assert method == cascade_method("opt", 0.4)
-    with pytest.raises(InputError, match="rule, alpha"):
+    with pytest.raises(InputError, match="decoding.cascade must be"):
         Bundle.cascade_method(SimpleNamespace(decoding={"cascade": {"rule": "opt"}}))
