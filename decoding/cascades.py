@@ -18,7 +18,7 @@ Rules (paper Table 1 / Table 3, section 4.4), each with the lenience alpha (larg
     token_v3  r(v) = 1(p(v) < max p (1 - alpha))  -- the paper's SpecCascade [Token] Eq. 15
     lossy     SpecDecode [Lossy]   pi = max(min(q, p / (1 - alpha)), p / beta), beta >= 1 - alpha
               (Tran-Thien 2023; beta = 1 is the paper's SpecDecode [Lossy]). This pi is not normalised:
-              it is the function that makes Algorithm 4 *be* lossy speculative sampling (paper Lemma 1);
+              it is the function that makes Algorithm 4 *be* lossy speculative sampling (paper Lemma 2);
               `emitted_distribution` gives the distribution that comes out.
     bild      BiLD*                pi = 1(D <= alpha) q + 1(D > alpha) p with the paper's D for
               sampling (App. E.1): D(q, p) = -sum_v q(v) log p(v), the cross-entropy of p under q.
