@@ -77,7 +77,7 @@ def run_sweep(args) -> list[dict]:
     test = sets["test"]
     n_configs = len(plan) + 2 * len(args.temperatures)
     start = time.perf_counter()
-    for domain in SCORED_DOMAINS:
+    for domain in args.domains:
         examples = [r for r in test if r["domain"] == domain][: args.prompts]
         name = drafter_for(bundle, domain)
         if name not in drafters:
@@ -105,7 +105,7 @@ def run_sweep(args) -> list[dict]:
                              "text": tok.decode(res.tokens, skip_special_tokens=True), "reference": ex["response"],
                              "N": res.metrics.n_generated, "N_target": n_target, "N_draft": n_draft,
                              "cpu_s": cpu, "wall_s": res.metrics.time_total})
-        done = len(rows) / (n_configs * args.prompts * len(SCORED_DOMAINS))
+        done = len(rows) / (n_configs * args.prompts * len(args.domains))
         print(f"[{time.perf_counter() - start:6.0f}s] {domain} done ({done:.0%})", file=sys.stderr)
     return rows
 
@@ -246,12 +246,18 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--figure", default=str(Path(__file__).resolve().parent / "cascades_figure2.png"))
     ap.add_argument("--json", default=None, help="also write every generation and point here")
+    ap.add_argument("--domains", nargs="+", default=list(SCORED_DOMAINS), choices=SCORED_DOMAINS)
+    ap.add_argument("--from-json", nargs="+", default=None,
+                    help="summarise the rows of earlier --json files (e.g. one process per domain) instead of decoding")
     ap.add_argument("--note", default="", help="a sentence for the published section (e.g. what the drafter is)")
     ap.add_argument("--no-append", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # one core per process on a shared box; CPU time then tracks the work done
     t0 = time.perf_counter()
-    rows = run_sweep(args)
+    if args.from_json:
+        rows = [r for path in args.from_json for r in json.loads(Path(path).read_text())["rows"]]
+    else:
+        rows = run_sweep(args)
     points, fit = summarise(rows)
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "points": points}, indent=1))
