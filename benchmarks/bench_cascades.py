@@ -263,14 +263,18 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps({"rows": rows, "points": points}, indent=1))
     figure(points, args.temperatures, Path(args.figure))
     domains = [d for d in SCORED_DOMAINS if any(p["domain"] == d for p in points)]
-    alphas = {r: parse_alphas(args.alphas).get(canonical_rule(r), DEFAULT_ALPHAS[canonical_rule(r)]) for r in args.rules}
+    swept: dict = {}  # from the rows themselves, so --from-json reports what was run
+    for r in rows:
+        if r["alpha"] is not None:
+            swept.setdefault(r["method"], set()).add(r["alpha"])
+    per_domain = {d: len({r["prompt"] for r in rows if r["domain"] == d}) for d in domains}
     out = [f"## Speculative cascades: quality vs latency ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
            f"{platform.machine()}, {torch.get_num_threads()} thread)", "",
-           f"`python benchmarks/bench_cascades.py {args.run} --prompts {args.prompts} --tokens {args.tokens}` "
-           f"({time.perf_counter() - t0:.0f} s). {args.prompts} test prompts per domain, up to {args.tokens} new "
-           f"tokens, gamma = {args.gamma}; drafters: "
+           f"`python benchmarks/bench_cascades.py {' '.join(sys.argv[1:]) if argv is None else ' '.join(argv)}`. "
+           "Test prompts per domain: " + ", ".join(f"{d} {n}" for d, n in per_domain.items())
+           + f"; up to {args.tokens} new tokens; gamma = {args.gamma}; drafters: "
            + ", ".join(sorted({f"{r['domain']} -> {r['drafter']}" for r in rows})) + "; alphas: "
-           + "; ".join(f"{DISPLAY_NAMES[canonical_rule(r)]} {','.join(f'{a:g}' for a in v)}" for r, v in alphas.items())
+           + "; ".join(f"{m} {','.join(f'{a:g}' for a in sorted(v))}" for m, v in swept.items())
            + ". SeqCascade uses the per-token geometric-mean confidence. Latency = process CPU time per generated "
            f"token relative to the target alone on the same prompts and seeds; counted = the cost model "
            f"t_draft N_draft + t_target N_target fitted here (t_draft = {fit.t_draft * 1e3:.2f} ms, "
