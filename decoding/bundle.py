@@ -19,7 +19,8 @@ bundle.json:
   heads      drafter -> head name -> {path, drafter, depth, w_rej, label_transform, threshold, k_max, best,
                                       simulated}
   routers    {name: {path, kind}} (empty without train-router)
-  decoding   {temperature, top_k, top_p, k, k_max, selector, max_new_tokens, drafts (absent: 1)}
+  decoding   {temperature, top_k, top_p, k, k_max, selector, max_new_tokens, drafts (absent: 1)}, optionally
+             cascade: {rule, alpha[, beta]} (a speculative cascade served by default; decoding/cascades.py)
   datastore  {path, tokens, sequences, bytes, build_seconds, source} (absent: no REST arm; suffix
              decoding then runs on its per-request structure alone)
   files      relative path -> sha256, every file except bundle.json (and the stage's manifest.json)
@@ -179,6 +180,12 @@ class Bundle:
         if not self.drafters:
             out["drafter"] = "the bundle has no drafters"
         return out
+
+    def cascade_method(self):
+        """The decoding defaults' cascade (decoding.cascades.CascadeMethod), or None when they name none."""
+        from decoding.cascades import method_from_spec
+
+        return method_from_spec(self.decoding.get("cascade"), "the bundle's decoding.cascade")
 
     def drafter(self, name: str) -> DrafterEntry:
         if name not in self.drafters:

@@ -4,10 +4,13 @@
   specdraft generate --target DIR --drafter DIR [--head DIR] --prompt "..." [--k 4 | --threshold 0.7]
 
 With a head (the drafter's default head in a bundle, or --head) the round length follows SpecDec++;
-`--k` forces fixed-K drafting; `--method ar` decodes with the target alone. Prints the text and one
-line of metrics. `--drafts K` (K > 1) decodes with SpecTr: K i.i.d. drafts per round verified as a tree
-with k-Seq selection (default: the bundle's `decoding.drafts`, else 1). The same pieces are the function
-API: `load_pair` + `generate_text`.
+`--k` forces fixed-K drafting; `--method ar` decodes with the target alone. `--drafts K` (K > 1) decodes
+with SpecTr: K i.i.d. drafts per round verified as a tree with k-Seq selection (default: the bundle's
+`decoding.drafts`, else 1). `--cascade RULE --alpha A` runs a speculative cascade or a sequential
+baseline instead (decoding/cascades.py; block size --k, 5 by default; needs --temperature > 0); a bundle
+whose decoding defaults name a cascade runs it when sampling (not under greedy decoding) unless
+`--cascade none`. Prints the text and one line of metrics. The same pieces are the function API:
+`load_pair` + `generate_text`.
 """
 from __future__ import annotations
 
@@ -71,12 +74,15 @@ def load_pair(bundle: str | None = None, target: str | None = None, drafter: str
 
 def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = 64, sampling=SamplingConfig(0.0),
                   head=None, threshold: float | None = None, k: int | None = None, k_max: int = 20,
-                  method: str = "speculative", seed: int = 0, drafts: int = 1) -> tuple[str, dict]:
-    """Decode one prompt -> (text, metrics summary). drafts > 1: SpecTr with that many drafts per round."""
+                  method: str = "speculative", seed: int = 0, drafts: int = 1, cascade=None) -> tuple[str, dict]:
+    """Decode one prompt -> (text, metrics summary). drafts > 1: SpecTr with that many drafts per round;
+    cascade: a decoding.cascades.CascadeMethod."""
     check_drafts(drafts)
     ids = tok(prompt)["input_ids"]
     gen = torch.Generator().manual_seed(seed)
-    if method == "ar":
+    if cascade is not None and method != "ar":
+        res = cascade.generate(target, drafter, ids, max_new_tokens, sampling, k or 5, tok.eos_token_id, gen)
+    elif method == "ar":
         res = generate_autoregressive(target, ids, max_new_tokens, sampling, tok.eos_token_id, gen)
     elif method == "speculative":
         stopping = SpecDecPP(head, threshold, k_max) if head is not None and k is None else FixedK(k or 4)
@@ -114,10 +120,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--drafts", type=int, default=None,
                    help="K i.i.d. drafts per round, verified with SpecTr's k-Seq (default: the bundle's, else 1)")
+    p.add_argument("--cascade", default=None, help="cascade rule (chow diff opt token token_v1 token_v2 lossy bild "
+                   "token_chow seq_chow; 'none' ignores the bundle's); see decoding/cascades.py")
+    p.add_argument("--alpha", type=float, default=None, help="the cascade's lenience alpha")
+    p.add_argument("--beta", type=float, default=1.0, help="lossy speculative decoding's beta (>= 1 - alpha)")
+
+
+def cascade_from(args):
+    """--cascade/--alpha, else the bundle's default cascade, else None."""
+    from decoding.cascades import cascade_method
+
+    if args.cascade == "none":
+        return None
+    if args.cascade is not None:
+        if args.alpha is None:
+            raise InputError(f"--cascade {args.cascade} needs --alpha (the lenience; e.g. --alpha 0.3)")
+        return cascade_method(args.cascade, args.alpha, args.beta)
+    if args.alpha is not None:
+        raise InputError("--alpha is only read with --cascade RULE; add one (e.g. --cascade token)")
+    if args.bundle is not None:
+        from decoding.bundle import load_bundle
+
+        return load_bundle(args.bundle, verify=False).cascade_method()  # load_pair verifies the files next
+    return None
 
 
 def run(args) -> None:
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    cascade = cascade_from(args)  # bad cascade settings fail before any model is loaded
+    if cascade is not None and args.cascade is None and sampling.greedy:
+        print(f"note: the bundle's default cascade ({cascade.label}) needs temperature > 0; decoding without it")
+        cascade = None
+    if cascade is not None and args.method != "ar":
+        from decoding.cascades import check_sampling
+
+        check_sampling(sampling)
     tok, tgt, dft, head, hcfg = load_pair(args.bundle, args.target, args.drafter, args.head, args.device, args.dtype,
                                          args.device_map, args.drafter_device, sampling)
     if head is not None and hcfg is not None:
@@ -130,7 +167,7 @@ def run(args) -> None:
         drafts = int(_bundle_decoding(args.bundle).get("drafts", 1)) if args.bundle else 1
     threshold = args.threshold if args.threshold is not None else (hcfg or {}).get("threshold", 0.7)
     text, metrics = generate_text(tok, tgt, dft, args.prompt, args.max_new_tokens, sampling, head, threshold, args.k,
-                                  (hcfg or {}).get("k_max", 20) or 20, args.method, args.seed, drafts)
+                                  (hcfg or {}).get("k_max", 20) or 20, args.method, args.seed, drafts, cascade)
     print(text)
     keys = ("N", "N_target", "N_draft", "N_discarded", "MAT", "discard_rate", "verification_rate", "tokens_per_s")
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items() if k in keys}))

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from decoding.bundle import (BUNDLE_JSON, check_safe_weights, content_hash, file_sha256, load_bundle,
                              subdir_files, summarize, write_bundle_json)
+from decoding.cascades import method_from_spec
 from decoding.compat import check_k, tokenizer_fingerprint
 from decoding.datastore import build_datastore
 from decoding.errors import InputError
@@ -85,6 +86,7 @@ def decoding_defaults(ctx: Context) -> dict:
     check_k(d.get("drafts", 1), "export.decoding.drafts")
     if d["selector"] not in SELECTORS:
         raise InputError(f"export.decoding.selector {d['selector']!r} is not one of {', '.join(SELECTORS)}")
+    method_from_spec(d.get("cascade"), "export.decoding.cascade")  # fail at export, not when first served
     return d
 
 

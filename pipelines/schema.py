@@ -252,6 +252,7 @@ class DecodingDefaults:
     selector: str = "ucb"  # multi-drafter bandit (decoding/selectors.py)
     max_new_tokens: int = 64
     drafts: int = 1  # i.i.d. drafts per round; > 1 decodes with SpecTr (decoding/multi_draft.py)
+    cascade: Optional[dict[str, Any]] = None  # {rule, alpha[, beta]}: serve a speculative cascade (decoding/cascades.py)
 
 
 @dataclass

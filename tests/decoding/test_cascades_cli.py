@@ -1,0 +1,69 @@
+"""`specdraft generate --cascade RULE --alpha A` and a bundle's default cascade."""
+import json
+from types import SimpleNamespace
+
+import pytest
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from data.tokenizer import train_bpe
+from decoding.bundle import Bundle
+from decoding.cascades import cascade_method
+from decoding.errors import InputError
+from decoding.generate import generate_text, load_pair
+from decoding.sampling import SamplingConfig
+from pipelines.cli import main
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    tok = train_bpe(["the quick brown fox jumps over the lazy dog"] * 50 + ["hello world"] * 20, vocab_size=300)
+    for name, layers in (("target", 2), ("drafter", 1)):
+        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        LlamaForCausalLM(cfg).save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return root
+
+
+def args(pair, *extra):
+    return ["generate", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"), "--prompt", "the quick",
+            "--max-new-tokens", "8", *extra]
+
+
+@pytest.mark.parametrize("rule", ["token", "seq_chow"])
+def test_generate_runs_a_cascade(pair, capsys, rule):
+    assert main(args(pair, "--cascade", rule, "--alpha", "0.3", "--temperature", "1")) == 0
+    text, metrics = capsys.readouterr().out.strip().rsplit("\n", 1)
+    m = json.loads(metrics)
+    assert 1 <= m["N"] <= 8 and m["N_draft"] >= 1
+
+
+def test_neutral_lossy_cascade_is_plain_speculative_sampling(pair):
+    tok, tgt, dft, _, _ = load_pair(target=str(pair / "target"), drafter=str(pair / "drafter"))
+    t1 = SamplingConfig(temperature=1.0)
+    plain, m1 = generate_text(tok, tgt, dft, "the quick", 16, t1, k=5, seed=3)
+    lossless, m2 = generate_text(tok, tgt, dft, "the quick", 16, t1, k=5, seed=3, cascade=cascade_method("lossy", 0.0))
+    assert plain == lossless and m1["N_target"] == m2["N_target"]
+
+
+@pytest.mark.parametrize("extra,why", [
+    (["--cascade", "opt"], "needs --alpha"),
+    (["--cascade", "opt", "--alpha", "0.2"], "temperature > 0"),
+    (["--cascade", "best", "--alpha", "0.2", "--temperature", "1"], "unknown cascade rule"),
+    (["--alpha", "0.2"], "only read with --cascade"),
+    (["--cascade", "lossy", "--alpha", "0.5", "--beta", "0.1", "--temperature", "1"], "beta >= 1 - alpha"),
+])
+def test_bad_cascade_settings_exit_2_with_one_line(pair, capsys, extra, why):
+    assert main(args(pair, *extra)) == 2
+    err = capsys.readouterr().err.strip()
+    assert why in err and "\n" not in err
+
+
+def test_bundle_decoding_defaults_can_name_a_cascade():
+    assert Bundle.cascade_method(SimpleNamespace(decoding={"temperature": 1.0})) is None
+    method = Bundle.cascade_method(SimpleNamespace(decoding={"cascade": {"rule": "opt", "alpha": 0.4}}))
+    assert method == cascade_method("opt", 0.4)
+    with pytest.raises(InputError, match="decoding.cascade must be"):
+        Bundle.cascade_method(SimpleNamespace(decoding={"cascade": {"rule": "opt"}}))
