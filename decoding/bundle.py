@@ -181,12 +181,6 @@ class Bundle:
             out["drafter"] = "the bundle has no drafters"
         return out
 
-    def cascade_method(self):
-        """The decoding defaults' cascade (decoding.cascades.CascadeMethod), or None when they name none."""
-        from decoding.cascades import method_from_spec
-
-        return method_from_spec(self.decoding.get("cascade"), "the bundle's decoding.cascade")
-
     def drafter(self, name: str) -> DrafterEntry:
         if name not in self.drafters:
             raise InputError(f"the bundle has no drafter '{name}'; it has {', '.join(self.drafters) or 'none'}")

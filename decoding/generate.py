@@ -138,10 +138,10 @@ def cascade_from(args):
         return cascade_method(args.cascade, args.alpha, args.beta)
     if args.alpha is not None:
         raise InputError("--alpha is only read with --cascade RULE; add one (e.g. --cascade token)")
-    if args.bundle is not None:
-        from decoding.bundle import load_bundle
+    if args.bundle is not None:  # load_pair verifies the bundle's files next
+        from decoding.cascades import method_from_spec
 
-        return load_bundle(args.bundle, verify=False).cascade_method()  # load_pair verifies the files next
+        return method_from_spec(_bundle_decoding(args.bundle).get("cascade"), "the bundle's decoding.cascade")
     return None
 
 
@@ -167,7 +167,8 @@ def run(args) -> None:
         drafts = int(_bundle_decoding(args.bundle).get("drafts", 1)) if args.bundle else 1
     threshold = args.threshold if args.threshold is not None else (hcfg or {}).get("threshold", 0.7)
     text, metrics = generate_text(tok, tgt, dft, args.prompt, args.max_new_tokens, sampling, head, threshold, args.k,
-                                  (hcfg or {}).get("k_max", 20) or 20, args.method, args.seed, drafts, cascade)
+                                  (hcfg or {}).get("k_max", 20) or 20, args.method, args.seed, drafts=drafts,
+                                  cascade=cascade)
     print(text)
     keys = ("N", "N_target", "N_draft", "N_discarded", "MAT", "discard_rate", "verification_rate", "tokens_per_s")
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items() if k in keys}))

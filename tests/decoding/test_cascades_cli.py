@@ -1,12 +1,10 @@
 """`specdraft generate --cascade RULE --alpha A` and a bundle's default cascade."""
 import json
-from types import SimpleNamespace
 
 import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from data.tokenizer import train_bpe
-from decoding.bundle import Bundle
 from decoding.cascades import cascade_method
 from decoding.errors import InputError
 from decoding.generate import generate_text, load_pair
@@ -62,8 +60,10 @@ def test_bad_cascade_settings_exit_2_with_one_line(pair, capsys, extra, why):
 
 
 def test_bundle_decoding_defaults_can_name_a_cascade():
-    assert Bundle.cascade_method(SimpleNamespace(decoding={"temperature": 1.0})) is None
-    method = Bundle.cascade_method(SimpleNamespace(decoding={"cascade": {"rule": "opt", "alpha": 0.4}}))
-    assert method == cascade_method("opt", 0.4)
+    """`generate` reads the bundle's decoding.cascade through method_from_spec (absent: none)."""
+    from decoding.cascades import method_from_spec
+
+    assert method_from_spec({"temperature": 1.0}.get("cascade"), "the bundle's decoding.cascade") is None
+    assert method_from_spec({"rule": "opt", "alpha": 0.4}, "the bundle's decoding.cascade") == cascade_method("opt", 0.4)
     with pytest.raises(InputError, match="decoding.cascade must be"):
-        Bundle.cascade_method(SimpleNamespace(decoding={"cascade": {"rule": "opt"}}))
+        method_from_spec({"rule": "opt"}, "the bundle's decoding.cascade")

@@ -113,8 +113,12 @@ def test_pickle_weights_and_changed_inputs_are_refused(run_root):
     shutil.rmtree(run_root / "router")
     weights = run_root / "drafters" / "ofa" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
-    with pytest.raises(InputError, match="changed since stage 'train-drafters' finished"):
+    # caught before any work by the input verification every stage runs...
+    with pytest.raises(InputError, match="does not match its hash .*rerun stage 'train-drafters'"):
         run_stage(_config(run_root), "export")
+    # ...and, with that turned off, by export's own check of what it copies into the bundle
+    with pytest.raises(InputError, match="changed since stage 'train-drafters' finished"):
+        run_stage(_config(run_root, run={"root": str(run_root), "verify_inputs": "off"}), "export")
     assert not (run_root / "bundle").exists()
 
 
