@@ -9,7 +9,7 @@ For a stage S on a run root whose inputs are finished:
 The kill during the final rename is exact rather than timed: a driver makes the process SIGKILL
 itself right after `commit` moved the old directory aside, before the new one is in place.
 
-The default suite runs this for distill-data; `-m slow` runs every stage.
+Each stage's schedule takes one to a few minutes of subprocesses, so they run with `make test-slow`.
 """
 import os
 import random
@@ -142,6 +142,7 @@ def check_stage_survives_faults(base: Path, tmp_path: Path, stage: str, n_kills:
     _assert_clean(root, stage, reference)
 
 
+@pytest.mark.slow  # about 100 s of subprocesses: `make test-slow`
 def test_distill_data_survives_kill_9_sigterm_and_a_kill_during_the_final_rename(_tiny_run_template, tmp_path):
     check_stage_survives_faults(_tiny_run_template, tmp_path, "distill-data", n_kills=1)
 
