@@ -115,3 +115,40 @@ def test_distill_array_shards_cover_every_chunk_once(slurm, job_env, prepared, t
     ref_manifest = json.loads((ref / "distill_data" / "manifest.json").read_text())
     assert manifest["content_hash"] == ref_manifest["content_hash"]  # byte-identical dataset files
     assert manifest["files"] == ref_manifest["files"]
+
+
+def _per_device(batch_size: int, **train) -> list[str]:
+    """Overrides of both train-drafters phases (general, finetune)."""
+    return [f"train_drafters.{phase}.train.{k}={v}" for phase in ("general", "finetune")
+            for k, v in {"batch_size": batch_size, "accelerator": "cpu", **train}.items()]
+
+
+def test_two_task_ddp_equals_single_process(slurm, job_env, distilled, tmp_path):
+    """One job, 2 tasks (srun; Lightning's SLURMEnvironment gives the ranks; DDP over gloo on CPU).
+
+    The documented single-process equivalent of W tasks with batch_size=1 each is one process with
+    batch_size=1 and accumulate_grad_batches=W: rank r trains on example r of each group of W of the
+    seeded epoch order (drafters.data.ResumableBatchSampler), DDP averages the W gradients, and
+    accumulation adds the W gradients of the loss divided by W. Halving is exact in floating point and
+    the sum of two numbers does not depend on their order, so for W=2 the drafters are bit-identical.
+    """
+    root, cfg_file = _copy(distilled, tmp_path, "ddp")
+    job = _submit(slurm, job_env, root.parent, "--ntasks-per-node=2", str(SLURM / "stage.sbatch"), "train-drafters",
+                  str(cfg_file), *_per_device(1, strategy="ddp", devices=2))
+    states = slurm.wait([job], timeout=300)
+    log = _log(root.parent, f"slurm-specdraft-{job}.out")
+    _completed(states)
+    assert "rank 0 of 2" in log and "rank 1 of 2" in log, log[-3000:]
+    assert "rank 1/2: training from step 0" in log  # DDP world of 2 (SlurmRequeue's start line)
+    assert "rank 1 finished training; rank 0 writes the stage output" in log
+
+    ref, ref_cfg = _copy(distilled, tmp_path, "single")
+    _run_in_process(ref_cfg, ("train-drafters",), *_per_device(1, accumulate_grad_batches=2))
+    got, want = _weights(root, "drafters"), _weights(ref, "drafters")
+    assert sorted(got) == ["base/model.safetensors", "math/model.safetensors", "ofa/model.safetensors",
+                           "translate/model.safetensors"]
+    assert got == want
+    steps = {n: json.loads((root / "drafters" / n / "drafter.json").read_text())["finetune"]["steps"]
+             for n in ("math", "ofa")}
+    assert steps == {n: json.loads((ref / "drafters" / n / "drafter.json").read_text())["finetune"]["steps"]
+                     for n in ("math", "ofa")}
