@@ -63,7 +63,9 @@ def drafter_specs(cfg, train_domains: list[str]) -> list[tuple[str, list[str]]]:
 
 
 def _train(model, examples: list[dict], phase, pad_id: int, seed: int, work: Path, teacher=None):
-    """Fit `model` in place; -> (trainer, stats). Every rank of a multi-process job runs every fit."""
+    """Fit `model` in place; -> (trainer, stats, timing). Every rank of a multi-process job runs every fit.
+    stats go into drafter.json and so into every hash downstream (heads, bundle): only what the same
+    config reproduces; timing (wall clock) goes into the stage metrics only."""
     module = CausalLMModule(model, loss=phase.loss, lr=phase.lr, warmup_ratio=phase.warmup_ratio,
                             weight_decay=phase.weight_decay, optimizer=phase.optimizer,
                             teacher=teacher if phase.loss != "ce" else None, teacher_topk=phase.teacher_topk,
@@ -78,10 +80,11 @@ def _train(model, examples: list[dict], phase, pad_id: int, seed: int, work: Pat
     avg_tokens = sum(len(e["input_ids"]) if "input_ids" in e else len(e["prompt_ids"]) + len(e["response_ids"])
                      for e in examples) / len(examples)
     loss = trainer.callback_metrics.get("train/loss")
-    return trainer, {"steps": trainer.global_step, "seconds": round(seconds, 1), "examples": len(examples),
-                     "final_loss": round(float(loss), 4) if loss is not None else None,
-                     "tokens_per_s": round(trainer.global_step * phase.train.batch_size * avg_tokens
-                                           / max(seconds, 1e-9))}
+    stats = {"steps": trainer.global_step, "examples": len(examples),
+             "final_loss": round(float(loss), 4) if loss is not None else None}
+    timing = {"seconds": round(seconds, 1),
+              "tokens_per_s": round(trainer.global_step * phase.train.batch_size * avg_tokens / max(seconds, 1e-9))}
+    return trainer, stats, timing
 
 
 def reference_rows(ctx: Context, tok, distill_rows: list[dict]) -> list[dict]:
@@ -146,6 +149,8 @@ def build(ctx: Context) -> dict:
     vocab = len(tok)
     device = tcfg.device if tcfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
 
+    timings: dict[str, dict] = {}  # wall clock of the fits run by this process (not of resumed-over ones)
+
     # phase 1: the general base drafter
     base_dir = ctx.work / BASE / "model"
     if not base_dir.is_dir():
@@ -167,7 +172,8 @@ def build(ctx: Context) -> dict:
             perm = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
             blocks = [{"input_ids": b} for b in pack([docs[i] for i in perm], tcfg.general.max_length)]
             print(f"[train-drafters] general phase: {len(blocks)} blocks of {tcfg.general.max_length} tokens")
-            trainer, info["general"] = _train(model, blocks, tcfg.general, tok.pad_token_id, seed, ctx.work / BASE)
+            trainer, info["general"], timings[BASE] = _train(model, blocks, tcfg.general, tok.pad_token_id, seed,
+                                                             ctx.work / BASE)
             on_rank_zero(trainer, lambda: _export(model, tok, base_dir, info))
         elif global_rank() == 0:
             _export(model, tok, base_dir, info)
@@ -195,7 +201,7 @@ def build(ctx: Context) -> dict:
                 phase.train, max_steps=specialist_steps(specs, train_rows, phase.train)))
         print(f"[train-drafters] {name}: finetuning on {len(rows)} self-distilled responses ({', '.join(domains)})"
               + (f" for {phase.train.max_steps} steps (as many as a specialist)" if phase is not tcfg.finetune else ""))
-        trainer, stats = _train(model, examples, phase, tok.pad_token_id, seed, ctx.work / name, teacher)
+        trainer, stats, timings[name] = _train(model, examples, phase, tok.pad_token_id, seed, ctx.work / name, teacher)
         info = {"name": name, "domains": domains, "parameters": num_parameters(model), "phase": "finetune",
                 "data_hash": _data_hash(rows), "finetune": stats, "loss": tcfg.finetune.loss}
         on_rank_zero(trainer, lambda: _export(model, tok, done, info))
@@ -223,7 +229,8 @@ def build(ctx: Context) -> dict:
     infos = {n: json.loads((ctx.out / n / "drafter.json").read_text()) for n in names}
     return {"drafters": {n: {"domains": i["domains"], "parameters": i["parameters"]} for n, i in infos.items()},
             "alignment": table,
-            "training": {n: i.get("finetune") or i.get("general") for n, i in infos.items()}}
+            "training": {n: {**(i.get("finetune") or i.get("general") or {}), **timings.get(n, {})}
+                         for n, i in infos.items()}}
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/builtin
+SchedulerParameters=kill_invalid_depend
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
@@ -74,8 +75,14 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
 class Cluster:
     """Start with start(); env() is what a client command needs (SLURM_CONF); stop() ends our daemons."""
 
-    def __init__(self, root: Path, nodes: list[tuple[str, str]] | None = None, cpus: int = 2):
+    def __init__(self, root: Path, nodes: list[tuple[str, str]] | None = None, cpus: int = 2,
+                 ctld_addr: str = "127.0.0.1", netns: dict[str, str] | None = None, ctld_netns: str | None = None):
+        """nodes: (NodeName, NodeAddr) pairs; netns: NodeName -> network namespace its slurmd runs in;
+        ctld_netns: the namespace of slurmctld and of every client command (sbatch, squeue, ...)."""
         self.root = Path(root)
+        self.ctld_addr = ctld_addr
+        self.netns = netns or {}
+        self.client_prefix = ["nsenter", f"--net=/run/netns/{ctld_netns}"] if ctld_netns else []
         self.host = socket.gethostname()
         self.nodes = nodes or [(self.host, "127.0.0.1")]  # (NodeName, NodeAddr)
         self.cpus = cpus
@@ -92,12 +99,9 @@ class Cluster:
         os.chmod(self.root / "munge", 0o700)
         nodes = "\n".join(f"NodeName={name} NodeAddr={addr} NodeHostname={name} CPUs={self.cpus} State=UNKNOWN"
                           for name, addr in self.nodes)
-        ctld_addr = "127.0.0.1" if len(self.nodes) == 1 else self.ctld_addr
-        self.conf.write_text(SLURM_CONF.format(host=self.host, addr=ctld_addr, ctld_port=_free_port(),
+        self.conf.write_text(SLURM_CONF.format(host=self.host, addr=self.ctld_addr, ctld_port=_free_port(),
                                                slurmd_port=_free_port(), munge_socket=self.munge_socket,
                                                dir=self.root, nodes=nodes))
-
-    ctld_addr = "127.0.0.1"
 
     def _spawn(self, name: str, argv: list[str], prefix: list[str] | None = None) -> None:
         log = open(self.root / "log" / f"{name}.stdout", "w")
@@ -113,17 +117,16 @@ class Cluster:
                                f"--seed-file={self.root}/munge/munged.seed", f"--log-file={self.root}/log/munged.log"])
         self._wait(lambda: self.munge_socket.exists(), "munged socket", 20)
 
-    def start(self, slurmd_prefix: dict[str, list[str]] | None = None) -> "Cluster":
-        """slurmd_prefix: per node name, a command prefix (e.g. `ip netns exec ns1`) to start its slurmd in."""
+    def start(self) -> "Cluster":
         self._write_config()
         try:
             self.start_munge()
-            self._spawn("slurmctld", [_which("slurmctld"), "-D", "-i", "-f", str(self.conf)])
+            self._spawn("slurmctld", [_which("slurmctld"), "-D", "-i", "-f", str(self.conf)], self.client_prefix)
             self._wait(self._ctld_up, "slurmctld", 30)
             for name, _ in self.nodes:
                 (self.root / "spool" / name).mkdir(parents=True, exist_ok=True)
                 self._spawn(f"slurmd-{name}", [_which("slurmd"), "-D", "-f", str(self.conf), "-N", name],
-                            (slurmd_prefix or {}).get(name))
+                            ["nsenter", f"--net=/run/netns/{self.netns[name]}"] if name in self.netns else None)
             self._wait(self._nodes_idle, "slurmd node(s) idle", 60)
         except BaseException:
             self.stop()
@@ -131,10 +134,10 @@ class Cluster:
         return self
 
     def _ctld_up(self) -> bool:
-        return subprocess.run(["scontrol", "ping"], env=self.env(), capture_output=True, text=True).stdout.count("UP") > 0
+        return self.run("scontrol", "ping", check=False).count("UP") > 0
 
     def _nodes_idle(self) -> bool:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env(), capture_output=True, text=True).stdout
+        out = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False)
         states = dict(line.split() for line in out.splitlines() if line.strip())
         return len(states) == len(self.nodes) and all(s == "idle" for s in states.values())
 
@@ -170,7 +173,8 @@ class Cluster:
 
     # ---- client helpers -------------------------------------------------------------------------
     def run(self, *argv: str, cwd=None, check: bool = True, env: dict | None = None) -> str:
-        proc = subprocess.run(list(argv), env={**self.env(), **(env or {})}, cwd=cwd, capture_output=True, text=True)
+        proc = subprocess.run([*self.client_prefix, *argv], env={**self.env(), **(env or {})}, cwd=cwd,
+                              capture_output=True, text=True)
         if check and proc.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stdout}{proc.stderr}")
         return proc.stdout
@@ -184,7 +188,8 @@ class Cluster:
         """Block until every job (array jobs: every task) has left the queue; -> job id -> final state."""
         t0 = time.time()
         while time.time() - t0 < timeout:
-            proc = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T"], env=self.env(), capture_output=True, text=True)
+            proc = subprocess.run([*self.client_prefix, "squeue", "-h", "-r", "-o", "%i %T"], env=self.env(),
+                                  capture_output=True, text=True)
             queued = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
             if proc.returncode == 0 and not any(q == j or q.startswith(f"{j}_") for j in job_ids for q in queued):
                 states = {j: self.job_state(j) for j in job_ids}
@@ -194,6 +199,39 @@ class Cluster:
             time.sleep(1)
         raise TimeoutError(f"jobs {job_ids} still queued after {timeout}s:\n"
                            f"{self.run('squeue', check=False)}\n{self.logs()}")
+
+
+class TwoHostNetwork:
+    """Two network namespaces joined by one veth pair, each end named `sd0` and given an address; nothing is
+    configured outside the namespaces this creates (they, and with them the veth pair, are deleted on stop)."""
+
+    def __init__(self, tag: str, subnet: str = "10.213.7"):
+        self.names = (f"sd-{tag}-a", f"sd-{tag}-b")
+        self.addrs = (f"{subnet}.1", f"{subnet}.2")
+        self.ifname = "sd0"
+
+    def _ip(self, *argv: str) -> None:
+        subprocess.run(["ip", *argv], check=True, capture_output=True, text=True)
+
+    def start(self) -> "TwoHostNetwork":
+        a, b = self.names
+        try:
+            for ns in self.names:
+                self._ip("netns", "add", ns)
+            self._ip("link", "add", "sdtmp-a", "netns", a, "type", "veth", "peer", "name", "sdtmp-b", "netns", b)
+            for ns, end, addr in ((a, "sdtmp-a", self.addrs[0]), (b, "sdtmp-b", self.addrs[1])):
+                self._ip("-n", ns, "link", "set", end, "name", self.ifname)
+                self._ip("-n", ns, "addr", "add", f"{addr}/24", "dev", self.ifname)
+                self._ip("-n", ns, "link", "set", self.ifname, "up")
+                self._ip("-n", ns, "link", "set", "lo", "up")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for ns in self.names:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def main() -> None:

@@ -6,9 +6,11 @@ batch_size=B each, ranks taking contiguous... see that test's docstring.
 """
 import hashlib
 import json
+import os
 import re
 import shutil
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -79,11 +81,14 @@ def distilled(prepared, tmp_path_factory):
     return root
 
 
-def _copy(template: Path, tmp_path: Path, name: str) -> tuple[Path, Path]:
-    """(run root, its config file): a copy of a finished template run."""
+def _copy(template: Path | None, tmp_path: Path, name: str, **sections) -> tuple[Path, Path]:
+    """(run root, its config file): a copy of a finished template run (or an empty root)."""
     root = tmp_path / name / "run"
-    shutil.copytree(template, root)
-    return root, write_config(root.parent / "cfg.yaml", root)
+    if template is not None:
+        shutil.copytree(template, root)
+    else:
+        root.parent.mkdir(parents=True)
+    return root, write_config(root.parent / "cfg.yaml", root, **sections)
 
 
 def _submit(slurm, job_env, cwd: Path, *argv: str) -> str:
@@ -123,7 +128,15 @@ def _per_device(batch_size: int, **train) -> list[str]:
             for k, v in {"batch_size": batch_size, "accelerator": "cpu", **train}.items()]
 
 
-def test_two_task_ddp_equals_single_process(slurm, job_env, distilled, tmp_path):
+@pytest.fixture(scope="session")
+def accumulated(distilled, tmp_path_factory):
+    """train-drafters in one process, batch_size=1 and accumulate_grad_batches=2: what 2 DDP tasks equal."""
+    ref, ref_cfg = _copy(distilled, tmp_path_factory.mktemp("accumulated"), "single")
+    _run_in_process(ref_cfg, ("train-drafters",), *_per_device(1, accumulate_grad_batches=2))
+    return ref
+
+
+def test_two_task_ddp_equals_single_process(slurm, job_env, distilled, accumulated, tmp_path):
     """One job, 2 tasks (srun; Lightning's SLURMEnvironment gives the ranks; DDP over gloo on CPU).
 
     The documented single-process equivalent of W tasks with batch_size=1 each is one process with
@@ -142,8 +155,7 @@ def test_two_task_ddp_equals_single_process(slurm, job_env, distilled, tmp_path)
     assert "rank 1/2: training from step 0" in log  # DDP world of 2 (SlurmRequeue's start line)
     assert "rank 1 finished training; rank 0 writes the stage output" in log
 
-    ref, ref_cfg = _copy(distilled, tmp_path, "single")
-    _run_in_process(ref_cfg, ("train-drafters",), *_per_device(1, accumulate_grad_batches=2))
+    ref = accumulated
     got, want = _weights(root, "drafters"), _weights(ref, "drafters")
     assert sorted(got) == ["base/model.safetensors", "math/model.safetensors", "ofa/model.safetensors",
                            "translate/model.safetensors"]
@@ -152,3 +164,116 @@ def test_two_task_ddp_equals_single_process(slurm, job_env, distilled, tmp_path)
              for n in ("math", "ofa")}
     assert steps == {n: json.loads((ref / "drafters" / n / "drafter.json").read_text())["finetune"]["steps"]
                      for n in ("math", "ofa")}
+
+
+def test_requeue_signal_mid_training_resumes_to_the_uninterrupted_result(slurm, job_env, distilled, tmp_path):
+    """The requeue signal the template sets (--signal=SIGUSR1@90), sent now with `scancel --signal=USR1`
+    while train-drafters is mid-run: last.ckpt at the next step boundary, `scontrol requeue`, the job
+    runs again, resumes from that checkpoint, and the drafters equal an uninterrupted run's."""
+    long = [f"train_drafters.finetune.train.{k}={v}" for k, v in
+            {"max_steps": 40, "checkpoint_every_n_steps": 2, "accelerator": "cpu"}.items()]
+    root, cfg_file = _copy(distilled, tmp_path, "requeued")
+    job = _submit(slurm, job_env, root.parent, str(SLURM / "stage.sbatch"), "train-drafters", str(cfg_file), *long)
+    t0 = time.time()
+    while not list((root / ".work").glob("drafters-*/math/train/checkpoints/last.ckpt")):
+        assert slurm.job_state(job).get("JobState") in ("PENDING", "RUNNING"), _log(root.parent, "slurm-*.out")
+        assert time.time() - t0 < 240, "train-drafters never checkpointed its first finetuned drafter"
+        time.sleep(0.1)
+    slurm.run("scancel", "--signal=USR1", job)
+    states = slurm.wait([job], timeout=300)
+    log = _log(root.parent, f"slurm-specdraft-{job}.out")
+    _completed(states)
+    assert states[job]["Restarts"] == "1", log[-3000:]
+    stop = re.search(r"requeue signal: checkpoint at step (\d+)", log)
+    assert stop, log[-3000:]
+    assert "restart 1 (requeued)" in log and "resuming from" in log
+    resumed = re.findall(r"training from step (\d+) \(resumed from (\S+)\)", log)
+    assert (stop.group(1), ) in [(s,) for s, _ in resumed], log[-3000:]  # the drafter it stopped resumes there
+    assert 0 < int(stop.group(1)) < 40
+
+    ref, ref_cfg = _copy(distilled, tmp_path, "uninterrupted")
+    _run_in_process(ref_cfg, ("train-drafters",), *long)
+    assert _weights(root, "drafters") == _weights(ref, "drafters")
+
+
+# the whole pipeline, smaller still where the stage tests' tiny config leaves minutes of work
+CHAIN = {"train_router": {"train": {"max_epochs": 1, "batch_size": 32, "wandb": {"mode": "disabled"}}},
+         "evaluate": {"prompts_per_domain": 1, "sampling_prompts": 0, "bandits": ["ucb-bd"], "stream_bandits": []}}
+COUNTS = ("N", "N_target", "N_draft", "N_discarded", "MAT")
+
+
+def _report_counts(root: Path) -> dict:
+    """The report's exact numbers: token counts and MAT per row (its times and speedups are measured)."""
+    rows = json.loads((root / "report" / "metrics.json").read_text())["rows"]
+    key = ("set", "domain", "method", "mode", "drafter", "k")
+    return {tuple(str(r.get(k)) for k in key): tuple(r.get(c) for c in COUNTS) for r in rows}
+
+
+def test_chain_equals_specdraft_run(slurm, job_env, distilled, tmp_path):
+    """slurm/chain.sh submits every stage as dependent jobs (distill-data as a 2-task array + merge job);
+    its drafters, heads, bundle.json and report counts equal `specdraft run` on the same config."""
+    root, cfg_file = _copy(None, tmp_path, "chain", **CHAIN)
+    out = slurm.run(str(SLURM / "chain.sh"), str(cfg_file), "2", cwd=root.parent, env=job_env)
+    jobs = out.split()
+    assert len(jobs) == 10 and all(j.isdigit() for j in jobs), out
+    states = slurm.wait(jobs, timeout=900)
+    states.update({f"{jobs[2]}_{i}": slurm.job_state(f"{jobs[2]}_{i}") for i in range(2)})
+    del states[jobs[2]]
+    _completed(states)
+    # each job started after the one before it ended (the array: after its last task)
+    when = {j: (datetime.fromisoformat(s["StartTime"]), datetime.fromisoformat(s["EndTime"])) for j, s in states.items()}
+    spans = [when[j] if j in when else (min(when[f"{j}_{i}"][0] for i in range(2)), max(when[f"{j}_{i}"][1] for i in range(2)))
+             for j in jobs]
+    assert all(spans[i][0] >= spans[i - 1][1] for i in range(1, len(spans))), spans
+
+    from pipelines.cli import main
+
+    ref, ref_cfg = _copy(distilled, tmp_path, "ref", **CHAIN)  # its first three stages are cache hits
+    assert main(["run", str(ref_cfg)]) == 0
+    for stage_dir in ("drafters", "heads", "bundle"):
+        assert _weights(root, stage_dir) == _weights(ref, stage_dir), stage_dir
+        assert _weights(root, stage_dir)
+    assert _sha(root / "bundle" / "bundle.json") == _sha(ref / "bundle" / "bundle.json")
+    assert _report_counts(root) == _report_counts(ref)
+    logs = _log(root.parent, "slurm-*.out")
+    assert all(f"[{stage}] slurm job" in logs for stage in STAGE_NAMES), logs[-3000:]
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory):
+    """A second cluster: slurmctld + slurmd n1 in one network namespace, slurmd n2 in another, joined by
+    a veth pair (addresses only inside the two namespaces; clients run in the first one)."""
+    from slurm_cluster import Cluster, TwoHostNetwork, missing_binaries
+
+    if missing_binaries():
+        pytest.skip("Slurm is not installed; `make test-slurm` installs it")
+    if shutil.which("nsenter") is None or shutil.which("ip") is None:
+        pytest.skip("needs `ip` (iproute2) and `nsenter` (util-linux) for the two network namespaces")
+    net = TwoHostNetwork(str(os.getpid())).start()
+    try:
+        cluster = Cluster(tmp_path_factory.mktemp("slurm2"), nodes=[("n1", net.addrs[0]), ("n2", net.addrs[1])],
+                          ctld_addr=net.addrs[0], netns={"n1": net.names[0], "n2": net.names[1]},
+                          ctld_netns=net.names[0]).start()
+        try:
+            yield cluster, net
+        finally:
+            cluster.stop()
+    finally:
+        net.stop()
+
+
+def test_two_nodes_ddp_equals_single_process(two_hosts, job_env, distilled, accumulated, tmp_path):
+    """--nodes=2, one task per node, DDP across the two hosts (gloo over the veth pair): the same
+    drafters as one process with accumulate_grad_batches=2 (see test_two_task_ddp_equals_single_process).
+    MASTER_ADDR and GLOO_SOCKET_IFNAME name the first host's address and the interface, as on a cluster
+    whose node names do not resolve or whose nodes have several interfaces."""
+    cluster, net = two_hosts
+    env = {**job_env, "MASTER_ADDR": net.addrs[0], "GLOO_SOCKET_IFNAME": net.ifname}
+    root, cfg_file = _copy(distilled, tmp_path, "two_nodes")
+    job = _submit(cluster, env, root.parent, "--nodes=2", "--ntasks-per-node=1", str(SLURM / "stage.sbatch"),
+                  "train-drafters", str(cfg_file), *_per_device(1, strategy="ddp", devices=1, num_nodes=2))
+    states = cluster.wait([job], timeout=300)
+    log = _log(root.parent, f"slurm-specdraft-{job}.out")
+    _completed(states)
+    assert "rank 0 of 2, node n1" in log and "rank 1 of 2, node n2" in log, log[-3000:]
+    assert _weights(root, "drafters") == _weights(accumulated, "drafters")
