@@ -130,10 +130,11 @@ class RNGState(Callback):
 
 class SlurmRequeue(Callback):
     """Under Slurm: on the requeue signal, every rank stops at the same optimizer-step boundary, last.ckpt
-    is written there, rank 0 runs `scontrol requeue`, and the process exits (Slurm restarts the job)."""
+    is written there, rank 0 runs `scontrol requeue`, and the process exits (Slurm restarts the job).
+    The exit waits for the next batch start, so the interrupted step's metrics are logged first."""
 
     def __init__(self, signum: int = signal.SIGUSR1):
-        self.signum, self.requested, self._previous, self._step = signum, False, None, 0
+        self.signum, self.requested, self.pending, self._previous, self._step = signum, False, False, None, 0
 
     def _handler(self, signum, frame) -> None:
         self.requested = True  # acted on at the next step boundary: the handler may run mid-batch
@@ -147,28 +148,36 @@ class SlurmRequeue(Callback):
               + (f" (resumed from {trainer.ckpt_path})" if trainer.ckpt_path else ""), flush=True)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self._step:
+        if trainer.global_step == self._step or self.pending:
             return  # inside gradient accumulation: no consistent resume point yet
         self._step = trainer.global_step
-        stop = trainer.strategy.reduce_boolean_decision(self.requested, all=False)
-        if not stop:
+        if not trainer.strategy.reduce_boolean_decision(self.requested, all=False):
             return
         path = checkpoint_dir(trainer.default_root_dir) / "last.ckpt"
         trainer.save_checkpoint(path)
-        job = os.environ.get("SLURM_JOB_ID", "")
-        if "SLURM_ARRAY_JOB_ID" in os.environ:
-            job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-        print(f"[slurm] requeue signal: checkpoint at step {trainer.global_step} -> {path}; requeueing job {job}",
-              flush=True)
-        trainer.strategy.barrier()
-        if trainer.is_global_zero:
-            subprocess.run(["scontrol", "requeue", job], check=False)
-        raise SystemExit(0)  # nothing is committed; the requeued job resumes from last.ckpt
+        self.pending = True
+        print(f"[slurm] requeue signal: checkpoint at step {trainer.global_step} -> {path}", flush=True)
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        if self.pending:
+            self._requeue_and_exit(trainer)
 
     def on_train_end(self, trainer, module) -> None:
         if self._previous is not None:
             signal.signal(self.signum, self._previous)
             self._previous = None
+        if self.pending:  # the signal came during the last step
+            self._requeue_and_exit(trainer)
+
+    def _requeue_and_exit(self, trainer) -> None:
+        job = os.environ.get("SLURM_JOB_ID", "")
+        if "SLURM_ARRAY_JOB_ID" in os.environ:
+            job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+        trainer.strategy.barrier()
+        if trainer.is_global_zero:
+            print(f"[slurm] requeueing job {job}", flush=True)
+            subprocess.run(["scontrol", "requeue", job], check=False)
+        raise SystemExit(0)  # nothing is committed; the requeued job resumes from last.ckpt
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
