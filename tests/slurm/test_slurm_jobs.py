@@ -166,34 +166,47 @@ def test_two_task_ddp_equals_single_process(slurm, job_env, distilled, accumulat
                      for n in ("math", "ofa")}
 
 
-def test_requeue_signal_mid_training_resumes_to_the_uninterrupted_result(slurm, job_env, distilled, tmp_path):
-    """The requeue signal the template sets (--signal=SIGUSR1@90), sent now with `scancel --signal=USR1`
-    while train-drafters is mid-run: last.ckpt at the next step boundary, `scontrol requeue`, the job
-    runs again, resumes from that checkpoint, and the drafters equal an uninterrupted run's."""
-    long = [f"train_drafters.finetune.train.{k}={v}" for k, v in
-            {"max_steps": 40, "checkpoint_every_n_steps": 2, "accelerator": "cpu"}.items()]
+LONG = [f"train_drafters.finetune.train.{k}={v}" for k, v in
+        {"max_steps": 40, "checkpoint_every_n_steps": 2, "accelerator": "cpu"}.items()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(distilled, tmp_path_factory):
+    ref, ref_cfg = _copy(distilled, tmp_path_factory.mktemp("uninterrupted"), "run")
+    _run_in_process(ref_cfg, ("train-drafters",), *LONG)
+    return ref
+
+
+@pytest.mark.parametrize("how", ["signal", "scontrol"])
+def test_requeue_mid_training_resumes_to_the_uninterrupted_result(slurm, job_env, distilled, uninterrupted, tmp_path,
+                                                                  how):
+    """train-drafters is interrupted while its first finetuned drafter trains, either by the requeue signal
+    the template sets (--signal=SIGUSR1@90; sent now with `scancel --signal=USR1`): last.ckpt at the next
+    step boundary, then the job requeues itself; or by `scontrol requeue` (SIGTERM, then SIGKILL after
+    KillWait): the job restarts from the periodic last.ckpt. Either way the requeued job resumes from
+    the checkpoint and the drafters equal an uninterrupted run's."""
     root, cfg_file = _copy(distilled, tmp_path, "requeued")
-    job = _submit(slurm, job_env, root.parent, str(SLURM / "stage.sbatch"), "train-drafters", str(cfg_file), *long)
+    job = _submit(slurm, job_env, root.parent, str(SLURM / "stage.sbatch"), "train-drafters", str(cfg_file), *LONG)
     t0 = time.time()
     while not list((root / ".work").glob("drafters-*/math/train/checkpoints/last.ckpt")):
         assert slurm.job_state(job).get("JobState") in ("PENDING", "RUNNING"), _log(root.parent, "slurm-*.out")
         assert time.time() - t0 < 240, "train-drafters never checkpointed its first finetuned drafter"
         time.sleep(0.1)
-    slurm.run("scancel", "--signal=USR1", job)
+    if how == "signal":
+        slurm.run("scancel", "--signal=USR1", job)
+    else:
+        slurm.run("scontrol", "requeue", job)
     states = slurm.wait([job], timeout=300)
     log = _log(root.parent, f"slurm-specdraft-{job}.out")
     _completed(states)
     assert states[job]["Restarts"] == "1", log[-3000:]
-    stop = re.search(r"requeue signal: checkpoint at step (\d+)", log)
-    assert stop, log[-3000:]
     assert "restart 1 (requeued)" in log and "resuming from" in log
-    resumed = re.findall(r"training from step (\d+) \(resumed from (\S+)\)", log)
-    assert (stop.group(1), ) in [(s,) for s, _ in resumed], log[-3000:]  # the drafter it stopped resumes there
-    assert 0 < int(stop.group(1)) < 40
-
-    ref, ref_cfg = _copy(distilled, tmp_path, "uninterrupted")
-    _run_in_process(ref_cfg, ("train-drafters",), *long)
-    assert _weights(root, "drafters") == _weights(ref, "drafters")
+    resumed = [int(s) for s in re.findall(r"training from step (\d+) \(resumed from", log)]
+    assert resumed and all(0 < s < 40 for s in resumed), log[-3000:]
+    if how == "signal":
+        stop = re.search(r"requeue signal: checkpoint at step (\d+)", log)
+        assert stop and int(stop.group(1)) in resumed, log[-3000:]  # resumed exactly where it stopped
+    assert _weights(root, "drafters") == _weights(uninterrupted, "drafters")
 
 
 # the whole pipeline, smaller still where the stage tests' tiny config leaves minutes of work
