@@ -7,7 +7,8 @@ i mod N, so N processes (Slurm array tasks, torchrun ranks, or SPECDRAFT_SHARD=i
 without talking to each other. A finished chunk is one JSON file written atomically into the stage's
 work dir; "done" is the set of chunk files present, so a killed run redoes only its unfinished chunk
 and nothing is duplicated. Each batch is seeded from (run seed, chunk, batch), so a redone chunk is
-identical. The shard that finds every chunk done merges them into the output dataset.
+identical. The shard that finds every chunk done merges them into the output dataset (one
+claims the merge when several finish together).
 
 Writes distill_data/
   data/   DatasetDict {train, dev}: id, prompt_id, domain, temperature, prompt_ids, response_ids

@@ -1,8 +1,10 @@
 """The sbatch templates and chain.sh on a real (throwaway, local) Slurm cluster, on the stage tests' tiny
 config: every job's result is compared with the same stage run in one process without Slurm.
 
-Documented single-process equivalent of DDP (test_two_task_ddp_equals_single_process): W tasks with
-batch_size=B each, ranks taking contiguous... see that test's docstring.
+Every comparison is exact (file hashes): the DDP jobs against one process with batch_size=1 and
+accumulate_grad_batches=2 (why that is bit-identical: test_two_task_ddp_equals_single_process), the
+requeued jobs against uninterrupted runs, the array against one process, chain.sh against `specdraft run`.
+The cluster fixture is in conftest.py; `make test-slurm` runs this file.
 """
 import hashlib
 import json
