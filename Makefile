@@ -1,13 +1,14 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   the whole pipeline on the built-in demo world (writes runs/demo/)
 #   make test   the test suite (slow and gpu tests are off by default: make test-slow / test-gpu)
+#   make test-slurm  the sbatch templates on a throwaway local Slurm cluster (installs Debian's slurm + munge)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test test-slow test-gpu install clean-runs
+.PHONY: demo test test-slow test-gpu test-slurm install clean-runs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +38,15 @@ test-slow: $(STAMP)
 GPU_PY ?= $(PY)
 test-gpu: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -rs -m gpu
+
+# Debian's Slurm and munge (about a minute from the package registry); the tests start their own cluster
+SLURM_PKGS := slurmctld slurmd slurm-client munge
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+test-slurm: $(STAMP)
+	@PATH="$$PATH:/usr/sbin" command -v slurmctld >/dev/null && PATH="$$PATH:/usr/sbin" command -v munged >/dev/null \
+	  && command -v sbatch >/dev/null || { $(SUDO) apt-get update -qq \
+	  && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(SLURM_PKGS); }
+	PATH="$$PATH:/usr/sbin" $(PY) -m pytest -q -m slurm tests/slurm
 
 clean-runs:
 	rm -rf runs/

@@ -7,7 +7,8 @@ i mod N, so N processes (Slurm array tasks, torchrun ranks, or SPECDRAFT_SHARD=i
 without talking to each other. A finished chunk is one JSON file written atomically into the stage's
 work dir; "done" is the set of chunk files present, so a killed run redoes only its unfinished chunk
 and nothing is duplicated. Each batch is seeded from (run seed, chunk, batch), so a redone chunk is
-identical. The shard that finds every chunk done merges them into the output dataset.
+identical. The shard that finds every chunk done merges them into the output dataset (one
+claims the merge when several finish together).
 
 Writes distill_data/
   data/   DatasetDict {train, dev}: id, prompt_id, domain, temperature, prompt_ids, response_ids
@@ -122,6 +123,18 @@ def _write_atomic(path: Path, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+def _claim_merge(work: Path, shard: int) -> bool:
+    """True for exactly one of the shards that call this (an exclusive create in the work dir); a shard
+    that finds the work dir gone lost to a shard that already merged and committed."""
+    try:
+        fd = os.open(work / "merge.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except (FileExistsError, FileNotFoundError):
+        return False
+    os.write(fd, f"shard {shard} pid {os.getpid()}\n".encode())
+    os.close(fd)
+    return True
+
+
 def build(ctx: Context) -> dict:
     cfg, dcfg = ctx.cfg, ctx.cfg.distill_data
     sets = load_prompt_sets(ctx.input("prepare-data"))
@@ -151,6 +164,10 @@ def build(ctx: Context) -> dict:
     if missing:
         raise StageIncomplete(f"shard {shard}/{n_shards} is done; {len(missing)} chunks remain for other shards "
                               "(the shard that finishes last, or a rerun, writes the dataset)")
+    if n_shards > 1 and not _claim_merge(ctx.work, shard):
+        # shards finishing together all see every chunk done; one merges (its commit then removes the
+        # work dir, which the others must not be reading from)
+        raise StageIncomplete(f"shard {shard}/{n_shards} is done; another shard merges the dataset")
 
     by_split: dict[str, list[dict]] = {s: [] for s in dcfg.splits}
     for c in chunks:

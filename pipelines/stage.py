@@ -112,11 +112,36 @@ def global_rank() -> int:
     return int(os.environ.get("NODE_RANK", "0")) + int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def on_rank_zero(trainer, write: Callable[[], Any]) -> None:
+    """After a collective fit that more fits follow: rank 0 writes while the other ranks wait, so every
+    rank sees the result (and makes the same skip/resume decisions) before the next collective step."""
+    trainer.strategy.barrier()
+    if trainer.is_global_zero:
+        write()
+    trainer.strategy.barrier()
+
+
 def leave_unless_rank_zero(trainer) -> None:
     """After a collective fit, only rank 0 goes on to export and commit (the others would race it)."""
     trainer.strategy.barrier()
     if not trainer.is_global_zero:
         raise StageIncomplete(f"rank {trainer.global_rank} finished training; rank 0 writes the stage output")
+
+
+def slurm_context() -> str | None:
+    """Where this process sits in a Slurm job (job, array task, rank, node, restarts); None outside Slurm."""
+    env = os.environ
+    if "SLURM_JOB_ID" not in env:
+        return None
+    parts = [f"slurm job {env['SLURM_JOB_ID']}"]
+    if "SLURM_ARRAY_TASK_ID" in env:
+        parts.append(f"array task {env.get('SLURM_ARRAY_JOB_ID', '?')}_{env['SLURM_ARRAY_TASK_ID']}"
+                     f" of {env.get('SLURM_ARRAY_TASK_COUNT', '?')}")
+    parts.append(f"rank {global_rank()} of {env.get('SLURM_NTASKS', '1')}")
+    parts.append(f"node {env.get('SLURMD_NODENAME', '?')}")
+    if int(env.get("SLURM_RESTART_COUNT", "0")):
+        parts.append(f"restart {env['SLURM_RESTART_COUNT']} (requeued)")
+    return ", ".join(parts)
 
 
 def stage_dir(cfg: RunConfig, name: str) -> Path:
@@ -218,6 +243,11 @@ def _build_stage(cfg: RunConfig, spec: StageSpec, manifests: dict[str, Manifest]
     verified = verify_inputs(cfg, manifests)
     module = importlib.import_module(f"pipelines.{spec.module}")
     work = root / ".work" / f"{spec.out}-{key[:16]}"
+    where = slurm_context()
+    if where:
+        log(f"[{name}] {where}")
+    if work.is_dir() and any(work.iterdir()):
+        log(f"[{name}] resuming from {work} (progress of an earlier, unfinished run)")
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with StageOutput(out) as staged:

@@ -37,7 +37,7 @@ from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.lit_lm import CausalLMModule
 from drafters.model import build_causal_lm, check_same_vocabulary, load_causal_lm as load_drafter, num_parameters
 from pipelines.distill_data import load_distill_data
-from pipelines.stage import Context, leave_unless_rank_zero
+from pipelines.stage import Context, StageIncomplete, global_rank, on_rank_zero
 from pipelines.training import build_trainer, fit
 
 BASE = "base"  # the general-phase drafter: the "trained on the raw corpus, no target generations" reference
@@ -62,7 +62,10 @@ def drafter_specs(cfg, train_domains: list[str]) -> list[tuple[str, list[str]]]:
     return specs
 
 
-def _train(model, examples: list[dict], phase, pad_id: int, seed: int, work: Path, teacher=None) -> dict:
+def _train(model, examples: list[dict], phase, pad_id: int, seed: int, work: Path, teacher=None):
+    """Fit `model` in place; -> (trainer, stats, timing). Every rank of a multi-process job runs every fit.
+    stats go into drafter.json and so into every hash downstream (heads, bundle): only what the same
+    config reproduces; timing (wall clock) goes into the stage metrics only."""
     module = CausalLMModule(model, loss=phase.loss, lr=phase.lr, warmup_ratio=phase.warmup_ratio,
                             weight_decay=phase.weight_decay, optimizer=phase.optimizer,
                             teacher=teacher if phase.loss != "ce" else None, teacher_topk=phase.teacher_topk,
@@ -73,14 +76,15 @@ def _train(model, examples: list[dict], phase, pad_id: int, seed: int, work: Pat
     trainer = build_trainer(train_cfg, work / "train")
     t0 = time.time()
     fit(trainer, module, data, train_cfg)
-    leave_unless_rank_zero(trainer)
     seconds = time.time() - t0
     avg_tokens = sum(len(e["input_ids"]) if "input_ids" in e else len(e["prompt_ids"]) + len(e["response_ids"])
                      for e in examples) / len(examples)
     loss = trainer.callback_metrics.get("train/loss")
-    return {"steps": trainer.global_step, "seconds": round(seconds, 1), "examples": len(examples),
-            "final_loss": round(float(loss), 4) if loss is not None else None,
-            "tokens_per_s": round(trainer.global_step * phase.train.batch_size * avg_tokens / max(seconds, 1e-9))}
+    stats = {"steps": trainer.global_step, "examples": len(examples),
+             "final_loss": round(float(loss), 4) if loss is not None else None}
+    timing = {"seconds": round(seconds, 1),
+              "tokens_per_s": round(trainer.global_step * phase.train.batch_size * avg_tokens / max(seconds, 1e-9))}
+    return trainer, stats, timing
 
 
 def reference_rows(ctx: Context, tok, distill_rows: list[dict]) -> list[dict]:
@@ -119,6 +123,14 @@ def _export(model, tok, out: Path, info: dict) -> None:
     tmp.rename(out)
 
 
+def _wait_for(path: Path, timeout_s: float = 600) -> None:
+    t0 = time.time()
+    while not path.is_dir():
+        if time.time() - t0 > timeout_s:
+            raise InputError(f"rank {global_rank()} waited {timeout_s:.0f}s for rank 0 to write {path}; is rank 0 running?")
+        time.sleep(0.5)
+
+
 def _data_hash(rows: list[dict]) -> str:
     return hashlib.sha256(json.dumps([r["id"] for r in rows]).encode()).hexdigest()
 
@@ -136,6 +148,8 @@ def build(ctx: Context) -> dict:
     specs = drafter_specs(cfg, train_domains)
     vocab = len(tok)
     device = tcfg.device if tcfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+
+    timings: dict[str, dict] = {}  # wall clock of the fits run by this process (not of resumed-over ones)
 
     # phase 1: the general base drafter
     base_dir = ctx.work / BASE / "model"
@@ -158,8 +172,13 @@ def build(ctx: Context) -> dict:
             perm = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
             blocks = [{"input_ids": b} for b in pack([docs[i] for i in perm], tcfg.general.max_length)]
             print(f"[train-drafters] general phase: {len(blocks)} blocks of {tcfg.general.max_length} tokens")
-            info["general"] = _train(model, blocks, tcfg.general, tok.pad_token_id, seed, ctx.work / BASE)
-        _export(model, tok, base_dir, info)
+            trainer, info["general"], timings[BASE] = _train(model, blocks, tcfg.general, tok.pad_token_id, seed,
+                                                             ctx.work / BASE)
+            on_rank_zero(trainer, lambda: _export(model, tok, base_dir, info))
+        elif global_rank() == 0:
+            _export(model, tok, base_dir, info)
+        else:
+            _wait_for(base_dir)  # no process group yet to wait on: rank 0 writes the untrained base
 
     # phase 2: self-distillation finetuning, one drafter at a time (finished ones are skipped on rerun)
     teacher = None
@@ -182,10 +201,12 @@ def build(ctx: Context) -> dict:
                 phase.train, max_steps=specialist_steps(specs, train_rows, phase.train)))
         print(f"[train-drafters] {name}: finetuning on {len(rows)} self-distilled responses ({', '.join(domains)})"
               + (f" for {phase.train.max_steps} steps (as many as a specialist)" if phase is not tcfg.finetune else ""))
-        stats = _train(model, examples, phase, tok.pad_token_id, seed, ctx.work / name, teacher)
+        trainer, stats, timings[name] = _train(model, examples, phase, tok.pad_token_id, seed, ctx.work / name, teacher)
         info = {"name": name, "domains": domains, "parameters": num_parameters(model), "phase": "finetune",
                 "data_hash": _data_hash(rows), "finetune": stats, "loss": tcfg.finetune.loss}
-        _export(model, tok, done, info)
+        on_rank_zero(trainer, lambda: _export(model, tok, done, info))
+    if global_rank() != 0:
+        raise StageIncomplete(f"rank {global_rank()} finished training; rank 0 writes the stage output")
 
     # alignment on held-out dev responses
     target = load_causal_lm(target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
@@ -208,7 +229,8 @@ def build(ctx: Context) -> dict:
     infos = {n: json.loads((ctx.out / n / "drafter.json").read_text()) for n in names}
     return {"drafters": {n: {"domains": i["domains"], "parameters": i["parameters"]} for n, i in infos.items()},
             "alignment": table,
-            "training": {n: i.get("finetune") or i.get("general") for n, i in infos.items()}}
+            "training": {n: {**(i.get("finetune") or i.get("general") or {}), **timings.get(n, {})}
+                         for n, i in infos.items()}}
 
 
 if __name__ == "__main__":

@@ -9,12 +9,19 @@ Outputs under out_dir:
 Exact resume: the data position is checkpointed by `drafters.data.ResumableDataLoader` (Lightning
 saves stateful train loaders and skips the consumed batches on restart); `RNGState` restores the RNG
 streams; the LR scheduler and optimizer are in the checkpoint. Under Slurm, Lightning's SLURMEnvironment
-requeues a preempted job and restores from its own hpc checkpoint in out_dir.
+sets ranks and the main address; `SlurmRequeue` answers the requeue signal (the sbatch templates'
+--signal=SIGUSR1@90, or `scancel --signal=USR1 JOB`) by writing last.ckpt at the next optimizer-step
+boundary and requeueing the job, which then resumes from last.ckpt like any other resume. (Lightning's
+own handler saves an hpc_ckpt from inside the signal handler, in the middle of a batch, whose data
+position can be one batch ahead of its weights.)
 """
 from __future__ import annotations
 
 import difflib
+import os
 import random
+import signal
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,6 +140,58 @@ class FSDPGradientClipping(Callback):
         trainer.strategy.model.clip_grad_norm_(self.max_norm)
 
 
+class SlurmRequeue(Callback):
+    """Under Slurm: on the requeue signal, every rank stops at the same optimizer-step boundary, last.ckpt
+    is written there, rank 0 runs `scontrol requeue`, and the process exits (Slurm restarts the job).
+    The exit waits for the next batch start, so the interrupted step's metrics are logged first."""
+
+    def __init__(self, signum: int = signal.SIGUSR1):
+        self.signum, self.requested, self.pending, self._previous, self._step = signum, False, False, None, 0
+
+    def _handler(self, signum, frame) -> None:
+        self.requested = True  # acted on at the next step boundary: the handler may run mid-batch
+
+    def on_train_start(self, trainer, module) -> None:
+        # after Lightning registered its handlers (so this one replaces its mid-batch hpc save)
+        self._previous = signal.signal(self.signum, self._handler)
+        self._step = trainer.global_step
+        print(f"[slurm] job {os.environ.get('SLURM_JOB_ID', '?')} rank {trainer.global_rank}/{trainer.world_size}: "
+              f"training from step {trainer.global_step}"
+              + (f" (resumed from {trainer.ckpt_path})" if trainer.ckpt_path else ""), flush=True)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self._step or self.pending:
+            return  # inside gradient accumulation: no consistent resume point yet
+        self._step = trainer.global_step
+        if not trainer.strategy.reduce_boolean_decision(self.requested, all=False):
+            return
+        path = checkpoint_dir(trainer.default_root_dir) / "last.ckpt"
+        trainer.save_checkpoint(path)
+        self.pending = True
+        print(f"[slurm] requeue signal: checkpoint at step {trainer.global_step} -> {path}", flush=True)
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        if self.pending:
+            self._requeue_and_exit(trainer)
+
+    def on_train_end(self, trainer, module) -> None:
+        if self._previous is not None:
+            signal.signal(self.signum, self._previous)
+            self._previous = None
+        if self.pending:  # the signal came during the last step
+            self._requeue_and_exit(trainer)
+
+    def _requeue_and_exit(self, trainer) -> None:
+        job = os.environ.get("SLURM_JOB_ID", "")
+        if "SLURM_ARRAY_JOB_ID" in os.environ:
+            job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+        trainer.strategy.barrier()
+        if trainer.is_global_zero:
+            print(f"[slurm] requeueing job {job}", flush=True)
+            subprocess.run(["scontrol", "requeue", job], check=False)
+        raise SystemExit(0)  # nothing is committed; the requeued job resumes from last.ckpt
+
+
 def checkpoint_dir(out_dir: str | Path) -> Path:
     return Path(out_dir) / "checkpoints"
 
@@ -169,14 +228,17 @@ def build_trainer(cfg: TrainerConfig, out_dir: str | Path, callbacks: list[Callb
         save_top_k=0,  # only last.ckpt: a resume point, not a model zoo (stages export the model)
         save_last=True,
     )
-    plugins = [SLURMEnvironment(auto_requeue=True)] if SLURMEnvironment.detect() else None
+    plugins, extra = None, list(callbacks or [])
+    if SLURMEnvironment.detect():
+        env = SLURMEnvironment(auto_requeue=True)
+        plugins = [env]
+        extra.append(SlurmRequeue(env.requeue_signal))
     clip = cfg.gradient_clip_val
-    extra = list(callbacks or [])
     if cfg.strategy == "fsdp" and clip is not None:
         extra.append(FSDPGradientClipping(clip))
         clip = None
     return L.Trainer(
-        default_root_dir=out_dir,  # Slurm requeue writes and finds hpc_ckpt_*.ckpt here
+        default_root_dir=out_dir,
         max_steps=cfg.max_steps,
         max_epochs=cfg.max_epochs if cfg.max_steps == -1 else None,
         accumulate_grad_batches=cfg.accumulate_grad_batches,
@@ -206,5 +268,7 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
     if cfg.resume:
         last = checkpoint_dir(trainer.default_root_dir) / "last.ckpt"
         ckpt_path = str(last) if last.is_file() else None
+        if ckpt_path:
+            print(f"[train] resuming from {ckpt_path}", flush=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)

@@ -1,24 +1,29 @@
 #!/bin/bash
-# Submit the whole pipeline as a chain of dependent Slurm jobs (each starts when the previous
-# succeeded). Stages that are cache hits finish in seconds.
+# Submit the whole pipeline as a chain of dependent Slurm jobs (each starts when the previous one
+# succeeded; a failed job leaves the rest pending with DependencyNeverSatisfied: fix, then `scancel`
+# them and run chain.sh again: finished stages are cache hits and take seconds).
 #
-#   slurm/chain.sh configs/real.yaml [N_DISTILL_SHARDS] [key=value ...]
+#   slurm/chain.sh CONFIG [N_DISTILL_SHARDS] [key=value ...]     (from the directory CONFIG is relative to)
+#
+# Prints one job id per line, the last job's id last. Every job inherits this environment: set
+# SBATCH_GPUS_PER_NODE=1 (and SBATCH_PARTITION, ...) here for a GPU cluster; SPECDRAFT_PYTHON picks the
+# interpreter (default: this checkout's .venv/bin/python).
 set -euo pipefail
 CONFIG=${1:?usage: slurm/chain.sh CONFIG [N_DISTILL_SHARDS] [key=value ...]}
-SHARDS=${2:-4}
-shift $(( $# >= 2 ? 2 : 1 ))
-here=$(dirname "$0")
+shift
+SHARDS=4
+if [[ $# -gt 0 && $1 =~ ^[0-9]+$ ]]; then SHARDS=$1; shift; fi
+(( SHARDS >= 1 )) || { echo "chain.sh: N_DISTILL_SHARDS must be >= 1" >&2; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
+export SPECDRAFT_HOME=${SPECDRAFT_HOME:-$(dirname "$here")}
 dep=""
-submit() {  # submit ARGS...; prints the job id and chains the next job after it
-  local id
-  id=$(sbatch --parsable ${dep:+--dependency=afterok:$dep} "$@")
-  echo "$id"
+submit() {  # submit SBATCH_ARGS...: submits after the previous job ($dep) succeeded; prints the new id
+  sbatch --parsable ${dep:+--dependency=afterok:$dep} "$@" | cut -d';' -f1
 }
-dep=$(submit "$here/stage.sbatch" prepare-data "$CONFIG" "$@")
-dep=$(submit "$here/stage.sbatch" pretrain-target "$CONFIG" "$@")
-dep=$(submit --array=0-$((SHARDS - 1)) "$here/distill_data.sbatch" "$CONFIG" "$@")
-dep=$(submit --gpus-per-node=1 "$here/stage.sbatch" distill-data "$CONFIG" "$@")   # merges the shards
+dep=$(submit "$here/stage.sbatch" prepare-data "$CONFIG" "$@"); echo "$dep"
+dep=$(submit "$here/stage.sbatch" pretrain-target "$CONFIG" "$@"); echo "$dep"
+dep=$(submit --array=0-$((SHARDS - 1)) "$here/distill_data.sbatch" "$CONFIG" "$@"); echo "$dep"
+dep=$(submit "$here/stage.sbatch" distill-data "$CONFIG" "$@"); echo "$dep"   # merges the shards (or a cache hit)
 for stage in train-drafters acceptance-data train-heads train-router export evaluate; do
-  dep=$(submit "$here/stage.sbatch" "$stage" "$CONFIG" "$@")
+  dep=$(submit "$here/stage.sbatch" "$stage" "$CONFIG" "$@"); echo "$dep"
 done
-echo "submitted; last job $dep"

@@ -89,3 +89,10 @@ def test_quantized_target_generates(tiny_run, quantization):
     cfg = tiny_config(tiny_run, target={"quantization": quantization}, distill_data={"splits": ["dev"]})
     out = run_stage(cfg, "distill-data")
     assert len(load_distill_data(out)["dev"]) == 12
+
+
+def test_exactly_one_shard_claims_the_merge(tmp_path):
+    from pipelines.distill_data import _claim_merge
+
+    assert [_claim_merge(tmp_path, s) for s in (1, 0, 2)] == [True, False, False]
+    assert not _claim_merge(tmp_path / "removed-by-the-commit", 0)  # the merging shard already committed

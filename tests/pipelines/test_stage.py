@@ -81,3 +81,15 @@ def test_logging_settings_do_not_invalidate_the_cache(tmp_path):
                               "pretrain_target": {"train": {"wandb": {"mode": "online"}, "log_every_n_steps": 1}}})
     c = from_dict(RunConfig, {"run": {"root": str(tmp_path)}, "pretrain_target": {"train": {"max_steps": 7}}})
     assert _cache_key(a, spec, {}) == _cache_key(b, spec, {}) != _cache_key(c, spec, {})
+
+
+def test_slurm_context_names_job_array_task_rank_and_restart(monkeypatch):
+    from pipelines.stage import slurm_context
+
+    for k in ("SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID", "RANK", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(k, raising=False)
+    assert slurm_context() is None
+    for k, v in dict(SLURM_JOB_ID="12", SLURM_ARRAY_JOB_ID="11", SLURM_ARRAY_TASK_ID="1", SLURM_ARRAY_TASK_COUNT="3",
+                     SLURM_NTASKS="2", SLURM_PROCID="1", SLURMD_NODENAME="n2", SLURM_RESTART_COUNT="1").items():
+        monkeypatch.setenv(k, v)
+    assert slurm_context() == "slurm job 12, array task 11_1 of 3, rank 1 of 2, node n2, restart 1 (requeued)"

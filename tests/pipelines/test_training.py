@@ -175,3 +175,39 @@ def test_slurm_jobs_get_auto_requeue(tmp_path, monkeypatch):
         monkeypatch.setenv(k, v)
     env = build_trainer(_cfg(devices=1), tmp_path)._accelerator_connector.cluster_environment
     assert isinstance(env, SLURMEnvironment) and env.auto_requeue
+
+
+class SignalAt(L.Callback):
+    """Sends this process the requeue signal in the middle of a batch (as Slurm's --signal does)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_before_backward(self, trainer, module, loss):
+        if trainer.global_step == self.step:
+            import signal
+
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def test_requeue_signal_checkpoints_at_the_next_step_and_resumes_exactly(tmp_path, monkeypatch):
+    import pipelines.training as training
+
+    _run(tmp_path / "straight", _cfg())
+    straight = _logged(tmp_path / "straight")
+    slurm = dict(SLURM_NTASKS="1", SLURM_NTASKS_PER_NODE="1", SLURM_JOB_NAME="train", SLURM_JOB_ID="7",
+                 SLURM_NODELIST="node1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0")
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    calls = []
+    monkeypatch.setattr(training.subprocess, "run", lambda argv, **kw: calls.append(argv))
+    with pytest.raises(SystemExit) as exit_info:
+        _run(tmp_path / "requeued", _cfg(checkpoint_every_n_steps=0), callbacks=[SignalAt(step=4)])
+    assert exit_info.value.code == 0 and calls == [["scontrol", "requeue", "7"]]
+    ckpt = torch.load(tmp_path / "requeued" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 5  # the step the signal interrupted was finished first
+    trainer = _run(tmp_path / "requeued", _cfg(resume=True))
+    resumed = _logged(tmp_path / "requeued")
+    assert trainer.global_step == 8 and sorted(resumed) == list(range(8))
+    for step in range(8):
+        assert resumed[step] == pytest.approx(straight[step], abs=1e-6), step
