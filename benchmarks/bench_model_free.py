@@ -100,7 +100,7 @@ def get_datastore(bundle, root: Path, target=None, tok=None, per_domain: int = 2
     index = bundle.load_datastore() if bundle is not None else None
     if index is not None:
         m = bundle.meta["datastore"]
-        return index, f"shipped in the bundle ({m['tokens']} tokens, {m['sequences']} responses, built in {m['build_seconds']:.2f} s at export)"
+        return index, f"shipped in the bundle ({m['tokens']} tokens, {m['sequences']} responses)"
     if not (root / "distill_data").is_dir():
         t0 = time.perf_counter()
         responses = distill_greedy(target, tok, root, per_domain, max_new_tokens)

@@ -21,7 +21,7 @@ bundle.json:
   routers    {name: {path, kind}} (empty without train-router)
   decoding   {temperature, top_k, top_p, k, k_max, selector, max_new_tokens, drafts (absent: 1)}, optionally
              cascade: {rule, alpha[, beta]} (a speculative cascade served by default; decoding/cascades.py)
-  datastore  {path, tokens, sequences, bytes, build_seconds, source} (absent: no REST arm; suffix
+  datastore  {path, tokens, sequences, bytes, source} (absent: no REST arm; suffix
              decoding then runs on its per-request structure alone)
   files      relative path -> sha256, every file except bundle.json (and the stage's manifest.json)
 
@@ -397,13 +397,23 @@ def summarize(b: Bundle) -> str:
     lines.append("routers: " + (", ".join(f"{n} ({r.kind}, {r.path.relative_to(b.root).as_posix()}/)"
                                           for n, r in b.routers.items()) or "none"))
     ds = b.meta.get("datastore")
-    lines.append(f"datastore: {ds['tokens']} tokens in {ds['sequences']} responses ({ds['bytes']} bytes, built in "
-                 f"{ds['build_seconds']:.2f}s)" if ds else
+    built = _export_metrics(b.root).get("datastore") or {}
+    took = f", built in {built['build_seconds']:.2f}s" if isinstance(built.get("build_seconds"), (int, float)) else ""
+    lines.append(f"datastore: {ds['tokens']} tokens in {ds['sequences']} responses ({ds['bytes']} bytes{took})" if ds else
                  "datastore: none (arms unavailable: " + "; ".join(f"{k}: {v}" for k, v in b.unavailable_arms().items()) + ")")
     lines.append("decoding defaults: " + ", ".join(f"{k}={v}" for k, v in sorted(b.decoding.items())))
     n = len(b.files)
     lines.append(f"all {n} files verified (sha256)" if b.verified else f"{n} files (not verified)")
     return "\n".join(lines)
+
+
+def _export_metrics(root: Path) -> dict:
+    """The export stage's metrics from the manifest.json beside bundle.json (absent in a copied bundle)."""
+    try:
+        metrics = json.loads((root / "manifest.json").read_text()).get("metrics", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return metrics if isinstance(metrics, dict) else {}
 
 
 def inspect_bundle(path: str | os.PathLike) -> str:

@@ -66,7 +66,7 @@ def copy_listed(src: Path, manifest: Manifest, sub: str | None, dst: Path) -> di
 
 def build_datastore_dir(distill_dir: Path, dst: Path) -> dict:
     """Suffix array over distill-data's train responses (decoding/datastore.py) written into dst;
-    returns its datastore.json (tokens, sequences, bytes, build_seconds, source)."""
+    returns its datastore.json (tokens, sequences, bytes, source) and the build time in seconds."""
     from pipelines.distill_data import load_distill_data
 
     data = load_distill_data(distill_dir)
@@ -74,7 +74,7 @@ def build_datastore_dir(distill_dir: Path, dst: Path) -> dict:
         raise InputError(f"'{distill_dir}' has no train responses for the datastore; rerun distill-data "
                          "or set export.datastore: false")
     built = build_datastore(data["train"]["response_ids"], source="distill-data train response_ids")
-    return built.index.save(dst, built.meta)
+    return built.index.save(dst, built.meta), built.seconds
 
 
 def decoding_defaults(ctx: Context) -> dict:
@@ -178,10 +178,10 @@ def build(ctx: Context) -> dict:
     # 4b. datastore: the self-distilled responses, as REST's and suffix decoding's retrieval structure
     datastore_meta, datastore_metrics = None, {"datastore": None}
     if ecfg.datastore and "distill-data" in ctx.inputs:
-        datastore_meta = build_datastore_dir(ctx.input("distill-data"), out / "datastore")
+        datastore_meta, seconds = build_datastore_dir(ctx.input("distill-data"), out / "datastore")
         add("datastore", {p.name: file_sha256(p) for p in sorted((out / "datastore").iterdir())})
-        datastore_metrics = {"datastore": {k: datastore_meta[k] for k in ("tokens", "sequences", "bytes",
-                                                                           "build_seconds")}}
+        datastore_metrics = {"datastore": {**{k: datastore_meta[k] for k in ("tokens", "sequences", "bytes")},
+                                           "build_seconds": round(seconds, 4)}}
 
     # 5. bundle.json, then load it back the way the decoder will (paths, tokenizers, every head)
     extra = {"datastore": {"path": "datastore", **datastore_meta}} if datastore_meta else {}
