@@ -1,6 +1,6 @@
 """`specdraft generate`: one prompt through the decoder, from a bundle or from model directories.
 
-  specdraft generate --bundle runs/demo/bundle --drafter math --prompt "Question: ..."
+  specdraft generate runs/demo/bundle --drafter math --prompt "Question: ..."
   specdraft generate --target DIR --drafter DIR [--head DIR] --prompt "..." [--k 4 | --threshold 0.7]
 
 With a head (the drafter's default head in a bundle, or --head) the round length follows SpecDec++;
@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 
 from decoding.autoregressive import generate_autoregressive
 from decoding.compat import check_head, check_pair, tokenizer_fingerprint
 from decoding.errors import InputError
+from decoding.generate_args import add_arguments, bundle_of
 from decoding.loading import load_causal_lm, load_tokenizer
 from decoding.sampling import SamplingConfig
 from decoding.speculative import speculative_generate
@@ -90,29 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bundle", help="an exported bundle directory")
-    p.add_argument("--target", help="target model directory (without --bundle)")
-    p.add_argument("--drafter", help="drafter name in the bundle, or a drafter model directory")
-    p.add_argument("--head", help="head name in the bundle, or a head directory")
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--method", default="speculative", choices=["speculative", "ar"])
-    p.add_argument("--k", type=int, default=None, help="fixed draft length (default: SpecDec++ with the head, else 4)")
-    p.add_argument("--threshold", type=float, default=None, help="SpecDec++ h (default: the head's chosen h)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--drafter-device", default=None)
-    p.add_argument("--device-map", default=None, help='"auto" to spread the target over the visible GPUs')
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--seed", type=int, default=0)
-
-
 def run(args) -> None:
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    tok, tgt, dft, head, hcfg = load_pair(args.bundle, args.target, args.drafter, args.head, args.device, args.dtype,
+    bundle = bundle_of(args, warn=lambda msg: print(msg, file=sys.stderr))
+    tok, tgt, dft, head, hcfg = load_pair(bundle, args.target, args.drafter, args.head, args.device, args.dtype,
                                          args.device_map, args.drafter_device, sampling)
     if head is not None and hcfg is not None:
         lt = hcfg.get("label_transform", {})

@@ -19,7 +19,10 @@ from typing import Any, Callable
 from decoding.errors import InputError
 from pipelines.artifacts import Manifest, StageOutput, read_manifest
 from pipelines.config import to_dict
-from pipelines.schema import RunConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: importing the schema pulls in torch and transformers (slow --help)
+    from pipelines.schema import RunConfig
 
 
 @dataclass(frozen=True)
