@@ -53,8 +53,9 @@ PRESETS: dict[str, CausalLMConfig] = {
     # Demo sizes for 2 CPU cores, shaped like a real pair (MetaSD: a 68M drafter for a 7B target). On a
     # CPU a cached single-token forward costs about a fixed amount per layer whatever the width, so the
     # drafter/target cost ratio c is set by depth: a 1-layer drafter against a 16-layer x 128 target
-    # gives c ~ 0.1 (a 6 x 192 target at about the same training cost gave 0.22). tie_embeddings keeps
-    # the small models from being mostly embeddings.
+    # gives c = 0.10-0.17 (a 6 x 192 target at about the same training cost: 0.22-0.26; measured by
+    # benchmarks/bench_forward_costs.py). tie_embeddings keeps the small models from being mostly
+    # embeddings.
     "demo-drafter": CausalLMConfig(
         n_layers=1, hidden=128, n_heads=4, intermediate=384, max_positions=512, tie_embeddings=True
     ),
