@@ -1,6 +1,6 @@
 """`specdraft generate`: one prompt through the decoder, from a bundle or from model directories.
 
-  specdraft generate --bundle runs/demo/bundle --drafter math --prompt "Question: ..."
+  specdraft generate runs/demo/bundle --drafter math --prompt "Question: ..."
   specdraft generate --target DIR --drafter DIR [--head DIR] --prompt "..." [--k 4 | --threshold 0.7]
 
 With a head (the drafter's default head in a bundle, or --head) the round length follows SpecDec++;
@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 
 from decoding.autoregressive import generate_autoregressive
 from decoding.compat import check_head, check_pair, tokenizer_fingerprint
 from decoding.errors import InputError
+from decoding.generate_args import add_arguments, bundle_of
 from decoding.loading import load_causal_lm, load_tokenizer
 from decoding.sampling import SamplingConfig
 from decoding.multi_draft import check_drafts, drafter_speculator
@@ -100,32 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bundle", help="an exported bundle directory")
-    p.add_argument("--target", help="target model directory (without --bundle)")
-    p.add_argument("--drafter", help="drafter name in the bundle, or a drafter model directory")
-    p.add_argument("--head", help="head name in the bundle, or a head directory")
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--method", default="speculative", choices=["speculative", "ar"])
-    p.add_argument("--k", type=int, default=None, help="fixed draft length (default: SpecDec++ with the head, else 4)")
-    p.add_argument("--threshold", type=float, default=None, help="SpecDec++ h (default: the head's chosen h)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--drafter-device", default=None)
-    p.add_argument("--device-map", default=None, help='"auto" to spread the target over the visible GPUs')
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--drafts", type=int, default=None,
-                   help="K i.i.d. drafts per round, verified with SpecTr's k-Seq (default: the bundle's, else 1)")
-    p.add_argument("--cascade", default=None, help="cascade rule (chow diff opt token token_v1 token_v2 lossy bild "
-                   "token_chow seq_chow; 'none' ignores the bundle's); see decoding/cascades.py")
-    p.add_argument("--alpha", type=float, default=None, help="the cascade's lenience alpha")
-    p.add_argument("--beta", type=float, default=1.0, help="lossy speculative decoding's beta (>= 1 - alpha)")
-
-
 def cascade_from(args):
     """--cascade/--alpha, else the bundle's default cascade, else None."""
     from decoding.cascades import cascade_method
@@ -147,6 +123,7 @@ def cascade_from(args):
 
 def run(args) -> None:
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    args.bundle = bundle_of(args, warn=lambda msg: print(msg, file=sys.stderr))
     cascade = cascade_from(args)  # bad cascade settings fail before any model is loaded
     if cascade is not None and args.cascade is None and sampling.greedy:
         print(f"note: the bundle's default cascade ({cascade.label}) needs temperature > 0; decoding without it")

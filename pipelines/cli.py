@@ -3,6 +3,10 @@
   specdraft <stage> --config FILE [--force] [key.path=value ...]
   specdraft run FILE [--force] [--from STAGE] [key.path=value ...]
   specdraft validate FILE [key.path=value ...]
+  specdraft generate BUNDLE --prompt TEXT [...]      specdraft inspect-bundle BUNDLE
+
+Building the parser imports nothing heavy (no torch, transformers or Lightning), so `--help` on any
+command answers at once; each command imports what it needs when it runs.
 
 Bad input (config errors, missing or corrupt artifacts, mismatched models) prints one line starting
 with "specdraft: error:" and exits with code 2, before anything is written. Anything else prints one
@@ -78,6 +82,21 @@ def _inspect_bundle(args) -> None:
     print(inspect_bundle(args.bundle))
 
 
+def _generate(args) -> None:
+    from decoding.generate import run
+
+    run(args)
+
+
+def _add_generate(sub) -> None:
+    """`specdraft generate BUNDLE ...`: its options live in decoding.generate_args.add_arguments."""
+    from decoding.generate_args import add_arguments
+
+    sp = sub.add_parser("generate", help="decode one prompt with a bundle (or target + drafter [+ head])")
+    add_arguments(sp)
+    sp.set_defaults(func=_generate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pipelines.stage import STAGE_NAMES
 
@@ -95,11 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--from", dest="start", default=None, help="start at this stage")
     sp.add_argument("overrides", nargs="*")
     sp.set_defaults(func=_run_all)
-    sp = sub.add_parser("generate", help="decode one prompt with a bundle (or target + drafter [+ head])")
-    from decoding.generate import add_arguments, run
-
-    add_arguments(sp)
-    sp.set_defaults(func=run)
+    _add_generate(sub)
     sp = sub.add_parser("inspect-bundle", help="summarise a bundle and verify every file's sha256")
     sp.add_argument("bundle")
     sp.set_defaults(func=_inspect_bundle)

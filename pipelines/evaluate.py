@@ -53,6 +53,7 @@ from decoding.stopping import FixedK, HindsightOracle, SpecDecPP
 from heads.router import load_router
 from pipelines.distill_data import fit_prompt
 from pipelines.schema import BANDITS, EvaluateSection  # noqa: F401 (EvaluateSection re-exported)
+from pipelines.forward_costs import measure_forward_costs
 from pipelines.stage import Context
 
 
@@ -284,6 +285,7 @@ def build(ctx: Context) -> dict:
                         device, len(prompts), len(drafters), arm_names)
     from pipelines.report import write_report
 
+    metrics["forward_costs"] = measure_forward_costs(target, drafters[ofa or sorted(drafters)[0]], k_main, seed=seed)
     write_report(metrics, ctx.out)
     return {"headline": metrics["headline"], "cost_fit": metrics["cost_fit"], "runs": len(records)}
 

@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from pipelines.forward_costs import forward_cost_lines
+
 PLOTS = ("pareto.png", "speedup.png", "best_arm_ratio.png", "robustness.png", "regret.png")
 
 
@@ -309,6 +311,7 @@ def render(metrics: dict) -> str:
         parts += ["## Cost model fit (SpecDec++ §5.2, all greedy speculative runs)", "",
                   table(["t_draft (ms)", "t_target (ms)", "t_draft / t_target", "R^2", "runs"],
                         [[fit["t_draft_ms"], fit["t_target_ms"], fit["cost_ratio"], fit["r2"], fit["runs"]]]), ""]
+    parts += forward_cost_lines(metrics.get("forward_costs"))
     parts += ["## Plots", "", "![discard vs verification](pareto.png)", "", "![speedup](speedup.png)", ""]
     if metrics["notes"]:
         parts += ["## Notes", ""] + [f"- {n}" for n in metrics["notes"]] + [""]

@@ -20,7 +20,10 @@ from decoding.errors import InputError
 from pipelines.artifacts import (HashCache, Manifest, StageLock, StageOutput, read_manifest, tidy_stage_dir,
                                  verify_files)
 from pipelines.config import to_dict
-from pipelines.schema import RunConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: importing the schema pulls in torch and transformers (slow --help)
+    from pipelines.schema import RunConfig
 
 
 @dataclass(frozen=True)
