@@ -11,12 +11,12 @@ interval), so a difference is called an effect only when it exceeds that spread.
 """
 from __future__ import annotations
 
-import random
 import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
+import numpy as np
 import torch
 
 T = TypeVar("T")
@@ -80,13 +80,16 @@ def iqr(xs: Sequence[float]) -> Spread:
 def bootstrap_median(xs: Sequence[float], seed: int = 0, n_boot: int = 1000, level: float = 0.9) -> Spread:
     """The median of xs with a percentile-bootstrap `level` interval over its items (e.g. prompts).
     One item gives a zero-width interval: there is nothing to resample."""
-    xs = list(xs)
-    if not xs:
+    x = np.asarray(list(xs), dtype=np.float64)
+    if x.size == 0:
         raise ValueError("bootstrap_median needs at least one value")
-    rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n_boot)) if len(xs) > 1 else xs
+    med = float(np.median(x))
+    if x.size == 1:
+        return Spread(med, med, med)
+    idx = np.random.default_rng(seed).integers(0, x.size, size=(n_boot, x.size))
+    meds = np.median(x[idx], axis=1)
     tail = (1 - level) / 2
-    return Spread(statistics.median(xs), quantile(meds, tail), quantile(meds, 1 - tail))
+    return Spread(med, float(np.quantile(meds, tail)), float(np.quantile(meds, 1 - tail)))
 
 
 def verdict(spread: Spread, threshold: float) -> str:
@@ -103,15 +106,13 @@ def bootstrap_ratio(pairs: Sequence[tuple[float, float]], seed: int = 0, n_boot:
     """sum(a) / sum(b) over paired items (a, b) (e.g. per prompt: the baseline's time, the method's),
     with a percentile-bootstrap `level` interval from resampling the items. The point estimate is the
     ratio of totals, so it matches the pooled numbers of a table."""
-    pairs = list(pairs)
-    if not pairs:
+    ab = np.asarray(list(pairs), dtype=np.float64).reshape(-1, 2)
+    if ab.shape[0] == 0:
         raise ValueError("bootstrap_ratio needs at least one pair")
-
-    def ratio(items) -> float:
-        b = sum(y for _, y in items)
-        return sum(x for x, _ in items) / b if b else float("nan")
-
-    rng = random.Random(seed)
-    stats = sorted(ratio(rng.choices(pairs, k=len(pairs))) for _ in range(n_boot)) if len(pairs) > 1 else [ratio(pairs)]
+    point = float(ab[:, 0].sum() / ab[:, 1].sum())
+    if ab.shape[0] == 1:
+        return Spread(point, point, point)
+    idx = np.random.default_rng(seed).integers(0, ab.shape[0], size=(n_boot, ab.shape[0]))
+    stats = ab[idx, 0].sum(axis=1) / ab[idx, 1].sum(axis=1)
     tail = (1 - level) / 2
-    return Spread(ratio(pairs), quantile(stats, tail), quantile(stats, 1 - tail))
+    return Spread(point, float(np.quantile(stats, tail)), float(np.quantile(stats, 1 - tail)))

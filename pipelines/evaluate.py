@@ -22,14 +22,16 @@ Three steps, each one function:
    interleaved (a slow phase of a shared machine hits every method alike). Each whole generate call is
    timed by `decoding.timing.timed_call` (CPU time of this process and wall time on CPU; CUDA events
    on a GPU). Counts come from the first pass (greedy and seeded sampling repeat exactly); every
-   pass's times are kept. Before the loop, `calibrate` measures, interleaved and repeated, the
+   pass's times are kept, and a run's time is its fastest pass (load only adds time). Before the loop, `calibrate` measures, interleaved and repeated, the
    target's n-token cached forward for every n a round can verify, and each drafter's 1-token forward.
 3. **aggregate** (`summarize`): per (mode, set, domain, method) counters summed and rates as ratios of
    totals; per prompt, the timed speedup (AR's median time per token / the method's) and the counted
    speedup (the same ratio of costs predicted from the run's counts: SpecDec++ Eq. 3.1 with the
-   calibrated v(K), i.e. sum over rounds of t_target(K_r + 1) + N_draft t_draft); each reported as the
-   median over prompts with a bootstrap 90% interval. The Eq. 3.1 fit over all greedy speculative runs
-   (non-negative least squares on counts and median robust times) with its R^2.
+   calibrated v(K), i.e. sum over rounds of t_target(K_r + 1) + N_draft t_draft; the prompt's prefill
+   and the decoder's own per-round work (sampling, verification, a SpecDec++ head) are not counted, so
+   on a small model it sits above the timed one); each reported as the median over prompts with a
+   bootstrap 90% interval. The Eq. 3.1 fit over all greedy speculative runs (non-negative least squares
+   on counts and robust times) with its R^2.
    pipelines/report.py makes every label and sentence from that dict: rows carry key fields, never
    display strings.
 
@@ -70,7 +72,7 @@ from decoding.selectors import make_selector
 from decoding.speculative import VerificationDistribution, generate_speculative
 from decoding.speculator import DrafterSpeculator, Speculator
 from decoding.stopping import FixedK, HindsightOracle, SpecDecPP
-from decoding.timing import Timing, bootstrap_median, timed_call
+from decoding.timing import Timing, bootstrap_median, quantile, timed_call
 from heads.router import load_router
 from pipelines.distill_data import fit_prompt
 from pipelines.schema import BANDITS, EvaluateSection  # noqa: F401 (EvaluateSection re-exported)
@@ -162,12 +164,13 @@ class Record:
 
     @property
     def time(self) -> float:
-        """Median robust seconds of the whole call over the passes."""
-        return statistics.median(t.time for t in self.times) if self.times else self.metrics.time_total
+        """Robust seconds of the whole call: the fastest pass. Load on a shared machine only ever adds time
+        (cache and core contention stretch even CPU time), so the minimum is the least disturbed pass."""
+        return min(t.time for t in self.times) if self.times else self.metrics.time_total
 
     @property
     def wall(self) -> float:
-        return statistics.median(t.wall for t in self.times) if self.times else self.metrics.time_total
+        return min(t.wall for t in self.times) if self.times else self.metrics.time_total
 
 
 # --- the environment a plan is made in ------------------------------------------------------------------
@@ -388,7 +391,8 @@ def _decode(run: Run, done, target, max_new_tokens: int, sampling: SamplingConfi
 
 @dataclass(frozen=True)
 class Calibration:
-    """Median robust seconds of one cached forward: the target's per n tokens fed, each drafter's per token."""
+    """Robust seconds of one cached forward (a low quantile over the passes: load only adds time): the
+    target's per n tokens fed, each drafter's per token."""
 
     target_s: dict[int, float]  # n -> seconds (n = 1 .. max K + 1)
     drafter_s: dict[str, float]
@@ -424,8 +428,8 @@ class Calibration:
 @torch.inference_mode()
 def calibrate(target, drafters: dict[str, torch.nn.Module], max_n: int, context: int, reps: int, device: str,
               seed: int) -> Calibration:
-    """Per rep, every forward size once, interleaved (so load phases hit all sizes alike); medians.
-    Each forward appends to a cache of `context` tokens, which is then cropped back."""
+    """Per rep, every forward size once, interleaved (so load phases hit all sizes alike); then per size the
+    10% quantile over the reps. Each forward appends to a cache of `context` tokens, then cropped back."""
     gen = torch.Generator().manual_seed(seed)
     vocab = int(target.config.vocab_size)
     prefix = torch.randint(3, vocab, (context,), generator=gen).tolist()
@@ -448,8 +452,8 @@ def calibrate(target, drafters: dict[str, torch.nn.Module], max_n: int, context:
             kv.crop(caches[name], context)
             if rep >= 2:
                 times.setdefault(name, []).append(t.time)
-    return Calibration({n: statistics.median(times[n]) for n in sizes},
-                       {name: statistics.median(times[name]) for name in drafters}, context, reps)
+    return Calibration({n: quantile(times[n], 0.1) for n in sizes},
+                       {name: quantile(times[name], 0.1) for name in drafters}, context, reps)
 
 
 # --- the stage --------------------------------------------------------------------------------------

@@ -290,7 +290,7 @@ class EvaluateSection:
     device: str = "auto"  # auto: cuda if available, else cpu
     # timing (decoding/timing.py): passes over each prompt's methods, interleaved; every pass is timed
     repeats: int = 2
-    calibration_reps: int = 30  # interleaved passes over the target's / drafters' forward sizes (counted speedup)
+    calibration_reps: int = 50  # interleaved passes over the target's / drafters' forward sizes (counted speedup)
     # torch CPU threads while evaluating (0: torch's default). 1 makes a run's process CPU time its own
     # compute: with more, idle OpenMP workers spin and bill CPU time that depends on the machine's load
     threads: int = 1
