@@ -19,6 +19,7 @@ from typing import Any, Iterable
 
 from decoding.hashing import derive_seed
 from decoding.timing import Spread, bootstrap_ratio, verdict
+from pipelines.schema import BANDITS
 
 PLOTS = ("pareto.png", "speedup.png", "best_arm_ratio.png", "robustness.png", "regret.png")
 
@@ -33,8 +34,6 @@ def one(metrics: dict, **where) -> dict | None:
 
 
 KEY_FIELDS = ("family", "mode", "drafter", "k", "policy", "router", "bandit", "reward", "stream", "params")
-BANDIT_NAMES = {"ucb-bd": "MetaSD-UCB (BD)", "ucb-bd-argmax": "MetaSD-UCB (BD argmax)", "ucb-be": "MetaSD-UCB (BE)",
-                "ucbspec": "UCBSpec", "exp3spec": "EXP3Spec"}
 CEILING = "one pass + hindsight drafter"
 
 
@@ -57,7 +56,8 @@ def label(key: dict) -> str:
     if fam == "router":
         return f"router:{key.get('router')}"
     if fam == "bandit":
-        return BANDIT_NAMES.get(key.get("bandit"), str(key.get("bandit"))) + (" (stream)" if key.get("stream") else "")
+        name = BANDITS[key["bandit"]][0] if key.get("bandit") in BANDITS else str(key.get("bandit"))
+        return name + (" (stream)" if key.get("stream") else "")
     if fam == "ceiling":
         return CEILING
     if fam == "domain":
@@ -313,7 +313,7 @@ def _speed_table(metrics: dict) -> str:
 def _bd_be_table(metrics: dict) -> str | None:
     """MetaSD Table 7 shape: MetaSD-UCB under each reward it ran with (BD, BD argmax, BE), MAT / speedup."""
     variants = [key for key in method_keys(metrics, ("bandit",), mode="greedy", set="test")
-                if str(key["bandit"]).startswith("ucb-") and not key["stream"]]
+                if BANDITS.get(key["bandit"], ("", ""))[1] == "ucb" and not key["stream"]]
     if len(variants) < 2:
         return None
     rows = []
