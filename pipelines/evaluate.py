@@ -344,8 +344,10 @@ def build_plan(env: Env, prompts: list[Prompt], planners=None) -> list[Run]:
 # --- run ------------------------------------------------------------------------------------------
 
 def execute(plan: list[Run], target: torch.nn.Module, max_new_tokens: int, sampling: Mapping[str, SamplingConfig],
-            eos, device: str, repeats: int, progress: bool = True) -> list[Record]:
-    """Every run of the plan; per prompt `repeats` interleaved passes (non-repeatable runs once)."""
+            eos, device: str, repeats: int, progress: bool = True,
+            between: Callable[[], None] | None = None) -> list[Record]:
+    """Every run of the plan; per prompt `repeats` interleaved passes (non-repeatable runs once).
+    `between()` runs after each prompt (the stage samples its calibration there)."""
     by_prompt: dict[str, list[Run]] = {}
     for run in plan:
         by_prompt.setdefault(run.prompt.id, []).append(run)
@@ -374,6 +376,8 @@ def execute(plan: list[Run], target: torch.nn.Module, max_new_tokens: int, sampl
                     records.append(rec)
                 else:
                     mine[run.key].times.append(t)
+        if between is not None:
+            between()
     bar.close()
     return records
 
@@ -425,50 +429,72 @@ class Calibration:
                 "context": self.context, "reps": self.reps}
 
 
-@torch.inference_mode()
+class Calibrator:
+    """Samples the forward costs the counted speedup needs: per pass, every target forward size once and
+    each drafter's 1-token forward, interleaved (so a load phase hits all sizes alike). `sample` can be
+    called between prompts of the run loop, so the calibration sees the same load phases as the runs."""
+
+    @torch.inference_mode()
+    def __init__(self, target, drafters: dict[str, torch.nn.Module], max_n: int, context: int, device: str,
+                 seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        vocab = int(target.config.vocab_size)
+        prefix = torch.randint(3, vocab, (context,), generator=gen).tolist()
+        self.target, self.drafters, self.context, self.device = target, drafters, context, device
+        self.caches = {}
+        for name, model in {"target": target, **drafters}.items():
+            self.caches[name] = kv.new_cache()
+            kv.forward(model, self.caches[name], prefix, device=kv.input_device(model))
+        self.sizes = list(range(1, max_n + 1))
+        self.feed = torch.randint(3, vocab, (max_n,), generator=gen).tolist()
+        self.times: dict[Any, list[float]] = {}
+        self.passes = 0
+        self.sample(2, keep=False)  # warm-up
+
+    @torch.inference_mode()
+    def sample(self, passes: int, keep: bool = True) -> None:
+        for _ in range(passes):
+            for n in self.sizes:
+                _, t = timed_call(lambda: kv.forward(self.target, self.caches["target"], self.feed[:n], last=n),
+                                  self.device)
+                kv.crop(self.caches["target"], self.context)
+                if keep:
+                    self.times.setdefault(n, []).append(t.time)
+            for name, model in self.drafters.items():
+                _, t = timed_call(lambda: kv.forward(model, self.caches[name], self.feed[:1]), self.device)
+                kv.crop(self.caches[name], self.context)
+                if keep:
+                    self.times.setdefault(name, []).append(t.time)
+            self.passes += keep
+
+    def result(self) -> Calibration:
+        """Per size the 10% quantile over the passes (load only adds time), then for the target the
+        least-squares line t(n) = a + b (n - 1) through them: on CPU a cached forward's cost is close to
+        affine in the tokens fed, and the line pools all sizes' samples, so one noisy size cannot move v(K)."""
+        sizes, times = self.sizes, self.times
+        lows = {n: quantile(times[n], 0.1) for n in sizes}
+        mean_x = statistics.mean(n - 1 for n in sizes)
+        mean_y = statistics.mean(lows.values())
+        sxx = sum((n - 1 - mean_x) ** 2 for n in sizes)
+        slope = max(0.0, sum((n - 1 - mean_x) * (lows[n] - mean_y) for n in sizes) / sxx) if sxx else 0.0
+        base = max(mean_y - slope * mean_x, min(lows.values()) * 0.5)
+        target_s = {n: base + slope * (n - 1) for n in sizes}
+        # drafters of one architecture cost the same per token: their samples are pooled, so measurement
+        # noise does not make one specialist look dearer than its twin
+        shape = {name: (sum(p.numel() for p in m.parameters()), int(getattr(m.config, "num_hidden_layers", 0)))
+                 for name, m in self.drafters.items()}
+        pooled = {s: [t for name in self.drafters if shape[name] == s for t in times[name]]
+                  for s in set(shape.values())}
+        return Calibration(target_s, {name: quantile(pooled[shape[name]], 0.1) for name in self.drafters},
+                           self.context, self.passes)
+
+
 def calibrate(target, drafters: dict[str, torch.nn.Module], max_n: int, context: int, reps: int, device: str,
               seed: int) -> Calibration:
-    """Per rep, every forward size once, interleaved (so load phases hit all sizes alike); then per size the
-    10% quantile over the reps (load only adds time). Each forward appends to a cache of `context` tokens,
-    then is cropped back."""
-    gen = torch.Generator().manual_seed(seed)
-    vocab = int(target.config.vocab_size)
-    prefix = torch.randint(3, vocab, (context,), generator=gen).tolist()
-    models = {"target": target, **drafters}
-    caches = {}
-    for name, model in models.items():
-        caches[name] = kv.new_cache()
-        kv.forward(model, caches[name], prefix, device=kv.input_device(model))
-    sizes = list(range(1, max_n + 1))
-    times: dict[Any, list[float]] = {}
-    feed = torch.randint(3, vocab, (max_n,), generator=gen).tolist()
-    for rep in range(reps + 2):  # the first 2 passes warm up
-        for n in sizes:
-            _, t = timed_call(lambda: kv.forward(target, caches["target"], feed[:n], last=n), device)
-            kv.crop(caches["target"], context)
-            if rep >= 2:
-                times.setdefault(n, []).append(t.time)
-        for name, model in drafters.items():
-            _, t = timed_call(lambda: kv.forward(model, caches[name], feed[:1]), device)
-            kv.crop(caches[name], context)
-            if rep >= 2:
-                times.setdefault(name, []).append(t.time)
-    # the target: per size a low quantile, then the least-squares line t(n) = a + b (n - 1) through them. On
-    # CPU the cost of a cached forward is close to affine in the tokens fed, and the line pools all sizes'
-    # samples, so one noisy size cannot move v(K)
-    lows = {n: quantile(times[n], 0.1) for n in sizes}
-    mean_x = statistics.mean(n - 1 for n in sizes)
-    mean_y = statistics.mean(lows.values())
-    sxx = sum((n - 1 - mean_x) ** 2 for n in sizes)
-    slope = max(0.0, sum((n - 1 - mean_x) * (lows[n] - mean_y) for n in sizes) / sxx) if sxx else 0.0
-    base = max(mean_y - slope * mean_x, min(lows.values()) * 0.5)
-    target_s = {n: base + slope * (n - 1) for n in sizes}
-    # drafters of one architecture cost the same per token: their samples are pooled, so measurement noise
-    # does not make one specialist look dearer than its twin
-    shape = {name: (sum(p.numel() for p in m.parameters()), int(getattr(m.config, "num_hidden_layers", 0)))
-             for name, m in drafters.items()}
-    pooled = {s: [t for name in drafters if shape[name] == s for t in times[name]] for s in set(shape.values())}
-    return Calibration(target_s, {name: quantile(pooled[shape[name]], 0.1) for name in drafters}, context, reps)
+    """All `reps` passes at once (the stage spreads them through its run loop instead)."""
+    cal = Calibrator(target, drafters, max_n, context, device, seed)
+    cal.sample(reps)
+    return cal.result()
 
 
 # --- the stage --------------------------------------------------------------------------------------
@@ -569,8 +595,13 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     # calibrate at a context like the runs' own: a median prompt, half way through its generation
     context = min(int(statistics.median(len(p.ids) for p in prompts)) + ecfg.max_new_tokens // 2,
                   ctx_len - max_k - 2)
-    calib = calibrate(target, drafters, max_k + 1, context, ecfg.calibration_reps, device, cfg.run.seed)
-    records = execute(plan, target, ecfg.max_new_tokens, modes, tok.eos_token_id, device, ecfg.repeats)
+    # the calibration's passes are spread through the run loop, a few after each prompt, so its costs come
+    # from the same load phases as the runs they price (a burst before the loop sees only one phase)
+    calibrator = Calibrator(target, drafters, max_k + 1, context, device, cfg.run.seed)
+    per_prompt = -(-ecfg.calibration_reps // len(prompts))
+    records = execute(plan, target, ecfg.max_new_tokens, modes, tok.eos_token_id, device, ecfg.repeats,
+                      between=lambda: calibrator.sample(per_prompt))
+    calib = calibrator.result()
 
     metrics = summarize(records, calib, Setup(ecfg, k_main, own, ofa, heads, modes["sampling"], device, len(prompts),
                                               len(drafters), arm_names, notes, cfg.run.seed, len(plan)))
