@@ -22,8 +22,10 @@ Three steps, each one function:
    interleaved (a slow phase of a shared machine hits every method alike). Each whole generate call is
    timed by `decoding.timing.timed_call` (CPU time of this process and wall time on CPU; CUDA events
    on a GPU). Counts come from the first pass (greedy and seeded sampling repeat exactly); every
-   pass's times are kept, and a run's time is its fastest pass (load only adds time). Before the loop, `calibrate` measures, interleaved and repeated, the
-   target's n-token cached forward for every n a round can verify, and each drafter's 1-token forward.
+   pass's times are kept, and a run's time is its fastest pass (load only adds time). After each
+   prompt, a few `Calibrator` passes time the target's n-token cached forward for every n a round can
+   verify and each drafter's 1-token forward (interleaved; spread through the loop, so they see the
+   same load phases as the runs they price).
 3. **aggregate** (`summarize`): per (mode, set, domain, method) counters summed and rates as ratios of
    totals; per prompt, the timed speedup (AR's median time per token / the method's) and the counted
    speedup (the same ratio of costs predicted from the run's counts: SpecDec++ Eq. 3.1 with the
