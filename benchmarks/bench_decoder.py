@@ -6,14 +6,17 @@
     python benchmarks/bench_decoder.py --random-tiny          # smoke test on two random tiny models
 
 For greedy and for sampling it measures, per prompt and method, the median over --runs timed runs
-(after one warm-up run per method): ours autoregressive (the baseline), ours speculative with fixed K,
+(after one warm-up run per method; the methods interleaved within each run, so a slow phase of a shared
+machine hits them alike; times from `decoding.timing.timed_call`: this process's CPU time on CPU, CUDA
+events on a GPU, wall time beside it): ours autoregressive (the baseline), ours speculative with fixed K,
 transformers `generate` alone, and assisted generation with `num_assistant_tokens=K` (constant schedule)
 and with its defaults. Reports tokens/s, MAT (tokens per target forward, counted with a forward hook for
 transformers), the ratio ours / transformers at equal K, and the implementation efficiency: measured
 speedup over our autoregressive baseline divided by the analytic fixed-K speedup at the measured
 acceptance (inverted from MAT) and cost ratio c = t_draft / t_target (from autoregressive per-token
 times of each model). A second table compares greedy stopping policies (fixed K, SpecDec++ with --head,
-the hindsight oracle) by discard and verification rate, with the §5.2 cost fit. The tables are printed
+the hindsight oracle) by discard and verification rate, with the §5.2 cost fit (non-negative least squares
+on counts and the same robust median times, with its R^2). The tables are printed
 and appended to benchmarks/RESULTS.md with the machine named.
 EOS is ignored so every method generates exactly --max-new-tokens tokens.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime
 import pathlib
 import os
@@ -39,9 +43,10 @@ from decoding import kv  # noqa: E402
 from decoding.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
 from decoding.metrics import aggregate  # noqa: E402
 from decoding.sampling import SamplingConfig  # noqa: E402
-from decoding.cost_model import fit_from_metrics  # noqa: E402
+from decoding.cost_model import fit_costs  # noqa: E402
 from decoding.speculative import hindsight_oracle, speculative_generate  # noqa: E402
 from decoding.stopping import FixedK, SpecDecPP  # noqa: E402
+from decoding.timing import timed_call  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 
@@ -109,27 +114,31 @@ class ForwardCounter:
         self.calls += 1
 
 
-def timed(fn, runs: int) -> tuple[float, object]:
-    fn()  # warm-up, excluded
-    times, out = [], None
+def interleaved(fns: dict, runs: int, device: str) -> dict:
+    """Each fn once to warm up, then `runs` passes over all of them in turn (interleaved, so load phases
+    hit every method alike). Returns name -> (median robust seconds, median wall seconds, last result)."""
+    for fn in fns.values():
+        fn()
+    times: dict = {name: [] for name in fns}
+    out = {}
     for _ in range(runs):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+        for name, fn in fns.items():
+            out[name], t = timed_call(fn, device)
+            times[name].append(t)
+    return {name: (statistics.median(t.time for t in ts), statistics.median(t.wall for t in ts), out[name])
+            for name, ts in times.items()}
 
 
 @torch.inference_mode()
-def forward_time(model, n_tokens: int, context: int = 64, reps: int = 60) -> float:
-    """The model alone (no decoder around it): median seconds of one n-token cached forward."""
+def forward_time(model, n_tokens: int, context: int = 64, reps: int = 60, device: str = "cpu") -> float:
+    """The model alone (no decoder around it): median robust seconds of one n-token cached forward."""
     cache = kv.new_cache()
     kv.forward(model, cache, torch.randint(3, model.config.vocab_size, (context,)).tolist())
     times = []
     for i in range(reps + 5):  # the first 5 are warm-up
-        start = time.perf_counter()
-        kv.forward(model, cache, list(range(3, 3 + n_tokens)), last=n_tokens)
+        _, t = timed_call(lambda: kv.forward(model, cache, list(range(3, 3 + n_tokens)), last=n_tokens), device)
         if i >= 5:
-            times.append(time.perf_counter() - start)
+            times.append(t.time)
         kv.crop(cache, context)
     return statistics.median(times)
 
@@ -141,7 +150,9 @@ def bench(args) -> str:
     t_calls = ForwardCounter(target)  # counts target forwards inside transformers generate
     prompts = load_prompts(args, target.config.vocab_size)
     n, k = args.max_new_tokens, args.k
-    t_verify_model = forward_time(target, k + 1)  # what the hardware charges for K+1 tokens at once
+    # what the hardware charges for K+1 tokens at once, in units of its 1-token forward (both measured here)
+    t_verify_model = forward_time(target, k + 1, device=device)
+    t_one_model = forward_time(target, 1, device=device)
 
     def hf(prompt, sampling: SamplingConfig, assistant_k: int | None, assisted: bool):
         kwargs = dict(max_new_tokens=n, min_new_tokens=n, do_sample=not sampling.greedy, eos_token_id=None, pad_token_id=0)
@@ -165,25 +176,33 @@ def bench(args) -> str:
         per = {key: [] for key in ("ar", "ar_d", "spec", "hf", "hf_k", "hf_def")}
         mats = {key: [] for key in ("spec", "hf_k", "hf_def")}
         spec_metrics = []
+        ar_wall = []  # (median wall seconds, tokens): the decoder's own split below is wall time
         for i, prompt in enumerate(prompts):
             gen = lambda: torch.Generator().manual_seed(i)  # noqa: E731
-            t, r = timed(lambda: generate_autoregressive(target, prompt, n, sampling, generator=gen()), args.runs)
-            per["ar"].append((t, r.metrics.n_generated))
-            t, r = timed(lambda: generate_autoregressive(drafter, prompt, n, sampling, generator=gen()), args.runs)
-            per["ar_d"].append((t, r.metrics.n_generated))
-            t, r = timed(lambda: speculative_generate(target, drafter, prompt, n, sampling, k=k, generator=gen()), args.runs)
-            per["spec"].append((t, r.metrics.n_generated))
+
+            def seeded_hf(assistant_k, assisted):
+                torch.manual_seed(i)
+                return hf(prompt, sampling, assistant_k, assisted)
+
+            res = interleaved({
+                "ar": lambda: generate_autoregressive(target, prompt, n, sampling, generator=gen()),
+                "ar_d": lambda: generate_autoregressive(drafter, prompt, n, sampling, generator=gen()),
+                "spec": lambda: speculative_generate(target, drafter, prompt, n, sampling, k=k, generator=gen()),
+                "hf": lambda: seeded_hf(None, False),
+                "hf_k": lambda: seeded_hf(k, True),
+                "hf_def": lambda: seeded_hf(None, True),
+            }, args.runs, device)
+            for key in ("ar", "ar_d", "spec"):
+                per[key].append((res[key][0], res[key][2].metrics.n_generated))
+            ar_wall.append((res["ar"][1], res["ar"][2].metrics.n_generated))
+            r = res["spec"][2]
             mats["spec"].append((r.metrics.n_generated, r.metrics.n_target))
             spec_metrics.append(r.metrics)
-            torch.manual_seed(i)
-            t, (toks, _) = timed(lambda: hf(prompt, sampling, None, False), args.runs)
-            per["hf"].append((t, toks))
-            t, (toks, calls) = timed(lambda: hf(prompt, sampling, k, True), args.runs)
-            per["hf_k"].append((t, toks))
-            mats["hf_k"].append((toks, calls))
-            t, (toks, calls) = timed(lambda: hf(prompt, sampling, None, True), args.runs)
-            per["hf_def"].append((t, toks))
-            mats["hf_def"].append((toks, calls))
+            for key in ("hf", "hf_k", "hf_def"):
+                toks, calls = res[key][2]
+                per[key].append((res[key][0], toks))
+                if key != "hf":
+                    mats[key].append((toks, calls))
         tps = {key: sum(tok for _, tok in v) / sum(t for t, _ in v) for key, v in per.items()}
         mat = {key: sum(a for a, _ in v) / sum(b for _, b in v) for key, v in mats.items()}
         t_target, t_draft = 1 / tps["ar"], 1 / tps["ar_d"]
@@ -193,8 +212,9 @@ def bench(args) -> str:
         analytic = analytic_speedup(a, k, c)
         split = aggregate(spec_metrics)
         where = [t / split.time_total for t in (split.time_draft, split.time_target, split.time_other)]
-        verify_cost = (split.time_target / split.n_target) / t_target  # K+1-token forward vs 1-token forward
-        v = t_verify_model / t_target  # the bare (K+1)-token forward in units of one AR step
+        # K+1-token forward vs 1-token forward inside the decoder: both wall-clock (the loop's own split)
+        verify_cost = (split.time_target / split.n_target) / (sum(t for t, _ in ar_wall) / sum(x for _, x in ar_wall))
+        v = t_verify_model / t_one_model  # the bare (K+1)-token forward in units of its 1-token forward
         rows.append((mode, tps, mat, c, a, speedup, analytic, where, verify_cost, v))
 
     machine = (
@@ -205,7 +225,9 @@ def bench(args) -> str:
         f"## Decoder vs transformers assisted generation ({datetime.date.today()}, {machine})",
         "",
         f"`python benchmarks/bench_decoder.py {' '.join(args.argv)}`: {len(prompts)} prompts, batch 1, "
-        f"max_new_tokens={n}, K={k}, median of {args.runs} timed runs after one warm-up; tokens/s over all prompts. "
+        f"max_new_tokens={n}, K={k}, median of {args.runs} timed runs after one warm-up, the methods interleaved "
+        f"within each run; times are this process's CPU time ({'CUDA events' if device.startswith('cuda') else 'CPU'}); "
+        f"tokens/s over all prompts. "
         f"Load average at the end: {os.getloadavg()[0]:.1f} (a shared machine makes single runs noisy).",
         "",
         "| mode | ours AR tok/s | ours SD tok/s | ours MAT | HF tok/s | HF assisted K tok/s | HF MAT | ours/HF at K "
@@ -227,7 +249,7 @@ def bench(args) -> str:
         "expected tokens per round equals our MAT; speedup = ours SD / ours AR; efficiency = speedup / analytic "
         "(the analytic model assumes a (K+1)-token verification forward costs one single-token forward; "
         "'verify fwd / AR fwd' shows how far that holds inside our decoder). v = the target model alone, outside any "
-        "decoder: its median (K+1)-token cached forward, in units of our AR time per token (the same unit as c); "
+        "decoder: its median (K+1)-token cached forward over its median 1-token cached forward; "
         "'analytic at v' puts v in place of 1, so 'efficiency at v' is what is left for the decoder's own overhead "
         "(per-round sampling, verification, cache rollback, bookkeeping).",
         "",
@@ -251,19 +273,27 @@ def policy_table(args, target, drafter, prompts) -> list[str]:
         "| greedy policy | MAT | discard rate | verification rate | tok/s |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
-    everything = []
-    for name, make in policies:
-        runs = [speculative_generate(target, drafter, p, n, greedy, stopping=make()).metrics for p in prompts]
-        everything += runs
-        m = aggregate(runs)
+    # per prompt, the policies interleaved and repeated; each generation's median robust time is its row of the fit
+    results: dict[str, list] = {name: [] for name, _ in policies}
+    fit_rows = []
+    for p in prompts:
+        res = interleaved({name: (lambda make=make: speculative_generate(target, drafter, p, n, greedy, stopping=make()))
+                           for name, make in policies}, args.runs, args.device)
+        for name, (t, _, r) in res.items():
+            m = dataclasses.replace(r.metrics, time_total=t)  # tok/s below from the robust median time
+            results[name].append(m)
+            fit_rows.append((m.n_draft, m.n_target, t))
+    for name, _ in policies:
+        m = aggregate(results[name])
         lines.append(f"| {name} | {m.mat:.2f} | {m.discard_rate:.2f} | {m.verification_rate:.2f} | {m.tokens_per_s:.1f} |")
     m = aggregate(hindsight_oracle(target, drafter, p, n).metrics for p in prompts)
     lines.append(f"| hindsight oracle (Thm 4.1) | {m.mat:.2f} | {m.discard_rate:.2f} | {m.verification_rate:.2f} | - |")
-    fit = fit_from_metrics(everything)
+    fit = fit_costs(fit_rows)
     lines += [
         "",
-        f"Cost fit over these {fit.n_rows} generations (Eq. 3.1, least squares): t_draft = {fit.t_draft * 1e3:.2f} ms, "
-        f"t_target = {fit.t_target * 1e3:.2f} ms, R^2 = {fit.r2:.3f}.",
+        f"Cost fit over these {fit.n_rows} generations (Eq. 3.1, non-negative least squares on counts and median "
+        f"robust times): t_draft = {fit.t_draft * 1e3:.3f} ms, t_target = {fit.t_target * 1e3:.3f} ms, "
+        f"R^2 = {fit.r2:.3f}.",
         "",
     ]
     return lines
@@ -294,7 +324,9 @@ def main(argv=None) -> int:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--head", help="acceptance head dir (train-heads output) for a SpecDec++ row")
     parser.add_argument("--h", type=float, default=0.7, help="SpecDec++ stopping threshold")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: then CPU time is this process's compute, not idle "
+                             "OpenMP workers spinning; 0: torch's choice)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")

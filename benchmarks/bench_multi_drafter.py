@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipelines.config import load_config  # noqa: E402
-from pipelines.report import _methods, _regret_table, one, select  # noqa: E402
+from pipelines.report import _regret_table, key_of, label, method_keys, one, select  # noqa: E402
 from pipelines.schema import RunConfig  # noqa: E402
 from pipelines.stage import run_stage  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
@@ -45,10 +45,10 @@ from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 def bandit_table(metrics: dict) -> list[str]:
     k, ofa = metrics["k"], metrics["drafters"]["ofa"]
-    bandits = _methods(metrics, ("bandit", "ceiling"), mode="greedy", set="test")
+    bandits = method_keys(metrics, ("bandit", "ceiling"), mode="greedy", set="test")
     domains = sorted({r["domain"] for r in select(metrics, mode="greedy", set="test")} - {"all"}) + ["all"]
     rows = ["| domain | rounds per prompt | best single drafter (MAT) | per-prompt best MAT | OFA MAT | "
-            + " | ".join(f"{b}: MAT / of single / of per-prompt" for b in bandits) + " |",
+            + " | ".join(f"{label(b)}: MAT / of single / of per-prompt" for b in bandits) + " |",
             "| --- | ---: | --- | ---: | ---: |" + " ---: |" * len(bandits)]
     for d in domains:
         fixed = select(metrics, mode="greedy", set="test", domain=d, family="fixed", k=k)
@@ -57,7 +57,7 @@ def bandit_table(metrics: dict) -> list[str]:
         o = one(metrics, mode="greedy", set="test", domain=d, drafter=ofa, family="fixed", k=k)
         cells = []
         for b in bandits:
-            r = one(metrics, mode="greedy", set="test", domain=d, method=b)
+            r = one(metrics, set="test", domain=d, **b)
             cells.append(f"{r['MAT']:.3f} / {r['MAT'] / single['MAT']:.3f} / {r['MAT'] / hind['MAT']:.3f}")
         rounds = hind["N_target"] / hind["prompts"]  # of the hindsight-best drafter: what a bandit has to learn in
         rows.append(f"| {d} | {rounds:.1f} | {single['drafter']} ({single['MAT']:.3f}) | {hind['MAT']:.3f} | "
@@ -66,7 +66,8 @@ def bandit_table(metrics: dict) -> list[str]:
 
 
 def best_arm_table(metrics: dict, points=(0, 2, 5, 6, 8, 10, 15, 20, 30)) -> list[str]:
-    curves, counts = metrics["best_arm_ratio"], metrics["best_arm_prompts"]
+    curves = {label(v["key"]): v["ratio"] for v in metrics["best_arm_ratio"]}
+    counts = {label(v["key"]): v["prompts"] for v in metrics["best_arm_ratio"]}
     labels = sorted(curves)
     # prompts still decoding at round t: short generations drop out, so late rounds speak for long prompts only
     rows = ["| round | prompts | " + " | ".join(labels) + " |", "| ---: | ---: |" + " ---: |" * len(labels)]
@@ -80,12 +81,14 @@ def best_arm_table(metrics: dict, points=(0, 2, 5, 6, 8, 10, 15, 20, 30)) -> lis
 
 
 def robustness_table(metrics: dict) -> list[str]:
-    methods = _methods(metrics, ("router", "bandit"), mode="greedy")
     k, ofa = metrics["k"], metrics["drafters"]["ofa"]
+    base = {"mode": "greedy", "stream": False, "params": {}}
+    keys = [key_of({**base, "family": "domain", "k": k}), key_of({**base, "family": "fixed", "drafter": ofa, "k": k})]
     rows = ["| method | " + " | ".join(f"{s} MAT" for s in ("test", "perturbed", "ood")) + " | perturbed / test | ood / test |",
             "| --- |" + " ---: |" * 5]
-    for m in [f"domain drafter K={k}", f"{ofa} K={k}"] + methods:
-        cells = {s: one(metrics, mode="greedy", set=s, domain="all", method=m) for s in ("test", "perturbed", "ood")}
+    for key in keys + method_keys(metrics, ("router", "bandit"), mode="greedy"):
+        m = label(key)
+        cells = {s: one(metrics, set=s, domain="all", **key) for s in ("test", "perturbed", "ood")}
         mat = {s: (c["MAT"] if c else None) for s, c in cells.items()}
         ratio = [f"{mat[s] / mat['test']:.3f}" if mat[s] and mat["test"] else "-" for s in ("perturbed", "ood")]
         rows.append(f"| {m} | " + " | ".join(f"{v:.3f}" if v else "-" for v in mat.values()) + f" | {ratio[0]} | {ratio[1]} |")

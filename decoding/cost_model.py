@@ -25,7 +25,7 @@ class CostFit:
 
     @property
     def cost_ratio(self) -> float:
-        return self.t_draft / self.t_target
+        return self.t_draft / self.t_target if self.t_target > 0 else float("inf")
 
     def predict_total(self, n_draft: float, n_target: float) -> float:
         """Eq. 3.1."""
@@ -37,16 +37,29 @@ class CostFit:
 
 
 def fit_costs(rows: Iterable[tuple[float, float, float]]) -> CostFit:
-    """Least squares T_total ~ t_draft N_draft + t_target N_target, no intercept (Eq. 3.1), over
-    (N_draft, N_target, T_total) rows, e.g. one per generation. R^2 is about the mean of T_total."""
+    """Non-negative least squares T_total ~ t_draft N_draft + t_target N_target, no intercept (Eq. 3.1),
+    over (N_draft, N_target, T_total) rows, e.g. one per generation. R^2 is about the mean of T_total.
+
+    A forward never takes negative time, but noisy times with correlated counts can pull plain least
+    squares there; with two unknowns NNLS is exact by cases: the unconstrained fit if both are >= 0,
+    else the better of the two one-variable fits (each clamped at 0)."""
     data = torch.tensor(list(rows), dtype=torch.float64)
     if data.dim() != 2 or data.shape[0] < 2 or data.shape[1] != 3:
         raise InputError("fit_costs needs at least two (N_draft, N_target, T_total) rows")
-    X, y = data[:, :2], data[:, 2:]
-    coef = torch.linalg.lstsq(X, y).solution[:, 0]
-    residual = y[:, 0] - X @ coef
+    X, y = data[:, :2], data[:, 2]
+    coef = torch.linalg.lstsq(X, y[:, None]).solution[:, 0]
+    if bool((coef < 0).any()):
+        candidates = []
+        for j in range(2):  # only column j free, the other at 0
+            x = X[:, j]
+            c = torch.zeros(2, dtype=torch.float64)
+            denom = float(x @ x)
+            c[j] = max(0.0, float(x @ y) / denom) if denom > 0 else 0.0
+            candidates.append(c)
+        coef = min(candidates, key=lambda c: float(((y - X @ c) ** 2).sum()))
+    residual = y - X @ coef
     ss_res = float((residual**2).sum())
-    ss_tot = float(((y[:, 0] - y[:, 0].mean()) ** 2).sum())
+    ss_tot = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
     return CostFit(t_draft=float(coef[0]), t_target=float(coef[1]), r2=r2, n_rows=data.shape[0])
 

@@ -26,6 +26,9 @@ class GenerationMetrics:
     time_draft: float = 0.0  # seconds in the speculator (drafting, catch-up, stopping head)
     time_target: float = 0.0  # seconds in target forwards (incl. turning logits into p)
     time_total: float = 0.0  # wall time of the whole call
+    # CPU seconds of this process over the whole call (0 when the caller did not time it: the loop itself
+    # reads only the wall clock; pipelines/evaluate.py times whole calls with decoding.timing)
+    time_cpu: float = 0.0
 
     @property
     def n_rounds(self) -> int:
@@ -75,6 +78,7 @@ class GenerationMetrics:
             "time_draft_s": self.time_draft,
             "time_target_s": self.time_target,
             "time_other_s": self.time_other,
+            "time_cpu_s": self.time_cpu,
         }
 
 
@@ -91,6 +95,7 @@ def aggregate(items: Iterable[GenerationMetrics]) -> GenerationMetrics:
         total.time_draft += m.time_draft
         total.time_target += m.time_target
         total.time_total += m.time_total
+        total.time_cpu += m.time_cpu
     return total
 
 

@@ -6,9 +6,9 @@ Writes report/
                        as a table), the cost fit, and what the expected effects look like on this run
   metrics.json         the metrics dict itself
   pareto.png           discard rate vs verification rate (SpecDec++ Figure 3 style)
-  speedup.png          speedup per domain x method (test set, greedy)
+  speedup.png          counted and timed speedup per domain x method with 90% intervals (test set, greedy)
   best_arm_ratio.png   fraction of prompts whose bandit picked the hindsight-best drafter, per round
-  robustness.png       MAT on in-domain / perturbed / OOD prompts per method (MetaSD Table 6)
+  robustness.png       counted speedup on in-domain / perturbed / OOD prompts per method, with intervals
   regret.png           stopping-time regret per domain x bandit (MetaSD Definition 1)
 """
 from __future__ import annotations
@@ -17,7 +17,9 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from pipelines.forward_costs import forward_cost_lines
+from decoding.hashing import derive_seed
+from decoding.timing import Spread, bootstrap_ratio, verdict
+from pipelines.schema import BANDITS
 
 PLOTS = ("pareto.png", "speedup.png", "best_arm_ratio.png", "robustness.png", "regret.png")
 
@@ -31,6 +33,43 @@ def one(metrics: dict, **where) -> dict | None:
     return rows[0] if rows else None
 
 
+KEY_FIELDS = ("family", "mode", "drafter", "k", "policy", "router", "bandit", "reward", "stream", "params")
+CEILING = "one pass + hindsight drafter"
+
+
+def key_of(row: dict) -> dict:
+    """The method key fields of a row, a run or a key dict: pass it back as `one(metrics, **key)`."""
+    return {f: row.get(f) for f in KEY_FIELDS}
+
+
+def label(key: dict) -> str:
+    """The display name of a method: made here, when the report renders, and nowhere else."""
+    fam, d, k = key.get("family"), key.get("drafter"), key.get("k")
+    if fam == "ar":
+        return "AR"
+    if fam == "fixed":
+        return f"{d} K={k}"
+    if fam == "specdecpp":
+        return f"{d} SpecDec++"
+    if fam == "oracle":
+        return f"{d} oracle"
+    if fam == "router":
+        return f"router:{key.get('router')}"
+    if fam == "bandit":
+        name = BANDITS[key["bandit"]][0] if key.get("bandit") in BANDITS else str(key.get("bandit"))
+        return name + (" (stream)" if key.get("stream") else "")
+    if fam == "ceiling":
+        return CEILING
+    if fam == "domain":
+        return "domain drafter SpecDec++" if key.get("policy") == "specdecpp" else f"domain drafter K={k}"
+    if fam == "hindsight":
+        return f"hindsight-best drafter K={k}"
+    # a family this module has no name for (a new decoder): its key fields, so it still renders
+    parts = [str(fam)] + ([d] if d else []) + ([f"K={k}"] if k is not None else [])
+    parts += [f"{n}={v}" for n, v in sorted((key.get("params") or {}).items())]
+    return " ".join(parts)
+
+
 def _fmt(x: Any) -> str:
     if x is None:
         return "-"
@@ -39,6 +78,13 @@ def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.3f}"
     return str(x)
+
+
+def _ci(row: dict | None, name: str = "speedup") -> str:
+    """'median [lo, hi]': a speedup with its bootstrap 90% interval over prompts."""
+    if not row or row.get(name) is None:
+        return "-"
+    return f"{_fmt(row[name])} [{_fmt(row[name + '_lo'])}, {_fmt(row[name + '_hi'])}]"
 
 
 def table(header: list[str], rows: Iterable[list[Any]]) -> str:
@@ -51,49 +97,80 @@ def _domains(metrics: dict, set_name: str, mode: str = "greedy") -> list[str]:
     return sorted({r["domain"] for r in select(metrics, mode=mode, set=set_name)} - {"all"}) + ["all"]
 
 
-def _methods(metrics: dict, families: tuple[str, ...], **where) -> list[str]:
-    """Methods of the given families in first-seen order, families in the given order."""
-    seen: dict[str, int] = {}
+def method_keys(metrics: dict, families: tuple[str, ...], **where) -> list[dict]:
+    """Key dicts of the methods of the given families in first-seen order, families in the given order."""
+    seen: dict[tuple, tuple[int, dict]] = {}
     for r in metrics["rows"]:
         if r["family"] in families and all(r.get(k) == v for k, v in where.items()):
-            seen.setdefault(r["method"], families.index(r["family"]))
-    return sorted(seen, key=lambda m: (seen[m], m))
+            key = key_of(r)
+            seen.setdefault(json.dumps(key, sort_keys=True), (families.index(r["family"]), key))
+    return [key for _, key in sorted(seen.values(), key=lambda x: (x[0], label(x[1])))]
+
+
+# --- per-prompt comparisons with their spread ---
+
+def runs_of(metrics: dict, key: dict, set_name: str, domain: str) -> dict[str, dict]:
+    """prompt -> the raw run of method `key` on it (metrics["runs"]; domain "all": every domain)."""
+    return {r["prompt"]: r for r in metrics["runs"] if r["set"] == set_name and key_of(r) == key
+            and (domain == "all" or r["domain"] == domain)}
+
+
+def compare(a: dict[str, dict], b: dict[str, dict], value: str, seed: int) -> dict[str, Any] | None:
+    """sum over shared prompts of b[value] / sum of a[value] (e.g. value "N_target": MAT of a over MAT of
+    b under greedy, where both emit the same tokens; "counted_s" or "time_s": speedup of a over b), with its
+    bootstrap 90% interval over prompts and the verdict against 1."""
+    shared = sorted(set(a) & set(b))
+    if not shared:
+        return None
+    s = bootstrap_ratio([(b[p][value] / b[p]["N"], a[p][value] / a[p]["N"]) for p in shared], seed)
+    return {"ratio": round(s.median, 3), "lo": round(s.lo, 3), "hi": round(s.hi, 3), "prompts": len(shared),
+            "verdict": verdict(s, 1.0)}
+
+
+def _seed(*parts) -> int:
+    return derive_seed("report", *parts)
+
+
+def _hindsight_runs(metrics: dict, k: int, set_name: str, domain: str) -> dict[str, dict]:
+    """Per prompt, the fixed-K run with the highest MAT where every drafter ran (the hindsight-best drafter)."""
+    by: dict[str, list[dict]] = {}
+    for r in metrics["runs"]:
+        if r["set"] == set_name and r["mode"] == "greedy" and r["family"] == "fixed" and r["k"] == k \
+                and (domain == "all" or r["domain"] == domain):
+            by.setdefault(r["prompt"], []).append(r)
+    # first on ties, as pipelines/evaluate.derived picks
+    return {p: max(v, key=lambda r: r["N"] / r["N_target"]) for p, v in by.items() if len(v) == metrics["n_drafters"]}
 
 
 # --- derived comparisons (stored in metrics["effects"], so the report's sentences have their numbers) ---
 
-def _latency(fit: dict | None, row: dict) -> float | None:
-    """Eq. 5.1 predicted ms per token from the row's discard and verification rates."""
-    if fit is None or fit.get("t_draft_ms") is None:
-        return None
-    td, tt = fit["t_draft_ms"], fit["t_target_ms"]
-    return round(td * (1 + row["discard_rate"]) + (tt - td) * row["verification_rate"], 3)
-
-
 def effects(metrics: dict) -> dict[str, Any]:
     k, own, ofa = metrics["k"], metrics["drafters"]["own"], metrics["drafters"]["ofa"]
     out: dict[str, Any] = {}
-    # 1. specialised drafters win in their domain (test set, greedy, fixed K)
+    # 1. specialised drafters win in their domain (test set, greedy, fixed K): MAT and counted speed, each
+    #    against the best other drafter, with its interval over the domain's prompts
     spec = {}
     for d, name in sorted(own.items()):
-        rows = [r for r in select(metrics, mode="greedy", set="test", domain=d, family="fixed", k=k)]
+        rows = select(metrics, mode="greedy", set="test", domain=d, family="fixed", k=k)
         if len(rows) < 2 or not any(r["drafter"] == name for r in rows):
             continue
-        best_mat = max(rows, key=lambda r: r["MAT"])
-        best_speed = max(rows, key=lambda r: r["speedup"] or 0.0)
         own_row = next(r for r in rows if r["drafter"] == name)
-        spec[d] = {"own": name, "own_MAT": own_row["MAT"], "own_speedup": own_row["speedup"],
-                   "best_by_MAT": best_mat["drafter"], "best_MAT": best_mat["MAT"],
-                   "best_by_speedup": best_speed["drafter"], "best_speedup": best_speed["speedup"],
-                   "holds": best_mat["drafter"] == name}
+        other = max((r for r in rows if r["drafter"] != name), key=lambda r: r["MAT"])
+        a, b = runs_of(metrics, key_of(own_row), "test", d), runs_of(metrics, key_of(other), "test", d)
+        mat = compare(a, b, "N_target", _seed("spec", d))
+        speed = compare(a, b, "counted_s", _seed("spec-speed", d))
+        spec[d] = {"own": name, "own_MAT": own_row["MAT"], "own_counted_speedup": own_row["counted_speedup"],
+                   "best_other": other["drafter"], "best_other_MAT": other["MAT"],
+                   "best_other_counted_speedup": other["counted_speedup"], "MAT_ratio": mat, "speed_ratio": speed,
+                   "holds": mat["verdict"] if mat else None}
     out["specialised_win_in_domain"] = spec
     # 2. bandits approach the hindsight-best drafter and beat OFA (test set, greedy, MAT)
-    band = {}
+    band = []
     # the one-pass ceiling is listed with them: what any bandit that first tries every drafter once can reach
-    for label in _methods(metrics, ("bandit", "ceiling"), mode="greedy", set="test"):
+    for key in method_keys(metrics, ("bandit", "ceiling"), mode="greedy", set="test"):
         per = {}
         for d in _domains(metrics, "test"):
-            b = one(metrics, mode="greedy", set="test", domain=d, method=label)
+            b = one(metrics, set="test", domain=d, **key)
             best = one(metrics, mode="greedy", set="test", domain=d, family="hindsight")
             o = one(metrics, mode="greedy", set="test", domain=d, drafter=ofa, family="fixed", k=k) if ofa else None
             # the best single drafter for the whole domain, chosen in hindsight (MetaSD Table 3's yardstick);
@@ -102,188 +179,247 @@ def effects(metrics: dict) -> dict[str, Any]:
                          key=lambda r: r["MAT"], default=None)
             if b is None or best is None:
                 continue
-            per[d] = {"MAT": b["MAT"], "best_MAT": best["MAT"], "ratio": round(b["MAT"] / best["MAT"], 3),
+            mine = runs_of(metrics, key, "test", d)
+            vs_best = compare(mine, _hindsight_runs(metrics, k, "test", d), "N_target", _seed("band", d))
+            vs_single = compare(mine, runs_of(metrics, key_of(single), "test", d), "N_target",
+                                _seed("single", d)) if single else None
+            vs_ofa = compare(mine, runs_of(metrics, key_of(o), "test", d), "N_target", _seed("ofa", d)) if o else None
+            per[d] = {"MAT": b["MAT"], "best_MAT": best["MAT"], "ratio": vs_best,
                       "best_single": single["drafter"] if single else None,
-                      "best_single_MAT": single["MAT"] if single else None,
-                      "ratio_single": round(b["MAT"] / single["MAT"], 3) if single else None,
-                      "OFA_MAT": o["MAT"] if o else None,
+                      "best_single_MAT": single["MAT"] if single else None, "ratio_single": vs_single,
+                      "OFA_MAT": o["MAT"] if o else None, "vs_OFA": vs_ofa,
                       "rounds_per_prompt": round(b["N_target"] / b["prompts"], 1)}
         if per:
-            family = one(metrics, mode="greedy", set="test", method=label)["family"]
-            band[label] = {"family": family, "per_domain": per,
-                           "holds": all(v["ratio"] >= 0.95 for v in per.values()),
-                           "holds_vs_single": all(v["ratio_single"] is not None and v["ratio_single"] >= 0.95
-                                                  for v in per.values()),
-                           "beats_ofa": per.get("all", {}).get("OFA_MAT") is not None
-                           and per["all"]["MAT"] > per["all"]["OFA_MAT"]}
+            def holds(name: str) -> str:
+                verdicts = [verdict(Spread(v[name]["ratio"], v[name]["lo"], v[name]["hi"]), 0.95)
+                            if v[name] else "within noise" for v in per.values()]
+                return "below" if "below" in verdicts else ("above" if set(verdicts) == {"above"} else "within noise")
+            ofa_all = per.get("all", {}).get("vs_OFA")
+            band.append({"key": key, "per_domain": per, "holds": holds("ratio"), "holds_vs_single": holds("ratio_single"),
+                         "beats_ofa": ofa_all["verdict"] if ofa_all else None})
     out["bandits_near_best"] = band
-    # 3. SpecDec++ beats fixed K in verification + discard cost (Eq. 5.1 with the fitted t_draft, t_target)
-    fit = metrics["cost_fit"]
-    sdpp = {}
+    # 3. SpecDec++ beats the best fixed K in cost: the counted cost per token (Eq. 3.1 with the calibrated
+    #    v(K), i.e. Eq. 5.1 with the verification forward's real cost), per domain/drafter, over prompts
+    sdpp = []
     for r in select(metrics, mode="greedy", set="test", family="specdecpp"):
+        if r["domain"] == "all":
+            continue
         fixed = [f for f in select(metrics, mode="greedy", set="test", domain=r["domain"], drafter=r["drafter"],
                                    family="fixed") if f["k"] in metrics["config"]["ks"]]
-        if not fixed or r["domain"] == "all":
+        if not fixed:
             continue
-        lat = {f["k"]: _latency(fit, f) for f in fixed}
-        best_k = min(lat, key=lambda kk: lat[kk] if lat[kk] is not None else -(fixed[0]["speedup"] or 0))
-        mine = _latency(fit, r)
-        sdpp[f"{r['domain']}/{r['drafter']}"] = {
-            "latency_ms": mine, "best_fixed_k": best_k, "best_fixed_latency_ms": lat[best_k],
-            "speedup": r["speedup"], "best_fixed_speedup": max(f["speedup"] or 0.0 for f in fixed),
-            "holds": mine is not None and lat[best_k] is not None and mine < lat[best_k]}
+        best = min(fixed, key=lambda f: f["counted_s"] / f["N"])
+        mine, theirs = runs_of(metrics, key_of(r), "test", r["domain"]), runs_of(metrics, key_of(best), "test",
+                                                                                  r["domain"])
+        counted = compare(mine, theirs, "counted_s", _seed("sdpp", r["domain"], r["drafter"]))
+        timed = compare(mine, theirs, "time_s", _seed("sdpp-t", r["domain"], r["drafter"]))
+        sdpp.append({"domain": r["domain"], "drafter": r["drafter"], "best_fixed_k": best["k"],
+                     "counted_ms_per_token": round(r["counted_s"] / r["N"] * 1e3, 3),
+                     "best_fixed_counted_ms_per_token": round(best["counted_s"] / best["N"] * 1e3, 3),
+                     "counted": counted, "timed": timed, "holds": counted["verdict"] if counted else None})
     out["specdecpp_beats_fixed_k"] = sdpp
     return out
 
 
+HEADLINE_SETS = ("test", "perturbed", "ood")
+
+
 def headline_rows(metrics: dict) -> list[dict]:
-    """One row per key method: MAT and speedup in domain (test), on perturbed and on OOD prompts."""
+    """One row per key method: MAT, counted and timed speedup in domain (test), on perturbed and OOD prompts."""
     k, ofa = metrics["k"], metrics["drafters"]["ofa"]
-    methods = (["AR"] + ([f"{ofa} K={k}"] if ofa else []) + [f"domain drafter K={k}", "domain drafter SpecDec++",
-               f"hindsight-best drafter K={k}"] + _methods(metrics, ("router", "bandit"), mode="greedy"))
+    keys = [key_of({"family": "ar", "mode": "greedy", "stream": False, "params": {}})]
+    if ofa:
+        keys.append(key_of({"family": "fixed", "mode": "greedy", "drafter": ofa, "k": k, "stream": False, "params": {}}))
+    keys += [key_of({"family": "domain", "mode": "greedy", "k": k, "stream": False, "params": {}}),
+             key_of({"family": "domain", "mode": "greedy", "policy": "specdecpp", "stream": False, "params": {}}),
+             key_of({"family": "hindsight", "mode": "greedy", "k": k, "stream": False, "params": {}})]
+    keys += method_keys(metrics, ("router", "bandit"), mode="greedy")
     out = []
-    for m in methods:
-        cells = {s: one(metrics, mode="greedy", set=s, domain="all", method=m) for s in ("test", "perturbed", "ood")}
+    for key in keys:
+        cells = {s: one(metrics, set=s, domain="all", **key) for s in HEADLINE_SETS}
         if not any(cells.values()):
             continue
-        out.append({"method": m, **{f"{s}_{v}": (c[v] if c else None) for s, c in cells.items()
-                                    for v in ("MAT", "speedup")}})
+        out.append({"key": key, **{f"{s}_{v}": (c[v] if c else None) for s, c in cells.items()
+                                   for v in ("MAT", "speedup", "speedup_lo", "speedup_hi", "counted_speedup",
+                                             "counted_speedup_lo", "counted_speedup_hi")}})
     return out
 
 
 def headline(metrics: dict) -> str:
-    """A short markdown table for the end of `make demo`."""
+    """A short markdown table for the end of `make demo`: counted speedup first (it does not move with the
+    machine's load), the timed one beside it as the check."""
     rows = metrics["headline"]
-    return table(["method", "in-domain MAT", "in-domain speedup", "perturbed speedup", "OOD speedup"],
-                 [[r["method"], r["test_MAT"], r["test_speedup"], r["perturbed_speedup"], r["ood_speedup"]]
-                  for r in rows])
+    return table(["method", "in-domain MAT", "in-domain counted speedup", "in-domain timed speedup [interval]",
+                  "perturbed counted speedup", "OOD counted speedup"],
+                 [[label(r["key"]), r["test_MAT"], r["test_counted_speedup"],
+                   _ci({"speedup": r["test_speedup"], "speedup_lo": r["test_speedup_lo"],
+                        "speedup_hi": r["test_speedup_hi"]}), r["perturbed_counted_speedup"],
+                   r["ood_counted_speedup"]] for r in rows])
 
 
 # --- report.md ---
 
 def _per_domain_table(metrics: dict) -> str:
-    """MetaSD Table 3 shape: domain x method, 'MAT / speedup'."""
+    """MetaSD Table 3 shape: domain x method, 'MAT / counted speedup / timed speedup'."""
     k = metrics["k"]
-    methods = _methods(metrics, ("fixed", "router", "bandit", "ceiling", "hindsight"), mode="greedy", set="test")
-    methods = [m for m in methods if not m.endswith(f"K={k}") or one(metrics, method=m, k=k) is not None]
-    methods = [m for m in methods if (one(metrics, method=m, mode="greedy", set="test") or {}).get("k") in (k, None)
-               or m.startswith("hindsight")]
+    keys = [key for key in method_keys(metrics, ("fixed", "router", "bandit", "ceiling", "hindsight"), mode="greedy",
+                                       set="test") if key["k"] in (k, None)]
     rows = []
     for d in _domains(metrics, "test"):
         row = [d]
-        for m in methods:
-            r = one(metrics, mode="greedy", set="test", domain=d, method=m)
-            row.append(f"{_fmt(r['MAT'])} / {_fmt(r['speedup'])}" if r else "-")
+        for key in keys:
+            r = one(metrics, set="test", domain=d, **key)
+            row.append(f"{_fmt(r['MAT'])} / {_fmt(r['counted_speedup'])} / {_fmt(r['speedup'])}" if r else "-")
         rows.append(row)
-    return table(["domain"] + methods, rows)
+    return table(["domain"] + [label(key) for key in keys], rows)
 
 
 def _stopping_table(metrics: dict, mode: str) -> str:
+    drafters = {x["drafter"] for x in select(metrics, mode=mode, family="specdecpp")} | \
+        {x["drafter"] for x in select(metrics, mode=mode, family="oracle")}
     rows = []
     for r in metrics["rows"]:
-        if r["mode"] == mode and r["set"] == "test" and r["domain"] != "all" and r["family"] in ("fixed", "specdecpp", "oracle") \
-                and r["drafter"] in {x["drafter"] for x in select(metrics, mode=mode, family="specdecpp")} | \
-                {x["drafter"] for x in select(metrics, mode=mode, family="oracle")}:
-            rows.append([r["domain"], r["drafter"], r["method"], r["MAT"], r["verification_rate"], r["discard_rate"],
-                         r["speedup"]])
+        if r["mode"] == mode and r["set"] == "test" and r["domain"] != "all" \
+                and r["family"] in ("fixed", "specdecpp", "oracle") and r["drafter"] in drafters:
+            rows.append([r["domain"], r["drafter"], label(r), r["MAT"], r["verification_rate"], r["discard_rate"],
+                         r["counted_speedup"], _ci(r)])
     rows.sort(key=lambda x: (x[0], x[1], x[2]))
-    return table(["domain", "drafter", "method", "MAT", "verification rate", "discard rate", "speedup"], rows)
+    return table(["domain", "drafter", "method", "MAT", "verification rate", "discard rate", "counted speedup",
+                  "timed speedup [interval]"], rows)
 
 
 def _robustness_table(metrics: dict) -> str:
     """MetaSD Table 6 shape: method x (in-domain, perturbed, OOD), all domains pooled."""
-    rows = [[r["method"], r["test_MAT"], r["test_speedup"], r["perturbed_MAT"], r["perturbed_speedup"],
-             r["ood_MAT"], r["ood_speedup"]] for r in metrics["headline"]]
-    return table(["method", "in-domain MAT", "in-domain speedup", "perturbed MAT", "perturbed speedup",
-                  "OOD MAT", "OOD speedup"], rows)
+    rows = [[label(r["key"])] + [r[f"{s}_{v}"] for s in HEADLINE_SETS for v in ("MAT", "counted_speedup")]
+            for r in metrics["headline"]]
+    return table(["method", "in-domain MAT", "in-domain counted speedup", "perturbed MAT", "perturbed counted speedup",
+                  "OOD MAT", "OOD counted speedup"], rows)
+
+
+def _speed_table(metrics: dict) -> str:
+    """Every greedy method pooled over the test set: counted speedup and timed speedup (CPU / CUDA time and
+    wall time), each the median over prompts with its bootstrap 90% interval."""
+    rows = []
+    for key in method_keys(metrics, ("fixed", "specdecpp", "oracle", "router", "bandit", "ceiling", "domain",
+                                     "hindsight"), mode="greedy", set="test"):
+        r = one(metrics, set="test", domain="all", **key)
+        if r:
+            rows.append([label(key), r["prompts"], r["MAT"], _ci(r, "counted_speedup"), _ci(r, "speedup"),
+                         _ci(r, "wall_speedup")])
+    return table(["method", "prompts", "MAT", "counted speedup [interval]", "timed speedup [interval]",
+                  "wall-clock speedup [interval]"], rows)
 
 
 def _bd_be_table(metrics: dict) -> str | None:
     """MetaSD Table 7 shape: MetaSD-UCB under each reward it ran with (BD, BD argmax, BE), MAT / speedup."""
-    variants = [m for m in _methods(metrics, ("bandit",), mode="greedy", set="test")
-                if m.startswith("MetaSD-UCB") and "(stream)" not in m]
+    variants = [key for key in method_keys(metrics, ("bandit",), mode="greedy", set="test")
+                if BANDITS.get(key["bandit"], ("", ""))[1] == "ucb" and not key["stream"]]
     if len(variants) < 2:
         return None
     rows = []
     for d in _domains(metrics, "test"):
-        cells = [one(metrics, mode="greedy", set="test", domain=d, method=m) for m in variants]
-        rows.append([d] + [f"{_fmt(c['MAT'])} / {_fmt(c['speedup'])}" if c else "-" for c in cells])
-    return table(["domain"] + [f"{m}: MAT / speedup" for m in variants], rows)
+        cells = [one(metrics, set="test", domain=d, **key) for key in variants]
+        rows.append([d] + [f"{_fmt(c['MAT'])} / {_fmt(c['counted_speedup'])}" if c else "-" for c in cells])
+    return table(["domain"] + [f"{label(key)}: MAT / counted speedup" for key in variants], rows)
 
 
 def _regret_table(metrics: dict) -> str | None:
     """MetaSD Definition 1: mean stopping-time regret per prompt, in rounds, per domain x bandit."""
-    regret = metrics.get("stopping_regret") or {}
+    regret = metrics.get("stopping_regret") or []
     if not regret:
         return None
-    domains = [d for d in _domains(metrics, "test") if any(d in v for v in regret.values())]
-    return table(["bandit"] + domains, [[m] + [v.get(d) for d in domains] for m, v in regret.items()])
+    domains = [d for d in _domains(metrics, "test") if any(d in v["per_domain"] for v in regret)]
+    return table(["bandit"] + domains, [[label(v["key"])] + [v["per_domain"].get(d) for d in domains] for v in regret])
 
 
 def _best_arm_table(metrics: dict) -> str | None:
     ratios = metrics["best_arm_ratio"]
     if not ratios:
         return None
-    longest = max(len(v) for v in ratios.values())
+    longest = max(len(v["ratio"]) for v in ratios)
     ts = [t for t in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48) if t <= longest]
-    rows = [[label] + [v[t - 1] if t <= len(v) else None for t in ts] for label, v in ratios.items()]
+    rows = [[label(v["key"])] + [v["ratio"][t - 1] if t <= len(v["ratio"]) else None for t in ts] for v in ratios]
     return table(["bandit"] + [f"round {t}" for t in ts], rows)
 
 
+def _said(c: dict | None) -> str:
+    return f"{_fmt(c['ratio'])} [{_fmt(c['lo'])}, {_fmt(c['hi'])}]" if c else "-"
+
+
 def _effect_lines(metrics: dict) -> list[str]:
+    """Each effect is claimed only where its 90% interval over prompts clears the line; else 'within noise'."""
     e, lines = metrics["effects"], []
     spec = e["specialised_win_in_domain"]
     if spec:
-        miss = [d for d, v in spec.items() if not v["holds"]]
-        lines.append("- **Specialised drafters win in domain (by MAT, fixed K):** "
-                     + ("yes on every domain." if not miss else
-                        "NOT on " + ", ".join(f"{d} (best: {spec[d]['best_by_MAT']} {_fmt(spec[d]['best_MAT'])} vs "
-                                              f"{spec[d]['own']} {_fmt(spec[d]['own_MAT'])})" for d in miss) + "."))
+        by = {v: [d for d, x in spec.items() if x["holds"] == v] for v in ("above", "below", "within noise")}
+        parts = []
+        if by["above"]:
+            parts.append("yes on " + ", ".join(f"{d} ({_said(spec[d]['MAT_ratio'])})" for d in by["above"]))
+        if by["below"]:
+            parts.append("NOT on " + ", ".join(f"{d} (best: {spec[d]['best_other']}; own / best "
+                                               f"{_said(spec[d]['MAT_ratio'])})" for d in by["below"]))
+        if by["within noise"]:
+            parts.append("within noise on " + ", ".join(f"{d} ({_said(spec[d]['MAT_ratio'])})"
+                                                         for d in by["within noise"]))
+        lines.append("- **Specialised drafters win in domain (MAT of the own drafter / the best other drafter at "
+                     "fixed K, 90% interval over prompts):** " + "; ".join(parts) + ".")
     else:
         lines.append("- Specialised drafters in domain: not measured (no per-drafter runs on the test set).")
     band = e["bandits_near_best"]
     if band:
-        for label, v in band.items():
-            low = {d: x["ratio"] for d, x in v["per_domain"].items() if x["ratio"] < 0.95}
-            low_single = {d: x["ratio_single"] for d, x in v["per_domain"].items()
-                          if x["ratio_single"] is None or x["ratio_single"] < 0.95}
-            lines.append(f"- **{label} reaches >= 95% of the hindsight-best drafter's MAT:** per prompt: "
-                         + ("yes on every domain" if not low else
-                            "NOT on " + ", ".join(f"{d} ({_fmt(r)})" for d, r in low.items()))
-                         + "; the best single drafter per domain: "
-                         + ("yes on every domain" if not low_single else
-                            "NOT on " + ", ".join(f"{d} ({_fmt(r)})" for d, r in low_single.items()))
-                         + f"; beats OFA on all domains pooled: {_fmt(v['beats_ofa'])}."
-                         + (" A ceiling, not a bandit: it knows each prompt's best drafter after its one pass; "
-                            "generations here take " + ", ".join(f"{d} {x['rounds_per_prompt']}" for d, x in
-                                                                 v["per_domain"].items() if d != "all")
-                            + f" rounds per prompt, {len(metrics['bandit_arms'])} of them the pass."
-                            if v["family"] == "ceiling" else ""))
+        for v in band:
+            name, per = label(v["key"]), v["per_domain"]
+            word = {"above": "yes", "below": "NO", "within noise": "within noise"}
+            lines.append(
+                f"- **{name} reaches >= 95% of the hindsight-best drafter's MAT:** per prompt: {word[v['holds']]} ("
+                + ", ".join(f"{d} {_said(x['ratio'])}" for d, x in per.items())
+                + f"); of the best single drafter per domain: {word[v['holds_vs_single']]} ("
+                + ", ".join(f"{d} {_said(x['ratio_single'])}" for d, x in per.items())
+                + "); beats OFA on all domains pooled: "
+                + {"above": "yes", "below": "no", "within noise": "within noise", None: "-"}[v["beats_ofa"]]
+                + f" ({_said(per.get('all', {}).get('vs_OFA'))})."
+                + (" A ceiling, not a bandit: it knows each prompt's best drafter after its one pass; "
+                   "generations here take " + ", ".join(f"{d} {x['rounds_per_prompt']}" for d, x in per.items()
+                                                        if d != "all")
+                   + f" rounds per prompt, {len(metrics['bandit_arms'])} of them the pass."
+                   if v["key"]["family"] == "ceiling" else ""))
     else:
         lines.append("- Bandits vs the best drafter: not measured (no bandit rows; see the notes).")
     sd = e["specdecpp_beats_fixed_k"]
     if sd:
-        miss = [key for key, v in sd.items() if not v["holds"]]
-        lines.append("- **SpecDec++ beats the best fixed K in verification + discard cost (Eq. 5.1 latency):** "
-                     + ("yes for every domain/drafter." if not miss else
-                        f"NOT for {len(miss)} of {len(sd)} domain/drafter pairs: " + ", ".join(
-                            f"{key} ({_fmt(sd[key]['latency_ms'])} ms vs K={sd[key]['best_fixed_k']} "
-                            f"{_fmt(sd[key]['best_fixed_latency_ms'])} ms)" for key in miss) + "."))
+        by = {v: [x for x in sd if x["holds"] == v] for v in ("above", "below", "within noise")}
+        lines.append(
+            "- **SpecDec++ beats the best fixed K in counted cost per token (Eq. 3.1 with the calibrated v(K); "
+            "speedup of SpecDec++ over that K, 90% interval over prompts):** "
+            + "; ".join(f"{word} for {len(xs)} of {len(sd)} domain/drafter pairs"
+                        + (": " + ", ".join(f"{x['domain']}/{x['drafter']} vs K={x['best_fixed_k']} "
+                                            f"{_said(x['counted'])}" for x in xs) if xs else "")
+                        for word, xs in (("yes", by["above"]), ("NO", by["below"]), ("within noise", by["within noise"]))
+                        if xs) + ".")
     return lines
 
 
 def render(metrics: dict) -> str:
     k, fit = metrics["k"], metrics["cost_fit"]
-    cfg = metrics["config"]
+    cfg, cal = metrics["config"], metrics["calibration"]
     parts = [
         "# specdraft evaluation report", "",
         f"{metrics['prompts']} prompts ({', '.join(cfg['sets'])}; up to {cfg['prompts_per_domain']} per domain and set), "
-        f"{cfg['max_new_tokens']} new tokens, device {metrics['device']}. Speedup = tokens/s over the autoregressive "
-        f"target on the same prompts (wall time; a shared machine makes it noisy). MAT counts the bonus token. "
-        f"Fixed K = {k} unless named; bandits draft N_max = {k} per round and choose among "
-        f"{', '.join(metrics.get('bandit_arms', []))}. Every number below is in metrics.json.", "",
+        f"{cfg['max_new_tokens']} new tokens, device {metrics['device']}, {metrics['threads']} thread(s). "
+        f"{metrics['plan_runs']} planned runs, each timed {metrics['repeats']} times with the methods of a prompt "
+        f"interleaved (timer: {metrics['timer']}). MAT counts the bonus token. Fixed K = {k} unless named; bandits "
+        f"draft N_max = {k} per round and choose among {', '.join(metrics.get('bandit_arms', []))}. "
+        "Every number below is in metrics.json.", "",
+        "Speedups are per prompt against the autoregressive target on that prompt, then the median over prompts "
+        "with its bootstrap 90% interval. **Counted** speedup: the cost the run's counts predict on this machine "
+        "(SpecDec++ Eq. 3.1 with the calibrated cost of each round's (K+1)-token verification forward and of a "
+        "draft forward); it does not move with the machine's load and is the headline on CPU. **Timed** speedup: "
+        "the same ratio of measured times (median over repeats), the check. An effect is claimed only where its "
+        "interval clears the line.", "",
         "## What the expected effects look like here", "", *_effect_lines(metrics), "",
-        "## MAT / speedup per domain x method (greedy, test set; MetaSD Table 3 shape)", "", _per_domain_table(metrics), "",
+        "## Speedup per method (greedy, test set, all domains pooled)", "", _speed_table(metrics), "",
+        "## MAT / counted speedup / timed speedup per domain x method (greedy, test set; MetaSD Table 3 shape)", "",
+        _per_domain_table(metrics), "",
         "## SpecDec++ vs fixed K vs the hindsight oracle (greedy, test set)", "", _stopping_table(metrics, "greedy"), "",
     ]
     if select(metrics, mode="sampling"):
@@ -307,11 +443,20 @@ def render(metrics: dict) -> str:
         parts += ["## Best-arm ratio over rounds (MetaSD Figure 3; test set)", "",
                   "Fraction of prompts whose bandit picked the prompt's hindsight-best drafter in that round.", "",
                   arms, "", "![best-arm ratio](best_arm_ratio.png)", ""]
+    vk = cal["v"]
+    parts += ["## Calibration (this machine: the counted speedup's costs)", "",
+              f"Median of {cal['reps']} interleaved passes at a {cal['context']}-token context. v(K) = the target's "
+              "(K+1)-token cached forward over its 1-token forward.", "",
+              table(["t_target 1 token (ms)", "mean t_draft (ms)", "c = t_draft / t_target"]
+                    + [f"v({kk})" for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k],
+                    [[cal["target_ms"]["1"], cal["drafter_mean_ms"],
+                      round(cal["drafter_mean_ms"] / cal["target_ms"]["1"], 3) if cal["target_ms"]["1"] else None]
+                     + [vk[str(kk)] for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k]]), ""]
     if fit:
-        parts += ["## Cost model fit (SpecDec++ §5.2, all greedy speculative runs)", "",
-                  table(["t_draft (ms)", "t_target (ms)", "t_draft / t_target", "R^2", "runs"],
-                        [[fit["t_draft_ms"], fit["t_target_ms"], fit["cost_ratio"], fit["r2"], fit["runs"]]]), ""]
-    parts += forward_cost_lines(metrics.get("forward_costs"))
+        parts += ["## Cost model fit (SpecDec++ Eq. 3.1, all greedy speculative runs, median robust times)", "",
+                  table(["t_draft (ms)", "t_target (ms)", "t_draft / t_target", "R^2", "R^2 on wall time", "runs"],
+                        [[fit["t_draft_ms"], fit["t_target_ms"], fit["cost_ratio"], fit["r2"], fit["wall_r2"],
+                          fit["runs"]]]), ""]
     parts += ["## Plots", "", "![discard vs verification](pareto.png)", "", "![speedup](speedup.png)", ""]
     if metrics["notes"]:
         parts += ["## Notes", ""] + [f"- {n}" for n in metrics["notes"]] + [""]
@@ -336,7 +481,7 @@ def _plots(metrics: dict, out: Path) -> None:
                        s=80 if fam == "specdecpp" else 30, label={"fixed": "fixed K", "specdecpp": "SpecDec++",
                                                                     "oracle": "oracle"}[fam])
             for r in rows:
-                ax.annotate(r["method"], (r["discard_rate"], r["verification_rate"]), fontsize=6)
+                ax.annotate(label(r), (r["discard_rate"], r["verification_rate"]), fontsize=6)
     ax.set_xlabel("discard rate (N_discarded / N)")
     ax.set_ylabel("verification rate (N_target / N)")
     ax.set_title("stopping policies, test set, greedy")
@@ -345,18 +490,25 @@ def _plots(metrics: dict, out: Path) -> None:
     fig.savefig(out / "pareto.png", dpi=110)
     plt.close(fig)
 
-    # speedup per domain x method
+    # counted and timed speedup per domain x method, each bar with its 90% interval over prompts
     k = metrics["k"]
-    methods = _methods(metrics, ("fixed", "specdecpp", "router", "bandit"), mode="greedy", set="test")
-    methods = [m for m in methods if (one(metrics, method=m, set="test") or {}).get("k") in (k, None)]
+    keys = [key for key in method_keys(metrics, ("fixed", "specdecpp", "router", "bandit"), mode="greedy", set="test")
+            if key["k"] in (k, None)]
     domains = _domains(metrics, "test")
-    _grouped_bars(plt, methods, domains,
-                  [[(one(metrics, mode="greedy", set="test", domain=d, method=m) or {}).get("speedup") or 0.0
-                    for d in domains] for m in methods], "speedup over autoregressive", out / "speedup.png", ref=1.0)
+    cells = [[one(metrics, set="test", domain=d, **key) or {} for d in domains] for key in keys]
+    fig, axes = plt.subplots(2, 1, figsize=(max(6, 0.12 * len(keys) * max(1, len(domains))), 8))
+    for ax, name in zip(axes, ("counted_speedup", "speedup")):
+        _grouped_bars(ax, plt, [label(key) for key in keys], domains,
+                      [[c.get(name) or 0.0 for c in row] for row in cells],
+                      f"{'counted' if name.startswith('counted') else 'timed'} speedup over autoregressive",
+                      ref=1.0, errors=[[_err(c, name) for c in row] for row in cells])
+    fig.tight_layout()
+    fig.savefig(out / "speedup.png", dpi=110)
+    plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for label, ratios in metrics["best_arm_ratio"].items():
-        ax.plot(range(1, len(ratios) + 1), ratios, label=label)
+    for v in metrics["best_arm_ratio"]:
+        ax.plot(range(1, len(v["ratio"]) + 1), v["ratio"], label=label(v["key"]))
     if not metrics["best_arm_ratio"]:
         ax.text(0.5, 0.5, "no bandit runs (see the report's notes)", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("round")
@@ -369,22 +521,44 @@ def _plots(metrics: dict, out: Path) -> None:
 
     sets = [("test", "in-domain"), ("perturbed", "perturbed"), ("ood", "OOD")]
     heads = metrics["headline"]
-    _grouped_bars(plt, [h["method"] for h in heads], [label for _, label in sets],
-                  [[h.get(f"{s}_MAT") or 0.0 for s, _ in sets] for h in heads], "MAT (all domains pooled)",
-                  out / "robustness.png", ref=1.0)
-    regret = metrics.get("stopping_regret") or {}
-    domains = [d for d in _domains(metrics, "test") if any(d in v for v in regret.values())]
-    _grouped_bars(plt, list(regret), domains, [[v.get(d) or 0.0 for d in domains] for v in regret.values()],
-                  "stopping-time regret (rounds per prompt)", out / "regret.png", ref=0.0)
+    fig, ax = plt.subplots(figsize=(max(6, 0.12 * len(heads) * 3), 4.5))
+    _grouped_bars(ax, plt, [label(h["key"]) for h in heads], [name for _, name in sets],
+                  [[h.get(f"{s}_counted_speedup") or 0.0 for s, _ in sets] for h in heads],
+                  "counted speedup (all domains pooled)", ref=1.0,
+                  errors=[[_err({"v": h.get(f"{s}_counted_speedup"), "v_lo": h.get(f"{s}_counted_speedup_lo"),
+                                 "v_hi": h.get(f"{s}_counted_speedup_hi")}, "v") for s, _ in sets] for h in heads])
+    fig.tight_layout()
+    fig.savefig(out / "robustness.png", dpi=110)
+    plt.close(fig)
+    regret = metrics.get("stopping_regret") or []
+    domains = [d for d in _domains(metrics, "test") if any(d in v["per_domain"] for v in regret)]
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    _grouped_bars(ax, plt, [label(v["key"]) for v in regret], domains,
+                  [[v["per_domain"].get(d) or 0.0 for d in domains] for v in regret],
+                  "stopping-time regret (rounds per prompt)", ref=0.0)
+    fig.tight_layout()
+    fig.savefig(out / "regret.png", dpi=110)
+    plt.close(fig)
 
 
-def _grouped_bars(plt, series: list[str], groups: list[str], values: list[list[float]], ylabel: str, path: Path,
-                  ref: float) -> None:
-    """One bar per series in each group (values[series][group]); an empty figure says there is nothing."""
-    fig, ax = plt.subplots(figsize=(max(6, 0.12 * len(series) * max(1, len(groups))), 4.5))
+def _err(cell: dict, name: str) -> tuple[float, float]:
+    """(below, above) the median: the error bar of its 90% interval (0, 0 where there is none)."""
+    if not cell or cell.get(name) is None or cell.get(name + "_lo") is None:
+        return 0.0, 0.0
+    return max(0.0, cell[name] - cell[name + "_lo"]), max(0.0, cell[name + "_hi"] - cell[name])
+
+
+def _grouped_bars(ax, plt, series: list[str], groups: list[str], values: list[list[float]], ylabel: str,
+                  ref: float, errors: list[list[tuple[float, float]]] | None = None) -> None:
+    """One bar per series in each group (values[series][group]), with error bars where given; an empty
+    axis says there is nothing."""
     width = 0.8 / max(1, len(series))
     for j, (name, vals) in enumerate(zip(series, values)):
-        ax.bar([i + j * width for i in range(len(groups))], vals, width, label=name, color=plt.cm.tab20(j % 20))
+        yerr = None
+        if errors is not None:
+            yerr = [[e[0] for e in errors[j]], [e[1] for e in errors[j]]]
+        ax.bar([i + j * width for i in range(len(groups))], vals, width, label=name, color=plt.cm.tab20(j % 20),
+               yerr=yerr, capsize=1.5, error_kw={"elinewidth": 0.6})
     if not series or not groups:
         ax.text(0.5, 0.5, "nothing measured (see the report's notes)", ha="center", va="center",
                 transform=ax.transAxes)
@@ -393,9 +567,6 @@ def _grouped_bars(plt, series: list[str], groups: list[str], values: list[list[f
     ax.set_ylabel(ylabel)
     if series:
         ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def write_report(metrics: dict, out_dir: str | Path) -> Path:

@@ -296,8 +296,19 @@ class EvaluateSection:
     beta: float = 0.01  # MetaSD-UCB exploration strength (paper)
     delta: float = 0.5  # UCBSpec confidence (BanditSpec Thm 4.3)
     device: str = "auto"  # auto: cuda if available, else cpu
+    # timing (decoding/timing.py): passes over each prompt's methods, interleaved; every pass is timed
+    repeats: int = 2
+    calibration_reps: int = 50  # interleaved passes over the target's / drafters' forward sizes (counted speedup)
+    # torch CPU threads while evaluating (0: torch's default). 1 makes a run's process CPU time its own
+    # compute: with more, idle OpenMP workers spin and bill CPU time that depends on the machine's load
+    threads: int = 1
 
     def check(self) -> None:
+        for name in ("repeats", "calibration_reps"):
+            if getattr(self, name) < 1:
+                raise InputError(f"evaluate.{name} must be >= 1, got {getattr(self, name)}")
+        if self.threads < 0:
+            raise InputError(f"evaluate.threads must be >= 0 (0: torch's default), got {self.threads}")
         for s in self.sets + self.per_drafter_sets:
             if s not in SETS:
                 raise InputError(f"evaluate: unknown prompt set '{s}'; use {', '.join(SETS)}")

@@ -32,6 +32,18 @@ def test_fit_recovers_forward_times_from_noisy_rows():
     assert fit_costs(shuffled).r2 < 0.5
 
 
+def test_fit_never_reports_a_negative_time():
+    # times that fall as N_target grows: plain least squares gives t_target < 0 here
+    rows = [(10, 1, 1.0), (20, 2, 1.9), (30, 5, 2.6), (40, 9, 3.2)]
+    coef = torch.linalg.lstsq(torch.tensor([r[:2] for r in rows], dtype=torch.float64),
+                              torch.tensor([[r[2]] for r in rows], dtype=torch.float64)).solution[:, 0]
+    assert float(coef[1]) < 0  # the case is real
+    fit = fit_costs(rows)
+    assert fit.t_draft > 0 and fit.t_target == 0.0
+    # the constrained optimum: t_draft alone, by least squares through the origin
+    assert fit.t_draft == pytest.approx(sum(d * t for d, _, t in rows) / sum(d * d for d, _, _ in rows))
+
+
 def test_eq_5_1_is_eq_3_1_per_token():
     fit = fit_costs([(10, 2, 0.1 * 10 + 1.0 * 2), (30, 3, 0.1 * 30 + 1.0 * 3)])
     n, n_draft, n_target = 25, 30, 8

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from decoding.errors import InputError
-from pipelines.report import PLOTS, headline
+from pipelines.report import PLOTS, headline, key_of, label
 from pipelines.schema import EvaluateSection
 from pipelines.stage import run_stage
 from tests.pipelines.conftest import FAST, fresh_copy, run_template, tiny_config
@@ -14,7 +14,7 @@ from tests.pipelines.conftest import FAST, fresh_copy, run_template, tiny_config
 REPO = Path(__file__).resolve().parents[2]
 
 TINY_EVAL = {"prompts_per_domain": 2, "max_new_tokens": 8, "ks": [2], "k": 2, "sampling_prompts": 1,
-             "stream_bandits": ["ucb-bd"]}
+             "stream_bandits": ["ucb-bd"], "repeats": 2, "calibration_reps": 3}
 # heads for greedy decoding and for the sampling rows, each labelled under its own transform
 TWO_TRANSFORMS = {**FAST["acceptance_data"], "label_transforms": [{"temperature": 0.0}, {"temperature": 1.0}]}
 
@@ -61,10 +61,10 @@ def test_report_numbers_come_from_metrics_json(run_root):
     rows = metrics["rows"]
     # every method ran on the same prompts; greedy speculative output equals AR's, so N agrees
     greedy = [r for r in rows if r["mode"] == "greedy" and r["domain"] != "all"]  # "all" pools what ran
-    ar = {(r["set"], r["domain"]): r for r in greedy if r["method"] == "AR"}
-    assert all(r["speedup"] == 1.0 and r["MAT"] == 1.0 for r in ar.values())
+    ar = {(r["set"], r["domain"]): r for r in greedy if r["family"] == "ar"}
+    assert all(r["speedup"] == 1.0 and r["counted_speedup"] == 1.0 and r["MAT"] == 1.0 for r in ar.values())
     for r in greedy:
-        assert r["N"] == ar[r["set"], r["domain"]]["N"], r["method"]
+        assert r["N"] == ar[r["set"], r["domain"]]["N"], label(r)
         assert r["MAT"] == pytest.approx(r["N"] / r["N_target"], abs=1e-3)
     families = {r["family"] for r in rows}
     assert {"ar", "fixed", "specdecpp", "oracle", "domain", "hindsight"} <= families
@@ -76,13 +76,27 @@ def test_report_numbers_come_from_metrics_json(run_root):
         assert any(r["mode"] == mode and r["family"] == "specdecpp" for r in rows)
         for h in metrics["heads"][mode].values():  # ...each with the heads labelled under its transform
             assert h["name"].startswith("greedy/" if temperature == 0.0 else "T1/")
-    bandits = {r["method"] for r in rows if r["family"] == "bandit"}
-    assert "MetaSD-UCB (BD)" in bandits and "MetaSD-UCB (BD) (stream)" in bandits
+    bandits = {(r["bandit"], r["stream"]) for r in rows if r["family"] == "bandit"}
+    assert ("ucb-bd", False) in bandits and ("ucb-bd", True) in bandits
+    assert {label(r) for r in rows if r["family"] == "bandit"} >= {"MetaSD-UCB (BD)", "MetaSD-UCB (BD) (stream)"}
     # the one-pass ceiling needs every drafter's run on the prompt: only where per_drafter_sets has them
     ceiling = [r for r in rows if r["family"] == "ceiling"]
     assert ceiling and {r["set"] for r in ceiling} == {"test"}
-    assert metrics["effects"]["bandits_near_best"][ceiling[0]["method"]]["family"] == "ceiling"
-    assert set(metrics["stopping_regret"]) == bandits | {ceiling[0]["method"]}
+    near = {json.dumps(e["key"], sort_keys=True): e for e in metrics["effects"]["bandits_near_best"]}
+    assert near[json.dumps(key_of(ceiling[0]), sort_keys=True)]["key"]["family"] == "ceiling"
+    assert {(e["key"]["bandit"], e["key"]["stream"]) for e in metrics["stopping_regret"]} == bandits | {(None, False)}
+    # every run's raw numbers are kept: its counts and each repeat's times (stream bandits run once)
+    runs = metrics["runs"]
+    assert len(runs) == sum(r["prompts"] for r in rows if r["domain"] != "all"
+                            and r["family"] not in ("domain", "hindsight"))
+    for r in runs:
+        assert len(r["repeats"]) == (1 if r["stream"] else 2), label(r)
+        assert all(t["time_s"] > 0 and t["wall_s"] > 0 for t in r["repeats"])
+    for r in rows:  # every speedup is a median inside its interval
+        for name in ("speedup", "counted_speedup", "wall_speedup"):
+            if r[name] is not None:
+                assert r[name + "_lo"] <= r[name] <= r[name + "_hi"], (label(r), name)
+    assert set(metrics["calibration"]["v"]) >= {"0", "2"} and metrics["calibration"]["v"]["0"] == 1.0
     # the bandits choose among the specialists; the OFA drafter is a baseline beside them (MetaSD Table 3)
     assert metrics["bandit_arms"] == sorted(set(metrics["drafters"]["own"].values()))
     assert metrics["drafters"]["ofa"] not in metrics["bandit_arms"] and len(metrics["bandit_arms"]) >= 2
@@ -112,19 +126,23 @@ def test_report_numbers_come_from_metrics_json(run_root):
 
 def test_stopping_time_regret_by_hand():
     from decoding.metrics import GenerationMetrics
-    from pipelines.evaluate import Record, stopping_time_regret
+    from pipelines.evaluate import MethodKey, Record, stopping_time_regret
 
-    def rec(prompt, domain, method, family, drafter, rounds):
-        return Record("greedy", prompt, "test", domain, method, family, drafter, 4 if family == "fixed" else None,
-                      GenerationMetrics(n_generated=20, n_target=rounds))
+    def rec(prompt, domain, family, drafter, rounds):
+        key = MethodKey(family, drafter=drafter, k=4, bandit="ucb-bd" if family == "bandit" else None)
+        return Record(key, prompt, "test", domain, GenerationMetrics(n_generated=20, n_target=rounds))
 
-    records = [rec("a1", "a", "x K=4", "fixed", "x", 8), rec("a1", "a", "y K=4", "fixed", "y", 6),
-               rec("a1", "a", "UCB", "bandit", None, 9),
-               rec("b1", "b", "x K=4", "fixed", "x", 5), rec("b1", "b", "y K=4", "fixed", "y", 7),
-               rec("b1", "b", "UCB", "bandit", None, 5),
-               rec("b2", "b", "x K=4", "fixed", "x", 5), rec("b2", "b", "UCB", "bandit", None, 9)]  # y never ran
-    assert stopping_time_regret(records, 4, ["x", "y"]) == {"UCB": {"a": 3.0, "b": 0.0, "all": 1.5}}
-    assert stopping_time_regret(records, 4, ["x"]) == {"UCB": {"a": 1.0, "b": 2.0, "all": 1.667}}  # (1 + 0 + 4) / 3, rounded once
+    def by_bandit(regret):
+        return {e["key"]["bandit"]: e["per_domain"] for e in regret}
+
+    records = [rec("a1", "a", "fixed", "x", 8), rec("a1", "a", "fixed", "y", 6),
+               rec("a1", "a", "bandit", None, 9),
+               rec("b1", "b", "fixed", "x", 5), rec("b1", "b", "fixed", "y", 7),
+               rec("b1", "b", "bandit", None, 5),
+               rec("b2", "b", "fixed", "x", 5), rec("b2", "b", "bandit", None, 9)]  # y never ran
+    assert by_bandit(stopping_time_regret(records, 4, ["x", "y"])) == {"ucb-bd": {"a": 3.0, "b": 0.0, "all": 1.5}}
+    # (1 + 0 + 4) / 3, rounded once
+    assert by_bandit(stopping_time_regret(records, 4, ["x"])) == {"ucb-bd": {"a": 1.0, "b": 2.0, "all": 1.667}}
 
 
 def test_corrupt_bundle_fails_without_report(run_root):

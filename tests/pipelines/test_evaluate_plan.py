@@ -1,0 +1,103 @@
+"""The evaluate stage's plan / run / aggregate pieces on tiny random models (no pipeline run needed):
+the plan's shape, a new family plugged in as a planner only, repeats and raw times, the counted cost."""
+import pytest
+import torch
+
+from decoding.metrics import GenerationMetrics
+from decoding.prompt_lookup import PromptLookupSpeculator
+from decoding.sampling import SamplingConfig
+from pipelines.evaluate import (PLANNERS, Built, Calibration, Env, MethodKey, Prompt, Record, Run, Setup, build_plan,
+                                calibrate, execute, params, summarize)
+from pipelines.report import label
+from pipelines.schema import EvaluateSection
+from tests.decoding.conftest import noisy_copy, tiny_llama
+
+MODES = {"greedy": SamplingConfig(temperature=0.0), "sampling": SamplingConfig(temperature=1.0)}
+
+
+@pytest.fixture(scope="module")
+def env():
+    torch.manual_seed(0)
+    target = tiny_llama(0)
+    drafters = {"a": noisy_copy(target, 0.05, seed=1), "b": noisy_copy(target, 0.3, seed=2)}
+    cfg = EvaluateSection(ks=[1, 3], k=3, bandits=[], stream_bandits=[], sampling_prompts=1, repeats=2)
+    return Env(cfg, 0, 3, target, drafters, own={"x": "a"}, ofa="b", arms=["a", "b"], routers={},
+               heads={"greedy": {}, "sampling": {}}, sampling=MODES)
+
+
+def prompts():
+    gen = torch.Generator().manual_seed(5)
+    return [Prompt("test", "x", f"x{i}", tuple(torch.randint(0, 96, (6,), generator=gen).tolist()), i)
+            for i in range(2)]
+
+
+def plan_lookup(env, p):
+    """A family the stage never heard of: model-free prompt lookup, added as a planner and nothing else."""
+    return [Run(MethodKey("lookup", k=4, params=params(ngram=2)), p,
+                lambda done: Built(PromptLookupSpeculator(ngram=2, max_tokens=4)))]
+
+
+def test_plan_lists_each_method_once_per_prompt_in_order(env):
+    plan = build_plan(env, prompts())
+    keys = [r.key for r in plan if r.prompt.id == "x0"]
+    assert len(keys) == len(set(keys))
+    assert keys[0] == MethodKey("ar")  # the oracle replays AR's tokens, so AR comes first
+    fixed = {(k.drafter, k.k) for k in keys if k.family == "fixed" and k.mode == "greedy"}
+    assert fixed == {("a", 3), ("b", 3), ("a", 1), ("b", 1)}  # per-drafter K=3 and the K sweep, K=3 once
+    assert {k.drafter for k in keys if k.family == "oracle"} == {"a", "b"}
+    # sampling rows only on the first test prompt per domain (sampling_prompts=1)
+    assert any(k.mode == "sampling" for k in keys)
+    assert not any(r.key.mode == "sampling" for r in plan if r.prompt.id == "x1")
+    key = MethodKey("fixed", drafter="a", k=3)
+    assert hash(key) == hash(MethodKey("fixed", drafter="a", k=3)) and key.fields()["params"] == {}
+    assert MethodKey.from_fields(MethodKey("lookup", params=params(n=2, m=1)).fields()) == \
+        MethodKey("lookup", params=params(m=1, n=2))
+
+
+def test_new_family_runs_through_the_same_loop_and_aggregation(env):
+    plan = build_plan(env, prompts(), PLANNERS + [plan_lookup])
+    records = execute(plan, env.target, 10, MODES, None, "cpu", repeats=2, progress=False)
+    assert [(r.prompt, r.key) for r in records] == [(r.prompt.id, r.key) for r in plan]
+    assert all(len(r.times) == 2 and all(t.time > 0 for t in r.times) for r in records)
+    # greedy: every method emits AR's tokens, a model-free one included
+    greedy = [r for r in records if r.key.mode == "greedy"]
+    assert len({(r.prompt, r.metrics.n_generated) for r in greedy}) == 2
+    lookup = [r for r in records if r.key.family == "lookup"]
+    assert len(lookup) == 2 and all(r.metrics.n_draft == 0 for r in lookup)  # no draft forwards
+    calib = calibrate(env.target, env.drafters, 5, 16, 3, "cpu", 0)
+    assert set(calib.target_s) == {1, 2, 3, 4, 5} and calib.v(0) == 1.0
+    metrics = summarize(records, calib, Setup(env.cfg, 3, env.own, env.ofa, env.heads, MODES["sampling"], "cpu", 2,
+                                              2, env.arms, [], 0, len(plan)))
+    rows = [r for r in metrics["rows"] if r["family"] == "lookup" and r["domain"] == "all"]
+    assert len(rows) == 1 and rows[0]["params"] == {"ngram": 2} and label(rows[0]) == "lookup K=4 ngram=2"
+    assert rows[0]["speedup_lo"] <= rows[0]["speedup"] <= rows[0]["speedup_hi"]
+    assert rows[0]["counted_speedup"] is not None
+    assert len(metrics["runs"]) == len(plan)
+    assert {k: v for k, v in metrics["runs"][0].items() if k in ("family", "mode")} == {"family": "ar",
+                                                                                        "mode": "greedy"}
+
+
+def test_stream_runs_are_not_repeated(env):
+    p = prompts()[0]
+    calls = []
+
+    def build(done):
+        calls.append(1)
+        return Built(None)
+
+    plan = [Run(MethodKey("ar"), p, build), Run(MethodKey("ar", mode="x"), p, build, repeatable=False)]
+    records = execute(plan, env.target, 4, {"greedy": MODES["greedy"], "x": MODES["greedy"]}, None, "cpu", 3,
+                      progress=False)
+    assert [len(r.times) for r in records] == [3, 1] and len(calls) == 4
+
+
+def test_counted_cost_by_hand():
+    # t(n) = 1 + 0.1 (n - 1) ms; t_draft 0.3 ms
+    calib = Calibration({n: (1 + 0.1 * (n - 1)) * 1e-3 for n in range(1, 6)}, {"a": 0.3e-3}, 16, 1)
+    assert calib.v(4) == pytest.approx(1.4)
+    assert calib.target(7) == pytest.approx(1.6e-3)  # beyond the calibrated sizes: the last step extended
+    m = GenerationMetrics(n_generated=9, n_target=3, n_draft=7, drafted=[4, 3, 0], accepted=[4, 2, 0])
+    spec = Record(MethodKey("fixed", drafter="a", k=4), "p", "test", "x", m, drafter="a")
+    assert calib.cost(spec) == pytest.approx((1.4 + 1.3 + 1.0 + 7 * 0.3) * 1e-3)
+    ar = Record(MethodKey("ar"), "p", "test", "x", GenerationMetrics(n_generated=9, n_target=9))
+    assert calib.cost(ar) == pytest.approx(9e-3)
