@@ -68,7 +68,10 @@ from decoding.cost_model import fit_costs
 from decoding.errors import InputError
 from decoding.hashing import derive_seed
 from decoding.metrics import GenerationMetrics, GenerationResult, aggregate
+from decoding.arms import ArmResources, build_arm, build_arms
+from decoding.cascades import cascade_method
 from decoding.multi import Arm, MultiDrafterSpeculator
+from decoding.multi_draft import drafter_speculator
 from decoding.sampling import SamplingConfig
 from decoding.selectors import make_selector
 from decoding.speculative import VerificationDistribution, generate_speculative
@@ -213,6 +216,7 @@ class Env:
     heads: dict[str, dict[str, Head]]  # mode -> drafter -> the head labelled under that mode's transform
     sampling: dict[str, SamplingConfig]  # mode -> how it samples
     streams: dict[tuple, Any] = field(default_factory=dict)  # stream bandits' speculators, kept across prompts
+    datastore: Any = None  # the bundle's REST / suffix datastore (decoding.datastore.SuffixIndex), if shipped
 
     def sweep_for(self, domain: str) -> list[str]:
         if self.cfg.sweep_drafters == "all":
@@ -328,9 +332,76 @@ def plan_sampling(env: Env, p: Prompt) -> list[Run]:
     return runs
 
 
+def _first_test_prompts(env: Env, p: Prompt) -> bool:
+    """The prompts the further families run on: the first `sampling_prompts` test prompts per domain."""
+    return p.set == "test" and p.index < env.cfg.sampling_prompts
+
+
+def _domain_drafter(env: Env, p: Prompt) -> str:
+    return env.own.get(p.domain) or env.ofa or sorted(env.drafters)[0]
+
+
+def plan_spectr(env: Env, p: Prompt) -> list[Run]:
+    """SpecTr (sampling mode): K i.i.d. drafts of length L = k per round from the domain drafter, verified
+    as one tree with k-Seq selection. K = 1 is the sampling-mode `fixed` row."""
+    if not _first_test_prompts(env, p):
+        return []
+    n = _domain_drafter(env, p)
+    runs = []
+    for drafts in env.cfg.spectr_drafts:
+        key = MethodKey("spectr", mode="sampling", drafter=n, k=env.k, params=params(drafts=drafts))
+        runs.append(Run(key, p, lambda done, d=drafts: Built(
+            drafter_speculator(env.drafters[n], FixedK(env.k), d), drafter=n),
+            seed=derive_seed(env.seed, p.id, "spectr", drafts)))
+    return runs
+
+
+def plan_cascades(env: Env, p: Prompt) -> list[Run]:
+    """Speculative cascades (sampling mode): the domain drafter at gamma = k, verified towards the rule's
+    pi = T(q, p) at lenience `cascade_alpha` (lossy: the output follows pi, not the target)."""
+    if not _first_test_prompts(env, p):
+        return []
+    n = _domain_drafter(env, p)
+    runs = []
+    for rule in env.cfg.cascades:
+        method = cascade_method(rule, env.cfg.cascade_alpha)
+        if not method.speculative:
+            raise InputError(f"evaluate.cascades: '{rule}' is a sequential baseline, not a speculative rule; "
+                             f"benchmarks/bench_cascades.py runs it")
+        key = MethodKey("cascade", mode="sampling", drafter=n, k=env.k,
+                        params=params(rule=method.rule, alpha=method.alpha))
+        runs.append(Run(key, p, lambda done, m=method: Built(
+            DrafterSpeculator(env.drafters[n], FixedK(env.k)), drafter=n, verification=m.verification_distribution()),
+            seed=derive_seed(env.seed, p.id, "cascade", method.rule)))
+    return runs
+
+
+def plan_model_free(env: Env, p: Prompt) -> list[Run]:
+    """BanditSpec Table 1's arms (greedy): each model-free speculator alone, and a bandit over them plus the
+    domain drafter with the throughput reward (arms of different cost; BanditSpec §6.2)."""
+    if not _first_test_prompts(env, p) or not env.cfg.model_free_arms:
+        return []
+    resources = ArmResources(env.drafters, env.datastore)
+    kinds = [a for a in env.cfg.model_free_arms if a not in resources.unavailable()]
+    runs = [Run(MethodKey("model_free", k=env.k, params=params(arm=a)), p,
+                lambda done, a=a: Built(build_arm(a, resources, env.k).speculator)) for a in kinds]
+    if env.cfg.model_free_bandit and kinds:
+        entries = kinds + [_domain_drafter(env, p)]
+        selector = env.cfg.model_free_bandit
+        # its own family: the MetaSD tables (regret, best-arm ratio) read drafter arms only
+        runs.append(Run(MethodKey("model_free", k=env.k, reward="throughput",
+                                  params=params(arm=f"{selector}({','.join(entries)})")), p,
+                        lambda done: Built(MultiDrafterSpeculator(
+                            build_arms(entries, resources, env.k),
+                            make_selector(selector, len(entries), seed=derive_seed(env.seed, p.id, "model-free"),
+                                          max_len=env.k),
+                            reward="throughput", n_max=env.k))))
+    return runs
+
+
 # the plan of a prompt is these planners' runs, in this order (a run may read results of earlier ones)
 PLANNERS: list[Callable[[Env, Prompt], list[Run]]] = [plan_greedy_drafters, plan_routers, plan_bandits,
-                                                      plan_sampling]
+                                                      plan_sampling, plan_spectr, plan_cascades, plan_model_free]
 
 
 def build_plan(env: Env, prompts: list[Prompt], planners=None) -> list[Run]:
@@ -428,6 +499,8 @@ class Calibration:
                 "v": {str(n - 1): round(t / self.target_s[1], 3) for n, t in sorted(self.target_s.items())},
                 "drafter_ms": {n: round(t * 1e3, 3) for n, t in self.drafter_s.items()},
                 "drafter_mean_ms": round(statistics.mean(self.drafter_s.values()) * 1e3, 3),
+                # c = t_draft / t_target (SpecDec++ §3): the mean drafter's 1-token forward over the target's
+                "cost_ratio": round(statistics.mean(self.drafter_s.values()) / self.target_s[1], 3),
                 "context": self.context, "reps": self.reps}
 
 
@@ -591,7 +664,10 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     max_prompt = min(ecfg.max_prompt_tokens, ctx_len - ecfg.max_new_tokens - 1)
     prompts = _prompts(ctx, ecfg, tok, max_prompt, notes)
 
-    env = Env(ecfg, cfg.run.seed, k_main, target, drafters, own, ofa, arm_names, routers, heads, modes)
+    env = Env(ecfg, cfg.run.seed, k_main, target, drafters, own, ofa, arm_names, routers, heads, modes,
+              datastore=bundle.load_datastore() if ecfg.model_free_arms else None)
+    if bundle.datastore is None and "rest" in ecfg.model_free_arms:
+        notes.append("the bundle ships no datastore: the REST arm is left out (re-export with export.datastore: true)")
     plan = build_plan(env, prompts)
     max_k = max([k_main, *ecfg.ks] + [h.k_max for by in heads.values() for h in by.values()])
     # calibrate at a context like the runs' own: a median prompt, half way through its generation

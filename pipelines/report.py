@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from decoding.cascades import DISPLAY_NAMES as CASCADE_NAMES
 from decoding.hashing import derive_seed
 from decoding.timing import Spread, bootstrap_ratio, verdict
 from pipelines.schema import BANDITS
@@ -64,6 +65,13 @@ def label(key: dict) -> str:
         return "domain drafter SpecDec++" if key.get("policy") == "specdecpp" else f"domain drafter K={k}"
     if fam == "hindsight":
         return f"hindsight-best drafter K={k}"
+    if fam == "spectr":
+        return f"SpecTr {d} K={dict(key.get('params') or {}).get('drafts')} L={k}"
+    if fam == "cascade":
+        ps = dict(key.get("params") or {})
+        return f"{CASCADE_NAMES.get(ps.get('rule'), ps.get('rule'))} {d} alpha={ps.get('alpha')}"
+    if fam == "model_free":
+        return str(dict(key.get("params") or {}).get("arm"))
     # a family this module has no name for (a new decoder): its key fields, so it still renders
     parts = [str(fam)] + ([d] if d else []) + ([f"K={k}"] if k is not None else [])
     parts += [f"{n}={v}" for n, v in sorted((key.get("params") or {}).items())]
@@ -310,6 +318,28 @@ def _speed_table(metrics: dict) -> str:
                   "wall-clock speedup [interval]"], rows)
 
 
+FURTHER_FAMILIES = ("spectr", "cascade", "model_free")
+
+
+def _further_table(metrics: dict) -> str | None:
+    """SpecTr, speculative cascades and the model-free arms (BanditSpec Table 1's), pooled over the prompts
+    they ran on, each speedup against the target alone in the same mode (cascades are lossy: their
+    quality is measured by benchmarks/bench_cascades.py, not here)."""
+    rows = []
+    for mode in ("greedy", "sampling"):
+        for key in method_keys(metrics, FURTHER_FAMILIES, mode=mode, set="test"):
+            r = one(metrics, set="test", domain="all", **key)
+            fixed = one(metrics, set="test", domain="all", family="fixed", mode=mode, drafter=key.get("drafter"),
+                        k=key.get("k")) if key.get("drafter") else None
+            if r:
+                rows.append([label(key), mode, r["prompts"], r["MAT"], fixed["MAT"] if fixed else None,
+                             _ci(r, "counted_speedup"), _ci(r, "speedup")])
+    if not rows:
+        return None
+    return table(["method", "mode", "prompts", "MAT (tokens per target call)", "MAT of its drafter alone at K",
+                  "counted speedup [interval]", "timed speedup [interval]"], rows)
+
+
 def _bd_be_table(metrics: dict) -> str | None:
     """MetaSD Table 7 shape: MetaSD-UCB under each reward it ran with (BD, BD argmax, BE), MAT / speedup."""
     variants = [key for key in method_keys(metrics, ("bandit",), mode="greedy", set="test")
@@ -443,14 +473,20 @@ def render(metrics: dict) -> str:
         parts += ["## Best-arm ratio over rounds (MetaSD Figure 3; test set)", "",
                   "Fraction of prompts whose bandit picked the prompt's hindsight-best drafter in that round.", "",
                   arms, "", "![best-arm ratio](best_arm_ratio.png)", ""]
+    further = _further_table(metrics)
+    if further:
+        parts += ["## SpecTr, speculative cascades and model-free arms (first test prompts per domain)", "",
+                  "SpecTr: K drafts per round from the domain drafter, k-Seq selection; cascades: the domain drafter "
+                  "verified towards the rule's lossy target at the configured alpha; model-free: prompt lookup, REST "
+                  "and suffix decoding alone, and UCBSpec over them plus the domain drafter (throughput reward). "
+                  "Sampling-mode rows are compared with the target sampling alone.", "", further, ""]
     vk = cal["v"]
     parts += ["## Calibration (this machine: the counted speedup's costs)", "",
               f"Median of {cal['reps']} interleaved passes at a {cal['context']}-token context. v(K) = the target's "
               "(K+1)-token cached forward over its 1-token forward.", "",
               table(["t_target 1 token (ms)", "mean t_draft (ms)", "c = t_draft / t_target"]
                     + [f"v({kk})" for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k],
-                    [[cal["target_ms"]["1"], cal["drafter_mean_ms"],
-                      round(cal["drafter_mean_ms"] / cal["target_ms"]["1"], 3) if cal["target_ms"]["1"] else None]
+                    [[cal["target_ms"]["1"], cal["drafter_mean_ms"], cal.get("cost_ratio")]
                      + [vk[str(kk)] for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k]]), ""]
     if fit:
         parts += ["## Cost model fit (SpecDec++ Eq. 3.1, all greedy speculative runs, median robust times)", "",

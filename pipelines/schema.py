@@ -293,6 +293,14 @@ class EvaluateSection:
     # the bandits' (and the one-pass ceiling's) arms: the single-domain drafters, as in MetaSD Table 3 where
     # the OFA drafter is a baseline beside the bandit, or every drafter of the bundle
     bandit_arms: Literal["specialists", "all"] = "specialists"
+    # further families, on the first `sampling_prompts` test prompts per domain (0: none of them):
+    spectr_drafts: list[int] = field(default_factory=lambda: [2, 4])  # SpecTr: K drafts per round (sampling mode)
+    cascades: list[str] = field(default_factory=lambda: ["token", "opt"])  # speculative cascade rules (sampling mode)
+    cascade_alpha: float = 0.3  # the cascades' lenience
+    # model-free speculators alone (greedy), and `model_free_bandit` (ucbspec | exp3spec | null) over them plus
+    # the domain drafter with the throughput reward (BanditSpec Table 1)
+    model_free_arms: list[str] = field(default_factory=lambda: ["lookup", "rest", "suffix"])
+    model_free_bandit: Optional[str] = "ucbspec"
     beta: float = 0.01  # MetaSD-UCB exploration strength (paper)
     delta: float = 0.5  # UCBSpec confidence (BanditSpec Thm 4.3)
     device: str = "auto"  # auto: cuda if available, else cpu
@@ -307,6 +315,14 @@ class EvaluateSection:
         for name in ("repeats", "calibration_reps"):
             if getattr(self, name) < 1:
                 raise InputError(f"evaluate.{name} must be >= 1, got {getattr(self, name)}")
+        for d in self.spectr_drafts:
+            if isinstance(d, bool) or d < 1:
+                raise InputError(f"evaluate.spectr_drafts: drafts per round must be >= 1, got {d}")
+        if self.model_free_bandit not in (None, "ucbspec", "exp3spec"):
+            raise InputError(f"evaluate.model_free_bandit must be ucbspec, exp3spec or null, got {self.model_free_bandit!r}")
+        for a in self.model_free_arms:
+            if a not in ("lookup", "rest", "suffix"):
+                raise InputError(f"evaluate.model_free_arms: unknown arm '{a}'; use lookup, rest, suffix")
         if self.threads < 0:
             raise InputError(f"evaluate.threads must be >= 0 (0: torch's default), got {self.threads}")
         for s in self.sets + self.per_drafter_sets:
