@@ -204,12 +204,17 @@ def verify_inputs(cfg: RunConfig, manifests: dict[str, Manifest]) -> str:
 
 
 def _lock_name(spec: StageSpec) -> str:
-    """Processes that legitimately run one stage together (distill shards, training ranks) each take
-    their own lock; two copies of the same process slot collide."""
-    for var in ("SPECDRAFT_SHARD", "SLURM_ARRAY_TASK_ID", "RANK", "LOCAL_RANK"):
-        if var in os.environ:
-            return f"{spec.out}.{var.lower()}-{os.environ[var].replace('/', 'of')}"
-    return spec.out
+    """Processes that legitimately run one stage together (distill shards: Slurm array tasks or
+    SPECDRAFT_SHARD; training ranks: torchrun, srun tasks, Lightning's launcher) each take their own lock;
+    two copies of the same process slot collide."""
+    name = spec.out
+    shard = os.environ.get("SPECDRAFT_SHARD") or os.environ.get("SLURM_ARRAY_TASK_ID")
+    if shard:
+        name += f".shard-{shard.replace('/', 'of')}"
+    rank = global_rank()
+    if rank:
+        name += f".rank-{rank}"
+    return name
 
 
 def run_stage(cfg: RunConfig, name: str, force: bool = False, log: Callable[[str], Any] = print) -> Path | None:
