@@ -1,5 +1,6 @@
 """Tiny models for the decoder tests: random Llama pairs that agree often, and table stubs whose
 next-token distributions are known exactly."""
+import itertools
 import copy
 from types import SimpleNamespace
 
@@ -95,3 +96,30 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def chi2_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
+    """Pearson chi-square goodness of fit over the cells with nonzero expected probability."""
+    keep = expected_probs > 0
+    n = counts.sum()
+    expected = expected_probs[keep].double() * n
+    stat = ((counts[keep].double() - expected) ** 2 / expected).sum()
+    df = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
+
+
+def exact_distribution(table: torch.Tensor, cfg, prompt: list[int], n_tokens: int) -> torch.Tensor:
+    """P(x_1..x_n | prompt) of autoregressive sampling from a TableLM (next token depends on the last two),
+    enumerated over every sequence: (V ** n_tokens,), cells in itertools.product order."""
+    from decoding.sampling import probs
+
+    vocab = table.shape[-1]
+    out = torch.zeros(vocab**n_tokens, dtype=torch.float64)
+    for cell, seq in enumerate(itertools.product(range(vocab), repeat=n_tokens)):
+        ctx, prob = list(prompt), 1.0
+        for x in seq:
+            prob *= float(probs(table[ctx[-2], ctx[-1]], cfg)[x])
+            ctx.append(x)
+        out[cell] = prob
+    return out
+

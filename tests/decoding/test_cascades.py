@@ -31,6 +31,7 @@ from decoding.speculative import generate_speculative
 from decoding.speculator import DrafterSpeculator
 from decoding.stopping import FixedK
 from decoding.verify import verify
+from tests.decoding.conftest import chi2_pvalue
 
 V, N_TOKENS, N_SAMPLES = 3, 2, 4_000
 PROMPT = [1, 2]
@@ -38,15 +39,6 @@ SAMPLING = SamplingConfig(temperature=1.0)
 # alphas inside the paper's ranges that make each rule defer in some contexts and not in others
 ALPHA = {"chow": 0.35, "diff": 0.0, "opt": 0.05, "token_v1": 0.05, "token_v2": 0.1, "token_v3": 0.3,
          "lossy": 0.5, "bild": 1.05, "token_chow": 0.35, "seq_chow": 0.6}
-
-
-def chi2_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
-    keep = expected_probs > 0
-    n = counts.sum()
-    expected = expected_probs[keep].double() * n
-    stat = ((counts[keep].double() - expected) ** 2 / expected).sum()
-    df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
 
 
 def rand_dists(n: int, seed: int, scale: float = 2.0) -> torch.Tensor:

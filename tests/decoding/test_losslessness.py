@@ -7,39 +7,17 @@ after y_2 is drafted); with four its stop after y_2 decides whether token 3 is a
 Power: n = 5,000 samples; the chi-square test must also *reject* the same samples against the exact
 distribution with 0.02 of mass moved between two cells (a 2% error), so the sample size is shown to
 be enough inside the test itself."""
-import itertools
 
 import pytest
 import torch
 
-from decoding.sampling import SamplingConfig, probs
+from decoding.sampling import SamplingConfig
 from decoding.speculative import speculative_generate
 from decoding.stopping import FixedK, SpecDecPP
+from tests.decoding.conftest import chi2_pvalue, exact_distribution
 
 V, N_TOKENS, N_SAMPLES = 3, 3, 5_000
 PROMPT = [1, 2]
-
-
-def chi2_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
-    """Pearson chi-square goodness of fit over the cells with nonzero expected probability."""
-    keep = expected_probs > 0
-    n = counts.sum()
-    expected = expected_probs[keep].double() * n
-    stat = ((counts[keep].double() - expected) ** 2 / expected).sum()
-    df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
-
-
-def exact_distribution(table: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """P(x1, x2, x3 | prompt) of autoregressive sampling from a TableLM, enumerated: (V ** 3,)."""
-    out = torch.zeros(V**N_TOKENS, dtype=torch.float64)
-    for cell, seq in enumerate(itertools.product(range(V), repeat=N_TOKENS)):
-        ctx, prob = list(PROMPT), 1.0
-        for x in seq:
-            prob *= float(probs(table[ctx[-2], ctx[-1]], cfg)[x])
-            ctx.append(x)
-        out[cell] = prob
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +49,7 @@ def linear_head(seed: int) -> torch.nn.Module:
 )
 def test_first_tokens_follow_the_target_distribution(stub_pair, sampling, make_stopping, n_tokens):
     target, drafter, p_table = stub_pair
-    exact = exact_distribution(p_table, sampling)
+    exact = exact_distribution(p_table, sampling, PROMPT, N_TOKENS)
     gen = torch.Generator().manual_seed(42)
     counts = torch.zeros(V**N_TOKENS)
     full = rejected = 0

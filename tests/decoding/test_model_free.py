@@ -14,9 +14,10 @@ from decoding.datastore import (SEPARATOR, SMALL, Continuations, SuffixIndex, bu
 from decoding.errors import InputError
 from decoding.prompt_lookup import PromptLookupSpeculator
 from decoding.rest import RestSpeculator
-from decoding.sampling import SamplingConfig, probs
+from decoding.sampling import SamplingConfig
 from decoding.speculative import generate_speculative
 from decoding.suffix import SuffixSpeculator
+from tests.decoding.conftest import chi2_pvalue, exact_distribution
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -177,26 +178,6 @@ SHIFT = 0.03  # the error the power check must detect
 PROMPT = [1, 2, 0, 1]
 
 
-def chi2_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
-    keep = expected_probs > 0
-    n = counts.sum()
-    expected = expected_probs[keep].double() * n
-    stat = ((counts[keep].double() - expected) ** 2 / expected).sum()
-    df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
-
-
-def exact_distribution(table: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    out = torch.zeros(V**N_TOKENS, dtype=torch.float64)
-    for cell, seq in enumerate(itertools.product(range(V), repeat=N_TOKENS)):
-        ctx, prob = list(PROMPT), 1.0
-        for x in seq:
-            prob *= float(probs(table[ctx[-2], ctx[-1]], cfg)[x])
-            ctx.append(x)
-        out[cell] = prob
-    return out
-
-
 @pytest.mark.parametrize("kind", ["rest", "suffix"])
 def test_sampling_follows_the_target_distribution(table_lm, kind):
     gen = torch.Generator().manual_seed(0)
@@ -207,7 +188,7 @@ def test_sampling_follows_the_target_distribution(table_lm, kind):
     index = SuffixIndex.build([[rng.randrange(V) for _ in range(12)] for _ in range(30)])
     spec = RestSpeculator(index, max_tokens=3) if kind == "rest" else SuffixSpeculator(index, max_tokens=3, min_prob=0.0)
     sampling = SamplingConfig(temperature=1.0)
-    exact = exact_distribution(p_table, sampling)
+    exact = exact_distribution(p_table, sampling, PROMPT, N_TOKENS)
     counts = torch.zeros(V**N_TOKENS)
     full = rejected = 0
     rng_t = torch.Generator().manual_seed(42)

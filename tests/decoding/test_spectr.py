@@ -9,7 +9,6 @@ speculative sampling:
 (d) K = 1 equals `DrafterSpeculator` exactly under the same seed.
 Plus the pieces: rho* by bisection, the residual, the trie, and the tree-masked forward against plain
 forwards of each path (logits and the cache cut back to the accepted path)."""
-import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -19,7 +18,7 @@ from decoding import kv
 from decoding.autoregressive import generate_autoregressive
 from decoding.errors import InputError
 from decoding.multi_draft import SpecTrSpeculator
-from decoding.sampling import SamplingConfig, probs
+from decoding.sampling import SamplingConfig
 from decoding.spectr import (
     RHO_TOL,
     acceptance_probability,
@@ -35,17 +34,9 @@ from decoding.speculator import Draft, DrafterSpeculator
 from decoding.stopping import FixedK, SpecDecPP
 from decoding.tree import trie_from_sequences, verify_tree
 from decoding.verify import residual
+from tests.decoding.conftest import chi2_pvalue, exact_distribution
 
 N_SAMPLES = 5_000
-
-
-def chi2_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
-    keep = expected_probs > 0
-    n = counts.sum()
-    expected = expected_probs[keep].double() * n
-    stat = ((counts[keep].double() - expected) ** 2 / expected).sum()
-    df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
 
 
 def assert_fits_with_power(counts: torch.Tensor, exact: torch.Tensor, shift: float = 0.02) -> None:
@@ -254,17 +245,6 @@ class TreeTableLM(torch.nn.Module):
         return SimpleNamespace(logits=logits, hidden_states=hidden)
 
 
-def exact_distribution(table: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    out = torch.zeros(V**N_TOKENS, dtype=torch.float64)
-    for cell, seq in enumerate(itertools.product(range(V), repeat=N_TOKENS)):
-        ctx, prob = list(PROMPT), 1.0
-        for x in seq:
-            prob *= float(probs(table[ctx[-2], ctx[-1]], cfg)[x])
-            ctx.append(x)
-        out[cell] = prob
-    return out
-
-
 @pytest.fixture(scope="module")
 def tree_stub_pair():
     gen = torch.Generator().manual_seed(0)
@@ -306,7 +286,7 @@ E2E_CASES = [
 def test_first_tokens_follow_the_target_distribution(tree_stub_pair, sampling, make_stopping, n_drafts, n_samples,
                                                     shift):
     target, drafter, p_table = tree_stub_pair
-    exact = exact_distribution(p_table, sampling)
+    exact = exact_distribution(p_table, sampling, PROMPT, N_TOKENS)
     gen = torch.Generator().manual_seed(42)
     counts = torch.zeros(V**N_TOKENS)
     speculator = SpecTrSpeculator(drafter, make_stopping(), n_drafts)
