@@ -37,6 +37,7 @@ from decoding.autoregressive import generate_autoregressive  # noqa: E402
 from decoding.cost_model import acceptance_from_mat, analytic_speedup  # noqa: E402
 from decoding.metrics import aggregate  # noqa: E402
 from decoding.speculative import speculative_generate  # noqa: E402
+from bench_decoder import ForwardCounter  # noqa: E402  (benchmarks/bench_decoder.py)
 
 
 def synthetic_pair(device: str, dtype: torch.dtype):
@@ -103,15 +104,6 @@ def forward_ms(model, n_tokens: int, context: int = 64, reps: int = 50) -> float
             times.append(t)
         kv.crop(cache, context)
     return 1e3 * statistics.median(times)
-
-
-class ForwardCounter:
-    def __init__(self, model):
-        self.calls = 0
-        model.register_forward_hook(self._hook)
-
-    def _hook(self, *_):
-        self.calls += 1
 
 
 def hf_generate(target, drafter, prompt, n, k, counter):
