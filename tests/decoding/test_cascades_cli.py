@@ -2,27 +2,13 @@
 import json
 
 import pytest
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from data.tokenizer import train_bpe
 from decoding.cascades import cascade_method
 from decoding.errors import InputError
 from decoding.generate import generate_text, load_pair
 from decoding.sampling import SamplingConfig
 from pipelines.cli import main
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pair")
-    tok = train_bpe(["the quick brown fox jumps over the lazy dog"] * 50 + ["hello world"] * 20, vocab_size=300)
-    for name, layers in (("target", 2), ("drafter", 1)):
-        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
-                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        LlamaForCausalLM(cfg).save_pretrained(root / name)
-        tok.save_pretrained(root / name)
-    return root
+from tests.decoding.test_generate import pair  # noqa: F401  (the seeded tiny target/drafter pair)
 
 
 def args(pair, *extra):
