@@ -1,34 +1,17 @@
 """Checks that fail early, with one line naming the problem and the fix (`InputError`).
 (Sampling settings are validated by `decoding.sampling.SamplingConfig` itself.)
 
-Speculative sampling compares p and q token by token, so drafter and target must share the vocabulary
-*and* the tokenizer (same ids for the same strings); heads must read the drafter they were trained on.
+Heads must read the drafter they were trained on; drafter and target must share the vocabulary and the
+tokenizer (`core.tokenizers`, the one definition).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 import torch
 
-from decoding.errors import InputError
-
-
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """sha256 over the vocabulary (token -> id, added tokens included) and the special tokens.
-
-    Built from what survives `save_pretrained` / `from_pretrained` unchanged, so a tokenizer and its
-    reloaded copy share a fingerprint while any change of ids or special tokens changes it.
-    """
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
-    special = {
-        name: getattr(tokenizer, name, None)
-        for name in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
-    }
-    special = {k: str(v) for k, v in special.items() if v is not None}
-    payload = json.dumps({"vocab": vocab, "special": special}, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+from core.errors import InputError
+from core.tokenizers import check_same_vocabulary
 
 
 def _config(model: Any) -> Any:
@@ -45,19 +28,7 @@ def context_length(model: Any) -> int | None:
 
 def check_pair(target: Any, drafter: Any, target_tokenizer: Any = None, drafter_tokenizer: Any = None) -> None:
     """Drafter and target must have the same vocabulary size and, when given, the same tokenizer."""
-    vt, vd = vocab_size(target), vocab_size(drafter)
-    if vt is not None and vd is not None and vt != vd:
-        raise InputError(
-            f"drafter vocabulary size {vd} differs from the target's {vt}; "
-            "use a drafter trained with the target's tokenizer"
-        )
-    if target_tokenizer is not None and drafter_tokenizer is not None:
-        ft, fd = tokenizer_fingerprint(target_tokenizer), tokenizer_fingerprint(drafter_tokenizer)
-        if ft != fd:
-            raise InputError(
-                f"drafter tokenizer (sha256 {fd[:12]}) differs from the target's ({ft[:12]}); "
-                "use a drafter trained with the target's tokenizer"
-            )
+    check_same_vocabulary(vocab_size(drafter), vocab_size(target), drafter_tokenizer, target_tokenizer)
 
 
 def head_input_size(head: torch.nn.Module) -> int | None:

@@ -21,8 +21,9 @@ import sys
 import torch
 
 from decoding.autoregressive import generate_autoregressive
-from decoding.compat import check_head, check_pair, tokenizer_fingerprint
-from decoding.errors import InputError
+from decoding.compat import check_head, check_pair
+from core.tokenizers import check_same_vocabulary
+from core.errors import InputError
 from decoding.generate_args import add_arguments, bundle_of
 from decoding.loading import load_causal_lm, load_tokenizer
 from decoding.sampling import SamplingConfig
@@ -58,15 +59,13 @@ def load_pair(bundle: str | None = None, target: str | None = None, drafter: str
         raise InputError("give --bundle DIR, or both --target DIR and --drafter DIR")
     tok = load_tokenizer(target)
     dtok = load_tokenizer(drafter)
-    if tokenizer_fingerprint(tok) != tokenizer_fingerprint(dtok):
-        raise InputError(f"drafter '{drafter}' uses a different tokenizer from target '{target}'; "
-                         "use a drafter trained on this target's tokenizer")
+    check_same_vocabulary(None, None, dtok, tok, name=f"drafter '{drafter}'")
     tgt = load_causal_lm(target, dtype, None if device_map else device, device_map)
     dft = load_causal_lm(drafter, dtype, drafter_device)
     check_pair(tgt, dft)
     h = hcfg = None
     if head is not None:
-        from heads.acceptance_head import load_head
+        from decoding.acceptance_head import load_head
 
         h, hcfg = load_head(head, expected_hidden_size=dft.config.hidden_size)
         h = h.to(drafter_device)

@@ -15,7 +15,8 @@ import lightning as L
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, get_cosine_schedule_with_warmup
 
-from decoding.errors import InputError
+from core.errors import InputError
+from core.tokenizers import check_same_vocabulary
 from drafters import losses
 from drafters.data import TOPK_IDS, TOPK_LOGPROBS
 
@@ -58,11 +59,8 @@ class CausalLMModule(L.LightningModule):
         # The teacher is frozen and is kept out of the module's state: not saved in checkpoints, not
         # seen by the optimizer or by FSDP/DeepSpeed wrapping. It is moved to our device at fit start.
         self._teacher = [teacher.eval().requires_grad_(False)] if teacher is not None else []
-        if teacher is not None and teacher.config.vocab_size != model.config.vocab_size:
-            raise InputError(
-                f"teacher vocab size {teacher.config.vocab_size} != student vocab size "
-                f"{model.config.vocab_size}; build the drafter with the target's vocab_size"
-            )
+        if teacher is not None:  # the teacher is the target: the student drafts in its vocabulary
+            check_same_vocabulary(model.config.vocab_size, teacher.config.vocab_size, name="student")
         self._step_start: float | None = None
 
     @property

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from decoding.errors import InputError
+from core.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -132,45 +132,3 @@ def load_causal_lm(path: str | os.PathLike, trust_remote_code: bool = False, **k
 def num_parameters(model: torch.nn.Module) -> int:
     """Unique parameters (tied embeddings counted once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-
-
-def tokenizer_fingerprint(tokenizer_or_dir) -> str:
-    """The decoder's tokenizer content hash (`decoding.compat.tokenizer_fingerprint`), so training and
-    decoding agree on one definition. Accepts a tokenizer object or a directory saved with
-    save_pretrained (loaded locally; nothing is downloaded or unpickled)."""
-    from decoding.compat import tokenizer_fingerprint as fingerprint
-
-    if isinstance(tokenizer_or_dir, (str, os.PathLike)):
-        from transformers import AutoTokenizer
-
-        path = Path(tokenizer_or_dir)
-        if not (path / "tokenizer.json").is_file():
-            raise InputError(f"no tokenizer.json in {path}; save the tokenizer there with save_pretrained")
-        tokenizer_or_dir = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    return fingerprint(tokenizer_or_dir)
-
-
-def check_same_vocabulary(
-    drafter_vocab_size: int,
-    target_vocab_size: int,
-    drafter_tokenizer=None,
-    target_tokenizer=None,
-    name: str = "drafter",
-) -> None:
-    """Refuse a drafter that cannot share the target's tokens: different vocab size or tokenizer.
-
-    Vocab sizes are compared always; tokenizers (directories or fast tokenizer objects) by content hash
-    when both are given. Raises InputError before any training.
-    """
-    if drafter_vocab_size != target_vocab_size:
-        raise InputError(
-            f"{name} vocab size {drafter_vocab_size} != target vocab size {target_vocab_size}; "
-            "build the drafter with the target's vocab_size"
-        )
-    if drafter_tokenizer is not None and target_tokenizer is not None:
-        d, t = tokenizer_fingerprint(drafter_tokenizer), tokenizer_fingerprint(target_tokenizer)
-        if d != t:
-            raise InputError(
-                f"{name} tokenizer (sha256 {d[:12]}) differs from the target's (sha256 {t[:12]}); "
-                "train and export the drafter with the target's tokenizer"
-            )

@@ -29,12 +29,14 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from decoding.errors import InputError
-from decoding.hashing import derive_seed
+from core.devices import resolve_device
+from core.errors import InputError
+from core.hashing import derive_seed
 from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.alignment import response_hidden, response_logits
 from drafters.data import CausalLMCollator
-from drafters.model import check_same_vocabulary, load_causal_lm as load_drafter
+from drafters.model import load_causal_lm as load_drafter
+from core.tokenizers import check_same_vocabulary
 from heads.labels import acceptance_labels, mix_tokens
 from pipelines.artifacts import load_safetensors, read_json, subdir_hash
 from pipelines.distill_data import load_distill_data
@@ -60,7 +62,7 @@ def build(ctx: Context) -> dict:
     transforms = [t.config() for t in acfg.label_transforms]  # one set of labels + features (+ heads) each
     target_path = ctx.target_path()
     tok = load_tokenizer(target_path, cfg.target.trust_remote_code)
-    device = acfg.device if acfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(acfg.device)
     target = load_causal_lm(target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
                             cfg.target.trust_remote_code)
     drafters_dir = ctx.input("train-drafters")

@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from decoding.errors import InputError
+from core.errors import InputError
 
 EXIT_BAD_INPUT = 2
 
@@ -39,20 +39,15 @@ def _run_one(args) -> None:
 
 
 def _run_all(args) -> None:
-    from pipelines.stage import STAGE_NAMES, get_spec, is_implemented, run_stage
+    from pipelines.stage import get_spec, run_stage, stage_names
 
     cfg = _load(args.config, args.overrides)
-    names = list(cfg.run.stages or STAGE_NAMES)
+    names = stage_names(cfg)
     if args.start:
         get_spec(args.start)
         names = names[names.index(args.start):] if args.start in names else []
-    missing = [n for n in names if not is_implemented(get_spec(n))]
     for name in names:
-        if name in missing:
-            continue
         run_stage(cfg, name, force=args.force and (args.start is None or name == args.start))
-    if missing:
-        print(f"not run (not implemented yet in this version): {', '.join(missing)}")
     metrics = Path(cfg.run.root) / "report" / "metrics.json"
     if metrics.is_file():
         import json
@@ -66,14 +61,11 @@ def _run_all(args) -> None:
 
 def _validate(args) -> None:
     from pipelines.config import to_dict
-    from pipelines.stage import STAGE_NAMES, get_spec, is_implemented
+    from pipelines.stage import stage_names
 
     cfg = _load(args.config, args.overrides)
-    names = cfg.run.stages or STAGE_NAMES
-    todo = [n for n in names if not is_implemented(get_spec(n))]
+    names = stage_names(cfg)
     print(f"{args.config}: ok ({len(to_dict(cfg))} sections; stages: {', '.join(names)})")
-    if todo:
-        print(f"note: not implemented yet in this version: {', '.join(todo)}")
 
 
 def _inspect_bundle(args) -> None:

@@ -25,9 +25,10 @@ import torch
 from tqdm.auto import tqdm
 
 from data.prompts import load_prompt_sets
-from decoding.errors import InputError
+from core.devices import resolve_device
+from core.errors import InputError
 from pipelines.artifacts import load_dataset_dir
-from decoding.hashing import derive_seed
+from core.hashing import derive_seed
 from decoding.loading import load_causal_lm, load_tokenizer
 from pipelines.stage import Context, StageIncomplete
 
@@ -150,7 +151,7 @@ def build(ctx: Context) -> dict:
     if todo:
         target = ctx.target_path()
         tok = load_tokenizer(target, cfg.target.trust_remote_code)
-        device = dcfg.device if dcfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        device = resolve_device(dcfg.device)
         model = load_causal_lm(target, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
                                cfg.target.trust_remote_code)
         done_before = len(chunks) - len(todo) if n_shards == 1 else None

@@ -63,10 +63,12 @@ from data.prompts import load_prompt_sets
 from decoding import kv
 from decoding.autoregressive import generate_autoregressive
 from decoding.bundle import Bundle, load_bundle
-from decoding.compat import check_k, tokenizer_fingerprint
+from decoding.compat import check_k
+from core.tokenizers import tokenizer_fingerprint
 from decoding.cost_model import fit_costs
-from decoding.errors import InputError
-from decoding.hashing import derive_seed
+from core.devices import resolve_device
+from core.errors import InputError
+from core.hashing import derive_seed
 from decoding.metrics import GenerationMetrics, GenerationResult, aggregate
 from decoding.arms import ArmResources, build_arm, build_arms
 from decoding.cascades import cascade_method
@@ -631,7 +633,7 @@ def build(ctx: Context) -> dict:
         raise InputError("the bundle has no drafters; export a run with train-drafters before evaluating")
     k_main = ecfg.k or int(bundle.decoding.get("k", 4))
     check_k(k_main, "evaluate.k")
-    device = ecfg.device if ecfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(ecfg.device)
     threads = torch.get_num_threads()
     if ecfg.threads:
         # one thread: the process's CPU time is then its compute, not other threads spinning for work

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
 from data.demo_world import DOMAINS, HELDOUT_DOMAINS
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.compat import check_k
 from drafters.model import CausalLMConfig, preset
-from pipelines.training import TrainerConfig
+from training.trainer import TrainerConfig
 
 
 @dataclass
@@ -364,13 +364,3 @@ class RunConfig:
     train_router: TrainRouterSection = field(default_factory=TrainRouterSection)
     export: ExportSection = field(default_factory=ExportSection)
     evaluate: EvaluateSection = field(default_factory=EvaluateSection)
-
-    def check(self) -> None:
-        from pipelines.stage import STAGE_NAMES
-
-        for s in self.run.stages or []:
-            if s not in STAGE_NAMES:
-                import difflib
-
-                hint = difflib.get_close_matches(s, STAGE_NAMES, n=1, cutoff=0.0)
-                raise InputError(f"run.stages names unknown stage '{s}'; did you mean '{hint[0]}'?")

@@ -5,22 +5,21 @@ manifests or atomicity; this file does that once for all of them.
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
-import importlib.util
 import json
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from decoding.errors import InputError
+from core.errors import InputError
 from pipelines.artifacts import (HashCache, Manifest, StageLock, StageOutput, read_manifest, tidy_stage_dir,
                                  verify_files)
 from pipelines.config import to_dict
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: importing the schema pulls in torch and transformers (slow --help)
     from pipelines.schema import RunConfig
@@ -65,14 +64,17 @@ def get_spec(name: str) -> StageSpec:
     for spec in STAGES:
         if spec.name == name:
             return spec
-    import difflib
-
     hint = difflib.get_close_matches(name, STAGE_NAMES, n=1, cutoff=0.0)
     raise InputError(f"unknown stage '{name}'; did you mean '{hint[0] if hint else STAGE_NAMES[0]}'?")
 
 
-def is_implemented(spec: StageSpec) -> bool:
-    return importlib.util.find_spec(f"pipelines.{spec.module}") is not None
+def stage_names(cfg: RunConfig) -> list[str]:
+    """The stages `specdraft run` runs, in order: `run.stages` (checked by name before anything runs) or all."""
+    for s in cfg.run.stages or []:
+        if s not in STAGE_NAMES:
+            hint = difflib.get_close_matches(s, STAGE_NAMES, n=1, cutoff=0.0)
+            raise InputError(f"run.stages names unknown stage '{s}'; did you mean '{hint[0]}'?")
+    return list(cfg.run.stages or STAGE_NAMES)
 
 
 @dataclass
@@ -225,8 +227,6 @@ def run_stage(cfg: RunConfig, name: str, force: bool = False, log: Callable[[str
     if reason:
         log(f"[{name}] skipped: {reason}")
         return None
-    if not is_implemented(spec):
-        raise InputError(f"stage '{name}' is not implemented yet in this version of specdraft")
     manifests = load_inputs(cfg, spec)
     key = _cache_key(cfg, spec, manifests)
     with StageLock(root, _lock_name(spec)):

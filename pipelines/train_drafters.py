@@ -29,16 +29,18 @@ from pathlib import Path
 import torch
 
 from data.tokenizer import encode_document, pack
-from decoding.errors import InputError
+from core.devices import resolve_device
+from core.errors import InputError
 from pipelines.artifacts import load_dataset_dir
 from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.alignment import alignment_by_domain, format_table
 from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.lit_lm import CausalLMModule
-from drafters.model import build_causal_lm, check_same_vocabulary, load_causal_lm as load_drafter, num_parameters
+from drafters.model import build_causal_lm, load_causal_lm as load_drafter, num_parameters
+from core.tokenizers import check_same_vocabulary
 from pipelines.distill_data import load_distill_data
 from pipelines.stage import Context, StageIncomplete, global_rank, on_rank_zero
-from pipelines.training import build_trainer, fit
+from training.trainer import build_trainer, fit
 
 BASE = "base"  # the general-phase drafter: the "trained on the raw corpus, no target generations" reference
 
@@ -147,7 +149,7 @@ def build(ctx: Context) -> dict:
     train_domains = sorted({r["domain"] for r in train_rows})
     specs = drafter_specs(cfg, train_domains)
     vocab = len(tok)
-    device = tcfg.device if tcfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(tcfg.device)
 
     timings: dict[str, dict] = {}  # wall clock of the fits run by this process (not of resumed-over ones)
 

@@ -24,11 +24,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from decoding import kv
-from decoding.errors import InputError
+from core.devices import resolve_device
+from core.errors import InputError
 from pipelines.artifacts import load_dataset_dir, read_json
 from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.model import load_causal_lm as load_drafter
-from heads.acceptance_head import save_head
+from decoding.acceptance_head import save_head
 from heads.lit_head import HeadTrainConfig, predict_logits, train_head_grid
 from heads.metrics import constant_baseline, overlap_reference
 from heads.online import OnlineFeatures, compute_features
@@ -81,7 +82,7 @@ def build(ctx: Context) -> dict:
     sets = transform_dirs(acc_dir)  # <drafter>/<transform tag>/: one grid of heads each
     if not sets:
         raise InputError(f"{acc_dir} holds no drafters; rerun `specdraft acceptance-data`")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device("auto")  # train-heads has no device key: the GPU when there is one
     tok = load_tokenizer(ctx.target_path(), cfg.target.trust_remote_code)
     if hcfg.cost_ratio is None:
         target = load_causal_lm(ctx.target_path(), cfg.target.dtype, device)

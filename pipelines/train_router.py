@@ -36,8 +36,9 @@ from collections import Counter
 import torch
 
 from data.prompts import load_prompt_sets
-from decoding.compat import tokenizer_fingerprint
-from decoding.errors import InputError
+from core.tokenizers import tokenizer_fingerprint
+from core.devices import resolve_device
+from core.errors import InputError
 from pipelines.artifacts import read_json
 from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.alignment import response_logits
@@ -155,7 +156,7 @@ def build(ctx: Context) -> dict:
     seed = cfg.run.seed
     target_path = ctx.target_path()
     tok = load_tokenizer(target_path, cfg.target.trust_remote_code)
-    device = rcfg.device if rcfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(rcfg.device)
     target = load_causal_lm(target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
                             cfg.target.trust_remote_code)
     embeddings = target.get_input_embeddings().weight.detach()

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 import pipelines.distill_data as dd
-from decoding.errors import InputError
+from core.errors import InputError
 from pipelines.distill_data import fit_prompt, load_distill_data
 from pipelines.stage import run_stage
 from tests.pipelines.conftest import tiny_config

@@ -7,8 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import pipelines.acceptance_data as ad
-from decoding.errors import InputError
-from heads.acceptance_head import load_head
+from core.errors import InputError
+from decoding.acceptance_head import load_head
 from pipelines.artifacts import read_manifest
 from pipelines.stage import run_stage
 from tests.pipelines.conftest import FAST, tiny_config

@@ -1,6 +1,6 @@
 """Content hashes shared by the artifact store (pipelines/) and the bundle loader (decoding/).
 
-One definition, here in the lowest layer, so a drafter's hash recorded at training time (the heads'
+One definition, here in the bottom layer, so a drafter's hash recorded at training time (the heads'
 `drafter_hash`) is exactly what the decoder recomputes from a bundle.
 """
 from __future__ import annotations

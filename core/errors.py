@@ -1,7 +1,7 @@
 """The one exception type for bad input anywhere in specdraft.
 
-Lives in `decoding/` because that is the lowest layer (every other package may import it, and the
-decoder must not import `pipelines`). The CLI turns it into a one-line message and exit code 2.
+Lives in `core/`, the bottom layer, so every package may raise it without depending on another. The
+CLI turns it into a one-line message and exit code 2.
 """
 
 
