@@ -62,9 +62,11 @@ def own_drafters(bundle) -> tuple[dict[str, str], str]:
 def load_prompts(prompt_set: str, per_domain: int, tok, max_prompt_tokens: int) -> dict[str, list[list[int]]]:
     from datasets import load_from_disk
 
+    from data.prompts import fit_prompt
+
     out: dict[str, list[list[int]]] = {}
     for row in load_from_disk(prompt_set)["test"]:
-        ids = tok(row["prompt"])["input_ids"][-max_prompt_tokens:]
+        ids, _ = fit_prompt(tok(row["prompt"])["input_ids"], max_prompt_tokens, "truncate", row["id"])
         if len(out.setdefault(row["domain"], [])) < per_domain:
             out[row["domain"]].append(ids)
     return out

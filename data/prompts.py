@@ -125,3 +125,14 @@ def load_prompt_sets(prompts_dir: str | Path) -> datasets.DatasetDict:
 
 def domains_of(ds: datasets.Dataset) -> list[str]:
     return sorted(set(ds["domain"]))
+
+
+def fit_prompt(ids: list[int], max_tokens: int, policy: str, ex_id: str) -> tuple[list[int], int]:
+    """Truncate a long prompt from the left (keeping BOS) or refuse it."""
+    if len(ids) <= max_tokens:
+        return ids, 0
+    if policy == "refuse":
+        raise InputError(f"prompt {ex_id} has {len(ids)} tokens > distill_data.max_prompt_tokens={max_tokens}; "
+                         "raise the limit or set distill_data.long_prompts: truncate")
+    dropped = len(ids) - max_tokens
+    return ids[:1] + ids[1 + dropped:], dropped

@@ -38,10 +38,10 @@ from drafters.data import CausalLMCollator
 from drafters.model import load_causal_lm as load_drafter
 from core.tokenizers import check_same_vocabulary
 from heads.labels import acceptance_labels, mix_tokens
-from pipelines.artifacts import load_safetensors, read_json, subdir_hash
-from pipelines.distill_data import load_distill_data
+from pipelines.artifacts import read_json, subdir_hash
+from pipelines.readers import load_distill_data
 from pipelines.stage import Context
-from pipelines.train_drafters import BASE
+from pipelines.readers import BASE
 
 
 def forward_at_response(model, batch: dict, hidden: bool = False) -> torch.Tensor:
@@ -178,18 +178,6 @@ def _label_and_cache(n, sampling, chunk, rows, sub, lengths, p_logits, q_logits,
             "greedy_agree": lab.greedy_agree.tolist()})
         res["feats"].append((h[from_y].half(), lab.accept_prob[from_y], lab.one_minus_tv[from_y],
                              from_y.nonzero().squeeze(-1)))
-
-
-def transform_dirs(acc_dir) -> list:
-    """Every <drafter>/<transform tag>/ of an acceptance-data output, sorted."""
-    return sorted(p.parent for p in acc_dir.glob("*/*/info.json"))
-
-
-def load_features(drafter_dir, split: str) -> dict[str, torch.Tensor]:
-    path = drafter_dir / f"features_{split}.safetensors"
-    if not path.is_file():
-        raise InputError(f"{path} is missing; rerun `specdraft acceptance-data --force`")
-    return load_safetensors(path, "acceptance-data")
 
 
 if __name__ == "__main__":

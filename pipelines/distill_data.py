@@ -21,13 +21,12 @@ import os
 from pathlib import Path
 
 import datasets
-import torch
 from tqdm.auto import tqdm
 
-from data.prompts import load_prompt_sets
+from data.generation import generate_batch
+from data.prompts import fit_prompt, load_prompt_sets
 from core.devices import resolve_device
 from core.errors import InputError
-from pipelines.artifacts import load_dataset_dir
 from core.hashing import derive_seed
 from decoding.loading import load_causal_lm, load_tokenizer
 from pipelines.stage import Context, StageIncomplete
@@ -52,17 +51,6 @@ def shard_from_env() -> tuple[int, int]:
     return i, n
 
 
-def fit_prompt(ids: list[int], max_tokens: int, policy: str, ex_id: str) -> tuple[list[int], int]:
-    """Truncate a long prompt from the left (keeping BOS) or refuse it."""
-    if len(ids) <= max_tokens:
-        return ids, 0
-    if policy == "refuse":
-        raise InputError(f"prompt {ex_id} has {len(ids)} tokens > distill_data.max_prompt_tokens={max_tokens}; "
-                         "raise the limit or set distill_data.long_prompts: truncate")
-    dropped = len(ids) - max_tokens
-    return ids[:1] + ids[1 + dropped:], dropped
-
-
 def plan_chunks(sets: datasets.DatasetDict, splits, temperatures, chunk_size: int) -> list[dict]:
     """Fixed, ordered chunks of jobs; one temperature and one split per chunk (one generate call
     setting per batch)."""
@@ -75,31 +63,6 @@ def plan_chunks(sets: datasets.DatasetDict, splits, temperatures, chunk_size: in
                 name = f"{split}-t{t:g}-{start // chunk_size:05d}"
                 chunks.append({"name": name, "split": split, "temperature": t, "rows": part})
     return chunks
-
-
-@torch.no_grad()
-def generate_batch(model, prompts: list[list[int]], pad_id: int, eos_id: int, temperature: float, top_k: int,
-                   top_p: float, max_new_tokens: int, seed: int) -> list[tuple[list[int], str]]:
-    """Left-padded batched generation with the KV cache; each row stops at its own EOS."""
-    device = model.get_input_embeddings().weight.device
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p):] = torch.tensor(p)
-        mask[r, width - len(p):] = 1
-    torch.manual_seed(seed)
-    sampling = dict(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p) if temperature > 0 else \
-        dict(do_sample=False, temperature=None, top_k=None, top_p=None)
-    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-                         eos_token_id=eos_id, pad_token_id=pad_id, use_cache=True, **sampling)
-    results = []
-    for row in out[:, width:].tolist():
-        if eos_id in row:
-            results.append((row[: row.index(eos_id) + 1], "eos"))
-        else:
-            results.append((row, "length"))
-    return results
 
 
 def run_chunk(chunk: dict, model, tok, dcfg, seed: int) -> list[dict]:
@@ -185,10 +148,6 @@ def build(ctx: Context) -> dict:
                         "prompts_truncated": sum(1 for x in d["prompt_truncated"] if x > 0)}
     print(f"[distill-data] {json.dumps(stats)}")
     return {"splits": stats, "chunks": len(chunks)}
-
-
-def load_distill_data(path: str | Path) -> datasets.DatasetDict:
-    return load_dataset_dir(Path(path) / "data", "distill-data")
 
 
 if __name__ == "__main__":

@@ -80,8 +80,9 @@ from decoding.speculative import VerificationDistribution, generate_speculative
 from decoding.speculator import DrafterSpeculator, Speculator
 from decoding.stopping import FixedK, HindsightOracle, SpecDecPP
 from decoding.timing import Timing, bootstrap_median, quantile, timed_call
+from drafters.roles import drafter_roles
 from heads.router import load_router
-from pipelines.distill_data import fit_prompt
+from data.prompts import fit_prompt
 from pipelines.schema import BANDITS, EvaluateSection  # noqa: F401 (EvaluateSection re-exported)
 from pipelines.stage import Context
 
@@ -181,18 +182,6 @@ class Record:
 
 
 # --- the environment a plan is made in ------------------------------------------------------------------
-
-def drafter_roles(bundle: Bundle) -> tuple[dict[str, str], str | None]:
-    """(domain -> its specialised drafter (the fewest domains covering it), the OFA drafter (most domains))."""
-    by_size = sorted(bundle.drafters.values(), key=lambda d: (len(d.domains), d.name))
-    own: dict[str, str] = {}
-    for d in by_size:
-        if len(d.domains) == 1:
-            own.setdefault(d.domains[0], d.name)
-    general = [d for d in by_size if len(d.domains) != 1]
-    ofa = general[-1].name if general else None
-    return own, ofa
-
 
 @dataclass(frozen=True)
 class Head:
@@ -649,7 +638,8 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     tok = bundle.load_tokenizer(cfg.target.trust_remote_code)
     target = bundle.load_target(device=device, trust_remote_code=cfg.target.trust_remote_code)
     drafters = {n: bundle.load_drafter(n, device=device, target=target) for n in sorted(bundle.drafters)}
-    own, ofa = drafter_roles(bundle)
+    roles = drafter_roles({d.name: d.domains for d in bundle.drafters.values()})
+    own, ofa = roles.own, roles.ofa
     routers, notes = _load_routers(bundle, target, tok)
     arm_names = sorted(set(own.values())) if ecfg.bandit_arms == "specialists" else list(drafters)
     if len(arm_names) < 2:

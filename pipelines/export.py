@@ -40,7 +40,7 @@ from decoding.acceptance_head import CONFIG_NAME as HEAD_CONFIG
 from pipelines.artifacts import MANIFEST, Manifest
 from pipelines.config import to_dict
 from pipelines.stage import Context
-from pipelines.train_drafters import BASE
+from pipelines.readers import BASE
 
 
 def copy_listed(src: Path, manifest: Manifest, sub: str | None, dst: Path) -> dict[str, str]:
@@ -68,7 +68,7 @@ def copy_listed(src: Path, manifest: Manifest, sub: str | None, dst: Path) -> di
 def build_datastore_dir(distill_dir: Path, dst: Path) -> dict:
     """Suffix array over distill-data's train responses (decoding/datastore.py) written into dst;
     returns its datastore.json (tokens, sequences, bytes, source) and the build time in seconds."""
-    from pipelines.distill_data import load_distill_data
+    from pipelines.readers import load_distill_data
 
     data = load_distill_data(distill_dir)
     if "train" not in data or len(data["train"]) == 0:

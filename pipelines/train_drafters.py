@@ -38,11 +38,12 @@ from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.lit_lm import CausalLMModule
 from drafters.model import build_causal_lm, load_causal_lm as load_drafter, num_parameters
 from core.tokenizers import check_same_vocabulary
-from pipelines.distill_data import load_distill_data
+from pipelines.readers import load_distill_data
+from pipelines.readers import BASE
 from pipelines.stage import Context, StageIncomplete, global_rank, on_rank_zero
 from training.trainer import build_trainer, fit
 
-BASE = "base"  # the general-phase drafter: the "trained on the raw corpus, no target generations" reference
+
 
 
 def drafter_specs(cfg, train_domains: list[str]) -> list[tuple[str, list[str]]]:

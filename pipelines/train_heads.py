@@ -34,7 +34,7 @@ from heads.lit_head import HeadTrainConfig, predict_logits, train_head_grid
 from heads.metrics import constant_baseline, overlap_reference
 from heads.online import OnlineFeatures, compute_features
 from heads.simulate import best, choose_threshold, greedy_oracle, simulate_fixed_k
-from pipelines.acceptance_data import load_features, transform_dirs
+from pipelines.readers import load_features, transform_dirs
 from pipelines.stage import Context
 
 

@@ -43,37 +43,28 @@ from pipelines.artifacts import read_json
 from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.alignment import response_logits
 from drafters.data import CausalLMCollator
+from drafters.roles import DrafterRoles, drafter_roles
 from drafters.model import load_causal_lm as load_drafter
 from heads.lit_router import train_classifier
 from heads.router import CentroidRouter, Router, mean_pooled, save_router
-from pipelines.distill_data import fit_prompt, generate_batch, load_distill_data
+from data.prompts import fit_prompt
+from data.generation import generate_batch
+from pipelines.readers import load_distill_data
 from pipelines.stage import Context
-from pipelines.train_drafters import BASE
+from pipelines.readers import BASE
 
 POOLING = "mean of the target's input embeddings over the prompt tokens"
 
 
-def drafter_roles(infos: dict[str, dict], train_domains: list[str]) -> tuple[list[str], list[str]]:
-    """(specialised drafters, generalist drafters such as OFA) from each drafter.json's domains."""
-    everything = set(train_domains)
-    special = sorted(n for n, i in infos.items() if n != BASE and i["domains"] and set(i["domains"]) < everything)
-    general = sorted(n for n, i in infos.items() if n != BASE and set(i["domains"]) >= everything)
-    if len(special) < 2:
-        raise InputError(f"train-router needs at least 2 specialised drafters to route among, found {special}; "
+def routing_roles(infos: dict[str, dict], train_domains: list[str]) -> DrafterRoles:
+    """The serving drafters' roles (drafter.json domains; `base` serves nothing); at least 2 to route among."""
+    roles = drafter_roles({n: i["domains"] for n, i in infos.items() if n != BASE}, train_domains)
+    if len(roles.special) < 2:
+        raise InputError(f"train-router needs at least 2 specialised drafters to route among, found {roles.special}; "
                          "train one drafter per domain (train_drafters.drafters) or drop train-router from run.stages")
-    return special, general
+    return roles
 
 
-def domain_drafters(infos: dict[str, dict], special: list[str]) -> dict[str, str]:
-    """Domain -> the specialised drafter with the fewest domains that covers it (ties: by name)."""
-    out: dict[str, str] = {}
-    for name in sorted(special, key=lambda n: (len(infos[n]["domains"]), n)):
-        for d in infos[name]["domains"]:
-            out.setdefault(d, name)
-    return out
-
-
-@torch.no_grad()
 def prompt_acceptance(target, drafters: dict[str, torch.nn.Module], rows: list[dict], pad_token_id: int,
                       batch_size: int, max_length: int | None) -> tuple[list[dict], torch.Tensor]:
     """Teacher-forced acceptance 1 - TV(p, q) at T=1 per prompt and drafter.
@@ -169,8 +160,8 @@ def build(ctx: Context) -> dict:
     drafters_dir = ctx.input("train-drafters")
     infos = {p.name: read_json(p / "drafter.json", "drafter info", "rerun stage 'train-drafters' with --force")
              for p in sorted(drafters_dir.iterdir()) if (p / "drafter.json").is_file()}
-    special, general = drafter_roles(infos, train_domains)
-    by_domain = domain_drafters(infos, special)
+    roles = routing_roles(infos, train_domains)
+    special, general, by_domain = roles.special, roles.general, roles.own
     names = special + general
     models = {n: load_drafter(drafters_dir / n).to(device).eval() for n in names}
     measure = dict(pad_token_id=tok.pad_token_id, batch_size=rcfg.label_batch_size,

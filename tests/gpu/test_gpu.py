@@ -62,6 +62,7 @@ def test_quantized_target_through_distill_data(tiny_target_run, tmp_path, monkey
     import bitsandbytes as bnb
 
     import pipelines.distill_data as dd
+    from pipelines.readers import load_distill_data
     from decoding.loading import load_causal_lm
     from pipelines.stage import run_stage
     from tests.pipelines.conftest import fresh_copy, tiny_config
@@ -93,7 +94,7 @@ def test_quantized_target_through_distill_data(tiny_target_run, tmp_path, monkey
     assert rel < {"int8": 0.1, "nf4": 0.3}[quantization]
     assert model.get_memory_footprint() < reference.get_memory_footprint()
 
-    ds = dd.load_distill_data(out)
+    ds = load_distill_data(out)
     vocab = model.config.vocab_size
     assert len(ds["train"]) == 2 * 6 * 2 and len(ds["dev"]) == 2 * 3 * 2
     for r in ds["train"]:

@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import pipelines.acceptance_data as ad
+from pipelines.readers import load_features
 from core.errors import InputError
 from decoding.acceptance_head import load_head
 from pipelines.artifacts import read_manifest
@@ -75,7 +76,7 @@ def test_acceptance_data_one_target_forward_per_sequence(drafted, seen):
     drafter_rows = [(hid, b) for h, hid, b in seen if h != target_h]
     assert sum(b for hid, b in drafter_rows if not hid) == sum(per_drafter.values())
     assert sum(b for hid, b in drafter_rows if hid) == sum(per_drafter.values())
-    feats = ad.load_features(out / "math" / "T1", "train")
+    feats = load_features(out / "math" / "T1", "train")
     assert feats["features"].dtype == torch.float16 and feats["features"].shape[1] == 16
     assert ((feats["labels"] >= 0) & (feats["labels"] <= 1)).all()
 
@@ -94,7 +95,7 @@ def test_label_transforms_share_the_logits_and_get_their_own_heads(drafted_run, 
     assert sum(b for h, hid, b in seen if h != target_h and not hid) == per_drafter
     assert sum(b for h, hid, b in seen if h != target_h and hid) == 2 * per_drafter
     assert sorted(p.name for p in (out / "math").iterdir()) == ["T0.7_k20", "greedy"]
-    greedy = ad.load_features(out / "math" / "greedy", "train")["labels"]
+    greedy = load_features(out / "math" / "greedy", "train")["labels"]
     assert set(greedy.unique().tolist()) <= {0.0, 1.0}
     info = json.loads((out / "math" / "T0.7_k20" / "info.json").read_text())
     assert info["label_transform"] == {"temperature": 0.7, "top_k": 20, "top_p": 1.0}
@@ -117,9 +118,9 @@ def test_label_transforms_share_the_logits_and_get_their_own_heads(drafted_run, 
 
 def test_acceptance_data_is_reproducible(drafted, tmp_path):
     out = run_stage(drafted, "acceptance-data")
-    first = ad.load_features(out / "translate" / "T1", "dev")
+    first = load_features(out / "translate" / "T1", "dev")
     out = run_stage(drafted, "acceptance-data", force=True)
-    again = ad.load_features(out / "translate" / "T1", "dev")
+    again = load_features(out / "translate" / "T1", "dev")
     assert all(torch.equal(first[k], again[k]) for k in first)
 
 
@@ -145,7 +146,7 @@ def test_nan_in_cached_features_names_the_example(drafted):
 
     out = run_stage(drafted, "acceptance-data")
     path = out / "math" / "T1" / "features_train.safetensors"
-    feats = ad.load_features(out / "math" / "T1", "train")
+    feats = load_features(out / "math" / "T1", "train")
     feats["features"][5, 3] = float("nan")
     save_file(feats, str(path))
     # the input verification refuses the edited file first; with it off, the reader names the example
@@ -165,14 +166,14 @@ def test_heads_train_online_without_a_feature_cache(drafted_run):
 
     cached = tiny_config(drafted_run, **FAST)
     out = run_stage(cached, "acceptance-data")
-    want = ad.load_features(out / "math" / "T1", "dev")["features"].float()
+    want = load_features(out / "math" / "T1", "dev")["features"].float()
     rows = [dict(r) for r in load_from_disk(str(out / "math" / "T1" / "sequences"))["dev"]]
     got = compute_features(load_causal_lm(out.parent / "drafters" / "math"), rows, pad_token_id=0)
     assert torch.allclose(got, want, atol=1e-2)  # the cache is fp16
 
     online = tiny_config(drafted_run, **{**FAST, "acceptance_data": {**FAST["acceptance_data"], "cache_features": False}})
     out = run_stage(online, "acceptance-data")
-    assert "features" not in ad.load_features(out / "math" / "T1", "train")
+    assert "features" not in load_features(out / "math" / "T1", "train")
     heads = run_stage(online, "train-heads")
     sweep = json.loads((heads / "sweep.json").read_text())
     for r in sweep["math"]["T1"]["heads"]:

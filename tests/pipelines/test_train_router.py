@@ -11,7 +11,7 @@ from core.errors import InputError
 from decoding.loading import load_causal_lm, load_tokenizer
 from heads.router import load_router
 from pipelines.stage import run_stage
-from pipelines.train_router import domain_drafters, drafter_roles, prompt_acceptance
+from pipelines.train_router import prompt_acceptance, routing_roles
 from tests.pipelines.conftest import FAST, tiny_config
 
 ROUTER = {"hidden": 8, "label_batch_size": 4,
@@ -61,11 +61,11 @@ def test_domain_labels_train_on_the_domain_drafter(drafted_run):
 def test_drafter_roles_and_domain_map():
     infos = {"base": {"domains": []}, "ofa": {"domains": ["a", "b", "c"]}, "a": {"domains": ["a"]},
              "bc": {"domains": ["b", "c"]}, "c": {"domains": ["c"]}}
-    special, general = drafter_roles(infos, ["a", "b", "c"])
-    assert special == ["a", "bc", "c"] and general == ["ofa"]
-    assert domain_drafters(infos, special) == {"a": "a", "b": "bc", "c": "c"}  # the narrowest drafter wins
+    roles = routing_roles(infos, ["a", "b", "c"])
+    assert roles.special == ["a", "bc", "c"] and roles.general == ["ofa"] and roles.ofa == "ofa"
+    assert roles.own == {"a": "a", "b": "bc", "c": "c"}  # the narrowest drafter wins
     with pytest.raises(InputError, match="at least 2 specialised drafters"):
-        drafter_roles({"base": {"domains": []}, "ofa": {"domains": ["a", "b"]}, "a": {"domains": ["a"]}}, ["a", "b"])
+        routing_roles({"base": {"domains": []}, "ofa": {"domains": ["a", "b"]}, "a": {"domains": ["a"]}}, ["a", "b"])
 
 
 def _tiny_lm(seed, vocab=40):
