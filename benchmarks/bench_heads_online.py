@@ -18,7 +18,7 @@ from datasets import load_from_disk
 from torch.utils.data import DataLoader
 
 from decoding.loading import load_tokenizer
-from drafters.model import load_causal_lm
+from decoding.loading import load_causal_lm
 from heads.lit_head import HeadTrainConfig, train_head_grid
 from heads.online import OnlineFeatures
 from pipelines.readers import load_features
@@ -43,7 +43,7 @@ def main() -> None:
     t0 = time.time()
     train_head_grid((tr["features"], tr["labels"]), (dev["features"], dev["labels"]), hcfg.depths, hcfg.w_rejs, cfg)
     cached = time.time() - t0
-    drafter = load_causal_lm(root / "drafters" / args.drafter).eval()
+    drafter = load_causal_lm(root / "drafters" / args.drafter, "float32").eval()
     pad = load_tokenizer(root / "target").pad_token_id
     rows = [dict(r) for r in load_from_disk(str(acc / "sequences"))["train"]]
     loader = DataLoader(OnlineFeatures(drafter, rows, pad, hcfg.batch_size, max_length=info["max_length"]), batch_size=None)

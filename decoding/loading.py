@@ -38,11 +38,18 @@ def quantization_config(quantization: str, compute_dtype: torch.dtype):
     raise InputError(f"quantization {quantization!r} is not one of none, int8, nf4")
 
 
-def _check_local_or_hub(name_or_path: str) -> None:
+def _check_local_or_hub(name_or_path: str) -> bool:
+    """True for a local model directory (checked: config.json and safetensors weights), False for a hub id."""
     p = Path(name_or_path)
     looks_local = p.is_absolute() or name_or_path.startswith((".", "~")) or p.exists()
-    if looks_local and not (p / "config.json").is_file():
+    if not looks_local:
+        return False
+    if not (p / "config.json").is_file():
         raise InputError(f"'{name_or_path}' is not a model directory (no config.json); point to a save_pretrained dir")
+    if not any(p.glob("*.safetensors")):
+        raise InputError(f"'{name_or_path}' has no .safetensors weights; convert the checkpoint with "
+                         "save_pretrained(safe_serialization=True)")
+    return True
 
 
 def load_causal_lm(
@@ -60,9 +67,10 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM
 
     name_or_path = str(name_or_path)
-    _check_local_or_hub(name_or_path)
+    local = _check_local_or_hub(name_or_path)
     torch_dtype = resolve_dtype(dtype, device)
-    kwargs: dict[str, Any] = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code, use_safetensors=True)
+    kwargs: dict[str, Any] = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code, use_safetensors=True,
+                                  local_files_only=local)
     qcfg = quantization_config(quantization, torch_dtype)
     if qcfg is not None:
         kwargs["quantization_config"] = qcfg

@@ -39,6 +39,21 @@ def response_hidden(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 @torch.no_grad()
+def position_acceptance(target, drafters: dict[str, torch.nn.Module], batch: dict[str, torch.Tensor]
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per response position and drafter: teacher-forced acceptance 1 - TV(p, q) = sum_v min(p, q) at T=1
+    (the expected acceptance of one draft token under speculative sampling, Leviathan et al. Thm 3.5) and
+    greedy agreement 1{argmax p == argmax q}; both (N, len(drafters)) float64. The target runs once."""
+    p = response_logits(target, batch).softmax(-1)  # (N, V)
+    acc, agree = [], []
+    for drafter in drafters.values():
+        q = response_logits(drafter, batch).softmax(-1)
+        acc.append(torch.minimum(p, q).sum(-1).double())
+        agree.append((p.argmax(-1) == q.argmax(-1)).double())
+    return torch.stack(acc, -1), torch.stack(agree, -1)
+
+
+@torch.no_grad()
 def alignment_by_domain(target, drafters: dict[str, torch.nn.Module], rows: list[dict], pad_token_id: int,
                         batch_size: int = 32, max_length: int | None = None) -> dict[str, dict[str, dict]]:
     """rows: {"domain", "prompt_ids", "response_ids"}. Returns drafter -> domain -> metrics.
@@ -48,17 +63,14 @@ def alignment_by_domain(target, drafters: dict[str, torch.nn.Module], rows: list
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
         batch = collate([{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in chunk])
-        p = response_logits(target, batch).softmax(-1)  # (N, V)
+        acc, agree = position_acceptance(target, drafters, batch)  # (N, D) each
         # which domain each response position belongs to
         counts = batch["loss_mask"].sum(1).tolist()
         domains = [r["domain"] for r, n in zip(chunk, counts) for _ in range(n)]
-        for name, drafter in drafters.items():
-            q = response_logits(drafter, batch).softmax(-1)
-            acc = torch.minimum(p, q).sum(-1)  # 1 - TV
-            agree = (p.argmax(-1) == q.argmax(-1)).double()
+        for j, name in enumerate(drafters):
             for d in set(domains):
                 m = torch.tensor([x == d for x in domains])
-                sums[name][d] += torch.stack([acc[m].double().sum(), agree[m].sum(), m.sum().double()])
+                sums[name][d] += torch.stack([acc[m, j].sum(), agree[m, j].sum(), m.sum().double()])
     return {name: {d: {"acceptance": round(float(s[0] / s[2]), 4), "agreement": round(float(s[1] / s[2]), 4),
                        "positions": int(s[2])} for d, s in sorted(by_dom.items())}
             for name, by_dom in sums.items()}

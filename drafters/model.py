@@ -8,12 +8,10 @@ training starts (issue 3, bad input).
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from core.errors import InputError
 
@@ -113,20 +111,6 @@ def build_causal_lm(
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     return model
-
-
-def load_causal_lm(path: str | os.PathLike, trust_remote_code: bool = False, **kwargs) -> PreTrainedModel:
-    """A causal LM from a local HF model directory; safetensors weights only (nothing is unpickled)."""
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise InputError(f"{path} is not a model directory (no config.json); point to a save_pretrained dir")
-    if not any(path.glob("*.safetensors")):
-        raise InputError(
-            f"{path} has no .safetensors weights; convert the checkpoint with save_pretrained(safe_serialization=True)"
-        )
-    return AutoModelForCausalLM.from_pretrained(
-        path, use_safetensors=True, trust_remote_code=trust_remote_code, local_files_only=True, **kwargs
-    )
 
 
 def num_parameters(model: torch.nn.Module) -> int:

@@ -29,7 +29,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sequential
 from core.errors import InputError
 from decoding.acceptance_head import AcceptanceHead
 from heads.losses import weighted_bce_terms
-from heads.metrics import head_metrics
+from heads.metrics import binary_kl_terms, head_metrics
 
 DEPTHS = (0, 1, 2, 3, 4)
 W_REJS = (1.0, 3.0, 6.0, 12.0)
@@ -183,9 +183,7 @@ class AcceptanceHeadsModule(pl.LightningModule):
 
     def _accumulate(self, prefix: str, logits: torch.Tensor, labels: torch.Tensor) -> None:
         with torch.no_grad():  # summed binary KL per head; logits in group order
-            p, x = labels.double(), logits.detach().double()
-            bce = -(p * F.logsigmoid(x) + (1 - p) * F.logsigmoid(-x))
-            kl = (bce + torch.xlogy(p, p) + torch.xlogy(1 - p, 1 - p)).sum(-1)  # (n_heads,)
+            kl = binary_kl_terms(logits, labels).sum(-1)  # (n_heads,)
             self._sums[prefix] = self._sums.get(prefix, 0) + kl
             self._sums[prefix + "_n"] = self._sums.get(prefix + "_n", 0) + labels.numel()
 

@@ -26,11 +26,16 @@ def _entropy(p: torch.Tensor) -> torch.Tensor:
     return -(torch.xlogy(p, p) + torch.xlogy(1 - p, 1 - p))
 
 
+def binary_kl_terms(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Elementwise KL(P || sigma(x)) in nats (float64; broadcasting labels against logits)."""
+    x, p = logits.detach().double(), labels.detach().double()
+    bce = -(p * F.logsigmoid(x) + (1 - p) * F.logsigmoid(-x))
+    return (bce - _entropy(p)).clamp(min=0)  # >= 0 exactly; the clamp only removes rounding
+
+
 def binary_kl(logits: torch.Tensor, labels: torch.Tensor) -> float:
     """Mean KL(P || sigma(x)) in nats."""
-    x, p = logits.double(), labels.double()
-    bce = -(p * F.logsigmoid(x) + (1 - p) * F.logsigmoid(-x))
-    return float((bce - _entropy(p)).clamp(min=0).mean())
+    return float(binary_kl_terms(logits, labels).mean())
 
 
 def rejection_auroc(logits: torch.Tensor, labels: torch.Tensor) -> float:

@@ -35,7 +35,7 @@ from core.hashing import derive_seed
 from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.alignment import response_hidden, response_logits
 from drafters.data import CausalLMCollator
-from drafters.model import load_causal_lm as load_drafter
+from decoding.loading import load_causal_lm as load_drafter
 from core.tokenizers import check_same_vocabulary
 from heads.labels import acceptance_labels, mix_tokens
 from pipelines.artifacts import read_json, subdir_hash
@@ -75,7 +75,7 @@ def build(ctx: Context) -> dict:
         names = [n for n in names if n in acfg.drafters]
     drafters, infos = {}, {}
     for n in names:
-        drafters[n] = load_drafter(drafters_dir / n).to(device).eval()
+        drafters[n] = load_drafter(drafters_dir / n, "float32").to(device).eval()
         check_same_vocabulary(drafters[n].config.vocab_size, target.config.vocab_size, name=f"drafter '{n}'")
         infos[n] = read_json(drafters_dir / n / "drafter.json", "drafter info", "rerun stage 'train-drafters' with --force")
     distill = load_distill_data(ctx.input("distill-data"))

@@ -36,7 +36,8 @@ from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.alignment import alignment_by_domain, format_table
 from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.lit_lm import CausalLMModule
-from drafters.model import build_causal_lm, load_causal_lm as load_drafter, num_parameters
+from drafters.model import build_causal_lm, num_parameters
+from decoding.loading import load_causal_lm as load_drafter
 from core.tokenizers import check_same_vocabulary
 from pipelines.readers import load_distill_data
 from pipelines.readers import BASE
@@ -158,7 +159,7 @@ def build(ctx: Context) -> dict:
     base_dir = ctx.work / BASE / "model"
     if not base_dir.is_dir():
         if tcfg.init_from is not None:
-            model = load_drafter(tcfg.init_from)
+            model = load_drafter(tcfg.init_from, "float32")
             check_same_vocabulary(model.config.vocab_size, vocab, name=f"init_from {tcfg.init_from}")
         else:
             model = build_causal_lm(tcfg.model, vocab, seed=seed, bos_token_id=tok.bos_token_id,
@@ -196,7 +197,7 @@ def build(ctx: Context) -> dict:
         rows = [r for r in train_rows if r["domain"] in domains]
         if not rows:
             raise InputError(f"drafter '{name}' has no training rows for domains {domains}")
-        model = load_drafter(base_dir).train()  # from_pretrained returns eval mode
+        model = load_drafter(base_dir, "float32").train()  # from_pretrained returns eval mode
         examples = [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in rows]
         phase = tcfg.finetune
         if tcfg.ofa_compute == "same_steps" and len(domains) > 1:
@@ -215,7 +216,7 @@ def build(ctx: Context) -> dict:
     target = load_causal_lm(target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
                             cfg.target.trust_remote_code)
     names = [n for n, _ in specs] + [BASE]
-    drafters = {n: load_drafter(ctx.work / n / "model").to(device).eval() for n in names}
+    drafters = {n: load_drafter(ctx.work / n / "model", "float32").to(device).eval() for n in names}
     dev_rows = [dict(r) for r in distill["dev"]]
     if not dev_rows:
         raise InputError("distill_data has no dev rows; keep 'dev' in distill_data.splits for the alignment table")

@@ -28,7 +28,7 @@ from core.devices import resolve_device
 from core.errors import InputError
 from pipelines.artifacts import load_dataset_dir, read_json
 from decoding.loading import load_causal_lm, load_tokenizer
-from drafters.model import load_causal_lm as load_drafter
+from decoding.loading import load_causal_lm as load_drafter
 from decoding.acceptance_head import save_head
 from heads.lit_head import HeadTrainConfig, predict_logits, train_head_grid
 from heads.metrics import constant_baseline, overlap_reference
@@ -97,7 +97,7 @@ def build(ctx: Context) -> dict:
         online = "features" not in tr  # acceptance_data.cache_features was off: recompute every epoch
         loader = None
         if online:
-            drafter = load_drafter(info["drafter_path"]).to(device).eval()
+            drafter = load_drafter(info["drafter_path"], "float32").to(device).eval()
             pad = tok.pad_token_id
             loader = DataLoader(OnlineFeatures(drafter, [dict(r) for r in seqs_ds["train"]], pad, hcfg.batch_size,
                                                max_length=info["max_length"], seed=cfg.run.seed), batch_size=None)
@@ -108,7 +108,7 @@ def build(ctx: Context) -> dict:
         if hcfg.cost_ratio is not None:
             cost = {"cost_ratio": hcfg.cost_ratio, "source": "config"}
         elif cost is None:  # drafters share one architecture: measure once, carefully, and reuse
-            cost = measure_cost_ratio(target, load_drafter(info["drafter_path"]).to(
+            cost = measure_cost_ratio(target, load_drafter(info["drafter_path"], "float32").to(
                 target.get_input_embeddings().weight.device).eval(), reps=60)
         c = cost["cost_ratio"]
         t0 = time.time()

@@ -41,10 +41,10 @@ from core.devices import resolve_device
 from core.errors import InputError
 from pipelines.artifacts import read_json
 from decoding.loading import load_causal_lm, load_tokenizer
-from drafters.alignment import response_logits
+from drafters.alignment import position_acceptance
 from drafters.data import CausalLMCollator
 from drafters.roles import DrafterRoles, drafter_roles
-from drafters.model import load_causal_lm as load_drafter
+from decoding.loading import load_causal_lm as load_drafter
 from heads.lit_router import train_classifier
 from heads.router import CentroidRouter, Router, mean_pooled, save_router
 from data.prompts import fit_prompt
@@ -86,11 +86,8 @@ def prompt_acceptance(target, drafters: dict[str, torch.nn.Module], rows: list[d
         chunk = [rows[i] for i in order[start:start + batch_size]]
         batch = collate([{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in chunk])
         owner = torch.tensor([index[r["prompt_id"]] for r in chunk]).repeat_interleave(batch["loss_mask"].sum(1))
-        p = response_logits(target, batch).softmax(-1)  # (N, V), N response positions of the batch
         counts.index_add_(0, owner, torch.ones(len(owner), dtype=torch.float64))
-        for j, drafter in enumerate(drafters.values()):
-            q = response_logits(drafter, batch).softmax(-1)
-            sums[:, j].index_add_(0, owner, torch.minimum(p, q).sum(-1).double())
+        sums.index_add_(0, owner, position_acceptance(target, drafters, batch)[0])  # (N, D) 1 - TV per position
     if (counts == 0).any():
         empty = [pid for pid, c in zip(prompts, counts.tolist()) if c == 0]
         raise InputError(f"prompt {empty[0]} has no response tokens to measure acceptance on ({len(empty)} such); "
@@ -163,7 +160,7 @@ def build(ctx: Context) -> dict:
     roles = routing_roles(infos, train_domains)
     special, general, by_domain = roles.special, roles.general, roles.own
     names = special + general
-    models = {n: load_drafter(drafters_dir / n).to(device).eval() for n in names}
+    models = {n: load_drafter(drafters_dir / n, "float32").to(device).eval() for n in names}
     measure = dict(pad_token_id=tok.pad_token_id, batch_size=rcfg.label_batch_size,
                    max_length=cfg.train_drafters.finetune.max_length)
 

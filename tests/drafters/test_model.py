@@ -4,7 +4,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from core.errors import InputError
-from drafters.model import PRESETS, build_causal_lm, load_causal_lm, num_parameters, preset
+from drafters.model import PRESETS, build_causal_lm, num_parameters, preset
+from decoding.loading import load_causal_lm
 from core.tokenizers import check_same_vocabulary, tokenizer_fingerprint
 
 
@@ -35,7 +36,7 @@ def test_save_and_load_roundtrip_is_safetensors_only(tmp_path):
     m = build_causal_lm("demo-tiny", vocab_size=40, seed=0, eos_token_id=2, pad_token_id=0)
     m.save_pretrained(tmp_path)
     assert list(tmp_path.glob("*.safetensors")) and not list(tmp_path.glob("*.bin"))
-    loaded = load_causal_lm(tmp_path)
+    loaded = load_causal_lm(tmp_path, "float32")
     x = torch.tensor([[1, 2, 3]])
     assert torch.allclose(m(x).logits, loaded(x).logits)
     assert isinstance(AutoModelForCausalLM.from_pretrained(tmp_path), type(m))

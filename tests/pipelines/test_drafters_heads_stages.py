@@ -162,13 +162,13 @@ def test_heads_train_online_without_a_feature_cache(drafted_run):
     and still exports scored heads. The recomputed dev features equal what the cache would hold."""
     from heads.online import compute_features
     from datasets import load_from_disk
-    from drafters.model import load_causal_lm
+    from decoding.loading import load_causal_lm
 
     cached = tiny_config(drafted_run, **FAST)
     out = run_stage(cached, "acceptance-data")
     want = load_features(out / "math" / "T1", "dev")["features"].float()
     rows = [dict(r) for r in load_from_disk(str(out / "math" / "T1" / "sequences"))["dev"]]
-    got = compute_features(load_causal_lm(out.parent / "drafters" / "math"), rows, pad_token_id=0)
+    got = compute_features(load_causal_lm(out.parent / "drafters" / "math", "float32"), rows, pad_token_id=0)
     assert torch.allclose(got, want, atol=1e-2)  # the cache is fp16
 
     online = tiny_config(drafted_run, **{**FAST, "acceptance_data": {**FAST["acceptance_data"], "cache_features": False}})
