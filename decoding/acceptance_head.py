@@ -1,4 +1,4 @@
-"""The SpecDec++ acceptance head (paper §4.3, §5.1; SPEC.md section 3).
+"""The SpecDec++ acceptance head (paper §4.3, §5.1).
 
 The head reads the drafter's final hidden state e_i at draft token y_i and returns one logit;
 sigmoid(logit) predicts P(y_i accepted | y_<i accepted) = min(1, p(y_i) / q(y_i)).

@@ -227,7 +227,7 @@ class Bundle:
 
     def head_for(self, drafter: str, sampling) -> str | None:
         """The drafter's best head labelled under `sampling` (a SamplingConfig), or None: a head's
-        threshold and calibration hold only for the transform its labels were made under (SPEC.md 3)."""
+        threshold and calibration hold only for the transform its labels were made under (SpecDec++ §4.4)."""
         matching = [h for h in self.heads.get(drafter, {}).values() if sampling.matches(h.label_transform)]
         matching.sort(key=lambda h: (not h.best, h.name != self.drafter(drafter).head, h.name))
         return matching[0].name if matching else None

@@ -77,7 +77,7 @@ def analytic_speedup(a: float, k: int, c: float, verify_cost: float = 1.0) -> fl
     """Fixed-K speedup over autoregressive decoding of the target (Leviathan et al. Thm 3.8).
 
     verify_cost: the target's (K+1)-token forward in units of its single-token forward. The textbook
-    model (SPEC.md 2) takes 1; on hardware that is not memory-bound at batch 1 (a CPU, a tiny model)
+    model (SpecDec++ §3) takes 1; on hardware that is not memory-bound at batch 1 (a CPU, a tiny model)
     it is measurably more, and passing the measured value separates that from decoder overhead."""
     return expected_tokens_per_round(a, k) / (k * c + verify_cost)
 

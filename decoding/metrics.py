@@ -1,4 +1,4 @@
-"""Counters and timings that come out of every generation (SPEC.md section 2).
+"""Counters and timings that come out of every generation (SpecDec++ §3, §5).
 
 N            tokens generated (after EOS truncation)
 N_target     target forward passes (one per speculative round; one per token when autoregressive)

@@ -2,7 +2,7 @@
 
 One function turns logits into the distribution that is actually sampled from. Speculative sampling is
 lossless with respect to *this* distribution, so the drafter's q, the target's p and the SpecDec++
-labels must all go through it with the same settings (SPEC.md section 3, pitfall: labelling at T=1
+labels must all go through it with the same settings (SpecDec++ §4.4; pitfall: labelling at T=1
 while serving with another transform).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Arm selectors for multi-drafter / multi-setting speculative decoding (SPEC.md sections 4-5).
+"""Arm selectors for multi-drafter / multi-setting speculative decoding (MetaSD Alg. 2; BanditSpec Alg. 4-5).
 
 One speculative-decoding round is one bandit round. Every selector has the same small protocol:
 

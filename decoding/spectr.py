@@ -16,7 +16,7 @@ norm((p - q)_+)).
 
 `kseq_select` and `recursive_rejection_select` share one signature (a `NodeRule`), so the tree verifier
 in `decoding.tree` can verify i.i.d. draft sets (SpecTr) and general draft trees (SpecInfer / EAGLE's
-multi-candidate residual rule, SPEC.md section 9) with the same walk.
+multi-candidate residual rule of SpecInfer / EAGLE) with the same walk.
 """
 from __future__ import annotations
 

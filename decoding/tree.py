@@ -10,7 +10,7 @@ sequence-level draft selection: at the current node, the drafts that pass throug
 tokens to a token-level `NodeRule` (k-Seq for i.i.d. drafts); the accepted token's node becomes the
 current node (only the drafts through it survive); a rejection emits the rule's residual token; a leaf
 reached emits a bonus token from the target's p at the leaf. The same walk with the multi-candidate
-residual rule verifies general trees (SPEC.md section 9), and greedy decoding takes the child equal to
+residual rule (SpecInfer / EAGLE) verifies general trees, and greedy decoding takes the child equal to
 the target's argmax.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One verification step of speculative sampling (SpecDec++ App. C, Alg. 2), as a pure function.
 
 `verify` takes the *verification distribution* as an argument: the target's p for lossless speculative
-sampling, or a cascade / lossy target pi = T(q, p) (SPEC.md section 7), which the same rule turns into
+sampling, or a cascade / lossy target pi = T(q, p) (Narasimhan et al., Faster Cascades via Speculative Decoding), which the same rule turns into
 "accept when q(x) <= pi(x), else with probability pi(x)/q(x); on rejection sample norm((pi - q)_+)".
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SpecDec++ acceptance labels and token mixing (paper §4.4; SPEC.md section 3).
+"""SpecDec++ acceptance labels and token mixing (paper §4.4).
 
 Pure tensor functions for the `acceptance-data` stage. Per response position i (teacher-forced on the
 target response X):

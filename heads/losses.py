@@ -1,4 +1,4 @@
-"""Weighted binary cross-entropy with soft labels (SpecDec++ §4.4; SPEC.md section 3).
+"""Weighted binary cross-entropy with soft labels (SpecDec++ §4.4).
 
     loss_i = -w_acc P_i log sigma(x_i) - w_rej (1 - P_i) log(1 - sigma(x_i)),   w_acc = 1 in the paper
 

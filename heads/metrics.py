@@ -1,4 +1,4 @@
-"""How well an acceptance head fits its soft labels P in [0, 1] (SpecDec++ App. D.3; SPEC.md section 3).
+"""How well an acceptance head fits its soft labels P in [0, 1] (SpecDec++ App. D.3).
 
 All functions take head logits x (or probabilities) and labels P as 1-D tensors over the Y positions.
 - binary KL(P || sigma) = P log(P / sigma) + (1 - P) log((1 - P) / (1 - sigma)), unweighted, mean over

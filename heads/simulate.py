@@ -1,6 +1,6 @@
 """Choosing a head's stopping threshold by simulating speculative decoding on dev sequences.
 
-Cost model (SpecDec++ §3, SPEC.md section 2): T = t_draft N_draft + t_target N_target. Only the
+Cost model (SpecDec++ §3, Eq. 3.1): T = t_draft N_draft + t_target N_target. Only the
 ratio c = t_draft / t_target matters for ranking policies, so costs are in units of one target
 forward: cost = c N_draft + N_target, and plain autoregressive decoding of N tokens costs N.
 

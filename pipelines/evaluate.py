@@ -576,7 +576,7 @@ def _load_routers(bundle: Bundle, target, tok) -> tuple[dict[str, Any], list[str
 
 def _load_heads(bundle: Bundle, drafters, modes: dict[str, SamplingConfig], device: str,
                 notes: list[str]) -> dict[str, dict[str, Head]]:
-    """Each mode uses the heads labelled under its own transform (SPEC.md 3)."""
+    """Each mode uses the heads labelled under its own transform (SpecDec++ §4.4)."""
     heads: dict[str, dict[str, Head]] = {}
     for mode, transform in modes.items():
         heads[mode] = {}

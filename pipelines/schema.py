@@ -183,7 +183,7 @@ class SamplingSection:
 @dataclass
 class AcceptanceDataSection:
     # The transforms labels are made under, one set of labels, features and heads each; the decoder
-    # picks the heads whose transform it serves with (SPEC.md 3 pitfall: never label at another one).
+    # picks the heads whose transform it serves with (SpecDec++ §4.4: never label at another one).
     label_transforms: list[SamplingSection] = field(default_factory=lambda: [SamplingSection()])
     mix_rate: float = 0.15  # r: probability that Z_i is the target's token X_i (SpecDec++ §4.4)
     batch_size: int = 32

@@ -1,6 +1,6 @@
 """Stage `train-heads`: the SpecDec++ head grid per drafter, thresholds chosen by simulation.
 
-Per drafter and label transform (SpecDec++ §4.4, §5.1; SPEC.md section 3):
+Per drafter and label transform (SpecDec++ §4.4, §5.1):
   1. train D in {0..4} x w_rej in {1, 3, 6, 12} (20 heads) on the cached features, in one Lightning run
   2. score each head on train and dev: unweighted binary KL, AUROC of predicting rejection, ECE, Brier;
      beside them the constant predictor (the dev mean label) and 1 - TV(p, q) as a predictor (knows the

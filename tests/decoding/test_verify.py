@@ -80,7 +80,7 @@ def test_one_step_output_follows_p():
 
 
 def test_verification_distribution_is_an_argument():
-    """A cascade / lossy target pi replaces p with no other change (SPEC.md section 7)."""
+    """A cascade / lossy target pi replaces p with no other change (Narasimhan et al., Faster Cascades via Speculative Decoding)."""
     pi = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
     out = verify(pi, Q[None], torch.tensor([2]), torch.Generator().manual_seed(0))
     assert (out.n_accepted, out.token) == (1, 0)  # pi(2) = 1 >= q(2): accepted, bonus from pi_2
