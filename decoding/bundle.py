@@ -1,6 +1,6 @@
 """The bundle: everything the decoder serves with, in one directory that can be moved or copied.
 
-Written by the `export` stage (pipelines/export.py), read here (ARCHITECTURE.md "The bundle"):
+Written by the `export` stage (pipelines/export.py), read here:
 
   bundle/
     bundle.json             what is below, and the sha256 of every file
