@@ -1,4 +1,4 @@
-"""Several speculation settings ("arms") behind one `Speculator`: bandits, Draft-All, hindsight oracle.
+"""Several speculation settings ("arms") behind one `Speculator`: bandits over drafters, lengths and model-free arms.
 
 An arm is any `Speculator` with a name: a drafter (optionally with its SpecDec++ head), a speculation
 length gamma over a drafter (gamma = 0: propose nothing, i.e. a plain target step), or a model-free
@@ -21,16 +21,12 @@ counts such catch-ups), so the cost of switching can be reported next to the dra
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass, replace
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 
-from decoding import kv
 from decoding.compat import check_pair
 from core.errors import InputError
-from decoding.metrics import GenerationResult
 from decoding.rewards import (accepted_length_reward, block_divergence_reward, block_efficiency_reward,
                               normalized_throughput, throughput_bounds)
 from decoding.sampling import SamplingConfig
@@ -312,104 +308,3 @@ class MultiDrafterSpeculator:
         for h in self.history:
             out[h["arm"]] += 1
         return out
-
-
-class DraftAllSpeculator:
-    """Static baseline: every arm drafts every round, the draft with the longest accepted prefix is kept.
-
-    Choosing a draft after seeing the target's verdict is lossless only under greedy decoding (under
-    sampling it biases the output towards tokens the target likes), so sampling raises InputError.
-
-    Verification of the candidates: one after another, one target forward each, on this speculator's
-    own copy of the target cache (rolled back to the committed context after each). The loop then
-    verifies the kept draft again with its own forward, so a round costs len(arms) + 1 target forwards:
-    the loop counts 1 in N_target, the others are in `target_forwards` / `target_seconds` (and inside
-    the loop's draft time). All drafters' forwards are counted in the kept draft's `n_forwards`.
-    `history`: per round the kept arm, reward = its accepted length, accepted and drafted.
-    """
-
-    def __init__(self, arms: list[Arm], n_max: int = 5):
-        _check_arms(arms)
-        if isinstance(n_max, bool) or not isinstance(n_max, int) or n_max < 1:
-            raise InputError(f"n_max (the most draft tokens per round) must be an integer >= 1, got {n_max!r}")
-        self.arms = arms
-        self.n_max = n_max
-        self.target: torch.nn.Module | None = None
-        self._reset()
-
-    def _reset(self) -> None:
-        self.history: list[dict] = []
-        self.target_forwards = 0
-        self.target_seconds = 0.0
-        self.cache = kv.new_cache()
-        self._kept: int | None = None
-
-    def start(self, target: torch.nn.Module, eos: set[int]) -> None:
-        _check_targets(self.arms, target)
-        for arm in self.arms:
-            arm.speculator.start(target, eos)
-        self.target = target
-        self._reset()
-
-    def propose(
-        self, context: list[int], max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
-    ) -> Draft:
-        if not sampling.greedy:
-            raise InputError(
-                "Draft-All picks a draft after seeing the target's verdict, which is lossless only under "
-                "greedy decoding; use temperature 0 or a bandit (MultiDrafterSpeculator)"
-            )
-        self._kept = None
-        if max_tokens <= 0:
-            return _empty_draft()
-        limit = min(max_tokens, self.n_max)
-        device = kv.input_device(self.target)
-        drafts = [arm.speculator.propose(context, limit, sampling, generator) for arm in self.arms]
-        best, best_n = 0, -1
-        t0 = time.perf_counter()
-        for i, d in enumerate(drafts):
-            if not d.tokens:
-                n = 0
-            else:
-                # the cache holds the committed context minus its last token, the state the loop keeps
-                keep = min(kv.cache_length(self.cache), len(context) - 1)
-                kv.crop(self.cache, keep)
-                logits, _ = kv.forward(
-                    self.target, self.cache, context[keep:] + d.tokens, last=len(d.tokens) + 1, device=device
-                )
-                kv.crop(self.cache, len(context) - 1)
-                self.target_forwards += 1
-                agree = torch.tensor(d.tokens) == logits[:-1].argmax(-1).cpu()  # (k,)
-                n = len(d.tokens) if bool(agree.all()) else int((~agree).int().argmax())
-            if n > best_n:  # ties: the earlier arm
-                best, best_n = i, n
-        _sync(device)
-        self.target_seconds += time.perf_counter() - t0
-        self._kept = best
-        kept = drafts[best]
-        return replace(kept, n_forwards=sum(d.n_forwards for d in drafts))
-
-    def observe(self, outcome: RoundOutcome) -> None:
-        i, self._kept = self._kept, None
-        if i is None:
-            return
-        self.arms[i].speculator.observe(outcome)
-        n, k = outcome.verification.n_accepted, len(outcome.draft.tokens)
-        self.history.append({"arm": i, "reward": float(n + 1), "accepted": n, "drafted": k})
-
-
-def best_fixed_arm_in_hindsight(
-    run_one_arm: Callable[[int], GenerationResult],
-    n_arms: int,
-    score: Callable[[GenerationResult], float] = lambda r: r.metrics.mat,
-) -> tuple[int, list[GenerationResult]]:
-    """Run the prompt once per arm (`run_one_arm(i)`, e.g. with FixedArm(n, i)) and return the arm with
-    the best `score` (default MAT; ties go to the lower index) and every arm's result."""
-    if isinstance(n_arms, bool) or not isinstance(n_arms, int) or n_arms < 1:
-        raise InputError(f"n_arms must be an integer >= 1, got {n_arms!r}")
-    results = [run_one_arm(i) for i in range(n_arms)]
-    scores = [score(r) for r in results]
-    best = max(range(n_arms), key=lambda i: (scores[i], -i))
-    if not math.isfinite(scores[best]):
-        raise InputError(f"arm scores must be finite, got {scores}")
-    return best, results

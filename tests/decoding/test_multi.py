@@ -1,5 +1,5 @@
 """Multi-drafter speculation: lossless under any selector, bandit bookkeeping, switching costs, gamma
-arms (gamma = 0 included), Draft-All, the hindsight-best arm and the bad-input errors."""
+arms (gamma = 0 included) and the bad-input errors."""
 import pytest
 import torch
 
@@ -7,10 +7,8 @@ from decoding.autoregressive import generate_autoregressive
 from core.errors import InputError
 from decoding.multi import (
     Arm,
-    DraftAllSpeculator,
     MultiDrafterSpeculator,
     NoDraftSpeculator,
-    best_fixed_arm_in_hindsight,
     gamma_arms,
 )
 from decoding.prompt_lookup import PromptLookupSpeculator
@@ -197,37 +195,6 @@ def test_gamma_arms_share_one_cache_and_gamma_zero_is_plain_decoding(models):
     assert out.tokens == ref[:12] and out.metrics.n_target == 12 and out.metrics.n_draft == 0
 
 
-def test_draft_all_keeps_the_longest_accepted_prefix(models):
-    target = models["target"]
-    arms = [
-        Arm("bad", DrafterSpeculator(models["bad"], FixedK(4))),
-        Arm("self", DrafterSpeculator(target, FixedK(4))),
-    ]
-    spec = DraftAllSpeculator(arms, n_max=4)
-    prompt = prompts(1)[0]
-    out = generate_speculative(target, spec, prompt, 25, GREEDY)
-    assert out.tokens == generate_autoregressive(target, prompt, 25, GREEDY).tokens
-    rounds = [h for h in spec.history if h["drafted"]]
-    assert all(h["arm"] == 1 and h["accepted"] == h["drafted"] for h in rounds)
-    assert spec.target_forwards >= 2 * len(rounds)  # both candidates were scored every round
-    with pytest.raises(InputError, match="greedy"):
-        generate_speculative(target, spec, prompt, 5, SamplingConfig(temperature=1.0), generator=torch.Generator())
-
-
-def test_best_fixed_arm_in_hindsight(models):
-    target = models["target"]
-    prompt = prompts(1)[0]
-    arms = [Arm("bad", DrafterSpeculator(models["bad"], FixedK(4))), Arm("self", DrafterSpeculator(target, FixedK(4)))]
-
-    def run(i):
-        spec = MultiDrafterSpeculator(arms, make_selector("fixed", 2, arm=i), "bd", n_max=4)
-        return generate_speculative(target, spec, prompt, 20, GREEDY)
-
-    best, results = best_fixed_arm_in_hindsight(run, 2)
-    assert best == 1 and len(results) == 2
-    assert results[1].metrics.mat > results[0].metrics.mat
-
-
 def test_bad_input(models, make_llama):
     target = models["target"]
     with pytest.raises(InputError, match="empty"):
@@ -241,8 +208,6 @@ def test_bad_input(models, make_llama):
         MultiDrafterSpeculator(arms, make_selector("ucbspec", 3, max_len=4), reward="bd", n_max=4)
     with pytest.raises(InputError, match="max_len"):
         MultiDrafterSpeculator(arms, make_selector("ucbspec", 3, max_len=3), reward="accepted", n_max=4)
-    with pytest.raises(InputError, match="empty"):
-        DraftAllSpeculator([])
     with pytest.raises(InputError, match="gamma"):
         gamma_arms(models["good"], [1, -1])
     other_vocab = make_llama(3, vocab=64)
