@@ -20,14 +20,14 @@ from core.errors import InputError
 class CausalLMConfig:
     """Architecture of a Llama decoder. vocab_size comes from the target's tokenizer, never a preset."""
 
-    n_layers: int
-    hidden: int
-    n_heads: int
+    n_layers: int  # decoder layers
+    hidden: int  # hidden size
+    n_heads: int  # attention heads (must divide hidden)
     intermediate: int  # MLP width (SwiGLU)
-    max_positions: int = 2048
-    tie_embeddings: bool = False
+    max_positions: int = 2048  # context length
+    tie_embeddings: bool = False  # share the input embedding and the LM head
     n_kv_heads: int | None = None  # None = n_heads (plain multi-head attention)
-    rope_theta: float = 10000.0
+    rope_theta: float = 10000.0  # RoPE base
 
     def __post_init__(self):
         for name in ("n_layers", "hidden", "n_heads", "intermediate", "max_positions"):

@@ -68,6 +68,13 @@ def _validate(args) -> None:
     print(f"{args.config}: ok ({len(to_dict(cfg))} sections; stages: {', '.join(names)})")
 
 
+def _config(args) -> None:
+    from pipelines.config_reference import defaults_reference
+    from pipelines.schema import RunConfig
+
+    print(defaults_reference(RunConfig), end="")
+
+
 def _inspect_bundle(args) -> None:
     from decoding.bundle import inspect_bundle
 
@@ -110,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("inspect-bundle", help="summarise a bundle and verify every file's sha256")
     sp.add_argument("bundle")
     sp.set_defaults(func=_inspect_bundle)
+    sp = sub.add_parser("config", help="print the annotated config reference: every key, its type, default and meaning")
+    sp.add_argument("--defaults", action="store_true", required=True,
+                    help="print every key at its default (a run config lists only what it changes)")
+    sp.set_defaults(func=_config)
     sp = sub.add_parser("validate", help="check a config file without running anything")
     sp.add_argument("config")
     sp.add_argument("overrides", nargs="*")

@@ -1,8 +1,9 @@
 """Every config key of a run, as typed dataclasses. A run YAML mirrors `RunConfig` section by section.
 
 Each stage reads the sections named in its `StageSpec.sections` (pipelines/stage.py); those, plus the
-run seed and its inputs' content hashes, are its cache key. See configs/demo.yaml for every key with
-its type, default and meaning.
+run seed and its inputs' content hashes, are its cache key. Each field's comment (beside it, or right
+above it) is its documentation: `specdraft config --defaults` prints every key with its type, default and
+that comment (pipelines/config_reference.py), and a test keeps every field documented.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class TargetSection:
 @dataclass
 class DemoSection:
     seed: int = 0  # the demo world is a pure function of this seed (and the interpreter's stdlib)
-    domains: list[str] = field(default_factory=lambda: list(DOMAINS))
+    domains: list[str] = field(default_factory=lambda: list(DOMAINS))  # domains with a drafter each
     heldout_domains: list[str] = field(default_factory=lambda: list(HELDOUT_DOMAINS))  # OOD: no drafter
     corpus_per_domain: int = 3000  # pretraining documents per domain (target and general drafter phase)
     train_per_domain: int = 200  # prompts per domain: distillation and acceptance data
@@ -71,18 +72,18 @@ class PromptsSection:
 @dataclass
 class TokenizerSection:
     vocab_size: int = 2048  # byte-level BPE vocabulary of the demo target
-    min_frequency: int = 2
+    min_frequency: int = 2  # BPE merges need at least this many occurrences
 
 
 @dataclass
 class PretrainTargetSection:
-    tokenizer: TokenizerSection = field(default_factory=TokenizerSection)
-    model: CausalLMConfig = field(default_factory=lambda: preset("demo-target"))
+    tokenizer: TokenizerSection = field(default_factory=TokenizerSection)  # the demo target's BPE tokenizer
+    model: CausalLMConfig = field(default_factory=lambda: preset("demo-target"))  # the demo target's architecture (LlamaForCausalLM); default preset demo-target
     seq_len: int = 256  # packed training blocks
-    lr: float = 3e-3
-    warmup_ratio: float = 0.05
-    weight_decay: float = 0.0
-    train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_steps=300, batch_size=16,
+    lr: float = 3e-3  # peak learning rate (AdamW, cosine with linear warmup)
+    warmup_ratio: float = 0.05  # fraction of the steps spent warming up
+    weight_decay: float = 0.0  # AdamW weight decay
+    train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_steps=300, batch_size=16,  # the Lightning Trainer: steps, batch, precision, strategy, checkpoints
                                                                        checkpoint_every_n_steps=100))
 
     def check(self) -> None:
@@ -100,12 +101,12 @@ class DistillDataSection:
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.3, 0.7, 1.0])  # MetaSD App. F.2
     top_k: int = 0  # 0 disables
     top_p: float = 1.0  # 1.0 disables
-    max_new_tokens: int = 64
+    max_new_tokens: int = 64  # tokens per target response
     batch_size: int = 32  # prompts per generate call
     chunk_size: int = 128  # jobs per resumable chunk file (the unit of sharding and of redo after a kill)
-    max_prompt_tokens: int = 384
+    max_prompt_tokens: int = 384  # longer prompts follow long_prompts
     long_prompts: Literal["truncate", "refuse"] = "truncate"  # truncate keeps BOS and the last tokens
-    splits: list[str] = field(default_factory=lambda: ["train", "dev"])
+    splits: list[str] = field(default_factory=lambda: ["train", "dev"])  # prompt splits the target answers
     device: str = "auto"  # where the target runs without a device_map: auto = cuda if available, else cpu
 
     def check(self) -> None:
@@ -123,22 +124,22 @@ class DistillDataSection:
 
 @dataclass
 class DrafterSpec:
-    name: str
+    name: str  # the drafter's directory name in drafters/ and the bundle
     domains: list[str] = field(default_factory=list)  # empty: every training domain (an OFA drafter)
 
 
 @dataclass
 class PhaseSection:
-    enabled: bool = True  # only the general phase can be turned off
+    enabled: bool = True  # only the general phase can be turned off (finetune must stay on)
     loss: Literal["ce", "fkl", "tvd"] = "ce"  # ce: KD on target samples; fkl/tvd: against the target's p
     lr: float = 2e-5  # MetaSD App. F.2
-    warmup_ratio: float = 0.03
-    weight_decay: float = 0.0
-    optimizer: Literal["adamw", "adamw8bit"] = "adamw"
+    warmup_ratio: float = 0.03  # fraction of the steps spent warming up (cosine schedule)
+    weight_decay: float = 0.0  # AdamW weight decay
+    optimizer: Literal["adamw", "adamw8bit"] = "adamw"  # adamw8bit needs bitsandbytes
     teacher_topk: Optional[int] = None  # fkl/tvd: keep only the target's top-k (null: full distribution)
-    grad_checkpointing: bool = False
+    grad_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
     max_length: int = 512  # tokens per training sequence (long prompts lose tokens from the left)
-    train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=3, batch_size=8))
+    train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=3, batch_size=8))  # the Lightning Trainer of this phase
 
     def check(self) -> None:
         if not self.lr > 0:
@@ -152,16 +153,21 @@ class TrainDraftersSection:
     model: CausalLMConfig = field(default_factory=lambda: preset("demo-drafter"))  # preset metasd-68m for real runs
     init_from: Optional[str] = None  # a drafter checkpoint dir to start from instead of random init
     drafters: Optional[list[DrafterSpec]] = None  # null: one per training domain + "ofa" on all of them
-    general: PhaseSection = field(default_factory=lambda: PhaseSection(lr=1e-3, train=TrainerConfig(max_steps=200, batch_size=16)))
-    finetune: PhaseSection = field(default_factory=PhaseSection)
+    general: PhaseSection = field(default_factory=lambda: PhaseSection(lr=1e-3, train=TrainerConfig(max_steps=200, batch_size=16)))  # phase 1 on the demo corpus (held-out domains excluded); needs the demo world
+    finetune: PhaseSection = field(default_factory=PhaseSection)  # phase 2 on self-distilled responses
     # distilled: the target's own responses (self-distillation); reference: the prompt sets' reference
     # answers instead (the no-distillation control of benchmarks/bench_distillation.py)
     finetune_on: Literal["distilled", "reference"] = "distilled"
     # same_epochs: the OFA drafter runs the finetune epochs over the whole mixture (MetaSD);
     # same_steps: it gets as many optimizer steps as one specialist (an equal-compute comparison)
     ofa_compute: Literal["same_epochs", "same_steps"] = "same_epochs"
-    alignment_batch_size: int = 32
+    alignment_batch_size: int = 32  # sequences per teacher-forced forward when measuring alignment
     device: str = "auto"  # where the target runs for alignment / fkl teachers: auto = cuda if available
+
+    def check(self) -> None:
+        if not self.finetune.enabled:
+            raise InputError("train_drafters.finetune.enabled: false is not supported (the finetune phase makes the "
+                             "serving drafters); turn off train_drafters.general.enabled instead, or drop the key")
 
 
 @dataclass
@@ -186,12 +192,12 @@ class AcceptanceDataSection:
     # picks the heads whose transform it serves with (SpecDec++ §4.4: never label at another one).
     label_transforms: list[SamplingSection] = field(default_factory=lambda: [SamplingSection()])
     mix_rate: float = 0.15  # r: probability that Z_i is the target's token X_i (SpecDec++ §4.4)
-    batch_size: int = 32
+    batch_size: int = 32  # sequences per forward
     max_length: int = 512  # tokens per sequence (prompt truncated from the left)
     max_sequences: dict[str, int] = field(default_factory=lambda: {"train": 4000, "dev": 400})  # per drafter
     cache_features: bool = True  # false: store no hidden states; train-heads reruns the drafter each epoch
     drafters: Optional[list[str]] = None  # null: every drafter of train-drafters
-    device: str = "auto"
+    device: str = "auto"  # where target and drafters run: auto = cuda if available, else cpu
 
     def check(self) -> None:
         if not 0.0 <= self.mix_rate < 1.0:
@@ -209,8 +215,8 @@ class TrainHeadsSection:
     depths: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])  # D residual blocks (SpecDec++ §5.1)
     w_rejs: list[float] = field(default_factory=lambda: [1.0, 3.0, 6.0, 12.0])  # rejection weights; w_acc = 1
     lr: float = 5e-5  # Adam, cosine schedule
-    epochs: int = 3
-    batch_size: int = 32
+    epochs: int = 3  # passes over the acceptance data (SpecDec++ §5.1: 3)
+    batch_size: int = 32  # positions per step (SpecDec++ §5.1: 32)
     tie_blocks: bool = False  # share one block across the D positions (the reference code's accident, made explicit)
     zero_init: bool = False  # residual blocks start as the identity
     thresholds: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # h candidates
@@ -235,22 +241,22 @@ class TrainRouterSection:
     # Routing baselines (MetaSD §4.3): pick one drafter per prompt before decoding.
     labels: Literal["acceptance", "domain"] = "acceptance"  # best measured drafter per prompt, or its domain's
     hidden: int = 128  # MLP width over mean-pooled target input embeddings
-    lr: float = 1e-3
-    train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=20, batch_size=32))
+    lr: float = 1e-3  # Adam learning rate of the classifier
+    train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=20, batch_size=32))  # the Lightning Trainer of the classifier
     label_batch_size: int = 16  # prompts per teacher-forced forward when measuring drafter acceptance
-    device: str = "auto"
+    device: str = "auto"  # where target and drafters run when measuring labels: auto = cuda if available
 
 
 @dataclass
 class DecodingDefaults:
     # What the decoder does when a bundle user names nothing else.
     temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0
-    top_p: float = 1.0
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0  # 1.0 disables
     k: int = 4  # fixed draft length
     k_max: int = 20  # SpecDec++ cap
     selector: str = "ucb"  # multi-drafter bandit (decoding/selectors.py)
-    max_new_tokens: int = 64
+    max_new_tokens: int = 64  # tokens per generation
     drafts: int = 1  # i.i.d. drafts per round; > 1 decodes with SpecTr (decoding/multi_draft.py)
     cascade: Optional[dict[str, Any]] = None  # {rule, alpha[, beta]}: serve a speculative cascade (decoding/cascades.py)
 
@@ -259,7 +265,7 @@ class DecodingDefaults:
 class ExportSection:
     heads: Literal["best", "all"] = "best"  # per drafter: the head with the best simulated cost, or all 20
     target: Literal["copy", "reference"] = "copy"  # copy the weights into the bundle, or reference path/hub id
-    decoding: DecodingDefaults = field(default_factory=DecodingDefaults)
+    decoding: DecodingDefaults = field(default_factory=DecodingDefaults)  # the decoder's defaults, written into bundle.json
     # ship the REST / suffix-decoding datastore (suffix array over distill-data's train responses)
     datastore: bool = True
 
@@ -300,7 +306,7 @@ class EvaluateSection:
     # model-free speculators alone (greedy), and `model_free_bandit` (ucbspec | exp3spec | null) over them plus
     # the domain drafter with the throughput reward (BanditSpec Table 1)
     model_free_arms: list[str] = field(default_factory=lambda: ["lookup", "rest", "suffix"])
-    model_free_bandit: Optional[str] = "ucbspec"
+    model_free_bandit: Optional[str] = "ucbspec"  # ucbspec | exp3spec | null
     beta: float = 0.01  # MetaSD-UCB exploration strength (paper)
     delta: float = 0.5  # UCBSpec confidence (BanditSpec Thm 4.3)
     device: str = "auto"  # auto: cuda if available, else cpu
@@ -352,15 +358,15 @@ class EvaluateSection:
 
 @dataclass
 class RunConfig:
-    run: RunSection = field(default_factory=RunSection)
-    target: TargetSection = field(default_factory=TargetSection)
-    demo: DemoSection = field(default_factory=DemoSection)
-    prompts: PromptsSection = field(default_factory=PromptsSection)
-    pretrain_target: PretrainTargetSection = field(default_factory=PretrainTargetSection)
-    distill_data: DistillDataSection = field(default_factory=DistillDataSection)
-    train_drafters: TrainDraftersSection = field(default_factory=TrainDraftersSection)
-    acceptance_data: AcceptanceDataSection = field(default_factory=AcceptanceDataSection)
-    train_heads: TrainHeadsSection = field(default_factory=TrainHeadsSection)
-    train_router: TrainRouterSection = field(default_factory=TrainRouterSection)
-    export: ExportSection = field(default_factory=ExportSection)
-    evaluate: EvaluateSection = field(default_factory=EvaluateSection)
+    run: RunSection = field(default_factory=RunSection)  # where the run writes, its seed and which stages run
+    target: TargetSection = field(default_factory=TargetSection)  # the target LLM: a local dir or hub id, or null for the demo target
+    demo: DemoSection = field(default_factory=DemoSection)  # the built-in demo world (used when target.name_or_path is null)
+    prompts: PromptsSection = field(default_factory=PromptsSection)  # user prompt sets for a real run
+    pretrain_target: PretrainTargetSection = field(default_factory=PretrainTargetSection)  # demo only: the tiny target's tokenizer and pretraining
+    distill_data: DistillDataSection = field(default_factory=DistillDataSection)  # the target answers the train/dev prompts (MetaSD App. F.2)
+    train_drafters: TrainDraftersSection = field(default_factory=TrainDraftersSection)  # general pretraining, then self-distillation per domain + OFA (MetaSD App. F.2)
+    acceptance_data: AcceptanceDataSection = field(default_factory=AcceptanceDataSection)  # SpecDec++ §4.4: token-mixed acceptance labels and drafter features
+    train_heads: TrainHeadsSection = field(default_factory=TrainHeadsSection)  # SpecDec++ §5.1 grid of acceptance heads; thresholds chosen by simulation
+    train_router: TrainRouterSection = field(default_factory=TrainRouterSection)  # MetaSD §4.3 routing baselines
+    export: ExportSection = field(default_factory=ExportSection)  # what goes into the bundle the decoder serves with
+    evaluate: EvaluateSection = field(default_factory=EvaluateSection)  # decode the eval prompt sets with the bundle and write the report

@@ -48,7 +48,7 @@ def _closest(value: str, valid) -> str:
 @dataclass
 class WandbConfig:
     mode: str = "offline"  # online | offline | disabled; offline runs can be `wandb sync`ed later
-    project: str = "specdraft"
+    project: str = "specdraft"  # W&B project name
     run_name: str | None = None  # None: W&B picks a name
 
     def check(self) -> None:
@@ -64,18 +64,18 @@ class TrainerConfig:
     max_steps: int = -1  # optimizer steps; -1: run max_epochs
     max_epochs: int = 1  # used when max_steps is -1
     batch_size: int = 8  # per device
-    accumulate_grad_batches: int = 1
+    accumulate_grad_batches: int = 1  # batches per optimizer step
     precision: str | None = None  # "32" | "bf16-mixed" | "16-mixed"; None: bf16-mixed on CUDA, 32 on CPU
     strategy: str = "auto"  # auto | ddp | ddp_spawn | fsdp | deepspeed_stage_2 | deepspeed_stage_3
     accelerator: str = "auto"  # auto | cpu | gpu
     devices: int | str = "auto"  # per node: a count, or "auto"
-    num_nodes: int = 1
+    num_nodes: int = 1  # nodes (Slurm: one task per device)
     gradient_clip_val: float | None = 1.0  # by norm; None disables clipping
     checkpoint_every_n_steps: int = 200  # 0: no periodic checkpoints (last.ckpt still at the end)
-    resume: bool = False  # continue from out_dir/checkpoints/last.ckpt when it exists
-    log_every_n_steps: int = 10
-    seed: int = 0
-    wandb: WandbConfig = field(default_factory=WandbConfig)
+    resume: bool = False  # continue from out_dir/checkpoints/last.ckpt when it exists (stages always do)
+    log_every_n_steps: int = 10  # metrics logging interval
+    seed: int = 0  # seeds the fit (stages set it from run.seed)
+    wandb: WandbConfig = field(default_factory=WandbConfig)  # Weights & Biases logging
 
     def check(self) -> None:
         if self.strategy not in STRATEGIES:
