@@ -5,13 +5,14 @@ The drafter is frozen, so its final hidden states at the Y positions are compute
 Paper recipe (SpecDec++ §5.1): Adam, cosine schedule, lr 5e-5, 3 epochs, batch 32.
 
 The paper's grid D x w_rej is 20 heads that read the same features. `AcceptanceHeadsModule` trains
-any number of them in one Lightning run: heads of equal depth are stacked into one `StackedHeads`
-whose layers are batched matmuls, so a training step costs a handful of kernels instead of ~60 small
-ones. The heads share no parameters, the loss is the sum of the per-head losses and Adam acts per
-element, so this is exactly separate training runs that see the same batch order (a test checks it).
-On the 2-core CPU box the 20 stacked heads trained 4.5-6x faster than 20 separate runs (see
-benchmarks/bench_heads.py and RESULTS.md); tiny matmuls also run faster on one thread than on two
-contended ones, hence `HeadTrainConfig.cpu_threads`.
+any number of them in one Lightning run (built by the shared `training.trainer.build_trainer`): heads
+of equal depth are stacked into one `StackedHeads`, the one `AcceptanceHead` definition vmapped over
+stacked parameters, so a training step costs a handful of batched kernels instead of ~60 small ones.
+The heads share no parameters, the loss is the sum of the per-head losses and Adam acts per element,
+so this is exactly separate training runs that see the same batch order (a test checks it). On the
+2-core CPU box stacked heads trained 4.5-6x faster than 20 separate runs (benchmarks/bench_heads.py,
+measured with the earlier hand-written batched matmuls); tiny matmuls also run faster on one thread
+than on two contended ones, hence `HeadTrainConfig.cpu_threads`.
 """
 from __future__ import annotations
 
@@ -22,11 +23,11 @@ from typing import Any, Sequence
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
 from core.errors import InputError
+from training.trainer import TrainerConfig, build_trainer
 from decoding.acceptance_head import AcceptanceHead
 from heads.losses import weighted_bce_terms
 from heads.metrics import binary_kl_terms, head_metrics
@@ -94,48 +95,41 @@ def _cosine(total_steps: int):
 
 
 class StackedHeads(nn.Module):
-    """G independent AcceptanceHeads of one depth, run as batched matmuls: (B, H) -> (G, B) logits.
+    """G independent AcceptanceHeads of one architecture, run together: (B, H) -> (G, B) logits.
 
-    Built from the heads themselves (so initialisation is the head's own) and turned back into
-    AcceptanceHeads by `export`. Parameters: w (G, n_blocks, H, H), b (G, n_blocks, H), out_w (G, H, 1),
-    out_b (G, 1, 1); n_blocks is D, or 1 when the blocks are tied.
+    One head definition (`AcceptanceHead`), its parameters stacked along a leading G axis
+    (`torch.func.stack_module_state`) and the head's own forward vmapped over them
+    (`torch.func.functional_call`): the layers become batched matmuls, a handful of kernels per step
+    instead of ~60 small ones. `export` turns row g back into a plain AcceptanceHead.
     """
 
     def __init__(self, heads: Sequence[AcceptanceHead]):
         super().__init__()
         first = heads[0]
         self.hidden_size, self.depth, self.tie_blocks = first.hidden_size, first.depth, first.tie_blocks
-        H, n_blocks = first.hidden_size, len(first.blocks)
-        assert all((h.hidden_size, h.depth, h.tie_blocks) == (H, self.depth, self.tie_blocks) for h in heads)
-
-        def stack(get, empty_shape):
-            if n_blocks == 0:
-                return nn.Parameter(torch.zeros(len(heads), 0, *empty_shape))
-            return nn.Parameter(torch.stack([torch.stack([get(blk).detach() for blk in h.blocks]) for h in heads]))
-
-        self.w = stack(lambda blk: blk.linear.weight, (H, H))
-        self.b = stack(lambda blk: blk.linear.bias, (H,))
-        self.out_w = nn.Parameter(torch.stack([h.out.weight.detach()[0] for h in heads])[..., None])
-        self.out_b = nn.Parameter(torch.stack([h.out.bias.detach() for h in heads])[..., None])
+        assert all((h.hidden_size, h.depth, h.tie_blocks) == (self.hidden_size, self.depth, self.tie_blocks)
+                   for h in heads)
+        params, _ = torch.func.stack_module_state(list(heads))
+        self.names = list(params)  # "blocks.0.linear.weight", ...: ParameterDict keys cannot hold dots
+        self.stacked = nn.ParameterList(nn.Parameter(params[n].detach().clone()) for n in self.names)
+        # the definition the stacked parameters are called through (its own parameters are never used)
+        self._definition = [AcceptanceHead(self.hidden_size, self.depth, self.tie_blocks).to("meta")]
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        G = self.w.shape[0]
-        x = features.to(self.out_w.dtype).expand(G, *features.shape)  # (G, B, H)
-        for i in range(self.depth):
-            j = 0 if self.tie_blocks else i
-            x = x + F.silu(torch.baddbmm(self.b[:, j, None, :], x, self.w[:, j].transpose(1, 2)))
-        return torch.baddbmm(self.out_b, x, self.out_w).squeeze(-1)  # (G, B)
+        definition = self._definition[0]
+
+        def one_head(params: tuple[torch.Tensor, ...], x: torch.Tensor) -> torch.Tensor:
+            return torch.func.functional_call(definition, dict(zip(self.names, params)), (x,))
+
+        features = features.to(self.stacked[0].dtype)  # once, not once per head (cached features are fp16)
+        return torch.vmap(one_head, in_dims=(0, None))(tuple(self.stacked), features)  # (G, B)
 
     @torch.no_grad()
     def export(self) -> list[AcceptanceHead]:
         heads = []
-        for g in range(self.w.shape[0]):
+        for g in range(len(self.stacked[0])):
             head = AcceptanceHead(self.hidden_size, self.depth, tie_blocks=self.tie_blocks)
-            for i, blk in enumerate(head.blocks):
-                blk.linear.weight.copy_(self.w[g, i])
-                blk.linear.bias.copy_(self.b[g, i])
-            head.out.weight.copy_(self.out_w[g, :, 0][None])
-            head.out.bias.copy_(self.out_b[g, 0])
+            head.load_state_dict({n: p[g].detach().clone() for n, p in zip(self.names, self.stacked)})
             heads.append(head.eval())
         return heads
 
@@ -276,14 +270,13 @@ def train_heads(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         module = AcceptanceHeadsModule(hidden_size, specs, cfg)
-    trainer_kwargs = dict(
-        max_epochs=cfg.epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, accelerator="cpu", devices=1,
-    )
-    trainer_kwargs.update(cfg.trainer)
-    trainer = pl.Trainer(**trainer_kwargs)
+    # the shared builder, in-memory: the 20-head grid trains in seconds and is redone rather than resumed;
+    # no gradient clipping (SpecDec++ §5.1 trains with plain Adam)
+    accelerator = cfg.trainer.get("accelerator", "cpu")
+    trainer = build_trainer(TrainerConfig(max_epochs=cfg.epochs, precision="32", accelerator="cpu", devices=1,
+                                          gradient_clip_val=None, seed=cfg.seed), None, **cfg.trainer)
     val = feature_loader(*eval_data, cfg.eval_batch_size, shuffle=False) if eval_data is not None else None
-    with cpu_threads(cfg.cpu_threads if trainer_kwargs["accelerator"] == "cpu" else None):
+    with cpu_threads(cfg.cpu_threads if accelerator == "cpu" else None):
         trainer.fit(module, train_loader, val)
     return module.cpu().eval()
 

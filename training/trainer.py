@@ -24,6 +24,7 @@ import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -196,10 +197,14 @@ def checkpoint_dir(out_dir: str | Path) -> Path:
     return Path(out_dir) / "checkpoints"
 
 
-def build_trainer(cfg: TrainerConfig, out_dir: str | Path, callbacks: list[Callback] | None = None) -> L.Trainer:
-    """A Trainer with loggers, periodic last.ckpt, RNG checkpointing and Slurm requeue from `cfg`."""
+def build_trainer(cfg: TrainerConfig, out_dir: str | Path | None, callbacks: list[Callback] | None = None,
+                  **overrides: Any) -> L.Trainer:
+    """A Trainer with loggers, periodic last.ckpt, RNG checkpointing and Slurm requeue from `cfg`.
+
+    out_dir None: an in-memory fit (no loggers, checkpoints, requeue or progress bar) for fits that take
+    seconds and are redone rather than resumed (the acceptance heads). `overrides`: further
+    lightning.Trainer arguments, applied last."""
     cfg.check()
-    out_dir = Path(out_dir)
     cuda = torch.cuda.is_available() and cfg.accelerator != "cpu"
     if cfg.strategy in GPU_ONLY_STRATEGIES and not cuda:
         raise InputError(
@@ -209,6 +214,27 @@ def build_trainer(cfg: TrainerConfig, out_dir: str | Path, callbacks: list[Callb
     if precision != "32-true" and not cuda:
         raise InputError(f"trainer.precision {cfg.precision!r} needs a CUDA GPU; use '32' (or null) on CPU")
 
+    precision_and_devices = dict(
+        max_steps=cfg.max_steps,
+        max_epochs=cfg.max_epochs if cfg.max_steps == -1 else None,
+        accumulate_grad_batches=cfg.accumulate_grad_batches,
+        precision=precision,
+        strategy=cfg.strategy,
+        accelerator=cfg.accelerator,
+        devices=cfg.devices,
+        num_nodes=cfg.num_nodes,
+        log_every_n_steps=cfg.log_every_n_steps,
+        enable_model_summary=False,
+        # the batch sampler of drafters.data shards over ranks itself so that its position can be
+        # checkpointed; Lightning's DistributedSampler injection would replace it
+        use_distributed_sampler=False,
+        num_sanity_val_steps=0,
+    )
+    if out_dir is None:
+        return L.Trainer(**{**precision_and_devices, "gradient_clip_val": cfg.gradient_clip_val, "logger": False,
+                            "enable_checkpointing": False, "enable_progress_bar": False,
+                            "callbacks": list(callbacks or []), **overrides})
+    out_dir = Path(out_dir)
     loggers = [CSVLogger(out_dir, name="csv", flush_logs_every_n_steps=cfg.log_every_n_steps)]
     if cfg.wandb.mode != "disabled":
         from lightning.pytorch.loggers import WandbLogger
@@ -237,29 +263,17 @@ def build_trainer(cfg: TrainerConfig, out_dir: str | Path, callbacks: list[Callb
     if cfg.strategy == "fsdp" and clip is not None:
         extra.append(FSDPGradientClipping(clip))
         clip = None
-    return L.Trainer(
-        default_root_dir=out_dir,
-        max_steps=cfg.max_steps,
-        max_epochs=cfg.max_epochs if cfg.max_steps == -1 else None,
-        accumulate_grad_batches=cfg.accumulate_grad_batches,
-        precision=precision,
-        strategy=cfg.strategy,
-        accelerator=cfg.accelerator,
-        devices=cfg.devices,
-        num_nodes=cfg.num_nodes,
-        gradient_clip_val=clip,
-        gradient_clip_algorithm="norm",
-        log_every_n_steps=cfg.log_every_n_steps,
-        logger=loggers,
-        callbacks=[ckpt, RNGState(), *extra],
-        plugins=plugins,
-        enable_progress_bar=True,
-        enable_model_summary=False,
-        # the batch sampler of drafters.data shards over ranks itself so that its position can be
-        # checkpointed; Lightning's DistributedSampler injection would replace it
-        use_distributed_sampler=False,
-        num_sanity_val_steps=0,
-    )
+    return L.Trainer(**{
+        **precision_and_devices,
+        "default_root_dir": out_dir,
+        "gradient_clip_val": clip,
+        "gradient_clip_algorithm": "norm",
+        "logger": loggers,
+        "callbacks": [ckpt, RNGState(), *extra],
+        "plugins": plugins,
+        "enable_progress_bar": True,
+        **overrides,
+    })
 
 
 def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule, cfg: TrainerConfig) -> None:
