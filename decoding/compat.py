@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from core.errors import InputError
+from core.errors import InputError, require_int
 from core.tokenizers import check_same_vocabulary
 
 
@@ -53,8 +53,7 @@ def check_head(head: torch.nn.Module, drafter: Any) -> None:
 
 
 def check_k(k: int, name: str = "K") -> None:
-    if not isinstance(k, int) or k < 1:
-        raise InputError(f"{name} must be an integer >= 1, got {k!r}")
+    require_int(k, name)
 
 
 def check_threshold(h: float) -> None:

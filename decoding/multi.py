@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from decoding.compat import check_pair
-from core.errors import InputError
+from core.errors import InputError, require_int
 from decoding.rewards import (accepted_length_reward, block_divergence_reward, block_efficiency_reward,
                               normalized_throughput, throughput_bounds)
 from decoding.sampling import SamplingConfig
@@ -70,8 +70,7 @@ def gamma_arms(drafter: torch.nn.Module, gammas: list[int], key: str = "drafter"
         raise InputError("gamma_arms needs at least one speculation length, e.g. [0, 1, 2, 3, 4]")
     arms = []
     for g in gammas:
-        if isinstance(g, bool) or not isinstance(g, int) or g < 0:
-            raise InputError(f"speculation length gamma must be an integer >= 0, got {g!r}")
+        require_int(g, "speculation length gamma", minimum=0)
         spec = NoDraftSpeculator() if g == 0 else DrafterSpeculator(drafter, FixedK(g))
         arms.append(Arm(f"gamma={g}", spec, None if g == 0 else key))
     return arms
@@ -178,8 +177,7 @@ class MultiDrafterSpeculator:
             reward = "throughput" if _length_arms(arms) or _model_free_arms(arms) else "bd"
         if reward not in REWARDS:
             raise InputError(f"unknown reward {reward!r}; use one of {', '.join(REWARDS)}")
-        if isinstance(n_max, bool) or not isinstance(n_max, int) or n_max < 1:
-            raise InputError(f"n_max (the most draft tokens per round) must be an integer >= 1, got {n_max!r}")
+        require_int(n_max, "n_max (the most draft tokens per round)")
         if getattr(selector, "n_arms", None) != len(arms):
             raise InputError(
                 f"the selector has {getattr(selector, 'n_arms', None)} arms but {len(arms)} arms were given; "

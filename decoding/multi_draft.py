@@ -27,7 +27,7 @@ import torch
 
 from decoding import kv
 from decoding.compat import check_head, check_pair
-from core.errors import InputError
+from core.errors import require_int
 from decoding.sampling import SamplingConfig, probs_on_cpu, sample
 from decoding.speculator import Draft, RoundOutcome, common_prefix
 from decoding.stopping import StoppingPolicy
@@ -35,8 +35,7 @@ from decoding.tree import trie_from_sequences
 
 
 def check_drafts(n_drafts: int) -> None:
-    if not isinstance(n_drafts, int) or isinstance(n_drafts, bool) or n_drafts < 1:
-        raise InputError(f"the number of drafts must be an integer >= 1, got {n_drafts!r}; use 1 for a single draft")
+    require_int(n_drafts, "the number of drafts", hint="use 1 for a single draft")
 
 
 class SpecTrSpeculator:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from decoding.compat import vocab_size
-from core.errors import InputError
+from core.errors import InputError, require_int
 from decoding.sampling import SamplingConfig
 from decoding.speculator import Draft, RoundOutcome
 
@@ -62,8 +62,7 @@ class PromptLookupSpeculator:
 
     def __init__(self, ngram: int = 3, max_tokens: int = 10, min_ngram: int = 1):
         for name, value in (("ngram", ngram), ("max_tokens", max_tokens), ("min_ngram", min_ngram)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"prompt lookup {name} must be an integer >= 1, got {value!r}")
+            require_int(value, f"prompt lookup {name}")
         if min_ngram > ngram:
             raise InputError(f"prompt lookup min_ngram ({min_ngram}) must be <= ngram ({ngram})")
         self.ngram = ngram

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from decoding.datastore import Continuations, SuffixIndex, most_frequent_chain
-from core.errors import InputError
+from core.errors import InputError, require_int
 from decoding.prompt_lookup import point_mass_draft, target_vocab
 from decoding.sampling import SamplingConfig
 from decoding.speculator import Draft, RoundOutcome
@@ -26,8 +26,7 @@ from decoding.speculator import Draft, RoundOutcome
 
 def check_positive(who: str, **values) -> None:
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InputError(f"{who} {name} must be an integer >= 1, got {value!r}")
+        require_int(value, f"{who} {name}")
 
 
 class RestSpeculator:

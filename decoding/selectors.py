@@ -29,15 +29,14 @@ import inspect
 import math
 import random
 
-from core.errors import InputError
+from core.errors import InputError, require_int
 
 
 class Selector:
     """Shared bookkeeping: pull counts, reward sums, the round counter and the select/update handshake."""
 
     def __init__(self, n_arms: int, seed: int = 0, persistent: bool = False):
-        if isinstance(n_arms, bool) or not isinstance(n_arms, int) or n_arms < 1:
-            raise InputError(f"n_arms must be an integer >= 1, got {n_arms!r}; give the selector at least one arm")
+        require_int(n_arms, "n_arms", hint="give the selector at least one arm")
         self.n_arms = n_arms
         self.seed = seed
         self.persistent = persistent
@@ -191,8 +190,7 @@ class SequentialHalving(Selector):
     def __init__(
         self, n_arms: int, period: int = 1, budget: int | None = None, seed: int = 0, persistent: bool = False
     ):
-        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-            raise InputError(f"period (pulls per arm per halving phase) must be an integer >= 1, got {period!r}")
+        require_int(period, "period (pulls per arm per halving phase)")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise InputError(f"budget (exploration rounds) must be an integer >= 1 or None, got {budget!r}")
         self.period = period
@@ -326,8 +324,7 @@ class EXP3Spec(Selector):
 
 
 def _check_max_len(max_len) -> None:
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-        raise InputError(f"max_len (L, the maximum speculation length) must be an integer >= 1, got {max_len!r}")
+    require_int(max_len, "max_len (L, the maximum speculation length)")
 
 
 def _check_accepted_length(reward: float, max_len: int) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
 from data.demo_world import DOMAINS, HELDOUT_DOMAINS
-from core.errors import InputError
+from core.errors import InputError, require_int
 from decoding.compat import check_k
 from drafters.model import CausalLMConfig, preset
 from training.trainer import TrainerConfig
@@ -322,8 +322,7 @@ class EvaluateSection:
             if getattr(self, name) < 1:
                 raise InputError(f"evaluate.{name} must be >= 1, got {getattr(self, name)}")
         for d in self.spectr_drafts:
-            if isinstance(d, bool) or d < 1:
-                raise InputError(f"evaluate.spectr_drafts: drafts per round must be >= 1, got {d}")
+            require_int(d, "evaluate.spectr_drafts: drafts per round")
         if self.model_free_bandit not in (None, "ucbspec", "exp3spec"):
             raise InputError(f"evaluate.model_free_bandit must be ucbspec, exp3spec or null, got {self.model_free_bandit!r}")
         for a in self.model_free_arms:
