@@ -134,7 +134,7 @@ def build(ctx: Context) -> dict:
                 counts[s] = {"sequences": len(feats), "y_positions": int(tensors["labels"].numel()),
                              "mean_label": round(float(tensors["labels"].mean()), 4)}
             info = {"drafter": n, "drafter_hash": subdir_hash(drafter_manifest, n),
-                    "drafter_path": str(drafters_dir / n), "hidden_size": drafters[n].config.hidden_size,
+                    "hidden_size": drafters[n].config.hidden_size,
                     "label_transform": sampling.as_dict(), "transform_tag": sampling.tag,
                     "mix_rate": acfg.mix_rate, "cached_features": acfg.cache_features, "max_length": acfg.max_length,
                     "counts": counts}

@@ -88,7 +88,9 @@ def build(ctx: Context) -> dict:
         target = load_causal_lm(ctx.target_path(), cfg.target.dtype, device)
     train_cfg = HeadTrainConfig(lr=hcfg.lr, epochs=hcfg.epochs, batch_size=hcfg.batch_size, tie_blocks=hcfg.tie_blocks,
                                 zero_init=hcfg.zero_init, seed=cfg.run.seed)
-    sweep, printed, cost = {}, [], None
+    # seconds go to the manifest's metrics, never into sweep.json: an output file holds only what a rerun
+    # reproduces exactly (a killed and resumed stage must leave the same files as an uninterrupted one)
+    sweep, printed, cost, seconds = {}, [], None, {}
     for data_dir in sets:
         name, tag = data_dir.parent.name, data_dir.name
         info = read_json(data_dir / "info.json", "acceptance data info", "rerun stage 'acceptance-data' with --force")
@@ -97,7 +99,7 @@ def build(ctx: Context) -> dict:
         online = "features" not in tr  # acceptance_data.cache_features was off: recompute every epoch
         loader = None
         if online:
-            drafter = load_drafter(info["drafter_path"], "float32").to(device).eval()
+            drafter = load_drafter(ctx.input("train-drafters") / info["drafter"], "float32").to(device).eval()
             pad = tok.pad_token_id
             loader = DataLoader(OnlineFeatures(drafter, [dict(r) for r in seqs_ds["train"]], pad, hcfg.batch_size,
                                                max_length=info["max_length"], seed=cfg.run.seed), batch_size=None)
@@ -108,7 +110,7 @@ def build(ctx: Context) -> dict:
         if hcfg.cost_ratio is not None:
             cost = {"cost_ratio": hcfg.cost_ratio, "source": "config"}
         elif cost is None:  # drafters share one architecture: measure once, carefully, and reuse
-            cost = measure_cost_ratio(target, load_drafter(info["drafter_path"], "float32").to(
+            cost = measure_cost_ratio(target, load_drafter(ctx.input("train-drafters") / info["drafter"], "float32").to(
                 target.get_input_embeddings().weight.device).eval(), reps=60)
         c = cost["cost_ratio"]
         t0 = time.time()
@@ -117,7 +119,7 @@ def build(ctx: Context) -> dict:
               f"c = t_draft/t_target = {c:.3f}")
         trained = train_head_grid(None if online else (tr["features"], tr["labels"]), (dev["features"], dev["labels"]),
                                   hcfg.depths, hcfg.w_rejs, train_cfg, train_loader=loader)
-        train_seconds = time.time() - t0
+        seconds.setdefault(name, {})[tag] = round(time.time() - t0, 1)
 
         seqs = dev_sequences(dev)
         accept = [dev["labels"][i] for i in seqs]
@@ -142,7 +144,7 @@ def build(ctx: Context) -> dict:
                               "train": th.train_metrics, "eval": th.eval_metrics, "threshold": h,
                               "by_threshold": {f"{t:g}": s.as_dict() for t, s in zip(hcfg.thresholds, sims)}})
         best_head = min(heads_out, key=lambda r: r["by_threshold"][f"{r['threshold']:g}"]["cost"])
-        sweep.setdefault(name, {})[tag] = {"label_transform": info["label_transform"], "cost": cost, "train_seconds": round(train_seconds, 1),
+        sweep.setdefault(name, {})[tag] = {"label_transform": info["label_transform"], "cost": cost,
                        "constant_predictor": {"train": constant_baseline(tr["labels"]),
                                               "eval": constant_baseline(dev["labels"], float(tr["labels"].mean()))},
                        # under greedy labels 1 - TV of one-hots *is* the label: no reference there
@@ -155,7 +157,7 @@ def build(ctx: Context) -> dict:
         print(printed[-1])
     (ctx.out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
     return {"drafters": {n: {tag: {"best_head": s["best_head"], "best_fixed_k": s["best_fixed_k"]["policy"],
-                                   "train_seconds": s["train_seconds"]} for tag, s in by_tag.items()}
+                                   "train_seconds": seconds[n][tag]} for tag, s in by_tag.items()}
                          for n, by_tag in sweep.items()}}
 
 

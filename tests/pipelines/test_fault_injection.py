@@ -11,6 +11,7 @@ itself right after `commit` moved the old directory aside, before the new one is
 
 Each stage's schedule takes one to a few minutes of subprocesses, so they run with `make test-slow`.
 """
+import json
 import os
 import random
 import shutil
@@ -90,9 +91,28 @@ def _out(root: Path, stage: str) -> Path:
     return root / next(s.out for s in STAGES if s.name == stage)
 
 
-def _assert_clean(root: Path, stage: str, reference: dict) -> None:
+# evaluate measures time, so its report and plots differ between any two runs; what a rerun must
+# reproduce exactly are the files it writes and every run's counts (SPEC: counts are exact, times are not)
+COUNT_KEYS = ("prompt", "set", "domain", "family", "drafter", "k", "policy", "bandit", "reward", "mode", "params",
+              "N", "N_target", "N_draft", "N_discarded", "drafted")
+
+
+def _evaluate_counts(out: Path) -> list:
+    runs = json.loads((out / "metrics.json").read_text())["runs"]
+    return sorted((json.dumps({k: r.get(k) for k in COUNT_KEYS}, sort_keys=True) for r in runs))
+
+
+def _reference(root: Path, stage: str):
     out = _out(root, stage)
-    assert read_manifest(out, expect_stage=stage).files == reference
+    files = read_manifest(out, expect_stage=stage).files
+    if stage == "evaluate":
+        return sorted(files), _evaluate_counts(out)
+    return files
+
+
+def _assert_clean(root: Path, stage: str, reference) -> None:
+    out = _out(root, stage)
+    assert _reference(root, stage) == reference
     verify_files(out)
     assert not list(root.glob(f".tmp-{out.name}-*")) and not list(root.glob(f".old-{out.name}-*"))
     assert not list((root / ".locks").glob("*.lock")) if (root / ".locks").exists() else True
@@ -114,7 +134,7 @@ def _prepared(base: Path, tmp_path: Path, stage: str) -> tuple[Path, Path]:
 def check_stage_survives_faults(base: Path, tmp_path: Path, stage: str, n_kills: int) -> None:
     ref_root, ref_cfg = _prepared(base, tmp_path, stage)
     clean_time = _run(stage, ref_cfg)
-    reference = read_manifest(_out(ref_root, stage)).files
+    reference = _reference(ref_root, stage)
 
     rng = random.Random(f"{SEED}/{stage}")
     root = tmp_path / f"{stage}-faults"
