@@ -34,8 +34,10 @@ from pipelines.stage import run_stage  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 
-def evaluate_once(root: Path, config: str, overrides: list[str], name: str) -> tuple[dict, float, float]:
-    """(metrics, seconds, load average before) of one evaluate run on a scratch copy of root."""
+def evaluate_once(root: Path, config: str, overrides: list[str], name: str,
+                  keep: Path | None = None) -> tuple[dict, float, float]:
+    """(metrics, seconds, load average before) of one evaluate run on a scratch copy of root; with `keep`,
+    its metrics.json is kept there as NAME.json (for comparing estimators offline on the same runs)."""
     scratch = Path(tempfile.mkdtemp(prefix=f"bench_eval_{name}_")) / "run"
     for d in ("prompts", "bundle"):  # evaluate's only inputs
         shutil.copytree(root / d, scratch / d)
@@ -45,6 +47,9 @@ def evaluate_once(root: Path, config: str, overrides: list[str], name: str) -> t
     out = run_stage(cfg, "evaluate")
     wall = time.time() - t0
     metrics = json.loads((out / "metrics.json").read_text())
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(out / "metrics.json", keep / f"{name}.json")
     shutil.rmtree(scratch.parent)
     return metrics, wall, load
 
@@ -83,13 +88,14 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="config overrides for both runs, KEY=VALUE")
     ap.add_argument("--config", default="configs/demo.yaml")
     ap.add_argument("--no-append", action="store_true")
+    ap.add_argument("--keep", type=Path, default=None, help="keep both runs' metrics.json here (quiet.json, busy.json)")
     args = ap.parse_args()
     root = Path(args.root)
-    quiet, quiet_s, quiet_load = evaluate_once(root, args.config, args.overrides, "quiet")
+    quiet, quiet_s, quiet_load = evaluate_once(root, args.config, args.overrides, "quiet", args.keep)
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # one core kept busy
     try:
         time.sleep(2)
-        busy, busy_s, busy_load = evaluate_once(root, args.config, args.overrides, "busy")
+        busy, busy_s, busy_load = evaluate_once(root, args.config, args.overrides, "busy", args.keep)
     finally:
         spinner.kill()  # only the process this script started
         spinner.wait()

@@ -39,7 +39,7 @@ def _run_one(args) -> None:
 
 
 def _run_all(args) -> None:
-    from pipelines.stage import STAGE_NAMES, get_spec, is_implemented, run_stage
+    from pipelines.stage import STAGE_NAMES, get_spec, is_implemented, run_stage, stage_dir
 
     cfg = _load(args.config, args.overrides)
     names = list(cfg.run.stages or STAGE_NAMES)
@@ -53,7 +53,7 @@ def _run_all(args) -> None:
         run_stage(cfg, name, force=args.force and (args.start is None or name == args.start))
     if missing:
         print(f"not run (not implemented yet in this version): {', '.join(missing)}")
-    metrics = Path(cfg.run.root) / "report" / "metrics.json"
+    metrics = stage_dir(cfg, "evaluate") / "metrics.json"
     if metrics.is_file():
         import json
 

@@ -56,6 +56,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -131,6 +132,7 @@ class Prompt:
     id: str
     ids: tuple[int, ...]
     index: int  # its position among the (set, domain)'s prompts
+    reference: str | None = None  # the prompt set's reference response (quality of lossy families)
 
 
 @dataclass
@@ -166,6 +168,8 @@ class Record:
     drafter: str | None = None  # the drafter that decoded it, where one did (a router's pick included)
     arms: list[str] | None = None  # multi-drafter runs: the arm chosen per round
     switch_s: float = 0.0
+    tokens: list[int] | None = None  # the generated tokens (first pass)
+    quality: float | None = None  # sampling mode, scored domains: data/quality.py's primary metric vs the reference
 
     @property
     def time(self) -> float:
@@ -333,8 +337,10 @@ def plan_sampling(env: Env, p: Prompt) -> list[Run]:
 
 
 def _first_test_prompts(env: Env, p: Prompt) -> bool:
-    """The prompts the further families run on: the first `sampling_prompts` test prompts per domain."""
-    return p.set == "test" and p.index < env.cfg.sampling_prompts
+    """The prompts the further families run on: the first `further_prompts` (default `sampling_prompts`)
+    test prompts per domain."""
+    n = env.cfg.sampling_prompts if env.cfg.further_prompts is None else env.cfg.further_prompts
+    return p.set == "test" and p.index < n
 
 
 def _domain_drafter(env: Env, p: Prompt) -> str:
@@ -358,13 +364,15 @@ def plan_spectr(env: Env, p: Prompt) -> list[Run]:
 
 def plan_cascades(env: Env, p: Prompt) -> list[Run]:
     """Speculative cascades (sampling mode): the domain drafter at gamma = k, verified towards the rule's
-    pi = T(q, p) at lenience `cascade_alpha` (lossy: the output follows pi, not the target)."""
+    pi = T(q, p) at each lenience of `cascade_alphas` (default [cascade_alpha]; lossy: the output follows pi,
+    not the target)."""
     if not _first_test_prompts(env, p):
         return []
     n = _domain_drafter(env, p)
     runs = []
-    for rule in env.cfg.cascades:
-        method = cascade_method(rule, env.cfg.cascade_alpha)
+    alphas = env.cfg.cascade_alphas if env.cfg.cascade_alphas is not None else [env.cfg.cascade_alpha]
+    for rule, alpha in ((r, a) for r in env.cfg.cascades for a in alphas):
+        method = cascade_method(rule, alpha)
         if not method.speculative:
             raise InputError(f"evaluate.cascades: '{rule}' is a sequential baseline, not a speculative rule; "
                              f"benchmarks/bench_cascades.py runs it")
@@ -372,7 +380,7 @@ def plan_cascades(env: Env, p: Prompt) -> list[Run]:
                         params=params(rule=method.rule, alpha=method.alpha))
         runs.append(Run(key, p, lambda done, m=method: Built(
             DrafterSpeculator(env.drafters[n], FixedK(env.k)), drafter=n, verification=m.verification_distribution()),
-            seed=derive_seed(env.seed, p.id, "cascade", method.rule)))
+            seed=derive_seed(env.seed, p.id, "cascade", method.rule)))  # one seed for every alpha: common random numbers
     return runs
 
 
@@ -444,7 +452,7 @@ def execute(plan: list[Run], target: torch.nn.Module, max_new_tokens: int, sampl
                                  drafter=built.drafter or run.key.drafter,
                                  arms=[spec.arms[h["arm"]].name for h in spec.history]
                                  if isinstance(spec, MultiDrafterSpeculator) else None,
-                                 switch_s=float(getattr(spec, "switch_seconds", 0.0)))
+                                 switch_s=float(getattr(spec, "switch_seconds", 0.0)), tokens=list(res.tokens))
                     done[run.key], mine[run.key] = res, rec
                     records.append(rec)
                 else:
@@ -616,7 +624,7 @@ def _prompts(ctx: Context, ecfg: EvaluateSection, tok, max_prompt: int, notes: l
             if i < ecfg.prompts_per_domain:
                 taken[row["domain"]] = i + 1
                 ids, _ = fit_prompt(tok(row["prompt"])["input_ids"], max_prompt, "truncate", row["id"])
-                prompts.append(Prompt(s, row["domain"], row["id"], tuple(ids), i))
+                prompts.append(Prompt(s, row["domain"], row["id"], tuple(ids), i, row.get("response")))
     if not prompts:
         raise InputError(f"no prompts in sets {ecfg.sets} of {ctx.input('prepare-data')}; check evaluate.sets")
     return prompts
@@ -680,6 +688,7 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     records = execute(plan, target, ecfg.max_new_tokens, modes, tok.eos_token_id, device, ecfg.repeats,
                       between=lambda: calibrator.sample(per_prompt))
     calib = calibrator.result()
+    score_quality(records, {p.id: p.reference for p in prompts}, tok)
 
     metrics = summarize(records, calib, Setup(ecfg, k_main, own, ofa, heads, modes["sampling"], device, len(prompts),
                                               len(drafters), arm_names, notes, cfg.run.seed, len(plan)))
@@ -690,6 +699,20 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
 
 
 # --- aggregate --------------------------------------------------------------------------------------
+
+def score_quality(records: list[Record], references: Mapping[str, str | None], tok) -> None:
+    """Each sampling-mode run on a scored domain gets its text's quality against the prompt's reference
+    (data/quality.py: the domain's primary metric, 0-100): the quality axis of the cascades' trade-off
+    (Faster Cascades Figure 2), with the target sampling alone (ar) as its reference point. Greedy runs
+    all emit the target's own tokens, so they are not scored."""
+    from data.quality import PRIMARY_METRIC, score
+
+    for r in records:
+        ref = references.get(r.prompt)
+        if r.key.mode == "sampling" and r.domain in PRIMARY_METRIC and ref and r.tokens is not None:
+            text = tok.decode(r.tokens, skip_special_tokens=True)
+            r.quality = score(r.domain, text, ref)[PRIMARY_METRIC[r.domain]]
+
 
 def _r(x: float | None) -> float | None:
     """Every number of the report is rounded once, here, so report.md and metrics.json agree."""
@@ -790,6 +813,14 @@ def _spread(xs: list[float], seed: int) -> tuple[float | None, float | None, flo
     return _r(s.median), _r(s.lo), _r(s.hi)
 
 
+def _mean_interval(xs: list[float], seed: int, n_boot: int = 1000) -> tuple[float, float]:
+    """Bootstrap 90% interval of a mean (quality scores are often 0/100: a median would hide the rate)."""
+    rng = np.random.default_rng(seed)
+    a = np.asarray(xs, dtype=float)
+    means = a[rng.integers(0, len(a), (n_boot, len(a)))].mean(axis=1)
+    return _r(np.quantile(means, 0.05)), _r(np.quantile(means, 0.95))
+
+
 def _row(group: list[Record], ar: dict[str, Record], calib: Calibration, seed: int) -> dict[str, Any]:
     """Counts pooled as ratios of totals; speedups per prompt against that prompt's AR run, then the median
     over prompts with its bootstrap 90% interval."""
@@ -801,6 +832,11 @@ def _row(group: list[Record], ar: dict[str, Record], calib: Calibration, seed: i
            "time_s": _r(sum(r.time for r in group)), "wall_s": _r(sum(r.wall for r in group)),
            "counted_s": _r(sum(calib.cost(r) for r in group))}
     row["tokens_per_s"] = _r(m.n_generated / sum(r.time for r in group)) if sum(r.time for r in group) > 0 else None
+    row["counted_tokens_per_s"] = _r(m.n_generated / row["counted_s"]) if row["counted_s"] else None
+    scored = [r.quality for r in group if r.quality is not None]
+    if scored:  # mean over prompts, with its bootstrap 90% interval
+        row["quality"], row["quality_n"] = _r(statistics.fmean(scored)), len(scored)
+        row["quality_lo"], row["quality_hi"] = _mean_interval(scored, seed)
     timed, wall, counted = [], [], []
     for r in group:
         base = ar.get(r.prompt)
@@ -822,7 +858,7 @@ def _run_entry(r: Record, calib: Calibration) -> dict[str, Any]:
     return {**r.key.fields(), "prompt": r.prompt, "set": r.set, "domain": r.domain, "run_drafter": r.drafter,
             "N": m.n_generated, "N_target": m.n_target, "N_draft": m.n_draft, "N_discarded": m.n_discarded,
             "drafted": m.drafted, "counted_s": calib.cost(r), "time_s": r.time,
-            "repeats": [t.as_dict() for t in r.times], "arms": r.arms, "switch_s": r.switch_s}
+            "repeats": [t.as_dict() for t in r.times], "arms": r.arms, "switch_s": r.switch_s, "quality": r.quality}
 
 
 def summarize(records: list[Record], calib: Calibration, setup: Setup) -> dict[str, Any]:
