@@ -393,13 +393,14 @@ def plan_model_free(env: Env, p: Prompt) -> list[Run]:
     kinds = [a for a in env.cfg.model_free_arms if a not in resources.unavailable()]
     runs = [Run(MethodKey("model_free", k=env.k, params=params(arm=a)), p,
                 lambda done, a=a: Built(build_arm(a, resources, env.k).speculator)) for a in kinds]
-    if env.cfg.model_free_bandit and kinds:
-        entries = kinds + [_domain_drafter(env, p)]
-        selector = env.cfg.model_free_bandit
+    selectors = env.cfg.model_free_bandits if env.cfg.model_free_bandits is not None else \
+        [b for b in [env.cfg.model_free_bandit] if b]
+    entries = kinds + [_domain_drafter(env, p)]
+    for selector in (selectors if kinds else []):
         # its own family: the MetaSD tables (regret, best-arm ratio) read drafter arms only
-        runs.append(Run(MethodKey("model_free", k=env.k, reward="throughput",
+        runs.append(Run(MethodKey("model_free", k=env.k, bandit=selector, reward="throughput",
                                   params=params(arm=f"{selector}({','.join(entries)})")), p,
-                        lambda done: Built(MultiDrafterSpeculator(
+                        lambda done, selector=selector: Built(MultiDrafterSpeculator(
                             build_arms(entries, resources, env.k),
                             make_selector(selector, len(entries), seed=derive_seed(env.seed, p.id, "model-free"),
                                           max_len=env.k),
@@ -903,6 +904,9 @@ def summarize(records: list[Record], calib: Calibration, setup: Setup) -> dict[s
 
     metrics["effects"] = effects(metrics)
     metrics["headline"] = headline_rows(metrics)
+    from pipelines.verdicts import paper_verdicts
+
+    metrics["verdicts"] = paper_verdicts(metrics)
     return metrics
 
 

@@ -429,6 +429,12 @@ def _effect_lines(metrics: dict) -> list[str]:
     return lines
 
 
+def _paper_verdicts(metrics: dict) -> list[str]:
+    from pipelines.verdicts import render_verdicts  # it builds on this module's helpers
+
+    return render_verdicts(metrics)
+
+
 def render(metrics: dict) -> str:
     k, fit = metrics["k"], metrics["cost_fit"]
     cfg, cal = metrics["config"], metrics["calibration"]
@@ -446,7 +452,7 @@ def render(metrics: dict) -> str:
         "draft forward); it does not move with the machine's load and is the headline on CPU. **Timed** speedup: "
         "the same ratio of measured times (median over repeats), the check. An effect is claimed only where its "
         "interval clears the line.", "",
-        "## What the expected effects look like here", "", *_effect_lines(metrics), "",
+        "## What the expected effects look like here", "", *_effect_lines(metrics), "", *_paper_verdicts(metrics),
         "## Speedup per method (greedy, test set, all domains pooled)", "", _speed_table(metrics), "",
         "## MAT / counted speedup / timed speedup per domain x method (greedy, test set; MetaSD Table 3 shape)", "",
         _per_domain_table(metrics), "",

@@ -308,6 +308,7 @@ class EvaluateSection:
     # the domain drafter with the throughput reward (BanditSpec Table 1)
     model_free_arms: list[str] = field(default_factory=lambda: ["lookup", "rest", "suffix"])
     model_free_bandit: Optional[str] = "ucbspec"
+    model_free_bandits: Optional[list[str]] = None  # several of ucbspec, exp3spec; null: [model_free_bandit]
     beta: float = 0.01  # MetaSD-UCB exploration strength (paper)
     delta: float = 0.5  # UCBSpec confidence (BanditSpec Thm 4.3)
     device: str = "auto"  # auto: cuda if available, else cpu
@@ -334,8 +335,9 @@ class EvaluateSection:
         for d in self.spectr_drafts:
             if isinstance(d, bool) or d < 1:
                 raise InputError(f"evaluate.spectr_drafts: drafts per round must be >= 1, got {d}")
-        if self.model_free_bandit not in (None, "ucbspec", "exp3spec"):
-            raise InputError(f"evaluate.model_free_bandit must be ucbspec, exp3spec or null, got {self.model_free_bandit!r}")
+        for b in [self.model_free_bandit] + (self.model_free_bandits or []):
+            if b not in (None, "ucbspec", "exp3spec"):
+                raise InputError(f"evaluate.model_free_bandit(s) must be ucbspec, exp3spec or null, got {b!r}")
         for a in self.model_free_arms:
             if a not in ("lookup", "rest", "suffix"):
                 raise InputError(f"evaluate.model_free_arms: unknown arm '{a}'; use lookup, rest, suffix")
