@@ -91,6 +91,8 @@ def _run_time(run: dict, how: str, repeats: int) -> float:
         return ts[0]
     if how == "median":
         return statistics.median(ts)
+    if how == "mean":
+        return statistics.fmean(ts)
     raise ValueError(how)
 
 
@@ -105,6 +107,11 @@ def _pooled_timed(metrics: dict, how: str, pool: str, repeats: int) -> dict[str,
         base = ar.get(r["prompt"])
         if r["mode"] != "greedy" or r["family"] == "ar" or base is None or r.get("stream") or not r["N"]:
             continue
+        if how == "paired":  # per pass, AR and the method timed in the same interleaved pass; median over passes
+            ratios = [a["time_s"] / b["time_s"] * base["N"] / r["N"]
+                      for a, b in zip(base["repeats"][:repeats], r["repeats"][:repeats])]
+            groups.setdefault(f"{r['set']} / {label(r)}", []).append((statistics.median(ratios), 1.0))
+            continue
         t_ar = _run_time(base, how, repeats) * r["N"] / base["N"]
         groups.setdefault(f"{r['set']} / {label(r)}", []).append((t_ar, _run_time(r, how, repeats)))
     if pool == "median":
@@ -112,8 +119,8 @@ def _pooled_timed(metrics: dict, how: str, pool: str, repeats: int) -> dict[str,
     return {k: sum(a for a, _ in v) / sum(b for _, b in v) for k, v in groups.items()}
 
 
-ESTIMATORS = (("min", "median", 2), ("min", "median", 3), ("median", "median", 3), ("min", "ratio", 2),
-              ("min", "ratio", 3), ("median", "ratio", 3))
+ESTIMATORS = (("min", "median", 2), ("min", "median", 3), ("median", "median", 3), ("paired", "median", 3),
+              ("min", "ratio", 2), ("min", "ratio", 3), ("median", "ratio", 3), ("mean", "ratio", 3))
 
 
 def estimator_table(quiet: dict, busy: dict) -> list[str]:
