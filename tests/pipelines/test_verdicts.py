@@ -65,7 +65,7 @@ def test_cascades_table2_and_ordering():
     assert x["ranking"] == ["token_v3", "opt"]
     text = "\n".join(render_verdicts(metrics(runs, verdicts=paper_verdicts(metrics(runs)))))
     assert "ordering (SpecCascade [Token] first, [OPT] second at the target's quality):** shows" in text
-    assert "SpecCascade [Token]" in text or "token_v3" in text
+    assert "SpecCascade [Token]" in text and "floor" not in text  # the target scores 50: quality can tell rules apart
 
 
 def test_nothing_to_say_renders_nothing():
