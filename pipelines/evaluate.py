@@ -22,7 +22,7 @@ Three steps, each one function:
    interleaved (a slow phase of a shared machine hits every method alike). Each whole generate call is
    timed by `decoding.timing.timed_call` (CPU time of this process and wall time on CPU; CUDA events
    on a GPU). Counts come from the first pass (greedy and seeded sampling repeat exactly); every
-   pass's times are kept, and a run's time is its fastest pass (load only adds time). After each
+   pass's times are kept, and a run's time is the mean over its passes (see `Record.time`). After each
    prompt, a few `Calibrator` passes time the target's n-token cached forward for every n a round can
    verify and each drafter's 1-token forward (interleaved; spread through the loop, so they see the
    same load phases as the runs they price).
@@ -31,8 +31,8 @@ Three steps, each one function:
    speedup (the same ratio of costs predicted from the run's counts: SpecDec++ Eq. 3.1 with the
    calibrated v(K), i.e. sum over rounds of t_target(K_r + 1) + N_draft t_draft; the prompt's prefill
    and the decoder's own per-round work (sampling, verification, a SpecDec++ head) are not counted, so
-   on a small model it sits above the timed one); each reported as the median over prompts with a
-   bootstrap 90% interval. The Eq. 3.1 fit over all greedy speculative runs (non-negative least squares
+   on a small model it sits above the timed one); each pooled over prompts as a ratio of totals with a
+   bootstrap 90% interval (resampling prompts). The Eq. 3.1 fit over all greedy speculative runs (non-negative least squares
    on counts and robust times) with its R^2.
    pipelines/report.py makes every label and sentence from that dict: rows carry key fields, never
    display strings.
@@ -78,7 +78,7 @@ from decoding.selectors import make_selector
 from decoding.speculative import VerificationDistribution, generate_speculative
 from decoding.speculator import DrafterSpeculator, Speculator
 from decoding.stopping import FixedK, HindsightOracle, SpecDecPP
-from decoding.timing import Timing, bootstrap_median, quantile, timed_call
+from decoding.timing import Timing, bootstrap_ratio, quantile, timed_call
 from heads.router import load_router
 from pipelines.distill_data import fit_prompt
 from pipelines.schema import BANDITS, EvaluateSection  # noqa: F401 (EvaluateSection re-exported)
@@ -173,13 +173,16 @@ class Record:
 
     @property
     def time(self) -> float:
-        """Robust seconds of the whole call: the fastest pass. Load on a shared machine only ever adds time
-        (cache and core contention stretch even CPU time), so the minimum is the least disturbed pass."""
-        return min(t.time for t in self.times) if self.times else self.metrics.time_total
+        """Seconds of the whole call: the mean over its passes. Pooled over prompts as a ratio of totals (`_row`),
+        this is the total CPU time of every pass, the timed estimator that moved least between a quiet and a busy
+        run of the same plan (issue 13; benchmarks/RESULTS.md, `bench_evaluate_load.py --estimators`: 63 of 89
+        cells within 10%, against 58 for the fastest pass and 42 for the median of per-prompt ratios). The
+        fastest of 2-3 passes is itself a noisy extreme; the mean averages the noise away."""
+        return statistics.fmean(t.time for t in self.times) if self.times else self.metrics.time_total
 
     @property
     def wall(self) -> float:
-        return min(t.wall for t in self.times) if self.times else self.metrics.time_total
+        return statistics.fmean(t.wall for t in self.times) if self.times else self.metrics.time_total
 
 
 # --- the environment a plan is made in ------------------------------------------------------------------
@@ -807,10 +810,16 @@ def best_arm_ratio(records: list[Record], k: int, arms: list[str]) -> list[dict[
             for key, rounds in hits.items()]
 
 
-def _spread(xs: list[float], seed: int) -> tuple[float | None, float | None, float | None]:
-    if not xs:
+def _spread(pairs: list[tuple[float, float]], seed: int) -> tuple[float | None, float | None, float | None]:
+    """The ratio of totals sum(a) / sum(b) over prompts with its bootstrap 90% interval (resampling prompts).
+    A pooled ratio, not the median of per-prompt ratios: on a shared CPU one 48-token decode's time moves by
+    ~9% between two passes (median; 29% at the 90th percentile), and a median over the 3 prompts of a small
+    cell keeps one prompt's noise whole, where the ratio of totals averages every prompt's (issue 13;
+    benchmarks/bench_evaluate_load.py --estimators compares estimators on the same runs)."""
+    pairs = [(a, b) for a, b in pairs if b > 0]
+    if not pairs:
         return None, None, None
-    s = bootstrap_median(xs, seed)
+    s = bootstrap_ratio(pairs, seed)
     return _r(s.median), _r(s.lo), _r(s.hi)
 
 
@@ -823,8 +832,8 @@ def _mean_interval(xs: list[float], seed: int, n_boot: int = 1000) -> tuple[floa
 
 
 def _row(group: list[Record], ar: dict[str, Record], calib: Calibration, seed: int) -> dict[str, Any]:
-    """Counts pooled as ratios of totals; speedups per prompt against that prompt's AR run, then the median
-    over prompts with its bootstrap 90% interval."""
+    """Counts pooled as ratios of totals; speedups against each prompt's own AR run (AR's time per token times
+    the method's tokens), pooled as the ratio of totals over prompts with its bootstrap 90% interval."""
     m = aggregate(r.metrics for r in group)
     first = group[0]
     row = {**first.key.fields(), "set": first.set, "domain": first.domain, "prompts": len(group),
@@ -843,10 +852,10 @@ def _row(group: list[Record], ar: dict[str, Record], calib: Calibration, seed: i
         base = ar.get(r.prompt)
         if base is None or not r.metrics.n_generated or not base.metrics.n_generated:
             continue
-        per_tok = base.metrics.n_generated / r.metrics.n_generated  # AR's time per token / the method's
-        timed.append(r.time and base.time / r.time / per_tok)
-        wall.append(r.wall and base.wall / r.wall / per_tok)
-        counted.append(calib.cost(base) / calib.cost(r) / per_tok)
+        scale = r.metrics.n_generated / base.metrics.n_generated  # AR's cost of the method's number of tokens
+        timed.append((base.time * scale, r.time))
+        wall.append((base.wall * scale, r.wall))
+        counted.append((calib.cost(base) * scale, calib.cost(r)))
     row["speedup"], row["speedup_lo"], row["speedup_hi"] = _spread(timed, seed)
     row["counted_speedup"], row["counted_speedup_lo"], row["counted_speedup_hi"] = _spread(counted, seed)
     row["wall_speedup"], row["wall_speedup_lo"], row["wall_speedup_hi"] = _spread(wall, seed)

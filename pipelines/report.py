@@ -89,7 +89,7 @@ def _fmt(x: Any) -> str:
 
 
 def _ci(row: dict | None, name: str = "speedup") -> str:
-    """'median [lo, hi]': a speedup with its bootstrap 90% interval over prompts."""
+    """'value [lo, hi]': a speedup with its bootstrap 90% interval over prompts."""
     if not row or row.get(name) is None:
         return "-"
     return f"{_fmt(row[name])} [{_fmt(row[name + '_lo'])}, {_fmt(row[name + '_hi'])}]"
@@ -306,7 +306,7 @@ def _robustness_table(metrics: dict) -> str:
 
 def _speed_table(metrics: dict) -> str:
     """Every greedy method pooled over the test set: counted speedup and timed speedup (CPU / CUDA time and
-    wall time), each the median over prompts with its bootstrap 90% interval."""
+    wall time), each pooled over prompts (ratio of totals) with its bootstrap 90% interval."""
     rows = []
     for key in method_keys(metrics, ("fixed", "specdecpp", "oracle", "router", "bandit", "ceiling", "domain",
                                      "hindsight"), mode="greedy", set="test"):
@@ -446,11 +446,11 @@ def render(metrics: dict) -> str:
         f"interleaved (timer: {metrics['timer']}). MAT counts the bonus token. Fixed K = {k} unless named; bandits "
         f"draft N_max = {k} per round and choose among {', '.join(metrics.get('bandit_arms', []))}. "
         "Every number below is in metrics.json.", "",
-        "Speedups are per prompt against the autoregressive target on that prompt, then the median over prompts "
-        "with its bootstrap 90% interval. **Counted** speedup: the cost the run's counts predict on this machine "
+        "Speedups are against the autoregressive target on the same prompts (its cost per token times the "
+        "method's tokens), pooled over prompts as a ratio of totals with its bootstrap 90% interval. **Counted** speedup: the cost the run's counts predict on this machine "
         "(SpecDec++ Eq. 3.1 with the calibrated cost of each round's (K+1)-token verification forward and of a "
         "draft forward); it does not move with the machine's load and is the headline on CPU. **Timed** speedup: "
-        "the same ratio of measured times (median over repeats), the check. An effect is claimed only where its "
+        "the same ratio of measured times (each run's mean over its passes), the check. An effect is claimed only where its "
         "interval clears the line.", "",
         "## What the expected effects look like here", "", *_effect_lines(metrics), "", *_paper_verdicts(metrics),
         "## Speedup per method (greedy, test set, all domains pooled)", "", _speed_table(metrics), "",
