@@ -324,7 +324,7 @@ FURTHER_FAMILIES = ("spectr", "cascade", "model_free")
 def _further_table(metrics: dict) -> str | None:
     """SpecTr, speculative cascades and the model-free arms (BanditSpec Table 1's), pooled over the prompts
     they ran on, each speedup against the target alone in the same mode (cascades are lossy: their
-    quality is measured by benchmarks/bench_cascades.py, not here)."""
+    quality is in "The papers' claims" (pipelines/verdicts.py) and benchmarks/bench_cascades.py)."""
     rows = []
     for mode in ("greedy", "sampling"):
         for key in method_keys(metrics, FURTHER_FAMILIES, mode=mode, set="test"):
@@ -495,7 +495,7 @@ def render(metrics: dict) -> str:
                     [[cal["target_ms"]["1"], cal["drafter_mean_ms"], cal.get("cost_ratio")]
                      + [vk[str(kk)] for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k]]), ""]
     if fit:
-        parts += ["## Cost model fit (SpecDec++ Eq. 3.1, all greedy speculative runs, median robust times)", "",
+        parts += ["## Cost model fit (SpecDec++ Eq. 3.1, all greedy speculative runs, each run's mean time over its passes)", "",
                   table(["t_draft (ms)", "t_target (ms)", "t_draft / t_target", "R^2", "R^2 on wall time", "runs"],
                         [[fit["t_draft_ms"], fit["t_target_ms"], fit["cost_ratio"], fit["r2"], fit["wall_r2"],
                           fit["runs"]]]), ""]
