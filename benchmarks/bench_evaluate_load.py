@@ -133,8 +133,9 @@ def estimator_table(quiet: dict, busy: dict) -> list[str]:
             continue
         a, b = _pooled_timed(quiet, how, pool, reps), _pooled_timed(busy, how, pool, reps)
         diffs = [abs(b[k] - a[k]) / a[k] for k in a if k in b]
-        rows.append(f"| {how} | {'median of per-prompt ratios' if pool == 'median' else 'ratio of totals'} | {reps} "
-                    f"| {len(diffs)} | {sum(d <= 0.10 for d in diffs)} | {max(diffs):.1%} | {statistics.median(diffs):.1%} |")
+        pooling = "median of per-prompt ratios" if pool == "median" else "ratio of totals"
+        rows.append(f"| {how} | {pooling} | {reps} | {len(diffs)} | {sum(d <= 0.10 for d in diffs)} "
+                    f"| {max(diffs):.1%} | {statistics.median(diffs):.1%} |")
     return rows
 
 

@@ -32,8 +32,8 @@ Three steps, each one function:
    calibrated v(K), i.e. sum over rounds of t_target(K_r + 1) + N_draft t_draft; the prompt's prefill
    and the decoder's own per-round work (sampling, verification, a SpecDec++ head) are not counted, so
    on a small model it sits above the timed one); each pooled over prompts as a ratio of totals with a
-   bootstrap 90% interval (resampling prompts). The Eq. 3.1 fit over all greedy speculative runs (non-negative least squares
-   on counts and robust times) with its R^2.
+   bootstrap 90% interval (resampling prompts). The Eq. 3.1 fit over all greedy speculative runs
+   (non-negative least squares on counts and robust times) with its R^2.
    pipelines/report.py makes every label and sentence from that dict: rows carry key fields, never
    display strings.
 
@@ -383,7 +383,7 @@ def plan_cascades(env: Env, p: Prompt) -> list[Run]:
                         params=params(rule=method.rule, alpha=method.alpha))
         runs.append(Run(key, p, lambda done, m=method: Built(
             DrafterSpeculator(env.drafters[n], FixedK(env.k)), drafter=n, verification=m.verification_distribution()),
-            seed=derive_seed(env.seed, p.id, "cascade", method.rule)))  # one seed for every alpha: common random numbers
+            seed=derive_seed(env.seed, p.id, "cascade", method.rule)))  # one seed for all alphas: common random numbers
     return runs
 
 

@@ -447,12 +447,15 @@ def render(metrics: dict) -> str:
         f"draft N_max = {k} per round and choose among {', '.join(metrics.get('bandit_arms', []))}. "
         "Every number below is in metrics.json.", "",
         "Speedups are against the autoregressive target on the same prompts (its cost per token times the "
-        "method's tokens), pooled over prompts as a ratio of totals with its bootstrap 90% interval. **Counted** speedup: the cost the run's counts predict on this machine "
+        "method's tokens), pooled over prompts as a ratio of totals with its bootstrap 90% interval. "
+        "**Counted** speedup: the cost the run's counts predict on this machine "
         "(SpecDec++ Eq. 3.1 with the calibrated cost of each round's (K+1)-token verification forward and of a "
         "draft forward); it does not move with the machine's load and is the headline on CPU. **Timed** speedup: "
-        "the same ratio of measured times (each run's mean over its passes), the check. An effect is claimed only where its "
+        "the same ratio of measured times (each run's mean over its passes), the check. An effect is claimed "
+        "only where its "
         "interval clears the line.", "",
-        "## What the expected effects look like here", "", *_effect_lines(metrics), "", *_paper_verdicts(metrics),
+        "## What the expected effects look like here", "", *_effect_lines(metrics), "",
+        *_paper_verdicts(metrics),
         "## Speedup per method (greedy, test set, all domains pooled)", "", _speed_table(metrics), "",
         "## MAT / counted speedup / timed speedup per domain x method (greedy, test set; MetaSD Table 3 shape)", "",
         _per_domain_table(metrics), "",
@@ -495,7 +498,8 @@ def render(metrics: dict) -> str:
                     [[cal["target_ms"]["1"], cal["drafter_mean_ms"], cal.get("cost_ratio")]
                      + [vk[str(kk)] for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k]]), ""]
     if fit:
-        parts += ["## Cost model fit (SpecDec++ Eq. 3.1, all greedy speculative runs, each run's mean time over its passes)", "",
+        parts += ["## Cost model fit (SpecDec++ Eq. 3.1, all greedy speculative runs, each run's mean time over "
+                  "its passes)", "",
                   table(["t_draft (ms)", "t_target (ms)", "t_draft / t_target", "R^2", "R^2 on wall time", "runs"],
                         [[fit["t_draft_ms"], fit["t_target_ms"], fit["cost_ratio"], fit["r2"], fit["wall_r2"],
                           fit["runs"]]]), ""]

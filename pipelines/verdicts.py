@@ -126,7 +126,8 @@ def spectr(metrics: dict) -> dict | None:
             if rs:
                 cells[kk] = {**_pooled(rs), "counted_speedup": _compare(rs, ar, "counted_s", _seed("v-spectr", d, kk))}
         top = max(k for k in cells) if cells else None
-        rise = _compare(by_k[top], by_k[1], "N_target", _seed("v-spectr-rise", d)) if top and top > 1 and by_k[1] else None
+        rise = _compare(by_k[top], by_k[1], "N_target", _seed("v-spectr-rise", d)) \
+            if top and top > 1 and by_k[1] else None
         per[d] = {"by_k": cells, "top_k": top, "rise": rise,
                   "monotone": all(cells[a]["MAT"] <= cells[b]["MAT"] for a, b in zip(sorted(cells), sorted(cells)[1:]))}
     return {"L": length, "ks": sweep, "per_domain": per}
@@ -139,13 +140,15 @@ def cascades(metrics: dict) -> dict | None:
     over prompts, bootstrap 90% interval from the rows) and counted / timed speedup over the target on the
     same prompts; then Table 2: per rule, the best counted speedup among its alphas at a quality >= the
     target's, and the best quality at a counted speedup >= 1; and the rules ranked by the former."""
-    runs = [r for r in metrics["runs"] if r["family"] == "cascade" and r["set"] == "test" and r.get("quality") is not None]
+    runs = [r for r in metrics["runs"]
+            if r["family"] == "cascade" and r["set"] == "test" and r.get("quality") is not None]
     if not runs:
         return None
     rules = sorted({_param(r, "rule") for r in runs})
     per: dict[str, Any] = {}
     for d in sorted({r["domain"] for r in runs}):
-        ar = _runs(metrics, d, lambda r: r["family"] == "ar" and r["mode"] == "sampling" and r.get("quality") is not None)
+        ar = _runs(metrics, d, lambda r: r["family"] == "ar" and r["mode"] == "sampling"
+                   and r.get("quality") is not None)
         if not ar:
             continue
         target_q = round(statistics.fmean(r["quality"] for r in ar.values()), 3)
@@ -273,7 +276,7 @@ def _render_spectr(v: dict) -> list[str]:
             table(["domain"] + [f"K={kk}" for kk in ks], rows), "",
             f"- **Block efficiency rises with K (MAT at K={pooled.get('top_k')} over K=1, all domains pooled):** "
             + (f"{said[rise['verdict']]} ({_said(rise)})" if rise else "not measured")
-            + ("; monotone in the point estimates" if pooled.get("monotone") else "; not monotone in the point estimates")
+            + ("; " if pooled.get("monotone") else "; not ") + "monotone in the point estimates"
             + ". Per domain: " + _verdict_counts([(d, c) for d, c in verdicts if d != "all"]) + ".", ""]
 
 

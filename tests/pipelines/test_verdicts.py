@@ -54,8 +54,10 @@ def test_cascades_table2_and_ordering():
         runs += [run(p, "ar", 12, mode="sampling", k=None, quality=50.0),
                  run(p, "cascade", 4, mode="sampling", drafter="dx", quality=60.0,
                      params={"rule": "token_v3", "alpha": 0.5}),
-                 run(p, "cascade", 3, mode="sampling", drafter="dx", quality=40.0, params={"rule": "opt", "alpha": 0.5}),
-                 run(p, "cascade", 6, mode="sampling", drafter="dx", quality=50.0, params={"rule": "opt", "alpha": 0.0})]
+                 run(p, "cascade", 3, mode="sampling", drafter="dx", quality=40.0,
+                     params={"rule": "opt", "alpha": 0.5}),
+                 run(p, "cascade", 6, mode="sampling", drafter="dx", quality=50.0,
+                     params={"rule": "opt", "alpha": 0.0})]
     v = cascades(metrics(runs))
     x = v["per_domain"]["x"]
     assert x["target_quality"] == 50.0
