@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from decoding.errors import InputError
+from core.errors import InputError
 from pipelines.cli import main
 from pipelines.config import ConfigError, apply_overrides, from_dict, load_config
 from pipelines.schema import RunConfig
