@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import shutil
 import subprocess
 import sys
@@ -34,8 +35,10 @@ from pipelines.stage import run_stage  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 
-def evaluate_once(root: Path, config: str, overrides: list[str], name: str) -> tuple[dict, float, float]:
-    """(metrics, seconds, load average before) of one evaluate run on a scratch copy of root."""
+def evaluate_once(root: Path, config: str, overrides: list[str], name: str,
+                  keep: Path | None = None) -> tuple[dict, float, float]:
+    """(metrics, seconds, load average before) of one evaluate run on a scratch copy of root; with `keep`,
+    its metrics.json is kept there as NAME.json (for comparing estimators offline on the same runs)."""
     scratch = Path(tempfile.mkdtemp(prefix=f"bench_eval_{name}_")) / "run"
     for d in ("prompts", "bundle"):  # evaluate's only inputs
         shutil.copytree(root / d, scratch / d)
@@ -45,6 +48,9 @@ def evaluate_once(root: Path, config: str, overrides: list[str], name: str) -> t
     out = run_stage(cfg, "evaluate")
     wall = time.time() - t0
     metrics = json.loads((out / "metrics.json").read_text())
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(out / "metrics.json", keep / f"{name}.json")
     shutil.rmtree(scratch.parent)
     return metrics, wall, load
 
@@ -77,19 +83,81 @@ def compare_table(a: dict, b: dict) -> tuple[list[str], dict]:
     return rows, {"worst": worst, "within": within, "methods": len(rows) - 2}
 
 
+# Timed-speedup estimators, compared on the same two runs' raw repeat times (metrics["runs"]): how a run's
+# time is taken from its repeats, and how per-prompt times pool into one speedup per method.
+def _run_time(run: dict, how: str, repeats: int) -> float:
+    ts = sorted(r["time_s"] for r in run["repeats"][:repeats])
+    if how == "min":
+        return ts[0]
+    if how == "median":
+        return statistics.median(ts)
+    if how == "mean":
+        return statistics.fmean(ts)
+    raise ValueError(how)
+
+
+def _pooled_timed(metrics: dict, how: str, pool: str, repeats: int) -> dict[str, float]:
+    """(set / method label) -> timed speedup of the greedy measured methods, all domains pooled. pool
+    "median": the median over prompts of per-prompt speedups (evaluate's estimator before issue 13's fix);
+    "ratio": the ratio of totals, sum over prompts of AR's time (per token, times the method's tokens) over the
+    sum of the method's times (every prompt's repeats feed one number, so one noisy prompt moves it less)."""
+    ar = {r["prompt"]: r for r in metrics["runs"] if r["family"] == "ar" and r["mode"] == "greedy"}
+    groups: dict[str, list[tuple[float, float]]] = {}
+    for r in metrics["runs"]:
+        base = ar.get(r["prompt"])
+        if r["mode"] != "greedy" or r["family"] == "ar" or base is None or r.get("stream") or not r["N"]:
+            continue
+        if how == "paired":  # per pass, AR and the method timed in the same interleaved pass; median over passes
+            ratios = [a["time_s"] / b["time_s"] * base["N"] / r["N"]
+                      for a, b in zip(base["repeats"][:repeats], r["repeats"][:repeats])]
+            groups.setdefault(f"{r['set']} / {label(r)}", []).append((statistics.median(ratios), 1.0))
+            continue
+        t_ar = _run_time(base, how, repeats) * r["N"] / base["N"]
+        groups.setdefault(f"{r['set']} / {label(r)}", []).append((t_ar, _run_time(r, how, repeats)))
+    if pool == "median":
+        return {k: statistics.median(a / b for a, b in v) for k, v in groups.items()}
+    return {k: sum(a for a, _ in v) / sum(b for _, b in v) for k, v in groups.items()}
+
+
+ESTIMATORS = (("min", "median", 2), ("min", "median", 3), ("median", "median", 3), ("paired", "median", 3),
+              ("min", "ratio", 2), ("min", "ratio", 3), ("median", "ratio", 3), ("mean", "ratio", 3))
+
+
+def estimator_table(quiet: dict, busy: dict) -> list[str]:
+    """Per estimator: how many (set, method) cells agree within 10% between the quiet and the busy run."""
+    rows = ["| run time from repeats | pooled over prompts | repeats used | cells | within 10% | worst | median diff |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    n_rep = min(quiet["repeats"], busy["repeats"])
+    for how, pool, reps in ESTIMATORS:
+        if reps > n_rep:
+            continue
+        a, b = _pooled_timed(quiet, how, pool, reps), _pooled_timed(busy, how, pool, reps)
+        diffs = [abs(b[k] - a[k]) / a[k] for k in a if k in b]
+        pooling = "median of per-prompt ratios" if pool == "median" else "ratio of totals"
+        rows.append(f"| {how} | {pooling} | {reps} | {len(diffs)} | {sum(d <= 0.10 for d in diffs)} "
+                    f"| {max(diffs):.1%} | {statistics.median(diffs):.1%} |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("root")
     ap.add_argument("overrides", nargs="*", help="config overrides for both runs, KEY=VALUE")
     ap.add_argument("--config", default="configs/demo.yaml")
     ap.add_argument("--no-append", action="store_true")
+    ap.add_argument("--keep", type=Path, default=None, help="keep both runs' metrics.json here (quiet.json, busy.json)")
+    ap.add_argument("--estimators", action="store_true",
+                    help="only compare timed-speedup estimators on the runs kept in ROOT (quiet.json, busy.json)")
     args = ap.parse_args()
     root = Path(args.root)
-    quiet, quiet_s, quiet_load = evaluate_once(root, args.config, args.overrides, "quiet")
+    if args.estimators:
+        print("\n".join(estimator_table(*(json.loads((root / f"{n}.json").read_text()) for n in ("quiet", "busy")))))
+        return
+    quiet, quiet_s, quiet_load = evaluate_once(root, args.config, args.overrides, "quiet", args.keep)
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # one core kept busy
     try:
         time.sleep(2)
-        busy, busy_s, busy_load = evaluate_once(root, args.config, args.overrides, "busy")
+        busy, busy_s, busy_load = evaluate_once(root, args.config, args.overrides, "busy", args.keep)
     finally:
         spinner.kill()  # only the process this script started
         spinner.wait()

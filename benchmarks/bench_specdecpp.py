@@ -143,10 +143,14 @@ def table(label: str, rows: list[dict], c: float) -> list[str]:
     return lines
 
 
-def run_tables(run: pathlib.Path, label: str) -> str:
-    """SpecDec++ rows of a finished run (see the module docstring)."""
+def run_tables(run: pathlib.Path, label: str, report: str = "report") -> str:
+    """SpecDec++ rows of a finished run (see the module docstring). Rows carry method keys, not display
+    names: the label comes from pipelines.report.label, as in report.md."""
+    sys.path.insert(0, str(ROOT))
+    from pipelines.report import label as method_label
+
     sweep = json.loads((run / "heads" / "sweep.json").read_text())
-    metrics = json.loads((run / "report" / "metrics.json").read_text())
+    metrics = json.loads((run / report / "metrics.json").read_text())
     c = next(iter(next(iter(sweep.values())).values()))["cost"]["cost_ratio"]
     rows = [r for r in metrics["rows"] if r["mode"] == "greedy" and r["set"] == "test" and r["domain"] == "all"]
     lines = [f"**{label}: {run}**, evaluate (greedy, test set, all domains; c = {c:.3f} from sweep.json)", "",
@@ -165,7 +169,7 @@ def run_tables(run: pathlib.Path, label: str) -> str:
             gap = r["N_draft"] + r["N_target"] - r["N"] - r["N_discarded"]
             vs_fixed = f"{cost(r) / cost(best):.3f}" if best else "-"
             vs_oracle = f"{cost(r) / cost(oracle):.3f}" if oracle else "-"
-            lines.append(f"| {name} | {r['method']} | {r['N_draft'] / r['N']:.3f} | {r['N'] / r['N_target']:.2f} "
+            lines.append(f"| {name} | {method_label(r)} | {r['N_draft'] / r['N']:.3f} | {r['N'] / r['N_target']:.2f} "
                          f"| {gap} | {cost(r):.3f} | {vs_fixed} | {vs_oracle} |")
     lines += ["", f"**{label}**, train-heads simulation on dev sequences (heads/sweep.json, chosen head and h):", "",
               "| drafter | labels | head | h | simulated cost | best fixed K | simulated vs fixed K | oracle ver. rate |",
@@ -190,13 +194,14 @@ def main() -> None:
     ap.add_argument("--no-append", action="store_true")
     ap.add_argument("--run", type=pathlib.Path, help="a finished run directory: print its SpecDec++ rows")
     ap.add_argument("--label", default="run", help="with --run: the label of its tables, e.g. before / after")
+    ap.add_argument("--report", default="report", help="with --run: its evaluate output dir (evaluate.out)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         from publish import publish
 
-        publish(run_tables(args.run, args.label) + "\n", append=not args.no_append)
+        publish(run_tables(args.run, args.label, args.report) + "\n", append=not args.no_append)
         return
     if args.child:
         sys.path.insert(0, args.child)

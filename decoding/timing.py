@@ -6,8 +6,9 @@ process ran, so it moves far less with load; wall time is kept beside it. On a G
 asynchronously, so the host clocks measure launch overhead: CUDA events around the call time the device.
 
 Speeds are then compared as ratios of runs made close together (methods interleaved per prompt,
-repeated), and every ratio is reported as a median with its spread over prompts (a bootstrap 90%
-interval), so a difference is called an effect only when it exceeds that spread.
+repeated), and every ratio is reported with its spread over prompts (the evaluate stage pools a ratio of
+totals, `bootstrap_ratio`, with a bootstrap 90% interval), so a difference is called an effect only when it
+exceeds that spread.
 """
 from __future__ import annotations
 

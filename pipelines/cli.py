@@ -39,7 +39,7 @@ def _run_one(args) -> None:
 
 
 def _run_all(args) -> None:
-    from pipelines.stage import get_spec, run_stage, stage_names
+    from pipelines.stage import get_spec, run_stage, stage_dir, stage_names
 
     cfg = _load(args.config, args.overrides)
     names = stage_names(cfg)
@@ -48,7 +48,7 @@ def _run_all(args) -> None:
         names = names[names.index(args.start):] if args.start in names else []
     for name in names:
         run_stage(cfg, name, force=args.force and (args.start is None or name == args.start))
-    metrics = Path(cfg.run.root) / "report" / "metrics.json"
+    metrics = stage_dir(cfg, "evaluate") / "metrics.json"
     if metrics.is_file():
         import json
 

@@ -208,6 +208,24 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
+def load_with_base(path: str | Path, seen: tuple[Path, ...] = ()) -> dict:
+    """A YAML file whose top-level `base: OTHER.yaml` (relative to the file) names a config it changes:
+    OTHER's mapping with this file's keys merged over it, section by section (lists are replaced). A run
+    that differs from the demo in one section (configs/reproduce.yaml) says only that, and cannot drift
+    from the demo's training sections."""
+    path = Path(path)
+    data = load_yaml(path)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"config file '{path}': base must be a YAML file name, got {base!r}")
+    base_path = (path.parent / base).resolve()
+    if base_path in seen or base_path == path.resolve():
+        raise ConfigError(f"config file '{path}': base '{base}' leads back to itself; remove the cycle")
+    return _merge(load_with_base(base_path, (*seen, path.resolve())), data)
+
+
 def load_config(cls: type, path: str | Path | None, overrides: list[str] = ()) -> Any:
-    data = load_yaml(path) if path is not None else {}
+    data = load_with_base(path) if path is not None else {}
     return from_dict(cls, apply_overrides(data, list(overrides)))

@@ -22,7 +22,7 @@ Three steps, each one function:
    interleaved (a slow phase of a shared machine hits every method alike). Each whole generate call is
    timed by `decoding.timing.timed_call` (CPU time of this process and wall time on CPU; CUDA events
    on a GPU). Counts come from the first pass (greedy and seeded sampling repeat exactly); every
-   pass's times are kept, and a run's time is its fastest pass (load only adds time). After each
+   pass's times are kept, and a run's time is the mean over its passes (see `Record.time`). After each
    prompt, a few `Calibrator` passes time the target's n-token cached forward for every n a round can
    verify and each drafter's 1-token forward (interleaved; spread through the loop, so they see the
    same load phases as the runs they price).
@@ -31,9 +31,9 @@ Three steps, each one function:
    speedup (the same ratio of costs predicted from the run's counts: SpecDec++ Eq. 3.1 with the
    calibrated v(K), i.e. sum over rounds of t_target(K_r + 1) + N_draft t_draft; the prompt's prefill
    and the decoder's own per-round work (sampling, verification, a SpecDec++ head) are not counted, so
-   on a small model it sits above the timed one); each reported as the median over prompts with a
-   bootstrap 90% interval. The Eq. 3.1 fit over all greedy speculative runs (non-negative least squares
-   on counts and robust times) with its R^2.
+   on a small model it sits above the timed one); each pooled over prompts as a ratio of totals with a
+   bootstrap 90% interval (resampling prompts). The Eq. 3.1 fit over all greedy speculative runs
+   (non-negative least squares on counts and robust times) with its R^2.
    pipelines/report.py makes every label and sentence from that dict: rows carry key fields, never
    display strings.
 
@@ -56,6 +56,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -79,7 +80,7 @@ from decoding.selectors import make_selector
 from decoding.speculative import VerificationDistribution, generate_speculative
 from decoding.speculator import DrafterSpeculator, Speculator
 from decoding.stopping import FixedK, HindsightOracle, SpecDecPP
-from decoding.timing import Timing, bootstrap_median, quantile, timed_call
+from decoding.timing import Timing, bootstrap_ratio, quantile, timed_call
 from drafters.roles import drafter_roles
 from heads.router import load_router
 from data.prompts import fit_prompt
@@ -134,6 +135,7 @@ class Prompt:
     id: str
     ids: tuple[int, ...]
     index: int  # its position among the (set, domain)'s prompts
+    reference: str | None = None  # the prompt set's reference response (quality of lossy families)
 
 
 @dataclass
@@ -169,16 +171,21 @@ class Record:
     drafter: str | None = None  # the drafter that decoded it, where one did (a router's pick included)
     arms: list[str] | None = None  # multi-drafter runs: the arm chosen per round
     switch_s: float = 0.0
+    tokens: list[int] | None = None  # the generated tokens (first pass)
+    quality: float | None = None  # sampling mode, scored domains: data/quality.py's primary metric vs the reference
 
     @property
     def time(self) -> float:
-        """Robust seconds of the whole call: the fastest pass. Load on a shared machine only ever adds time
-        (cache and core contention stretch even CPU time), so the minimum is the least disturbed pass."""
-        return min(t.time for t in self.times) if self.times else self.metrics.time_total
+        """Seconds of the whole call: the mean over its passes. Pooled over prompts as a ratio of totals (`_row`),
+        this is the total CPU time of every pass, the timed estimator that moved least between a quiet and a busy
+        run of the same plan (issue 13; benchmarks/RESULTS.md, `bench_evaluate_load.py --estimators`: 63 of 89
+        cells within 10%, against 58 for the fastest pass and 42 for the median of per-prompt ratios). The
+        fastest of 2-3 passes is itself a noisy extreme; the mean averages the noise away."""
+        return statistics.fmean(t.time for t in self.times) if self.times else self.metrics.time_total
 
     @property
     def wall(self) -> float:
-        return min(t.wall for t in self.times) if self.times else self.metrics.time_total
+        return statistics.fmean(t.wall for t in self.times) if self.times else self.metrics.time_total
 
 
 # --- the environment a plan is made in ------------------------------------------------------------------
@@ -324,8 +331,10 @@ def plan_sampling(env: Env, p: Prompt) -> list[Run]:
 
 
 def _first_test_prompts(env: Env, p: Prompt) -> bool:
-    """The prompts the further families run on: the first `sampling_prompts` test prompts per domain."""
-    return p.set == "test" and p.index < env.cfg.sampling_prompts
+    """The prompts the further families run on: the first `further_prompts` (default `sampling_prompts`)
+    test prompts per domain."""
+    n = env.cfg.sampling_prompts if env.cfg.further_prompts is None else env.cfg.further_prompts
+    return p.set == "test" and p.index < n
 
 
 def _domain_drafter(env: Env, p: Prompt) -> str:
@@ -349,13 +358,15 @@ def plan_spectr(env: Env, p: Prompt) -> list[Run]:
 
 def plan_cascades(env: Env, p: Prompt) -> list[Run]:
     """Speculative cascades (sampling mode): the domain drafter at gamma = k, verified towards the rule's
-    pi = T(q, p) at lenience `cascade_alpha` (lossy: the output follows pi, not the target)."""
+    pi = T(q, p) at each lenience of `cascade_alphas` (default [cascade_alpha]; lossy: the output follows pi,
+    not the target)."""
     if not _first_test_prompts(env, p):
         return []
     n = _domain_drafter(env, p)
     runs = []
-    for rule in env.cfg.cascades:
-        method = cascade_method(rule, env.cfg.cascade_alpha)
+    alphas = env.cfg.cascade_alphas if env.cfg.cascade_alphas is not None else [env.cfg.cascade_alpha]
+    for rule, alpha in ((r, a) for r in env.cfg.cascades for a in alphas):
+        method = cascade_method(rule, alpha)
         if not method.speculative:
             raise InputError(f"evaluate.cascades: '{rule}' is a sequential baseline, not a speculative rule; "
                              f"benchmarks/bench_cascades.py runs it")
@@ -363,7 +374,7 @@ def plan_cascades(env: Env, p: Prompt) -> list[Run]:
                         params=params(rule=method.rule, alpha=method.alpha))
         runs.append(Run(key, p, lambda done, m=method: Built(
             DrafterSpeculator(env.drafters[n], FixedK(env.k)), drafter=n, verification=m.verification_distribution()),
-            seed=derive_seed(env.seed, p.id, "cascade", method.rule)))
+            seed=derive_seed(env.seed, p.id, "cascade", method.rule)))  # one seed for all alphas: common random numbers
     return runs
 
 
@@ -376,13 +387,14 @@ def plan_model_free(env: Env, p: Prompt) -> list[Run]:
     kinds = [a for a in env.cfg.model_free_arms if a not in resources.unavailable()]
     runs = [Run(MethodKey("model_free", k=env.k, params=params(arm=a)), p,
                 lambda done, a=a: Built(build_arm(a, resources, env.k).speculator)) for a in kinds]
-    if env.cfg.model_free_bandit and kinds:
-        entries = kinds + [_domain_drafter(env, p)]
-        selector = env.cfg.model_free_bandit
+    selectors = env.cfg.model_free_bandits if env.cfg.model_free_bandits is not None else \
+        [b for b in [env.cfg.model_free_bandit] if b]
+    entries = kinds + [_domain_drafter(env, p)]
+    for selector in (selectors if kinds else []):
         # its own family: the MetaSD tables (regret, best-arm ratio) read drafter arms only
-        runs.append(Run(MethodKey("model_free", k=env.k, reward="throughput",
+        runs.append(Run(MethodKey("model_free", k=env.k, bandit=selector, reward="throughput",
                                   params=params(arm=f"{selector}({','.join(entries)})")), p,
-                        lambda done: Built(MultiDrafterSpeculator(
+                        lambda done, selector=selector: Built(MultiDrafterSpeculator(
                             build_arms(entries, resources, env.k),
                             make_selector(selector, len(entries), seed=derive_seed(env.seed, p.id, "model-free"),
                                           max_len=env.k),
@@ -435,7 +447,7 @@ def execute(plan: list[Run], target: torch.nn.Module, max_new_tokens: int, sampl
                                  drafter=built.drafter or run.key.drafter,
                                  arms=[spec.arms[h["arm"]].name for h in spec.history]
                                  if isinstance(spec, MultiDrafterSpeculator) else None,
-                                 switch_s=float(getattr(spec, "switch_seconds", 0.0)))
+                                 switch_s=float(getattr(spec, "switch_seconds", 0.0)), tokens=list(res.tokens))
                     done[run.key], mine[run.key] = res, rec
                     records.append(rec)
                 else:
@@ -607,7 +619,7 @@ def _prompts(ctx: Context, ecfg: EvaluateSection, tok, max_prompt: int, notes: l
             if i < ecfg.prompts_per_domain:
                 taken[row["domain"]] = i + 1
                 ids, _ = fit_prompt(tok(row["prompt"])["input_ids"], max_prompt, "truncate", row["id"])
-                prompts.append(Prompt(s, row["domain"], row["id"], tuple(ids), i))
+                prompts.append(Prompt(s, row["domain"], row["id"], tuple(ids), i, row.get("response")))
     if not prompts:
         raise InputError(f"no prompts in sets {ecfg.sets} of {ctx.input('prepare-data')}; check evaluate.sets")
     return prompts
@@ -672,6 +684,7 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     records = execute(plan, target, ecfg.max_new_tokens, modes, tok.eos_token_id, device, ecfg.repeats,
                       between=lambda: calibrator.sample(per_prompt))
     calib = calibrator.result()
+    score_quality(records, {p.id: p.reference for p in prompts}, tok)
 
     metrics = summarize(records, calib, Setup(ecfg, k_main, own, ofa, heads, modes["sampling"], device, len(prompts),
                                               len(drafters), arm_names, notes, cfg.run.seed, len(plan)))
@@ -682,6 +695,20 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
 
 
 # --- aggregate --------------------------------------------------------------------------------------
+
+def score_quality(records: list[Record], references: Mapping[str, str | None], tok) -> None:
+    """Each sampling-mode run on a scored domain gets its text's quality against the prompt's reference
+    (data/quality.py: the domain's primary metric, 0-100): the quality axis of the cascades' trade-off
+    (Faster Cascades Figure 2), with the target sampling alone (ar) as its reference point. Greedy runs
+    all emit the target's own tokens, so they are not scored."""
+    from data.quality import PRIMARY_METRIC, score
+
+    for r in records:
+        ref = references.get(r.prompt)
+        if r.key.mode == "sampling" and r.domain in PRIMARY_METRIC and ref and r.tokens is not None:
+            text = tok.decode(r.tokens, skip_special_tokens=True)
+            r.quality = score(r.domain, text, ref)[PRIMARY_METRIC[r.domain]]
+
 
 def _r(x: float | None) -> float | None:
     """Every number of the report is rounded once, here, so report.md and metrics.json agree."""
@@ -775,16 +802,30 @@ def best_arm_ratio(records: list[Record], k: int, arms: list[str]) -> list[dict[
             for key, rounds in hits.items()]
 
 
-def _spread(xs: list[float], seed: int) -> tuple[float | None, float | None, float | None]:
-    if not xs:
+def _spread(pairs: list[tuple[float, float]], seed: int) -> tuple[float | None, float | None, float | None]:
+    """The ratio of totals sum(a) / sum(b) over prompts with its bootstrap 90% interval (resampling prompts).
+    A pooled ratio, not the median of per-prompt ratios: on a shared CPU one 48-token decode's time moves by
+    ~9% between two passes (median; 29% at the 90th percentile), and a median over the 3 prompts of a small
+    cell keeps one prompt's noise whole, where the ratio of totals averages every prompt's (issue 13;
+    benchmarks/bench_evaluate_load.py --estimators compares estimators on the same runs)."""
+    pairs = [(a, b) for a, b in pairs if b > 0]
+    if not pairs:
         return None, None, None
-    s = bootstrap_median(xs, seed)
+    s = bootstrap_ratio(pairs, seed)
     return _r(s.median), _r(s.lo), _r(s.hi)
 
 
+def _mean_interval(xs: list[float], seed: int, n_boot: int = 1000) -> tuple[float, float]:
+    """Bootstrap 90% interval of a mean (quality scores are often 0/100: a median would hide the rate)."""
+    rng = np.random.default_rng(seed)
+    a = np.asarray(xs, dtype=float)
+    means = a[rng.integers(0, len(a), (n_boot, len(a)))].mean(axis=1)
+    return _r(np.quantile(means, 0.05)), _r(np.quantile(means, 0.95))
+
+
 def _row(group: list[Record], ar: dict[str, Record], calib: Calibration, seed: int) -> dict[str, Any]:
-    """Counts pooled as ratios of totals; speedups per prompt against that prompt's AR run, then the median
-    over prompts with its bootstrap 90% interval."""
+    """Counts pooled as ratios of totals; speedups against each prompt's own AR run (AR's time per token times
+    the method's tokens), pooled as the ratio of totals over prompts with its bootstrap 90% interval."""
     m = aggregate(r.metrics for r in group)
     first = group[0]
     row = {**first.key.fields(), "set": first.set, "domain": first.domain, "prompts": len(group),
@@ -793,15 +834,20 @@ def _row(group: list[Record], ar: dict[str, Record], calib: Calibration, seed: i
            "time_s": _r(sum(r.time for r in group)), "wall_s": _r(sum(r.wall for r in group)),
            "counted_s": _r(sum(calib.cost(r) for r in group))}
     row["tokens_per_s"] = _r(m.n_generated / sum(r.time for r in group)) if sum(r.time for r in group) > 0 else None
+    row["counted_tokens_per_s"] = _r(m.n_generated / row["counted_s"]) if row["counted_s"] else None
+    scored = [r.quality for r in group if r.quality is not None]
+    if scored:  # mean over prompts, with its bootstrap 90% interval
+        row["quality"], row["quality_n"] = _r(statistics.fmean(scored)), len(scored)
+        row["quality_lo"], row["quality_hi"] = _mean_interval(scored, seed)
     timed, wall, counted = [], [], []
     for r in group:
         base = ar.get(r.prompt)
         if base is None or not r.metrics.n_generated or not base.metrics.n_generated:
             continue
-        per_tok = base.metrics.n_generated / r.metrics.n_generated  # AR's time per token / the method's
-        timed.append(r.time and base.time / r.time / per_tok)
-        wall.append(r.wall and base.wall / r.wall / per_tok)
-        counted.append(calib.cost(base) / calib.cost(r) / per_tok)
+        scale = r.metrics.n_generated / base.metrics.n_generated  # AR's cost of the method's number of tokens
+        timed.append((base.time * scale, r.time))
+        wall.append((base.wall * scale, r.wall))
+        counted.append((calib.cost(base) * scale, calib.cost(r)))
     row["speedup"], row["speedup_lo"], row["speedup_hi"] = _spread(timed, seed)
     row["counted_speedup"], row["counted_speedup_lo"], row["counted_speedup_hi"] = _spread(counted, seed)
     row["wall_speedup"], row["wall_speedup_lo"], row["wall_speedup_hi"] = _spread(wall, seed)
@@ -814,7 +860,7 @@ def _run_entry(r: Record, calib: Calibration) -> dict[str, Any]:
     return {**r.key.fields(), "prompt": r.prompt, "set": r.set, "domain": r.domain, "run_drafter": r.drafter,
             "N": m.n_generated, "N_target": m.n_target, "N_draft": m.n_draft, "N_discarded": m.n_discarded,
             "drafted": m.drafted, "counted_s": calib.cost(r), "time_s": r.time,
-            "repeats": [t.as_dict() for t in r.times], "arms": r.arms, "switch_s": r.switch_s}
+            "repeats": [t.as_dict() for t in r.times], "arms": r.arms, "switch_s": r.switch_s, "quality": r.quality}
 
 
 def summarize(records: list[Record], calib: Calibration, setup: Setup) -> dict[str, Any]:
@@ -859,6 +905,9 @@ def summarize(records: list[Record], calib: Calibration, setup: Setup) -> dict[s
 
     metrics["effects"] = effects(metrics)
     metrics["headline"] = headline_rows(metrics)
+    from pipelines.verdicts import paper_verdicts
+
+    metrics["verdicts"] = paper_verdicts(metrics)
     return metrics
 
 

@@ -89,7 +89,7 @@ def _fmt(x: Any) -> str:
 
 
 def _ci(row: dict | None, name: str = "speedup") -> str:
-    """'median [lo, hi]': a speedup with its bootstrap 90% interval over prompts."""
+    """'value [lo, hi]': a speedup with its bootstrap 90% interval over prompts."""
     if not row or row.get(name) is None:
         return "-"
     return f"{_fmt(row[name])} [{_fmt(row[name + '_lo'])}, {_fmt(row[name + '_hi'])}]"
@@ -306,7 +306,7 @@ def _robustness_table(metrics: dict) -> str:
 
 def _speed_table(metrics: dict) -> str:
     """Every greedy method pooled over the test set: counted speedup and timed speedup (CPU / CUDA time and
-    wall time), each the median over prompts with its bootstrap 90% interval."""
+    wall time), each pooled over prompts (ratio of totals) with its bootstrap 90% interval."""
     rows = []
     for key in method_keys(metrics, ("fixed", "specdecpp", "oracle", "router", "bandit", "ceiling", "domain",
                                      "hindsight"), mode="greedy", set="test"):
@@ -324,7 +324,7 @@ FURTHER_FAMILIES = ("spectr", "cascade", "model_free")
 def _further_table(metrics: dict) -> str | None:
     """SpecTr, speculative cascades and the model-free arms (BanditSpec Table 1's), pooled over the prompts
     they ran on, each speedup against the target alone in the same mode (cascades are lossy: their
-    quality is measured by benchmarks/bench_cascades.py, not here)."""
+    quality is in "The papers' claims" (pipelines/verdicts.py) and benchmarks/bench_cascades.py)."""
     rows = []
     for mode in ("greedy", "sampling"):
         for key in method_keys(metrics, FURTHER_FAMILIES, mode=mode, set="test"):
@@ -429,6 +429,12 @@ def _effect_lines(metrics: dict) -> list[str]:
     return lines
 
 
+def _paper_verdicts(metrics: dict) -> list[str]:
+    from pipelines.verdicts import render_verdicts  # it builds on this module's helpers
+
+    return render_verdicts(metrics)
+
+
 def render(metrics: dict) -> str:
     k, fit = metrics["k"], metrics["cost_fit"]
     cfg, cal = metrics["config"], metrics["calibration"]
@@ -440,13 +446,16 @@ def render(metrics: dict) -> str:
         f"interleaved (timer: {metrics['timer']}). MAT counts the bonus token. Fixed K = {k} unless named; bandits "
         f"draft N_max = {k} per round and choose among {', '.join(metrics.get('bandit_arms', []))}. "
         "Every number below is in metrics.json.", "",
-        "Speedups are per prompt against the autoregressive target on that prompt, then the median over prompts "
-        "with its bootstrap 90% interval. **Counted** speedup: the cost the run's counts predict on this machine "
+        "Speedups are against the autoregressive target on the same prompts (its cost per token times the "
+        "method's tokens), pooled over prompts as a ratio of totals with its bootstrap 90% interval. "
+        "**Counted** speedup: the cost the run's counts predict on this machine "
         "(SpecDec++ Eq. 3.1 with the calibrated cost of each round's (K+1)-token verification forward and of a "
         "draft forward); it does not move with the machine's load and is the headline on CPU. **Timed** speedup: "
-        "the same ratio of measured times (median over repeats), the check. An effect is claimed only where its "
+        "the same ratio of measured times (each run's mean over its passes), the check. An effect is claimed "
+        "only where its "
         "interval clears the line.", "",
         "## What the expected effects look like here", "", *_effect_lines(metrics), "",
+        *_paper_verdicts(metrics),
         "## Speedup per method (greedy, test set, all domains pooled)", "", _speed_table(metrics), "",
         "## MAT / counted speedup / timed speedup per domain x method (greedy, test set; MetaSD Table 3 shape)", "",
         _per_domain_table(metrics), "",
@@ -489,7 +498,8 @@ def render(metrics: dict) -> str:
                     [[cal["target_ms"]["1"], cal["drafter_mean_ms"], cal.get("cost_ratio")]
                      + [vk[str(kk)] for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k]]), ""]
     if fit:
-        parts += ["## Cost model fit (SpecDec++ Eq. 3.1, all greedy speculative runs, median robust times)", "",
+        parts += ["## Cost model fit (SpecDec++ Eq. 3.1, all greedy speculative runs, each run's mean time over "
+                  "its passes)", "",
                   table(["t_draft (ms)", "t_target (ms)", "t_draft / t_target", "R^2", "R^2 on wall time", "runs"],
                         [[fit["t_draft_ms"], fit["t_target_ms"], fit["cost_ratio"], fit["r2"], fit["wall_r2"],
                           fit["runs"]]]), ""]

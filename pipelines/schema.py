@@ -283,6 +283,9 @@ BANDITS: dict[str, tuple[str, str, str]] = {
 
 @dataclass
 class EvaluateSection:
+    # the directory under run.root it writes (report.md, metrics.json, plots): a second, bigger evaluation
+    # (configs/reproduce.yaml) reuses the run's trained stages and keeps the demo's report/ intact
+    out: str = "report"
     sets: list[str] = field(default_factory=lambda: list(SETS))  # prompt sets of prompts/sets to decode
     prompts_per_domain: int = 4  # first N prompts per domain and set (4 x 11 domain-sets: ~3 min on 2 CPU cores)
     max_new_tokens: int = 48  # per generation
@@ -303,10 +306,15 @@ class EvaluateSection:
     spectr_drafts: list[int] = field(default_factory=lambda: [2, 4])  # SpecTr: K drafts per round (sampling mode)
     cascades: list[str] = field(default_factory=lambda: ["token", "opt"])  # speculative cascade rules (sampling mode)
     cascade_alpha: float = 0.3  # the cascades' lenience
+    # several lenience values (Faster Cascades Figure 2 / Table 2: the quality-latency trade-off); null: [cascade_alpha]
+    cascade_alphas: Optional[list[float]] = None
+    # test prompts per domain for the families above (SpecTr, cascades, model-free); null: sampling_prompts
+    further_prompts: Optional[int] = None
     # model-free speculators alone (greedy), and `model_free_bandit` (ucbspec | exp3spec | null) over them plus
     # the domain drafter with the throughput reward (BanditSpec Table 1)
     model_free_arms: list[str] = field(default_factory=lambda: ["lookup", "rest", "suffix"])
     model_free_bandit: Optional[str] = "ucbspec"  # ucbspec | exp3spec | null
+    model_free_bandits: Optional[list[str]] = None  # several of ucbspec, exp3spec; null: [model_free_bandit]
     beta: float = 0.01  # MetaSD-UCB exploration strength (paper)
     delta: float = 0.5  # UCBSpec confidence (BanditSpec Thm 4.3)
     device: str = "auto"  # auto: cuda if available, else cpu
@@ -318,13 +326,23 @@ class EvaluateSection:
     threads: int = 1
 
     def check(self) -> None:
+        reserved = {"prompts", "target", "distill_data", "drafters", "acceptance_data", "heads", "router", "bundle"}
+        if not self.out or "/" in self.out or "\\" in self.out or self.out.startswith(".") or self.out in reserved:
+            raise InputError(f"evaluate.out must be a plain directory name under run.root other than a stage's "
+                             f"(e.g. report or reproduce), got {self.out!r}")
+        if self.further_prompts is not None and self.further_prompts < 0:
+            raise InputError(f"evaluate.further_prompts must be >= 0 or null, got {self.further_prompts}")
+        for a in self.cascade_alphas or []:
+            if isinstance(a, bool) or not isinstance(a, (int, float)) or a < 0:
+                raise InputError(f"evaluate.cascade_alphas: lenience must be a number >= 0, got {a!r}")
         for name in ("repeats", "calibration_reps"):
             if getattr(self, name) < 1:
                 raise InputError(f"evaluate.{name} must be >= 1, got {getattr(self, name)}")
         for d in self.spectr_drafts:
             require_int(d, "evaluate.spectr_drafts: drafts per round")
-        if self.model_free_bandit not in (None, "ucbspec", "exp3spec"):
-            raise InputError(f"evaluate.model_free_bandit must be ucbspec, exp3spec or null, got {self.model_free_bandit!r}")
+        for b in [self.model_free_bandit] + (self.model_free_bandits or []):
+            if b not in (None, "ucbspec", "exp3spec"):
+                raise InputError(f"evaluate.model_free_bandit(s) must be ucbspec, exp3spec or null, got {b!r}")
         for a in self.model_free_arms:
             if a not in ("lookup", "rest", "suffix"):
                 raise InputError(f"evaluate.model_free_arms: unknown arm '{a}'; use lookup, rest, suffix")

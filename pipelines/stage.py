@@ -35,6 +35,12 @@ class StageSpec:
     # returns a reason to skip the stage for this config (e.g. a real target needs no pretraining)
     skip: Callable[[RunConfig], str | None] = lambda cfg: None
     optional: tuple[str, ...] = ()  # inputs used when they exist (and part of the cache key then)
+    # the directory under the run root when the config names one (default `out`): evaluate's `evaluate.out`
+    # lets a bigger evaluation (configs/reproduce.yaml) reuse a run's trained stages beside the demo's report/
+    out_from: Callable[[RunConfig], str | None] = lambda cfg: None
+
+    def out_dir(self, cfg: RunConfig) -> str:
+        return self.out_from(cfg) or self.out
 
 
 def _demo_only(cfg: RunConfig) -> str | None:
@@ -54,7 +60,8 @@ STAGES: tuple[StageSpec, ...] = (
               ("target", "train_router"), "train_router"),
     StageSpec("export", "bundle", ("pretrain-target", "train-drafters", "train-heads"), ("target", "export"), "export",
               optional=("train-router", "distill-data")),
-    StageSpec("evaluate", "report", ("prepare-data", "export"), ("evaluate",), "evaluate"),
+    StageSpec("evaluate", "report", ("prepare-data", "export"), ("evaluate",), "evaluate",
+              out_from=lambda cfg: cfg.evaluate.out),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 STAGE_VERSION = 1  # bump to invalidate every cached stage output after a format change
@@ -150,7 +157,7 @@ def slurm_context() -> str | None:
 
 
 def stage_dir(cfg: RunConfig, name: str) -> Path:
-    return Path(cfg.run.root) / get_spec(name).out
+    return Path(cfg.run.root) / get_spec(name).out_dir(cfg)
 
 
 # Config keys that change how a stage logs or checkpoints, never what it writes: not in the cache key,
@@ -181,7 +188,7 @@ def load_inputs(cfg: RunConfig, spec: StageSpec) -> dict[str, Manifest]:
         if dep_spec.skip(cfg):
             continue
         path = stage_dir(cfg, dep)
-        if not any((Path(cfg.run.root) / ".locks").glob(f"{dep_spec.out}*.lock")):
+        if not any((Path(cfg.run.root) / ".locks").glob(f"{dep_spec.out_dir(cfg)}*.lock")):
             tidy_stage_dir(path)  # an input killed mid-replace is put back, not reported missing
         if dep in spec.optional and not path.is_dir():
             continue
@@ -205,11 +212,11 @@ def verify_inputs(cfg: RunConfig, manifests: dict[str, Manifest]) -> str:
     return mode
 
 
-def _lock_name(spec: StageSpec) -> str:
+def _lock_name(spec: StageSpec, cfg: RunConfig) -> str:
     """Processes that legitimately run one stage together (distill shards: Slurm array tasks or
     SPECDRAFT_SHARD; training ranks: torchrun, srun tasks, Lightning's launcher) each take their own lock;
     two copies of the same process slot collide."""
-    name = spec.out
+    name = spec.out_dir(cfg)
     shard = os.environ.get("SPECDRAFT_SHARD") or os.environ.get("SLURM_ARRAY_TASK_ID")
     if shard:
         name += f".shard-{shard.replace('/', 'of')}"
@@ -222,14 +229,14 @@ def _lock_name(spec: StageSpec) -> str:
 def run_stage(cfg: RunConfig, name: str, force: bool = False, log: Callable[[str], Any] = print) -> Path | None:
     spec = get_spec(name)
     root = Path(cfg.run.root)
-    out = root / spec.out
+    out = stage_dir(cfg, name)
     reason = spec.skip(cfg)
     if reason:
         log(f"[{name}] skipped: {reason}")
         return None
     manifests = load_inputs(cfg, spec)
     key = _cache_key(cfg, spec, manifests)
-    with StageLock(root, _lock_name(spec)):
+    with StageLock(root, _lock_name(spec, cfg)):
         tidy_stage_dir(out)  # under the lock: no other writer is between its two renames
         if out.is_dir() and not force:
             try:
@@ -247,10 +254,10 @@ def run_stage(cfg: RunConfig, name: str, force: bool = False, log: Callable[[str
 def _build_stage(cfg: RunConfig, spec: StageSpec, manifests: dict[str, Manifest], key: str,
                  log: Callable[[str], Any]) -> Path | None:
     name, root = spec.name, Path(cfg.run.root)
-    out = root / spec.out
+    out = stage_dir(cfg, name)
     verified = verify_inputs(cfg, manifests)
     module = importlib.import_module(f"pipelines.{spec.module}")
-    work = root / ".work" / f"{spec.out}-{key[:16]}"
+    work = root / ".work" / f"{spec.out_dir(cfg)}-{key[:16]}"
     where = slurm_context()
     if where:
         log(f"[{name}] {where}")

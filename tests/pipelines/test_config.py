@@ -4,11 +4,13 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import InputError
 from pipelines.cli import main
 from pipelines.config import ConfigError, apply_overrides, from_dict, load_config
 from pipelines.schema import RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "configs"
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").rglob("*.yaml")), ids=lambda p: p.name)
@@ -73,3 +75,32 @@ def test_partial_section_keeps_the_stage_defaults():
     assert cfg.pretrain_target.train.max_steps == 7
     assert cfg.pretrain_target.train.batch_size == default.train.batch_size
     assert cfg.pretrain_target.model.hidden == default.model.hidden and cfg.pretrain_target.model.n_layers == 2
+
+
+def test_reproduce_is_the_demo_with_another_evaluation():
+    """configs/reproduce.yaml takes demo.yaml through `base`: every training section is the demo's (so its
+    trained stages are cache hits on a finished demo root) and its report goes beside the demo's."""
+    from pipelines.config import to_dict
+    from pipelines.stage import stage_dir
+
+    demo = load_config(RunConfig, CONFIGS / "demo.yaml")
+    rep = load_config(RunConfig, CONFIGS / "reproduce.yaml")
+    for section in ("run", "target", "demo", "pretrain_target", "distill_data", "train_drafters",
+                    "acceptance_data", "train_heads", "train_router", "export"):
+        assert to_dict(getattr(rep, section)) == to_dict(getattr(demo, section)), section
+    assert stage_dir(demo, "evaluate").name == "report" and stage_dir(rep, "evaluate").name == "reproduce"
+    assert rep.evaluate.spectr_drafts == [1, 2, 4, 8] and len(rep.evaluate.cascade_alphas) > 1
+    assert stage_dir(rep, "export") == stage_dir(demo, "export")
+
+
+def test_base_cycle_and_bad_evaluate_out_are_one_line_errors(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match="leads back to itself"):
+        load_config(RunConfig, tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("base: ../nowhere.yaml\n")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(RunConfig, tmp_path / "c.yaml")
+    for bad in ("bundle", "../x", ""):
+        with pytest.raises(InputError, match="evaluate.out"):
+            load_config(RunConfig, None, [f"evaluate.out={bad}"])

@@ -101,3 +101,35 @@ def test_counted_cost_by_hand():
     assert calib.cost(spec) == pytest.approx((1.4 + 1.3 + 1.0 + 7 * 0.3) * 1e-3)
     ar = Record(MethodKey("ar"), "p", "test", "x", GenerationMetrics(n_generated=9, n_target=9))
     assert calib.cost(ar) == pytest.approx(9e-3)
+
+
+def test_cascades_sweep_alphas_on_further_prompts_and_score_quality(env):
+    """cascade_alphas: one run per rule x alpha, with one seed per rule (common random numbers across
+    alphas); further_prompts widens SpecTr / cascades beyond the sampling prompts; sampling runs on a scored
+    domain get data/quality.py's primary metric against the reference, pooled in the rows."""
+    import dataclasses
+
+    from pipelines.evaluate import plan_cascades, plan_spectr, score_quality
+
+    cfg = dataclasses.replace(env.cfg, cascades=["opt", "token_v3"], cascade_alphas=[0.0, 0.5, 1.0],
+                              spectr_drafts=[1, 2], further_prompts=2)
+    wide = dataclasses.replace(env, cfg=cfg)
+    ps = prompts()
+    runs = [r for p in ps for r in plan_cascades(wide, p)]
+    assert len(runs) == 2 * 2 * 3
+    assert {(dict(r.key.params)["rule"], dict(r.key.params)["alpha"]) for r in runs if r.prompt.id == "x0"} == \
+        {(rule, a) for rule in ("opt", "token_v3") for a in (0.0, 0.5, 1.0)}
+    assert len({r.seed for r in runs if r.prompt.id == "x0" and dict(r.key.params)["rule"] == "opt"}) == 1
+    assert len([r for p in ps for r in plan_spectr(wide, p)]) == 2 * 2
+    assert [r for p in ps for r in plan_cascades(env, p) if p.index >= 1] == []  # default: sampling_prompts = 1
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return "Answer: 7" if ids and ids[0] == 1 else "Answer: 3"
+
+    def rec(first, prompt, mode="sampling"):
+        return Record(MethodKey("ar", mode=mode), prompt, "test", "math", GenerationMetrics(), tokens=[first])
+
+    records = [rec(1, "m0"), rec(2, "m1"), rec(1, "m0", "greedy")]
+    score_quality(records, {"m0": "so Answer: 7", "m1": "Answer: 7"}, Tok())
+    assert [r.quality for r in records] == [100.0, 0.0, None]

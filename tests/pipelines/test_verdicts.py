@@ -1,0 +1,74 @@
+"""The papers' verdicts (pipelines/verdicts.py) on hand-made metrics: each verdict follows the numbers, and
+no verdict is drawn from fewer than MIN_PROMPTS prompts."""
+from pipelines.verdicts import MIN_PROMPTS, banditspec, cascades, paper_verdicts, render_verdicts, spectr
+
+
+def run(prompt, family, n_target, mode="greedy", n=12, domain="x", counted_per_call=0.01, **key):
+    return {"family": family, "mode": mode, "drafter": key.pop("drafter", None), "k": key.pop("k", 4),
+            "bandit": key.pop("bandit", None), "params": key.pop("params", {}), "set": "test", "domain": domain,
+            "prompt": f"{domain}/{prompt}", "N": n, "N_target": n_target, "N_draft": key.pop("n_draft", 0),
+            "counted_s": n_target * counted_per_call, "time_s": n_target * counted_per_call * 1.2,
+            "quality": key.pop("quality", None), "stream": False, "policy": None, "router": None, "reward": None}
+
+
+def metrics(runs, **extra):
+    return {"runs": runs, "rows": [], "k": 4, "drafters": {"own": {"x": "dx"}, "ofa": None},
+            "config": {"ks": [2, 4]}, **extra}
+
+
+def test_spectr_rise_needs_enough_prompts():
+    def world(n_prompts):
+        runs = []
+        for p in range(n_prompts):
+            runs.append(run(p, "ar", 12, mode="sampling", k=None))
+            runs.append(run(p, "spectr", 6, mode="sampling", drafter="dx", params={"drafts": 1}))
+            runs.append(run(p, "spectr", 3 + p % 2, mode="sampling", drafter="dx", params={"drafts": 4}))
+        return spectr(metrics(runs))
+
+    v = world(MIN_PROMPTS + 1)
+    assert v["ks"] == [1, 4] and v["per_domain"]["all"]["by_k"][1]["MAT"] == 2.0
+    rise = v["per_domain"]["all"]["rise"]
+    assert rise["verdict"] == "above" and rise["lo"] > 1 and v["per_domain"]["all"]["monotone"]
+    assert world(MIN_PROMPTS - 1)["per_domain"]["all"]["rise"]["verdict"] == "too few prompts"
+
+
+def test_banditspec_best_arm_regret_and_verdict():
+    runs = []
+    for p in range(4):
+        runs += [run(p, "ar", 12, k=None),
+                 run(p, "model_free", 10, params={"arm": "lookup"}),
+                 run(p, "model_free", 5, params={"arm": "rest"}),
+                 run(p, "fixed", 8, drafter="dx", n_draft=20),
+                 run(p, "model_free", 6, bandit="ucbspec", params={"arm": "ucbspec(lookup,rest,dx)"})]
+    v = banditspec(metrics(runs))
+    x = v["per_domain"]["x"]
+    assert x["best_arm"] == "rest" and set(x["arms"]) == {"lookup", "rest", "drafter"}
+    b = x["bandits"]["ucbspec"]
+    assert b["regret"] == 1.0 and b["MAT"] == 2.0
+    assert b["vs_best_counted"]["verdict"] == "below" and abs(b["vs_best_counted"]["ratio"] - 5 / 6) < 1e-3
+
+
+def test_cascades_table2_and_ordering():
+    runs = []
+    for p in range(4):
+        runs += [run(p, "ar", 12, mode="sampling", k=None, quality=50.0),
+                 run(p, "cascade", 4, mode="sampling", drafter="dx", quality=60.0,
+                     params={"rule": "token_v3", "alpha": 0.5}),
+                 run(p, "cascade", 3, mode="sampling", drafter="dx", quality=40.0,
+                     params={"rule": "opt", "alpha": 0.5}),
+                 run(p, "cascade", 6, mode="sampling", drafter="dx", quality=50.0,
+                     params={"rule": "opt", "alpha": 0.0})]
+    v = cascades(metrics(runs))
+    x = v["per_domain"]["x"]
+    assert x["target_quality"] == 50.0
+    assert x["table2"]["token_v3"]["speedup_at_target_quality"] == 3.0  # 12 / 4 target calls
+    assert x["table2"]["opt"]["alpha_at_target_quality"] == 0.0  # alpha 0.5 loses quality
+    assert x["table2"]["opt"]["best_quality_within_target_latency"] == 50.0
+    assert x["ranking"] == ["token_v3", "opt"]
+    text = "\n".join(render_verdicts(metrics(runs, verdicts=paper_verdicts(metrics(runs)))))
+    assert "ordering (SpecCascade [Token] first, [OPT] second at the target's quality):** shows" in text
+    assert "SpecCascade [Token]" in text and "floor" not in text  # the target scores 50: quality can tell rules apart
+
+
+def test_nothing_to_say_renders_nothing():
+    assert render_verdicts(metrics([])) == []
