@@ -57,6 +57,10 @@ class RoundOutcome:
     logits: torch.Tensor | None = None  # (k+1, V) the target's raw logits behind p, on its device
     # for a tree draft: the accepted node indices (p and logits then have 1 + N rows: root, then nodes)
     path: list[int] | None = None
+    # the target's final hidden states at every position the round's forward fed (the unseen context, then
+    # the draft tokens or tree nodes), on its device; only when the speculator sets needs_target_features
+    # (an EAGLE drafter reads them as features), else None
+    target_hidden: torch.Tensor | None = None
 
 
 class Speculator(Protocol):

@@ -1,0 +1,285 @@
+"""EAGLE drafting as a `Speculator`: chain drafts (EAGLE-1 order, any stopping policy) and EAGLE-2's
+dynamic draft tree (Li et al. 2024, "EAGLE-2: Faster Inference of Language Models with Dynamic Draft
+Trees", Sec. 4), over an `EagleDrafter` (`decoding.eagle_model`).
+
+Features. The drafter reads the target's feature f_j (final hidden state) at every committed position.
+The loop hands the target's hidden states of each round's verification forward to `observe`
+(`RoundOutcome.target_hidden`, asked for through `needs_target_features`); the speculator keeps the rows of
+the committed positions: f_0..f_{m-1} with m = len(context) - 1 (the last committed token has not been
+through the target yet). The very first round has no features for the prompt, so it drafts nothing and the
+target's prefill produces them (EAGLE's own order: the target prefills and emits the first token).
+
+Cache. The EAGLE layer's KV cache holds entry j for input (f_j, x_{j+1}) at position j. Entries written
+from real features are kept; those written while drafting (from predicted features f^) are cut off at the
+next proposal, which feeds the newly committed positions with their real features in one forward: the one
+that yields q_1 (so a chain of k candidates costs k drafter forwards, as for an independent drafter).
+Inside a bandit, an EAGLE arm that sat out keeps recording features (`record_target`), so on a switch only
+its own layer's cache catches up (MetaSD App. F.11), never the target.
+
+Trees. Depth 1 is the top-k tokens of q_1; at each further depth the k frontier nodes with the highest
+cumulative draft confidence (sum of log q along the path) are expanded in ONE drafter forward with a tree
+attention mask (each node sees the committed entries and its expanded ancestors), each offering its top-k
+children; after the last depth the top-m nodes of the whole tree (by cumulative confidence; a child never
+outscores its parent, so the set is closed under ancestors) go to the target in one tree-masked forward
+(`kv.forward_tree`) and `decoding.tree.verify_tree` walks them. The children of a node are the drafter's
+top-k tokens, a deterministic function of the context, i.e. candidates drawn from point masses; the
+multi-candidate rule of SPEC.md section 9 (SpecInfer / EAGLE) with q = delta_x accepts x with probability
+p(x) and otherwise removes x from p and renormalises (`topk_candidates_select`), so the emitted token is
+exactly distributed as p.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from decoding import kv
+from decoding.compat import check_head, check_pair
+from decoding.errors import InputError
+from decoding.sampling import SamplingConfig, probs_on_cpu, sample
+from decoding.speculator import Draft, RoundOutcome
+from decoding.stopping import StoppingPolicy
+from decoding.tree import DraftTree
+
+
+def topk_candidates_select(
+    p: torch.Tensor, q: torch.Tensor, candidates: Sequence[int], generator: torch.Generator | None = None
+) -> tuple[int, int]:
+    """The multi-candidate rule for deterministic candidates (distinct tokens chosen without sampling, e.g.
+    the drafter's top-k): candidate x stands for a draw from the point mass delta_x, so it is accepted with
+    probability min(1, p(x) / 1) = p(x), and on rejection p <- norm((p - delta_x)_+), i.e. p with x
+    removed. Lossless for any fixed candidate list; q is not read. Same signature as `NodeRule`."""
+    cur = p.clone()
+    eta = torch.rand(len(candidates), generator=generator)
+    for i, x in enumerate(candidates):
+        if float(eta[i]) < float(cur[x]):
+            return i, int(x)
+        cur[x] = 0.0
+        total = cur.sum()
+        if total <= 0:  # every token with mass was offered (then one was accepted with probability 1)
+            break
+        cur = cur / total
+    return -1, int(sample(cur, generator))
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """EAGLE-2's dynamic tree: `depth` levels, `top_k` children per expanded node and nodes expanded per
+    level, `nodes` (m) kept for verification. EAGLE-2's defaults are depth 6, top-k 10, 60 nodes."""
+
+    depth: int = 4
+    top_k: int = 4
+    nodes: int = 16
+
+    def __post_init__(self):
+        for name in ("depth", "top_k", "nodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"eagle tree {name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass
+class _Node:
+    token: int
+    parent: int  # pool index, -1 for a child of the root
+    depth: int
+    score: float  # cumulative log draft confidence along the path
+    q_row: int  # which expanded row's q this token was drawn from (0 = the root)
+    kv_index: int = -1  # the node's entry in the EAGLE cache once expanded
+    feature: torch.Tensor | None = None  # its predicted feature once expanded
+
+
+class EagleSpeculator:
+    """One EAGLE drafter: chain drafts under `stopping` (fixed K, SpecDec++ head on the EAGLE layer's
+    hidden state), or an EAGLE-2 dynamic tree when `tree` is given (its depth is capped by the stopping
+    policy's max_tokens; the policy's per-token decisions are not consulted in a tree)."""
+
+    needs_target_features = True
+
+    def __init__(self, drafter: torch.nn.Module, stopping: StoppingPolicy, tree: TreeShape | None = None):
+        self.drafter = drafter
+        self.stopping = stopping
+        self.tree = tree
+        head = getattr(stopping, "head", None)
+        if isinstance(head, torch.nn.Module):
+            check_head(head, drafter)
+        self.keep_logits = False  # attach the raw logits to each Draft (read by the greedy BD reward)
+        self.eos: set[int] = set()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.features: list[torch.Tensor] = []  # chunks of the target's features f_0..f_{m-1}
+        self.n_features = 0
+        self._feature_cat: torch.Tensor | None = None
+        self.cache = kv.new_cache()
+        self.fed = 0  # EAGLE cache entries written from real features (positions 0..fed-1)
+        self._own_round_end: int | None = None  # context length after this drafter's last observed round
+        self.catch_up_seconds = 0.0
+
+    def start(self, target: torch.nn.Module, eos: set[int]) -> None:
+        check_pair(target, self.drafter)
+        self.drafter.attach_target(target)
+        self.eos = eos
+        self.device = kv.input_device(self.drafter)
+        self._reset()
+        self.stopping.start(self.drafter)
+
+    # ---- features ----------------------------------------------------------------------------------
+    def record_target(self, outcome: RoundOutcome) -> None:
+        """Keep the target's features of the positions this round committed (also called, by a bandit,
+        on rounds another arm drafted)."""
+        hidden = outcome.target_hidden
+        if hidden is None:
+            raise InputError("the EAGLE drafter needs the target's hidden states of every round; decode with "
+                             "decoding.speculative.generate_speculative (it passes them when "
+                             "needs_target_features is set)")
+        need = len(outcome.context) - 1 - self.n_features
+        if outcome.path is not None:  # a tree round: the fed prefix, then the accepted nodes
+            n_prefix = hidden.shape[0] - len(outcome.draft.tree)
+            index = list(range(n_prefix)) + [n_prefix + i for i in outcome.path]
+            hidden = hidden[torch.tensor(index, device=hidden.device)]
+        if hidden.shape[0] < need:
+            raise InputError(f"the EAGLE drafter missed the target's features of {need - hidden.shape[0]} "
+                             "committed positions; every round must reach observe / record_target")
+        if need > 0:
+            self.features.append(hidden[:need])
+            self.n_features += need
+            self._feature_cat = None
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        self.record_target(outcome)
+        self._own_round_end = len(outcome.context)
+
+    def lags(self, context: list[int]) -> bool:
+        """Whether rounds drafted by other arms were committed since this drafter's last round (its
+        layer then catches up on more than its own round's positions)."""
+        return self._own_round_end is not None and self._own_round_end != len(context)
+
+    def _feature_rows(self, start: int, stop: int) -> torch.Tensor:
+        if self._feature_cat is None:
+            self._feature_cat = torch.cat(self.features) if len(self.features) > 1 else self.features[0]
+            self.features = [self._feature_cat]
+        return self._feature_cat[start:stop]
+
+    def _catch_up(self, context: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cut the EAGLE cache back to the entries written from real features and feed the committed
+        positions since then; -> (f^ at the last committed token (H,), its draft logits (V,))."""
+        m = len(context) - 1
+        keep = min(self.fed, m - 1)  # feed >= 1 position: its output starts the round
+        kv.crop(self.cache, keep)
+        pred, logits = kv.forward_eagle(self.drafter, self.cache, self._feature_rows(keep, m), context[keep + 1 : m + 1],
+                                        list(range(keep, m)), device=self.device)
+        self.fed = m
+        return pred[-1], logits[-1]
+
+    # ---- drafting ----------------------------------------------------------------------------------
+    def propose(
+        self, context: list[int], max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> Draft:
+        policy = self.stopping
+        limit = min(policy.max_tokens, max_tokens)
+        policy.start_round(context)
+        m = len(context) - 1
+        if limit <= 0 or m < 1 or self.n_features < m or policy.stop(0, None):
+            # no features for the prompt yet (the first round): the target prefills and emits alone
+            return Draft(tokens=[], q=torch.empty(0, 0), n_forwards=0)
+        t0 = time.perf_counter()
+        feature, logits = self._catch_up(context)
+        self.catch_up_seconds = time.perf_counter() - t0
+        if self.tree is not None:
+            return self._propose_tree(m, feature, logits, limit, sampling)
+        return self._propose_chain(m, feature, logits, limit, sampling, generator)
+
+    def _propose_chain(self, m, feature, logits, limit, sampling, generator) -> Draft:
+        """SpecDec++ Alg. 1 order, as `DrafterSpeculator`: the forward on (f^, y_{i-1}) gives q_i and the
+        EAGLE layer's hidden state e_{i-1} = f^; sample y_i; ask the policy; stop or feed y_i."""
+        policy = self.stopping
+        need_hidden = policy.needs_hidden
+        q_next = probs_on_cpu(logits, sampling)
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        raw: list[torch.Tensor] = []
+        hiddens: list[torch.Tensor] = []
+        hidden = None
+        n_forwards = 1
+        position = m
+        while True:
+            y = int(q_next.argmax()) if sampling.greedy else int(sample(q_next, generator))
+            tokens.append(y)
+            qs.append(q_next)
+            if self.keep_logits:
+                raw.append(logits)
+            if len(tokens) == limit or y in self.eos:
+                break
+            if policy.stop(len(tokens), hidden):
+                break
+            pred, out = kv.forward_eagle(self.drafter, self.cache, feature[None], [y], [position], device=self.device)
+            feature, logits = pred[-1], out[-1]
+            position += 1
+            n_forwards += 1
+            q_next = probs_on_cpu(logits, sampling)
+            if need_hidden:
+                hidden = feature
+                hiddens.append(hidden)
+        return Draft(tokens=tokens, q=torch.stack(qs), n_forwards=n_forwards,
+                     hidden=torch.stack(hiddens) if hiddens else None,
+                     logits=torch.stack(raw) if raw else None)
+
+    def _propose_tree(self, m, feature, logits, limit, sampling) -> Draft:
+        shape = self.tree
+        depth = min(shape.depth, limit)
+        q_rows = [probs_on_cpu(logits, sampling)]  # q at the root, then at each expanded node
+        pool: list[_Node] = []
+        frontier = self._children(logits, -1, 0.0, 1, 0, pool)
+        n_forwards = 1
+        for d in range(1, depth):
+            frontier = [i for i in frontier if pool[i].token not in self.eos]  # drafting past EOS is waste
+            if not frontier:
+                break
+            # a node's input is its parent's predicted feature (the root's: f^ at the last committed token)
+            parents_feat = torch.stack([feature if pool[i].parent < 0 else pool[pool[i].parent].feature
+                                        for i in frontier])
+            start = kv.cache_length(self.cache)
+            allowed = torch.zeros(len(frontier), start + len(frontier), dtype=torch.bool)
+            allowed[:, :m] = True  # the committed entries
+            for r, i in enumerate(frontier):
+                allowed[r, start + r] = True
+                a = pool[i].parent
+                while a >= 0:
+                    allowed[r, pool[a].kv_index] = True
+                    a = pool[a].parent
+            pred, out = kv.forward_eagle(self.drafter, self.cache, parents_feat, [pool[i].token for i in frontier],
+                                         [m + d - 1] * len(frontier), allowed=allowed, device=self.device)
+            n_forwards += 1
+            children: list[int] = []
+            for r, i in enumerate(frontier):
+                pool[i].kv_index, pool[i].feature = start + r, pred[r]
+                q_rows.append(probs_on_cpu(out[r], sampling))
+                children += self._children(out[r], i, pool[i].score, d + 1, len(q_rows) - 1, pool)
+            frontier = sorted(children, key=lambda i: -pool[i].score)[: shape.top_k]
+        # the top-m nodes of the whole tree; (-score, depth) keeps a parent ahead of a tied child
+        kept = sorted(range(len(pool)), key=lambda i: (-pool[i].score, pool[i].depth, i))[: shape.nodes]
+        kept.sort(key=lambda i: (pool[i].depth, i))  # parents precede children
+        new_index = {old: new for new, old in enumerate(kept)}
+        nodes = [pool[i] for i in kept]
+        tree = DraftTree(tokens=[n.token for n in nodes], parents=[new_index.get(n.parent, -1) for n in nodes],
+                         depths=[n.depth for n in nodes], q=torch.stack([q_rows[n.q_row] for n in nodes]),
+                         n_drafts=[1] * len(nodes), iid=False, rule=topk_candidates_select)
+        return Draft(tokens=tree.tokens, q=tree.q, n_forwards=n_forwards, tree=tree)
+
+    def _children(self, logits, parent, score, depth, q_row, pool) -> list[int]:
+        """Add the top-k draft tokens after `parent` to the pool, scored by cumulative log confidence (the
+        drafter's own softmax, whatever the sampling transform); -> their pool indices."""
+        logp = torch.log_softmax(logits.float(), -1)
+        top = torch.topk(logp, min(self.tree.top_k, logp.shape[-1]))
+        out = []
+        for lp, token in zip(top.values.tolist(), top.indices.tolist()):
+            pool.append(_Node(token=int(token), parent=parent, depth=depth, score=score + lp, q_row=q_row))
+            out.append(len(pool) - 1)
+        return out
+
+
+def eagle_speculator(drafter: torch.nn.Module, stopping: StoppingPolicy, tree: TreeShape | None = None):
+    return EagleSpeculator(drafter, stopping, tree)
