@@ -155,7 +155,7 @@ class EagleSpeculator:
     def lags(self, context: list[int]) -> bool:
         """Whether rounds drafted by other arms were committed since this drafter's last round (its
         layer then catches up on more than its own round's positions)."""
-        return self._own_round_end is not None and self._own_round_end != len(context)
+        return self._own_round_end != len(context)
 
     def _feature_rows(self, start: int, stop: int) -> torch.Tensor:
         if self._feature_cat is None:
