@@ -178,3 +178,24 @@ def load_eagle(path: str | Path, target: torch.nn.Module | None = None, target_h
     elif device is not None:
         drafter.to(device)
     return drafter.eval()
+
+
+def target_hash_from_files(file_hashes: dict[str, str]) -> str:
+    """The content hash that pins an EAGLE drafter's target: over the target directory's config.json and
+    safetensors weights (relative path -> sha256), so a re-saved tokenizer or README does not change it
+    and any change of architecture or weights does."""
+    from decoding.hashing import content_hash
+
+    return content_hash({rel: h for rel, h in file_hashes.items()
+                         if "/" not in rel and (rel == "config.json" or rel.endswith(".safetensors"))})
+
+
+def target_dir_hash(path: str | Path) -> str | None:
+    """`target_hash_from_files` of a local target directory; None for a hub id (nothing local to hash)."""
+    from decoding.hashing import file_sha256
+
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    return target_hash_from_files({p.name: file_sha256(p) for p in root.iterdir()
+                                   if p.is_file() and (p.name == "config.json" or p.suffix == ".safetensors")})

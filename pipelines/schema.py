@@ -148,6 +148,41 @@ class PhaseSection:
 
 
 @dataclass
+class EagleTreeSection:
+    """EAGLE-2's dynamic draft tree (decoding/eagle.py TreeShape); the paper's defaults are 6 / 10 / 60."""
+    depth: int = 4  # levels drafted per round
+    top_k: int = 4  # children per expanded node, and nodes expanded per level
+    nodes: int = 16  # nodes kept (by cumulative draft confidence) and verified in one target forward
+
+
+@dataclass
+class EagleSection:
+    """White-box EAGLE drafters over the target's features (SPEC.md 9; drafters/eagle.py), trained on the
+    same self-distilled rows as the independent drafters, with the target's features computed online."""
+    enabled: bool = False
+    drafters: Optional[list[str]] = None  # names of drafters (as train_drafters names them) to give an
+    #                                       EAGLE twin "eagle-<name>" with the same domains; null: all of them
+    n_layers: int = 1  # decoder layers of the target's architecture
+    lr: float = 3e-4
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+    feature_noise: float = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features
+    token_weight: float = 0.1  # EAGLE-1: 0.1 x token loss (forward KL to the target) + SmoothL1 on features
+    max_length: int = 512
+    train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=3, batch_size=8))
+    tree: EagleTreeSection = field(default_factory=EagleTreeSection)  # the tree rows of evaluate / generate
+
+    def check(self) -> None:
+        if self.n_layers < 1 or self.max_length < 2:
+            raise InputError("train_drafters.eagle.n_layers must be >= 1 and max_length >= 2")
+        if not self.lr > 0 or self.feature_noise < 0 or self.token_weight < 0:
+            raise InputError("train_drafters.eagle: lr must be > 0, feature_noise and token_weight >= 0")
+        from decoding.eagle import TreeShape
+
+        TreeShape(self.tree.depth, self.tree.top_k, self.tree.nodes)
+
+
+@dataclass
 class TrainDraftersSection:
     model: CausalLMConfig = field(default_factory=lambda: preset("demo-drafter"))  # preset metasd-68m for real runs
     init_from: Optional[str] = None  # a drafter checkpoint dir to start from instead of random init
@@ -162,6 +197,7 @@ class TrainDraftersSection:
     ofa_compute: Literal["same_epochs", "same_steps"] = "same_epochs"
     alignment_batch_size: int = 32
     device: str = "auto"  # where the target runs for alignment / fkl teachers: auto = cuda if available
+    eagle: EagleSection = field(default_factory=EagleSection)  # EAGLE drafters (off by default)
 
 
 @dataclass
