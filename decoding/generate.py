@@ -163,10 +163,14 @@ def run(args) -> None:
     threshold = args.threshold if args.threshold is not None else (hcfg or {}).get("threshold", 0.7)
     text, metrics = generate_text(tok, tgt, dft, args.prompt, args.max_new_tokens, sampling, head, threshold, args.k,
                                   (hcfg or {}).get("k_max", 20) or 20, args.method, args.seed, drafts=drafts,
-                                  cascade=cascade, tree=eagle_tree(args))
+                                  cascade=cascade, tree=eagle_tree(args) if _is_eagle(dft) else None)
     print(text)
     keys = ("N", "N_target", "N_draft", "N_discarded", "MAT", "discard_rate", "verification_rate", "tokens_per_s")
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items() if k in keys}))
+
+
+def _is_eagle(drafter) -> bool:
+    return getattr(getattr(drafter, "config", None), "model_type", None) == "eagle"
 
 
 def eagle_tree(args):
