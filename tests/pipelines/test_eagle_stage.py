@@ -13,7 +13,7 @@ from pipelines.artifacts import read_manifest
 from pipelines.stage import run_stage
 from tests.pipelines.conftest import fresh_copy, tiny_config
 
-EAGLE = {"eagle": {"enabled": True, "drafters": ["ofa"], "lr": 1e-3, "max_length": 64,
+EAGLE = {"eagle": {"enabled": True, "drafters": ["ofa", "math"], "lr": 1e-3, "max_length": 64,
                    "train": {"max_steps": 3, "batch_size": 4, "wandb": {"mode": "disabled"}},
                    "tree": {"depth": 3, "top_k": 2, "nodes": 5}}}
 FAST = {"train_heads": {"depths": [0], "w_rejs": [1.0], "epochs": 1, "cost_ratio": 0.2},
@@ -54,7 +54,7 @@ def test_eagle_drafter_is_trained_pinned_and_bundled(run_root):
     # the independent drafters' stages do not see the EAGLE directory
     assert sorted(read_manifest(run_root / "bundle").metrics["drafters"]) == ["math", "ofa", "translate"]
     bundle = load_bundle(run_root / "bundle")
-    assert list(bundle.eagle) == ["eagle-ofa"] and bundle.eagle["eagle-ofa"].tree == {"depth": 3, "top_k": 2, "nodes": 5}
+    assert sorted(bundle.eagle) == ["eagle-math", "eagle-ofa"] and bundle.eagle["eagle-ofa"].tree == {"depth": 3, "top_k": 2, "nodes": 5}
 
 
 @pytest.mark.parametrize("tree", ["bundle", "none"])
@@ -88,3 +88,22 @@ def test_eagle_names_must_be_drafters_of_the_run(tiny_run):
     cfg = _config(tiny_run)
     with pytest.raises(InputError, match="not a drafter of this run"):
         eagle_specs(type(cfg.train_drafters.eagle)(drafters=["nope"]), [("ofa", ["math"])])
+
+
+EVAL = {"sets": ["test", "ood"], "prompts_per_domain": 1, "max_new_tokens": 8, "ks": [2], "k": 2, "sampling_prompts": 0,
+        "bandits": ["ucb-be"], "spectr_drafts": [], "cascades": [], "model_free_arms": [], "repeats": 1,
+        "calibration_reps": 2, "per_drafter_sets": []}
+
+
+def test_evaluate_reports_metaeagle_rows(run_root):
+    out = run_stage(_config(run_root, evaluate=EVAL), "evaluate")
+    metrics = json.loads((out / "metrics.json").read_text())
+    eagle = [r for r in metrics["rows"] if r["family"] == "eagle" and r["domain"] == "all" and r["set"] == "test"]
+    drafts = sorted({(r["drafter"], r["params"]["draft"], r["reward"]) for r in eagle}, key=str)
+    assert ("eagle-math", "chain", None) in drafts and ("eagle-ofa", "tree 3x2x5", None) in drafts
+    assert (None, "bandit", "be") in drafts and (None, "bandit", "bd") in drafts
+    assert all(r["MAT"] >= 1 and r["counted_speedup"] is not None for r in eagle)
+    assert {"eagle-math", "eagle-ofa"} <= set(metrics["calibration"]["drafter_ms"])
+    report = (out / "report.md").read_text()
+    assert "## EAGLE drafters vs independent drafters" in report and "MetaEagle-UCB (BD)" in report
+    assert "EAGLE eagle-ofa tree 3x2x5" in report and "domain drafter K=2" in report
