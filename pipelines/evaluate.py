@@ -406,7 +406,7 @@ def plan_eagle(env: Env, p: Prompt) -> list[Run]:
     """MetaSD's MetaEagle rows (Tables 4 / 7, greedy, every prompt): each EAGLE drafter at fixed K as a chain
     and as its EAGLE-2 tree, and with more than one EAGLE drafter MetaEagle-UCB (BE and BD) over their
     chain arms, N_max = K. Runs of family "eagle"; params say chain / tree (depth x top-k x nodes) / bandit."""
-    if not env.eagle:
+    if not env.eagle or p.set not in env.cfg.eagle_sets:
         return []
     runs = []
     for n in env.eagle:

@@ -337,6 +337,9 @@ class EvaluateSection:
     # the domain drafter with the throughput reward (BanditSpec Table 1)
     model_free_arms: list[str] = field(default_factory=lambda: ["lookup", "rest", "suffix"])
     model_free_bandit: Optional[str] = "ucbspec"
+    # EAGLE drafters of the bundle (train_drafters.eagle): chain at K, EAGLE-2 tree, MetaEagle-UCB (BE, BD) on
+    # these prompt sets (MetaSD Tables 4 / 7: test, perturbed, ood)
+    eagle_sets: list[str] = field(default_factory=lambda: list(SETS))
     beta: float = 0.01  # MetaSD-UCB exploration strength (paper)
     delta: float = 0.5  # UCBSpec confidence (BanditSpec Thm 4.3)
     device: str = "auto"  # auto: cuda if available, else cpu
@@ -361,7 +364,7 @@ class EvaluateSection:
                 raise InputError(f"evaluate.model_free_arms: unknown arm '{a}'; use lookup, rest, suffix")
         if self.threads < 0:
             raise InputError(f"evaluate.threads must be >= 0 (0: torch's default), got {self.threads}")
-        for s in self.sets + self.per_drafter_sets:
+        for s in self.sets + self.per_drafter_sets + self.eagle_sets:
             if s not in SETS:
                 raise InputError(f"evaluate: unknown prompt set '{s}'; use {', '.join(SETS)}")
         if not self.sets:
