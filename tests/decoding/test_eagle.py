@@ -186,3 +186,16 @@ def test_bad_input_is_one_line(pair, tmp_path):
     wrong = tiny_target("llama", 0, vocab=50)
     with pytest.raises(InputError):
         EagleDrafter(target.config).attach_target(wrong)
+
+
+def test_eagle_drafter_is_a_banditspec_arm_beside_model_free_ones(pair):
+    from decoding.arms import ArmResources, build_arms
+
+    target, drafter = pair
+    arms = build_arms(["lookup", "suffix", "eagle"], ArmResources({"eagle": drafter}), n_max=3)
+    assert isinstance(arms[2].speculator, EagleSpeculator)
+    bandit = MultiDrafterSpeculator(arms, make_selector("ucbspec", 3, max_len=3), reward="throughput", n_max=3)
+    prompt = PROMPTS[2]
+    result = generate_speculative(target, bandit, prompt, 30, GREEDY)
+    assert result.tokens == generate_autoregressive(target, prompt, 30, GREEDY).tokens
+    assert bandit.counts()[2] >= 1
