@@ -200,28 +200,39 @@ def run_bench(args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
+# flag, type, default, help
+OPTIONS = [
+    ("--drafter", str, "ofa", "the bundle's independent drafter to compare with"),
+    ("--eagle", str, None, "a trained EAGLE drafter dir (skips training)"),
+    ("--workdir", str, None, "where the trained drafter goes (default RUN/bench_eagle)"),
+    ("--steps", int, 200, "EAGLE training steps"),
+    ("--batch-size", int, 16, "EAGLE training batch"),
+    ("--lr", float, 3e-3, "EAGLE learning rate"),
+    ("--prompts-per-domain", int, 3, "test prompts per domain"),
+    ("--tokens", int, 48, "new tokens per generation"),
+    ("--k", int, 4, "draft length of the chain methods"),
+    ("--tree", str, "4,4,16", "EAGLE-2 tree depth,top-k,nodes"),
+    ("--reps", int, 3, "interleaved timing passes"),
+    ("--threads", int, 1, "torch CPU threads"),
+    ("--seed", int, 0, "training seed"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("run", help="a finished run root (prompts/, target/, distill_data/, bundle/)")
-    parser.add_argument("--drafter", default="ofa", help="the bundle's independent drafter to compare with")
-    parser.add_argument("--eagle", default=None, help="a trained EAGLE drafter dir (skips training)")
-    parser.add_argument("--workdir", default=None, help="where the trained drafter goes (default RUN/bench_eagle)")
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--prompts-per-domain", type=int, default=3)
-    parser.add_argument("--tokens", type=int, default=48)
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--tree", default="4,4,16", help="EAGLE-2 tree depth,top-k,nodes")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-append", action="store_true")
-    args = parser.parse_args(argv)
-    args.argv = list(argv if argv is not None else sys.argv[1:])
+    for flag, kind, default, text in OPTIONS:
+        parser.add_argument(flag, type=kind, default=default, help=text)
+    parser.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md alone")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # quoted in the section's command line
     publish(run_bench(args), append=not args.no_append)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

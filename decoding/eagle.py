@@ -39,7 +39,7 @@ from decoding import kv
 from decoding.compat import check_head, check_pair
 from decoding.errors import InputError
 from decoding.sampling import SamplingConfig, probs_on_cpu, sample
-from decoding.speculator import Draft, RoundOutcome
+from decoding.speculator import Draft, RoundOutcome, draft_chain
 from decoding.stopping import StoppingPolicy
 from decoding.tree import DraftTree
 
@@ -99,12 +99,9 @@ class EagleSpeculator:
     needs_target_features = True
 
     def __init__(self, drafter: torch.nn.Module, stopping: StoppingPolicy, tree: TreeShape | None = None):
-        self.drafter = drafter
-        self.stopping = stopping
-        self.tree = tree
-        head = getattr(stopping, "head", None)
-        if isinstance(head, torch.nn.Module):
-            check_head(head, drafter)
+        if isinstance(getattr(stopping, "head", None), torch.nn.Module):
+            check_head(stopping.head, drafter)  # the head reads the EAGLE layer's output: the target's width
+        self.drafter, self.stopping, self.tree = drafter, stopping, tree
         self.keep_logits = False  # attach the raw logits to each Draft (read by the greedy BD reward)
         self.eos: set[int] = set()
         self._reset()
@@ -193,39 +190,18 @@ class EagleSpeculator:
         return self._propose_chain(m, feature, logits, limit, sampling, generator)
 
     def _propose_chain(self, m, feature, logits, limit, sampling, generator) -> Draft:
-        """SpecDec++ Alg. 1 order, as `DrafterSpeculator`: the forward on (f^, y_{i-1}) gives q_i and the
-        EAGLE layer's hidden state e_{i-1} = f^; sample y_i; ask the policy; stop or feed y_i."""
-        policy = self.stopping
-        need_hidden = policy.needs_hidden
-        q_next = probs_on_cpu(logits, sampling)
-        tokens: list[int] = []
-        qs: list[torch.Tensor] = []
-        raw: list[torch.Tensor] = []
-        hiddens: list[torch.Tensor] = []
-        hidden = None
-        n_forwards = 1
-        position = m
-        while True:
-            y = int(q_next.argmax()) if sampling.greedy else int(sample(q_next, generator))
-            tokens.append(y)
-            qs.append(q_next)
-            if self.keep_logits:
-                raw.append(logits)
-            if len(tokens) == limit or y in self.eos:
-                break
-            if policy.stop(len(tokens), hidden):
-                break
-            pred, out = kv.forward_eagle(self.drafter, self.cache, feature[None], [y], [position], device=self.device)
-            feature, logits = pred[-1], out[-1]
-            position += 1
-            n_forwards += 1
-            q_next = probs_on_cpu(logits, sampling)
-            if need_hidden:
-                hidden = feature
-                hiddens.append(hidden)
-        return Draft(tokens=tokens, q=torch.stack(qs), n_forwards=n_forwards,
-                     hidden=torch.stack(hiddens) if hiddens else None,
-                     logits=torch.stack(raw) if raw else None)
+        """`draft_chain` with the EAGLE step: input (f^ of the previous position, y_k) at position m + k - 1;
+        its output f^ gives q_{k+1} and is the EAGLE layer's hidden state e_k a SpecDec++ head reads."""
+        state = {"feature": feature, "position": m}
+
+        def step(y: int, hidden: bool):
+            pred, out = kv.forward_eagle(self.drafter, self.cache, state["feature"][None], [y], [state["position"]],
+                                         device=self.device)
+            state["feature"], state["position"] = pred[-1], state["position"] + 1
+            return out[-1], pred[-1]
+
+        return draft_chain(logits, probs_on_cpu(logits, sampling), step, self.stopping, limit, sampling, generator,
+                           self.eos, self.keep_logits)
 
     def _propose_tree(self, m, feature, logits, limit, sampling) -> Draft:
         shape = self.tree
