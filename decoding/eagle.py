@@ -25,7 +25,8 @@ outscores its parent, so the set is closed under ancestors) go to the target in 
 top-k tokens, a deterministic function of the context, i.e. candidates drawn from point masses; the
 multi-candidate rule of SPEC.md section 9 (SpecInfer / EAGLE) with q = delta_x accepts x with probability
 p(x) and otherwise removes x from p and renormalises (`topk_candidates_select`), so the emitted token is
-exactly distributed as p.
+exactly distributed as p. EAGLE-1's static tree (`StaticTree`) is the same walk over a fixed set of child
+ranks: every listed node is drafted and verified.
 """
 from __future__ import annotations
 
@@ -80,6 +81,34 @@ class TreeShape:
                 raise InputError(f"eagle tree {name} must be an integer >= 1, got {value!r}")
 
 
+@dataclass(frozen=True)
+class StaticTree:
+    """EAGLE-1's static draft tree: `choices` lists the tree's nodes as paths of child ranks from the root
+    (rank 0 = the drafter's most likely token after the parent), closed under prefixes; e.g. ((0,), (1,),
+    (0, 0), (0, 1), (1, 0), (0, 0, 0)). Every listed node is drafted and verified; the shape never changes."""
+
+    choices: tuple[tuple[int, ...], ...] = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0),
+                                             (0, 0, 0, 0))
+
+    def __post_init__(self):
+        paths = {tuple(c) for c in self.choices}
+        if not paths or any(not c or min(c) < 0 for c in paths):
+            raise InputError("a static EAGLE tree needs non-empty paths of child ranks >= 0, e.g. ((0,), (1,), (0, 0))")
+        missing = sorted(c[:-1] for c in paths if len(c) > 1 and c[:-1] not in paths)
+        if missing:
+            raise InputError(f"static EAGLE tree: path {missing[0]} is missing, yet its children are listed; "
+                             "list every prefix of every path")
+        object.__setattr__(self, "choices", tuple(sorted(paths, key=lambda c: (len(c), c))))
+
+    @property
+    def depth(self) -> int:
+        return max(len(c) for c in self.choices)
+
+    def ranks(self, path: tuple[int, ...]) -> list[int]:
+        """The child ranks listed under the node at `path` (() is the root)."""
+        return [c[-1] for c in self.choices if len(c) == len(path) + 1 and c[:-1] == path]
+
+
 @dataclass
 class _Node:
     token: int
@@ -87,18 +116,19 @@ class _Node:
     depth: int
     score: float  # cumulative log draft confidence along the path
     q_row: int  # which expanded row's q this token was drawn from (0 = the root)
+    path: tuple[int, ...] = ()  # child ranks from the root (a static tree's address)
     kv_index: int = -1  # the node's entry in the EAGLE cache once expanded
     feature: torch.Tensor | None = None  # its predicted feature once expanded
 
 
 class EagleSpeculator:
     """One EAGLE drafter: chain drafts under `stopping` (fixed K, SpecDec++ head on the EAGLE layer's
-    hidden state), or an EAGLE-2 dynamic tree when `tree` is given (its depth is capped by the stopping
-    policy's max_tokens; the policy's per-token decisions are not consulted in a tree)."""
+    hidden state), an EAGLE-2 dynamic tree (`tree` a TreeShape) or EAGLE-1's static tree (a StaticTree).
+    A tree's depth is capped by the stopping policy's max_tokens; its per-token decisions are not consulted."""
 
     needs_target_features = True
 
-    def __init__(self, drafter: torch.nn.Module, stopping: StoppingPolicy, tree: TreeShape | None = None):
+    def __init__(self, drafter: torch.nn.Module, stopping: StoppingPolicy, tree: TreeShape | StaticTree | None = None):
         if isinstance(getattr(stopping, "head", None), torch.nn.Module):
             check_head(stopping.head, drafter)  # the head reads the EAGLE layer's output: the target's width
         self.drafter, self.stopping, self.tree = drafter, stopping, tree
@@ -207,10 +237,13 @@ class EagleSpeculator:
         shape = self.tree
         depth = min(shape.depth, limit)
         q_rows = [probs_on_cpu(logits, sampling)]  # q at the root, then at each expanded node
+        static = isinstance(shape, StaticTree)
         pool: list[_Node] = []
-        frontier = self._children(logits, -1, 0.0, 1, 0, pool)
+        frontier = self._children(logits, -1, 1, 0, pool)
         n_forwards = 1
         for d in range(1, depth):
+            if static:  # the listed nodes of this depth that have listed children
+                frontier = [i for i in frontier if shape.ranks(pool[i].path)]
             frontier = [i for i in frontier if pool[i].token not in self.eos]  # drafting past EOS is waste
             if not frontier:
                 break
@@ -233,10 +266,11 @@ class EagleSpeculator:
             for r, i in enumerate(frontier):
                 pool[i].kv_index, pool[i].feature = start + r, pred[r]
                 q_rows.append(probs_on_cpu(out[r], sampling))
-                children += self._children(out[r], i, pool[i].score, d + 1, len(q_rows) - 1, pool)
-            frontier = sorted(children, key=lambda i: -pool[i].score)[: shape.top_k]
-        # the top-m nodes of the whole tree; (-score, depth) keeps a parent ahead of a tied child
-        kept = sorted(range(len(pool)), key=lambda i: (-pool[i].score, pool[i].depth, i))[: shape.nodes]
+                children += self._children(out[r], i, d + 1, len(q_rows) - 1, pool)
+            frontier = children if static else sorted(children, key=lambda i: -pool[i].score)[: shape.top_k]
+        # EAGLE-2: the top-m nodes of the whole tree; (-score, depth) keeps a parent ahead of a tied child
+        kept = sorted(range(len(pool)), key=lambda i: (-pool[i].score, pool[i].depth, i))
+        kept = kept if static else kept[: shape.nodes]
         kept.sort(key=lambda i: (pool[i].depth, i))  # parents precede children
         new_index = {old: new for new, old in enumerate(kept)}
         nodes = [pool[i] for i in kept]
@@ -245,17 +279,21 @@ class EagleSpeculator:
                          n_drafts=[1] * len(nodes), iid=False, rule=topk_candidates_select)
         return Draft(tokens=tree.tokens, q=tree.q, n_forwards=n_forwards, tree=tree)
 
-    def _children(self, logits, parent, score, depth, q_row, pool) -> list[int]:
-        """Add the top-k draft tokens after `parent` to the pool, scored by cumulative log confidence (the
-        drafter's own softmax, whatever the sampling transform); -> their pool indices."""
+    def _children(self, logits, parent, depth, q_row, pool) -> list[int]:
+        """Add the draft tokens after `parent` to the pool: its top-k (EAGLE-2), or the ranks a static tree
+        lists under it (EAGLE-1); scored by cumulative log confidence (the drafter's own softmax, whatever
+        the sampling transform). -> their pool indices."""
+        path = pool[parent].path if parent >= 0 else ()
+        score = pool[parent].score if parent >= 0 else 0.0
         logp = torch.log_softmax(logits.float(), -1)
-        top = torch.topk(logp, min(self.tree.top_k, logp.shape[-1]))
+        ranks = self.tree.ranks(path) if isinstance(self.tree, StaticTree) else list(range(self.tree.top_k))
+        ranks = [r for r in ranks if r < logp.shape[-1]]
+        top = torch.topk(logp, max(ranks) + 1) if ranks else None
         out = []
-        for lp, token in zip(top.values.tolist(), top.indices.tolist()):
-            pool.append(_Node(token=int(token), parent=parent, depth=depth, score=score + lp, q_row=q_row))
+        for r in ranks:
+            pool.append(_Node(token=int(top.indices[r]), parent=parent, depth=depth, score=score + float(top.values[r]),
+                              q_row=q_row, path=path + (r,)))
             out.append(len(pool) - 1)
         return out
 
 
-def eagle_speculator(drafter: torch.nn.Module, stopping: StoppingPolicy, tree: TreeShape | None = None):
-    return EagleSpeculator(drafter, stopping, tree)

@@ -9,7 +9,7 @@ import torch
 from decoding import kv
 from decoding.arms import Arm
 from decoding.autoregressive import generate_autoregressive
-from decoding.eagle import EagleSpeculator, TreeShape, topk_candidates_select
+from decoding.eagle import EagleSpeculator, StaticTree, TreeShape, topk_candidates_select
 from decoding.eagle_model import EagleDrafter, load_eagle, save_eagle
 from decoding.errors import InputError
 from decoding.multi import MultiDrafterSpeculator
@@ -34,8 +34,8 @@ def stoppings(hidden):
     return [FixedK(1), FixedK(4), SpecDecPP(random_head(hidden, 3), threshold=0.5, k_max=6)]
 
 
-@pytest.mark.parametrize("tree", [None, TreeShape(depth=4, top_k=3, nodes=10), TreeShape(depth=5, top_k=2, nodes=4)],
-                         ids=["chain", "tree-4x3-10", "tree-5x2-4"])
+@pytest.mark.parametrize("tree", [None, TreeShape(depth=4, top_k=3, nodes=10), TreeShape(depth=5, top_k=2, nodes=4),
+                                  StaticTree()], ids=["chain", "tree-4x3-10", "tree-5x2-4", "static"])
 def test_greedy_equals_autoregressive(pair, tree):
     target, drafter = pair
     accepted = 0
@@ -57,6 +57,9 @@ def test_tree_beats_chain_and_one_path_tree_is_the_chain(pair):
                                 GREEDY).metrics
     assert (path.n_target, path.n_draft, path.accepted) == (chain.n_target, chain.n_draft, chain.accepted)
     assert wide.n_target < chain.n_target  # more tokens per target call (MAT) from the tree
+    static = generate_speculative(target, EagleSpeculator(drafter, FixedK(4), StaticTree(((0,), (0, 0), (0, 0, 0),
+                                  (0, 0, 0, 0)))), PROMPTS[0], 40, GREEDY).metrics
+    assert (static.n_target, static.n_draft, static.accepted) == (chain.n_target, chain.n_draft, chain.accepted)
 
 
 def test_first_round_prefills_then_drafts_through_the_eagle_layer(pair):
@@ -107,6 +110,8 @@ SAMPLED = [
     pytest.param(TreeShape(depth=3, top_k=2, nodes=4), SamplingConfig(temperature=1.0), 2_500, 0.05, id="tree-T1"),
     pytest.param(TreeShape(depth=3, top_k=2, nodes=5), SamplingConfig(temperature=0.8, top_k=2), 5_000, 0.03,
                  id="tree-T0.8-topk2", marks=pytest.mark.slow),
+    pytest.param(StaticTree(((0,), (1,), (0, 0), (0, 1), (1, 0))), SamplingConfig(temperature=1.0), 5_000, 0.03,
+                 id="static-T1", marks=pytest.mark.slow),
 ]
 
 
@@ -183,6 +188,8 @@ def test_bad_input_is_one_line(pair, tmp_path):
         load_eagle(save_eagle(EagleDrafter(target.config, target_hash="a" * 64), tmp_path / "e"), target_hash="b" * 64)
     with pytest.raises(InputError, match="depth"):
         TreeShape(depth=0)
+    with pytest.raises(InputError, match="is missing"):
+        StaticTree(((0,), (1, 0)))
     wrong = tiny_target("llama", 0, vocab=50)
     with pytest.raises(InputError):
         EagleDrafter(target.config).attach_target(wrong)
