@@ -51,8 +51,8 @@ GREEDY = SamplingConfig(temperature=0.0)
 def train(run: Path, target, steps: int, batch_size: int, lr: float, out: Path, seed: int) -> dict:
     from drafters.data import CausalLMCollator, CausalLMDataModule
     from drafters.eagle import EagleModule
-    from pipelines.distill_data import load_distill_data
-    from pipelines.training import TrainerConfig, WandbConfig, build_trainer, fit
+    from pipelines.readers import load_distill_data
+    from training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
 
     rows = load_distill_data(run / "distill_data")["train"]
     examples = [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in rows]
@@ -111,7 +111,7 @@ def run_bench(args) -> str:
         eagle_dir = Path(args.eagle)
     eagle = load_eagle(eagle_dir, target=target, target_hash=target_dir_hash(bundle.target_path))
     meta = json.loads((eagle_dir / "eagle_config.json").read_text())
-    from pipelines.distill_data import load_distill_data
+    from pipelines.readers import load_distill_data
     from pipelines.train_eagle import eagle_alignment
 
     dev = [dict(r) for r in load_distill_data(run / "distill_data")["dev"]]

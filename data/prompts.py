@@ -17,7 +17,7 @@ import datasets
 
 from data import demo_world
 from data.templates import REPHRASINGS, render
-from decoding.errors import InputError
+from core.errors import InputError
 
 COLUMNS = ("id", "domain", "prompt", "response", "split")
 SPLITS = ("train", "dev", "test")

@@ -31,7 +31,7 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoConfig, AutoModel, PretrainedConfig
 
-from decoding.errors import InputError
+from core.errors import InputError
 
 EAGLE_CONFIG = "eagle_config.json"
 EAGLE_WEIGHTS = "model.safetensors"
@@ -184,7 +184,7 @@ def target_hash_from_files(file_hashes: dict[str, str]) -> str:
     """The content hash that pins an EAGLE drafter's target: over the target directory's config.json and
     safetensors weights (relative path -> sha256), so a re-saved tokenizer or README does not change it
     and any change of architecture or weights does."""
-    from decoding.hashing import content_hash
+    from core.hashing import content_hash
 
     return content_hash({rel: h for rel, h in file_hashes.items()
                          if "/" not in rel and (rel == "config.json" or rel.endswith(".safetensors"))})
@@ -192,7 +192,7 @@ def target_hash_from_files(file_hashes: dict[str, str]) -> str:
 
 def target_dir_hash(path: str | Path) -> str | None:
     """`target_hash_from_files` of a local target directory; None for a hub id (nothing local to hash)."""
-    from decoding.hashing import file_sha256
+    from core.hashing import file_sha256
 
     root = Path(path)
     if not root.is_dir():

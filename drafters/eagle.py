@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
 
 from decoding.eagle_model import EagleDrafter
-from decoding.errors import InputError
+from core.errors import InputError
 from drafters import losses
 
 FEATURE_NOISE = 0.1  # EAGLE-1: uniform noise U(-0.1, 0.1) on the input features

@@ -25,9 +25,9 @@ import torch
 from tqdm.auto import tqdm
 
 from data.prompts import load_prompt_sets
-from decoding.errors import InputError
+from core.errors import InputError
 from pipelines.artifacts import load_dataset_dir
-from decoding.hashing import derive_seed
+from core.hashing import derive_seed
 from decoding.loading import load_causal_lm, load_tokenizer
 from pipelines.stage import Context, StageIncomplete
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 from decoding.eagle_model import EagleDrafter, count_parameters, load_eagle, save_eagle, target_dir_hash
-from decoding.errors import InputError
+from core.errors import InputError
 from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.eagle import EagleModule
 from pipelines.stage import on_rank_zero
-from pipelines.training import build_trainer, fit
+from training.trainer import build_trainer, fit
 
 EAGLE_DIR = "eagle"
 PREFIX = "eagle-"

@@ -11,7 +11,7 @@ from decoding.arms import Arm
 from decoding.autoregressive import generate_autoregressive
 from decoding.eagle import EagleSpeculator, StaticTree, TreeShape, topk_candidates_select
 from decoding.eagle_model import EagleDrafter, load_eagle, save_eagle
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.multi import MultiDrafterSpeculator
 from decoding.sampling import SamplingConfig, probs
 from decoding.selectors import make_selector

@@ -11,7 +11,7 @@ from decoding.speculative import generate_speculative
 from decoding.stopping import FixedK
 from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.eagle import EagleModule, eagle_loss
-from pipelines.training import TrainerConfig, WandbConfig, build_trainer, fit
+from training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
 from tests.decoding.eagle_fixtures import tiny_target
 
 GREEDY = SamplingConfig(temperature=0.0)

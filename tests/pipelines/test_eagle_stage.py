@@ -6,7 +6,7 @@ import pytest
 
 from decoding.bundle import load_bundle
 from decoding.eagle_model import read_eagle_config, target_dir_hash
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.eagle import TreeShape
 from decoding.generate import generate_text, load_pair, main as generate_main
 from pipelines.artifacts import read_manifest
