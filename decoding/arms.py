@@ -111,8 +111,13 @@ def build_arm(entry: Any, resources: ArmResources, n_max: int) -> Arm:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_max:
             raise InputError(f"drafter arm {drafter!r}: k must be an integer in 1..n_max={n_max}, got {k!r}")
         name = name or (drafter if k == n_max else f"{drafter}:k={k}")
-        return Arm(name, DrafterSpeculator(resources.drafters[drafter], FixedK(k)), drafter_key=f"drafter:{drafter}",
-                   cost_ratio=cost)
+        model = resources.drafters[drafter]
+        if getattr(model.config, "model_type", None) == "eagle":  # BanditSpec's parametric arm: an EAGLE drafter
+            from decoding.eagle import EagleSpeculator
+
+            # its own feature store and layer cache (no hand-over between arms: each catches up alone)
+            return Arm(name, EagleSpeculator(model, FixedK(k)), cost_ratio=cost)
+        return Arm(name, DrafterSpeculator(model, FixedK(k)), drafter_key=f"drafter:{drafter}", cost_ratio=cost)
     if kind == "none":
         if d:
             raise InputError(f"arm 'none' takes no parameters, got {', '.join(sorted(d))}")

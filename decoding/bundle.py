@@ -131,6 +131,21 @@ class HeadEntry:
 
 
 @dataclass(frozen=True)
+class EagleEntry:
+    """An EAGLE drafter (decoding/eagle_model.py): the projection and decoder layer only; the embedding
+    and LM head are the target's, attached at load time."""
+
+    name: str
+    path: Path  # absolute, inside the bundle
+    domains: list[str]
+    parameters: int
+    target_hash: str | None  # the content hash of the target it was trained on
+    content_hash: str
+    alignment: dict[str, dict[str, float]]
+    tree: dict[str, int]  # the EAGLE-2 tree shape to serve with: {depth, top_k, nodes}
+
+
+@dataclass(frozen=True)
 class RouterEntry:
     path: Path
     kind: str
@@ -148,6 +163,20 @@ class Bundle:
     decoding: dict[str, Any]
     verified: bool
     datastore: Path | None = None  # the datastore directory, absolute, inside the bundle (None: none shipped)
+    eagle: dict[str, EagleEntry] = field(default_factory=dict)  # EAGLE drafters by name (bundle.json "eagle")
+
+    def load_eagle(self, name: str, target, device: str | None = None):
+        """An EAGLE drafter attached to `target` (eval mode). A bundled target must be the one it was
+        trained on (content hash of its config and weights); a referenced one is checked by vocabulary."""
+        from decoding.eagle_model import load_eagle, target_hash_from_files
+
+        if name not in self.eagle:
+            raise InputError(f"the bundle has no EAGLE drafter '{name}'; it has {', '.join(self.eagle) or 'none'}")
+        want = None
+        if self.target_in_bundle:
+            rel = str(Path(self.target_path).relative_to(self.root))
+            want = target_hash_from_files(subdir_files(self.files, rel))
+        return load_eagle(self.eagle[name].path, target=target, target_hash=want, device=device)
 
     @property
     def tokenizer_sha256(self) -> str:
@@ -362,11 +391,22 @@ def _load_bundle(path: Path, verify: bool) -> Bundle:
         ds = meta["datastore"]
         datastore = _component(root, files, _need(ds, "path", "datastore"), "datastore")
 
+    eagle = {}
+    for name, e in (meta.get("eagle") or {}).items():
+        where = f"EAGLE drafter '{name}'"
+        rel = _need(e, "path", where)
+        if _need(e, "vocab_size", where) != target["vocab_size"]:
+            raise InputError(f"{where} drafts in another vocabulary than the target's; re-export")
+        eagle[name] = EagleEntry(name=name, path=_component(root, files, rel, where), domains=list(e.get("domains", [])),
+                                 parameters=int(_need(e, "parameters", where)), target_hash=e.get("target_hash"),
+                                 content_hash=content_hash(subdir_files(files, rel)),
+                                 alignment=dict(e.get("alignment", {})), tree=dict(e.get("tree") or {}))
+
     if verify:
         _verify(root, files)
     return Bundle(root=root, meta=meta, target_path=target_path, target_in_bundle=in_bundle, drafters=drafters,
                   heads=heads, routers=routers, decoding=dict(_need(meta, "decoding", "the bundle")), verified=verify,
-                  datastore=datastore)
+                  datastore=datastore, eagle=eagle)
 
 
 def _fmt_params(n: int) -> str:
@@ -386,6 +426,12 @@ def summarize(b: Bundle) -> str:
         if d.alignment:
             align = ", ".join(f"{dom} {a['acceptance']:.3f}/{a['agreement']:.3f}" for dom, a in sorted(d.alignment.items()))
             lines.append(f"  {'':<12} alignment by domain (1-TV / greedy agreement): {align}")
+    if b.eagle:
+        lines.append(f"EAGLE drafters ({len(b.eagle)}; the target's embedding and LM head, attached at load):")
+        for e in b.eagle.values():
+            tree = "x".join(str(e.tree.get(k, "?")) for k in ("depth", "top_k", "nodes"))
+            lines.append(f"  {e.name:<12} domains: {', '.join(e.domains) or 'all'}; {_fmt_params(e.parameters)} params; "
+                         f"tree depth x top-k x nodes {tree}; target {str(e.target_hash)[:12]}")
     lines.append(f"heads ({sum(len(v) for v in b.heads.values())}):")
     for drafter, by_name in b.heads.items():
         for h in by_name.values():

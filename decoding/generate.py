@@ -50,6 +50,8 @@ def load_pair(bundle: str | None = None, target: str | None = None, drafter: str
         name = drafter or next(iter(b.drafters))
         tok = b.load_tokenizer()
         tgt = b.load_target(dtype=dtype, device=None if device_map else device, device_map=device_map)
+        if name in b.eagle:  # an EAGLE drafter: the target's own embedding and LM head, no SpecDec++ head
+            return tok, tgt, b.load_eagle(name, tgt, device=drafter_device), None, None
         dft = b.load_drafter(name, device=drafter_device, target=tgt)
         if head is None and sampling is not None:
             head = b.head_for(name, sampling)
@@ -57,7 +59,12 @@ def load_pair(bundle: str | None = None, target: str | None = None, drafter: str
         return tok, tgt, dft, h, hcfg
     if target is None or drafter is None:
         raise InputError("give --bundle DIR, or both --target DIR and --drafter DIR")
+    from decoding.eagle_model import is_eagle_dir, load_eagle, target_dir_hash
+
     tok = load_tokenizer(target)
+    if is_eagle_dir(drafter):  # an EAGLE drafter speaks the target's tokenizer (its embedding and LM head)
+        tgt = load_causal_lm(target, dtype, None if device_map else device, device_map)
+        return tok, tgt, load_eagle(drafter, tgt, target_dir_hash(target), drafter_device), None, None
     dtok = load_tokenizer(drafter)
     check_same_vocabulary(None, None, dtok, tok, name=f"drafter '{drafter}'")
     tgt = load_causal_lm(target, dtype, None if device_map else device, device_map)
@@ -75,9 +82,14 @@ def load_pair(bundle: str | None = None, target: str | None = None, drafter: str
 
 def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = 64, sampling=SamplingConfig(0.0),
                   head=None, threshold: float | None = None, k: int | None = None, k_max: int = 20,
-                  method: str = "speculative", seed: int = 0, drafts: int = 1, cascade=None) -> tuple[str, dict]:
+                  method: str = "speculative", seed: int = 0, drafts: int = 1, cascade=None,
+                  tree=None) -> tuple[str, dict]:
     """Decode one prompt -> (text, metrics summary). drafts > 1: SpecTr with that many drafts per round;
-    cascade: a decoding.cascades.CascadeMethod."""
+    cascade: a decoding.cascades.CascadeMethod; tree: an EAGLE drafter's decoding.eagle.TreeShape (None:
+    chain drafts)."""
+    from decoding.eagle import EagleSpeculator
+    from decoding.eagle_model import EagleDrafter
+
     check_drafts(drafts)
     ids = tok(prompt)["input_ids"]
     gen = torch.Generator().manual_seed(seed)
@@ -87,8 +99,14 @@ def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = 64, s
         res = generate_autoregressive(target, ids, max_new_tokens, sampling, tok.eos_token_id, gen)
     elif method == "speculative":
         stopping = SpecDecPP(head, threshold, k_max) if head is not None and k is None else FixedK(k or 4)
-        res = generate_speculative(target, drafter_speculator(drafter, stopping, drafts), ids, max_new_tokens,
-                                   sampling, eos_token_id=tok.eos_token_id, generator=gen)
+        if isinstance(drafter, EagleDrafter):
+            if drafts != 1 or cascade is not None:
+                raise InputError("an EAGLE drafter drafts one chain or its own tree; leave out --drafts / --cascade")
+            speculator = EagleSpeculator(drafter, stopping, tree)
+        else:
+            speculator = drafter_speculator(drafter, stopping, drafts)
+        res = generate_speculative(target, speculator, ids, max_new_tokens, sampling, eos_token_id=tok.eos_token_id,
+                                   generator=gen)
     else:
         raise InputError(f"unknown method {method!r}; use speculative or ar")
     return tok.decode(res.tokens, skip_special_tokens=True), res.metrics.summary()
@@ -144,10 +162,36 @@ def run(args) -> None:
     threshold = args.threshold if args.threshold is not None else (hcfg or {}).get("threshold", 0.7)
     text, metrics = generate_text(tok, tgt, dft, args.prompt, args.max_new_tokens, sampling, head, threshold, args.k,
                                   (hcfg or {}).get("k_max", 20) or 20, args.method, args.seed, drafts=drafts,
-                                  cascade=cascade)
+                                  cascade=cascade, tree=eagle_tree(args) if _is_eagle(dft) else None)
     print(text)
     keys = ("N", "N_target", "N_draft", "N_discarded", "MAT", "discard_rate", "verification_rate", "tokens_per_s")
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items() if k in keys}))
+
+
+def _is_eagle(drafter) -> bool:
+    return getattr(getattr(drafter, "config", None), "model_type", None) == "eagle"
+
+
+def eagle_tree(args):
+    """--eagle-tree: "none" -> chain drafts; "D,K,M" -> that EAGLE-2 tree; "bundle" (default) -> the bundle's
+    tree for its EAGLE drafter, else chain drafts."""
+    from decoding.eagle import TreeShape
+
+    spec = getattr(args, "eagle_tree", "bundle")
+    if spec == "none":
+        return None
+    if spec == "bundle":
+        if args.bundle is None:
+            return None
+        from decoding.bundle import load_bundle
+
+        entry = load_bundle(args.bundle, verify=False).eagle.get(args.drafter)
+        return TreeShape(**entry.tree) if entry is not None and entry.tree else None
+    try:
+        depth, top_k, nodes = (int(x) for x in spec.split(","))
+    except ValueError:
+        raise InputError(f"--eagle-tree {spec!r}: give DEPTH,TOP_K,NODES (e.g. 4,4,16), none or bundle") from None
+    return TreeShape(depth, top_k, nodes)
 
 
 def _bundle_decoding(bundle: str) -> dict:

@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "token_chow seq_chow; 'none' ignores the bundle's); see decoding/cascades.py")
     p.add_argument("--alpha", type=float, default=None, help="the cascade's lenience alpha")
     p.add_argument("--beta", type=float, default=1.0, help="lossy speculative decoding's beta (>= 1 - alpha)")
+    p.add_argument("--eagle-tree", default="bundle",
+                   help="with an EAGLE drafter: DEPTH,TOP_K,NODES for an EAGLE-2 dynamic tree, none for chain drafts, "
+                        "or bundle (default: the tree the bundle names)")
 
 
 def bundle_of(args: argparse.Namespace, warn=print) -> str | None:

@@ -48,10 +48,13 @@ def forward(
     last: int = 1,
     hidden: bool = False,
     device: torch.device | None = None,
+    hidden_last: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Feed `token_ids` after what `cache` holds; return logits (last, V) and, if asked, the final
-    hidden states (last, H) (after the final norm: `hidden_states[-1]`) of the last `last` positions.
-    The cache grows by len(token_ids). `device`: the model's input device if already known.
+    hidden states (after the final norm: `hidden_states[-1]`, what the LM head reads) of the last
+    `hidden_last` positions (default `last`; an EAGLE drafter needs the target's features at every fed
+    position, while logits stay limited to the verified ones). The cache grows by len(token_ids).
+    `device`: the model's input device if already known.
     """
     ids = torch.tensor([token_ids], dtype=torch.long, device=device or input_device(model))  # (1, T)
     out = model(
@@ -62,7 +65,8 @@ def forward(
         output_hidden_states=hidden,
     )
     logits = out.logits[0, -last:]  # (last, V)
-    states = out.hidden_states[-1][0, -last:] if hidden else None  # (last, H)
+    n_states = last if hidden_last is None else hidden_last
+    states = out.hidden_states[-1][0, -n_states:] if hidden else None  # (n_states, H)
     return logits, states
 
 
@@ -112,7 +116,8 @@ def forward_tree(
     parents: list[int],
     depths: list[int],
     device: torch.device | None = None,
-) -> torch.Tensor:
+    hidden: bool = False,
+):
     """One forward over `prefix_ids` (committed tokens the cache has not seen, causal) followed by the N
     nodes of a draft tree in one row, with a tree attention mask: a node sees the whole prefix, its
     ancestors and itself, at position id (prefix end - 1 + depth). Returns logits (1 + N, V): row 0 at
@@ -122,6 +127,8 @@ def forward_tree(
     to the accepted path. Transformers passes a 4D float mask (1, 1, q_len, kv_len) through unchanged
     (`masking_utils._preprocess_mask_arguments`) and takes explicit `position_ids`, so no model code is
     patched. A single row (not K rows) because i.i.d. drafts share prefixes: the trie has <= K L nodes.
+    hidden=True returns (logits, states): states (len(prefix) + N, H) the final hidden states of every fed
+    position (prefix, then nodes), which an EAGLE drafter reads as the target's features.
     """
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if isinstance(impl, str) and "flash" in impl:
@@ -136,8 +143,6 @@ def forward_tree(
     allowed[:n_prefix, past : past + n_prefix] = torch.ones(n_prefix, n_prefix, dtype=torch.bool).tril()
     allowed[n_prefix:, past : past + n_prefix] = True
     allowed[n_prefix:, past + n_prefix :] = tree_ancestors(parents)
-    dtype = next(model.parameters()).dtype
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     end = past + n_prefix  # position of the first depth-1 node
     positions = list(range(past, end)) + [end - 1 + d for d in depths]
     ids = torch.tensor([prefix_ids + tree_ids], dtype=torch.long, device=device)
@@ -145,11 +150,43 @@ def forward_tree(
         input_ids=ids,
         past_key_values=cache,
         use_cache=True,
-        attention_mask=mask[None, None].to(device),
+        attention_mask=additive_mask(allowed, next(model.parameters()).dtype, device),
         position_ids=torch.tensor([positions], dtype=torch.long, device=device),
         logits_to_keep=n_tree + 1,
+        output_hidden_states=hidden,
     )
+    if hidden:
+        return out.logits[0], out.hidden_states[-1][0]  # (1 + N, V), (len(prefix) + N, H)
     return out.logits[0]  # (1 + N, V)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(q_len, kv_len) bool -> the (1, 1, q_len, kv_len) additive float mask transformers passes through."""
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[None, None].to(device)
+
+
+def forward_eagle(
+    drafter: torch.nn.Module,
+    cache: DynamicCache,
+    features: torch.Tensor,
+    token_ids: list[int],
+    positions: list[int],
+    allowed: torch.Tensor | None = None,
+    device: torch.device | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One EAGLE drafter forward (`decoding.eagle_model.EagleDrafter`): inputs (f_j, x_{j+1}) for T
+    positions, features (T, H), after what `cache` holds. `allowed` (T, cache length + T) bool: who
+    attends to whom (a draft tree's ancestors); None: causal. Returns the predicted features (T, H) and
+    their draft logits through the target's LM head (T, V). The cache grows by T."""
+    device = device or input_device(drafter)
+    ids = torch.tensor([token_ids], dtype=torch.long, device=device)
+    mask = None
+    if allowed is not None:
+        mask = additive_mask(allowed, next(drafter.parameters()).dtype, device)
+    pred = drafter(features[None].to(device), ids, past_key_values=cache, attention_mask=mask,
+                   position_ids=torch.tensor([positions], dtype=torch.long, device=device), use_cache=True)[0]
+    return pred, drafter.lm_logits(pred)
 
 
 def keep_positions(cache: DynamicCache, length: int, extra: list[int]) -> None:

@@ -27,6 +27,7 @@ import torch
 
 from decoding.compat import check_pair
 from core.errors import InputError, require_int
+from decoding.metrics import GenerationResult
 from decoding.rewards import (accepted_length_reward, block_divergence_reward, block_efficiency_reward,
                               normalized_throughput, throughput_bounds)
 from decoding.sampling import SamplingConfig
@@ -248,6 +249,8 @@ class MultiDrafterSpeculator:
 
     def _lags(self, spec, context: list[int]) -> bool:
         """Whether the drafter has missed committed tokens besides the last one (it sat out rounds)."""
+        if hasattr(spec, "lags"):  # an EAGLE arm knows whether it drafted the previous round
+            return spec.lags(context)
         return isinstance(spec, DrafterSpeculator) and common_prefix(spec.fed, context) < len(context) - 1
 
     def propose(
@@ -271,8 +274,21 @@ class MultiDrafterSpeculator:
             self.switch_forwards += 1
         return draft
 
+    @property
+    def needs_target_features(self) -> bool:
+        """Whether an arm (an EAGLE drafter) reads the target's hidden states: then every round carries them."""
+        return any(getattr(a.speculator, "needs_target_features", False) for a in self.arms)
+
+    def _record_target(self, outcome: RoundOutcome, active: int | None) -> None:
+        """EAGLE arms that sat this round out still keep the target's features of what it committed, so on
+        a switch only their own layer's cache catches up (MetaSD App. F.11)."""
+        for j, arm in enumerate(self.arms):
+            if j != active and hasattr(arm.speculator, "record_target"):
+                arm.speculator.record_target(outcome)
+
     def observe(self, outcome: RoundOutcome) -> None:
         i, self._arm = self._arm, None
+        self._record_target(outcome, i)
         if i is None:
             return  # not a bandit round
         self.arms[i].speculator.observe(outcome)

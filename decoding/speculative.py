@@ -58,6 +58,7 @@ def generate_speculative(
     cache = kv.new_cache()
     device = kv.input_device(target)
     context = list(prompt)
+    features = bool(getattr(speculator, "needs_target_features", False))  # an EAGLE drafter reads them
     while True:
         remaining = max_new_tokens - (len(context) - len(prompt))
         t0 = time.perf_counter()
@@ -66,13 +67,14 @@ def generate_speculative(
         t1 = time.perf_counter()
         if draft.tree is not None:
             emitted, outcome, time_target = _tree_round(target, cache, context, draft, sampling, generator, device,
-                                                        verification_distribution)
+                                                        verification_distribution, features)
             m.time_target += time_target
             n, k = outcome.verification.n_accepted, len(draft.tree)
         else:
             k = len(draft.tokens)
             unseen = context[kv.cache_length(cache) :]  # the last committed token (the whole prompt at first)
-            logits, _ = kv.forward(target, cache, unseen + draft.tokens, last=k + 1, device=device)
+            logits, states = kv.forward(target, cache, unseen + draft.tokens, last=k + 1, device=device,
+                                        hidden=features, hidden_last=len(unseen) + k)
             p = probs_on_cpu(logits, sampling)  # (k+1, V)
             m.time_target += time.perf_counter() - t1
             q = draft.q if k else p.new_zeros(0, p.shape[-1])  # (k, V)
@@ -81,7 +83,8 @@ def generate_speculative(
             n = result.n_accepted
             kv.crop(cache, len(context) + n)  # keep context + y_1..y_n; y' is fed next round
             emitted = draft.tokens[:n] + [result.token]
-            outcome = RoundOutcome(draft=draft, p=pi, verification=result, context=context, logits=logits)
+            outcome = RoundOutcome(draft=draft, p=pi, verification=result, context=context, logits=logits,
+                                   target_hidden=states)
         m.time_draft += t1 - t0
         context += emitted
         m.n_target += 1
@@ -101,7 +104,8 @@ def generate_speculative(
     return GenerationResult(tokens=context[len(prompt) :], metrics=m)
 
 
-def _tree_round(target, cache, context, draft, sampling, generator, device, verification_distribution):
+def _tree_round(target, cache, context, draft, sampling, generator, device, verification_distribution,
+                features: bool = False):
     """One round over a draft tree: one tree-masked target forward scoring the root and every node,
     SpecTr's sequence-level selection (`verify_tree`, the tree's node rule), then the target cache cut
     back to the committed context + the accepted path (its KV gathered, see `kv.keep_positions`).
@@ -112,14 +116,17 @@ def _tree_round(target, cache, context, draft, sampling, generator, device, veri
     tree = draft.tree
     t1 = time.perf_counter()
     unseen = context[kv.cache_length(cache) :]
-    logits = kv.forward_tree(target, cache, unseen, tree.tokens, tree.parents, tree.depths, device=device)
+    out = kv.forward_tree(target, cache, unseen, tree.tokens, tree.parents, tree.depths, device=device,
+                          hidden=features)
+    logits, states = out if features else (out, None)
     p = probs_on_cpu(logits, sampling)  # (1 + N, V)
     time_target = time.perf_counter() - t1
     walk = verify_tree(p, tree, generator, sampling.greedy, rule=tree.rule)
     kv.keep_positions(cache, len(context), [len(context) + i for i in walk.path])
     emitted = [tree.tokens[i] for i in walk.path] + [walk.token]
     result = Verification(n_accepted=walk.n_accepted, token=walk.token, n_drafted=walk.n_drafted)
-    outcome = RoundOutcome(draft=draft, p=p, verification=result, context=context, logits=logits, path=walk.path)
+    outcome = RoundOutcome(draft=draft, p=p, verification=result, context=context, logits=logits, path=walk.path,
+                           target_hidden=states)
     return emitted, outcome, time_target
 
 

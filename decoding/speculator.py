@@ -57,6 +57,10 @@ class RoundOutcome:
     logits: torch.Tensor | None = None  # (k+1, V) the target's raw logits behind p, on its device
     # for a tree draft: the accepted node indices (p and logits then have 1 + N rows: root, then nodes)
     path: list[int] | None = None
+    # the target's final hidden states at every position the round's forward fed (the unseen context, then
+    # the draft tokens or tree nodes), on its device; only when the speculator sets needs_target_features
+    # (an EAGLE drafter reads them as features), else None
+    target_hidden: torch.Tensor | None = None
 
 
 class Speculator(Protocol):
@@ -131,39 +135,53 @@ class DrafterSpeculator:
         policy.start_round(context)
         if limit <= 0 or policy.stop(0, None):  # the target alone emits the next token: no draft forward
             return Draft(tokens=[], q=torch.empty(0, 0), n_forwards=0)
-        need_hidden = policy.needs_hidden
         t0 = time.perf_counter()
         logits, _ = self._catch_up(context, hidden=False)  # e_0 is never read (Alg. 1: "if i > 1")
-        n_forwards = 1
-        q_next = probs_on_cpu(logits, sampling)  # (V,) q_1; the copy to CPU waits for the forward
+        q_first = probs_on_cpu(logits, sampling)  # (V,) q_1; the copy to CPU waits for the forward
         self.catch_up_seconds = time.perf_counter() - t0
-        tokens: list[int] = []
-        qs: list[torch.Tensor] = []
-        raw: list[torch.Tensor] = []  # the logits behind each q row
-        hiddens: list[torch.Tensor] = []
-        hidden = None  # e_{k-1} once y_{k-1} has been fed
-        while True:
-            y = int(q_next.argmax()) if sampling.greedy else int(sample(q_next, generator))
-            tokens.append(y)
-            qs.append(q_next)
-            if self.keep_logits:
-                raw.append(logits)
-            if len(tokens) == limit or y in self.eos:
-                break  # the round ends anyway: y_k is submitted without being fed
-            if policy.stop(len(tokens), hidden):
-                break  # Alg. 1: stop after sampling y_k; it is verified with the others
-            out, states = kv.forward(self.drafter, self.cache, [y], hidden=need_hidden, device=self.device)
-            logits = out[-1]
+
+        def step(y: int, hidden: bool):
+            out, states = kv.forward(self.drafter, self.cache, [y], hidden=hidden, device=self.device)
             self.fed.append(y)
-            n_forwards += 1
-            q_next = probs_on_cpu(logits, sampling)
-            if need_hidden:
-                hidden = states[-1]  # e_k: final hidden state at y_k, read at decision k + 1
-                hiddens.append(hidden)
-        q = torch.stack(qs)
-        return Draft(tokens=tokens, q=q, n_forwards=n_forwards, hidden=torch.stack(hiddens) if hiddens else None,
-                     logits=torch.stack(raw) if raw else None)
+            return out[-1], (states[-1] if hidden else None)  # e_k: final hidden state at y_k
+
+        return draft_chain(logits, q_first, step, policy, limit, sampling, generator, self.eos, self.keep_logits)
 
     def observe(self, outcome: RoundOutcome) -> None:
         pass  # rollback happens lazily in the next `_catch_up`, against the committed context
 
+
+
+def draft_chain(logits: torch.Tensor, q_first: torch.Tensor, step, policy: StoppingPolicy, limit: int,
+                sampling: SamplingConfig, generator: torch.Generator | None, eos: set[int], keep_logits: bool) -> Draft:
+    """The chain drafting loop every chain drafter shares, in SpecDec++ Alg. 1 order: the forward on y_{i-1}
+    gave q_i (and e_{i-1}); sample y_i ~ q_i; ask the policy (decision i, reading e_{i-1}); on stop submit
+    y_1..y_i. `logits` / `q_first`: the catch-up forward's raw logits and q_1 (one forward already spent);
+    `step(y, hidden)` feeds y_k and returns (the logits behind q_{k+1}, e_k or None). A round of k
+    candidates costs exactly k forwards (`decoding.rounds`): y_k is never fed in its own round."""
+    need_hidden = policy.needs_hidden
+    q_next = q_first
+    n_forwards = 1
+    tokens: list[int] = []
+    qs: list[torch.Tensor] = []
+    raw: list[torch.Tensor] = []  # the logits behind each q row
+    hiddens: list[torch.Tensor] = []
+    hidden = None  # e_{k-1} once y_{k-1} has been fed
+    while True:
+        y = int(q_next.argmax()) if sampling.greedy else int(sample(q_next, generator))
+        tokens.append(y)
+        qs.append(q_next)
+        if keep_logits:
+            raw.append(logits)
+        if len(tokens) == limit or y in eos:
+            break  # the round ends anyway: y_k is submitted without being fed
+        if policy.stop(len(tokens), hidden):
+            break  # Alg. 1: stop after sampling y_k; it is verified with the others
+        logits, state = step(y, need_hidden)
+        n_forwards += 1
+        q_next = probs_on_cpu(logits, sampling)
+        if need_hidden:
+            hidden = state  # e_k, read at decision k + 1
+            hiddens.append(hidden)
+    return Draft(tokens=tokens, q=torch.stack(qs), n_forwards=n_forwards,
+                 hidden=torch.stack(hiddens) if hiddens else None, logits=torch.stack(raw) if raw else None)

@@ -68,6 +68,7 @@ from decoding.compat import check_k
 from core.tokenizers import tokenizer_fingerprint
 from decoding.cost_model import fit_costs
 from core.devices import resolve_device
+from decoding.eagle import EagleSpeculator, TreeShape
 from core.errors import InputError
 from core.hashing import derive_seed
 from decoding.metrics import GenerationMetrics, GenerationResult, aggregate
@@ -215,6 +216,8 @@ class Env:
     sampling: dict[str, SamplingConfig]  # mode -> how it samples
     streams: dict[tuple, Any] = field(default_factory=dict)  # stream bandits' speculators, kept across prompts
     datastore: Any = None  # the bundle's REST / suffix datastore (decoding.datastore.SuffixIndex), if shipped
+    eagle: dict[str, Any] = field(default_factory=dict)  # EAGLE drafters of the bundle (attached to the target)
+    eagle_tree: dict[str, Any] = field(default_factory=dict)  # name -> its decoding.eagle.TreeShape
 
     def sweep_for(self, domain: str) -> list[str]:
         if self.cfg.sweep_drafters == "all":
@@ -402,9 +405,40 @@ def plan_model_free(env: Env, p: Prompt) -> list[Run]:
     return runs
 
 
+def plan_eagle(env: Env, p: Prompt) -> list[Run]:
+    """MetaSD's MetaEagle rows (Tables 4 / 7, greedy, every prompt): each EAGLE drafter at fixed K as a chain
+    and as its EAGLE-2 tree, and with more than one EAGLE drafter MetaEagle-UCB (BE and BD) over their
+    chain arms, N_max = K. Runs of family "eagle"; params say chain / tree (depth x top-k x nodes) / bandit."""
+    if not env.eagle or p.set not in env.cfg.eagle_sets:
+        return []
+    runs = []
+    for n in env.eagle:
+        runs.append(Run(MethodKey("eagle", drafter=n, k=env.k, params=params(draft="chain")), p,
+                        lambda done, n=n: Built(EagleSpeculator(env.eagle[n], FixedK(env.k)), drafter=n)))
+        tree = env.eagle_tree.get(n)
+        if tree is not None:
+            shape = f"tree {tree.depth}x{tree.top_k}x{tree.nodes}"
+            runs.append(Run(MethodKey("eagle", drafter=n, k=env.k, params=params(draft=shape)), p,
+                            lambda done, n=n, t=tree: Built(EagleSpeculator(env.eagle[n], FixedK(env.k), t),
+                                                            drafter=n)))
+    if len(env.eagle) > 1:
+        for b in ("ucb-be", "ucb-bd"):
+            _, _, reward = BANDITS[b]
+
+            def build(done, reward=reward, b=b) -> Built:
+                arms = [Arm(n, EagleSpeculator(env.eagle[n], FixedK(env.k))) for n in env.eagle]
+                selector = make_selector("ucb", len(arms), seed=derive_seed(env.seed, p.id, "eagle", b), beta=env.cfg.beta)
+                return Built(MultiDrafterSpeculator(arms, selector, reward=reward, n_max=env.k))
+
+            runs.append(Run(MethodKey("eagle", k=env.k, bandit=b, reward=reward, params=params(draft="bandit")), p,
+                            build))
+    return runs
+
+
 # the plan of a prompt is these planners' runs, in this order (a run may read results of earlier ones)
 PLANNERS: list[Callable[[Env, Prompt], list[Run]]] = [plan_greedy_drafters, plan_routers, plan_bandits,
-                                                      plan_sampling, plan_spectr, plan_cascades, plan_model_free]
+                                                      plan_sampling, plan_spectr, plan_cascades, plan_model_free,
+                                                      plan_eagle]
 
 
 def build_plan(env: Env, prompts: list[Prompt], planners=None) -> list[Run]:
@@ -522,12 +556,23 @@ class Calibrator:
         self.caches = {}
         for name, model in {"target": target, **drafters}.items():
             self.caches[name] = kv.new_cache()
-            kv.forward(model, self.caches[name], prefix, device=kv.input_device(model))
+            if _is_eagle(model):  # an EAGLE drafter reads the target's features: random ones cost the same
+                kv.forward_eagle(model, self.caches[name], torch.randn(context, model.config.hidden_size,
+                                                                       generator=gen), prefix, list(range(context)))
+            else:
+                kv.forward(model, self.caches[name], prefix, device=kv.input_device(model))
         self.sizes = list(range(1, max_n + 1))
         self.feed = torch.randint(3, vocab, (max_n,), generator=gen).tolist()
         self.times: dict[Any, list[float]] = {}
         self.passes = 0
         self.sample(2, keep=False)  # warm-up
+
+    def _drafter_step(self, model, cache):
+        """One drafting forward of one token: what N_draft counts."""
+        if _is_eagle(model):
+            feature = torch.zeros(1, model.config.hidden_size)
+            return kv.forward_eagle(model, cache, feature, self.feed[:1], [self.context])
+        return kv.forward(model, cache, self.feed[:1])
 
     @torch.inference_mode()
     def sample(self, passes: int, keep: bool = True) -> None:
@@ -539,7 +584,7 @@ class Calibrator:
                 if keep:
                     self.times.setdefault(n, []).append(t.time)
             for name, model in self.drafters.items():
-                _, t = timed_call(lambda: kv.forward(model, self.caches[name], self.feed[:1]), self.device)
+                _, t = timed_call(lambda: self._drafter_step(model, self.caches[name]), self.device)
                 kv.crop(self.caches[name], self.context)
                 if keep:
                     self.times.setdefault(name, []).append(t.time)
@@ -565,6 +610,10 @@ class Calibrator:
                   for s in set(shape.values())}
         return Calibration(target_s, {name: quantile(pooled[shape[name]], 0.1) for name in self.drafters},
                            self.context, self.passes)
+
+
+def _is_eagle(model) -> bool:
+    return getattr(getattr(model, "config", None), "model_type", None) == "eagle"
 
 
 def calibrate(target, drafters: dict[str, torch.nn.Module], max_n: int, context: int, reps: int, device: str,
@@ -668,8 +717,10 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     max_prompt = min(ecfg.max_prompt_tokens, ctx_len - ecfg.max_new_tokens - 1)
     prompts = _prompts(ctx, ecfg, tok, max_prompt, notes)
 
+    eagle = {n: bundle.load_eagle(n, target, device=device) for n in sorted(bundle.eagle)}
+    eagle_tree = {n: TreeShape(**bundle.eagle[n].tree) for n in eagle if bundle.eagle[n].tree}
     env = Env(ecfg, cfg.run.seed, k_main, target, drafters, own, ofa, arm_names, routers, heads, modes,
-              datastore=bundle.load_datastore() if ecfg.model_free_arms else None)
+              datastore=bundle.load_datastore() if ecfg.model_free_arms else None, eagle=eagle, eagle_tree=eagle_tree)
     if bundle.datastore is None and "rest" in ecfg.model_free_arms:
         notes.append("the bundle ships no datastore: the REST arm is left out (re-export with export.datastore: true)")
     plan = build_plan(env, prompts)
@@ -679,7 +730,7 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
                   ctx_len - max_k - 2)
     # the calibration's passes are spread through the run loop, a few after each prompt, so its costs come
     # from the same load phases as the runs they price (a burst before the loop sees only one phase)
-    calibrator = Calibrator(target, drafters, max_k + 1, context, device, cfg.run.seed)
+    calibrator = Calibrator(target, {**drafters, **eagle}, max_k + 1, context, device, cfg.run.seed)
     per_prompt = -(-ecfg.calibration_reps // len(prompts))
     records = execute(plan, target, ecfg.max_new_tokens, modes, tok.eos_token_id, device, ecfg.repeats,
                       between=lambda: calibrator.sample(per_prompt))

@@ -91,6 +91,42 @@ def decoding_defaults(ctx: Context) -> dict:
     return d
 
 
+def export_eagle(ctx: Context, drafters_dir: Path, manifest: Manifest, out: Path, files: dict[str, str],
+                 target_meta: dict, add) -> dict:
+    """Copy train-drafters' eagle/<name>/ dirs into eagle/<name>/ and describe them for bundle.json; each
+    must have been trained on this target (its recorded target content hash, when both are known)."""
+    from decoding.eagle_model import read_eagle_config, target_dir_hash, target_hash_from_files
+
+    names = sorted({rel.split("/")[1] for rel in manifest.files
+                    if rel.startswith("eagle/") and rel.endswith("/eagle_config.json")})
+    if not names:
+        return {}
+    if "path" in target_meta:
+        want = target_hash_from_files(subdir_files(files, target_meta["path"]))
+    else:
+        want = target_dir_hash(target_meta["reference"])
+    alignment_file = drafters_dir / "eagle" / "alignment.json"
+    alignment = _json(alignment_file) if alignment_file.is_file() else {}
+    tree = to_dict(ctx.cfg.train_drafters.eagle.tree)
+    eagle = {}
+    for name in names:
+        rel = f"eagle/{name}"
+        copied = copy_listed(drafters_dir, manifest, rel, out / rel)
+        add(rel, copied)
+        meta = read_eagle_config(out / rel)
+        if meta["vocab_size"] != target_meta["vocab_size"]:
+            raise InputError(f"EAGLE drafter '{name}' drafts in a vocabulary of {meta['vocab_size']}, the target has "
+                             f"{target_meta['vocab_size']}; rerun train-drafters for this target")
+        if want is not None and meta.get("target_hash") not in (None, want):
+            raise InputError(f"EAGLE drafter '{name}' was trained for another target (content hash "
+                             f"{str(meta['target_hash'])[:12]}, this one {want[:12]}); rerun train-drafters")
+        eagle[name] = {"path": rel, "domains": meta.get("domains", []), "parameters": meta["parameters"],
+                       "hidden_size": meta["hidden_size"], "vocab_size": meta["vocab_size"],
+                       "target_hash": meta.get("target_hash"), "content_hash": content_hash(copied),
+                       "alignment": alignment.get(name, {}), "tree": tree}
+    return eagle
+
+
 def _json(path: Path) -> dict:
     return json.loads(path.read_text())
 
@@ -141,6 +177,9 @@ def build(ctx: Context) -> dict:
                           "tokenizer_sha256": fingerprint, "content_hash": content_hash(copied),
                           "alignment": alignment.get(name, {}), "head": None}
 
+    # 2b. EAGLE drafters (train_drafters.eagle): self-describing dirs pinned to this target by content hash
+    eagle = export_eagle(ctx, drafters_dir, drafters_manifest, out, files, target_meta, add)
+
     # 3. heads
     heads_dir, heads_manifest = ctx.input("train-heads"), ctx.manifests["train-heads"]
     sweep = _json(heads_dir / "sweep.json")
@@ -186,6 +225,8 @@ def build(ctx: Context) -> dict:
 
     # 5. bundle.json, then load it back the way the decoder will (paths, tokenizers, every head)
     extra = {"datastore": {"path": "datastore", **datastore_meta}} if datastore_meta else {}
+    if eagle:
+        extra["eagle"] = eagle
     write_bundle_json(out, {"target": target_meta, "drafters": drafters, "heads": heads, "routers": routers,
                             "decoding": defaults, **extra}, files)
     bundle = load_bundle(out, verify=False)  # the hashes were checked while copying
@@ -194,7 +235,7 @@ def build(ctx: Context) -> dict:
             bundle.load_head(name, head)
     print("[export] " + summarize(bundle).split("\n", 1)[1])
     size = sum((out / rel).stat().st_size for rel in files)
-    return {"target": "bundled" if "path" in target_meta else "referenced", "drafters": names,
+    return {"target": "bundled" if "path" in target_meta else "referenced", "drafters": names, "eagle": sorted(eagle),
             "heads": {n: sorted(h) for n, h in heads.items()}, "routers": {n: r["kind"] for n, r in routers.items()},
             "files": len(files) + 1, "bytes": size + (out / BUNDLE_JSON).stat().st_size, **datastore_metrics}
 

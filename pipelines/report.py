@@ -72,6 +72,11 @@ def label(key: dict) -> str:
         return f"{CASCADE_NAMES.get(ps.get('rule'), ps.get('rule'))} {d} alpha={ps.get('alpha')}"
     if fam == "model_free":
         return str(dict(key.get("params") or {}).get("arm"))
+    if fam == "eagle":
+        draft = dict(key.get("params") or {}).get("draft")
+        if key.get("bandit"):
+            return "MetaEagle-UCB (" + {"be": "BE", "bd": "BD"}.get(key.get("reward"), str(key.get("reward"))) + ")"
+        return f"EAGLE {d} K={k}" if draft == "chain" else f"EAGLE {d} {draft}"
     # a family this module has no name for (a new decoder): its key fields, so it still renders
     parts = [str(fam)] + ([d] if d else []) + ([f"K={k}"] if k is not None else [])
     parts += [f"{n}={v}" for n, v in sorted((key.get("params") or {}).items())]
@@ -340,6 +345,26 @@ def _further_table(metrics: dict) -> str | None:
                   "counted speedup [interval]", "timed speedup [interval]"], rows)
 
 
+def _eagle_table(metrics: dict) -> str | None:
+    """MetaSD Tables 4 / 7 for white-box drafters: each EAGLE drafter as a chain at K and as its EAGLE-2 tree,
+    MetaEagle-UCB (BE, BD), beside the independent domain drafter at K (SpS), per set and domain (greedy)."""
+    keys = method_keys(metrics, ("eagle",), mode="greedy")
+    if not keys:
+        return None
+    k = metrics["k"]
+    sps = key_of({"family": "domain", "mode": "greedy", "k": k, "stream": False, "params": {}})
+    rows = []
+    for s in [x for x in metrics["config"]["sets"] if select(metrics, mode="greedy", set=x, family="eagle")]:
+        for d in _domains(metrics, s):
+            for key in [sps] + keys:
+                r = one(metrics, set=s, domain=d, **key)
+                if r:
+                    rows.append([s, d, label(key), r["prompts"], r["MAT"], _ci(r, "counted_speedup"),
+                                 _ci(r, "speedup")])
+    return table(["set", "domain", "method", "prompts", "MAT (tokens per target call)", "counted speedup [interval]",
+                  "timed speedup [interval]"], rows)
+
+
 def _bd_be_table(metrics: dict) -> str | None:
     """MetaSD Table 7 shape: MetaSD-UCB under each reward it ran with (BD, BD argmax, BE), MAT / speedup."""
     variants = [key for key in method_keys(metrics, ("bandit",), mode="greedy", set="test")
@@ -489,6 +514,16 @@ def render(metrics: dict) -> str:
                   "verified towards the rule's lossy target at the configured alpha; model-free: prompt lookup, REST "
                   "and suffix decoding alone, and UCBSpec over them plus the domain drafter (throughput reward). "
                   "Sampling-mode rows are compared with the target sampling alone.", "", further, ""]
+    eagle = _eagle_table(metrics)
+    if eagle:
+        ms = cal.get("drafter_ms", {})
+        costs = ", ".join(f"{n} {t:.3f} ms" for n, t in sorted(ms.items()))
+        parts += ["## EAGLE drafters vs independent drafters (MetaSD Tables 4 / 7 shape; greedy)", "",
+                  "EAGLE: one decoder layer of the target's architecture over the target's features (its own "
+                  "embedding and LM head); chain at K, and the EAGLE-2 dynamic tree verified in one tree-masked "
+                  "target forward (its counted cost prices the verification by tree depth, as for SpecTr, so it "
+                  "flatters the tree: read its MAT and timed speedup). The domain drafter row is the independent "
+                  f"(SpS) drafter at K. One draft forward per drafter on this machine: {costs}.", "", eagle, ""]
     vk = cal["v"]
     parts += ["## Calibration (this machine: the counted speedup's costs)", "",
               f"Median of {cal['reps']} interleaved passes at a {cal['context']}-token context. v(K) = the target's "

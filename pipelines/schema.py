@@ -149,6 +149,41 @@ class PhaseSection:
 
 
 @dataclass
+class EagleTreeSection:
+    """EAGLE-2's dynamic draft tree (decoding/eagle.py TreeShape); the paper's defaults are 6 / 10 / 60."""
+    depth: int = 4  # levels drafted per round
+    top_k: int = 4  # children per expanded node, and nodes expanded per level
+    nodes: int = 16  # nodes kept (by cumulative draft confidence) and verified in one target forward
+
+
+@dataclass
+class EagleSection:
+    """White-box EAGLE drafters over the target's features (EAGLE-1; drafters/eagle.py), trained on the
+    same self-distilled rows as the independent drafters, with the target's features computed online."""
+    enabled: bool = False  # train EAGLE drafters beside the independent ones
+    drafters: Optional[list[str]] = None  # names of drafters (as train_drafters names them) to give an
+    #                                       EAGLE twin "eagle-<name>" with the same domains; null: all of them
+    n_layers: int = 1  # decoder layers of the target's architecture
+    lr: float = 3e-4  # AdamW peak learning rate (cosine schedule with linear warmup)
+    warmup_ratio: float = 0.03  # fraction of the steps spent warming up
+    weight_decay: float = 0.0  # AdamW weight decay
+    feature_noise: float = 0.1  # EAGLE-1: U(-0.1, 0.1) on the input features
+    token_weight: float = 0.1  # EAGLE-1: 0.1 x token loss (forward KL to the target) + SmoothL1 on features
+    max_length: int = 512  # tokens per (prompt + response) training sequence
+    train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=3, batch_size=8))  # the loop
+    tree: EagleTreeSection = field(default_factory=EagleTreeSection)  # the tree rows of evaluate / generate
+
+    def check(self) -> None:
+        if self.n_layers < 1 or self.max_length < 2:
+            raise InputError("train_drafters.eagle.n_layers must be >= 1 and max_length >= 2")
+        if not self.lr > 0 or self.feature_noise < 0 or self.token_weight < 0:
+            raise InputError("train_drafters.eagle: lr must be > 0, feature_noise and token_weight >= 0")
+        from decoding.eagle import TreeShape
+
+        TreeShape(self.tree.depth, self.tree.top_k, self.tree.nodes)
+
+
+@dataclass
 class TrainDraftersSection:
     model: CausalLMConfig = field(default_factory=lambda: preset("demo-drafter"))  # preset metasd-68m for real runs
     init_from: Optional[str] = None  # a drafter checkpoint dir to start from instead of random init
@@ -163,6 +198,7 @@ class TrainDraftersSection:
     ofa_compute: Literal["same_epochs", "same_steps"] = "same_epochs"
     alignment_batch_size: int = 32  # sequences per teacher-forced forward when measuring alignment
     device: str = "auto"  # where the target runs for alignment / fkl teachers: auto = cuda if available
+    eagle: EagleSection = field(default_factory=EagleSection)  # EAGLE drafters (off by default)
 
     def check(self) -> None:
         if not self.finetune.enabled:
@@ -315,6 +351,9 @@ class EvaluateSection:
     model_free_arms: list[str] = field(default_factory=lambda: ["lookup", "rest", "suffix"])
     model_free_bandit: Optional[str] = "ucbspec"  # ucbspec | exp3spec | null
     model_free_bandits: Optional[list[str]] = None  # several of ucbspec, exp3spec; null: [model_free_bandit]
+    # EAGLE drafters of the bundle (train_drafters.eagle): chain at K, EAGLE-2 tree, MetaEagle-UCB (BE, BD) on
+    # these prompt sets (MetaSD Tables 4 / 7: test, perturbed, ood)
+    eagle_sets: list[str] = field(default_factory=lambda: list(SETS))
     beta: float = 0.01  # MetaSD-UCB exploration strength (paper)
     delta: float = 0.5  # UCBSpec confidence (BanditSpec Thm 4.3)
     device: str = "auto"  # auto: cuda if available, else cpu
@@ -348,7 +387,7 @@ class EvaluateSection:
                 raise InputError(f"evaluate.model_free_arms: unknown arm '{a}'; use lookup, rest, suffix")
         if self.threads < 0:
             raise InputError(f"evaluate.threads must be >= 0 (0: torch's default), got {self.threads}")
-        for s in self.sets + self.per_drafter_sets:
+        for s in self.sets + self.per_drafter_sets + self.eagle_sets:
             if s not in SETS:
                 raise InputError(f"evaluate: unknown prompt set '{s}'; use {', '.join(SETS)}")
         if not self.sets:

@@ -209,6 +209,14 @@ def build(ctx: Context) -> dict:
         info = {"name": name, "domains": domains, "parameters": num_parameters(model), "phase": "finetune",
                 "data_hash": _data_hash(rows), "finetune": stats, "loss": tcfg.finetune.loss}
         on_rank_zero(trainer, lambda: _export(model, tok, done, info))
+    if tcfg.eagle.enabled:  # EAGLE twins of the drafters, over the target's features (pipelines/train_eagle.py)
+        from pipelines import train_eagle
+
+        eagle_target = teacher if teacher is not None else load_causal_lm(
+            target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
+            cfg.target.trust_remote_code)
+        timings.update(train_eagle.train_eagle(ctx, eagle_target, specs, train_rows, tok.pad_token_id, seed,
+                                               target_path))
     if global_rank() != 0:
         raise StageIncomplete(f"rank {global_rank()} finished training; rank 0 writes the stage output")
 
@@ -231,10 +239,17 @@ def build(ctx: Context) -> dict:
         shutil.copytree(ctx.work / n / "model", ctx.out / n)
     (ctx.out / "alignment.json").write_text(json.dumps(table, indent=2) + "\n")
     infos = {n: json.loads((ctx.out / n / "drafter.json").read_text()) for n in names}
-    return {"drafters": {n: {"domains": i["domains"], "parameters": i["parameters"]} for n, i in infos.items()},
-            "alignment": table,
-            "training": {n: {**(i.get("finetune") or i.get("general") or {}), **timings.get(n, {})}
-                         for n, i in infos.items()}}
+    metrics = {"drafters": {n: {"domains": i["domains"], "parameters": i["parameters"]} for n, i in infos.items()},
+               "alignment": table,
+               "training": {n: {**(i.get("finetune") or i.get("general") or {}), **timings.get(n, {})}
+                            for n, i in infos.items()}}
+    if tcfg.eagle.enabled:
+        from pipelines import train_eagle
+
+        metrics["eagle"] = train_eagle.finish(ctx, target, specs, dev_rows, tok.pad_token_id)
+        for name in metrics["eagle"]["drafters"]:
+            metrics["eagle"]["drafters"][name].update(timings.get(name, {}))
+    return metrics
 
 
 if __name__ == "__main__":

@@ -1,0 +1,130 @@
+"""Training an EAGLE drafter (EAGLE-1, Li et al. 2024, Sec. 3.2 "Training") on self-distilled data.
+
+The network is `decoding.eagle_model.EagleDrafter` (it lives in `decoding/` because the decoder loads
+it from a bundle). Per batch, the frozen target runs once (no gradients) and gives its features
+f (B, T, d) (final hidden states, what its LM head reads) and its next-token distribution p. Drafter
+input j is (f_j + noise, x_{j+1}), its output f^_{j+1} is regressed onto f_{j+1}, and its draft
+distribution lm_head(f^_{j+1}) onto p at position j+1:
+
+    loss = SmoothL1(f^_{j+1}, f_{j+1}) + 0.1 * KL(p_{j+1} || softmax(lm_head(f^_{j+1})))
+
+over the positions whose next token is trained on (the batch's loss_mask at j + 1), with uniform noise
+U(-0.1, 0.1) on the input features (EAGLE's data augmentation against its own feature errors at decode
+time). EAGLE-1 writes the token term as the cross-entropy with the target's token; the forward KL to the
+target's distribution has the same gradient in expectation and is what distillation wants here (the
+target is at hand). The embedding and LM head are the target's, frozen, and stay out of the module's
+state (not checkpointed, not optimised), like `CausalLMModule`'s teacher.
+
+Features are recomputed online by the target in every step, not cached: on this project's CPU demo the
+target forward costs about as much as reading fp16 features of the same batch from disk would save,
+and a cache of d floats per token (T x d x 2 bytes per sequence) would exceed the run's other artifacts
+combined for a real target (4096-d features: 8 KiB per token). The heads' online path makes the same
+trade. A disk cache would pay off only for many epochs over a large target, on GPUs.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
+
+from decoding.eagle_model import EagleDrafter
+from core.errors import InputError
+from drafters import losses
+
+FEATURE_NOISE = 0.1  # EAGLE-1: uniform noise U(-0.1, 0.1) on the input features
+TOKEN_WEIGHT = 0.1  # EAGLE-1: w_cls = 0.1 against w_reg = 1.0
+
+
+def eagle_loss(pred: torch.Tensor, target_features: torch.Tensor, pred_logits: torch.Tensor,
+               target_logits: torch.Tensor, token_weight: float = TOKEN_WEIGHT) -> tuple[torch.Tensor, dict]:
+    """EAGLE-1's loss on N gathered positions: pred / target_features (N, d), pred_logits / target_logits
+    (N, V). -> (loss, {"feature": SmoothL1, "token": forward KL, "agreement": argmax match rate})."""
+    feature = F.smooth_l1_loss(pred.float(), target_features.float())
+    token = losses.forward_kl(pred_logits, target_logits.float().softmax(-1))
+    agree = (pred_logits.argmax(-1) == target_logits.argmax(-1)).float().mean()
+    return feature + token_weight * token, {"feature": feature.detach(), "token": token.detach(),
+                                            "agreement": agree.detach()}
+
+
+class EagleModule(L.LightningModule):
+    def __init__(self, drafter: EagleDrafter, target: PreTrainedModel, lr: float = 3e-4, warmup_ratio: float = 0.03,
+                 weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.95), feature_noise: float = FEATURE_NOISE,
+                 token_weight: float = TOKEN_WEIGHT, seed: int = 0):
+        super().__init__()
+        if not lr > 0:
+            raise InputError(f"eagle lr must be > 0, got {lr}")
+        if not 0.0 <= warmup_ratio < 1.0:
+            raise InputError(f"eagle warmup_ratio must be in [0, 1), got {warmup_ratio}")
+        if feature_noise < 0:
+            raise InputError(f"eagle feature_noise must be >= 0, got {feature_noise}")
+        self.save_hyperparameters(ignore=["drafter", "target"])
+        self.drafter = drafter
+        # the target is frozen and kept out of the module's state (no checkpoint, no optimizer, no wrapping)
+        self._target = [target.eval().requires_grad_(False)]
+        drafter.attach_target(target)
+        self._noise = torch.Generator().manual_seed(seed)
+        self._step_start: float | None = None
+
+    @property
+    def target(self) -> PreTrainedModel:
+        return self._target[0]
+
+    def on_fit_start(self) -> None:
+        self.target.to(self.device)
+
+    def compute_loss(self, batch: dict[str, torch.Tensor], noise: bool = True) -> tuple[torch.Tensor, dict, int]:
+        ids, attn = batch["input_ids"], batch["attention_mask"]
+        with torch.no_grad():
+            out = self.target(input_ids=ids, attention_mask=attn, use_cache=False, output_hidden_states=True)
+            feats = out.hidden_states[-1]  # (B, T, d)
+        inputs = feats[:, :-1]
+        if noise and self.hparams.feature_noise > 0:
+            u = torch.rand(inputs.shape, generator=self._noise).to(inputs.device, inputs.dtype)
+            inputs = inputs + (2 * u - 1) * self.hparams.feature_noise
+        pred = self.drafter(inputs, ids[:, 1:], attention_mask=attn[:, 1:])  # (B, T-1, d) = f^_1..f^_{T-1}
+        mask = batch["loss_mask"][:, 1:].bool() & attn[:, 1:].bool()
+        n = int(mask.sum())
+        if n == 0:
+            return pred.sum() * 0.0, {}, 0
+        pred_n = pred[mask]
+        loss, parts = eagle_loss(pred_n, feats[:, 1:][mask], self.drafter.lm_logits(pred_n), out.logits[:, 1:][mask],
+                                 self.hparams.token_weight)
+        return loss, parts, n
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        if self._step_start is None:
+            self._step_start = time.perf_counter()
+
+    def training_step(self, batch, batch_idx):
+        loss, parts, n = self.compute_loss(batch)
+        bs = batch["input_ids"].shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
+        for name, value in parts.items():
+            self.log(f"train/{name}", value, batch_size=bs)
+        self.log("train/loss_tokens", float(n), reduce_fx="sum", batch_size=bs)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        now = time.perf_counter()
+        elapsed, self._step_start = now - self._step_start, now
+        tokens = int(batch["attention_mask"].sum()) * self.trainer.world_size
+        self.log("train/tokens_per_s", tokens / max(elapsed, 1e-9), prog_bar=True, batch_size=1)
+
+    def validation_step(self, batch, batch_idx):
+        loss, parts, n = self.compute_loss(batch, noise=False)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=max(n, 1))
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        opt = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas))
+        total = int(self.trainer.estimated_stepping_batches)
+        sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=math.ceil(hp.warmup_ratio * total),
+                                                num_training_steps=total)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}

@@ -1,0 +1,128 @@
+"""The EAGLE part of stage `train-drafters` (train_drafters.eagle): white-box drafters over the target.
+
+For each named drafter spec (default: all, i.e. one per domain + OFA, as MetaEagle does) an EAGLE drafter
+"eagle-<name>" is trained on the same self-distilled rows (drafters/eagle.py: EAGLE-1 loss, features
+computed online by the frozen target in every step; see that module for why no disk cache). Each is
+written as a self-describing directory (eagle_config.json with the target's content hash, and
+model.safetensors with the projection and decoder layer only) under drafters/eagle/<name>/, where the
+stages that read independent drafters (they look for drafter.json) do not see it; export bundles them.
+
+A teacher-forced alignment on the dev rows (the drafter's q from its prediction at each response
+position, against the target's p there) goes to eagle/alignment.json, like the independent drafters'.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from decoding.eagle_model import EagleDrafter, count_parameters, load_eagle, save_eagle, target_dir_hash
+from core.errors import InputError
+from drafters.data import CausalLMCollator, CausalLMDataModule
+from drafters.eagle import EagleModule
+from pipelines.stage import on_rank_zero
+from training.trainer import build_trainer, fit
+
+EAGLE_DIR = "eagle"
+PREFIX = "eagle-"
+
+
+def eagle_specs(ecfg, specs: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """(eagle drafter name, domains) for the drafter specs `ecfg.drafters` names (all when null)."""
+    by_name = dict(specs)
+    chosen = list(by_name) if ecfg.drafters is None else list(ecfg.drafters)
+    for name in chosen:
+        if name not in by_name:
+            raise InputError(f"train_drafters.eagle.drafters names '{name}', which is not a drafter of this run; "
+                             f"choose from {', '.join(by_name)}")
+    return [(PREFIX + name, by_name[name]) for name in chosen]
+
+
+def train_eagle(ctx, target, specs, train_rows: list[dict], pad_id: int, seed: int, target_path) -> dict:
+    """Train the EAGLE drafters not yet in the work dir; -> {name: timing} of the fits this process ran."""
+    ecfg = ctx.cfg.train_drafters.eagle
+    target_hash = target_dir_hash(target_path)
+    timings = {}
+    for name, domains in eagle_specs(ecfg, specs):
+        done = ctx.work / name / "model"
+        if done.is_dir():
+            print(f"[train-drafters] {name}: already trained (resumed run)")
+            continue
+        rows = [r for r in train_rows if r["domain"] in domains]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            drafter = EagleDrafter(target.config, n_layers=ecfg.n_layers, target_hash=target_hash)
+        drafter.to(dtype=next(target.parameters()).dtype)
+        module = EagleModule(drafter, target, lr=ecfg.lr, warmup_ratio=ecfg.warmup_ratio,
+                             weight_decay=ecfg.weight_decay, feature_noise=ecfg.feature_noise,
+                             token_weight=ecfg.token_weight, seed=seed)
+        examples = [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in rows]
+        data = CausalLMDataModule(examples, CausalLMCollator(pad_token_id=pad_id, max_length=ecfg.max_length),
+                                  batch_size=ecfg.train.batch_size, seed=seed)
+        train_cfg = dataclasses.replace(ecfg.train, resume=True, seed=seed)
+        trainer = build_trainer(train_cfg, ctx.work / name / "train")
+        print(f"[train-drafters] {name}: EAGLE drafter on {len(rows)} self-distilled responses ({', '.join(domains)})")
+        t0 = time.time()
+        fit(trainer, module, data, train_cfg)
+        seconds = time.time() - t0
+        loss = trainer.callback_metrics.get("train/loss")
+        info = {"name": name, "domains": domains, "kind": "eagle", "steps": trainer.global_step,
+                "examples": len(rows), "final_loss": round(float(loss), 4) if loss is not None else None}
+        timings[name] = {"seconds": round(seconds, 1)}
+        on_rank_zero(trainer, lambda: _export(drafter, done, info))
+    return timings
+
+
+def _export(drafter: EagleDrafter, out: Path, info: dict) -> None:
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_eagle(drafter, tmp, extra=info)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+@torch.no_grad()
+def eagle_alignment(target, drafter, rows: list[dict], pad_id: int, max_length: int, batch_size: int = 16) -> dict:
+    """Teacher-forced 1 - TV(p, q) at T=1 and greedy agreement over the response positions of `rows`
+    (the drafter reads the target's true features: the first draft position of every round)."""
+    collate = CausalLMCollator(pad_token_id=pad_id, max_length=max_length)
+    acc = agree = n = 0.0
+    for i in range(0, len(rows), batch_size):
+        batch = collate([{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]}
+                         for r in rows[i : i + batch_size]])
+        batch = {k: v.to(target.device) for k, v in batch.items()}
+        out = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
+                     output_hidden_states=True)
+        feats = out.hidden_states[-1]
+        pred = drafter(feats[:, :-1], batch["input_ids"][:, 1:], attention_mask=batch["attention_mask"][:, 1:])
+        mask = batch["loss_mask"][:, 1:].bool() & batch["attention_mask"][:, 1:].bool()
+        p = out.logits[:, 1:][mask].float().softmax(-1)
+        q = drafter.lm_logits(pred[mask]).float().softmax(-1)
+        acc += float(torch.minimum(p, q).sum(-1).sum())
+        agree += float((p.argmax(-1) == q.argmax(-1)).sum())
+        n += int(mask.sum())
+    return {"acceptance": round(acc / max(n, 1), 4), "agreement": round(agree / max(n, 1), 4), "positions": int(n)}
+
+
+def finish(ctx, target, specs, dev_rows: list[dict], pad_id: int) -> dict:
+    """Rank 0, after training: alignment per EAGLE drafter x dev domain, then the drafters and
+    eagle/alignment.json into the stage output. -> the stage metrics' "eagle" entry."""
+    ecfg = ctx.cfg.train_drafters.eagle
+    domains = sorted({r["domain"] for r in dev_rows})
+    table, infos = {}, {}
+    for name, _ in eagle_specs(ecfg, specs):
+        drafter = load_eagle(ctx.work / name / "model", target=target)
+        table[name] = {d: eagle_alignment(target, drafter, [r for r in dev_rows if r["domain"] == d], pad_id,
+                                          ecfg.max_length) for d in domains}
+        shutil.copytree(ctx.work / name / "model", ctx.out / EAGLE_DIR / name)
+        meta = json.loads((ctx.out / EAGLE_DIR / name / "eagle_config.json").read_text())
+        infos[name] = {"domains": meta["domains"], "parameters": count_parameters(drafter), "steps": meta["steps"],
+                       "final_loss": meta["final_loss"]}
+        print(f"[train-drafters] {name}: teacher-forced acceptance "
+              + ", ".join(f"{d} {v['acceptance']:.3f}" for d, v in table[name].items()))
+    (ctx.out / EAGLE_DIR / "alignment.json").write_text(json.dumps(table, indent=2) + "\n")
+    return {"drafters": infos, "alignment": table}

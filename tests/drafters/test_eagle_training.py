@@ -1,0 +1,56 @@
+"""The EAGLE drafter learns the target's features through the shared trainer, and what it learns shows
+up as accepted tokens in EAGLE decoding; its checkpoint has only the EAGLE layer."""
+import pytest
+import torch
+
+from decoding.autoregressive import generate_autoregressive
+from decoding.eagle import EagleSpeculator
+from decoding.eagle_model import EagleDrafter
+from decoding.sampling import SamplingConfig
+from decoding.speculative import generate_speculative
+from decoding.stopping import FixedK
+from drafters.data import CausalLMCollator, CausalLMDataModule
+from drafters.eagle import EagleModule, eagle_loss
+from training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
+from tests.decoding.eagle_fixtures import tiny_target
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def test_eagle_loss_is_zero_only_for_a_perfect_prediction():
+    f = torch.randn(5, 8)
+    logits = torch.randn(5, 11)
+    perfect, parts = eagle_loss(f, f, logits, logits)
+    assert float(perfect) == pytest.approx(0.0, abs=1e-6) and float(parts["agreement"]) == 1.0
+    worse, _ = eagle_loss(f + 0.5, f, logits.flip(-1), logits)
+    assert float(worse) > 0.1
+
+
+def accepted_per_round(target, drafter, prompts) -> float:
+    acc = rounds = 0
+    for prompt in prompts:
+        m = generate_speculative(target, EagleSpeculator(drafter, FixedK(4)), prompt, 24, GREEDY).metrics
+        acc, rounds = acc + sum(m.accepted), rounds + m.n_target
+    return acc / rounds
+
+
+def test_training_through_the_shared_trainer_raises_acceptance(tmp_path):
+    torch.set_num_threads(1)
+    target = tiny_target("llama", 0, vocab=48, layers=2)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 48, (4,), generator=gen).tolist() for _ in range(24)]
+    # self-distilled data: the target's own greedy continuations
+    examples = [{"prompt_ids": p, "response_ids": generate_autoregressive(target, p, 24, GREEDY).tokens}
+                for p in prompts]
+    drafter = EagleDrafter(target.config)
+    before = accepted_per_round(target, drafter, prompts[:4])
+    module = EagleModule(drafter, target, lr=5e-3, seed=0)
+    cfg = TrainerConfig(max_steps=200, batch_size=8, checkpoint_every_n_steps=0, log_every_n_steps=1,
+                        wandb=WandbConfig(mode="disabled"), accelerator="cpu")
+    data = CausalLMDataModule(examples, CausalLMCollator(pad_token_id=0), batch_size=8, seed=0)
+    fit(build_trainer(cfg, tmp_path), module, data, cfg)
+    drafter.eval()
+    after = accepted_per_round(target, drafter, prompts[:4])
+    assert after > before + 0.5, (before, after)
+    assert not any("lm_head" in k or "embed" in k and k.startswith("model.") for k in module.state_dict())
+    assert all(k.startswith("drafter.") for k in module.state_dict())
