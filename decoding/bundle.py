@@ -21,6 +21,8 @@ bundle.json:
   routers    {name: {path, kind}} (empty without train-router)
   decoding   {temperature, top_k, top_p, k, k_max, selector, max_new_tokens, drafts (absent: 1)}, optionally
              cascade: {rule, alpha[, beta]} (a speculative cascade served by default; decoding/cascades.py)
+  chat       {template, plain, system_prompt, reasoning, template_kwargs}: how prompts are formatted
+             (decoding/chat.py; absent: the target tokenizer's chat template, plain text without one)
   datastore  {path, tokens, sequences, bytes, source} (absent: no REST arm; suffix
              decoding then runs on its per-request structure alone)
   files      relative path -> sha256, every file except bundle.json (and the stage's manifest.json)
@@ -180,6 +182,13 @@ class Bundle:
         if not self.drafters:
             out["drafter"] = "the bundle has no drafters"
         return out
+
+    @property
+    def chat(self):
+        """The prompt format the bundle was trained with (decoding.chat.ChatFormat)."""
+        from decoding.chat import ChatFormat
+
+        return ChatFormat.from_dict(self.meta.get("chat"))
 
     def drafter(self, name: str) -> DrafterEntry:
         if name not in self.drafters:

@@ -1,6 +1,8 @@
 """Stage `distill-data`: the target answers every train/dev prompt at each configured temperature.
 
 MetaSD App. F.2: drafters are finetuned on the target's own responses at temperatures {0, 0.3, 0.7, 1}.
+Prompts are formatted as the target is served (its chat template, prompts.* keys; decoding/chat.py); a
+conversation's earlier turns are context, and the target answers its last user turn.
 
 Work is cut into chunks of (prompt, temperature) jobs with a fixed order; chunk i belongs to shard
 i mod N, so N processes (Slurm array tasks, torchrun ranks, or SPECDRAFT_SHARD=i/N) split the work
@@ -24,7 +26,9 @@ import datasets
 import torch
 from tqdm.auto import tqdm
 
+from data.chat import chat_format, row_messages
 from data.prompts import load_prompt_sets
+from decoding.chat import ChatFormat, format_prompt
 from decoding.errors import InputError
 from pipelines.artifacts import load_dataset_dir
 from decoding.hashing import derive_seed
@@ -101,12 +105,12 @@ def generate_batch(model, prompts: list[list[int]], pad_id: int, eos_id: int, te
     return results
 
 
-def run_chunk(chunk: dict, model, tok, dcfg, seed: int) -> list[dict]:
+def run_chunk(chunk: dict, model, tok, dcfg, seed: int, chat: ChatFormat = ChatFormat()) -> list[dict]:
     rows, out = chunk["rows"], []
     for b in range(0, len(rows), dcfg.batch_size):
         batch = rows[b:b + dcfg.batch_size]
-        fitted = [fit_prompt(tok(r["prompt"])["input_ids"], dcfg.max_prompt_tokens, dcfg.long_prompts, r["id"])
-                  for r in batch]
+        fitted = [fit_prompt(format_prompt(tok, row_messages(r), chat), dcfg.max_prompt_tokens, dcfg.long_prompts,
+                             r["id"]) for r in batch]
         gens = generate_batch(model, [p for p, _ in fitted], tok.pad_token_id, tok.eos_token_id,
                               chunk["temperature"], dcfg.top_k, dcfg.top_p, dcfg.max_new_tokens,
                               derive_seed(seed, chunk["name"], b))
@@ -157,7 +161,7 @@ def build(ctx: Context) -> dict:
         print(f"[distill-data] shard {shard}/{n_shards}: {len(todo)} chunks to generate"
               + (f" ({done_before} already done)" if done_before else ""))
         for chunk in tqdm(todo, desc=f"distill-data shard {shard}", unit="chunk"):
-            rows = run_chunk(chunk, model, tok, dcfg, cfg.run.seed)
+            rows = run_chunk(chunk, model, tok, dcfg, cfg.run.seed, chat_format(cfg.prompts))
             _write_atomic(chunk_dir / f"{chunk['name']}.json", rows)
 
     missing = [c["name"] for c in chunks if not (chunk_dir / f"{c['name']}.json").exists()]

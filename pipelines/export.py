@@ -12,7 +12,8 @@
 4b. datastore (export.datastore, default on): a suffix array over distill-data's train responses
    (token ids, the target's own text), read by the REST and suffix-decoding arms; its size and build
    time go into the stage manifest's metrics. Without it the bundle still loads (no REST arm)
-5. bundle.json (decoding/bundle.py documents the format): the above, the decoding defaults, and the
+5. bundle.json (decoding/bundle.py documents the format): the above, the decoding defaults, the prompt
+   format (chat template settings, prompts.*), and the
    sha256 of every file. Files are copied from the lists in the input stages' manifests and checked
    against the hashes recorded there, so a bundle holds exactly what the stages produced.
 
@@ -26,6 +27,7 @@ import json
 import shutil
 from pathlib import Path
 
+from data.chat import chat_format
 from decoding.bundle import (BUNDLE_JSON, check_safe_weights, content_hash, file_sha256, load_bundle,
                              subdir_files, summarize, write_bundle_json)
 from decoding.cascades import method_from_spec
@@ -185,8 +187,10 @@ def build(ctx: Context) -> dict:
 
     # 5. bundle.json, then load it back the way the decoder will (paths, tokenizers, every head)
     extra = {"datastore": {"path": "datastore", **datastore_meta}} if datastore_meta else {}
+    # the prompt format every stage used: the decoder formats requests the same way (decoding/chat.py)
+    chat = chat_format(cfg.prompts).to_dict()
     write_bundle_json(out, {"target": target_meta, "drafters": drafters, "heads": heads, "routers": routers,
-                            "decoding": defaults, **extra}, files)
+                            "decoding": defaults, "chat": chat, **extra}, files)
     bundle = load_bundle(out, verify=False)  # the hashes were checked while copying
     for name, by_head in bundle.heads.items():
         for head in by_head:

@@ -66,6 +66,18 @@ class PromptsSection:
     # User prompt sources for a real run: JSONL files (a `prompt` field; optional `domain`, `response`,
     # `split`, `id`) or `datasets` directories. Empty: the demo world's prompt sets.
     sources: list[str] = field(default_factory=list)
+    # How every stage formats a prompt for the target (decoding/chat.py; records may also be `messages` /
+    # `conversations` lists, data/chat.py). null: the target tokenizer's chat template (plain text if it
+    # has none); "none": plain text always; else a Jinja template string or a path to a .jinja file.
+    chat_template: Optional[str] = None
+    system_prompt: Optional[str] = None  # a system turn added to prompts that carry none (null: none)
+    reasoning: Literal["keep", "strip"] = "keep"  # <think>...</think> of earlier assistant turns: kept or stripped
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra template variables, e.g. {enable_thinking: false}
+
+    def check(self) -> None:
+        from data.chat import chat_format
+
+        chat_format(self)  # a missing template file or a malformed template name fails before any stage
 
 
 @dataclass

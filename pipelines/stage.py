@@ -46,19 +46,19 @@ def _demo_only(cfg: RunConfig) -> str | None:
 
 STAGES: tuple[StageSpec, ...] = (
     StageSpec("prepare-data", "prompts", (), ("demo", "prompts"), "prepare_data"),
-    StageSpec("pretrain-target", "target", ("prepare-data",), ("pretrain_target",), "pretrain_target", _demo_only),
-    StageSpec("distill-data", "distill_data", ("prepare-data", "pretrain-target"), ("target", "distill_data"), "distill_data"),
-    StageSpec("train-drafters", "drafters", ("prepare-data", "pretrain-target", "distill-data"), ("target", "train_drafters"), "train_drafters"),
+    StageSpec("pretrain-target", "target", ("prepare-data",), ("prompts", "pretrain_target"), "pretrain_target", _demo_only),
+    StageSpec("distill-data", "distill_data", ("prepare-data", "pretrain-target"), ("target", "prompts", "distill_data"), "distill_data"),
+    StageSpec("train-drafters", "drafters", ("prepare-data", "pretrain-target", "distill-data"), ("target", "prompts", "train_drafters"), "train_drafters"),
     StageSpec("acceptance-data", "acceptance_data", ("pretrain-target", "distill-data", "train-drafters"), ("target", "acceptance_data"), "acceptance_data"),
     StageSpec("train-heads", "heads", ("pretrain-target", "train-drafters", "acceptance-data"), ("target", "train_heads"), "train_heads"),
     StageSpec("train-router", "router", ("prepare-data", "pretrain-target", "distill-data", "train-drafters"),
-              ("target", "train_router"), "train_router"),
-    StageSpec("export", "bundle", ("pretrain-target", "train-drafters", "train-heads"), ("target", "export"), "export",
+              ("target", "prompts", "train_router"), "train_router"),
+    StageSpec("export", "bundle", ("pretrain-target", "train-drafters", "train-heads"), ("target", "prompts", "export"), "export",
               optional=("train-router", "distill-data")),
     StageSpec("evaluate", "report", ("prepare-data", "export"), ("evaluate",), "evaluate"),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
-STAGE_VERSION = 1  # bump to invalidate every cached stage output after a format change
+STAGE_VERSION = 2  # bump to invalidate every cached stage output after a format change
 
 
 def get_spec(name: str) -> StageSpec:

@@ -68,6 +68,7 @@ def test_drafts_default_comes_from_the_bundle(monkeypatch, capsys):
     seen = []
     monkeypatch.setattr(g, "load_pair", lambda *a, **k: (None, None, None, None, None))
     monkeypatch.setattr(g, "generate_text", lambda *a, **k: seen.append(k["drafts"]) or ("", {}))
+    monkeypatch.setattr(g, "_bundle_chat", lambda bundle: g.ChatFormat())
     for decoding, argv, expected in (({"drafts": 4}, [], 4), ({}, [], 1), ({"drafts": 4}, ["--drafts", "2"], 2)):
         monkeypatch.setattr(g, "_bundle_decoding", lambda bundle, d=decoding: d)
         assert g.main(["--bundle", "b", "--prompt", "x"] + argv) == 0
