@@ -13,7 +13,8 @@ Written by the `export` stage (pipelines/export.py), read here (ARCHITECTURE.md 
 
 bundle.json:
   format     "specdraft-bundle/1"
-  target     {path: "target"} or {reference: "/abs/dir" | "org/model"}; tokenizer_sha256, vocab_size, dtype
+  target     {path: "target"} or {reference: "/abs/dir" | "org/model"}; tokenizer_sha256, vocab_size, dtype;
+             a hub reference also has revision (the commit it was trained on, loaded exactly)
   drafters   name -> {path, domains, parameters, hidden_size, vocab_size, tokenizer_sha256, content_hash,
                       alignment: {domain: {acceptance, agreement, positions}}, head: default head name | null}
   heads      drafter -> head name -> {path, drafter, depth, w_rej, label_transform, threshold, k_max, best,
@@ -200,7 +201,7 @@ class Bundle:
         from decoding.compat import tokenizer_fingerprint
         from decoding.loading import load_tokenizer
 
-        tok = load_tokenizer(self.target_path, trust_remote_code)
+        tok = load_tokenizer(self.target_path, trust_remote_code, self.meta["target"].get("revision"))
         got = tokenizer_fingerprint(tok)
         if got != self.tokenizer_sha256:
             raise InputError(f"the target tokenizer at '{self.target_path}' (sha256 {got[:12]}) is not the one the "
@@ -213,7 +214,7 @@ class Bundle:
         from decoding.loading import load_causal_lm
 
         model = load_causal_lm(self.target_path, dtype or self.meta["target"].get("dtype", "auto"), device,
-                               device_map, quantization, trust_remote_code)
+                               device_map, quantization, trust_remote_code, revision=self.meta["target"].get("revision"))
         want = self.meta["target"]["vocab_size"]
         if model.config.vocab_size != want:
             raise InputError(f"the target at '{self.target_path}' has vocabulary size {model.config.vocab_size}, "

@@ -53,6 +53,7 @@ def load_causal_lm(
     quantization: str = "none",
     trust_remote_code: bool = False,
     max_memory: dict | None = None,
+    revision: str | None = None,
 ) -> Any:
     """An eval-mode causal LM. `device_map` (multi-GPU) wins over `device`; quantized models are placed
     by bitsandbytes/accelerate (device_map defaults to the named device, else CPU). `max_memory`
@@ -63,6 +64,8 @@ def load_causal_lm(
     _check_local_or_hub(name_or_path)
     torch_dtype = resolve_dtype(dtype, device)
     kwargs: dict[str, Any] = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code, use_safetensors=True)
+    if revision is not None:  # a hub id's pinned commit
+        kwargs["revision"] = revision
     qcfg = quantization_config(quantization, torch_dtype)
     if qcfg is not None:
         kwargs["quantization_config"] = qcfg
@@ -81,11 +84,12 @@ def load_causal_lm(
     return model.eval()
 
 
-def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False):
+def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False, revision: str | None = None):
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=trust_remote_code,
+                                            **({"revision": revision} if revision is not None else {}))
     except (OSError, ValueError) as e:
         raise InputError(f"cannot load a tokenizer from '{name_or_path}' ({str(e).splitlines()[0][:160]})") from None
     if tok.pad_token_id is None:  # batched generation needs one; EOS is the usual stand-in

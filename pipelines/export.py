@@ -110,7 +110,10 @@ def build(ctx: Context) -> dict:
     external = cfg.target.name_or_path is not None
     tok = load_tokenizer(target_src, cfg.target.trust_remote_code)
     target_meta = {"tokenizer_sha256": tokenizer_fingerprint(tok), "dtype": cfg.target.dtype}
-    if external or ecfg.target == "reference":
+    revision = ctx.input_hashes.get("target", {}).get("revision")
+    if revision is not None:  # a hub id: named with its pinned commit, so the bundle loads on any machine
+        target_meta.update(reference=cfg.target.name_or_path, revision=revision)
+    elif external or ecfg.target == "reference":
         local = Path(target_src).expanduser()
         target_meta["reference"] = str(local.resolve()) if local.exists() else target_src  # a dir or a hub id
     else:

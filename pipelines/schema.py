@@ -30,6 +30,9 @@ class RunSection:
 @dataclass
 class TargetSection:
     name_or_path: Optional[str] = None  # local HF dir or hub id; null: the demo target from pretrain-target
+    # hub ids only: branch, tag or commit (null: main); the resolved commit is in every cache key and
+    # manifest (a local dir is pinned by the content hash of its files instead; pipelines/pinning.py)
+    revision: Optional[str] = None
     trust_remote_code: bool = False  # never on unless you trust the model repository
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     quantization: Literal["none", "int8", "nf4"] = "none"  # bitsandbytes loading of the target

@@ -92,11 +92,12 @@ class Context:
         return self.inputs[stage]
 
     def target_path(self) -> str:
-        """The target model: the user's (local dir or hub id) or the demo target from pretrain-target."""
-        given = self.cfg.target.name_or_path
-        if given is not None:
-            self.input_hashes["target"] = {"path": given, "content_hash": "external"}
-            return given
+        """The target model: the user's (a local dir, or the snapshot dir of a hub id's pinned commit) or
+        the demo target from pretrain-target."""
+        pin = target_pin(self.cfg)
+        if pin is not None:
+            self.input_hashes["target"] = pin.record
+            return pin.load_path
         return str(self.input("pretrain-target"))
 
 
@@ -162,9 +163,25 @@ def _without_neutral(value):
     return value
 
 
+def target_pin(cfg: RunConfig):
+    """The user's target pinned (pipelines/pinning.py: content hash or hub commit), or None for the demo
+    target (pretrain-target's manifest hash pins that one). Cheap to repeat: file hashes are cached by
+    size and mtime under run.root/.work."""
+    if cfg.target.name_or_path is None:
+        return None
+    from pipelines.pinning import pin_target
+
+    cache = HashCache(Path(cfg.run.root) / ".work" / "hash-cache.json")
+    pin = pin_target(cfg.target.name_or_path, cfg.target.revision, cache)
+    cache.save()
+    return pin
+
+
 def _cache_key(cfg: RunConfig, spec: StageSpec, inputs: dict[str, Manifest]) -> str:
     relevant = {s: _without_neutral(to_dict(getattr(cfg, s))) for s in spec.sections}
     relevant["seed"] = cfg.run.seed
+    if "target" in spec.sections and cfg.target.name_or_path is not None:
+        relevant["target_pin"] = target_pin(cfg).record  # new weights under the same name rebuild
     blob = json.dumps({"stage": spec.name, "version": STAGE_VERSION, "config": relevant,
                        "inputs": {k: m.content_hash for k, m in sorted(inputs.items())}},
                       sort_keys=True, default=str)
