@@ -44,7 +44,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from decoding.errors import InputError
-from decoding.hashing import content_hash, file_sha256  # noqa: F401 (re-exported for callers)
+from decoding.hashing import content_hash, drafter_hash, file_sha256  # noqa: F401 (re-exported for callers)
 
 BUNDLE_JSON = "bundle.json"
 FORMAT = "specdraft-bundle/1"
@@ -114,7 +114,7 @@ class DrafterEntry:
     hidden_size: int
     vocab_size: int
     tokenizer_sha256: str
-    content_hash: str  # of the drafter's files; the heads trained on it record the same value
+    content_hash: str  # of the drafter's files (decoding.hashing.drafter_hash); its heads record the same value
     alignment: dict[str, dict[str, float]]  # domain -> {acceptance, agreement, positions}
     head: str | None  # the head load_head(drafter) picks (the best simulated one)
 
@@ -346,7 +346,7 @@ def _load_bundle(path: Path, verify: bool) -> Bundle:
             name=name, path=_component(root, files, rel, where), domains=list(d.get("domains", [])),
             parameters=int(_need(d, "parameters", where)), hidden_size=int(_need(d, "hidden_size", where)),
             vocab_size=int(_need(d, "vocab_size", where)), tokenizer_sha256=d["tokenizer_sha256"],
-            content_hash=content_hash(subdir_files(files, rel)), alignment=dict(d.get("alignment", {})),
+            content_hash=drafter_hash(subdir_files(files, rel)), alignment=dict(d.get("alignment", {})),
             head=d.get("head"))
 
     heads: dict[str, dict[str, HeadEntry]] = {}

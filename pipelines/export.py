@@ -28,7 +28,7 @@ import shutil
 from pathlib import Path
 
 from data.chat import chat_format
-from decoding.bundle import (BUNDLE_JSON, check_safe_weights, content_hash, file_sha256, load_bundle,
+from decoding.bundle import (BUNDLE_JSON, check_safe_weights, drafter_hash, file_sha256, load_bundle,
                              subdir_files, summarize, write_bundle_json)
 from decoding.cascades import method_from_spec
 from decoding.compat import check_k, tokenizer_fingerprint
@@ -92,6 +92,31 @@ def decoding_defaults(ctx: Context) -> dict:
     return d
 
 
+def best_fixed_k(by_tag: dict, default_head: str | None, serving: SamplingConfig, fallback: int) -> int:
+    """The best fixed K train-heads found for a drafter, under the transform it is served with: the
+    tag of its default head (labels at the serving transform when there are such), greedy agreement for
+    greedy serving. `fallback` (export.decoding.k) when the drafter has no heads."""
+    tag = default_head.split("/")[0] if default_head else None
+    s = by_tag.get(tag) if tag else None
+    if not s:
+        return fallback
+    best = s.get("best_fixed_k_greedy") if serving.greedy and s.get("best_fixed_k_greedy") else s["best_fixed_k"]
+    return int(str(best["policy"]).rsplit("=", 1)[1])
+
+
+def write_assistant_config(path: Path, k: int) -> str:
+    """The drafter's generation_config.json with transformers' assisted-generation keys: K draft tokens
+    per round, constant (the default "heuristic" schedule would change K as tokens are accepted).
+    Returns the file's sha256."""
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig.from_pretrained(path.parent) if path.is_file() else GenerationConfig()
+    cfg.num_assistant_tokens = k
+    cfg.num_assistant_tokens_schedule = "constant"
+    cfg.save_pretrained(path.parent)
+    return file_sha256(path)
+
+
 def _json(path: Path) -> dict:
     return json.loads(path.read_text())
 
@@ -142,7 +167,7 @@ def build(ctx: Context) -> dict:
                              f"({config['vocab_size']} vs {target_meta['vocab_size']}); rerun train-drafters for this target")
         drafters[name] = {"path": rel, "domains": info["domains"], "parameters": info["parameters"],
                           "hidden_size": config["hidden_size"], "vocab_size": config["vocab_size"],
-                          "tokenizer_sha256": fingerprint, "content_hash": content_hash(copied),
+                          "tokenizer_sha256": fingerprint, "content_hash": drafter_hash(copied),
                           "alignment": alignment.get(name, {}), "head": None}
 
     # 3. heads
@@ -171,6 +196,12 @@ def build(ctx: Context) -> dict:
                     "label_transform": hc["label_transform"], "threshold": hc["threshold"], "k_max": hc.get("k_max"),
                     "best": head == s["best_head"], "simulated": hc.get("simulated", {})}
         drafters[name]["head"] = f"{tags[0]}/{by_tag[tags[0]]['best_head']}"
+
+    # 3b. each drafter also serves as transformers' assistant_model: its generation_config carries the K
+    for name in names:
+        rel = f"drafters/{name}/generation_config.json"
+        files[rel] = write_assistant_config(out / rel, best_fixed_k(sweep.get(name, {}), drafters[name]["head"],
+                                                                    serving, defaults["k"]))
 
     # 4. routers: train-router writes one subdirectory per router (router_config.json inside)
     routers = {}
