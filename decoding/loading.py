@@ -84,11 +84,29 @@ def load_causal_lm(
     return model.eval()
 
 
-def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False, revision: str | None = None):
-    from transformers import AutoTokenizer
+# tokenizer_config.json classes meaning "the tokenizer.json as saved": loaded as such, whatever the model
+# type. AutoTokenizer would pick the model family's class (e.g. Qwen2Tokenizer beside a Qwen2 config),
+# which adds that family's default special tokens: a target and a drafter of different families would
+# then disagree on a tokenizer they share.
+GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
+
+def _saved_tokenizer_class(name_or_path: str | Path) -> str | None:
+    import json
+
+    config = Path(name_or_path) / "tokenizer_config.json"
     try:
-        tok = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=trust_remote_code,
+        return json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False, revision: str | None = None):
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    loader = PreTrainedTokenizerFast if _saved_tokenizer_class(name_or_path) in GENERIC_TOKENIZERS else AutoTokenizer
+    try:
+        tok = loader.from_pretrained(str(name_or_path), trust_remote_code=trust_remote_code,
                                             **({"revision": revision} if revision is not None else {}))
     except (OSError, ValueError) as e:
         raise InputError(f"cannot load a tokenizer from '{name_or_path}' ({str(e).splitlines()[0][:160]})") from None

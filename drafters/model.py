@@ -141,12 +141,12 @@ def tokenizer_fingerprint(tokenizer_or_dir) -> str:
     from decoding.compat import tokenizer_fingerprint as fingerprint
 
     if isinstance(tokenizer_or_dir, (str, os.PathLike)):
-        from transformers import AutoTokenizer
+        from decoding.loading import load_tokenizer
 
         path = Path(tokenizer_or_dir)
         if not (path / "tokenizer.json").is_file():
             raise InputError(f"no tokenizer.json in {path}; save the tokenizer there with save_pretrained")
-        tokenizer_or_dir = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        tokenizer_or_dir = load_tokenizer(path)
     return fingerprint(tokenizer_or_dir)
 
 
