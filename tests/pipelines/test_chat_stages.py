@@ -25,3 +25,17 @@ def test_distill_data_prompts_are_chat_formatted(tiny_run):
     msgs = []
     run_stage(tiny_config(tiny_run), "distill-data", log=msgs.append)
     assert any("rebuilding" in m for m in msgs)
+
+
+def test_drafter_loss_covers_only_the_response_of_a_templated_prompt(tiny_run):
+    from drafters.data import CausalLMCollator
+
+    out = run_stage(tiny_config(tiny_run), "distill-data")
+    tok = load_tokenizer(tiny_run / "target")
+    row = load_distill_data(out)["train"][0]
+    batch = CausalLMCollator(pad_token_id=tok.pad_token_id)([{"prompt_ids": row["prompt_ids"],
+                                                             "response_ids": row["response_ids"]}])
+    ids, mask = batch["input_ids"][0], batch["loss_mask"][0].bool()
+    # position t predicts token t + 1: the trained-on targets are exactly the response tokens
+    assert ids[1:][mask[:-1]].tolist() == row["response_ids"] and not mask[-1]
+    assert tok.convert_ids_to_tokens(row["prompt_ids"][-1]) == "<|assistant|>"
