@@ -5,7 +5,7 @@ import json
 import datasets
 import pytest
 
-from data.chat import chat_format, record_messages, row_messages
+from data.chat import chat_format, row_messages
 from data.prompts import load_user_prompts, user_prompt_sets
 from data.tokenizer import DEMO_CHAT_TEMPLATE, encode_document, train_bpe
 from decoding.chat import ChatFormat, format_prompt, user_turn

@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 
 from decoding.bundle import BUNDLE_JSON, bundle_files, content_hash, drafter_hash, inspect_main, load_bundle, subdir_files
 from decoding.errors import InputError
-from pipelines.artifacts import StageOutput, content_hash as artifacts_content_hash, read_manifest, subdir_hash
+from pipelines.artifacts import StageOutput, content_hash as artifacts_content_hash, read_manifest
 from pipelines.stage import run_stage
 from tests.pipelines.conftest import fresh_copy, run_template, tiny_config
 

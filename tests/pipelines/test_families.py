@@ -3,7 +3,6 @@ their configs, through distill-data -> train-drafters -> acceptance-data -> trai
 greedy speculative decoding (the bundled decoder, and transformers' assisted generation) against the
 target's own greedy output. The target and the drafter are of different families and share the
 tokenizer (the tiny demo run's, with its chat template)."""
-import shutil
 
 import pytest
 import torch
