@@ -5,7 +5,12 @@ from decoding.chat import format_prompt
 from decoding.loading import load_tokenizer
 from pipelines.distill_data import load_distill_data
 from pipelines.stage import run_stage
-from tests.pipelines.conftest import tiny_config
+from tests.pipelines.conftest import tiny_config as _tiny_config
+
+
+def tiny_config(root, **sections):
+    """The tiny run at one temperature (half the generation of the default two)."""
+    return _tiny_config(root, distill_data={"temperatures": [0.0]}, **sections)
 
 
 def test_distill_data_prompts_are_chat_formatted(tiny_run):
