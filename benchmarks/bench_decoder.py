@@ -266,7 +266,7 @@ def policy_table(args, target, drafter, prompts) -> list[str]:
     greedy, n = SamplingConfig(0.0), args.max_new_tokens
     policies = [(f"fixed K={k}", lambda k=k: FixedK(k)) for k in (1, 2, 4, 6, 8)]
     if args.head:
-        from heads.acceptance_head import load_head
+        from decoding.acceptance_head import load_head
 
         head, _ = load_head(args.head, expected_hidden_size=drafter.config.hidden_size)
         head = head.to(next(drafter.parameters()).device)

@@ -18,10 +18,10 @@ from datasets import load_from_disk
 from torch.utils.data import DataLoader
 
 from decoding.loading import load_tokenizer
-from drafters.model import load_causal_lm
+from decoding.loading import load_causal_lm
 from heads.lit_head import HeadTrainConfig, train_head_grid
 from heads.online import OnlineFeatures
-from pipelines.acceptance_data import load_features
+from pipelines.readers import load_features
 from pipelines.config import load_config
 from pipelines.schema import RunConfig
 from publish import publish  # noqa: E402  (benchmarks/publish.py)

@@ -61,7 +61,7 @@ def load_prompts(root: Path, tok, set_name: str, per_domain: int, max_prompt: in
     """The first per_domain prompts of each domain; chat's repeat-after-me prompts form the group
     "chat-repeat" (up to per_domain of them, from all of the set's sets if need be)."""
     from data.prompts import load_prompt_sets
-    from pipelines.distill_data import fit_prompt
+    from data.prompts import fit_prompt
 
     sets = load_prompt_sets(root / "prompts")
     rows, taken = [], {}
@@ -83,7 +83,8 @@ def distill_greedy(target, tok, root: Path, per_domain: int, max_new_tokens: int
     """The distill-data recipe at T = 0 on the first per_domain train prompts of each domain (for a run
     whose distill_data is gone): the target's own greedy responses, batched as the stage does."""
     from data.prompts import load_prompt_sets
-    from pipelines.distill_data import fit_prompt, generate_batch
+    from data.prompts import fit_prompt
+    from data.generation import generate_batch
 
     taken, prompts = {}, []
     for row in load_prompt_sets(root / "prompts")["train"]:
@@ -112,7 +113,7 @@ def get_datastore(bundle, root: Path, target=None, tok=None, per_domain: int = 2
                              f"responses to the first {per_domain} train prompts per domain ({gen_s:.0f} s to generate), "
                              f"{len(built.index) - built.index.n_sequences} tokens, {built.index.n_sequences} responses, "
                              f"suffix array in {built.seconds:.2f} s")
-    from pipelines.distill_data import load_distill_data
+    from pipelines.readers import load_distill_data
 
     responses = load_distill_data(root / "distill_data")["train"]["response_ids"]
     built = build_datastore(responses)

@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from decoding.chat import ChatFormat, user_turn
-from decoding.errors import InputError
+from core.errors import InputError
 
 # ShareGPT speaker names -> OpenAI roles (the names ShareGPT dumps, SpecForge and FastChat use)
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",

@@ -19,7 +19,7 @@ import datasets
 from data import demo_world
 from data.chat import encode_messages, record_messages
 from data.templates import REPHRASINGS, render
-from decoding.errors import InputError
+from core.errors import InputError
 
 COLUMNS = ("id", "domain", "prompt", "messages", "response", "split")
 SPLITS = ("train", "dev", "test")

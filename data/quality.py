@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from decoding.errors import InputError
+from core.errors import InputError
 
 PRIMARY_METRIC = {"math": "exact_match", "translate": "bleu", "summarize": "rouge2", "code": "bleu"}
 SCORED_DOMAINS = tuple(PRIMARY_METRIC)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from decoding.datastore import SuffixIndex
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.multi import Arm, NoDraftSpeculator
 from decoding.prompt_lookup import PromptLookupSpeculator
 from decoding.rest import RestSpeculator

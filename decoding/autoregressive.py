@@ -8,7 +8,7 @@ import torch
 
 from decoding import kv
 from decoding.compat import check_prompt
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.metrics import GenerationMetrics, GenerationResult
 from decoding.sampling import SamplingConfig, probs_on_cpu, sample
 

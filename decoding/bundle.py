@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from decoding.errors import InputError
-from decoding.hashing import content_hash, drafter_hash, file_sha256  # noqa: F401 (re-exported for callers)
+from core.errors import InputError
+from core.hashing import content_hash, drafter_hash, file_sha256  # noqa: F401 (re-exported for callers)
 
 BUNDLE_JSON = "bundle.json"
 FORMAT = "specdraft-bundle/1"
@@ -114,7 +114,7 @@ class DrafterEntry:
     hidden_size: int
     vocab_size: int
     tokenizer_sha256: str
-    content_hash: str  # of the drafter's files (decoding.hashing.drafter_hash); its heads record the same value
+    content_hash: str  # of the drafter's files (core.hashing.drafter_hash); its heads record the same value
     alignment: dict[str, dict[str, float]]  # domain -> {acceptance, agreement, positions}
     head: str | None  # the head load_head(drafter) picks (the best simulated one)
 
@@ -198,7 +198,7 @@ class Bundle:
 
     def load_tokenizer(self, trust_remote_code: bool = False):
         """The target's tokenizer, checked against the fingerprint recorded at export."""
-        from decoding.compat import tokenizer_fingerprint
+        from core.tokenizers import tokenizer_fingerprint
         from decoding.loading import load_tokenizer
 
         tok = load_tokenizer(self.target_path, trust_remote_code, self.meta["target"].get("revision"))
@@ -247,7 +247,7 @@ class Bundle:
 
         The head must read this drafter's hidden size and have been trained on exactly this drafter's
         files (its recorded drafter_hash)."""
-        from heads.acceptance_head import load_head
+        from decoding.acceptance_head import load_head
 
         entry = self.drafter(drafter)
         available = self.heads.get(drafter, {})

@@ -52,7 +52,7 @@ import torch
 from decoding import kv
 from decoding.autoregressive import as_token_list, eos_set, generate_autoregressive
 from decoding.compat import check_pair, check_prompt
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.metrics import GenerationMetrics, GenerationResult
 from decoding.sampling import SamplingConfig, probs, sample
 from decoding.speculative import generate_speculative

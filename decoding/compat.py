@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from decoding.errors import InputError
+from core.errors import InputError
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:

@@ -12,7 +12,7 @@ from typing import Iterable
 
 import torch
 
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.metrics import GenerationMetrics
 
 

@@ -25,8 +25,9 @@ import torch
 
 from decoding.autoregressive import generate_autoregressive
 from decoding.chat import ChatFormat, format_prompt, user_turn
-from decoding.compat import check_head, check_pair, tokenizer_fingerprint
-from decoding.errors import InputError
+from decoding.compat import check_head, check_pair
+from core.tokenizers import tokenizer_fingerprint
+from core.errors import InputError
 from decoding.generate_args import add_arguments, bundle_of
 from decoding.loading import load_causal_lm, load_tokenizer
 from decoding.sampling import SamplingConfig
@@ -70,7 +71,7 @@ def load_pair(bundle: str | None = None, target: str | None = None, drafter: str
     check_pair(tgt, dft)
     h = hcfg = None
     if head is not None:
-        from heads.acceptance_head import load_head
+        from decoding.acceptance_head import load_head
 
         h, hcfg = load_head(head, expected_hidden_size=dft.config.hidden_size)
         h = h.to(drafter_device)

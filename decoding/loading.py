@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from decoding.errors import InputError
+from core.errors import InputError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -29,7 +29,7 @@ import torch
 
 from decoding import kv
 from decoding.compat import check_pair
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.metrics import GenerationResult
 from decoding.rewards import (accepted_length_reward, block_divergence_reward, block_efficiency_reward,
                               normalized_throughput, throughput_bounds)

@@ -27,7 +27,7 @@ import torch
 
 from decoding import kv
 from decoding.compat import check_head, check_pair
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.sampling import SamplingConfig, probs_on_cpu, sample
 from decoding.speculator import Draft, RoundOutcome, common_prefix
 from decoding.stopping import StoppingPolicy

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from decoding.compat import vocab_size
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.sampling import SamplingConfig
 from decoding.speculator import Draft, RoundOutcome
 

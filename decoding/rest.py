@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from decoding.datastore import Continuations, SuffixIndex, most_frequent_chain
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.prompt_lookup import point_mass_draft, target_vocab
 from decoding.sampling import SamplingConfig
 from decoding.speculator import Draft, RoundOutcome

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from decoding.errors import InputError
+from core.errors import InputError
 
 
 @dataclass(frozen=True)

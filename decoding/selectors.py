@@ -29,7 +29,7 @@ import inspect
 import math
 import random
 
-from decoding.errors import InputError
+from core.errors import InputError
 
 
 class Selector:

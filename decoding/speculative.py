@@ -23,7 +23,7 @@ import torch
 from decoding import kv
 from decoding.autoregressive import as_token_list, eos_set, generate_autoregressive
 from decoding.compat import check_prompt
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.metrics import GenerationMetrics, GenerationResult
 from decoding.sampling import SamplingConfig, probs_on_cpu
 from decoding.speculator import DrafterSpeculator, RoundOutcome, Speculator

@@ -25,7 +25,7 @@ import torch
 
 from decoding import kv
 from decoding.compat import check_k, check_threshold
-from decoding.errors import InputError
+from core.errors import InputError
 
 
 class StoppingPolicy(Protocol):

@@ -26,7 +26,7 @@ import math
 import torch
 
 from decoding.datastore import SuffixIndex, most_frequent_chain
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.prompt_lookup import point_mass_draft, target_vocab
 from decoding.rest import check_positive
 from decoding.sampling import SamplingConfig

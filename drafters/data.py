@@ -26,7 +26,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from decoding.errors import InputError
+from core.errors import InputError
 
 TOPK_IDS, TOPK_LOGPROBS = "teacher_topk_ids", "teacher_topk_logprobs"
 
@@ -200,7 +200,7 @@ class ResumableDataLoader(DataLoader):
 class CausalLMDataModule(L.LightningDataModule):
     """Train (and optional validation) loaders over a `datasets.Dataset` or a list of example dicts.
 
-    Needs `Trainer(use_distributed_sampler=False)` (as `pipelines.training.build_trainer` sets): the
+    Needs `Trainer(use_distributed_sampler=False)` (as `training.trainer.build_trainer` sets): the
     batch sampler shards over ranks itself, so its position can be checkpointed.
     """
 

@@ -15,7 +15,7 @@ import lightning as L
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, get_cosine_schedule_with_warmup
 
-from decoding.errors import InputError
+from core.errors import InputError
 from drafters import losses
 from drafters.data import TOPK_IDS, TOPK_LOGPROBS
 

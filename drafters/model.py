@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from decoding.errors import InputError
+from core.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def tokenizer_fingerprint(tokenizer_or_dir) -> str:
     """The decoder's tokenizer content hash (`decoding.compat.tokenizer_fingerprint`), so training and
     decoding agree on one definition. Accepts a tokenizer object or a directory saved with
     save_pretrained (loaded locally; nothing is downloaded or unpickled)."""
-    from decoding.compat import tokenizer_fingerprint as fingerprint
+    from core.tokenizers import tokenizer_fingerprint as fingerprint
 
     if isinstance(tokenizer_or_dir, (str, os.PathLike)):
         from decoding.loading import load_tokenizer

@@ -3,7 +3,7 @@
 The config holds the module's architecture (what rebuilds it) plus free-form metadata the stages add
 (metrics, hashes, transforms). Loading checks every file before use and fails with one InputError line
 that names the file and the stage to rerun; weights are never unpickled. Pure PyTorch + safetensors:
-the decoder imports this through heads.acceptance_head.
+the decoder imports this through decoding.acceptance_head.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from decoding.errors import InputError
+from core.errors import InputError
 
 
 @dataclass(frozen=True)

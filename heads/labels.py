@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.sampling import SamplingConfig, probs, sample
 
 

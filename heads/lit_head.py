@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
-from decoding.errors import InputError
-from heads.acceptance_head import AcceptanceHead
+from core.errors import InputError
+from decoding.acceptance_head import AcceptanceHead
 from heads.losses import weighted_bce_terms
 from heads.metrics import head_metrics
 

@@ -2,7 +2,7 @@
 
 The target's embedding table is frozen, so each prompt's pooled embedding is computed once
 (`heads.router.mean_pooled`) and the classifier trains on (features (N, H), labels (N,)), where a
-label is an index into the router's drafter list. The Trainer comes from `pipelines.training`
+label is an index into the router's drafter list. The Trainer comes from `training.trainer`
 (`build_trainer` + `fit`), like every other training stage: checkpoints, resume, loggers, Slurm.
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from decoding.errors import InputError
+from core.errors import InputError
 from drafters.data import ResumableBatchSampler, ResumableDataLoader
 from heads.lit_head import cpu_threads
 from heads.router import PromptClassifierRouter
-from pipelines.training import TrainerConfig, build_trainer, fit
+from training.trainer import TrainerConfig, build_trainer, fit
 
 
 class PooledPromptData(L.LightningDataModule):

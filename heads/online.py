@@ -13,7 +13,7 @@ import math
 import torch
 from torch.utils.data import IterableDataset
 
-from decoding.errors import InputError
+from core.errors import InputError
 from drafters.alignment import response_hidden
 from drafters.data import CausalLMCollator
 

@@ -43,7 +43,7 @@ from typing import Sequence
 
 import torch
 
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.rounds import draft_forwards, round_length, specdecpp_fires
 
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)

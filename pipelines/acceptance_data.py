@@ -29,19 +29,20 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from decoding.errors import InputError
-from decoding.hashing import derive_seed
+from core.errors import InputError
+from core.hashing import derive_seed
 from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.alignment import response_hidden, response_logits
 from drafters.data import CausalLMCollator
-from drafters.model import check_same_vocabulary, load_causal_lm as load_drafter
+from core.tokenizers import check_same_vocabulary
+from decoding.loading import load_causal_lm as load_drafter
 from heads.labels import acceptance_labels, mix_tokens
 from decoding.bundle import subdir_files
-from decoding.hashing import drafter_hash
+from core.hashing import drafter_hash
 from pipelines.artifacts import load_safetensors, read_json
-from pipelines.distill_data import load_distill_data
+from pipelines.readers import load_distill_data
 from pipelines.stage import Context
-from pipelines.train_drafters import BASE
+from pipelines.readers import BASE
 
 
 def forward_at_response(model, batch: dict, hidden: bool = False) -> torch.Tensor:

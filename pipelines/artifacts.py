@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from decoding.errors import InputError
-from decoding.hashing import content_hash, file_sha256
+from core.errors import InputError
+from core.hashing import content_hash, file_sha256
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1

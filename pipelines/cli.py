@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from decoding.errors import InputError
+from core.errors import InputError
 
 EXIT_BAD_INPUT = 2
 

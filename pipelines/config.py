@@ -16,7 +16,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from decoding.errors import InputError
+from core.errors import InputError
 
 
 class ConfigError(InputError):

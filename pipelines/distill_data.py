@@ -29,9 +29,9 @@ from tqdm.auto import tqdm
 from data.chat import chat_format, row_messages
 from data.prompts import load_prompt_sets
 from decoding.chat import ChatFormat, format_prompt
-from decoding.errors import InputError
+from core.errors import InputError
 from pipelines.artifacts import load_dataset_dir
-from decoding.hashing import derive_seed
+from core.hashing import derive_seed
 from decoding.loading import load_causal_lm, load_tokenizer
 from pipelines.stage import Context, StageIncomplete
 

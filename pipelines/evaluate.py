@@ -65,10 +65,11 @@ from decoding import kv
 from decoding.autoregressive import generate_autoregressive
 from decoding.bundle import Bundle, load_bundle
 from decoding.chat import ChatFormat, format_prompt
-from decoding.compat import check_k, tokenizer_fingerprint
+from decoding.compat import check_k
+from core.tokenizers import tokenizer_fingerprint
 from decoding.cost_model import fit_costs
-from decoding.errors import InputError
-from decoding.hashing import derive_seed
+from core.errors import InputError
+from core.hashing import derive_seed
 from decoding.metrics import GenerationMetrics, GenerationResult, aggregate
 from decoding.arms import ArmResources, build_arm, build_arms
 from decoding.cascades import cascade_method
@@ -81,7 +82,7 @@ from decoding.speculator import DrafterSpeculator, Speculator
 from decoding.stopping import FixedK, HindsightOracle, SpecDecPP
 from decoding.timing import Timing, bootstrap_median, quantile, timed_call
 from heads.router import load_router
-from pipelines.distill_data import fit_prompt
+from data.prompts import fit_prompt
 from pipelines.schema import BANDITS, EvaluateSection  # noqa: F401 (EvaluateSection re-exported)
 from pipelines.stage import Context
 

@@ -28,20 +28,21 @@ import shutil
 from pathlib import Path
 
 from data.chat import chat_format
-from decoding.bundle import (BUNDLE_JSON, check_safe_weights, drafter_hash, file_sha256, load_bundle,
-                             subdir_files, summarize, write_bundle_json)
+from decoding.bundle import BUNDLE_JSON, check_safe_weights, drafter_hash, load_bundle, subdir_files, summarize, write_bundle_json
+from core.hashing import file_sha256
 from decoding.cascades import method_from_spec
-from decoding.compat import check_k, tokenizer_fingerprint
+from decoding.compat import check_k
+from core.tokenizers import tokenizer_fingerprint
 from decoding.datastore import build_datastore
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.loading import load_tokenizer
 from decoding.sampling import SamplingConfig
 from decoding.selectors import SELECTORS
-from heads.acceptance_head import CONFIG_NAME as HEAD_CONFIG
+from decoding.acceptance_head import CONFIG_NAME as HEAD_CONFIG
 from pipelines.artifacts import MANIFEST, Manifest
 from pipelines.config import to_dict
 from pipelines.stage import Context
-from pipelines.train_drafters import BASE
+from pipelines.readers import BASE
 
 
 def copy_listed(src: Path, manifest: Manifest, sub: str | None, dst: Path) -> dict[str, str]:
@@ -69,7 +70,7 @@ def copy_listed(src: Path, manifest: Manifest, sub: str | None, dst: Path) -> di
 def build_datastore_dir(distill_dir: Path, dst: Path) -> dict:
     """Suffix array over distill-data's train responses (decoding/datastore.py) written into dst;
     returns its datastore.json (tokens, sequences, bytes, source) and the build time in seconds."""
-    from pipelines.distill_data import load_distill_data
+    from pipelines.readers import load_distill_data
 
     data = load_distill_data(distill_dir)
     if "train" not in data or len(data["train"]) == 0:

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from decoding.errors import InputError
-from decoding.hashing import content_hash
+from core.errors import InputError
+from core.hashing import content_hash
 from pipelines.artifacts import HashCache
 
 # What a causal LM and its tokenizer load from; the snapshot download fetches only these.

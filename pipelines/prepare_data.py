@@ -40,7 +40,8 @@ def build(ctx: Context) -> dict:
 def _source_hash(path: str) -> str:
     from pathlib import Path
 
-    from pipelines.artifacts import content_hash, dir_hashes, file_sha256
+    from pipelines.artifacts import dir_hashes
+    from core.hashing import content_hash, file_sha256
 
     p = Path(path)
     return content_hash(dir_hashes(p)) if p.is_dir() else file_sha256(p)

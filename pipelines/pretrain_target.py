@@ -25,7 +25,7 @@ from drafters.lit_lm import CausalLMModule
 from drafters.model import build_causal_lm, num_parameters
 from pipelines.artifacts import load_dataset_dir
 from pipelines.stage import Context, leave_unless_rank_zero
-from pipelines.training import build_trainer, fit
+from training.trainer import build_trainer, fit
 
 
 @torch.no_grad()

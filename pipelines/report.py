@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from decoding.cascades import DISPLAY_NAMES as CASCADE_NAMES
-from decoding.hashing import derive_seed
+from core.hashing import derive_seed
 from decoding.timing import Spread, bootstrap_ratio, verdict
 from pipelines.schema import BANDITS
 

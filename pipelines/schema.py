@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
 from data.demo_world import DOMAINS, HELDOUT_DOMAINS
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.compat import check_k
 from drafters.model import CausalLMConfig, preset
-from pipelines.training import TrainerConfig
+from training.trainer import TrainerConfig
 
 
 @dataclass

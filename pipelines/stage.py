@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from decoding.errors import InputError
+from core.errors import InputError
 from pipelines.artifacts import (HashCache, Manifest, StageLock, StageOutput, read_manifest, tidy_stage_dir,
                                  verify_files)
 from pipelines.config import to_dict

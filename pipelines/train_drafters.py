@@ -30,16 +30,18 @@ import torch
 
 from data.chat import chat_format
 from data.tokenizer import encode_document, pack
-from decoding.errors import InputError
+from core.errors import InputError
 from pipelines.artifacts import load_dataset_dir
 from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.alignment import alignment_by_domain, format_table
 from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.lit_lm import CausalLMModule
-from drafters.model import build_causal_lm, check_same_vocabulary, load_causal_lm as load_drafter, num_parameters
-from pipelines.distill_data import load_distill_data
+from drafters.model import build_causal_lm, num_parameters
+from core.tokenizers import check_same_vocabulary
+from decoding.loading import load_causal_lm as load_drafter
+from pipelines.readers import load_distill_data
 from pipelines.stage import Context, StageIncomplete, global_rank, on_rank_zero
-from pipelines.training import build_trainer, fit
+from training.trainer import build_trainer, fit
 
 BASE = "base"  # the general-phase drafter: the "trained on the raw corpus, no target generations" reference
 

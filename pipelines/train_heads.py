@@ -24,16 +24,16 @@ import torch
 from torch.utils.data import DataLoader
 
 from decoding import kv
-from decoding.errors import InputError
+from core.errors import InputError
 from pipelines.artifacts import load_dataset_dir, read_json
 from decoding.loading import load_causal_lm, load_tokenizer
-from drafters.model import load_causal_lm as load_drafter
-from heads.acceptance_head import save_head
+from decoding.loading import load_causal_lm as load_drafter
+from decoding.acceptance_head import save_head
 from heads.lit_head import HeadTrainConfig, predict_logits, train_head_grid
 from heads.metrics import constant_baseline, overlap_reference
 from heads.online import OnlineFeatures, compute_features
 from heads.simulate import best, choose_threshold, greedy_oracle, simulate_fixed_k
-from pipelines.acceptance_data import load_features, transform_dirs
+from pipelines.readers import load_features, transform_dirs
 from pipelines.stage import Context
 
 

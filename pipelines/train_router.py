@@ -38,18 +38,20 @@ import torch
 from data.chat import chat_format, row_messages
 from data.prompts import load_prompt_sets
 from decoding.chat import ChatFormat, format_prompt
-from decoding.compat import tokenizer_fingerprint
-from decoding.errors import InputError
+from core.tokenizers import tokenizer_fingerprint
+from core.errors import InputError
 from pipelines.artifacts import read_json
 from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.alignment import response_logits
 from drafters.data import CausalLMCollator
-from drafters.model import load_causal_lm as load_drafter
+from decoding.loading import load_causal_lm as load_drafter
 from heads.lit_router import train_classifier
 from heads.router import CentroidRouter, Router, mean_pooled, save_router
-from pipelines.distill_data import fit_prompt, generate_batch, load_distill_data
+from data.prompts import fit_prompt
+from data.generation import generate_batch
+from pipelines.readers import load_distill_data
 from pipelines.stage import Context
-from pipelines.train_drafters import BASE
+from pipelines.readers import BASE
 
 POOLING = "mean of the target's input embeddings over the prompt tokens"
 

@@ -9,7 +9,7 @@ from data.chat import chat_format, row_messages
 from data.prompts import load_user_prompts, user_prompt_sets
 from data.tokenizer import DEMO_CHAT_TEMPLATE, encode_document, train_bpe
 from decoding.chat import ChatFormat, format_prompt, user_turn
-from decoding.errors import InputError
+from core.errors import InputError
 from pipelines.schema import PromptsSection
 
 

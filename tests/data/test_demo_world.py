@@ -6,7 +6,7 @@ import pytest
 
 from data import demo_world
 from data.prompts import demo_prompt_sets, load_user_prompts, user_prompt_sets
-from decoding.errors import InputError
+from core.errors import InputError
 
 
 def _digest(examples):

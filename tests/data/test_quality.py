@@ -2,7 +2,7 @@
 import pytest
 
 from data.quality import PRIMARY_METRIC, aggregate, math_answer, score
-from decoding.errors import InputError
+from core.errors import InputError
 
 
 def test_math_scores_the_first_answer_line():

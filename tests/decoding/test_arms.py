@@ -5,7 +5,7 @@ import pytest
 from decoding.arms import ArmResources, build_arms
 from decoding.autoregressive import generate_autoregressive
 from decoding.datastore import SuffixIndex
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.multi import MultiDrafterSpeculator, NoDraftSpeculator
 from decoding.prompt_lookup import PromptLookupSpeculator
 from decoding.rest import RestSpeculator

@@ -9,10 +9,10 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import decoding.bundle
-from decoding.bundle import (BUNDLE_JSON, bundle_files, content_hash, inspect_bundle, inspect_main, load_bundle,
-                             write_bundle_json)
-from decoding.errors import InputError
-from heads.acceptance_head import AcceptanceHead, save_head
+from decoding.bundle import BUNDLE_JSON, bundle_files, inspect_bundle, inspect_main, load_bundle, write_bundle_json
+from core.hashing import content_hash
+from core.errors import InputError
+from decoding.acceptance_head import AcceptanceHead, save_head
 from tests.decoding.conftest import noisy_copy, tiny_llama
 
 V = 64
@@ -43,7 +43,7 @@ def _meta(root, tok_sha: str, drafter_tok_sha: str | None = None) -> dict:
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):
-    from decoding.compat import tokenizer_fingerprint
+    from core.tokenizers import tokenizer_fingerprint
 
     root = tmp_path_factory.mktemp("bundle_template") / "bundle"
     tok = tiny_tokenizer()

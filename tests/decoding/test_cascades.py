@@ -25,7 +25,7 @@ from decoding.cascades import (
     token_v3_rejects,
     verification_distribution,
 )
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.sampling import SamplingConfig, probs, sample
 from decoding.speculative import generate_speculative
 from decoding.speculator import DrafterSpeculator

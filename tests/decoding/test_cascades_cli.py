@@ -4,7 +4,7 @@ import json
 import pytest
 
 from decoding.cascades import cascade_method
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.generate import generate_text, load_pair
 from decoding.sampling import SamplingConfig
 from pipelines.cli import main

@@ -5,8 +5,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from decoding.autoregressive import generate_autoregressive
-from decoding.compat import check_head, check_pair, tokenizer_fingerprint
-from decoding.errors import InputError
+from decoding.compat import check_head, check_pair
+from core.tokenizers import tokenizer_fingerprint
+from core.errors import InputError
 from decoding.sampling import SamplingConfig
 from decoding.speculative import speculative_generate
 from decoding.speculator import DrafterSpeculator

@@ -10,7 +10,7 @@ from decoding.cost_model import (
     fit_from_metrics,
     implementation_efficiency,
 )
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.metrics import GenerationMetrics, aggregate
 
 

@@ -7,7 +7,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from data.tokenizer import train_bpe
 from decoding.generate import generate_text, load_pair
-from decoding.errors import InputError
+from core.errors import InputError
 from pipelines.cli import main
 
 

@@ -11,7 +11,7 @@ import torch
 from decoding.autoregressive import generate_autoregressive
 from decoding.datastore import (SEPARATOR, SMALL, Continuations, SuffixIndex, build_datastore, most_frequent_chain,
                                 suffix_array)
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.prompt_lookup import PromptLookupSpeculator
 from decoding.rest import RestSpeculator
 from decoding.sampling import SamplingConfig

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from decoding.autoregressive import generate_autoregressive
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.multi import (
     Arm,
     DraftAllSpeculator,

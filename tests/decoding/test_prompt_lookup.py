@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from decoding.autoregressive import generate_autoregressive
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.prompt_lookup import PromptLookupSpeculator, lookup
 from decoding.sampling import SamplingConfig
 from decoding.speculative import generate_speculative

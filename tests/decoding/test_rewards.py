@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.rewards import (
     accepted_length_reward,
     block_divergence_reward,

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.selectors import (
     EXP3,
     SELECTORS,

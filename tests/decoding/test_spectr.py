@@ -16,7 +16,7 @@ import torch
 
 from decoding import kv
 from decoding.autoregressive import generate_autoregressive
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.multi_draft import SpecTrSpeculator
 from decoding.sampling import SamplingConfig
 from decoding.spectr import (

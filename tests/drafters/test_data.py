@@ -1,6 +1,6 @@
 import pytest
 
-from decoding.errors import InputError
+from core.errors import InputError
 from drafters.data import (
     CausalLMCollator,
     ResumableBatchSampler,

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from decoding.errors import InputError
+from core.errors import InputError
 from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.lit_lm import CausalLMModule
 from drafters.losses import topk_of

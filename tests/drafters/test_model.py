@@ -3,16 +3,10 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from decoding.errors import InputError
-from drafters.model import (
-    PRESETS,
-    build_causal_lm,
-    check_same_vocabulary,
-    load_causal_lm,
-    num_parameters,
-    preset,
-    tokenizer_fingerprint,
-)
+from core.errors import InputError
+from drafters.model import PRESETS, build_causal_lm, num_parameters, preset
+from core.tokenizers import check_same_vocabulary, tokenizer_fingerprint
+from decoding.loading import load_causal_lm
 
 
 def test_metasd_preset_has_68m_parameters_with_the_llama_vocabulary():

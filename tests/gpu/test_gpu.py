@@ -1,6 +1,6 @@
 """What only a CUDA machine can check (`make test-gpu`; off by default, marker `gpu`).
 
-- the shared trainer (pipelines/training.py) trains a drafter in bf16-mixed under the auto, fsdp and
+- the shared trainer (training/trainer.py) trains a drafter in bf16-mixed under the auto, fsdp and
   deepspeed_stage_2 strategies on one GPU, and the loss goes down;
 - distill-data runs with an int8 and an nf4 (bitsandbytes) target on the GPU;
 - a target placed by device_map="auto" with a max_memory budget that forces part of it onto the CPU
@@ -27,7 +27,7 @@ def test_drafter_trains_in_bf16_on_one_gpu(tmp_path, strategy):
     from drafters.data import CausalLMCollator, CausalLMDataModule
     from drafters.lit_lm import CausalLMModule
     from drafters.model import build_causal_lm
-    from pipelines.training import fit, build_trainer
+    from training.trainer import fit, build_trainer
     from tests.pipelines.test_training import V, _cfg, _logged
 
     # 8 fixed sequences seen again and again: a drafter that trains at all fits them quickly

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.sampling import SamplingConfig
 from heads.labels import acceptance_labels, mix_tokens
 from heads.losses import weighted_bce

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from decoding.errors import InputError
-from heads.acceptance_head import AcceptanceHead
+from core.errors import InputError
+from decoding.acceptance_head import AcceptanceHead
 from heads.lit_head import (
     AcceptanceHeadsModule,
     HeadSpec,

@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-from decoding.errors import InputError
+from core.errors import InputError
 from heads.simulate import (
     choose_threshold,
     greedy_oracle,

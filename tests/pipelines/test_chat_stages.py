@@ -3,7 +3,7 @@ from data.chat import row_messages
 from data.prompts import load_prompt_sets
 from decoding.chat import format_prompt
 from decoding.loading import load_tokenizer
-from pipelines.distill_data import load_distill_data
+from pipelines.readers import load_distill_data
 from pipelines.stage import run_stage
 from tests.pipelines.conftest import tiny_config as _tiny_config
 

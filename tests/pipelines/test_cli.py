@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from decoding.errors import InputError
+from core.errors import InputError
 from decoding.generate_args import bundle_of
 from pipelines.cli import build_parser
 

@@ -7,8 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import pipelines.acceptance_data as ad
-from decoding.errors import InputError
-from heads.acceptance_head import load_head
+from core.errors import InputError
+from decoding.acceptance_head import load_head
 from pipelines.artifacts import read_manifest
 from pipelines.stage import run_stage
 from tests.pipelines.conftest import FAST, tiny_config
@@ -161,7 +161,7 @@ def test_heads_train_online_without_a_feature_cache(drafted_run):
     and still exports scored heads. The recomputed dev features equal what the cache would hold."""
     from heads.online import compute_features
     from datasets import load_from_disk
-    from drafters.model import load_causal_lm
+    from decoding.loading import load_causal_lm
 
     cached = tiny_config(drafted_run, **FAST)
     out = run_stage(cached, "acceptance-data")

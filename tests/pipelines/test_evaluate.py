@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from decoding.errors import InputError
+from core.errors import InputError
 from pipelines.report import PLOTS, headline, key_of, label
 from pipelines.schema import EvaluateSection
 from pipelines.stage import run_stage

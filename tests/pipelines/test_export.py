@@ -7,9 +7,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from decoding.bundle import BUNDLE_JSON, bundle_files, content_hash, drafter_hash, inspect_main, load_bundle, subdir_files
-from decoding.errors import InputError
-from pipelines.artifacts import StageOutput, content_hash as artifacts_content_hash, read_manifest
+from decoding.bundle import BUNDLE_JSON, bundle_files, drafter_hash, inspect_main, load_bundle, subdir_files
+from core.hashing import content_hash
+from core.errors import InputError
+from pipelines.artifacts import StageOutput, read_manifest
+from core.hashing import content_hash as artifacts_content_hash
 from pipelines.stage import run_stage
 from tests.pipelines.conftest import fresh_copy, run_template, tiny_config
 

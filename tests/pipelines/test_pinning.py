@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from decoding.errors import InputError
+from core.errors import InputError
 from pipelines.artifacts import HashCache, read_manifest
 from pipelines.pinning import pin_target
 from pipelines.stage import run_stage

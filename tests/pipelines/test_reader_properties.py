@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from decoding.bundle import BUNDLE_JSON, load_bundle
-from decoding.errors import InputError
+from core.errors import InputError
 from pipelines.artifacts import MANIFEST, StageOutput, read_manifest
 from pipelines.config import load_config
 from pipelines.schema import RunConfig

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from decoding.errors import InputError
+from core.errors import InputError
 from pipelines.artifacts import (MANIFEST, HashCache, StageLock, StageOutput, load_dataset_dir, read_manifest,
                                  tidy_stage_dir, verify_files)
 from pipelines.cli import main

@@ -3,7 +3,7 @@ import json
 import pytest
 
 import pipelines.prepare_data
-from decoding.errors import InputError
+from core.errors import InputError
 from pipelines.artifacts import read_manifest, verify_files
 from pipelines.config import from_dict
 from pipelines.schema import RunConfig

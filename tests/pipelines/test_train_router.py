@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from decoding.compat import tokenizer_fingerprint
-from decoding.errors import InputError
+from core.tokenizers import tokenizer_fingerprint
+from core.errors import InputError
 from decoding.loading import load_causal_lm, load_tokenizer
 from heads.router import load_router
 from pipelines.stage import run_stage

@@ -11,11 +11,11 @@ import lightning as L
 import pytest
 import torch
 
-from decoding.errors import InputError
+from core.errors import InputError
 from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.lit_lm import CausalLMModule
 from drafters.model import build_causal_lm
-from pipelines.training import TrainerConfig, WandbConfig, build_trainer, fit
+from training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
 
 REPO = Path(__file__).resolve().parents[2]
 V = 48
@@ -110,7 +110,7 @@ _DDP_SCRIPT = textwrap.dedent(
     from drafters.data import CausalLMCollator, CausalLMDataModule
     from drafters.lit_lm import CausalLMModule
     from drafters.model import build_causal_lm
-    from pipelines.training import TrainerConfig, WandbConfig, build_trainer, fit
+    from training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
 
     class Seen(__import__("lightning").Callback):
         seen = []
@@ -191,7 +191,7 @@ class SignalAt(L.Callback):
 
 
 def test_requeue_signal_checkpoints_at_the_next_step_and_resumes_exactly(tmp_path, monkeypatch):
-    import pipelines.training as training
+    import training.trainer as training
 
     _run(tmp_path / "straight", _cfg())
     straight = _logged(tmp_path / "straight")
