@@ -37,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from data.chat import row_messages  # noqa: E402
+from decoding.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
 from data.prompts import load_prompt_sets  # noqa: E402
 from data.quality import PRIMARY_METRIC, SCORED_DOMAINS, aggregate  # noqa: E402
 from decoding.autoregressive import generate_autoregressive  # noqa: E402
@@ -84,7 +86,7 @@ def run_sweep(args) -> list[dict]:
             drafters[name] = bundle.load_drafter(name, device="cpu", target=target)
         drafter = drafters[name]
         for i, ex in enumerate(examples):
-            ids = tok(ex["prompt"])["input_ids"]
+            ids = format_prompt(tok, row_messages(ex))
             configs = [(None, SamplingConfig(t), who) for t in args.temperatures for who in (TARGET, DRAFTER)]
             configs += [(m, s, m.name) for m, s in plan]
             shift = (i * 7 + len(rows)) % len(configs)  # rotate the order prompt by prompt

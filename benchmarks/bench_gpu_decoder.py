@@ -32,6 +32,8 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from data.chat import row_messages  # noqa: E402
+from decoding.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
 from decoding import kv  # noqa: E402
 from decoding.autoregressive import generate_autoregressive  # noqa: E402
 from decoding.cost_model import acceptance_from_mat, analytic_speedup  # noqa: E402
@@ -76,7 +78,7 @@ def prompts_for(args, vocab: int) -> list[list[int]]:
 
         tok = AutoTokenizer.from_pretrained(args.target, trust_remote_code=False)
         rows = [r for r in load_from_disk(args.prompt_set)["test"] if r["domain"] == args.domain]
-        return [tok(r["prompt"])["input_ids"] for r in rows[: args.n_prompts]]
+        return [format_prompt(tok, row_messages(r)) for r in rows[: args.n_prompts]]
     gen = torch.Generator().manual_seed(0)
     return [torch.randint(3, vocab, (int(n),), generator=gen).tolist()
             for n in torch.randint(16, 64, (args.n_prompts,), generator=gen)]

@@ -34,6 +34,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from data.chat import row_messages  # noqa: E402
+from decoding.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
 from decoding.arms import ArmResources, build_arms  # noqa: E402
 from decoding.autoregressive import generate_autoregressive  # noqa: E402
 from decoding.bundle import load_bundle  # noqa: E402
@@ -72,7 +74,7 @@ def load_prompts(root: Path, tok, set_name: str, per_domain: int, max_prompt: in
                 continue  # other sets only top up the copying group
             if taken.get(domain, 0) < per_domain:
                 taken[domain] = taken.get(domain, 0) + 1
-                ids, _ = fit_prompt(tok(row["prompt"])["input_ids"], max_prompt, "truncate", row["id"])
+                ids, _ = fit_prompt(format_prompt(tok, row_messages(row)), max_prompt, "truncate", row["id"])
                 rows.append((domain, row["id"], row["prompt"], ids))
     return rows
 
@@ -88,7 +90,7 @@ def distill_greedy(target, tok, root: Path, per_domain: int, max_new_tokens: int
     for row in load_prompt_sets(root / "prompts")["train"]:
         if taken.get(row["domain"], 0) < per_domain:
             taken[row["domain"]] = taken.get(row["domain"], 0) + 1
-            prompts.append(fit_prompt(tok(row["prompt"])["input_ids"], 384, "truncate", row["id"])[0])
+            prompts.append(fit_prompt(format_prompt(tok, row_messages(row)), 384, "truncate", row["id"])[0])
     out = []
     for b in range(0, len(prompts), 16):
         out += [resp for resp, _ in generate_batch(target, prompts[b:b + 16], tok.pad_token_id, tok.eos_token_id,

@@ -37,6 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from data.chat import row_messages  # noqa: E402
+from decoding.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
 from decoding import kv  # noqa: E402
 from decoding.autoregressive import generate_autoregressive  # noqa: E402
 from decoding.metrics import aggregate  # noqa: E402
@@ -66,7 +68,7 @@ def load_prompts(prompt_set: str, per_domain: int, tok, max_prompt_tokens: int) 
 
     out: dict[str, list[list[int]]] = {}
     for row in load_from_disk(prompt_set)["test"]:
-        ids, _ = fit_prompt(tok(row["prompt"])["input_ids"], max_prompt_tokens, "truncate", row["id"])
+        ids, _ = fit_prompt(format_prompt(tok, row_messages(row)), max_prompt_tokens, "truncate", row["id"])
         if len(out.setdefault(row["domain"], [])) < per_domain:
             out[row["domain"]].append(ids)
     return out

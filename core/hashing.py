@@ -23,6 +23,16 @@ def content_hash(file_hashes: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(sorted(file_hashes.items())).encode()).hexdigest()
 
 
+# A drafter's serving defaults (export writes transformers' num_assistant_tokens into it): not part of
+# the drafter's identity, so a head trained on the drafter still matches the exported copy.
+SERVING_FILES = frozenset({"generation_config.json"})
+
+
+def drafter_hash(file_hashes: dict[str, str]) -> str:
+    """The identity of a drafter directory (files relative to it): its content hash without SERVING_FILES."""
+    return content_hash({k: v for k, v in file_hashes.items() if k not in SERVING_FILES})
+
+
 def derive_seed(*parts) -> int:
     """A stable 60-bit seed from a run seed and names (stage, example id, method): the same parts give
     the same stream in every process and after every restart, whatever ran before."""

@@ -14,7 +14,24 @@ from typing import Any
 
 from core.errors import InputError
 
+# A tokenizer saved as a plain tokenizer.json (the demo's BPE, or any `tokenizers` file) is loaded as exactly
+# that: beside a Qwen2 or Gemma config, AutoTokenizer would pick the family's class, which adds tokens and
+# breaks the target/drafter match between two families sharing one tokenizer.
+GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+
+
+def tokenizer_class_for(name_or_path: str | Path):
+    """The transformers class to load a saved tokenizer with (see GENERIC_TOKENIZERS)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config = Path(name_or_path) / "tokenizer_config.json"
+    try:
+        saved = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        saved = None
+    return PreTrainedTokenizerFast if saved in GENERIC_TOKENIZERS else AutoTokenizer
 
 
 def tokenizer_fingerprint(tokenizer_or_dir: Any) -> str:
@@ -27,12 +44,10 @@ def tokenizer_fingerprint(tokenizer_or_dir: Any) -> str:
     """
     tokenizer = tokenizer_or_dir
     if isinstance(tokenizer_or_dir, (str, os.PathLike)):
-        from transformers import AutoTokenizer
-
         path = Path(tokenizer_or_dir)
         if not (path / "tokenizer.json").is_file():
             raise InputError(f"no tokenizer.json in {path}; save the tokenizer there with save_pretrained")
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        tokenizer = tokenizer_class_for(path).from_pretrained(path, local_files_only=True, trust_remote_code=False)
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
     special = {name: getattr(tokenizer, name, None) for name in SPECIAL_TOKENS}
     special = {k: str(v) for k, v in special.items() if v is not None}

@@ -3,7 +3,8 @@
 Every prompt set has the same columns, so the stages never care where prompts came from:
   id        stable example id ("<domain>/<split>/<n>")
   domain    task domain (drafters specialise by it)
-  prompt    the text the target continues
+  prompt    the user turn the target answers (its text)
+  messages  "" for a single user turn, else the conversation before the answer as JSON (data/chat.py)
   response  reference answer ("" when unknown); the demo corpus uses it, generation never does
   split     train | dev | test | perturbed | ood
 """
@@ -16,16 +17,17 @@ from pathlib import Path
 import datasets
 
 from data import demo_world
+from data.chat import encode_messages, record_messages
 from data.templates import REPHRASINGS, render
 from core.errors import InputError
 
-COLUMNS = ("id", "domain", "prompt", "response", "split")
+COLUMNS = ("id", "domain", "prompt", "messages", "response", "split")
 SPLITS = ("train", "dev", "test")
 
 
 def _rows(examples: list[demo_world.Example], split: str) -> list[dict]:
-    return [{"id": e.id, "domain": e.domain, "prompt": e.prompt, "response": e.response, "split": split}
-            for e in examples]
+    return [{"id": e.id, "domain": e.domain, "prompt": e.prompt, "messages": "", "response": e.response,
+             "split": split} for e in examples]
 
 
 def demo_prompt_sets(seed: int, domains, heldout, n_train: int, n_dev: int, n_test: int) -> datasets.DatasetDict:
@@ -38,6 +40,7 @@ def demo_prompt_sets(seed: int, domains, heldout, n_train: int, n_dev: int, n_te
         for i, e in enumerate(demo_world.build_split(domain, "test", n_test, seed)):
             rows["perturbed"].append({"id": f"{domain}/perturbed/{i:06d}", "domain": domain,
                                       "prompt": render(domain, e.fields, rephrasing=i % len(REPHRASINGS[domain])),
+                                      "messages": "",
                                       "response": e.response, "split": "perturbed"})
     for domain in heldout:
         rows["ood"] += [dict(r, id=r["id"].replace("/test/", "/ood/"), split="ood")
@@ -63,8 +66,9 @@ def _split_of(example_id: str, dev_frac: float = 0.1, test_frac: float = 0.1) ->
 
 
 def load_user_prompts(path: str | Path) -> list[dict]:
-    """A JSONL file (one object per line with a `prompt` field; optional `domain`, `response`, `split`,
-    `id`) or a `datasets` directory (Dataset or DatasetDict with at least a `prompt` column)."""
+    """A JSONL file (one object per line) or a `datasets` directory (Dataset or DatasetDict) of records
+    with a `prompt` string, an OpenAI `messages` list or a ShareGPT `conversations` list (data/chat.py);
+    optional `domain`, `response`, `split`, `id`. A malformed record is one line naming file and line."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"prompt source '{path}' does not exist; give a JSONL file or a datasets directory")
@@ -74,7 +78,8 @@ def load_user_prompts(path: str | Path) -> list[dict]:
         except Exception as e:  # datasets raises several types for a non-dataset dir
             raise InputError(f"'{path}' is not a datasets directory ({type(e).__name__}); save it with save_to_disk") from None
         parts = ds.items() if isinstance(ds, datasets.DatasetDict) else [(None, ds)]
-        raw = [dict(r, split=r.get("split") or split) for split, d in parts for r in d]
+        raw = [(f"{path} record {n}", dict(r, split=r.get("split") or split))
+               for split, d in parts for n, r in enumerate(d)]
     else:
         raw = []
         for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -85,19 +90,18 @@ def load_user_prompts(path: str | Path) -> list[dict]:
             except json.JSONDecodeError:
                 raise InputError(f"{path}:{n} is not valid JSON; each line must be one JSON object") from None
             if not isinstance(obj, dict):
-                raise InputError(f"{path}:{n} must be a JSON object with a 'prompt' field")
-            raw.append(obj)
+                raise InputError(f"{path}:{n} must be a JSON object with a 'prompt', 'messages' or 'conversations' field")
+            raw.append((f"{path}:{n}", obj))
     rows = []
-    for n, r in enumerate(raw):
-        if not isinstance(r.get("prompt"), str) or not r["prompt"]:
-            raise InputError(f"{path}: record {n} has no non-empty 'prompt' string; every record needs one")
+    for n, (where, r) in enumerate(raw):
+        messages, reference = record_messages(r, where)
         domain = str(r.get("domain") or path.stem)
         ex_id = str(r.get("id") or f"{domain}/{path.stem}/{n:06d}")
         split = r.get("split") or _split_of(ex_id)
         if split not in (*SPLITS, "perturbed", "ood"):
-            raise InputError(f"{path}: record {n} has split {split!r}; use train, dev, test, perturbed or ood")
-        rows.append({"id": ex_id, "domain": domain, "prompt": r["prompt"], "response": str(r.get("response") or ""),
-                     "split": split})
+            raise InputError(f"{where} has split {split!r}; use train, dev, test, perturbed or ood")
+        rows.append({"id": ex_id, "domain": domain, "prompt": messages[-1]["content"],
+                     "messages": encode_messages(messages), "response": reference, "split": split})
     if not rows:
         raise InputError(f"prompt source '{path}' holds no prompts")
     return rows

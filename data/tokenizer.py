@@ -3,6 +3,10 @@
 Byte-level BPE needs no unknown token and round-trips any text, including code indentation. The
 result is a `PreTrainedTokenizerFast` saved with `save_pretrained`, so `AutoTokenizer.from_pretrained`
 loads it like any hub tokenizer.
+
+It carries a small chat template with one special token per role, so the demo run takes the exact
+path an instruct target takes (decoding/chat.py): every prompt is formatted by the template, and the
+pretraining documents are formatted the same way, so the target has seen the markers it is served with.
 """
 from __future__ import annotations
 
@@ -11,7 +15,17 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from decoding.chat import ChatFormat, format_prompt, user_turn
+
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+# BOS, then each turn as its role token + text (an assistant turn closed by EOS, as it was generated);
+# the generation prompt is the assistant role token. Two tokens more than the plain prompt per turn.
+DEMO_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] }}"
+    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> PreTrainedTokenizerFast:
@@ -21,7 +35,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=[PAD, BOS, EOS],  # ids 0, 1, 2
+        special_tokens=[PAD, BOS, EOS, *ROLE_TOKENS],  # ids 0, 1, 2, then the role markers
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -30,15 +44,19 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
     # Every encoded text starts with BOS (prompts and training documents alike); EOS is appended by
     # the data code where a document ends, never by the tokenizer, so prompts stay open-ended.
     tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, bos_id)])
-    return PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, padding_side="left",
-        model_max_length=1_000_000,
+        model_max_length=1_000_000, additional_special_tokens=list(ROLE_TOKENS),
     )
+    fast.chat_template = DEMO_CHAT_TEMPLATE
+    return fast
 
 
-def encode_document(tok, prompt: str, response: str) -> list[int]:
-    """BOS + prompt + response + EOS, prompt and response tokenized separately (as generation sees them)."""
-    return tok(prompt)["input_ids"] + tok(response, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+def encode_document(tok, prompt: str, response: str, chat: ChatFormat = ChatFormat()) -> list[int]:
+    """The formatted prompt (decoding.chat.format_prompt) + response + EOS, prompt and response
+    tokenized separately, exactly as generation sees them."""
+    return (format_prompt(tok, user_turn(prompt), chat) + tok(response, add_special_tokens=False)["input_ids"]
+            + [tok.eos_token_id])
 
 
 def pack(docs: list[list[int]], seq_len: int) -> list[list[int]]:

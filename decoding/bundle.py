@@ -13,7 +13,8 @@ Written by the `export` stage (pipelines/export.py), read here:
 
 bundle.json:
   format     "specdraft-bundle/1"
-  target     {path: "target"} or {reference: "/abs/dir" | "org/model"}; tokenizer_sha256, vocab_size, dtype
+  target     {path: "target"} or {reference: "/abs/dir" | "org/model"}; tokenizer_sha256, vocab_size, dtype;
+             a hub reference also has revision (the commit it was trained on, loaded exactly)
   drafters   name -> {path, domains, parameters, hidden_size, vocab_size, tokenizer_sha256, content_hash,
                       alignment: {domain: {acceptance, agreement, positions}}, head: default head name | null}
   heads      drafter -> head name -> {path, drafter, depth, w_rej, label_transform, threshold, k_max, best,
@@ -21,6 +22,8 @@ bundle.json:
   routers    {name: {path, kind}} (empty without train-router)
   decoding   {temperature, top_k, top_p, k, k_max, selector, max_new_tokens, drafts (absent: 1)}, optionally
              cascade: {rule, alpha[, beta]} (a speculative cascade served by default; decoding/cascades.py)
+  chat       {template, plain, system_prompt, reasoning, template_kwargs}: how prompts are formatted
+             (decoding/chat.py; absent: the target tokenizer's chat template, plain text without one)
   datastore  {path, tokens, sequences, bytes, source} (absent: no REST arm; suffix
              decoding then runs on its per-request structure alone)
   files      relative path -> sha256, every file except bundle.json (and the stage's manifest.json)
@@ -41,7 +44,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from core.errors import InputError
-from core.hashing import content_hash, file_sha256  # noqa: F401 (re-exported for callers)
+from core.hashing import content_hash, drafter_hash, file_sha256  # noqa: F401 (re-exported for callers)
 
 BUNDLE_JSON = "bundle.json"
 FORMAT = "specdraft-bundle/1"
@@ -111,7 +114,7 @@ class DrafterEntry:
     hidden_size: int
     vocab_size: int
     tokenizer_sha256: str
-    content_hash: str  # of the drafter's files; the heads trained on it record the same value
+    content_hash: str  # of the drafter's files (core.hashing.drafter_hash); its heads record the same value
     alignment: dict[str, dict[str, float]]  # domain -> {acceptance, agreement, positions}
     head: str | None  # the head load_head(drafter) picks (the best simulated one)
 
@@ -210,6 +213,13 @@ class Bundle:
             out["drafter"] = "the bundle has no drafters"
         return out
 
+    @property
+    def chat(self):
+        """The prompt format the bundle was trained with (decoding.chat.ChatFormat)."""
+        from decoding.chat import ChatFormat
+
+        return ChatFormat.from_dict(self.meta.get("chat"))
+
     def drafter(self, name: str) -> DrafterEntry:
         if name not in self.drafters:
             raise InputError(f"the bundle has no drafter '{name}'; it has {', '.join(self.drafters) or 'none'}")
@@ -220,7 +230,7 @@ class Bundle:
         from core.tokenizers import tokenizer_fingerprint
         from decoding.loading import load_tokenizer
 
-        tok = load_tokenizer(self.target_path, trust_remote_code)
+        tok = load_tokenizer(self.target_path, trust_remote_code, self.meta["target"].get("revision"))
         got = tokenizer_fingerprint(tok)
         if got != self.tokenizer_sha256:
             raise InputError(f"the target tokenizer at '{self.target_path}' (sha256 {got[:12]}) is not the one the "
@@ -233,7 +243,7 @@ class Bundle:
         from decoding.loading import load_causal_lm
 
         model = load_causal_lm(self.target_path, dtype or self.meta["target"].get("dtype", "auto"), device,
-                               device_map, quantization, trust_remote_code)
+                               device_map, quantization, trust_remote_code, revision=self.meta["target"].get("revision"))
         want = self.meta["target"]["vocab_size"]
         if model.config.vocab_size != want:
             raise InputError(f"the target at '{self.target_path}' has vocabulary size {model.config.vocab_size}, "
@@ -365,7 +375,7 @@ def _load_bundle(path: Path, verify: bool) -> Bundle:
             name=name, path=_component(root, files, rel, where), domains=list(d.get("domains", [])),
             parameters=int(_need(d, "parameters", where)), hidden_size=int(_need(d, "hidden_size", where)),
             vocab_size=int(_need(d, "vocab_size", where)), tokenizer_sha256=d["tokenizer_sha256"],
-            content_hash=content_hash(subdir_files(files, rel)), alignment=dict(d.get("alignment", {})),
+            content_hash=drafter_hash(subdir_files(files, rel)), alignment=dict(d.get("alignment", {})),
             head=d.get("head"))
 
     heads: dict[str, dict[str, HeadEntry]] = {}

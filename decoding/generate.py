@@ -10,17 +10,21 @@ with SpecTr: K i.i.d. drafts per round verified as a tree with k-Seq selection (
 baseline instead (decoding/cascades.py; block size --k, 5 by default; needs --temperature > 0); a bundle
 whose decoding defaults name a cascade runs it when sampling (not under greedy decoding) unless
 `--cascade none`. Prints the text and one line of metrics. The same pieces are the function API:
-`load_pair` + `generate_text`.
+`load_pair` + `generate_text`. The prompt is one user turn, formatted as the bundle was trained (the
+target's chat template unless the run chose otherwise); `--raw-prompt` feeds the text as is and
+`--system-prompt TEXT` adds a system turn.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 import torch
 
 from decoding.autoregressive import generate_autoregressive
+from decoding.chat import ChatFormat, format_prompt, user_turn
 from decoding.compat import check_head, check_pair
 from core.tokenizers import check_same_vocabulary
 from core.errors import InputError
@@ -83,15 +87,16 @@ def load_pair(bundle: str | None = None, target: str | None = None, drafter: str
 def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = 64, sampling=SamplingConfig(0.0),
                   head=None, threshold: float | None = None, k: int | None = None, k_max: int = 20,
                   method: str = "speculative", seed: int = 0, drafts: int = 1, cascade=None,
-                  tree=None) -> tuple[str, dict]:
+                  tree=None, chat: ChatFormat = ChatFormat()) -> tuple[str, dict]:
     """Decode one prompt -> (text, metrics summary). drafts > 1: SpecTr with that many drafts per round;
     cascade: a decoding.cascades.CascadeMethod; tree: an EAGLE drafter's decoding.eagle.TreeShape (None:
-    chain drafts)."""
+    chain drafts); chat: how the prompt is formatted (the bundle's format: the tokenizer's chat template
+    unless the run chose otherwise)."""
     from decoding.eagle import EagleSpeculator
     from decoding.eagle_model import EagleDrafter
 
     check_drafts(drafts)
-    ids = tok(prompt)["input_ids"]
+    ids = format_prompt(tok, user_turn(prompt), chat)
     gen = torch.Generator().manual_seed(seed)
     if cascade is not None and method != "ar":
         res = cascade.generate(target, drafter, ids, max_new_tokens, sampling, k or 5, tok.eos_token_id, gen)
@@ -162,7 +167,8 @@ def run(args) -> None:
     threshold = args.threshold if args.threshold is not None else (hcfg or {}).get("threshold", 0.7)
     text, metrics = generate_text(tok, tgt, dft, args.prompt, args.max_new_tokens, sampling, head, threshold, args.k,
                                   (hcfg or {}).get("k_max", 20) or 20, args.method, args.seed, drafts=drafts,
-                                  cascade=cascade, tree=eagle_tree(args) if _is_eagle(dft) else None)
+                                  cascade=cascade, tree=eagle_tree(args) if _is_eagle(dft) else None,
+                                  chat=chat_from(args))
     print(text)
     keys = ("N", "N_target", "N_draft", "N_discarded", "MAT", "discard_rate", "verification_rate", "tokens_per_s")
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items() if k in keys}))
@@ -192,6 +198,23 @@ def eagle_tree(args):
     except ValueError:
         raise InputError(f"--eagle-tree {spec!r}: give DEPTH,TOP_K,NODES (e.g. 4,4,16), none or bundle") from None
     return TreeShape(depth, top_k, nodes)
+
+
+def chat_from(args) -> ChatFormat:
+    """The bundle's prompt format (or the tokenizer's template without a bundle), with --raw-prompt and
+    --system-prompt applied on top."""
+    chat = _bundle_chat(args.bundle) if args.bundle is not None else ChatFormat()
+    if args.raw_prompt:
+        chat = dataclasses.replace(chat, plain=True)
+    if args.system_prompt is not None:
+        chat = dataclasses.replace(chat, system_prompt=args.system_prompt or None)
+    return chat
+
+
+def _bundle_chat(bundle: str) -> ChatFormat:
+    from decoding.bundle import load_bundle
+
+    return load_bundle(bundle, verify=False).chat
 
 
 def _bundle_decoding(bundle: str) -> dict:

@@ -16,7 +16,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target model directory (without a bundle)")
     p.add_argument("--drafter", help="drafter name in the bundle, or a drafter model directory")
     p.add_argument("--head", help="head name in the bundle, or a head directory")
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", required=True, help="one user turn, formatted with the target's chat template (if any)")
+    p.add_argument("--raw-prompt", action="store_true",
+                   help="feed the prompt text as is, without the chat template (a base model's continuation)")
+    p.add_argument("--system-prompt", default=None, help="a system turn before the prompt ('' for none)")
     p.add_argument("--method", default="speculative", choices=["speculative", "ar"])
     p.add_argument("--k", type=int, default=None, help="fixed draft length (default: SpecDec++ with the head, else 4)")
     p.add_argument("--threshold", type=float, default=None, help="SpecDec++ h (default: the head's chosen h)")

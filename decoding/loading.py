@@ -60,6 +60,7 @@ def load_causal_lm(
     quantization: str = "none",
     trust_remote_code: bool = False,
     max_memory: dict | None = None,
+    revision: str | None = None,
 ) -> Any:
     """An eval-mode causal LM. `device_map` (multi-GPU) wins over `device`; quantized models are placed
     by bitsandbytes/accelerate (device_map defaults to the named device, else CPU). `max_memory`
@@ -71,6 +72,8 @@ def load_causal_lm(
     torch_dtype = resolve_dtype(dtype, device)
     kwargs: dict[str, Any] = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code, use_safetensors=True,
                                   local_files_only=local)
+    if revision is not None:  # a hub id's pinned commit
+        kwargs["revision"] = revision
     qcfg = quantization_config(quantization, torch_dtype)
     if qcfg is not None:
         kwargs["quantization_config"] = qcfg
@@ -89,11 +92,17 @@ def load_causal_lm(
     return model.eval()
 
 
-def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
+# tokenizer_config.json classes meaning "the tokenizer.json as saved": loaded as such, whatever the model
+# type. AutoTokenizer would pick the model family's class (e.g. Qwen2Tokenizer beside a Qwen2 config),
+# which adds that family's default special tokens: a target and a drafter of different families would
+# then disagree on a tokenizer they share.
+def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False, revision: str | None = None):
+    from core.tokenizers import tokenizer_class_for
 
+    loader = tokenizer_class_for(name_or_path)
     try:
-        tok = AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=trust_remote_code)
+        tok = loader.from_pretrained(str(name_or_path), trust_remote_code=trust_remote_code,
+                                            **({"revision": revision} if revision is not None else {}))
     except (OSError, ValueError) as e:
         raise InputError(f"cannot load a tokenizer from '{name_or_path}' ({str(e).splitlines()[0][:160]})") from None
     if tok.pad_token_id is None:  # batched generation needs one; EOS is the usual stand-in

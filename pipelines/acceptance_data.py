@@ -35,10 +35,12 @@ from core.hashing import derive_seed
 from decoding.loading import load_causal_lm, load_tokenizer
 from drafters.alignment import response_hidden, response_logits
 from drafters.data import CausalLMCollator
-from decoding.loading import load_causal_lm as load_drafter
 from core.tokenizers import check_same_vocabulary
+from decoding.loading import load_causal_lm as load_drafter
 from heads.labels import acceptance_labels, mix_tokens
-from pipelines.artifacts import read_json, subdir_hash
+from decoding.bundle import subdir_files
+from core.hashing import drafter_hash
+from pipelines.artifacts import load_safetensors, read_json
 from pipelines.readers import load_distill_data
 from pipelines.stage import Context
 from pipelines.readers import BASE
@@ -133,7 +135,7 @@ def build(ctx: Context) -> dict:
                 save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / f"features_{s}.safetensors"))
                 counts[s] = {"sequences": len(feats), "y_positions": int(tensors["labels"].numel()),
                              "mean_label": round(float(tensors["labels"].mean()), 4)}
-            info = {"drafter": n, "drafter_hash": subdir_hash(drafter_manifest, n),
+            info = {"drafter": n, "drafter_hash": drafter_hash(subdir_files(drafter_manifest.files, n)),
                     "hidden_size": drafters[n].config.hidden_size,
                     "label_transform": sampling.as_dict(), "transform_tag": sampling.tag,
                     "mix_rate": acfg.mix_rate, "cached_features": acfg.cache_features, "max_length": acfg.max_length,

@@ -1,6 +1,8 @@
 """Stage `distill-data`: the target answers every train/dev prompt at each configured temperature.
 
 MetaSD App. F.2: drafters are finetuned on the target's own responses at temperatures {0, 0.3, 0.7, 1}.
+Prompts are formatted as the target is served (its chat template, prompts.* keys; decoding/chat.py); a
+conversation's earlier turns are context, and the target answers its last user turn.
 
 Work is cut into chunks of (prompt, temperature) jobs with a fixed order; chunk i belongs to shard
 i mod N, so N processes (Slurm array tasks, torchrun ranks, or SPECDRAFT_SHARD=i/N) split the work
@@ -23,10 +25,13 @@ from pathlib import Path
 import datasets
 from tqdm.auto import tqdm
 
+from data.chat import chat_format, row_messages
 from data.generation import generate_batch
 from data.prompts import fit_prompt, load_prompt_sets
+from decoding.chat import ChatFormat, format_prompt
 from core.devices import resolve_device
 from core.errors import InputError
+from pipelines.artifacts import load_dataset_dir
 from core.hashing import derive_seed
 from decoding.loading import load_causal_lm, load_tokenizer
 from pipelines.stage import Context, StageIncomplete
@@ -65,12 +70,12 @@ def plan_chunks(sets: datasets.DatasetDict, splits, temperatures, chunk_size: in
     return chunks
 
 
-def run_chunk(chunk: dict, model, tok, dcfg, seed: int) -> list[dict]:
+def run_chunk(chunk: dict, model, tok, dcfg, seed: int, chat: ChatFormat = ChatFormat()) -> list[dict]:
     rows, out = chunk["rows"], []
     for b in range(0, len(rows), dcfg.batch_size):
         batch = rows[b:b + dcfg.batch_size]
-        fitted = [fit_prompt(tok(r["prompt"])["input_ids"], dcfg.max_prompt_tokens, dcfg.long_prompts, r["id"])
-                  for r in batch]
+        fitted = [fit_prompt(format_prompt(tok, row_messages(r), chat), dcfg.max_prompt_tokens, dcfg.long_prompts,
+                             r["id"]) for r in batch]
         gens = generate_batch(model, [p for p, _ in fitted], tok.pad_token_id, tok.eos_token_id,
                               chunk["temperature"], dcfg.top_k, dcfg.top_p, dcfg.max_new_tokens,
                               derive_seed(seed, chunk["name"], b))
@@ -121,7 +126,7 @@ def build(ctx: Context) -> dict:
         print(f"[distill-data] shard {shard}/{n_shards}: {len(todo)} chunks to generate"
               + (f" ({done_before} already done)" if done_before else ""))
         for chunk in tqdm(todo, desc=f"distill-data shard {shard}", unit="chunk"):
-            rows = run_chunk(chunk, model, tok, dcfg, cfg.run.seed)
+            rows = run_chunk(chunk, model, tok, dcfg, cfg.run.seed, chat_format(cfg.prompts))
             _write_atomic(chunk_dir / f"{chunk['name']}.json", rows)
 
     missing = [c["name"] for c in chunks if not (chunk_dir / f"{c['name']}.json").exists()]

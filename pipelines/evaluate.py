@@ -60,10 +60,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from data.chat import row_messages
 from data.prompts import load_prompt_sets
 from decoding import kv
 from decoding.autoregressive import generate_autoregressive
 from decoding.bundle import Bundle, load_bundle
+from decoding.chat import ChatFormat, format_prompt
 from decoding.compat import check_k
 from core.tokenizers import tokenizer_fingerprint
 from decoding.cost_model import fit_costs
@@ -655,7 +657,9 @@ def _load_heads(bundle: Bundle, drafters, modes: dict[str, SamplingConfig], devi
     return heads
 
 
-def _prompts(ctx: Context, ecfg: EvaluateSection, tok, max_prompt: int, notes: list[str]) -> list[Prompt]:
+def _prompts(ctx: Context, ecfg: EvaluateSection, tok, max_prompt: int, notes: list[str],
+             chat: ChatFormat = ChatFormat()) -> list[Prompt]:
+    """The first prompts_per_domain prompts per domain and set, formatted as the bundle serves them."""
     sets = load_prompt_sets(ctx.input("prepare-data"))
     prompts = []
     for s in ecfg.sets:
@@ -667,7 +671,7 @@ def _prompts(ctx: Context, ecfg: EvaluateSection, tok, max_prompt: int, notes: l
             i = taken.get(row["domain"], 0)
             if i < ecfg.prompts_per_domain:
                 taken[row["domain"]] = i + 1
-                ids, _ = fit_prompt(tok(row["prompt"])["input_ids"], max_prompt, "truncate", row["id"])
+                ids, _ = fit_prompt(format_prompt(tok, row_messages(row), chat), max_prompt, "truncate", row["id"])
                 prompts.append(Prompt(s, row["domain"], row["id"], tuple(ids), i, row.get("response")))
     if not prompts:
         raise InputError(f"no prompts in sets {ecfg.sets} of {ctx.input('prepare-data')}; check evaluate.sets")
@@ -715,7 +719,7 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     heads = _load_heads(bundle, drafters, modes, device, notes)
     ctx_len = getattr(target.config, "max_position_embeddings", None) or 10**9
     max_prompt = min(ecfg.max_prompt_tokens, ctx_len - ecfg.max_new_tokens - 1)
-    prompts = _prompts(ctx, ecfg, tok, max_prompt, notes)
+    prompts = _prompts(ctx, ecfg, tok, max_prompt, notes, bundle.chat)
 
     eagle = {n: bundle.load_eagle(n, target, device=device) for n in sorted(bundle.eagle)}
     eagle_tree = {n: TreeShape(**bundle.eagle[n].tree) for n in eagle if bundle.eagle[n].tree}

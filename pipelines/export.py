@@ -12,7 +12,8 @@
 4b. datastore (export.datastore, default on): a suffix array over distill-data's train responses
    (token ids, the target's own text), read by the REST and suffix-decoding arms; its size and build
    time go into the stage manifest's metrics. Without it the bundle still loads (no REST arm)
-5. bundle.json (decoding/bundle.py documents the format): the above, the decoding defaults, and the
+5. bundle.json (decoding/bundle.py documents the format): the above, the decoding defaults, the prompt
+   format (chat template settings, prompts.*), and the
    sha256 of every file. Files are copied from the lists in the input stages' manifests and checked
    against the hashes recorded there, so a bundle holds exactly what the stages produced.
 
@@ -26,7 +27,8 @@ import json
 import shutil
 from pathlib import Path
 
-from decoding.bundle import BUNDLE_JSON, check_safe_weights, load_bundle, subdir_files, summarize, write_bundle_json
+from data.chat import chat_format
+from decoding.bundle import BUNDLE_JSON, check_safe_weights, drafter_hash, load_bundle, subdir_files, summarize, write_bundle_json
 from core.hashing import content_hash, file_sha256
 from decoding.cascades import method_from_spec
 from decoding.compat import check_k
@@ -127,6 +129,31 @@ def export_eagle(ctx: Context, drafters_dir: Path, manifest: Manifest, out: Path
     return eagle
 
 
+def best_fixed_k(by_tag: dict, default_head: str | None, serving: SamplingConfig, fallback: int) -> int:
+    """The best fixed K train-heads found for a drafter, under the transform it is served with: the
+    tag of its default head (labels at the serving transform when there are such), greedy agreement for
+    greedy serving. `fallback` (export.decoding.k) when the drafter has no heads."""
+    tag = default_head.split("/")[0] if default_head else None
+    s = by_tag.get(tag) if tag else None
+    if not s:
+        return fallback
+    best = s.get("best_fixed_k_greedy") if serving.greedy and s.get("best_fixed_k_greedy") else s["best_fixed_k"]
+    return int(str(best["policy"]).rsplit("=", 1)[1])
+
+
+def write_assistant_config(path: Path, k: int) -> str:
+    """The drafter's generation_config.json with transformers' assisted-generation keys: K draft tokens
+    per round, constant (the default "heuristic" schedule would change K as tokens are accepted).
+    Returns the file's sha256."""
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig.from_pretrained(path.parent) if path.is_file() else GenerationConfig()
+    cfg.num_assistant_tokens = k
+    cfg.num_assistant_tokens_schedule = "constant"
+    cfg.save_pretrained(path.parent)
+    return file_sha256(path)
+
+
 def _json(path: Path) -> dict:
     return json.loads(path.read_text())
 
@@ -145,7 +172,10 @@ def build(ctx: Context) -> dict:
     external = cfg.target.name_or_path is not None
     tok = load_tokenizer(target_src, cfg.target.trust_remote_code)
     target_meta = {"tokenizer_sha256": tokenizer_fingerprint(tok), "dtype": cfg.target.dtype}
-    if external or ecfg.target == "reference":
+    revision = ctx.input_hashes.get("target", {}).get("revision")
+    if revision is not None:  # a hub id: named with its pinned commit, so the bundle loads on any machine
+        target_meta.update(reference=cfg.target.name_or_path, revision=revision)
+    elif external or ecfg.target == "reference":
         local = Path(target_src).expanduser()
         target_meta["reference"] = str(local.resolve()) if local.exists() else target_src  # a dir or a hub id
     else:
@@ -174,7 +204,7 @@ def build(ctx: Context) -> dict:
                              f"({config['vocab_size']} vs {target_meta['vocab_size']}); rerun train-drafters for this target")
         drafters[name] = {"path": rel, "domains": info["domains"], "parameters": info["parameters"],
                           "hidden_size": config["hidden_size"], "vocab_size": config["vocab_size"],
-                          "tokenizer_sha256": fingerprint, "content_hash": content_hash(copied),
+                          "tokenizer_sha256": fingerprint, "content_hash": drafter_hash(copied),
                           "alignment": alignment.get(name, {}), "head": None}
 
     # 2b. EAGLE drafters (train_drafters.eagle): self-describing dirs pinned to this target by content hash
@@ -207,6 +237,12 @@ def build(ctx: Context) -> dict:
                     "best": head == s["best_head"], "simulated": hc.get("simulated", {})}
         drafters[name]["head"] = f"{tags[0]}/{by_tag[tags[0]]['best_head']}"
 
+    # 3b. each drafter also serves as transformers' assistant_model: its generation_config carries the K
+    for name in names:
+        rel = f"drafters/{name}/generation_config.json"
+        files[rel] = write_assistant_config(out / rel, best_fixed_k(sweep.get(name, {}), drafters[name]["head"],
+                                                                    serving, defaults["k"]))
+
     # 4. routers: train-router writes one subdirectory per router (router_config.json inside)
     routers = {}
     if "train-router" in ctx.inputs:
@@ -227,8 +263,10 @@ def build(ctx: Context) -> dict:
     extra = {"datastore": {"path": "datastore", **datastore_meta}} if datastore_meta else {}
     if eagle:
         extra["eagle"] = eagle
+    # the prompt format every stage used: the decoder formats requests the same way (decoding/chat.py)
+    chat = chat_format(cfg.prompts).to_dict()
     write_bundle_json(out, {"target": target_meta, "drafters": drafters, "heads": heads, "routers": routers,
-                            "decoding": defaults, **extra}, files)
+                            "decoding": defaults, "chat": chat, **extra}, files)
     bundle = load_bundle(out, verify=False)  # the hashes were checked while copying
     for name, by_head in bundle.heads.items():
         for head in by_head:

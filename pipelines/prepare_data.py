@@ -1,10 +1,12 @@
 """Stage `prepare-data`: the prompt sets every later stage reads, plus the demo pretraining corpus.
 
 Demo run (no `prompts.sources`): builds the demo world offline from the interpreter's standard library
-(data/demo_world.py). Real run: converts the user's JSONL files / datasets directories.
+(data/demo_world.py). Real run: converts the user's JSONL files / datasets directories (records with a
+`prompt`, OpenAI `messages` or ShareGPT `conversations`; data/chat.py).
 
 Writes prompts/
-  sets/     DatasetDict: train, dev, test, perturbed, ood (columns: id, domain, prompt, response, split)
+  sets/     DatasetDict: train, dev, test, perturbed, ood (columns: id, domain, prompt, messages, response,
+            split; data/prompts.py)
   corpus/   Dataset of pretraining documents (demo only; columns domain, prompt, response)
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Stage `pretrain-target` (demo only): a BPE tokenizer and a small LlamaForCausalLM target.
 
-1. train a byte-level BPE tokenizer on the demo corpus
-2. tokenize documents as BOS + prompt + response + EOS (prompt and response encoded separately, the
-   way generation sees them) and pack them into blocks of seq_len tokens
+1. train a byte-level BPE tokenizer on the demo corpus; it carries the demo chat template (data/tokenizer.py)
+2. tokenize documents as the chat-formatted prompt + response + EOS (prompt and response encoded
+   separately, the way generation sees them) and pack them into blocks of seq_len tokens
 3. pretrain with the shared causal-LM LightningModule (plain next-token cross-entropy)
 4. report per-domain dev perplexity beside a unigram model's (add-one smoothed train counts)
 5. save_pretrained (safetensors) + tokenizer, so AutoModelForCausalLM / AutoTokenizer load the dir
@@ -17,6 +17,7 @@ from collections import Counter
 
 import torch
 
+from data.chat import chat_format
 from data.prompts import load_prompt_sets
 from data.tokenizer import encode_document, pack, train_bpe
 from drafters.data import CausalLMCollator, CausalLMDataModule
@@ -63,7 +64,9 @@ def build(ctx: Context) -> dict:
     print(f"[pretrain-target] training a {pt.tokenizer.vocab_size}-token BPE tokenizer on {len(corpus)} documents")
     tok = train_bpe((p + r for p, r in zip(corpus["prompt"], corpus["response"])),
                     pt.tokenizer.vocab_size, pt.tokenizer.min_frequency)
-    docs = [encode_document(tok, p, r) for p, r in zip(corpus["prompt"], corpus["response"])]
+    # documents are formatted as distill-data and the decoder will format prompts (the demo chat template)
+    chat = chat_format(cfg.prompts)
+    docs = [encode_document(tok, p, r, chat) for p, r in zip(corpus["prompt"], corpus["response"])]
     perm = torch.randperm(len(docs), generator=torch.Generator().manual_seed(cfg.run.seed)).tolist()
     blocks = pack([docs[i] for i in perm], pt.seq_len)
     print(f"[pretrain-target] {sum(map(len, docs))} tokens in {len(blocks)} blocks of {pt.seq_len}")
@@ -89,7 +92,7 @@ def build(ctx: Context) -> dict:
         ds = sets[split]
         for domain in sorted(set(ds["domain"])):
             rows = ds.filter(lambda r: r["domain"] == domain)
-            dev_docs = [encode_document(tok, p, r) for p, r in zip(rows["prompt"], rows["response"])]
+            dev_docs = [encode_document(tok, p, r, chat) for p, r in zip(rows["prompt"], rows["response"])]
             table[domain] = {"target_ppl": round(perplexity(model, dev_docs), 3),
                              "unigram_ppl": round(unigram_perplexity(counts, len(tok), dev_docs), 3),
                              "docs": len(dev_docs)}

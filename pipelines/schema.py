@@ -31,6 +31,9 @@ class RunSection:
 @dataclass
 class TargetSection:
     name_or_path: Optional[str] = None  # local HF dir or hub id; null: the demo target from pretrain-target
+    # hub ids only: branch, tag or commit (null: main); the resolved commit is in every cache key and
+    # manifest (a local dir is pinned by the content hash of its files instead; pipelines/pinning.py)
+    revision: Optional[str] = None
     trust_remote_code: bool = False  # never on unless you trust the model repository
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     quantization: Literal["none", "int8", "nf4"] = "none"  # bitsandbytes loading of the target
@@ -67,6 +70,18 @@ class PromptsSection:
     # User prompt sources for a real run: JSONL files (a `prompt` field; optional `domain`, `response`,
     # `split`, `id`) or `datasets` directories. Empty: the demo world's prompt sets.
     sources: list[str] = field(default_factory=list)
+    # How every stage formats a prompt for the target (decoding/chat.py; records may also be `messages` /
+    # `conversations` lists, data/chat.py). null: the target tokenizer's chat template (plain text if it
+    # has none); "none": plain text always; else a Jinja template string or a path to a .jinja file.
+    chat_template: Optional[str] = None
+    system_prompt: Optional[str] = None  # a system turn added to prompts that carry none (null: none)
+    reasoning: Literal["keep", "strip"] = "keep"  # <think>...</think> of earlier assistant turns: kept or stripped
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra template variables, e.g. {enable_thinking: false}
+
+    def check(self) -> None:
+        from data.chat import chat_format
+
+        chat_format(self)  # a missing template file or a malformed template name fails before any stage
 
 
 @dataclass

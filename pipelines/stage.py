@@ -51,20 +51,20 @@ def _demo_only(cfg: RunConfig) -> str | None:
 
 STAGES: tuple[StageSpec, ...] = (
     StageSpec("prepare-data", "prompts", (), ("demo", "prompts"), "prepare_data"),
-    StageSpec("pretrain-target", "target", ("prepare-data",), ("pretrain_target",), "pretrain_target", _demo_only),
-    StageSpec("distill-data", "distill_data", ("prepare-data", "pretrain-target"), ("target", "distill_data"), "distill_data"),
-    StageSpec("train-drafters", "drafters", ("prepare-data", "pretrain-target", "distill-data"), ("target", "train_drafters"), "train_drafters"),
+    StageSpec("pretrain-target", "target", ("prepare-data",), ("prompts", "pretrain_target"), "pretrain_target", _demo_only),
+    StageSpec("distill-data", "distill_data", ("prepare-data", "pretrain-target"), ("target", "prompts", "distill_data"), "distill_data"),
+    StageSpec("train-drafters", "drafters", ("prepare-data", "pretrain-target", "distill-data"), ("target", "prompts", "train_drafters"), "train_drafters"),
     StageSpec("acceptance-data", "acceptance_data", ("pretrain-target", "distill-data", "train-drafters"), ("target", "acceptance_data"), "acceptance_data"),
     StageSpec("train-heads", "heads", ("pretrain-target", "train-drafters", "acceptance-data"), ("target", "train_heads"), "train_heads"),
     StageSpec("train-router", "router", ("prepare-data", "pretrain-target", "distill-data", "train-drafters"),
-              ("target", "train_router"), "train_router"),
-    StageSpec("export", "bundle", ("pretrain-target", "train-drafters", "train-heads"), ("target", "export"), "export",
+              ("target", "prompts", "train_router"), "train_router"),
+    StageSpec("export", "bundle", ("pretrain-target", "train-drafters", "train-heads"), ("target", "prompts", "export"), "export",
               optional=("train-router", "distill-data")),
     StageSpec("evaluate", "report", ("prepare-data", "export"), ("evaluate",), "evaluate",
               out_from=lambda cfg: cfg.evaluate.out),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
-STAGE_VERSION = 1  # bump to invalidate every cached stage output after a format change
+STAGE_VERSION = 2  # bump to invalidate every cached stage output after a format change
 
 
 def get_spec(name: str) -> StageSpec:
@@ -101,11 +101,12 @@ class Context:
         return self.inputs[stage]
 
     def target_path(self) -> str:
-        """The target model: the user's (local dir or hub id) or the demo target from pretrain-target."""
-        given = self.cfg.target.name_or_path
-        if given is not None:
-            self.input_hashes["target"] = {"path": given, "content_hash": "external"}
-            return given
+        """The target model: the user's (a local dir, or the snapshot dir of a hub id's pinned commit) or
+        the demo target from pretrain-target."""
+        pin = target_pin(self.cfg)
+        if pin is not None:
+            self.input_hashes["target"] = pin.record
+            return pin.load_path
         return str(self.input("pretrain-target"))
 
 
@@ -171,9 +172,25 @@ def _without_neutral(value):
     return value
 
 
+def target_pin(cfg: RunConfig):
+    """The user's target pinned (pipelines/pinning.py: content hash or hub commit), or None for the demo
+    target (pretrain-target's manifest hash pins that one). Cheap to repeat: file hashes are cached by
+    size and mtime under run.root/.work."""
+    if cfg.target.name_or_path is None:
+        return None
+    from pipelines.pinning import pin_target
+
+    cache = HashCache(Path(cfg.run.root) / ".work" / "hash-cache.json")
+    pin = pin_target(cfg.target.name_or_path, cfg.target.revision, cache)
+    cache.save()
+    return pin
+
+
 def _cache_key(cfg: RunConfig, spec: StageSpec, inputs: dict[str, Manifest]) -> str:
     relevant = {s: _without_neutral(to_dict(getattr(cfg, s))) for s in spec.sections}
     relevant["seed"] = cfg.run.seed
+    if "target" in spec.sections and cfg.target.name_or_path is not None:
+        relevant["target_pin"] = target_pin(cfg).record  # new weights under the same name rebuild
     blob = json.dumps({"stage": spec.name, "version": STAGE_VERSION, "config": relevant,
                        "inputs": {k: m.content_hash for k, m in sorted(inputs.items())}},
                       sort_keys=True, default=str)

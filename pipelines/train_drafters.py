@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from data.chat import chat_format
 from data.tokenizer import encode_document, pack
 from core.devices import resolve_device
 from core.errors import InputError
@@ -172,7 +173,8 @@ def build(ctx: Context) -> dict:
                                  "world provides; set train_drafters.general.enabled: false or give init_from")
             corpus = load_dataset_dir(corpus_dir, "prepare-data")
             held = set(cfg.demo.heldout_domains)
-            docs = [encode_document(tok, r["prompt"], r["response"]) for r in corpus if r["domain"] not in held]
+            chat = chat_format(cfg.prompts)  # the corpus formatted as pretrain-target formatted it
+            docs = [encode_document(tok, r["prompt"], r["response"], chat) for r in corpus if r["domain"] not in held]
             perm = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
             blocks = [{"input_ids": b} for b in pack([docs[i] for i in perm], tcfg.general.max_length)]
             print(f"[train-drafters] general phase: {len(blocks)} blocks of {tcfg.general.max_length} tokens")

@@ -35,7 +35,9 @@ from collections import Counter
 
 import torch
 
+from data.chat import chat_format, row_messages
 from data.prompts import load_prompt_sets
+from decoding.chat import ChatFormat, format_prompt
 from core.tokenizers import tokenizer_fingerprint
 from core.devices import resolve_device
 from core.errors import InputError
@@ -95,12 +97,13 @@ def prompt_acceptance(target, drafters: dict[str, torch.nn.Module], rows: list[d
     return list(prompts.values()), sums / counts[:, None]
 
 
-def greedy_rows(target, tok, prompts, dcfg, seed: int) -> list[dict]:
+def greedy_rows(target, tok, prompts, dcfg, seed: int, chat: ChatFormat = ChatFormat()) -> list[dict]:
     """The target's greedy answer to each prompt-set row, in the layout of distill_data rows."""
     rows = []
     for b in range(0, len(prompts), dcfg.batch_size):
         batch = prompts[b:b + dcfg.batch_size]
-        ids = [fit_prompt(tok(r["prompt"])["input_ids"], dcfg.max_prompt_tokens, "truncate", r["id"])[0] for r in batch]
+        ids = [fit_prompt(format_prompt(tok, row_messages(r), chat), dcfg.max_prompt_tokens, "truncate", r["id"])[0]
+               for r in batch]
         gens = generate_batch(target, ids, tok.pad_token_id, tok.eos_token_id, 0.0, 0, 1.0, dcfg.max_new_tokens, seed)
         rows += [{"prompt_id": r["id"], "domain": r["domain"], "prompt_ids": p, "response_ids": resp}
                  for r, p, (resp, _) in zip(batch, ids, gens)]
@@ -186,7 +189,8 @@ def build(ctx: Context) -> dict:
     prompt_sets = load_prompt_sets(ctx.input("prepare-data"))
     for split in ("perturbed", "ood"):
         if split in prompt_sets and len(prompt_sets[split]):
-            rows = greedy_rows(target, tok, [dict(r) for r in prompt_sets[split]], cfg.distill_data, seed)
+            rows = greedy_rows(target, tok, [dict(r) for r in prompt_sets[split]], cfg.distill_data, seed,
+                                   chat_format(cfg.prompts))
             sets[split] = prompt_acceptance(target, models, rows, **measure)
     pooled = {s: mean_pooled(embeddings, [p["prompt_ids"] for p in ps]) for s, (ps, _) in sets.items()}
 

@@ -10,7 +10,7 @@ ALLOWED = {
     "core": set(),
     "training": {"core"},
     "decoding": {"core"},
-    "data": {"core"},
+    "data": {"core", "decoding"},  # the prompt formats the decoder serves with (decoding.chat)
     "drafters": {"core", "decoding"},
     "heads": {"core", "decoding", "drafters", "training"},
     "pipelines": {"core", "training", "decoding", "data", "drafters", "heads"},

@@ -66,7 +66,7 @@ def test_user_prompts_jsonl_and_datasets_dir(tmp_path):
 def test_user_prompts_bad_input(tmp_path):
     f = tmp_path / "bad.jsonl"
     f.write_text('{"prompt": "ok"}\n{"text": "no prompt"}\n')
-    with pytest.raises(InputError, match="record 1 has no non-empty 'prompt'"):
+    with pytest.raises(InputError, match="bad.jsonl:2 has no non-empty 'prompt'"):
         load_user_prompts(f)
     f.write_text("not json\n")
     with pytest.raises(InputError, match="bad.jsonl:1 is not valid JSON"):

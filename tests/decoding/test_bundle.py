@@ -8,6 +8,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+import decoding.bundle
 from decoding.bundle import BUNDLE_JSON, bundle_files, inspect_bundle, inspect_main, load_bundle, write_bundle_json
 from core.hashing import content_hash
 from core.errors import InputError
@@ -50,7 +51,7 @@ def template(tmp_path_factory):
     for model, d in ((target, root / "target"), (noisy_copy(target, 0.05, seed=1), root / "drafters" / "d")):
         model.save_pretrained(d)
         tok.save_pretrained(d)
-    drafter_hash = content_hash(bundle_files(root / "drafters" / "d"))
+    drafter_hash = decoding.bundle.drafter_hash(bundle_files(root / "drafters" / "d"))
     torch.manual_seed(0)
     save_head(AcceptanceHead(32, depth=1), root / "heads" / "d" / "D1_w6",
               {"drafter": "d", "drafter_hash": drafter_hash, "w_rej": 6.0, "threshold": 0.7})

@@ -68,7 +68,28 @@ def test_drafts_default_comes_from_the_bundle(monkeypatch, capsys):
     seen = []
     monkeypatch.setattr(g, "load_pair", lambda *a, **k: (None, None, None, None, None))
     monkeypatch.setattr(g, "generate_text", lambda *a, **k: seen.append(k["drafts"]) or ("", {}))
+    monkeypatch.setattr(g, "_bundle_chat", lambda bundle: g.ChatFormat())
     for decoding, argv, expected in (({"drafts": 4}, [], 4), ({}, [], 1), ({"drafts": 4}, ["--drafts", "2"], 2)):
         monkeypatch.setattr(g, "_bundle_decoding", lambda bundle, d=decoding: d)
         assert g.main(["--bundle", "b", "--prompt", "x"] + argv) == 0
         assert seen[-1] == expected
+
+
+def test_generate_formats_the_prompt_with_the_chat_template(pair, monkeypatch):
+    """The prompt is one user turn through the target's chat template; --raw-prompt feeds the text as is
+    and --system-prompt adds a system turn."""
+    import decoding.generate as g
+    from decoding.chat import format_prompt, user_turn
+
+    tok, tgt, dft, _, _ = load_pair(target=str(pair / "target"), drafter=str(pair / "drafter"))
+    seen = []
+    real = g.generate_autoregressive
+    monkeypatch.setattr(g, "generate_autoregressive", lambda model, ids, *a, **k: seen.append(ids) or real(model, ids, *a, **k))
+    for argv, want in (([], format_prompt(tok, user_turn("the quick"))),
+                       (["--raw-prompt"], tok("the quick")["input_ids"]),
+                       (["--system-prompt", "be brief"],
+                        format_prompt(tok, [{"role": "system", "content": "be brief"}, *user_turn("the quick")]))):
+        assert main(["generate", "--target", str(pair / "target"), "--drafter", str(pair / "drafter"), "--prompt",
+                     "the quick", "--max-new-tokens", "2", "--method", "ar", *argv]) == 0
+        assert list(seen[-1]) == want
+    assert tok.convert_ids_to_tokens(seen[0][-1]) == "<|assistant|>" and seen[0] != seen[1]

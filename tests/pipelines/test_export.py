@@ -7,10 +7,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from decoding.bundle import BUNDLE_JSON, bundle_files, inspect_main, load_bundle
+from decoding.bundle import BUNDLE_JSON, bundle_files, drafter_hash, inspect_main, load_bundle, subdir_files
 from core.hashing import content_hash
 from core.errors import InputError
-from pipelines.artifacts import StageOutput, read_manifest, subdir_hash
+from pipelines.artifacts import StageOutput, read_manifest
 from core.hashing import content_hash as artifacts_content_hash
 from pipelines.stage import run_stage
 from tests.pipelines.conftest import fresh_copy, run_template, tiny_config
@@ -58,7 +58,8 @@ def test_bundle_matches_its_inputs_and_loads_after_move(run_root, tmp_path, caps
         info = json.loads((run_root / "drafters" / name / "drafter.json").read_text())
         assert d["domains"] == info["domains"] and d["parameters"] == info["parameters"]
         assert d["alignment"] == alignment[name]
-        assert d["content_hash"] == subdir_hash(drafters_manifest, name)  # what the heads' drafter_hash means
+        # what the heads' drafter_hash means: the drafter's files, serving defaults aside
+        assert d["content_hash"] == drafter_hash(subdir_files(drafters_manifest.files, name))
         assert d["head"] == "T1/" + sweep[name]["T1"]["best_head"] and list(meta["heads"][name]) == [d["head"]]
         head = meta["heads"][name][d["head"]]
         head_cfg = json.loads((run_root / "heads" / name / d["head"] / "head_config.json").read_text())
@@ -166,3 +167,32 @@ def inspect_bundle_text(path) -> str:
     from decoding.bundle import inspect_bundle
 
     return inspect_bundle(path)
+
+
+def test_drafters_serve_as_transformers_assistant_models(run_root):
+    """Each exported drafter is a plain HF dir: `generate(assistant_model=drafter)` with its target gives
+    the target's own greedy output, and its generation_config carries the best fixed K of train-heads."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from data.chat import row_messages
+    from data.prompts import load_prompt_sets
+    from decoding.chat import format_prompt
+
+    out = run_stage(_config(run_root), "export")
+    meta = json.loads((out / BUNDLE_JSON).read_text())
+    assert meta["chat"]["plain"] is False and meta["chat"]["template"] is None  # the tokenizer's own template
+    sweep = json.loads((run_root / "heads" / "sweep.json").read_text())
+    tok = AutoTokenizer.from_pretrained(out / "target")
+    target = AutoModelForCausalLM.from_pretrained(out / "target").eval()
+    rows = list(load_prompt_sets(run_root / "prompts")["test"])[:2]
+    for name in meta["drafters"]:
+        gc = GenerationConfig.from_pretrained(out / "drafters" / name)
+        best = sweep[name]["T1"]["best_fixed_k_greedy"]["policy"]  # served greedy (export.decoding default)
+        assert gc.num_assistant_tokens == int(best.split("=")[1]) and gc.num_assistant_tokens_schedule == "constant"
+        drafter = AutoModelForCausalLM.from_pretrained(out / "drafters" / name).eval()
+        for row in rows:
+            ids = torch.tensor([format_prompt(tok, row_messages(row))])
+            kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            plain = target.generate(ids, **kw)
+            assisted = target.generate(ids, assistant_model=drafter, **kw)
+            assert assisted.tolist() == plain.tolist()
