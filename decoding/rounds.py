@@ -21,8 +21,8 @@ exactly k drafter forwards, the first of which also feeds every committed token 
 seen (the last round's correction/bonus token, the prompt, tokens a bandit committed while this
 drafter sat out) and yields q_1; the forwards on y_1..y_{k-1} yield q_2..q_k; y_k is never fed in
 its own round. A round of 0 candidates costs no drafter forward. Every round costs one target forward
-and emits n_accepted + 1 tokens. The identity is exact except at an accepted drafted EOS, after which
-the target's bonus token is dropped: that one round emits n_accepted tokens (`lemma_3_1_gap`).
+and emits n_accepted + 1 tokens, except at an accepted drafted EOS, after which the target's bonus token
+is dropped; the decoder counts that token as discarded, so the identity is exact (`lemma_3_1_gap` = 0).
 Model-free drafters (prompt lookup) and Draft-All (which runs every drafter) are outside it.
 """
 from __future__ import annotations
@@ -59,6 +59,6 @@ def specdecpp_fires(sigma: torch.Tensor, threshold: float | torch.Tensor) -> tor
 
 
 def lemma_3_1_gap(n_draft: int, n_target: int, n_generated: int, n_discarded: int) -> int:
-    """N_draft + N_target - (N + N_discarded): 0 for every generation, 1 for one that ended on an
-    accepted drafted EOS (the bonus token the target computed after it is not generated)."""
+    """N_draft + N_target - (N + N_discarded): 0 for every generation of a stopping policy or bandit
+    (a bonus token dropped after an accepted drafted EOS is counted as discarded)."""
     return n_draft + n_target - n_generated - n_discarded

@@ -95,7 +95,10 @@ def generate_speculative(
         speculator.observe(outcome)
         hit = [i for i, t in enumerate(emitted) if t in eos]
         if hit:  # only the last draft token or y' can be EOS (drafting stops at EOS)
-            del context[len(context) - len(emitted) + hit[0] + 1 :]
+            dropped = len(emitted) - hit[0] - 1  # y' after an accepted drafted EOS: computed, never emitted
+            del context[len(context) - dropped :]
+            # counted as discarded so that Lemma 3.1 (N_draft + N_target = N + N_discarded) holds exactly
+            m.n_discarded += dropped
             break
         if len(context) - len(prompt) >= max_new_tokens:
             break

@@ -130,7 +130,8 @@ def expected_counts(accept: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor
     Propagates start[j] = P(some round starts at position j) forward: a round at j moves its mass to
     j+m+1 when its first rejection is at j+m, and to j+K+1 when all K drafts are accepted. Then
     E[N_target] = sum_j start[j], E[N_draft] = sum_j start[j] K(j), and
-    E[N_discarded] = sum_j start[j] E[discarded drafts | round at j].
+    E[N_discarded] = sum_j start[j] E[discarded drafts | round at j] (+ the bonus token dropped after a
+    round that ends on the sequence's last token, as the decoder counts it).
     """
     S, B, T = k.shape
     W = max(int(k.max()), 1)  # longest round
@@ -151,6 +152,9 @@ def expected_counts(accept: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor
         start[:, :, j + 1 : j + 1 + W] += mass[..., None] * rej
         start.scatter_add_(-1, (j + kj + 1)[..., None], (mass * all_acc)[..., None])
         n_discarded += mass * (rej * (kj[..., None] - m)).sum(-1)
+        # a round whose drafts all pass and reach the sequence's last token (its EOS): the target's bonus
+        # token after it is dropped, and the decoder counts it as discarded (Lemma 3.1 stays exact)
+        n_discarded += mass * all_acc * (j + kj == lengths[None, :]).to(torch.float64)
     rounds = start[:, :, :T] * active  # (S, B, T): P(a round starts at j)
     return {"n_target": rounds.sum(-1), "n_draft": (rounds * draft_forwards(k)).sum(-1), "n_discarded": n_discarded}
 
@@ -215,20 +219,23 @@ def greedy_oracle(agree: Sequence[torch.Tensor], cost_ratio: float) -> SimResult
 
     Every disagreement is the bonus token of the round that stops right before it, and the agreeing
     tail after the last one needs one more target call: N_target = |S| + 1[last token agrees],
-    N_draft = N - |S|, N_discarded = 0 (equal to running `expected_counts` with
-    `oracle_round_lengths`, which a test checks).
+    N_draft = N - |S|, N_discarded = 1[last token agrees] (that round's bonus token, after the sequence's
+    last token, is dropped; equal to running `expected_counts` with `oracle_round_lengths`, which a test
+    checks).
     """
     _check(cost_ratio, [a.double() for a in agree])
     if len(agree) == 0:
         raise InputError("no dev sequences to simulate; the dev split is empty")
-    n = n_target = n_draft = 0.0
+    n = n_target = n_draft = n_discarded = 0.0
     for a in agree:
         a = a.bool()
         n_s = float((~a).sum())
+        tail = float(len(a) > 0 and bool(a[-1]))
         n += len(a)
-        n_target += n_s + float(len(a) > 0 and bool(a[-1]))
+        n_target += n_s + tail
         n_draft += len(a) - n_s
-    return SimResult("greedy oracle", n, n_target, n_draft, 0.0, cost_ratio * n_draft + n_target)
+        n_discarded += tail
+    return SimResult("greedy oracle", n, n_target, n_draft, n_discarded, cost_ratio * n_draft + n_target)
 
 
 def best(results: Sequence[SimResult]) -> SimResult:

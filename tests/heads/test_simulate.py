@@ -43,9 +43,11 @@ def test_specdecpp_rule_with_constant_prediction():
 
 
 def test_specdecpp_all_accept_by_hand():
-    # perfect head on an all-accept sequence of 45 tokens: rounds of K_max = 20 + bonus: starts 0, 21, 42
+    # perfect head on an all-accept sequence of 45 tokens: rounds of K_max = 20 + bonus: starts 0, 21, 42;
+    # the last round's drafts reach the final token, so its bonus is dropped (counted discarded: Lemma 3.1)
     (r,) = simulate_specdecpp([torch.ones(45)], [torch.ones(45)], cost_ratio=0.2, thresholds=[0.5])
-    assert (r.n_target, r.n_draft, r.n_discarded) == (3, 20 + 20 + 3, 0)
+    assert (r.n_target, r.n_draft, r.n_discarded) == (3, 20 + 20 + 3, 1)
+    assert r.n_draft + r.n_target == r.n + r.n_discarded
     # all-reject sequence, head predicting 0: two-token rounds (y_2 rides along), the first rejected ->
     # N rounds, the last one capped at the end
     (r0,) = simulate_specdecpp([torch.zeros(6)], [torch.zeros(6)], cost_ratio=0.2, thresholds=[0.5])
@@ -56,7 +58,7 @@ def test_specdecpp_all_accept_by_hand():
 def test_greedy_oracle_counts():
     agree = torch.tensor([1, 1, 0, 1, 0, 0, 1, 1, 1, 1], dtype=torch.bool)  # S = {2, 4, 5}
     r = greedy_oracle([agree], cost_ratio=0.1)
-    assert (r.n_target, r.n_discarded) == (3 + 1, 0)
+    assert (r.n_target, r.n_discarded) == (3 + 1, 1)  # the agreeing tail's bonus is dropped after the end
     assert r.n_draft == 10 - 3
     # last token a disagreement: it is the final round's bonus, nothing left to verify
     r2 = greedy_oracle([torch.tensor([1, 1, 0], dtype=torch.bool)], cost_ratio=0.1)
@@ -152,4 +154,5 @@ def test_oracle_closed_form_equals_the_dp():
     r = greedy_oracle(agree, cost_ratio=0.3)
     assert r.n_target == pytest.approx(float(counts["n_target"].sum()))
     assert r.n_draft == pytest.approx(float(counts["n_draft"].sum()))
-    assert float(counts["n_discarded"].sum()) == pytest.approx(0.0)
+    assert r.n_discarded == pytest.approx(float(counts["n_discarded"].sum()))
+    assert r.n_discarded == sum(bool(a[-1]) for a in agree)  # only dropped bonuses, no rejected drafts
