@@ -11,22 +11,9 @@ Written by the `export` stage (pipelines/export.py), read here:
     datastore/              datastore.safetensors + datastore.json: the distilled responses' suffix array,
                             read by the REST and suffix-decoding arms (optional; decoding/datastore.py)
 
-bundle.json:
-  format     "specdraft-bundle/1"
-  target     {path: "target"} or {reference: "/abs/dir" | "org/model"}; tokenizer_sha256, vocab_size, dtype;
-             a hub reference also has revision (the commit it was trained on, loaded exactly)
-  drafters   name -> {path, domains, parameters, hidden_size, vocab_size, tokenizer_sha256, content_hash,
-                      alignment: {domain: {acceptance, agreement, positions}}, head: default head name | null}
-  heads      drafter -> head name -> {path, drafter, depth, w_rej, label_transform, threshold, k_max, best,
-                                      simulated}
-  routers    {name: {path, kind}} (empty without train-router)
-  decoding   {temperature, top_k, top_p, k, k_max, selector, max_new_tokens, drafts (absent: 1)}, optionally
-             cascade: {rule, alpha[, beta]} (a speculative cascade served by default; decoding/cascades.py)
-  chat       {template, plain, system_prompt, reasoning, template_kwargs}: how prompts are formatted
-             (decoding/chat.py; absent: the target tokenizer's chat template, plain text without one)
-  datastore  {path, tokens, sequences, bytes, source} (absent: no REST arm; suffix
-             decoding then runs on its per-request structure alone)
-  files      relative path -> sha256, every file except bundle.json (and the stage's manifest.json)
+bundle.json is decoding/bundle_schema.py's BundleSpec, written with `to_json` and read with
+`from_json`: target, drafters, heads, routers, decoding defaults, chat (prompt format), datastore,
+eagle, and files (relative path -> sha256 of every file except bundle.json and the stage manifest).
 
 Every path in bundle.json is relative to the bundle and must stay inside it, so a bundle copied
 elsewhere loads unchanged. Loading checks paths before reading anything, then (verify=True) every
@@ -39,15 +26,15 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from core.errors import InputError
 from core.hashing import content_hash, drafter_hash, file_sha256  # noqa: F401 (re-exported for callers)
+from decoding.bundle_schema import (BUNDLE_JSON, FORMAT, BundleSpec, DrafterEntry, EagleEntry, HeadEntry,
+                                    RouterEntry, resolve_inside)
 
-BUNDLE_JSON = "bundle.json"
-FORMAT = "specdraft-bundle/1"
 # Written by the pipeline's artifact store beside bundle.json; bookkeeping the decoder never reads.
 STAGE_MANIFEST = "manifest.json"
 # Suffixes of formats that unpickle (or may) when loaded: never part of a bundle.
@@ -74,99 +61,66 @@ def check_safe_weights(rel_paths) -> None:
                              "(re-save it with save_pretrained(safe_serialization=True))")
 
 
-def write_bundle_json(root: Path, meta: dict[str, Any], files: dict[str, str] | None = None) -> dict[str, Any]:
-    """Write bundle.json = format + meta + files (hashed here unless the caller already has them; the
-    given ones must name exactly the files on disk). Returns what it wrote."""
+def write_bundle(root: Path, spec: BundleSpec) -> dict[str, Any]:
+    """Write spec as root/bundle.json; its files must name exactly the files on disk. Returns the JSON."""
     root = Path(root)
     on_disk = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} - {BUNDLE_JSON, STAGE_MANIFEST}
-    if files is None:
-        files = bundle_files(root)
-    elif set(files) != on_disk:
-        raise InputError(f"bundle files and their hashes disagree ({sorted(set(files) ^ on_disk)[:3]}); re-export")
-    check_safe_weights(files)
-    data = {"format": FORMAT, **meta, "files": files}
+    if set(spec.files) != on_disk:
+        raise InputError(f"bundle files and their hashes disagree ({sorted(set(spec.files) ^ on_disk)[:3]}); re-export")
+    check_safe_weights(spec.files)
+    data = spec.to_json(root)
     (root / BUNDLE_JSON).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return data
 
 
-def resolve_inside(root: Path, rel: Any, what: str) -> Path:
-    """root/rel, refusing anything that could leave the bundle: absolute paths (POSIX or Windows),
-    '..' parts, and symlinks that resolve outside. root must already be resolved."""
-    if not isinstance(rel, str) or not rel.strip():
-        raise InputError(f"{BUNDLE_JSON}: {what} path {rel!r} is not a non-empty string; re-export the bundle")
-    posix, win = PurePosixPath(rel), PureWindowsPath(rel)
-    if posix.is_absolute() or win.is_absolute() or win.drive or ".." in posix.parts or ".." in win.parts:
-        raise InputError(f"{BUNDLE_JSON}: {what} path '{rel}' is absolute or leaves the bundle; "
-                         "bundle paths must be relative and stay inside it (re-export the bundle)")
-    path = (root / rel).resolve()
-    if not path.is_relative_to(root):
-        raise InputError(f"{BUNDLE_JSON}: {what} path '{rel}' resolves outside the bundle (a symlink?); "
-                         "re-export the bundle")
-    return path
-
-
-@dataclass(frozen=True)
-class DrafterEntry:
-    name: str
-    path: Path  # absolute, inside the bundle
-    domains: list[str]
-    parameters: int
-    hidden_size: int
-    vocab_size: int
-    tokenizer_sha256: str
-    content_hash: str  # of the drafter's files (core.hashing.drafter_hash); its heads record the same value
-    alignment: dict[str, dict[str, float]]  # domain -> {acceptance, agreement, positions}
-    head: str | None  # the head load_head(drafter) picks (the best simulated one)
-
-
-@dataclass(frozen=True)
-class HeadEntry:
-    drafter: str
-    name: str
-    path: Path
-    depth: int
-    w_rej: float
-    threshold: float  # the chosen h
-    k_max: int
-    label_transform: dict[str, Any]  # {temperature, top_k, top_p} the labels were made under
-    best: bool
-    simulated: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class EagleEntry:
-    """An EAGLE drafter (decoding/eagle_model.py): the projection and decoder layer only; the embedding
-    and LM head are the target's, attached at load time."""
-
-    name: str
-    path: Path  # absolute, inside the bundle
-    domains: list[str]
-    parameters: int
-    target_hash: str | None  # the content hash of the target it was trained on
-    content_hash: str
-    alignment: dict[str, dict[str, float]]
-    tree: dict[str, int]  # the EAGLE-2 tree shape to serve with: {depth, top_k, nodes}
-
-
-@dataclass(frozen=True)
-class RouterEntry:
-    path: Path
-    kind: str
+def write_bundle_json(root: Path, meta: dict[str, Any], files: dict[str, str] | None = None) -> dict[str, Any]:
+    """Write bundle.json from its JSON form less format and files (hashed here unless given), read
+    through the schema first. Returns what it wrote."""
+    data = {"format": FORMAT, **meta, "files": bundle_files(Path(root)) if files is None else files}
+    return write_bundle(root, BundleSpec.from_json(data, root))
 
 
 @dataclass
 class Bundle:
     root: Path
     meta: dict[str, Any]  # bundle.json as written
-    target_path: str  # a directory (inside the bundle or referenced) or a hub id
-    target_in_bundle: bool
-    drafters: dict[str, DrafterEntry]
-    heads: dict[str, dict[str, HeadEntry]]  # drafter -> head name -> entry
-    routers: dict[str, RouterEntry]  # name -> entry (train-router writes "classifier" and "centroid")
-    decoding: dict[str, Any]
+    spec: BundleSpec  # the same, read (content hashes computed from the listed files)
     verified: bool
-    datastore: Path | None = None  # the datastore directory, absolute, inside the bundle (None: none shipped)
-    eagle: dict[str, EagleEntry] = field(default_factory=dict)  # EAGLE drafters by name (bundle.json "eagle")
+
+    @property
+    def drafters(self) -> dict[str, DrafterEntry]:
+        return self.spec.drafters
+
+    @property
+    def heads(self) -> dict[str, dict[str, HeadEntry]]:  # drafter -> head name -> entry
+        return self.spec.heads
+
+    @property
+    def routers(self) -> dict[str, RouterEntry]:  # name -> entry (train-router writes "classifier" and "centroid")
+        return self.spec.routers
+
+    @property
+    def eagle(self) -> dict[str, EagleEntry]:  # EAGLE drafters by name
+        return self.spec.eagle
+
+    @property
+    def decoding(self) -> dict[str, Any]:
+        return asdict(self.spec.decoding)
+
+    @property
+    def datastore(self) -> Path | None:
+        """The datastore directory, absolute, inside the bundle (None: none shipped)."""
+        return self.spec.datastore.path if self.spec.datastore is not None else None
+
+    @property
+    def target_in_bundle(self) -> bool:
+        return self.spec.target.path is not None
+
+    @property
+    def target_path(self) -> str:
+        """A directory (inside the bundle or referenced) or a hub id."""
+        t = self.spec.target
+        return str(t.path) if t.path is not None else t.reference
 
     def load_eagle(self, name: str, target, device: str | None = None):
         """An EAGLE drafter attached to `target` (eval mode). A bundled target must be the one it was
@@ -183,11 +137,11 @@ class Bundle:
 
     @property
     def tokenizer_sha256(self) -> str:
-        return self.meta["target"]["tokenizer_sha256"]
+        return self.spec.target.tokenizer_sha256
 
     @property
     def files(self) -> dict[str, str]:
-        return self.meta["files"]
+        return self.spec.files
 
     def sampling_config(self):
         """The default sampling transform (decoding.sampling.SamplingConfig)."""
@@ -218,7 +172,7 @@ class Bundle:
         """The prompt format the bundle was trained with (decoding.chat.ChatFormat)."""
         from decoding.chat import ChatFormat
 
-        return ChatFormat.from_dict(self.meta.get("chat"))
+        return self.spec.chat or ChatFormat()
 
     def drafter(self, name: str) -> DrafterEntry:
         if name not in self.drafters:
@@ -230,7 +184,7 @@ class Bundle:
         from core.tokenizers import tokenizer_fingerprint
         from decoding.loading import load_tokenizer
 
-        tok = load_tokenizer(self.target_path, trust_remote_code, self.meta["target"].get("revision"))
+        tok = load_tokenizer(self.target_path, trust_remote_code, self.spec.target.revision)
         got = tokenizer_fingerprint(tok)
         if got != self.tokenizer_sha256:
             raise InputError(f"the target tokenizer at '{self.target_path}' (sha256 {got[:12]}) is not the one the "
@@ -242,9 +196,9 @@ class Bundle:
         """The target LM (eval mode); dtype defaults to the one recorded at export."""
         from decoding.loading import load_causal_lm
 
-        model = load_causal_lm(self.target_path, dtype or self.meta["target"].get("dtype", "auto"), device,
-                               device_map, quantization, trust_remote_code, revision=self.meta["target"].get("revision"))
-        want = self.meta["target"]["vocab_size"]
+        model = load_causal_lm(self.target_path, dtype or self.spec.target.dtype, device,
+                               device_map, quantization, trust_remote_code, revision=self.spec.target.revision)
+        want = self.spec.target.vocab_size
         if model.config.vocab_size != want:
             raise InputError(f"the target at '{self.target_path}' has vocabulary size {model.config.vocab_size}, "
                              f"the bundle's drafters expect {want}; point to the original target")
@@ -257,9 +211,9 @@ class Bundle:
 
         entry = self.drafter(name)
         model = load_causal_lm(entry.path, dtype, device)
-        if model.config.vocab_size != self.meta["target"]["vocab_size"]:
+        if model.config.vocab_size != self.spec.target.vocab_size:
             raise InputError(f"drafter '{name}' has vocabulary size {model.config.vocab_size}, the target "
-                             f"{self.meta['target']['vocab_size']}; re-export with drafters trained on this target")
+                             f"{self.spec.target.vocab_size}; re-export with drafters trained on this target")
         if target is not None:
             check_pair(target, model)
         return model
@@ -289,12 +243,6 @@ class Bundle:
         return (module.to(device) if device is not None else module), config
 
 
-def _need(d: Any, key: str, where: str) -> Any:
-    if not isinstance(d, dict) or key not in d:
-        raise InputError(f"{BUNDLE_JSON}: {where} lacks '{key}'; re-export the bundle with `specdraft export`")
-    return d[key]
-
-
 def _verify(root: Path, files: dict[str, str]) -> None:
     listed = set()
     for rel, want in files.items():
@@ -310,13 +258,6 @@ def _verify(root: Path, files: dict[str, str]) -> None:
         if p.is_file() and rel not in (BUNDLE_JSON, STAGE_MANIFEST) and p.resolve() not in listed:
             raise InputError(f"'{rel}' is in the bundle but not in {BUNDLE_JSON} (added after export); "
                              "remove it or re-export the bundle")
-
-
-def _component(root: Path, files: dict[str, str], rel: Any, what: str) -> Path:
-    path = resolve_inside(root, rel, what)
-    if not subdir_files(files, rel):
-        raise InputError(f"{BUNDLE_JSON}: {what} '{rel}' has no files listed; re-export the bundle")
-    return path
 
 
 def load_bundle(path: str | os.PathLike, verify: bool = True) -> Bundle:
@@ -342,81 +283,32 @@ def _load_bundle(path: Path, verify: bool) -> Bundle:
         meta = json.loads(meta_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{meta_path} is not valid JSON ({type(e).__name__}); re-copy or re-export the bundle") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        got = meta.get("format") if isinstance(meta, dict) else None
-        raise InputError(f"bundle format {got!r} is not supported (this specdraft reads {FORMAT!r}); "
-                         "re-export the bundle with this version")
-    files = _need(meta, "files", "the bundle")
-    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
-        raise InputError(f"{BUNDLE_JSON}: 'files' must map relative paths to sha256 strings; re-export the bundle")
-    for rel in files:  # every path is checked before anything is read
-        resolve_inside(root, rel, "file")
-    check_safe_weights(files)
+    spec = BundleSpec.from_json(meta, root)  # every field and path checked before anything is read
+    check_safe_weights(spec.files)
+    target = spec.target
 
-    target = _need(meta, "target", "the bundle")
-    for key in ("tokenizer_sha256", "vocab_size"):
-        _need(target, key, "target")
-    if ("path" in target) == ("reference" in target):
-        raise InputError(f"{BUNDLE_JSON}: target needs exactly one of 'path' (in the bundle) or 'reference'; re-export")
-    if "path" in target:
-        target_path, in_bundle = str(_component(root, files, target["path"], "target")), True
-    else:
-        target_path, in_bundle = str(target["reference"]), False
+    def listed(entry) -> dict[str, str]:
+        return subdir_files(spec.files, entry.path.relative_to(root).as_posix())
 
     drafters = {}
-    for name, d in _need(meta, "drafters", "the bundle").items():
-        where = f"drafter '{name}'"
-        rel = _need(d, "path", where)
-        if (_need(d, "tokenizer_sha256", where) != target["tokenizer_sha256"]
-                or _need(d, "vocab_size", where) != target["vocab_size"]):
+    for name, d in spec.drafters.items():
+        if d.tokenizer_sha256 != target.tokenizer_sha256 or d.vocab_size != target.vocab_size:
             raise InputError(f"drafter '{name}' uses a tokenizer or vocabulary other than the target's; "
                              "re-export with drafters trained on this target")
-        drafters[name] = DrafterEntry(
-            name=name, path=_component(root, files, rel, where), domains=list(d.get("domains", [])),
-            parameters=int(_need(d, "parameters", where)), hidden_size=int(_need(d, "hidden_size", where)),
-            vocab_size=int(_need(d, "vocab_size", where)), tokenizer_sha256=d["tokenizer_sha256"],
-            content_hash=drafter_hash(subdir_files(files, rel)), alignment=dict(d.get("alignment", {})),
-            head=d.get("head"))
-
-    heads: dict[str, dict[str, HeadEntry]] = {}
-    for drafter, by_name in _need(meta, "heads", "the bundle").items():
+        # the identity heads are checked against comes from the verified file list, not from what was written
+        drafters[name] = replace(d, content_hash=drafter_hash(listed(d)))
+    for drafter in spec.heads:
         if drafter not in drafters:
             raise InputError(f"{BUNDLE_JSON}: heads name drafter '{drafter}', which the bundle lacks; re-export")
-        for name, h in by_name.items():
-            where = f"head '{drafter}/{name}'"
-            heads.setdefault(drafter, {})[name] = HeadEntry(
-                drafter=drafter, name=name, path=_component(root, files, _need(h, "path", where), where),
-                depth=int(_need(h, "depth", where)), w_rej=float(_need(h, "w_rej", where)),
-                threshold=float(_need(h, "threshold", where)), k_max=int(h.get("k_max", 0)),
-                label_transform=dict(_need(h, "label_transform", where)), best=bool(h.get("best", False)),
-                simulated=dict(h.get("simulated", {})))
-
-    routers = {}
-    for name, r in (meta.get("routers") or {}).items():
-        routers[name] = RouterEntry(path=_component(root, files, _need(r, "path", f"router {name}"), f"router {name}"),
-                                    kind=str(r.get("kind")))
-
-    datastore = None
-    if meta.get("datastore") is not None:
-        ds = meta["datastore"]
-        datastore = _component(root, files, _need(ds, "path", "datastore"), "datastore")
-
     eagle = {}
-    for name, e in (meta.get("eagle") or {}).items():
-        where = f"EAGLE drafter '{name}'"
-        rel = _need(e, "path", where)
-        if _need(e, "vocab_size", where) != target["vocab_size"]:
-            raise InputError(f"{where} drafts in another vocabulary than the target's; re-export")
-        eagle[name] = EagleEntry(name=name, path=_component(root, files, rel, where), domains=list(e.get("domains", [])),
-                                 parameters=int(_need(e, "parameters", where)), target_hash=e.get("target_hash"),
-                                 content_hash=content_hash(subdir_files(files, rel)),
-                                 alignment=dict(e.get("alignment", {})), tree=dict(e.get("tree") or {}))
+    for name, e in spec.eagle.items():
+        if e.vocab_size != target.vocab_size:
+            raise InputError(f"EAGLE drafter '{name}' drafts in another vocabulary than the target's; re-export")
+        eagle[name] = replace(e, content_hash=content_hash(listed(e)))
 
     if verify:
-        _verify(root, files)
-    return Bundle(root=root, meta=meta, target_path=target_path, target_in_bundle=in_bundle, drafters=drafters,
-                  heads=heads, routers=routers, decoding=dict(_need(meta, "decoding", "the bundle")), verified=verify,
-                  datastore=datastore, eagle=eagle)
+        _verify(root, spec.files)
+    return Bundle(root=root, meta=meta, spec=replace(spec, drafters=drafters, eagle=eagle), verified=verify)
 
 
 def _fmt_params(n: int) -> str:
@@ -425,11 +317,11 @@ def _fmt_params(n: int) -> str:
 
 def summarize(b: Bundle) -> str:
     """A readable summary: target, drafters (domains, size, alignment), heads, router, decoding defaults."""
-    t = b.meta["target"]
+    t = b.spec.target
     where = "in the bundle (target/)" if b.target_in_bundle else f"referenced: {b.target_path}"
-    lines = [f"bundle {b.root} ({b.meta['format']})",
-             f"target: {where}; vocab {t['vocab_size']}, dtype {t.get('dtype', 'auto')}, "
-             f"tokenizer sha256 {t['tokenizer_sha256'][:12]}", f"drafters ({len(b.drafters)}):"]
+    lines = [f"bundle {b.root} ({b.spec.format})",
+             f"target: {where}; vocab {t.vocab_size}, dtype {t.dtype}, "
+             f"tokenizer sha256 {t.tokenizer_sha256[:12]}", f"drafters ({len(b.drafters)}):"]
     for d in b.drafters.values():
         lines.append(f"  {d.name:<12} domains: {', '.join(d.domains) or 'all'}; {_fmt_params(d.parameters)} params, "
                      f"hidden {d.hidden_size}; default head: {d.head or 'none'}")
@@ -452,10 +344,10 @@ def summarize(b: Bundle) -> str:
                          f"top_p={lt.get('top_p')}{sim}" + (" (default)" if h.best else ""))
     lines.append("routers: " + (", ".join(f"{n} ({r.kind}, {r.path.relative_to(b.root).as_posix()}/)"
                                           for n, r in b.routers.items()) or "none"))
-    ds = b.meta.get("datastore")
+    ds = b.spec.datastore
     built = _export_metrics(b.root).get("datastore") or {}
     took = f", built in {built['build_seconds']:.2f}s" if isinstance(built.get("build_seconds"), (int, float)) else ""
-    lines.append(f"datastore: {ds['tokens']} tokens in {ds['sequences']} responses ({ds['bytes']} bytes{took})" if ds else
+    lines.append(f"datastore: {ds.tokens} tokens in {ds.sequences} responses ({ds.bytes} bytes{took})" if ds else
                  "datastore: none (arms unavailable: " + "; ".join(f"{k}: {v}" for k, v in b.unavailable_arms().items()) + ")")
     lines.append("decoding defaults: " + ", ".join(f"{k}={v}" for k, v in sorted(b.decoding.items())))
     n = len(b.files)

@@ -225,6 +225,17 @@ def check_sampling(sampling: SamplingConfig) -> None:
 # --- sequential baselines ----------------------------------------------------------------------------
 
 
+def _sequential_inputs(rule: str, alpha: float, sampling: SamplingConfig, prompt_ids, max_new_tokens: int,
+                       eos_token_id, target, drafter) -> tuple[list[int], set[int]]:
+    """The prompt as token ids and the EOS set, once the inputs of a sequential cascade are checked."""
+    check_sampling(sampling)
+    check_alpha(rule, alpha)
+    prompt = as_token_list(prompt_ids)
+    check_prompt(prompt, max_new_tokens, target, drafter)
+    check_pair(target, drafter)
+    return prompt, eos_set(eos_token_id)
+
+
 @torch.inference_mode()
 def generate_token_cascade(
     target: torch.nn.Module,
@@ -239,12 +250,8 @@ def generate_token_cascade(
     """TokenCascade [Chow] (Algorithm 2 with Eq. 2): the drafter computes q_t for every token; when
     max q_t >= 1 - alpha the token is sampled from q_t, otherwise the target catches up on everything it
     has not seen in one forward and the token is sampled from p_t. N_target counts the deferrals."""
-    check_sampling(sampling)
-    check_alpha("token_chow", alpha)
-    prompt = as_token_list(prompt_ids)
-    check_prompt(prompt, max_new_tokens, target, drafter)
-    check_pair(target, drafter)
-    eos = eos_set(eos_token_id)
+    prompt, eos = _sequential_inputs("token_chow", alpha, sampling, prompt_ids, max_new_tokens, eos_token_id,
+                                     target, drafter)
     m = GenerationMetrics()
     start = time.perf_counter()
     d_cache, t_cache = kv.new_cache(), kv.new_cache()
@@ -290,14 +297,10 @@ def generate_seq_cascade(
     q(x_m..x_{m+n} | x_<m); "mean" the per-token geometric mean of it (a length-normalised variant of the
     kind the paper cites from Gupta et al. 2024; the joint probability of a long response is ~0, so the
     joint rule defers almost always unless alpha is very close to 1)."""
-    check_sampling(sampling)
-    check_alpha("seq_chow", alpha)
     if confidence not in ("joint", "mean"):
         raise InputError(f"SeqCascade confidence must be 'joint' or 'mean', got {confidence!r}")
-    prompt = as_token_list(prompt_ids)
-    check_prompt(prompt, max_new_tokens, target, drafter)
-    check_pair(target, drafter)
-    eos = eos_set(eos_token_id)
+    prompt, eos = _sequential_inputs("seq_chow", alpha, sampling, prompt_ids, max_new_tokens, eos_token_id,
+                                     target, drafter)
     m = GenerationMetrics()
     start = time.perf_counter()
     cache = kv.new_cache()

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from data.chat import chat_format
-from decoding.bundle import BUNDLE_JSON, check_safe_weights, drafter_hash, load_bundle, subdir_files, summarize, write_bundle_json
+from decoding.bundle import BUNDLE_JSON, check_safe_weights, drafter_hash, load_bundle, subdir_files, summarize, write_bundle
+from decoding.bundle_schema import (BundleSpec, DatastoreEntry, DecodingEntry, DrafterEntry, EagleEntry, HeadEntry,
+                                    RouterEntry, TargetEntry)
 from core.hashing import content_hash, file_sha256
 from decoding.cascades import method_from_spec
 from decoding.compat import check_k
@@ -80,21 +83,21 @@ def build_datastore_dir(distill_dir: Path, dst: Path) -> dict:
     return built.index.save(dst, built.meta), built.seconds
 
 
-def decoding_defaults(ctx: Context) -> dict:
-    d = to_dict(ctx.cfg.export.decoding)
-    SamplingConfig(d["temperature"], d["top_k"], d["top_p"])  # raises on impossible values
-    check_k(d["k"], "export.decoding.k")
-    check_k(d["k_max"], "export.decoding.k_max")
-    check_k(d["max_new_tokens"], "export.decoding.max_new_tokens")
-    check_k(d.get("drafts", 1), "export.decoding.drafts")
-    if d["selector"] not in SELECTORS:
-        raise InputError(f"export.decoding.selector {d['selector']!r} is not one of {', '.join(SELECTORS)}")
-    method_from_spec(d.get("cascade"), "export.decoding.cascade")  # fail at export, not when first served
+def decoding_defaults(ctx: Context) -> DecodingEntry:
+    d = DecodingEntry(**to_dict(ctx.cfg.export.decoding))
+    SamplingConfig(d.temperature, d.top_k, d.top_p)  # raises on impossible values
+    check_k(d.k, "export.decoding.k")
+    check_k(d.k_max, "export.decoding.k_max")
+    check_k(d.max_new_tokens, "export.decoding.max_new_tokens")
+    check_k(d.drafts, "export.decoding.drafts")
+    if d.selector not in SELECTORS:
+        raise InputError(f"export.decoding.selector {d.selector!r} is not one of {', '.join(SELECTORS)}")
+    method_from_spec(d.cascade, "export.decoding.cascade")  # fail at export, not when first served
     return d
 
 
 def export_eagle(ctx: Context, drafters_dir: Path, manifest: Manifest, out: Path, files: dict[str, str],
-                 target_meta: dict, add) -> dict:
+                 target: TargetEntry, add) -> dict[str, EagleEntry]:
     """Copy train-drafters' eagle/<name>/ dirs into eagle/<name>/ and describe them for bundle.json; each
     must have been trained on this target (its recorded target content hash, when both are known)."""
     from decoding.eagle_model import read_eagle_config, target_dir_hash, target_hash_from_files
@@ -103,10 +106,10 @@ def export_eagle(ctx: Context, drafters_dir: Path, manifest: Manifest, out: Path
                     if rel.startswith("eagle/") and rel.endswith("/eagle_config.json")})
     if not names:
         return {}
-    if "path" in target_meta:
-        want = target_hash_from_files(subdir_files(files, target_meta["path"]))
+    if target.path is not None:
+        want = target_hash_from_files(subdir_files(files, target.path.relative_to(out).as_posix()))
     else:
-        want = target_dir_hash(target_meta["reference"])
+        want = target_dir_hash(target.reference)
     alignment_file = drafters_dir / "eagle" / "alignment.json"
     alignment = _json(alignment_file) if alignment_file.is_file() else {}
     tree = to_dict(ctx.cfg.train_drafters.eagle.tree)
@@ -116,16 +119,16 @@ def export_eagle(ctx: Context, drafters_dir: Path, manifest: Manifest, out: Path
         copied = copy_listed(drafters_dir, manifest, rel, out / rel)
         add(rel, copied)
         meta = read_eagle_config(out / rel)
-        if meta["vocab_size"] != target_meta["vocab_size"]:
+        if meta["vocab_size"] != target.vocab_size:
             raise InputError(f"EAGLE drafter '{name}' drafts in a vocabulary of {meta['vocab_size']}, the target has "
-                             f"{target_meta['vocab_size']}; rerun train-drafters for this target")
+                             f"{target.vocab_size}; rerun train-drafters for this target")
         if want is not None and meta.get("target_hash") not in (None, want):
             raise InputError(f"EAGLE drafter '{name}' was trained for another target (content hash "
                              f"{str(meta['target_hash'])[:12]}, this one {want[:12]}); rerun train-drafters")
-        eagle[name] = {"path": rel, "domains": meta.get("domains", []), "parameters": meta["parameters"],
-                       "hidden_size": meta["hidden_size"], "vocab_size": meta["vocab_size"],
-                       "target_hash": meta.get("target_hash"), "content_hash": content_hash(copied),
-                       "alignment": alignment.get(name, {}), "tree": tree}
+        eagle[name] = EagleEntry(name=name, path=out / rel, domains=meta.get("domains", []),
+                                 parameters=meta["parameters"], hidden_size=meta["hidden_size"],
+                                 vocab_size=meta["vocab_size"], target_hash=meta.get("target_hash"),
+                                 content_hash=content_hash(copied), alignment=alignment.get(name, {}), tree=tree)
     return eagle
 
 
@@ -171,20 +174,21 @@ def build(ctx: Context) -> dict:
     target_src = ctx.target_path()
     external = cfg.target.name_or_path is not None
     tok = load_tokenizer(target_src, cfg.target.trust_remote_code)
-    target_meta = {"tokenizer_sha256": tokenizer_fingerprint(tok), "dtype": cfg.target.dtype}
+    where: dict = {}  # exactly one of path (copied in) and reference (+ revision)
     revision = ctx.input_hashes.get("target", {}).get("revision")
     if revision is not None:  # a hub id: named with its pinned commit, so the bundle loads on any machine
-        target_meta.update(reference=cfg.target.name_or_path, revision=revision)
+        where.update(reference=cfg.target.name_or_path, revision=revision)
     elif external or ecfg.target == "reference":
         local = Path(target_src).expanduser()
-        target_meta["reference"] = str(local.resolve()) if local.exists() else target_src  # a dir or a hub id
+        where["reference"] = str(local.resolve()) if local.exists() else target_src  # a dir or a hub id
     else:
         add("target", copy_listed(Path(target_src), ctx.manifests["pretrain-target"], None, out / "target"))
-        target_meta["path"] = "target"
+        where["path"] = out / "target"
     from transformers import AutoConfig
 
-    target_meta["vocab_size"] = AutoConfig.from_pretrained(
-        target_src, trust_remote_code=cfg.target.trust_remote_code).vocab_size
+    vocab_size = AutoConfig.from_pretrained(target_src, trust_remote_code=cfg.target.trust_remote_code).vocab_size
+    target = TargetEntry(tokenizer_sha256=tokenizer_fingerprint(tok), vocab_size=vocab_size, dtype=cfg.target.dtype,
+                         **where)
 
     # 2. drafters
     drafters_dir, drafters_manifest = ctx.input("train-drafters"), ctx.manifests["train-drafters"]
@@ -199,22 +203,22 @@ def build(ctx: Context) -> dict:
         add(rel, copied)
         info, config = _json(out / rel / "drafter.json"), _json(out / rel / "config.json")
         fingerprint = tokenizer_fingerprint(load_tokenizer(out / rel))
-        if fingerprint != target_meta["tokenizer_sha256"] or config["vocab_size"] != target_meta["vocab_size"]:
+        if fingerprint != target.tokenizer_sha256 or config["vocab_size"] != target.vocab_size:
             raise InputError(f"drafter '{name}' does not share the target's tokenizer and vocabulary "
-                             f"({config['vocab_size']} vs {target_meta['vocab_size']}); rerun train-drafters for this target")
-        drafters[name] = {"path": rel, "domains": info["domains"], "parameters": info["parameters"],
-                          "hidden_size": config["hidden_size"], "vocab_size": config["vocab_size"],
-                          "tokenizer_sha256": fingerprint, "content_hash": drafter_hash(copied),
-                          "alignment": alignment.get(name, {}), "head": None}
+                             f"({config['vocab_size']} vs {target.vocab_size}); rerun train-drafters for this target")
+        drafters[name] = DrafterEntry(
+            name=name, path=out / rel, domains=info["domains"], parameters=info["parameters"],
+            hidden_size=config["hidden_size"], vocab_size=config["vocab_size"], tokenizer_sha256=fingerprint,
+            content_hash=drafter_hash(copied), alignment=alignment.get(name, {}))
 
     # 2b. EAGLE drafters (train_drafters.eagle): self-describing dirs pinned to this target by content hash
-    eagle = export_eagle(ctx, drafters_dir, drafters_manifest, out, files, target_meta, add)
+    eagle = export_eagle(ctx, drafters_dir, drafters_manifest, out, files, target, add)
 
     # 3. heads
     heads_dir, heads_manifest = ctx.input("train-heads"), ctx.manifests["train-heads"]
     sweep = _json(heads_dir / "sweep.json")
-    heads: dict[str, dict] = {}
-    serving = SamplingConfig(defaults["temperature"], defaults["top_k"], defaults["top_p"])
+    heads: dict[str, dict[str, HeadEntry]] = {}
+    serving = SamplingConfig(defaults.temperature, defaults.top_k, defaults.top_p)
     for name, by_tag in sorted(sweep.items()):
         if name not in drafters:
             raise InputError(f"train-heads has heads for drafter '{name}', which train-drafters lacks; rerun train-heads")
@@ -228,20 +232,20 @@ def build(ctx: Context) -> dict:
                 rel = f"heads/{name}/{key}"
                 add(rel, copy_listed(heads_dir, heads_manifest, f"{name}/{key}", out / rel))
                 hc = _json(out / rel / HEAD_CONFIG)
-                if hc.get("drafter_hash") != drafters[name]["content_hash"]:
+                if hc.get("drafter_hash") != drafters[name].content_hash:
                     raise InputError(f"head {name}/{key} was trained on another version of drafter '{name}'; "
                                      "rerun acceptance-data and train-heads")
-                heads.setdefault(name, {})[key] = {
-                    "path": rel, "drafter": name, "depth": hc["depth"], "w_rej": hc["w_rej"],
-                    "label_transform": hc["label_transform"], "threshold": hc["threshold"], "k_max": hc.get("k_max"),
-                    "best": head == s["best_head"], "simulated": hc.get("simulated", {})}
-        drafters[name]["head"] = f"{tags[0]}/{by_tag[tags[0]]['best_head']}"
+                heads.setdefault(name, {})[key] = HeadEntry(
+                    name=key, path=out / rel, drafter=name, depth=hc["depth"], w_rej=hc["w_rej"],
+                    label_transform=hc["label_transform"], threshold=hc["threshold"], k_max=hc["k_max"],
+                    best=head == s["best_head"], simulated=hc.get("simulated", {}))
+        drafters[name] = replace(drafters[name], head=f"{tags[0]}/{by_tag[tags[0]]['best_head']}")
 
     # 3b. each drafter also serves as transformers' assistant_model: its generation_config carries the K
     for name in names:
         rel = f"drafters/{name}/generation_config.json"
-        files[rel] = write_assistant_config(out / rel, best_fixed_k(sweep.get(name, {}), drafters[name]["head"],
-                                                                    serving, defaults["k"]))
+        files[rel] = write_assistant_config(out / rel, best_fixed_k(sweep.get(name, {}), drafters[name].head,
+                                                                    serving, defaults.k))
 
     # 4. routers: train-router writes one subdirectory per router (router_config.json inside)
     routers = {}
@@ -249,7 +253,7 @@ def build(ctx: Context) -> dict:
         add("router", copy_listed(ctx.input("train-router"), ctx.manifests["train-router"], None, out / "router"))
         for rc_path in sorted((out / "router").glob("*/router_config.json")):
             rc = _json(rc_path)
-            routers[rc_path.parent.name] = {"path": f"router/{rc_path.parent.name}", "kind": str(rc.get("kind", "unknown"))}
+            routers[rc_path.parent.name] = RouterEntry(path=rc_path.parent, kind=str(rc.get("kind", "unknown")))
 
     # 4b. datastore: the self-distilled responses, as REST's and suffix decoding's retrieval structure
     datastore_meta, datastore_metrics = None, {"datastore": None}
@@ -260,21 +264,18 @@ def build(ctx: Context) -> dict:
                                            "build_seconds": round(seconds, 4)}}
 
     # 5. bundle.json, then load it back the way the decoder will (paths, tokenizers, every head)
-    extra = {"datastore": {"path": "datastore", **datastore_meta}} if datastore_meta else {}
-    if eagle:
-        extra["eagle"] = eagle
+    datastore = DatastoreEntry(path=out / "datastore", **datastore_meta) if datastore_meta else None
     # the prompt format every stage used: the decoder formats requests the same way (decoding/chat.py)
-    chat = chat_format(cfg.prompts).to_dict()
-    write_bundle_json(out, {"target": target_meta, "drafters": drafters, "heads": heads, "routers": routers,
-                            "decoding": defaults, "chat": chat, **extra}, files)
+    write_bundle(out, BundleSpec(target=target, drafters=drafters, heads=heads, decoding=defaults, files=files,
+                                 routers=routers, chat=chat_format(cfg.prompts), datastore=datastore, eagle=eagle))
     bundle = load_bundle(out, verify=False)  # the hashes were checked while copying
     for name, by_head in bundle.heads.items():
         for head in by_head:
             bundle.load_head(name, head)
     print("[export] " + summarize(bundle).split("\n", 1)[1])
     size = sum((out / rel).stat().st_size for rel in files)
-    return {"target": "bundled" if "path" in target_meta else "referenced", "drafters": names, "eagle": sorted(eagle),
-            "heads": {n: sorted(h) for n, h in heads.items()}, "routers": {n: r["kind"] for n, r in routers.items()},
+    return {"target": "bundled" if target.path is not None else "referenced", "drafters": names, "eagle": sorted(eagle),
+            "heads": {n: sorted(h) for n, h in heads.items()}, "routers": {n: r.kind for n, r in routers.items()},
             "files": len(files) + 1, "bytes": size + (out / BUNDLE_JSON).stat().st_size, **datastore_metrics}
 
 

@@ -196,3 +196,18 @@ def test_drafters_serve_as_transformers_assistant_models(run_root):
             plain = target.generate(ids, **kw)
             assisted = target.generate(ids, assistant_model=drafter, **kw)
             assert assisted.tolist() == plain.tolist()
+
+
+def test_bundle_json_round_trips_through_the_schema(run_root):
+    """export writes decoding/bundle_schema.py's BundleSpec; reading it back and writing it again gives the
+    same bytes (target, drafters, heads, router, datastore and chat format all present)."""
+    from decoding.bundle import write_bundle
+
+    _fake_router(run_root)
+    out = run_stage(_config(run_root), "export")
+    written = (out / BUNDLE_JSON).read_text()
+    b = load_bundle(out)
+    assert b.routers and b.datastore is not None and b.spec.chat is not None
+    assert b.spec.to_json(out) == json.loads(written)
+    write_bundle(out, b.spec)
+    assert (out / BUNDLE_JSON).read_text() == written
