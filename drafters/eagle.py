@@ -83,6 +83,36 @@ def eagle_loss(pred: torch.Tensor, target_features: torch.Tensor, pred_logits: t
                                             "agreement": agree.detach()}
 
 
+def ttt_predictions(drafter: EagleDrafter, features: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor,
+                    steps: int) -> list[torch.Tensor]:
+    """EAGLE-3's training-time test: features (B, T, 3d) the target's fused layers f_i, tokens (B, T)
+    x_{i+1}, valid (B, T) non-pad. -> `steps` tensors (B, T, d): step s's prediction at index i, made from
+    the real entries 0..i-s and s draft steps on the drafter's own predictions (what the decoder's s-th
+    draft step computes; entries i < s are meaningless)."""
+    B, T = tokens.shape
+    embed, _ = drafter._parts()
+    dtype = drafter.fc.weight.dtype
+    with torch.no_grad():
+        emb = embed(tokens).to(dtype)
+    z_steps = [drafter.fc(torch.cat([emb, drafter.fuse(features.to(dtype))], dim=-1))]  # step 0: real features
+    positions = torch.arange(T, device=tokens.device)
+    preds = []
+    # step s needs step s - 1's outputs: one forward per step over the stack of steps 0..s (the earlier
+    # entries recomputed instead of cached: the same values, and no cache to backpropagate through)
+    for s in range(steps):
+        z = torch.cat(z_steps, dim=1)  # (B, (s+1) T, d)
+        allowed = ttt_mask(valid, s + 1).to(z.device)
+        mask = torch.zeros(allowed.shape, dtype=z.dtype, device=z.device).masked_fill(~allowed, torch.finfo(z.dtype).min)
+        h = drafter.body(inputs_embeds=z, attention_mask=mask, position_ids=positions.repeat(s + 1)[None].expand(B, -1),
+                         use_cache=False).last_hidden_state
+        pred = h[:, s * T :]  # step s's predictions: f^ at index i gives q for x_{i+2}
+        preds.append(pred)
+        if s + 1 < steps:  # step s + 1 at index i reads step s's prediction at i - 1
+            shifted = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1]], dim=1)
+            z_steps.append(drafter.fc(torch.cat([emb, shifted], dim=-1)))
+    return preds
+
+
 class EagleModule(L.LightningModule):
     def __init__(self, drafter: EagleDrafter, target: PreTrainedModel, lr: float = 3e-4, warmup_ratio: float = 0.03,
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.95), feature_noise: float = FEATURE_NOISE,
@@ -133,41 +163,19 @@ class EagleModule(L.LightningModule):
         return loss, parts, n
 
     def compute_loss_eagle3(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict, int]:
-        """EAGLE-3: fused low / middle / high target features, token loss only, `ttt_steps` unrolled steps
-        in one forward (`ttt_mask`). Step s's input at index i is step s - 1's prediction at i - 1."""
+        """EAGLE-3: fused low / middle / high target features, token loss only (forward KL to the target),
+        at each of `ttt_steps` unrolled steps (`ttt_predictions`), step s weighted TTT_DECAY ** s."""
         ids, attn = batch["input_ids"], batch["attention_mask"]
         with torch.no_grad():
             out = self.target(input_ids=ids, attention_mask=attn, use_cache=False, output_hidden_states=True)
             feats = fused_features(out.hidden_states, self.drafter.feature_layers)  # (B, T, 3d)
-        B, T1 = ids.shape[0], ids.shape[1] - 1
         S = self.hparams.ttt_steps
         tokens, valid = ids[:, 1:], attn[:, 1:]
         target_logits = out.logits[:, 1:]
         mask = batch["loss_mask"][:, 1:].bool() & valid.bool()
         if int(mask.sum()) == 0:
             return self.drafter.fc.weight.sum() * 0.0, {}, 0
-        embed, _ = self.drafter._parts()
-        dtype = self.drafter.fc.weight.dtype
-        with torch.no_grad():
-            emb = embed(tokens).to(dtype)
-        fc = self.drafter.fc
-        z0 = fc(torch.cat([emb, self.drafter.fuse(feats[:, :-1].to(dtype))], dim=-1))  # step 0: real features
-        positions = torch.arange(T1, device=ids.device)
-        preds = []
-        z_steps = [z0]
-        # step s needs step s - 1's outputs: one forward per step over the stack of steps 0..s (the earlier
-        # entries recomputed instead of cached: the same values, and no cache to backpropagate through)
-        for s in range(S):
-            z = torch.cat(z_steps, dim=1)  # (B, (s+1) T1, d)
-            attn4 = ttt_mask(valid, s + 1).to(ids.device)
-            mask4 = torch.zeros(attn4.shape, dtype=z.dtype, device=z.device).masked_fill(~attn4, torch.finfo(z.dtype).min)
-            h = self.drafter.body(inputs_embeds=z, attention_mask=mask4,
-                                  position_ids=positions.repeat(s + 1)[None].expand(B, -1), use_cache=False).last_hidden_state
-            pred = h[:, s * T1 :]  # step s's predictions: f^ at index i predicts p_{i+1}
-            preds.append(pred)
-            if s + 1 < S:  # step s + 1 at index i reads step s's prediction at i - 1
-                shifted = torch.cat([pred[:, :1] * 0, pred[:, :-1]], dim=1)
-                z_steps.append(fc(torch.cat([emb, shifted], dim=-1)))
+        preds = ttt_predictions(self.drafter, feats[:, :-1], tokens, valid, S)
         total, weights, parts = 0.0, 0.0, {}
         n = int(mask.sum())
         target_p = target_logits[mask].float().softmax(-1)
