@@ -16,7 +16,7 @@ from decoding.selectors import make_selector
 from decoding.speculative import generate_speculative
 from decoding.stopping import FixedK
 from tests.decoding.eagle_fixtures import mimic_drafter, tiny_target
-from tests.decoding.test_eagle import N_TOKENS, PROMPT, V, exact_model_distribution
+from tests.decoding.test_eagle import N_TOKENS, PROMPT, V, exact_model_distribution, stoppings
 from tests.decoding.test_spectr import assert_fits_with_power
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -39,8 +39,8 @@ def test_greedy_equals_autoregressive(pair, tree):
     accepted = 0
     for prompt in PROMPTS:
         reference = generate_autoregressive(target, prompt, 40, GREEDY).tokens
-        for k in (1, 4):
-            result = generate_speculative(target, EagleSpeculator(drafter, FixedK(k), tree), prompt, 40, GREEDY)
+        for stopping in stoppings(target.config.hidden_size):  # fixed K and a SpecDec++ head on the EAGLE layer
+            result = generate_speculative(target, EagleSpeculator(drafter, stopping, tree), prompt, 40, GREEDY)
             assert result.tokens == reference
             accepted += sum(result.metrics.accepted)
     assert accepted > 50  # the drafter's tokens were accepted, not only the target's corrections
