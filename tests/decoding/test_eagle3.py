@@ -16,8 +16,7 @@ from decoding.selectors import make_selector
 from decoding.speculative import generate_speculative
 from decoding.stopping import FixedK
 from tests.decoding.eagle_fixtures import mimic_drafter, tiny_target
-from tests.decoding.test_eagle import N_TOKENS, PROMPT, V, exact_model_distribution, stoppings
-from tests.decoding.test_spectr import assert_fits_with_power
+from tests.decoding.test_eagle import N_TOKENS, PROMPT, V, assert_samples_fit, exact_model_distribution, stoppings
 
 GREEDY = SamplingConfig(temperature=0.0)
 PROMPTS = [[3, 5, 7, 11], [1], [40, 2, 2, 9, 60, 14, 8]]
@@ -90,21 +89,7 @@ def test_sampled_chain_emits_the_target_distribution(small_pair):
     assert drafter.feature_layers == eagle3_layers(2) == (1, 1, 2)
     sampling, n_samples, shift = SamplingConfig(temperature=1.0), 2_500, 0.05
     exact = exact_model_distribution(target, sampling, PROMPT, N_TOKENS)
-    gen = torch.Generator().manual_seed(7)
-    speculator = EagleSpeculator(drafter, FixedK(3))
-    counts = torch.zeros(V**N_TOKENS)
-    rejected = full = 0
-    for _ in range(n_samples):
-        result = generate_speculative(target, speculator, PROMPT, N_TOKENS, sampling, generator=gen)
-        cell = 0
-        for x in result.tokens:
-            cell = cell * V + x
-        counts[cell] += 1
-        m = result.metrics
-        full += sum(a == d > 0 for a, d in zip(m.accepted, m.drafted))
-        rejected += sum(a < d for a, d in zip(m.accepted, m.drafted))
-    assert min(full, rejected) > n_samples // 20  # both the bonus and the residual paths were taken often
-    assert_fits_with_power(counts, exact, shift)
+    assert_samples_fit(target, EagleSpeculator(drafter, FixedK(3)), sampling, n_samples, exact, shift)
 
 
 def test_checkpoint_records_variant_and_layers(pair, tmp_path):
