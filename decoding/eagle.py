@@ -2,7 +2,9 @@
 dynamic draft tree (Li et al. 2024, "EAGLE-2: Faster Inference of Language Models with Dynamic Draft
 Trees", Sec. 4), over an `EagleDrafter` (`decoding.eagle_model`).
 
-Features. The drafter reads the target's feature f_j (final hidden state) at every committed position.
+Features. The drafter reads the target's feature f_j (final hidden state; for EAGLE-3 its low / middle /
+high hidden states concatenated, `target_feature_layers`, which the loop asks the target for) at every
+committed position.
 The loop hands the target's hidden states of each round's verification forward to `observe`
 (`RoundOutcome.target_hidden`, asked for through `needs_target_features`); the speculator keeps the rows of
 the committed positions: f_0..f_{m-1} with m = len(context) - 1 (the last committed token has not been
