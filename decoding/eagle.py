@@ -2,7 +2,9 @@
 dynamic draft tree (Li et al. 2024, "EAGLE-2: Faster Inference of Language Models with Dynamic Draft
 Trees", Sec. 4), over an `EagleDrafter` (`decoding.eagle_model`).
 
-Features. The drafter reads the target's feature f_j (final hidden state) at every committed position.
+Features. The drafter reads the target's feature f_j (final hidden state; for EAGLE-3 its low / middle /
+high hidden states concatenated, `target_feature_layers`, which the loop asks the target for) at every
+committed position.
 The loop hands the target's hidden states of each round's verification forward to `observe`
 (`RoundOutcome.target_hidden`, asked for through `needs_target_features`); the speculator keeps the rows of
 the committed positions: f_0..f_{m-1} with m = len(context) - 1 (the last committed token has not been
@@ -145,6 +147,11 @@ class EagleSpeculator:
         self._own_round_end: int | None = None  # context length after this drafter's last observed round
         self.catch_up_seconds = 0.0
 
+    @property
+    def target_feature_layers(self) -> tuple[int, ...]:
+        """The target's hidden states this drafter reads: (-1,) for EAGLE-1, low / middle / high for EAGLE-3."""
+        return tuple(getattr(self.drafter, "feature_layers", (-1,)))
+
     def start(self, target: torch.nn.Module, eos: set[int]) -> None:
         check_pair(target, self.drafter)
         self.drafter.attach_target(target)
@@ -163,6 +170,7 @@ class EagleSpeculator:
                              "decoding.speculative.generate_speculative (it passes them when "
                              "needs_target_features is set)")
         need = len(outcome.context) - 1 - self.n_features
+        hidden = self._own_columns(hidden, tuple(outcome.feature_layers))
         if outcome.path is not None:  # a tree round: the fed prefix, then the accepted nodes
             n_prefix = hidden.shape[0] - len(outcome.draft.tree)
             index = list(range(n_prefix)) + [n_prefix + i for i in outcome.path]
@@ -174,6 +182,18 @@ class EagleSpeculator:
             self.features.append(hidden[:need])
             self.n_features += need
             self._feature_cat = None
+
+    def _own_columns(self, hidden: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:
+        """This drafter's layers out of the round's concatenated hidden states (a bandit asks the target
+        for the union of its arms' layers)."""
+        mine = self.target_feature_layers
+        if layers == mine:
+            return hidden
+        if any(i not in layers for i in mine):
+            raise InputError(f"the round carries the target's hidden states {list(layers)}, this EAGLE drafter reads "
+                             f"{list(mine)}; decode with generate_speculative, which asks for target_feature_layers")
+        width = hidden.shape[-1] // len(layers)
+        return torch.cat([hidden[:, layers.index(i) * width : (layers.index(i) + 1) * width] for i in mine], dim=-1)
 
     def observe(self, outcome: RoundOutcome) -> None:
         self.record_target(outcome)

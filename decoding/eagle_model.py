@@ -20,6 +20,14 @@ norm (as EAGLE-3's drafter does). The features it regresses are the target's *po
 
 This module lives in `decoding/` (pure PyTorch + transformers) because the decoder must load it from a
 bundle without the training code; the LightningModule that trains it is `drafters/eagle.py`.
+
+EAGLE-3 (Li et al. 2025, arXiv 2503.01840, Sec. 3.2 "multi-layer feature fusion") as `variant="eagle3"`:
+the feature the drafter reads at a committed position is the concatenation of three of the target's
+hidden states, low, middle and high (`feature_layers`, indices into `hidden_states`; EAGLE-3 takes the
+inputs of layers 2, L/2 and L-3), projected to d by `fuse` = Linear(3d -> d). While drafting, the drafter's
+own output (d wide) takes its place, unfused: `forward` tells the two apart by width. Departures from
+EAGLE-3: the target's full vocabulary and LM head (no reduced draft vocabulary), and the same [embedding ;
+feature] projection and final norm as our EAGLE-1 layer.
 """
 from __future__ import annotations
 
@@ -36,6 +44,23 @@ from core.errors import InputError
 EAGLE_CONFIG = "eagle_config.json"
 EAGLE_WEIGHTS = "model.safetensors"
 FORMAT = "specdraft-eagle/1"
+VARIANTS = ("eagle1", "eagle3")
+
+
+def eagle3_layers(n_target_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's low / middle / high features as `hidden_states` indices (index i = the input of decoder
+    layer i, i.e. the output of layer i - 1): layers 2, L // 2 and L - 3, clamped to [1, L] for small
+    targets (index L is the final, post-norm state)."""
+    L = n_target_layers
+    return tuple(sorted(min(max(i, 1), L) for i in (2, L // 2, L - 3)))  # type: ignore[return-value]
+
+
+def fused_features(hidden_states: tuple[torch.Tensor, ...] | list[torch.Tensor], layers: tuple[int, ...]) -> torch.Tensor:
+    """The target's features for an EAGLE drafter reading `layers`: hidden_states[i] for i in layers,
+    concatenated on the last dimension ((..., d) for EAGLE-1's (-1,), (..., 3d) for EAGLE-3)."""
+    from decoding.kv import layer_features
+
+    return layer_features(hidden_states, layers)
 
 
 def body_config(target_config: PretrainedConfig, n_layers: int) -> PretrainedConfig:
@@ -53,13 +78,30 @@ def body_config(target_config: PretrainedConfig, n_layers: int) -> PretrainedCon
 
 
 class EagleDrafter(torch.nn.Module):
-    def __init__(self, target_config: PretrainedConfig, n_layers: int = 1, target_hash: str | None = None):
+    def __init__(self, target_config: PretrainedConfig, n_layers: int = 1, target_hash: str | None = None,
+                 variant: str = "eagle1", feature_layers: list[int] | tuple[int, ...] | None = None):
         super().__init__()
         if not isinstance(n_layers, int) or n_layers < 1:
             raise InputError(f"eagle.n_layers must be an integer >= 1, got {n_layers!r}")
+        if variant not in VARIANTS:
+            raise InputError(f"eagle.variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
         self.target_config = target_config
         self.target_hash = target_hash
+        self.variant = variant
         d = target_config.hidden_size
+        L = target_config.num_hidden_layers
+        if variant == "eagle1":
+            if feature_layers not in (None, [-1], (-1,)):
+                raise InputError("eagle.layers is for variant eagle3 (EAGLE-1 reads the final hidden state); "
+                                 "drop it or set variant: eagle3")
+            self.feature_layers: tuple[int, ...] = (-1,)
+        else:
+            layers = tuple(eagle3_layers(L) if feature_layers is None else feature_layers)
+            if len(layers) != 3 or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i <= L for i in layers):
+                raise InputError(f"eagle.layers must be 3 hidden-state indices in [0, {L}] (low, middle, high) for "
+                                 f"this {L}-layer target, got {list(layers)}; or null for EAGLE-3's {list(eagle3_layers(L))}")
+            self.feature_layers = layers
+            self.fuse = torch.nn.Linear(3 * d, d, bias=False)  # EAGLE-3: [low ; mid ; high] -> d
         self.fc = torch.nn.Linear(2 * d, d, bias=True)
         self.body = AutoModel.from_config(body_config(target_config, n_layers))
         # what decoding.compat reads: the vocabulary it drafts in and the hidden size a SpecDec++ head reads
@@ -67,7 +109,7 @@ class EagleDrafter(torch.nn.Module):
             vocab_size=target_config.vocab_size, hidden_size=d,
             max_position_embeddings=getattr(target_config, "max_position_embeddings", None),
             _attn_implementation=getattr(self.body.config, "_attn_implementation", None),
-            model_type="eagle", n_layers=n_layers)
+            model_type="eagle", n_layers=n_layers, variant=variant)
         self._frozen: list[torch.nn.Module] = []  # [embedding, lm_head] of the target, not in state_dict
 
     # ---- the target's frozen parts ---------------------------------------------------------------
@@ -100,11 +142,15 @@ class EagleDrafter(torch.nn.Module):
     def forward(self, features: torch.Tensor, input_ids: torch.Tensor, past_key_values=None,
                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
                 use_cache: bool = False) -> torch.Tensor:
-        """features (B, T, d) = f_j, input_ids (B, T) = x_{j+1} -> predicted features (B, T, d) = f^_{j+1}."""
+        """features (B, T, d) = f_j, input_ids (B, T) = x_{j+1} -> predicted features (B, T, d) = f^_{j+1}.
+        EAGLE-3: features (B, T, 3d) are the target's fused layers and go through `fuse` first; (B, T, d)
+        are the drafter's own predictions and go in as they are."""
         embed, _ = self._parts()
         with torch.no_grad():
             emb = embed(input_ids)
         fc_dtype = self.fc.weight.dtype
+        if self.variant == "eagle3" and features.shape[-1] == 3 * self.config.hidden_size:
+            features = self.fuse(features.to(fc_dtype))
         z = self.fc(torch.cat([emb.to(fc_dtype), features.to(fc_dtype)], dim=-1))
         out = self.body(inputs_embeds=z, past_key_values=past_key_values, attention_mask=attention_mask,
                         position_ids=position_ids, use_cache=use_cache)
@@ -129,6 +175,7 @@ def save_eagle(drafter: EagleDrafter, out_dir: str | Path, extra: dict | None = 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"format": FORMAT, "n_layers": drafter.config.n_layers, "hidden_size": drafter.config.hidden_size,
+            "variant": drafter.variant, "feature_layers": list(drafter.feature_layers),
             "vocab_size": drafter.config.vocab_size, "target_hash": drafter.target_hash,
             "target_config": drafter.target_config.to_dict(), "parameters": count_parameters(drafter)}
     meta.update(extra or {})
@@ -165,7 +212,9 @@ def load_eagle(path: str | Path, target: torch.nn.Module | None = None, target_h
                          f"target is {target_hash[:12]}; train an EAGLE drafter for this target")
     tcfg = dict(meta["target_config"])
     target_config = AutoConfig.for_model(tcfg.pop("model_type"), **tcfg)
-    drafter = EagleDrafter(target_config, n_layers=int(meta["n_layers"]), target_hash=meta.get("target_hash"))
+    variant = meta.get("variant", "eagle1")  # drafters written before EAGLE-3 are EAGLE-1
+    drafter = EagleDrafter(target_config, n_layers=int(meta["n_layers"]), target_hash=meta.get("target_hash"),
+                           variant=variant, feature_layers=meta.get("feature_layers") if variant == "eagle3" else None)
     state = load_file(str(Path(path) / EAGLE_WEIGHTS))
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:

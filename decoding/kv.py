@@ -49,12 +49,14 @@ def forward(
     hidden: bool = False,
     device: torch.device | None = None,
     hidden_last: int | None = None,
+    layers: tuple[int, ...] = (-1,),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Feed `token_ids` after what `cache` holds; return logits (last, V) and, if asked, the final
     hidden states (after the final norm: `hidden_states[-1]`, what the LM head reads) of the last
     `hidden_last` positions (default `last`; an EAGLE drafter needs the target's features at every fed
     position, while logits stay limited to the verified ones). The cache grows by len(token_ids).
-    `device`: the model's input device if already known.
+    `layers`: which `hidden_states` to return, concatenated (an EAGLE-3 drafter's low, middle and high
+    layers: (n_states, 3H)). `device`: the model's input device if already known.
     """
     ids = torch.tensor([token_ids], dtype=torch.long, device=device or input_device(model))  # (1, T)
     out = model(
@@ -66,8 +68,15 @@ def forward(
     )
     logits = out.logits[0, -last:]  # (last, V)
     n_states = last if hidden_last is None else hidden_last
-    states = out.hidden_states[-1][0, -n_states:] if hidden else None  # (n_states, H)
+    states = layer_features(out.hidden_states, layers)[0, -n_states:] if hidden else None  # (n_states, H * len(layers))
     return logits, states
+
+
+def layer_features(hidden_states, layers: tuple[int, ...]) -> torch.Tensor:
+    """hidden_states[i] for i in `layers`, concatenated on the feature axis."""
+    if len(layers) == 1:
+        return hidden_states[layers[0]]
+    return torch.cat([hidden_states[i] for i in layers], dim=-1)
 
 
 def forward_batch(
@@ -117,6 +126,7 @@ def forward_tree(
     depths: list[int],
     device: torch.device | None = None,
     hidden: bool = False,
+    layers: tuple[int, ...] = (-1,),
 ):
     """One forward over `prefix_ids` (committed tokens the cache has not seen, causal) followed by the N
     nodes of a draft tree in one row, with a tree attention mask: a node sees the whole prefix, its
@@ -156,7 +166,7 @@ def forward_tree(
         output_hidden_states=hidden,
     )
     if hidden:
-        return out.logits[0], out.hidden_states[-1][0]  # (1 + N, V), (len(prefix) + N, H)
+        return out.logits[0], layer_features(out.hidden_states, layers)[0]  # (1 + N, V), (len(prefix) + N, H * len(layers))
     return out.logits[0]  # (1 + N, V)
 
 

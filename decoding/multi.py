@@ -279,6 +279,17 @@ class MultiDrafterSpeculator:
         """Whether an arm (an EAGLE drafter) reads the target's hidden states: then every round carries them."""
         return any(getattr(a.speculator, "needs_target_features", False) for a in self.arms)
 
+    @property
+    def target_feature_layers(self) -> tuple[int, ...]:
+        """The union (in arm order) of the hidden states the EAGLE arms read; each takes its own columns."""
+        layers: list[int] = []
+        for arm in self.arms:
+            if getattr(arm.speculator, "needs_target_features", False):
+                for i in getattr(arm.speculator, "target_feature_layers", (-1,)):
+                    if i not in layers:
+                        layers.append(i)
+        return tuple(layers) or (-1,)
+
     def _record_target(self, outcome: RoundOutcome, active: int | None) -> None:
         """EAGLE arms that sat this round out still keep the target's features of what it committed, so on
         a switch only their own layer's cache catches up (MetaSD App. F.11)."""

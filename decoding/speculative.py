@@ -59,6 +59,7 @@ def generate_speculative(
     device = kv.input_device(target)
     context = list(prompt)
     features = bool(getattr(speculator, "needs_target_features", False))  # an EAGLE drafter reads them
+    layers = tuple(getattr(speculator, "target_feature_layers", (-1,)))  # which hidden states (EAGLE-3: three)
     while True:
         remaining = max_new_tokens - (len(context) - len(prompt))
         t0 = time.perf_counter()
@@ -67,14 +68,14 @@ def generate_speculative(
         t1 = time.perf_counter()
         if draft.tree is not None:
             emitted, outcome, time_target = _tree_round(target, cache, context, draft, sampling, generator, device,
-                                                        verification_distribution, features)
+                                                        verification_distribution, features, layers)
             m.time_target += time_target
             n, k = outcome.verification.n_accepted, len(draft.tree)
         else:
             k = len(draft.tokens)
             unseen = context[kv.cache_length(cache) :]  # the last committed token (the whole prompt at first)
             logits, states = kv.forward(target, cache, unseen + draft.tokens, last=k + 1, device=device,
-                                        hidden=features, hidden_last=len(unseen) + k)
+                                        hidden=features, hidden_last=len(unseen) + k, layers=layers)
             p = probs_on_cpu(logits, sampling)  # (k+1, V)
             m.time_target += time.perf_counter() - t1
             q = draft.q if k else p.new_zeros(0, p.shape[-1])  # (k, V)
@@ -84,7 +85,7 @@ def generate_speculative(
             kv.crop(cache, len(context) + n)  # keep context + y_1..y_n; y' is fed next round
             emitted = draft.tokens[:n] + [result.token]
             outcome = RoundOutcome(draft=draft, p=pi, verification=result, context=context, logits=logits,
-                                   target_hidden=states)
+                                   target_hidden=states, feature_layers=layers)
         m.time_draft += t1 - t0
         context += emitted
         m.n_target += 1
@@ -108,7 +109,7 @@ def generate_speculative(
 
 
 def _tree_round(target, cache, context, draft, sampling, generator, device, verification_distribution,
-                features: bool = False):
+                features: bool = False, layers: tuple[int, ...] = (-1,)):
     """One round over a draft tree: one tree-masked target forward scoring the root and every node,
     SpecTr's sequence-level selection (`verify_tree`, the tree's node rule), then the target cache cut
     back to the committed context + the accepted path (its KV gathered, see `kv.keep_positions`).
@@ -120,7 +121,7 @@ def _tree_round(target, cache, context, draft, sampling, generator, device, veri
     t1 = time.perf_counter()
     unseen = context[kv.cache_length(cache) :]
     out = kv.forward_tree(target, cache, unseen, tree.tokens, tree.parents, tree.depths, device=device,
-                          hidden=features)
+                          hidden=features, layers=layers)
     logits, states = out if features else (out, None)
     p = probs_on_cpu(logits, sampling)  # (1 + N, V)
     time_target = time.perf_counter() - t1
@@ -129,7 +130,7 @@ def _tree_round(target, cache, context, draft, sampling, generator, device, veri
     emitted = [tree.tokens[i] for i in walk.path] + [walk.token]
     result = Verification(n_accepted=walk.n_accepted, token=walk.token, n_drafted=walk.n_drafted)
     outcome = RoundOutcome(draft=draft, p=p, verification=result, context=context, logits=logits, path=walk.path,
-                           target_hidden=states)
+                           target_hidden=states, feature_layers=layers)
     return emitted, outcome, time_target
 
 

@@ -61,6 +61,9 @@ class RoundOutcome:
     # the draft tokens or tree nodes), on its device; only when the speculator sets needs_target_features
     # (an EAGLE drafter reads them as features), else None
     target_hidden: torch.Tensor | None = None
+    # which `hidden_states` target_hidden concatenates, H columns each ((-1,): the final one; the speculator's
+    # `target_feature_layers`, a bandit's union over its arms); each EAGLE drafter takes its own columns
+    feature_layers: tuple[int, ...] = (-1,)
 
 
 class Speculator(Protocol):

@@ -20,6 +20,17 @@ target forward costs about as much as reading fp16 features of the same batch fr
 and a cache of d floats per token (T x d x 2 bytes per sequence) would exceed the run's other artifacts
 combined for a real target (4096-d features: 8 KiB per token). The heads' online path makes the same
 trade. A disk cache would pay off only for many epochs over a large target, on GPUs.
+
+EAGLE-3 (Li et al. 2025, arXiv 2503.01840, Sec. 3.1 "training-time test"), `variant="eagle3"`: the input
+features are the target's low / middle / high hidden states, fused by the drafter (decoding/eagle_model.py);
+the feature regression is dropped and only the token loss is kept; and the drafter is unrolled for
+`ttt_steps` steps on its own predictions, as at decode time: at step s the entry for position i reads the
+prediction that step s - 1 made at position i - 1 and attends to the real entries 0..i-s and to its own
+chain of predicted entries (one per earlier step), never to the real entries it replaces. Step s is one
+forward over the stacked entries of steps 0..s with that 4D mask (`ttt_mask`, EAGLE-3's "diagonal"
+attention) and per-entry position ids; step s + 1 needs step s's outputs, so the steps run in turn. Step s is trained on the same target distribution as step 0 at the same index,
+p_{i+1}, weighted 0.8^s (the decay of EAGLE-3's reference training code); no feature noise (the unrolled
+steps are its augmentation).
 """
 from __future__ import annotations
 
@@ -31,12 +42,34 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
 
-from decoding.eagle_model import EagleDrafter
+from decoding.eagle_model import EagleDrafter, fused_features
 from core.errors import InputError
 from drafters import losses
 
 FEATURE_NOISE = 0.1  # EAGLE-1: uniform noise U(-0.1, 0.1) on the input features
 TOKEN_WEIGHT = 0.1  # EAGLE-1: w_cls = 0.1 against w_reg = 1.0
+TTT_STEPS = 3  # EAGLE-3: training-time test steps (the drafter unrolled on its own predictions)
+TTT_DECAY = 0.8  # EAGLE-3 reference code: step s's loss weighted 0.8 ** s
+
+
+def ttt_mask(valid: torch.Tensor, steps: int) -> torch.Tensor:
+    """EAGLE-3's training-time-test attention, (B, 1, S*T, S*T) bool over `steps` stacked copies of T
+    entries (block s = step s). valid (B, T) marks real (non-pad) positions. The query of step s at
+    position i sees step 0's entries 0..i-s (the real features) and step r's entry at i-s+r for
+    r = 1..s (its own chain of predictions); queries at i < s have no chain and see only themselves."""
+    B, T = valid.shape
+    i = torch.arange(T)
+    allowed = torch.zeros(steps, T, steps, T, dtype=torch.bool)
+    for s in range(steps):
+        allowed[s, :, 0, :] = i[None, :] <= (i[:, None] - s)  # real entries up to i - s
+        for r in range(1, s + 1):
+            j = i - s + r
+            ok = j >= 0
+            allowed[s, i[ok], r, j[ok]] = True
+        allowed[s, i[:s], s, i[:s]] = True
+    allowed = allowed.reshape(steps * T, steps * T)
+    keys = valid.bool().to(allowed.device).repeat(1, steps)  # (B, S*T)
+    return (allowed[None] & keys[:, None, :])[:, None] | torch.eye(steps * T, dtype=torch.bool)[None, None]
 
 
 def eagle_loss(pred: torch.Tensor, target_features: torch.Tensor, pred_logits: torch.Tensor,
@@ -50,10 +83,40 @@ def eagle_loss(pred: torch.Tensor, target_features: torch.Tensor, pred_logits: t
                                             "agreement": agree.detach()}
 
 
+def ttt_predictions(drafter: EagleDrafter, features: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor,
+                    steps: int) -> list[torch.Tensor]:
+    """EAGLE-3's training-time test: features (B, T, 3d) the target's fused layers f_i, tokens (B, T)
+    x_{i+1}, valid (B, T) non-pad. -> `steps` tensors (B, T, d): step s's prediction at index i, made from
+    the real entries 0..i-s and s draft steps on the drafter's own predictions (what the decoder's s-th
+    draft step computes; entries i < s are meaningless)."""
+    B, T = tokens.shape
+    embed, _ = drafter._parts()
+    dtype = drafter.fc.weight.dtype
+    with torch.no_grad():
+        emb = embed(tokens).to(dtype)
+    z_steps = [drafter.fc(torch.cat([emb, drafter.fuse(features.to(dtype))], dim=-1))]  # step 0: real features
+    positions = torch.arange(T, device=tokens.device)
+    preds = []
+    # step s needs step s - 1's outputs: one forward per step over the stack of steps 0..s (the earlier
+    # entries recomputed instead of cached: the same values, and no cache to backpropagate through)
+    for s in range(steps):
+        z = torch.cat(z_steps, dim=1)  # (B, (s+1) T, d)
+        allowed = ttt_mask(valid, s + 1).to(z.device)
+        mask = torch.zeros(allowed.shape, dtype=z.dtype, device=z.device).masked_fill(~allowed, torch.finfo(z.dtype).min)
+        h = drafter.body(inputs_embeds=z, attention_mask=mask, position_ids=positions.repeat(s + 1)[None].expand(B, -1),
+                         use_cache=False).last_hidden_state
+        pred = h[:, s * T :]  # step s's predictions: f^ at index i gives q for x_{i+2}
+        preds.append(pred)
+        if s + 1 < steps:  # step s + 1 at index i reads step s's prediction at i - 1
+            shifted = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1]], dim=1)
+            z_steps.append(drafter.fc(torch.cat([emb, shifted], dim=-1)))
+    return preds
+
+
 class EagleModule(L.LightningModule):
     def __init__(self, drafter: EagleDrafter, target: PreTrainedModel, lr: float = 3e-4, warmup_ratio: float = 0.03,
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.95), feature_noise: float = FEATURE_NOISE,
-                 token_weight: float = TOKEN_WEIGHT, seed: int = 0):
+                 token_weight: float = TOKEN_WEIGHT, seed: int = 0, ttt_steps: int = TTT_STEPS):
         super().__init__()
         if not lr > 0:
             raise InputError(f"eagle lr must be > 0, got {lr}")
@@ -61,6 +124,8 @@ class EagleModule(L.LightningModule):
             raise InputError(f"eagle warmup_ratio must be in [0, 1), got {warmup_ratio}")
         if feature_noise < 0:
             raise InputError(f"eagle feature_noise must be >= 0, got {feature_noise}")
+        if not isinstance(ttt_steps, int) or ttt_steps < 1:
+            raise InputError(f"eagle ttt_steps must be an integer >= 1, got {ttt_steps!r}")
         self.save_hyperparameters(ignore=["drafter", "target"])
         self.drafter = drafter
         # the target is frozen and kept out of the module's state (no checkpoint, no optimizer, no wrapping)
@@ -77,6 +142,8 @@ class EagleModule(L.LightningModule):
         self.target.to(self.device)
 
     def compute_loss(self, batch: dict[str, torch.Tensor], noise: bool = True) -> tuple[torch.Tensor, dict, int]:
+        if self.drafter.variant == "eagle3":
+            return self.compute_loss_eagle3(batch)
         ids, attn = batch["input_ids"], batch["attention_mask"]
         with torch.no_grad():
             out = self.target(input_ids=ids, attention_mask=attn, use_cache=False, output_hidden_states=True)
@@ -94,6 +161,37 @@ class EagleModule(L.LightningModule):
         loss, parts = eagle_loss(pred_n, feats[:, 1:][mask], self.drafter.lm_logits(pred_n), out.logits[:, 1:][mask],
                                  self.hparams.token_weight)
         return loss, parts, n
+
+    def compute_loss_eagle3(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict, int]:
+        """EAGLE-3: fused low / middle / high target features, token loss only (forward KL to the target),
+        at each of `ttt_steps` unrolled steps (`ttt_predictions`), step s weighted TTT_DECAY ** s."""
+        ids, attn = batch["input_ids"], batch["attention_mask"]
+        with torch.no_grad():
+            out = self.target(input_ids=ids, attention_mask=attn, use_cache=False, output_hidden_states=True)
+            feats = fused_features(out.hidden_states, self.drafter.feature_layers)  # (B, T, 3d)
+        S = self.hparams.ttt_steps
+        tokens, valid = ids[:, 1:], attn[:, 1:]
+        target_logits = out.logits[:, 1:]
+        mask = batch["loss_mask"][:, 1:].bool() & valid.bool()
+        if int(mask.sum()) == 0:
+            return self.drafter.fc.weight.sum() * 0.0, {}, 0
+        preds = ttt_predictions(self.drafter, feats[:, :-1], tokens, valid, S)
+        total, weights, parts = 0.0, 0.0, {}
+        n = int(mask.sum())
+        target_p = target_logits[mask].float().softmax(-1)
+        for s, pred in enumerate(preds):
+            step_mask = mask.clone()
+            step_mask[:, :s] = False  # no chain of s predictions before index s
+            if not step_mask.any():
+                continue
+            logits = self.drafter.lm_logits(pred[step_mask])
+            token = losses.forward_kl(logits, target_logits[step_mask].float().softmax(-1))
+            w = TTT_DECAY ** s
+            total, weights = total + w * token, weights + w
+            parts[f"token_step{s}"] = token.detach()
+            if s == 0:
+                parts["agreement"] = (logits.argmax(-1) == target_p.argmax(-1)).float().mean().detach()
+        return total / weights, parts, n
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         if self._step_start is None:

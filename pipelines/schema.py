@@ -179,6 +179,12 @@ class EagleSection:
     drafters: Optional[list[str]] = None  # names of drafters (as train_drafters names them) to give an
     #                                       EAGLE twin "eagle-<name>" with the same domains; null: all of them
     n_layers: int = 1  # decoder layers of the target's architecture
+    # eagle1: reads the target's final hidden state, SmoothL1 feature + token loss, feature noise;
+    # eagle3: fuses the target's low / middle / high hidden states (Linear 3d -> d), token loss only,
+    # trained with the training-time test (ttt_steps unrolled steps on its own predictions; no noise)
+    variant: Literal["eagle1", "eagle3"] = "eagle1"
+    layers: Optional[list[int]] = None  # eagle3: the 3 hidden-state indices fused; null: EAGLE-3's 2, L/2, L-3
+    ttt_steps: int = 3  # eagle3: training-time test steps (1 = no unrolling)
     lr: float = 3e-4  # AdamW peak learning rate (cosine schedule with linear warmup)
     warmup_ratio: float = 0.03  # fraction of the steps spent warming up
     weight_decay: float = 0.0  # AdamW weight decay
@@ -193,6 +199,11 @@ class EagleSection:
             raise InputError("train_drafters.eagle.n_layers must be >= 1 and max_length >= 2")
         if not self.lr > 0 or self.feature_noise < 0 or self.token_weight < 0:
             raise InputError("train_drafters.eagle: lr must be > 0, feature_noise and token_weight >= 0")
+        if self.ttt_steps < 1:
+            raise InputError("train_drafters.eagle.ttt_steps must be >= 1 (1 = no training-time test)")
+        if self.layers is not None and (self.variant != "eagle3" or len(self.layers) != 3):
+            raise InputError("train_drafters.eagle.layers takes 3 hidden-state indices (low, middle, high) and only "
+                             "with variant: eagle3; drop it for EAGLE-3's default or for eagle1")
         from decoding.eagle import TreeShape
 
         TreeShape(self.tree.depth, self.tree.top_k, self.tree.nodes)

@@ -2,7 +2,8 @@
 
 For each named drafter spec (default: all, i.e. one per domain + OFA, as MetaEagle does) an EAGLE drafter
 "eagle-<name>" is trained on the same self-distilled rows (drafters/eagle.py: EAGLE-1 loss, features
-computed online by the frozen target in every step; see that module for why no disk cache). Each is
+computed online by the frozen target in every step; see that module for why no disk cache; or EAGLE-3
+with `variant: eagle3`). Each is
 written as a self-describing directory (eagle_config.json with the target's content hash, and
 model.safetensors with the projection and decoder layer only) under drafters/eagle/<name>/, where the
 stages that read independent drafters (they look for drafter.json) do not see it; export bundles them.
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from decoding.eagle_model import EagleDrafter, count_parameters, load_eagle, save_eagle, target_dir_hash
+from decoding.eagle_model import (EagleDrafter, count_parameters, fused_features, load_eagle, save_eagle,
+                                  target_dir_hash)
 from core.errors import InputError
 from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.eagle import EagleModule
@@ -55,11 +57,12 @@ def train_eagle(ctx, target, specs, train_rows: list[dict], pad_id: int, seed: i
         rows = [r for r in train_rows if r["domain"] in domains]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            drafter = EagleDrafter(target.config, n_layers=ecfg.n_layers, target_hash=target_hash)
+            drafter = EagleDrafter(target.config, n_layers=ecfg.n_layers, target_hash=target_hash,
+                                   variant=ecfg.variant, feature_layers=ecfg.layers)
         drafter.to(dtype=next(target.parameters()).dtype)
         module = EagleModule(drafter, target, lr=ecfg.lr, warmup_ratio=ecfg.warmup_ratio,
                              weight_decay=ecfg.weight_decay, feature_noise=ecfg.feature_noise,
-                             token_weight=ecfg.token_weight, seed=seed)
+                             token_weight=ecfg.token_weight, seed=seed, ttt_steps=ecfg.ttt_steps)
         examples = [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in rows]
         data = CausalLMDataModule(examples, CausalLMCollator(pad_token_id=pad_id, max_length=ecfg.max_length),
                                   batch_size=ecfg.train.batch_size, seed=seed)
@@ -97,7 +100,7 @@ def eagle_alignment(target, drafter, rows: list[dict], pad_id: int, max_length: 
         batch = {k: v.to(target.device) for k, v in batch.items()}
         out = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
                      output_hidden_states=True)
-        feats = out.hidden_states[-1]
+        feats = fused_features(out.hidden_states, drafter.feature_layers)  # EAGLE-3: 3 layers, fused inside
         pred = drafter(feats[:, :-1], batch["input_ids"][:, 1:], attention_mask=batch["attention_mask"][:, 1:])
         mask = batch["loss_mask"][:, 1:].bool() & batch["attention_mask"][:, 1:].bool()
         p = out.logits[:, 1:][mask].float().softmax(-1)
@@ -120,7 +123,7 @@ def finish(ctx, target, specs, dev_rows: list[dict], pad_id: int) -> dict:
                                           ecfg.max_length) for d in domains}
         shutil.copytree(ctx.work / name / "model", ctx.out / EAGLE_DIR / name)
         meta = json.loads((ctx.out / EAGLE_DIR / name / "eagle_config.json").read_text())
-        infos[name] = {"domains": meta["domains"], "parameters": count_parameters(drafter), "steps": meta["steps"],
+        infos[name] = {"domains": meta["domains"], "variant": meta.get("variant", "eagle1"), "parameters": count_parameters(drafter), "steps": meta["steps"],
                        "final_loss": meta["final_loss"]}
         print(f"[train-drafters] {name}: teacher-forced acceptance "
               + ", ".join(f"{d} {v['acceptance']:.3f}" for d, v in table[name].items()))

@@ -21,12 +21,13 @@ def tiny_target(family: str, seed: int, vocab: int = 96, layers: int = 1, contex
     return model_cls(cfg).eval()
 
 
-def mimic_drafter(target, noise: float, seed: int) -> EagleDrafter:
+def mimic_drafter(target, noise: float, seed: int, variant: str = "eagle1", feature_layers=None) -> EagleDrafter:
     """An EAGLE drafter that mostly agrees with a one-layer target: its layer and final norm are the
     target's, and the projection passes the token embedding through (ignoring the feature), so at input
     (f_j, x_{j+1}) it recomputes the target's layer over x_1..x_{j+1} (missing only x_0); relative noise
-    on the layer's matrices makes it disagree sometimes, so acceptance, rejection and rollback all happen."""
-    drafter = EagleDrafter(target.config)
+    on the layer's matrices makes it disagree sometimes, so acceptance, rejection and rollback all happen.
+    EAGLE-3: a random fusion and a small weight on the (fused or predicted) feature, so it is read."""
+    drafter = EagleDrafter(target.config, variant=variant, feature_layers=feature_layers)
     d = target.config.hidden_size
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -35,6 +36,9 @@ def mimic_drafter(target, noise: float, seed: int) -> EagleDrafter:
         drafter.fc.weight.zero_()
         drafter.fc.weight[:, :d] = torch.eye(d)
         drafter.fc.bias.zero_()
+        if variant == "eagle3":
+            drafter.fuse.weight.copy_(torch.randn(drafter.fuse.weight.shape, generator=gen) / (3 * d) ** 0.5)
+            drafter.fc.weight[:, d:] = torch.randn(d, d, generator=gen) * 0.05 / d ** 0.5
         for param in drafter.body.layers[0].parameters():
             if param.dim() > 1:
                 param.add_(torch.randn(param.shape, generator=gen) * noise * param.std())

@@ -119,8 +119,15 @@ SAMPLED = [
 def test_sampled_decoding_emits_the_target_distribution(small_pair, tree, sampling, n_samples, shift):
     target, drafter = small_pair
     exact = exact_model_distribution(target, sampling, PROMPT, N_TOKENS)
+    counts = assert_samples_fit(target, EagleSpeculator(drafter, FixedK(3), tree), sampling, n_samples, exact, shift)
+    assert (counts / n_samples - exact).abs().max() < shift
+
+
+def assert_samples_fit(target, speculator, sampling, n_samples, exact, shift) -> torch.Tensor:
+    """Decode PROMPT -> N_TOKENS tokens n_samples times; check that rounds ended both with a full accept
+    (bonus token) and with a rejection (residual) often, and that the sequence counts fit `exact`
+    (chi-square with a power check at `shift`). -> the counts over the V**N_TOKENS sequences."""
     gen = torch.Generator().manual_seed(7)
-    speculator = EagleSpeculator(drafter, FixedK(3), tree)
     counts = torch.zeros(V**N_TOKENS)
     rejected = full = 0
     for _ in range(n_samples):
@@ -133,8 +140,8 @@ def test_sampled_decoding_emits_the_target_distribution(small_pair, tree, sampli
         full += sum(a == d > 0 for a, d in zip(m.accepted, m.drafted))
         rejected += sum(a < d for a, d in zip(m.accepted, m.drafted))
     assert min(full, rejected) > n_samples // 20  # both the bonus and the residual paths were taken often
-    assert (counts / n_samples - exact).abs().max() < shift
     assert_fits_with_power(counts, exact, shift)
+    return counts
 
 
 def test_topk_candidate_rule_emits_p():
