@@ -131,7 +131,9 @@ def test_train_heads_exports_grid_with_thresholds(drafted):
     for name in ("math", "translate", "ofa"):
         s = sweep[name]["T1"]
         assert len(s["heads"]) == 4 and {"kl", "auroc_reject", "ece", "brier"} <= set(s["heads"][0]["eval"])
-        assert "best_fixed_k" in s and "oracle" in s and s["oracle"]["n_discarded"] == 0
+        assert "best_fixed_k" in s and "oracle" in s
+        # the oracle drafts no rejected token: its only discards are bonuses dropped after a final EOS
+        assert 0 <= s["oracle"]["n_discarded"] <= s["dev_sequences"]
         for r in s["heads"]:
             head, config = load_head(out / name / "T1" / r["head"], expected_hidden_size=16)
             assert config["threshold"] in (0.1, 0.3, 0.5, 0.7, 0.9)
