@@ -8,7 +8,7 @@ from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.eagle import EagleModule, ttt_mask, ttt_predictions
 from training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
 from tests.decoding.eagle_fixtures import tiny_target
-from tests.drafters.test_eagle_training import GREEDY, accepted_per_round
+from tests.drafters.test_eagle_training import GREEDY, accepted_per_round, self_distilled_world
 from decoding.autoregressive import generate_autoregressive
 
 
@@ -44,12 +44,7 @@ def test_training_time_test_equals_cached_drafting():
 
 
 def test_eagle3_training_through_the_shared_trainer_raises_acceptance(tmp_path):
-    torch.set_num_threads(1)
-    target = tiny_target("llama", 0, vocab=48, layers=2)
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 48, (4,), generator=gen).tolist() for _ in range(24)]
-    examples = [{"prompt_ids": p, "response_ids": generate_autoregressive(target, p, 24, GREEDY).tokens}
-                for p in prompts]
+    target, prompts, examples = self_distilled_world()
     torch.manual_seed(0)
     drafter = EagleDrafter(target.config, variant="eagle3")
     before = accepted_per_round(target, drafter.attach_target(target), prompts[:4])

@@ -34,14 +34,19 @@ def accepted_per_round(target, drafter, prompts) -> float:
     return acc / rounds
 
 
-def test_training_through_the_shared_trainer_raises_acceptance(tmp_path):
+def self_distilled_world():
+    """A tiny target, 24 prompts and its own greedy continuations of them (the self-distilled rows)."""
     torch.set_num_threads(1)
     target = tiny_target("llama", 0, vocab=48, layers=2)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 48, (4,), generator=gen).tolist() for _ in range(24)]
-    # self-distilled data: the target's own greedy continuations
     examples = [{"prompt_ids": p, "response_ids": generate_autoregressive(target, p, 24, GREEDY).tokens}
                 for p in prompts]
+    return target, prompts, examples
+
+
+def test_training_through_the_shared_trainer_raises_acceptance(tmp_path):
+    target, prompts, examples = self_distilled_world()
     drafter = EagleDrafter(target.config)
     before = accepted_per_round(target, drafter, prompts[:4])
     module = EagleModule(drafter, target, lr=5e-3, seed=0)
