@@ -8,8 +8,7 @@ from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.eagle import EagleModule, ttt_mask, ttt_predictions
 from training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
 from tests.decoding.eagle_fixtures import tiny_target
-from tests.drafters.test_eagle_training import GREEDY, accepted_per_round, self_distilled_world
-from decoding.autoregressive import generate_autoregressive
+from tests.drafters.test_eagle_training import accepted_per_round, self_distilled_world
 
 
 def test_ttt_mask_sees_the_real_prefix_and_its_own_chain():
