@@ -91,3 +91,13 @@ def format_prompt(tok, messages: list[dict[str, str]], fmt: ChatFormat = ChatFor
         raise InputError(f"the chat template failed on a prompt ({type(e).__name__}: {str(e)[:160]}); "
                          "check prompts.chat_template / prompts.system_prompt") from None
     return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def end_of_turn_ids(tok, model=None) -> list[int]:
+    """Every token that ends the target's answer: the tokenizer's EOS and the ids the model's generation
+    config lists (chat models end a turn on their own token: Gemma's <end_of_turn>, Llama-3's <|eot_id|>
+    beside <|end_of_text|>), so generation stops where the served model stops."""
+    ids = {tok.eos_token_id}
+    listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(listed if isinstance(listed, (list, tuple)) else [listed])
+    return sorted(i for i in ids if i is not None)

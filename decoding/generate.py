@@ -24,7 +24,7 @@ import sys
 import torch
 
 from decoding.autoregressive import generate_autoregressive
-from decoding.chat import ChatFormat, format_prompt, user_turn
+from decoding.chat import ChatFormat, end_of_turn_ids, format_prompt, user_turn
 from decoding.compat import check_head, check_pair
 from core.tokenizers import check_same_vocabulary
 from core.errors import InputError
@@ -97,11 +97,12 @@ def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = 64, s
 
     check_drafts(drafts)
     ids = format_prompt(tok, user_turn(prompt), chat)
+    eos = end_of_turn_ids(tok, target)
     gen = torch.Generator().manual_seed(seed)
     if cascade is not None and method != "ar":
-        res = cascade.generate(target, drafter, ids, max_new_tokens, sampling, k or 5, tok.eos_token_id, gen)
+        res = cascade.generate(target, drafter, ids, max_new_tokens, sampling, k or 5, eos, gen)
     elif method == "ar":
-        res = generate_autoregressive(target, ids, max_new_tokens, sampling, tok.eos_token_id, gen)
+        res = generate_autoregressive(target, ids, max_new_tokens, sampling, eos, gen)
     elif method == "speculative":
         stopping = SpecDecPP(head, threshold, k_max) if head is not None and k is None else FixedK(k or 4)
         if isinstance(drafter, EagleDrafter):
@@ -110,7 +111,7 @@ def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = 64, s
             speculator = EagleSpeculator(drafter, stopping, tree)
         else:
             speculator = drafter_speculator(drafter, stopping, drafts)
-        res = generate_speculative(target, speculator, ids, max_new_tokens, sampling, eos_token_id=tok.eos_token_id,
+        res = generate_speculative(target, speculator, ids, max_new_tokens, sampling, eos_token_id=eos,
                                    generator=gen)
     else:
         raise InputError(f"unknown method {method!r}; use speculative or ar")

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from data.chat import chat_format, row_messages
 from data.generation import generate_batch
 from data.prompts import fit_prompt, load_prompt_sets
-from decoding.chat import ChatFormat, format_prompt
+from decoding.chat import ChatFormat, end_of_turn_ids, format_prompt
 from core.devices import resolve_device
 from core.errors import InputError
 from pipelines.artifacts import load_dataset_dir
@@ -76,7 +76,7 @@ def run_chunk(chunk: dict, model, tok, dcfg, seed: int, chat: ChatFormat = ChatF
         batch = rows[b:b + dcfg.batch_size]
         fitted = [fit_prompt(format_prompt(tok, row_messages(r), chat), dcfg.max_prompt_tokens, dcfg.long_prompts,
                              r["id"]) for r in batch]
-        gens = generate_batch(model, [p for p, _ in fitted], tok.pad_token_id, tok.eos_token_id,
+        gens = generate_batch(model, [p for p, _ in fitted], tok.pad_token_id, end_of_turn_ids(tok, model),
                               chunk["temperature"], dcfg.top_k, dcfg.top_p, dcfg.max_new_tokens,
                               derive_seed(seed, chunk["name"], b))
         for r, (p, dropped), (resp, finish) in zip(batch, fitted, gens):

@@ -65,7 +65,7 @@ from data.prompts import load_prompt_sets
 from decoding import kv
 from decoding.autoregressive import generate_autoregressive
 from decoding.bundle import Bundle, load_bundle
-from decoding.chat import ChatFormat, format_prompt
+from decoding.chat import ChatFormat, end_of_turn_ids, format_prompt
 from decoding.compat import check_k
 from core.tokenizers import tokenizer_fingerprint
 from decoding.cost_model import fit_costs
@@ -736,7 +736,7 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     # from the same load phases as the runs they price (a burst before the loop sees only one phase)
     calibrator = Calibrator(target, {**drafters, **eagle}, max_k + 1, context, device, cfg.run.seed)
     per_prompt = -(-ecfg.calibration_reps // len(prompts))
-    records = execute(plan, target, ecfg.max_new_tokens, modes, tok.eos_token_id, device, ecfg.repeats,
+    records = execute(plan, target, ecfg.max_new_tokens, modes, end_of_turn_ids(tok, target), device, ecfg.repeats,
                       between=lambda: calibrator.sample(per_prompt))
     calib = calibrator.result()
     score_quality(records, {p.id: p.reference for p in prompts}, tok)

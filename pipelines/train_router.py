@@ -37,7 +37,7 @@ import torch
 
 from data.chat import chat_format, row_messages
 from data.prompts import load_prompt_sets
-from decoding.chat import ChatFormat, format_prompt
+from decoding.chat import ChatFormat, end_of_turn_ids, format_prompt
 from core.tokenizers import tokenizer_fingerprint
 from core.devices import resolve_device
 from core.errors import InputError
@@ -104,7 +104,7 @@ def greedy_rows(target, tok, prompts, dcfg, seed: int, chat: ChatFormat = ChatFo
         batch = prompts[b:b + dcfg.batch_size]
         ids = [fit_prompt(format_prompt(tok, row_messages(r), chat), dcfg.max_prompt_tokens, "truncate", r["id"])[0]
                for r in batch]
-        gens = generate_batch(target, ids, tok.pad_token_id, tok.eos_token_id, 0.0, 0, 1.0, dcfg.max_new_tokens, seed)
+        gens = generate_batch(target, ids, tok.pad_token_id, end_of_turn_ids(tok, target), 0.0, 0, 1.0, dcfg.max_new_tokens, seed)
         rows += [{"prompt_id": r["id"], "domain": r["domain"], "prompt_ids": p, "response_ids": resp}
                  for r, p, (resp, _) in zip(batch, ids, gens)]
     return rows
