@@ -35,6 +35,7 @@ from decoding.stopping import FixedK, SpecDecPP
 from decoding.tree import trie_from_sequences, verify_tree
 from decoding.verify import residual
 from tests.decoding.conftest import chi2_pvalue, exact_distribution
+from tests.decoding.test_losslessness import linear_head
 
 N_SAMPLES = 5_000
 
@@ -262,14 +263,6 @@ def test_tree_stub_agrees_with_plain_forwards(tree_stub_pair):
         tokens = [[0, 1, 2][i] for i in path]
         plain, _ = kv.forward(target, kv.new_cache(), PROMPT + tokens, last=len(path) + 1)
         assert torch.equal(plain, logits[[0] + [1 + i for i in path]])
-
-
-def linear_head(seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    head = torch.nn.Linear(8, 1)
-    with torch.no_grad():
-        head.bias.fill_(1.0)
-    return head
 
 
 E2E_CASES = [
