@@ -135,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("SPECDRAFT_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
+    if "SLURM_JOB_ID" in os.environ:
+        from training.trainer import install_requeue_handler
+
+        install_requeue_handler()  # from the first second: the requeue signal must never kill a job
     try:
         args.func(args)
     except InputError as e:

@@ -141,20 +141,39 @@ class FSDPGradientClipping(Callback):
         trainer.strategy.model.clip_grad_norm_(self.max_norm)
 
 
+_requeue_requested = False  # set by the requeue signal; read at the next optimizer-step boundary
+
+
+def _note_requeue_signal(signum, frame) -> None:
+    global _requeue_requested
+    _requeue_requested = True  # acted on at the next step boundary: the handler may run mid-batch
+
+
+def install_requeue_handler(signum: int = signal.SIGUSR1) -> None:
+    """Under Slurm, for the whole process: the requeue signal only sets a flag. A signal that lands
+    between two fits (after one drafter finished, before the next started, or while data loads) would
+    otherwise meet the default action and kill the job (FAILED, never requeued); with the flag, the next
+    fit checkpoints at its first step boundary and requeues, and a stage that has no fit left finishes.
+    Installed before any fit, this handler also keeps Lightning from installing its own (it registers
+    only over SIG_DFL) and is what Lightning restores when a fit tears down."""
+    if signal.getsignal(signum) is not _note_requeue_signal:
+        signal.signal(signum, _note_requeue_signal)
+
+
+def requeue_requested() -> bool:
+    return _requeue_requested
+
+
 class SlurmRequeue(Callback):
     """Under Slurm: on the requeue signal, every rank stops at the same optimizer-step boundary, last.ckpt
     is written there, rank 0 runs `scontrol requeue`, and the process exits (Slurm restarts the job).
     The exit waits for the next batch start, so the interrupted step's metrics are logged first."""
 
     def __init__(self, signum: int = signal.SIGUSR1):
-        self.signum, self.requested, self.pending, self._previous, self._step = signum, False, False, None, 0
-
-    def _handler(self, signum, frame) -> None:
-        self.requested = True  # acted on at the next step boundary: the handler may run mid-batch
+        self.signum, self.pending, self._step = signum, False, 0
 
     def on_train_start(self, trainer, module) -> None:
-        # after Lightning registered its handlers (so this one replaces its mid-batch hpc save)
-        self._previous = signal.signal(self.signum, self._handler)
+        install_requeue_handler(self.signum)  # replaces Lightning's mid-batch hpc save if it got there first
         self._step = trainer.global_step
         print(f"[slurm] job {os.environ.get('SLURM_JOB_ID', '?')} rank {trainer.global_rank}/{trainer.world_size}: "
               f"training from step {trainer.global_step}"
@@ -164,7 +183,7 @@ class SlurmRequeue(Callback):
         if trainer.global_step == self._step or self.pending:
             return  # inside gradient accumulation: no consistent resume point yet
         self._step = trainer.global_step
-        if not trainer.strategy.reduce_boolean_decision(self.requested, all=False):
+        if not trainer.strategy.reduce_boolean_decision(requeue_requested(), all=False):
             return
         path = checkpoint_dir(trainer.default_root_dir) / "last.ckpt"
         trainer.save_checkpoint(path)
@@ -176,13 +195,12 @@ class SlurmRequeue(Callback):
             self._requeue_and_exit(trainer)
 
     def on_train_end(self, trainer, module) -> None:
-        if self._previous is not None:
-            signal.signal(self.signum, self._previous)
-            self._previous = None
         if self.pending:  # the signal came during the last step
             self._requeue_and_exit(trainer)
 
     def _requeue_and_exit(self, trainer) -> None:
+        global _requeue_requested
+        _requeue_requested = False  # answered: a fit in this same process (tests) starts clean
         job = os.environ.get("SLURM_JOB_ID", "")
         if "SLURM_ARRAY_JOB_ID" in os.environ:
             job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
@@ -258,6 +276,7 @@ def build_trainer(cfg: TrainerConfig, out_dir: str | Path | None, callbacks: lis
     if SLURMEnvironment.detect():
         env = SLURMEnvironment(auto_requeue=True)
         plugins = [env]
+        install_requeue_handler(env.requeue_signal)
         extra.append(SlurmRequeue(env.requeue_signal))
     clip = cfg.gradient_clip_val
     if cfg.strategy == "fsdp" and clip is not None:

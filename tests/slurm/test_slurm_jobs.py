@@ -61,9 +61,9 @@ def _weights(root: Path, stage_dir: str) -> dict[str, str]:
     return {str(p.relative_to(base)): _sha(p) for p in sorted(base.rglob("*.safetensors"))}
 
 
-def _completed(states: dict) -> None:
+def _completed(states: dict, log: str = "") -> None:
     for job, st in states.items():
-        assert st.get("JobState") == "COMPLETED" and st.get("ExitCode") == "0:0", (job, st)
+        assert st.get("JobState") == "COMPLETED" and st.get("ExitCode") == "0:0", (job, st, log[-3000:])
 
 
 @pytest.fixture(scope="session")
@@ -152,7 +152,7 @@ def test_two_task_ddp_equals_single_process(slurm, job_env, distilled, accumulat
                   str(cfg_file), *_per_device(1, strategy="ddp", devices=2))
     states = slurm.wait([job], timeout=300)
     log = _log(root.parent, f"slurm-specdraft-{job}.out")
-    _completed(states)
+    _completed(states, log)
     assert "rank 0 of 2" in log and "rank 1 of 2" in log, log[-3000:]
     assert "rank 1/2: training from step 0" in log  # DDP world of 2 (SlurmRequeue's start line)
     assert "rank 1 finished training; rank 0 writes the stage output" in log
@@ -209,7 +209,7 @@ def test_requeue_mid_training_resumes_to_the_uninterrupted_result(slurm, job_env
         time.sleep(0.5)
     states = slurm.wait([job], timeout=300)
     log = _log(root.parent, f"slurm-specdraft-{job}.out")
-    _completed(states)
+    _completed(states, log)
     assert states[job]["Restarts"] == "1", log[-3000:]
     assert "restart 1 (requeued)" in log and "resuming from" in log
     resumed = [int(s) for s in re.findall(r"training from step (\d+) \(resumed from", log)]
@@ -298,6 +298,6 @@ def test_two_nodes_ddp_equals_single_process(two_hosts, job_env, distilled, accu
                   "train-drafters", str(cfg_file), *_per_device(1, strategy="ddp", devices=1, num_nodes=2))
     states = cluster.wait([job], timeout=300)
     log = _log(root.parent, f"slurm-specdraft-{job}.out")
-    _completed(states)
+    _completed(states, log)
     assert "rank 0 of 2, node n1" in log and "rank 1 of 2, node n2" in log, log[-3000:]
     assert _weights(root, "drafters") == _weights(accumulated, "drafters")

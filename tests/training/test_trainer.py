@@ -211,3 +211,31 @@ def test_requeue_signal_checkpoints_at_the_next_step_and_resumes_exactly(tmp_pat
     assert trainer.global_step == 8 and sorted(resumed) == list(range(8))
     for step in range(8):
         assert resumed[step] == pytest.approx(straight[step], abs=1e-6), step
+
+
+def test_requeue_signal_between_fits_requeues_at_the_next_fits_first_step(tmp_path, monkeypatch):
+    """The signal lands after one fit ended and before the next began (train-drafters between two drafters):
+    the process lives on, and the next fit checkpoints at its first step and requeues."""
+    import signal
+
+    import training.trainer as training
+
+    slurm = dict(SLURM_NTASKS="1", SLURM_NTASKS_PER_NODE="1", SLURM_JOB_NAME="train", SLURM_JOB_ID="7",
+                 SLURM_NODELIST="node1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0")
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    calls = []
+    monkeypatch.setattr(training.subprocess, "run", lambda argv, **kw: calls.append(argv))
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        _run(tmp_path / "first", _cfg(checkpoint_every_n_steps=0))
+        assert calls == [] and not training.requeue_requested()
+        os.kill(os.getpid(), signal.SIGUSR1)  # the default action would end this process here
+        assert training.requeue_requested()
+        with pytest.raises(SystemExit) as exit_info:
+            _run(tmp_path / "second", _cfg(checkpoint_every_n_steps=0))
+        assert exit_info.value.code == 0 and calls == [["scontrol", "requeue", "7"]]
+        ckpt = torch.load(tmp_path / "second" / "checkpoints" / "last.ckpt", weights_only=True)
+        assert ckpt["global_step"] == 1 and not training.requeue_requested()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
