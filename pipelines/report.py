@@ -526,8 +526,10 @@ def render(metrics: dict) -> str:
                   f"(SpS) drafter at K. One draft forward per drafter on this machine: {costs}.", "", eagle, ""]
     vk = cal["v"]
     parts += ["## Calibration (this machine: the counted speedup's costs)", "",
-              f"Median of {cal['reps']} interleaved passes at a {cal['context']}-token context. v(K) = the target's "
-              "(K+1)-token cached forward over its 1-token forward.", "",
+              f"10% quantile of {cal['reps']} interleaved passes at a {cal['context']}-token context (load only adds "
+              "time). v(K) = the target's (K+1)-token cached forward over its 1-token forward; t_draft = a drafter's "
+              f"cost per drafted token, timed over {cal.get('draft_run', 1)} forwards in a row right after a target "
+              "forward, as a round drafts.", "",
               table(["t_target 1 token (ms)", "mean t_draft (ms)", "c = t_draft / t_target"]
                     + [f"v({kk})" for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k],
                     [[cal["target_ms"]["1"], cal["drafter_mean_ms"], cal.get("cost_ratio")]

@@ -133,3 +133,24 @@ def test_cascades_sweep_alphas_on_further_prompts_and_score_quality(env):
     records = [rec(1, "m0"), rec(2, "m1"), rec(1, "m0", "greedy")]
     score_quality(records, {"m0": "so Answer: 7", "m1": "Answer: 7"}, Tok())
     assert [r.quality for r in records] == [100.0, 0.0, None]
+
+
+def test_calibration_times_each_drafter_as_a_round_right_after_a_target_forward(env, monkeypatch):
+    """Decoding alternates one verification forward with a run of K drafting forwards; the calibration
+    prices a drafted token the same way (a lone forward after the target's would price every drafted token
+    as the cold first one of a round)."""
+    import pipelines.evaluate as evaluate
+
+    calls, forward = [], evaluate.kv.forward
+    names = {id(env.target): "target", **{id(m): n for n, m in env.drafters.items()}}
+
+    def recording(model, cache, ids, *args, **kwargs):
+        calls.append((names[id(model)], len(ids)))
+        return forward(model, cache, ids, *args, **kwargs)
+
+    cal = evaluate.Calibrator(env.target, env.drafters, 3, 8, "cpu", 0, draft_run=4)
+    monkeypatch.setattr(evaluate.kv, "forward", recording)
+    cal.sample(1)
+    assert calls == [("target", 1), ("a", 1), ("a", 1), ("a", 1), ("a", 1),
+                     ("target", 2), ("b", 1), ("b", 1), ("b", 1), ("b", 1), ("target", 3)]
+    assert set(cal.result().drafter_s) == {"a", "b"}
