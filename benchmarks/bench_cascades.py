@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import time
 import zlib
@@ -43,7 +42,7 @@ from data.prompts import load_prompt_sets  # noqa: E402
 from data.quality import PRIMARY_METRIC, SCORED_DOMAINS, aggregate  # noqa: E402
 from decoding.autoregressive import generate_autoregressive  # noqa: E402
 from decoding.bundle import load_bundle  # noqa: E402
-from decoding.cascades import DEFAULT_ALPHAS, DISPLAY_NAMES, canonical_rule, sweep  # noqa: E402
+from decoding.cascades import DISPLAY_NAMES, canonical_rule, sweep  # noqa: E402
 from decoding.cost_model import fit_costs  # noqa: E402
 from decoding.sampling import SamplingConfig  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
@@ -187,7 +186,7 @@ def table2(points, t: float, key: str = "latency") -> tuple[list[str], dict]:
             speed.append("-" if s is None else f"{s:.2f}x")
             best.append("-" if b is None else f"{b:.1f}")
         lines.append(f"| {m} | " + " | ".join(speed) + " | " + " | ".join(best) + " |")
-    lines.append(f"| (target quality) | " + " | ".join("" for _ in domains) + " | "
+    lines.append("| (target quality) | " + " | ".join("" for _ in domains) + " | "
                  + " | ".join(f"{target_q[d]:.1f}" for d in domains) + " |")
     return lines, result
 
@@ -255,7 +254,6 @@ def main(argv=None) -> int:
     ap.add_argument("--no-append", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # one core per process on a shared box; CPU time then tracks the work done
-    t0 = time.perf_counter()
     if args.from_json:
         rows = [r for path in args.from_json for r in json.loads(Path(path).read_text())["rows"]]
     else:

@@ -32,7 +32,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -53,6 +52,20 @@ from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 
 
+def early_exit_pair(target, nudge: float):
+    """(target, drafter): the target with its deeper layers' output projections scaled by `nudge`, so
+    they only nudge the residual stream and its first layer alone (the drafter: a copy cut to that layer,
+    sharing embeddings, norm and head) agrees with it often."""
+    with torch.no_grad():
+        for layer in target.model.layers[1:]:
+            layer.self_attn.o_proj.weight.mul_(nudge)
+            layer.mlp.down_proj.weight.mul_(nudge)
+    drafter = copy.deepcopy(target)
+    drafter.model.layers = drafter.model.layers[:1]
+    drafter.config.num_hidden_layers = 1
+    return target, drafter
+
+
 def random_tiny_pair(out_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     """A 4-layer random target and a drafter made of its first layer (shared embeddings, norm and head),
     saved as safetensors: the drafter is cheaper and agrees with the target often."""
@@ -64,14 +77,7 @@ def random_tiny_pair(out_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]
         num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.1,
         bos_token_id=None, eos_token_id=None, pad_token_id=None,
     )
-    target = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # deeper layers only nudge the residual stream, so the first layer alone agrees often
-        for layer in target.model.layers[1:]:
-            layer.self_attn.o_proj.weight.mul_(0.25)
-            layer.mlp.down_proj.weight.mul_(0.25)
-    drafter = copy.deepcopy(target)
-    drafter.model.layers = drafter.model.layers[:1]
-    drafter.config.num_hidden_layers = 1
+    target, drafter = early_exit_pair(LlamaForCausalLM(cfg).eval(), 0.25)
     paths = out_dir / "target", out_dir / "drafter"
     target.save_pretrained(paths[0], safe_serialization=True)
     drafter.save_pretrained(paths[1], safe_serialization=True)

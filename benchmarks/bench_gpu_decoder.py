@@ -20,7 +20,6 @@ analytic_speedup(a, K, c, v) with c = t_draft / t_target and v = t_verify / t_ta
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
 import json
 import pathlib
@@ -39,7 +38,7 @@ from decoding.autoregressive import generate_autoregressive  # noqa: E402
 from decoding.cost_model import acceptance_from_mat, analytic_speedup  # noqa: E402
 from decoding.metrics import aggregate  # noqa: E402
 from decoding.speculative import speculative_generate  # noqa: E402
-from bench_decoder import ForwardCounter  # noqa: E402  (benchmarks/bench_decoder.py)
+from bench_decoder import ForwardCounter, early_exit_pair  # noqa: E402  (benchmarks/bench_decoder.py)
 
 
 def synthetic_pair(device: str, dtype: torch.dtype):
@@ -50,14 +49,7 @@ def synthetic_pair(device: str, dtype: torch.dtype):
                       num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=2048,
                       initializer_range=0.05, tie_word_embeddings=True,
                       bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    target = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # deeper layers only nudge the residual stream: the first layer alone agrees often
-        for layer in target.model.layers[1:]:
-            layer.self_attn.o_proj.weight.mul_(0.1)
-            layer.mlp.down_proj.weight.mul_(0.1)
-    drafter = copy.deepcopy(target)
-    drafter.model.layers = drafter.model.layers[:1]
-    drafter.config.num_hidden_layers = 1
+    target, drafter = early_exit_pair(LlamaForCausalLM(cfg).eval(), 0.1)
     return target.to(device, dtype), drafter.to(device, dtype)
 
 

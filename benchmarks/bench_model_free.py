@@ -22,7 +22,6 @@ here from the run's distill_data (the build time is printed). Appends the tables
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import statistics
@@ -41,7 +40,6 @@ from decoding.autoregressive import generate_autoregressive  # noqa: E402
 from decoding.bundle import load_bundle  # noqa: E402
 from decoding.datastore import SuffixIndex, build_datastore  # noqa: E402
 from decoding.multi import MultiDrafterSpeculator  # noqa: E402
-from decoding.rest import RestSpeculator  # noqa: E402
 from decoding.sampling import SamplingConfig  # noqa: E402
 from decoding.selectors import make_selector  # noqa: E402
 from decoding.speculative import generate_speculative  # noqa: E402

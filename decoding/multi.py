@@ -27,7 +27,6 @@ import torch
 
 from decoding.compat import check_pair
 from core.errors import InputError, require_int
-from decoding.metrics import GenerationResult
 from decoding.rewards import (accepted_length_reward, block_divergence_reward, block_efficiency_reward,
                               normalized_throughput, throughput_bounds)
 from decoding.sampling import SamplingConfig

@@ -56,9 +56,33 @@ def target_vocab(target: torch.nn.Module, who: str) -> int:
     return vocab
 
 
-class PromptLookupSpeculator:
+class ModelFreeSpeculator:
+    """What the model-free speculators (prompt lookup, REST, suffix decoding) share: `start` reads the
+    target's vocabulary (their drafts are point masses over it) and the EOS set to cut drafts at;
+    `observe` learns nothing. Subclasses name themselves in `who` and return `self.point_masses(tokens)`."""
+
+    who = "a model-free speculator"
+    vocab: int | None = None
+    eos: frozenset[int] | set[int] = frozenset()
+
+    def start(self, target: torch.nn.Module, eos: set[int]) -> None:
+        self.vocab = target_vocab(target, self.who)
+        self.eos = eos
+
+    def point_masses(self, tokens: list[int]) -> Draft:
+        if self.vocab is None:
+            raise RuntimeError(f"{type(self).__name__}.propose() before start(target, eos)")
+        return point_mass_draft(tokens, self.vocab, self.eos)
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        pass
+
+
+class PromptLookupSpeculator(ModelFreeSpeculator):
     """Implements `decoding.speculator.Speculator` without a model: propose the continuation of the last
     n-gram's previous occurrence (see `lookup`), at most `max_tokens` tokens, cut after an EOS token."""
+
+    who = "prompt lookup"
 
     def __init__(self, ngram: int = 3, max_tokens: int = 10, min_ngram: int = 1):
         for name, value in (("ngram", ngram), ("max_tokens", max_tokens), ("min_ngram", min_ngram)):
@@ -68,23 +92,11 @@ class PromptLookupSpeculator:
         self.ngram = ngram
         self.max_tokens = max_tokens
         self.min_ngram = min_ngram
-        self.eos: set[int] = set()
-        self.vocab: int | None = None
-
-    def start(self, target: torch.nn.Module, eos: set[int]) -> None:
-        self.vocab = target_vocab(target, "prompt lookup")
-        self.eos = eos
 
     def propose(
         self, context: list[int], max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> Draft:
-        if self.vocab is None:
-            raise RuntimeError("PromptLookupSpeculator.propose() before start(target, eos)")
-        tokens = lookup(context, self.ngram, min(self.max_tokens, max_tokens), self.min_ngram)
-        return point_mass_draft(tokens, self.vocab, self.eos)
-
-    def observe(self, outcome: RoundOutcome) -> None:
-        pass
+        return self.point_masses(lookup(context, self.ngram, min(self.max_tokens, max_tokens), self.min_ngram))
 
     def __repr__(self) -> str:
         return f"PromptLookupSpeculator(ngram={self.ngram}, max_tokens={self.max_tokens})"

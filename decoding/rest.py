@@ -19,9 +19,9 @@ import torch
 
 from decoding.datastore import Continuations, SuffixIndex, most_frequent_chain
 from core.errors import InputError, require_int
-from decoding.prompt_lookup import point_mass_draft, target_vocab
+from decoding.prompt_lookup import ModelFreeSpeculator
 from decoding.sampling import SamplingConfig
-from decoding.speculator import Draft, RoundOutcome
+from decoding.speculator import Draft
 
 
 def check_positive(who: str, **values) -> None:
@@ -29,9 +29,11 @@ def check_positive(who: str, **values) -> None:
         require_int(value, f"{who} {name}")
 
 
-class RestSpeculator:
+class RestSpeculator(ModelFreeSpeculator):
     """Implements `decoding.speculator.Speculator`: the most frequent continuation of the longest context
     suffix found in the datastore, at most max_tokens tokens, cut after an EOS token."""
+
+    who = "REST"
 
     def __init__(self, index: SuffixIndex, max_tokens: int = 8, max_match: int = 16, max_rows: int = 256):
         if not isinstance(index, SuffixIndex):
@@ -41,28 +43,17 @@ class RestSpeculator:
         self.max_tokens = max_tokens
         self.max_match = max_match
         self.max_rows = max_rows
-        self.eos: set[int] = set()
-        self.vocab: int | None = None
         self.last: Continuations | None = None  # the latest retrieval (for tree drafts and diagnostics)
-
-    def start(self, target: torch.nn.Module, eos: set[int]) -> None:
-        self.vocab = target_vocab(target, "REST")
-        self.eos = eos
 
     def propose(
         self, context: list[int], max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> Draft:
-        if self.vocab is None:
-            raise RuntimeError("RestSpeculator.propose() before start(target, eos)")
         limit = min(self.max_tokens, max_tokens)
-        if limit <= 0:
-            return point_mass_draft([], self.vocab, self.eos)
+        if limit <= 0 or self.vocab is None:
+            return self.point_masses([])  # (before start: the error)
         self.last = self.index.continuations(context, self.max_match, limit, self.max_rows)
         tokens, _ = most_frequent_chain(self.last, limit)
-        return point_mass_draft(tokens, self.vocab, self.eos)
-
-    def observe(self, outcome: RoundOutcome) -> None:
-        pass
+        return self.point_masses(tokens)
 
     def __repr__(self) -> str:
         return f"RestSpeculator(datastore={len(self.index)} tokens, max_tokens={self.max_tokens})"

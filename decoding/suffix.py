@@ -27,15 +27,17 @@ import torch
 
 from decoding.datastore import SuffixIndex, most_frequent_chain
 from core.errors import InputError
-from decoding.prompt_lookup import point_mass_draft, target_vocab
+from decoding.prompt_lookup import ModelFreeSpeculator
 from decoding.rest import check_positive
 from decoding.sampling import SamplingConfig
-from decoding.speculator import Draft, RoundOutcome
+from decoding.speculator import Draft
 
 
-class SuffixSpeculator:
+class SuffixSpeculator(ModelFreeSpeculator):
     """Implements `decoding.speculator.Speculator` (see the module docstring). index=None: the
     per-request structure only (a bundle without a datastore)."""
+
+    who = "suffix decoding"
 
     def __init__(self, index: SuffixIndex | None = None, max_tokens: int = 8, max_match: int = 32,
                  spec_factor: float = 1.0, min_prob: float = 0.1, max_rows: int = 256):
@@ -52,16 +54,13 @@ class SuffixSpeculator:
         self.spec_factor = float(spec_factor)
         self.min_prob = float(min_prob)
         self.max_rows = max_rows
-        self.eos: set[int] = set()
-        self.vocab: int | None = None
         self.source = ""  # which structure the latest draft came from: "request", "global" or ""
         self._request: SuffixIndex | None = None
         self._indexed = 0  # context length the per-request index covers
         self.request_bytes_read = 0  # bytes the per-request queries touched (the global index counts its own)
 
     def start(self, target: torch.nn.Module, eos: set[int]) -> None:
-        self.vocab = target_vocab(target, "suffix decoding")
-        self.eos = eos
+        super().start(target, eos)
         self._request, self._indexed = None, 0
         self.request_bytes_read = 0
 
@@ -76,12 +75,10 @@ class SuffixSpeculator:
     def propose(
         self, context: list[int], max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> Draft:
-        if self.vocab is None:
-            raise RuntimeError("SuffixSpeculator.propose() before start(target, eos)")
         limit = min(self.max_tokens, max_tokens)
         self.source = ""
-        if limit <= 0 or len(context) < 2:
-            return point_mass_draft([], self.vocab, self.eos)
+        if limit <= 0 or len(context) < 2 or self.vocab is None:
+            return self.point_masses([])  # (before start: the error)
         if self._request is None or self._indexed != len(context):
             if self._request is not None:
                 self.request_bytes_read += self._request.bytes_read
@@ -94,14 +91,11 @@ class SuffixSpeculator:
                 best, score = other, "global"
         tokens = best[0]
         self.source = score if tokens else ""
-        return point_mass_draft(tokens, self.vocab, self.eos)
+        return self.point_masses(tokens)
 
     def request_bytes(self) -> int:
         """Bytes the per-request queries of this generation touched (see SuffixIndex.bytes_read)."""
         return self.request_bytes_read + (self._request.bytes_read if self._request is not None else 0)
-
-    def observe(self, outcome: RoundOutcome) -> None:
-        pass
 
     def __repr__(self) -> str:
         size = len(self.index) if self.index is not None else 0

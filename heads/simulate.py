@@ -241,16 +241,3 @@ def greedy_oracle(agree: Sequence[torch.Tensor], cost_ratio: float) -> SimResult
 def best(results: Sequence[SimResult]) -> SimResult:
     """Lowest cost (ties: the first, i.e. the smaller h or K)."""
     return min(results, key=lambda r: r.cost)
-
-
-def choose_threshold(
-    accept: Sequence[torch.Tensor],
-    sigma: Sequence[torch.Tensor],
-    cost_ratio: float,
-    thresholds: Sequence[float] = THRESHOLDS,
-    k_max: int = K_MAX,
-) -> tuple[float, list[SimResult]]:
-    """The h with the lowest simulated cost on the dev sequences, and the results for every h."""
-    results = simulate_specdecpp(accept, sigma, cost_ratio, thresholds, k_max)
-    i = min(range(len(results)), key=lambda s: results[s].cost)
-    return float(thresholds[i]), results

@@ -40,7 +40,7 @@ from decoding.loading import load_causal_lm as load_drafter
 from heads.labels import acceptance_labels, mix_tokens
 from decoding.bundle import subdir_files
 from core.hashing import drafter_hash
-from pipelines.artifacts import load_safetensors, read_json
+from pipelines.artifacts import read_json
 from pipelines.readers import load_distill_data
 from pipelines.stage import Context
 from pipelines.readers import BASE

@@ -31,7 +31,6 @@ from data.prompts import fit_prompt, load_prompt_sets
 from decoding.chat import ChatFormat, end_of_turn_ids, format_prompt
 from core.devices import resolve_device
 from core.errors import InputError
-from pipelines.artifacts import load_dataset_dir
 from core.hashing import derive_seed
 from decoding.loading import load_causal_lm, load_tokenizer
 from pipelines.stage import Context, StageIncomplete

@@ -33,7 +33,7 @@ from decoding.acceptance_head import save_head
 from heads.lit_head import HeadTrainConfig, predict_logits, train_head_grid
 from heads.metrics import constant_baseline, overlap_reference
 from heads.online import OnlineFeatures, compute_features
-from heads.simulate import best, choose_threshold, greedy_oracle, simulate_fixed_k
+from heads.simulate import best, greedy_oracle, simulate_fixed_k, simulate_specdecpp
 from pipelines.readers import load_features, transform_dirs
 from pipelines.stage import Context
 
@@ -133,8 +133,9 @@ def build(ctx: Context) -> dict:
         heads_out = []
         for th in trained:
             sigma = torch.sigmoid(predict_logits(th.head, dev["features"]).double())
-            h, sims = choose_threshold(accept, [sigma[i] for i in seqs], c, hcfg.thresholds, hcfg.k_max)
-            chosen = next(s for s, t in zip(sims, hcfg.thresholds) if t == h)
+            sims = simulate_specdecpp(accept, [sigma[i] for i in seqs], c, hcfg.thresholds, hcfg.k_max)
+            chosen = best(sims)  # the threshold with the lowest simulated cost (ties: the smaller h)
+            h = float(hcfg.thresholds[sims.index(chosen)])
             meta = {"drafter": name, "drafter_path": f"drafters/{name}", "drafter_hash": info["drafter_hash"],
                     "w_rej": th.spec.w_rej, "w_acc": 1.0, "label_transform": info["label_transform"],
                     "threshold": h, "k_max": hcfg.k_max, "train_metrics": th.train_metrics,

@@ -330,7 +330,7 @@ def _render_banditspec(v: dict) -> list[str]:
                  if b in e["bandits"]]
         timed = [(d, e["bandits"][b]["vs_best_timed"]) for d, e in v["per_domain"].items() if b in e["bandits"]]
         lines.append(f"- **{b} beats the best single arm (counted tokens/s over the arm's, 90% interval):** "
-                     + _verdict_counts(items) + f". Timed: " + _verdict_counts(timed) + ".")
+                     + _verdict_counts(items) + ". Timed: " + _verdict_counts(timed) + ".")
     return ["### BanditSpec Table 1: model-free arms, the domain drafter, and bandits over them (issue 24; greedy)", "",
             "Each arm alone and each bandit (throughput reward) on the same test prompts; counted tokens/s from the "
             "calibrated forward costs (retrieval time not counted), timed from process CPU time; regret: the "

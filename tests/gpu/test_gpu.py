@@ -9,10 +9,10 @@
 """
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
+
+from tests.decoding.conftest import noisy_copy
 
 pytestmark = [
     pytest.mark.gpu,
@@ -115,16 +115,6 @@ def _llama(seed: int, layers: int, hidden: int = 256, vocab: int = 512):
     return LlamaForCausalLM(cfg).eval()
 
 
-def _noisy(model, noise: float, seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    drafter = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in drafter.parameters():
-            if p.dim() > 1:
-                p.add_(torch.randn(p.shape, generator=gen) * noise * p.std())
-    return drafter
-
-
 def _hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     ids = torch.tensor([prompt], device=model.get_input_embeddings().weight.device)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
@@ -139,7 +129,7 @@ def test_greedy_speculative_in_bf16_equals_transformers_generate():
     from decoding.speculative import speculative_generate
 
     target = _llama(0, layers=4).to("cuda", torch.bfloat16)
-    drafter = _noisy(_llama(0, layers=4), 0.05, seed=1).to("cuda", torch.bfloat16)
+    drafter = noisy_copy(_llama(0, layers=4), 0.05, seed=1).to("cuda", torch.bfloat16)
     n_target = n_tokens = 0
     for prompt in PROMPTS:
         expected = _hf_greedy(target, prompt, 40)
@@ -155,7 +145,7 @@ def test_sampling_on_gpu_is_seeded_and_valid():
     from decoding.speculative import speculative_generate
 
     target = _llama(0, layers=2).to("cuda", torch.bfloat16)
-    drafter = _noisy(_llama(0, layers=2), 0.05, seed=1).to("cuda", torch.bfloat16)
+    drafter = noisy_copy(_llama(0, layers=2), 0.05, seed=1).to("cuda", torch.bfloat16)
     sampling = SamplingConfig(temperature=1.0)
     runs = [speculative_generate(target, drafter, PROMPTS[0], 30, sampling, k=4,
                                  generator=torch.Generator().manual_seed(3)).tokens for _ in range(2)]
@@ -175,7 +165,7 @@ def test_device_map_auto_split_over_cpu_and_gpu_decodes_like_generate(tmp_path):
     print(f"hf_device_map: {target.hf_device_map}")
     assert "cpu" in placed and (0 in placed or "cuda:0" in placed), target.hf_device_map
 
-    drafter = _noisy(_llama(0, layers=6), 0.05, seed=1).to("cuda", torch.bfloat16)
+    drafter = noisy_copy(_llama(0, layers=6), 0.05, seed=1).to("cuda", torch.bfloat16)
     for prompt in PROMPTS[:2]:
         expected = _hf_greedy(target, prompt, 24)
         result = speculative_generate(target, drafter, prompt, 24, k=3)

@@ -6,7 +6,8 @@ import torch
 
 from core.errors import InputError
 from heads.simulate import (
-    choose_threshold,
+    THRESHOLDS,
+    best,
     greedy_oracle,
     simulate_fixed_k,
     simulate_specdecpp,
@@ -122,11 +123,12 @@ def test_good_head_beats_fixed_k_and_threshold_choice():
     # tokens are ends every round on one, which no fixed K can do
     gaps = [3, 11, 6, 14, 4, 9, 2, 13, 7, 10]
     accept = torch.tensor([p for g in gaps for p in [0.995] * g + [0.05]])
-    (h, results) = choose_threshold([accept], [accept], cost_ratio=0.05)
-    fixed = min(simulate_fixed_k([accept], cost_ratio=0.05), key=lambda r: r.cost)
+    results = simulate_specdecpp([accept], [accept], cost_ratio=0.05)
+    chosen = best(results)
+    fixed = best(simulate_fixed_k([accept], cost_ratio=0.05))
     oracle = greedy_oracle([accept > 0.5], cost_ratio=0.05)
-    chosen = results[[0.1, 0.3, 0.5, 0.7, 0.9].index(h)]
-    assert chosen.cost == min(r.cost for r in results)
+    # every h in (0.05, 0.995) stops on the same tokens: a tie, and ties go to the smallest h
+    assert THRESHOLDS[results.index(chosen)] == 0.1 and all(r.cost == chosen.cost for r in results)
     assert oracle.cost < chosen.cost < fixed.cost
 
 

@@ -169,10 +169,7 @@ def test_gpu_strategies_train_in_bf16(tmp_path, strategy):
 def test_slurm_jobs_get_auto_requeue(tmp_path, monkeypatch):
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-    slurm = dict(SLURM_NTASKS="1", SLURM_NTASKS_PER_NODE="1", SLURM_JOB_NAME="train", SLURM_JOB_ID="7",
-                 SLURM_NODELIST="node1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0")
-    for k, v in slurm.items():
-        monkeypatch.setenv(k, v)
+    _as_slurm_job(monkeypatch)
     env = build_trainer(_cfg(devices=1), tmp_path)._accelerator_connector.cluster_environment
     assert isinstance(env, SLURMEnvironment) and env.auto_requeue
 
@@ -190,17 +187,23 @@ class SignalAt(L.Callback):
             os.kill(os.getpid(), signal.SIGUSR1)
 
 
-def test_requeue_signal_checkpoints_at_the_next_step_and_resumes_exactly(tmp_path, monkeypatch):
+def _as_slurm_job(monkeypatch) -> list:
+    """This process as task 0 of Slurm job 7; returns the list `scontrol requeue` calls are recorded in."""
     import training.trainer as training
 
-    _run(tmp_path / "straight", _cfg())
-    straight = _logged(tmp_path / "straight")
     slurm = dict(SLURM_NTASKS="1", SLURM_NTASKS_PER_NODE="1", SLURM_JOB_NAME="train", SLURM_JOB_ID="7",
                  SLURM_NODELIST="node1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0")
     for k, v in slurm.items():
         monkeypatch.setenv(k, v)
     calls = []
     monkeypatch.setattr(training.subprocess, "run", lambda argv, **kw: calls.append(argv))
+    return calls
+
+
+def test_requeue_signal_checkpoints_at_the_next_step_and_resumes_exactly(tmp_path, monkeypatch):
+    _run(tmp_path / "straight", _cfg())
+    straight = _logged(tmp_path / "straight")
+    calls = _as_slurm_job(monkeypatch)
     with pytest.raises(SystemExit) as exit_info:
         _run(tmp_path / "requeued", _cfg(checkpoint_every_n_steps=0), callbacks=[SignalAt(step=4)])
     assert exit_info.value.code == 0 and calls == [["scontrol", "requeue", "7"]]
@@ -220,12 +223,7 @@ def test_requeue_signal_between_fits_requeues_at_the_next_fits_first_step(tmp_pa
 
     import training.trainer as training
 
-    slurm = dict(SLURM_NTASKS="1", SLURM_NTASKS_PER_NODE="1", SLURM_JOB_NAME="train", SLURM_JOB_ID="7",
-                 SLURM_NODELIST="node1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0")
-    for k, v in slurm.items():
-        monkeypatch.setenv(k, v)
-    calls = []
-    monkeypatch.setattr(training.subprocess, "run", lambda argv, **kw: calls.append(argv))
+    calls = _as_slurm_job(monkeypatch)
     previous = signal.getsignal(signal.SIGUSR1)
     try:
         _run(tmp_path / "first", _cfg(checkpoint_every_n_steps=0))
