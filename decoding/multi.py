@@ -132,6 +132,37 @@ def _check_targets(arms: list[Arm], target: torch.nn.Module) -> None:
                 )
 
 
+def bandit_reward(arms: list[Arm], selector, reward: str | None, n_max: int, cost_ratio: float) -> str:
+    """The reward a bandit over `arms` learns from (None: the default, see MultiDrafterSpeculator), once
+    its setup is checked: the constructor is where library users and the stages hand in these values, so
+    every impossible combination is refused here with a one-line fix."""
+    _check_arms(arms)
+    for c in [cost_ratio] + [a.cost_ratio for a in arms if a.cost_ratio is not None]:
+        if isinstance(c, bool) or not (isinstance(c, (int, float)) and 0 <= c < math.inf):
+            raise InputError(f"cost_ratio (c = t_draft / t_target) must be a finite number >= 0, got {c!r}")
+    if reward is None:
+        reward = "throughput" if _length_arms(arms) or _model_free_arms(arms) else "bd"
+    if reward not in REWARDS:
+        raise InputError(f"unknown reward {reward!r}; use one of {', '.join(REWARDS)}")
+    require_int(n_max, "n_max (the most draft tokens per round)")
+    if getattr(selector, "n_arms", None) != len(arms):
+        raise InputError(
+            f"the selector has {getattr(selector, 'n_arms', None)} arms but {len(arms)} arms were given; "
+            "build it with make_selector(name, len(arms))"
+        )
+    if isinstance(selector, (UCBSpec, EXP3Spec)):
+        if reward not in ("accepted", "throughput"):
+            raise InputError(f"{type(selector).__name__} takes rewards in [1, L + 1]; use reward='accepted' "
+                             "or 'throughput'")
+        if selector.max_len != n_max:
+            raise InputError(f"selector max_len ({selector.max_len}) must equal n_max ({n_max})")
+    if isinstance(selector, (MetaSDUCB, EXP3, SequentialHalving)) and reward == "accepted":
+        raise InputError(
+            f"{type(selector).__name__} takes rewards in [0, 1]; use reward='bd', 'bd-argmax', 'be' or 'throughput'"
+        )
+    return reward
+
+
 class MultiDrafterSpeculator:
     """A bandit over arms, one arm per round (implements `decoding.speculator.Speculator`).
 
@@ -169,30 +200,7 @@ class MultiDrafterSpeculator:
 
     def __init__(self, arms: list[Arm], selector, reward: str | None = None, n_max: int = 5,
                  cost_ratio: float = DEFAULT_COST_RATIO):
-        _check_arms(arms)
-        for c in [cost_ratio] + [a.cost_ratio for a in arms if a.cost_ratio is not None]:
-            if isinstance(c, bool) or not (isinstance(c, (int, float)) and 0 <= c < math.inf):
-                raise InputError(f"cost_ratio (c = t_draft / t_target) must be a finite number >= 0, got {c!r}")
-        if reward is None:
-            reward = "throughput" if _length_arms(arms) or _model_free_arms(arms) else "bd"
-        if reward not in REWARDS:
-            raise InputError(f"unknown reward {reward!r}; use one of {', '.join(REWARDS)}")
-        require_int(n_max, "n_max (the most draft tokens per round)")
-        if getattr(selector, "n_arms", None) != len(arms):
-            raise InputError(
-                f"the selector has {getattr(selector, 'n_arms', None)} arms but {len(arms)} arms were given; "
-                "build it with make_selector(name, len(arms))"
-            )
-        if isinstance(selector, (UCBSpec, EXP3Spec)):
-            if reward not in ("accepted", "throughput"):
-                raise InputError(f"{type(selector).__name__} takes rewards in [1, L + 1]; use reward='accepted' "
-                                 "or 'throughput'")
-            if selector.max_len != n_max:
-                raise InputError(f"selector max_len ({selector.max_len}) must equal n_max ({n_max})")
-        if isinstance(selector, (MetaSDUCB, EXP3, SequentialHalving)) and reward == "accepted":
-            raise InputError(
-                f"{type(selector).__name__} takes rewards in [0, 1]; use reward='bd', 'bd-argmax', 'be' or 'throughput'"
-            )
+        reward = bandit_reward(arms, selector, reward, n_max, cost_ratio)
         self.arms = arms
         self.selector = selector
         self.reward = reward

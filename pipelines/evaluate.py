@@ -220,6 +220,7 @@ class Env:
     datastore: Any = None  # the bundle's REST / suffix datastore (decoding.datastore.SuffixIndex), if shipped
     eagle: dict[str, Any] = field(default_factory=dict)  # EAGLE drafters of the bundle (attached to the target)
     eagle_tree: dict[str, Any] = field(default_factory=dict)  # name -> its decoding.eagle.TreeShape
+    eagle_ofa: str | None = None  # the EAGLE drafter trained on every domain: a baseline, not a MetaEagle arm
 
     def sweep_for(self, domain: str) -> list[str]:
         if self.cfg.sweep_drafters == "all":
@@ -409,8 +410,8 @@ def plan_model_free(env: Env, p: Prompt) -> list[Run]:
 
 def plan_eagle(env: Env, p: Prompt) -> list[Run]:
     """MetaSD's MetaEagle rows (Tables 4 / 7, greedy, every prompt): each EAGLE drafter at fixed K as a chain
-    and as its EAGLE-2 tree, and with more than one EAGLE drafter MetaEagle-UCB (BE and BD) over their
-    chain arms, N_max = K. Runs of family "eagle"; params say chain / tree (depth x top-k x nodes) / bandit."""
+    and as its EAGLE-2 tree, and with more than one specialised EAGLE drafter MetaEagle-UCB (BE and BD) over
+    their chain arms (the all-domain one is a baseline beside them), N_max = K. Runs of family "eagle"; params say chain / tree (depth x top-k x nodes) / bandit."""
     if not env.eagle or p.set not in env.cfg.eagle_sets:
         return []
     runs = []
@@ -423,12 +424,13 @@ def plan_eagle(env: Env, p: Prompt) -> list[Run]:
             runs.append(Run(MethodKey("eagle", drafter=n, k=env.k, params=params(draft=shape)), p,
                             lambda done, n=n, t=tree: Built(EagleSpeculator(env.eagle[n], FixedK(env.k), t),
                                                             drafter=n)))
-    if len(env.eagle) > 1:
+    specialists = [n for n in env.eagle if n != env.eagle_ofa]  # MetaEagle's arms, as MetaSD-UCB's are
+    if len(specialists) > 1:
         for b in ("ucb-be", "ucb-bd"):
             _, _, reward = BANDITS[b]
 
             def build(done, reward=reward, b=b) -> Built:
-                arms = [Arm(n, EagleSpeculator(env.eagle[n], FixedK(env.k))) for n in env.eagle]
+                arms = [Arm(n, EagleSpeculator(env.eagle[n], FixedK(env.k))) for n in specialists]
                 selector = make_selector("ucb", len(arms), seed=derive_seed(env.seed, p.id, "eagle", b), beta=env.cfg.beta)
                 return Built(MultiDrafterSpeculator(arms, selector, reward=reward, n_max=env.k))
 
@@ -738,8 +740,10 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
 
     eagle = {n: bundle.load_eagle(n, target, device=device) for n in sorted(bundle.eagle)}
     eagle_tree = {n: TreeShape(**bundle.eagle[n].tree) for n in eagle if bundle.eagle[n].tree}
+    eagle_ofa = next((n for n in eagle if len(bundle.eagle[n].domains) > 1), None)
     env = Env(ecfg, cfg.run.seed, k_main, target, drafters, own, ofa, arm_names, routers, heads, modes,
-              datastore=bundle.load_datastore() if ecfg.model_free_arms else None, eagle=eagle, eagle_tree=eagle_tree)
+              datastore=bundle.load_datastore() if ecfg.model_free_arms else None, eagle=eagle, eagle_tree=eagle_tree,
+              eagle_ofa=eagle_ofa)
     if bundle.datastore is None and "rest" in ecfg.model_free_arms:
         notes.append("the bundle ships no datastore: the REST arm is left out (re-export with export.datastore: true)")
     plan = build_plan(env, prompts)
@@ -754,10 +758,11 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     records = execute(plan, target, ecfg.max_new_tokens, modes, end_of_turn_ids(tok, target), device, ecfg.repeats,
                       between=lambda: calibrator.sample(per_prompt))
     calib = calibrator.result()
-    score_quality(records, {p.id: p.reference for p in prompts}, tok)
+    score_quality(records, {(p.set, p.id): p.reference for p in prompts}, tok)
 
     metrics = summarize(records, calib, Setup(ecfg, k_main, own, ofa, heads, modes["sampling"], device, len(prompts),
                                               len(drafters), arm_names, notes, cfg.run.seed, len(plan)))
+    metrics["target_quality"] = target_quality(records, prompts, tok)
     from pipelines.report import write_report
 
     write_report(metrics, ctx.out)
@@ -766,18 +771,43 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
 
 # --- aggregate --------------------------------------------------------------------------------------
 
-def score_quality(records: list[Record], references: Mapping[str, str | None], tok) -> None:
+def score_quality(records: list[Record], references: Mapping[tuple[str, str], str | None], tok) -> None:
     """Each sampling-mode run on a scored domain gets its text's quality against the prompt's reference
     (data/quality.py: the domain's primary metric, 0-100): the quality axis of the cascades' trade-off
     (Faster Cascades Figure 2), with the target sampling alone (ar) as its reference point. Greedy runs
-    all emit the target's own tokens, so they are not scored."""
+    all emit the target's own tokens, so they are not scored. references: (set, prompt id) -> reference
+    (an id is unique within its set; the demo world's ids name their set, a user's prompt sets need not)."""
     from data.quality import PRIMARY_METRIC, score
 
     for r in records:
-        ref = references.get(r.prompt)
+        ref = references.get((r.set, r.prompt))
         if r.key.mode == "sampling" and r.domain in PRIMARY_METRIC and ref and r.tokens is not None:
             text = tok.decode(r.tokens, skip_special_tokens=True)
             r.quality = score(r.domain, text, ref)[PRIMARY_METRIC[r.domain]]
+
+
+def target_quality(records: list[Record], prompts: list[Prompt], tok, example_chars: int = 240) -> dict[str, dict]:
+    """The target alone on its tasks: its greedy output (the `ar` run, which every lossless method
+    reproduces token for token) on the test prompts of each scored domain, against their references
+    (data/quality.py, 0-100), and the first prompt's text as an example. A world whose target does not
+    do its tasks makes drafting easy for the wrong reason; this is where a reader sees it."""
+    from data.quality import SCORED_DOMAINS, aggregate
+
+    test = {p.id: p for p in prompts if p.set == "test"}  # ids are unique within a set
+    out: dict[str, dict] = {}
+    for domain in SCORED_DOMAINS:
+        runs = [r for r in records if r.key.family == "ar" and r.key.mode == "greedy" and r.set == "test"
+                and r.domain == domain and r.tokens is not None and test[r.prompt].reference]
+        if not runs:
+            continue
+        texts = [tok.decode(r.tokens, skip_special_tokens=True) for r in runs]
+        refs = [test[r.prompt].reference for r in runs]
+        prompt_text = tok.decode(list(test[runs[0].prompt].ids), skip_special_tokens=True)
+        out[domain] = {"prompts": len(runs),
+                       **{k: _r(v) for k, v in aggregate(domain, texts, refs).items() if k != "n"},
+                       "example": {"prompt": prompt_text[-example_chars:], "output": texts[0][:example_chars],
+                                   "reference": refs[0][:example_chars]}}
+    return out
 
 
 def _r(x: float | None) -> float | None:

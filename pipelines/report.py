@@ -460,6 +460,25 @@ def _paper_verdicts(metrics: dict) -> list[str]:
     return render_verdicts(metrics)
 
 
+def _target_quality_section(quality: dict) -> list[str]:
+    """The target alone on its tasks (greedy, test set) and one example per domain: how much of the
+    drafters' acceptance a strong target would also give, and how much comes from a weak one's easy text."""
+    if not quality:
+        return []
+    metric_names = sorted({k for q in quality.values() for k in q if k not in ("prompts", "example")})
+    rows = [[d, q["prompts"]] + [q.get(m, "-") for m in metric_names] for d, q in quality.items()]
+    parts = ["## The target on its tasks (greedy, test set; data/quality.py, 0-100)", "",
+             "Every lossless method emits exactly these tokens, so this is the quality of every greedy row above.", "",
+             table(["domain", "prompts"] + metric_names, rows), ""]
+    for d, q in quality.items():
+        ex = q["example"]
+        block = ["prompt (its end):", ex["prompt"].strip(), "target:", ex["output"].strip(), "reference:",
+                 ex["reference"].strip()]
+        parts += [f"**{d}**, first test prompt:", "", "```",
+                  *("  " + line for text in block for line in text.splitlines()), "```", ""]
+    return parts
+
+
 def render(metrics: dict) -> str:
     k, fit = metrics["k"], metrics["cost_fit"]
     cfg, cal = metrics["config"], metrics["calibration"]
@@ -524,6 +543,7 @@ def render(metrics: dict) -> str:
                   "target forward (its counted cost prices the verification by tree depth, as for SpecTr, so it "
                   "flatters the tree: read its MAT and timed speedup). The domain drafter row is the independent "
                   f"(SpS) drafter at K. One draft forward per drafter on this machine: {costs}.", "", eagle, ""]
+    parts += _target_quality_section(metrics.get("target_quality") or {})
     vk = cal["v"]
     parts += ["## Calibration (this machine: the counted speedup's costs)", "",
               f"10% quantile of {cal['reps']} interleaved passes at a {cal['context']}-token context (load only adds "

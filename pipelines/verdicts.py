@@ -9,6 +9,8 @@ all from metrics.json (pipelines/evaluate.py) and nothing else.
   Faster Cascades (Table 2 / Figure 2)    quality (data/quality.py) vs counted speedup per deferral rule and
                                           alpha; the latency reduction at the target's quality, the best quality
                                           within the target's latency, and the rules' ordering
+  MetaSD with EAGLE (Tables 4 / 7)        own EAGLE drafter vs the best other, MetaEagle-UCB (BD) near the
+                                          best EAGLE drafter, BD vs BE beside the same ratio for SpS drafters
   BanditSpec (Table 1)                    each arm alone (prompt lookup, REST, suffix decoding, the domain
                                           drafter) and UCBSpec / EXP3Spec over them, per domain: MAT, counted and
                                           timed tokens/s, stopping-time regret; do the bandits beat the best arm
@@ -223,9 +225,63 @@ def banditspec(metrics: dict) -> dict | None:
     return {"arms": arms + ["drafter"], "bandits": bandits, "per_domain": per}
 
 
+# --- MetaSD with white-box drafters (MetaEagle): its three effects on the EAGLE rows -----------------------
+
+NEAR_BEST = 0.95  # "UCB near the best drafter": its MAT at least this share of the hindsight-best drafter's
+
+
+def _near(c: dict | None) -> dict | None:
+    """A comparison's verdict against NEAR_BEST instead of 1."""
+    if c is None or c["verdict"] == "too few prompts":
+        return c
+    return {**c, "verdict": "above" if c["lo"] >= NEAR_BEST else "below" if c["hi"] < NEAR_BEST else "within noise"}
+
+
+def metaeagle(metrics: dict) -> dict | None:
+    """Per domain (greedy, test set), MetaSD's effects as Table 4 / 7 state them for MetaEagle, each as an MAT
+    ratio over the same prompts (greedy runs emit the same tokens, so MAT = N / N_target compares exactly):
+    the domain's own EAGLE drafter against the best other one (chain at K; chosen in hindsight by pooled MAT),
+    MetaEagle-UCB (BD) against the hindsight-best EAGLE drafter (>= NEAR_BEST), and BD against BE, beside the
+    same BD / BE ratio of the independent (SpS) drafters' MetaSD-UCB."""
+    eagle = [r for r in metrics["runs"] if r["family"] == "eagle" and r["set"] == "test" and r["mode"] == "greedy"]
+    chains = sorted({r["drafter"] for r in eagle if _param(r, "draft") == "chain" and r.get("drafter")})
+    if len(chains) < 2:
+        return None
+    own = metrics["drafters"]["own"]
+
+    def chain(n: str) -> Callable[[dict], bool]:
+        return lambda r: r["family"] == "eagle" and r.get("drafter") == n and _param(r, "draft") == "chain"
+
+    def bandit(family: str, b: str) -> Callable[[dict], bool]:
+        return lambda r: r["family"] == family and r.get("bandit") == b and not r.get("stream")
+
+    per: dict[str, Any] = {}
+    for d in sorted({r["domain"] for r in eagle}):
+        runs = {n: _runs(metrics, d, chain(n)) for n in chains}
+        mat = {n: _pooled(rs)["MAT"] or 0.0 for n, rs in runs.items() if rs}
+        best = max(mat, key=mat.get)
+        mine = f"eagle-{own[d]}" if own.get(d) else None
+        entry: dict[str, Any] = {"MAT": mat, "best": best, "own": mine}
+        if mine in runs:
+            others = [n for n in mat if n != mine]
+            rival = max(others, key=mat.get)
+            entry["best_other"] = rival
+            entry["own_vs_best_other"] = _compare(runs[mine], runs[rival], "N_target", _seed("v-me-own", d))
+        ucb_bd = _runs(metrics, d, bandit("eagle", "ucb-bd"))
+        ucb_be = _runs(metrics, d, bandit("eagle", "ucb-be"))
+        entry["ucb_bd_MAT"], entry["ucb_be_MAT"] = _pooled(ucb_bd)["MAT"], _pooled(ucb_be)["MAT"]
+        entry["ucb_vs_best"] = _near(_compare(ucb_bd, runs[best], "N_target", _seed("v-me-near", d)))
+        entry["bd_vs_be"] = _compare(ucb_bd, ucb_be, "N_target", _seed("v-me-bdbe", d))
+        entry["sps_bd_vs_be"] = _compare(_runs(metrics, d, bandit("bandit", "ucb-bd")),
+                                         _runs(metrics, d, bandit("bandit", "ucb-be")), "N_target",
+                                         _seed("v-sps-bdbe", d))
+        per[d] = entry
+    return {"drafters": chains, "per_domain": per}
+
+
 def paper_verdicts(metrics: dict) -> dict[str, Any]:
     return {"specdecpp": specdecpp(metrics), "spectr": spectr(metrics), "cascades": cascades(metrics),
-            "banditspec": banditspec(metrics)}
+            "banditspec": banditspec(metrics), "metaeagle": metaeagle(metrics)}
 
 
 # --- markdown --------------------------------------------------------------------------------------------
@@ -339,6 +395,26 @@ def _render_banditspec(v: dict) -> list[str]:
                    "stopping-time regret (target calls / prompt)"], rows), "", *lines, ""]
 
 
+def _render_metaeagle(v: dict) -> list[str]:
+    per = v["per_domain"]
+    rows = [[d, e["own"] or "-", e["MAT"].get(e["own"]) if e["own"] else None, e["best"], e["MAT"][e["best"]],
+             e["ucb_bd_MAT"], e["ucb_be_MAT"]] for d, e in per.items()]
+    own = [(f"{d} vs {e['best_other']}", e["own_vs_best_other"]) for d, e in per.items() if "best_other" in e]
+    near = [(d, e["ucb_vs_best"]) for d, e in per.items()]
+    bdbe = [(d, e["bd_vs_be"]) for d, e in per.items()]
+    gaps = ", ".join(f"{d} EAGLE {_said(e['bd_vs_be'])} vs SpS {_said(e['sps_bd_vs_be'])}" for d, e in per.items())
+    return ["### MetaSD with EAGLE drafters: MetaEagle (issue 23; MetaSD Tables 4 / 7; greedy, test set, chain at K)", "",
+            table(["domain", "own EAGLE drafter", "its MAT", "best EAGLE drafter (hindsight)", "its MAT",
+                   "MetaEagle-UCB (BD) MAT", "MetaEagle-UCB (BE) MAT"], rows), "",
+            "- **Specialised EAGLE drafters win their domain (MAT of the own drafter over the best other one, 90% "
+            "interval):** " + _verdict_counts(own) + ".",
+            f"- **MetaEagle-UCB (BD) reaches >= {NEAR_BEST:.0%} of the hindsight-best EAGLE drafter's MAT:** "
+            + _verdict_counts(near) + ".",
+            "- **BD >= BE (MAT of MetaEagle-UCB with BD over with BE):** " + _verdict_counts(bdbe)
+            + ". The same ratio for EAGLE and for the independent drafters (MetaSD: the gap is smaller for EAGLE): "
+            + gaps + ".", ""]
+
+
 def render_verdicts(metrics: dict) -> list[str]:
     v = metrics.get("verdicts") or paper_verdicts(metrics)
     parts = []
@@ -350,6 +426,8 @@ def render_verdicts(metrics: dict) -> list[str]:
         parts += _render_cascades(v["cascades"])
     if v.get("banditspec"):
         parts += _render_banditspec(v["banditspec"])
+    if v.get("metaeagle"):
+        parts += _render_metaeagle(v["metaeagle"])
     return ["## The papers' claims on this bundle", "",
             "Each claim is checked on this run's own numbers; the interval is a bootstrap 90% interval over prompts, "
             "and a claim is called only where it clears the line.", "", *parts] if parts else []

@@ -110,6 +110,11 @@ def test_report_numbers_come_from_metrics_json(run_root):
     assert metrics["drafters"]["ofa"] not in metrics["bandit_arms"] and len(metrics["bandit_arms"]) >= 2
     assert {r["set"] for r in rows} == {"test", "perturbed", "ood"}
     assert metrics["cost_fit"]["runs"] > 2
+    # the target alone on its tasks: greedy AR on every scored test prompt, with an example each
+    quality = metrics["target_quality"]
+    ar_test = {r["domain"]: r["prompts"] for r in greedy if r["family"] == "ar" and r["set"] == "test"}
+    assert set(quality) == set(ar_test) and all(q["prompts"] == ar_test[d] for d, q in quality.items()), ar_test
+    assert "## The target on its tasks" in (out / "report.md").read_text()
     # every number in the report's tables is a number of metrics.json
     known = _json_numbers(metrics)
     table_lines = [ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("|") and "---" not in ln]

@@ -131,7 +131,9 @@ def test_cascades_sweep_alphas_on_further_prompts_and_score_quality(env):
         return Record(MethodKey("ar", mode=mode), prompt, "test", "math", GenerationMetrics(), tokens=[first])
 
     records = [rec(1, "m0"), rec(2, "m1"), rec(1, "m0", "greedy")]
-    score_quality(records, {"m0": "so Answer: 7", "m1": "Answer: 7"}, Tok())
+    # ("ood", "m1") shares the test prompt's id: references are keyed by set as well
+    references = {("test", "m0"): "so Answer: 7", ("test", "m1"): "Answer: 7", ("ood", "m1"): "Answer: 3"}
+    score_quality(records, references, Tok())
     assert [r.quality for r in records] == [100.0, 0.0, None]
 
 

@@ -1,6 +1,7 @@
 """The papers' verdicts (pipelines/verdicts.py) on hand-made metrics: each verdict follows the numbers, and
 no verdict is drawn from fewer than MIN_PROMPTS prompts."""
-from pipelines.verdicts import MIN_PROMPTS, banditspec, cascades, paper_verdicts, render_verdicts, spectr
+from pipelines.verdicts import (MIN_PROMPTS, banditspec, cascades, metaeagle, paper_verdicts, render_verdicts,
+                                spectr)
 
 
 def run(prompt, family, n_target, mode="greedy", n=12, domain="x", counted_per_call=0.01, **key):
@@ -68,6 +69,32 @@ def test_cascades_table2_and_ordering():
     text = "\n".join(render_verdicts(metrics(runs, verdicts=paper_verdicts(metrics(runs)))))
     assert "ordering (SpecCascade [Token] first, [OPT] second at the target's quality):** shows" in text
     assert "SpecCascade [Token]" in text and "floor" not in text  # the target scores 50: quality can tell rules apart
+
+
+def test_metaeagle_own_drafter_ucb_near_best_and_bd_vs_be():
+    """Domain x: its own EAGLE drafter (eagle-dx, 4 target calls per prompt) beats eagle-dy (6) and the
+    all-domain eagle-ofa (5); MetaEagle-UCB (BD) needs 4.1 (within 95% of the best), BE 5; SpS: BD 6, BE 7."""
+    runs = []
+    for p in range(4):
+        chain = {"draft": "chain"}
+        runs += [run(p, "eagle", 4, drafter="eagle-dx", params=chain),
+                 run(p, "eagle", 6, drafter="eagle-dy", params=chain),
+                 run(p, "eagle", 5, drafter="eagle-ofa", params=chain),
+                 run(p, "eagle", 4, drafter="eagle-dx", params={"draft": "tree 3x2x6"}),  # not a chain: ignored
+                 run(p, "eagle", 4 + (p == 0) * 0.1, bandit="ucb-bd", params={"draft": "bandit"}),
+                 run(p, "eagle", 5, bandit="ucb-be", params={"draft": "bandit"}),
+                 run(p, "bandit", 6, bandit="ucb-bd"), run(p, "bandit", 7, bandit="ucb-be")]
+    v = metaeagle(metrics(runs))
+    x = v["per_domain"]["x"]
+    assert v["drafters"] == ["eagle-dx", "eagle-dy", "eagle-ofa"] and x["best"] == "eagle-dx"
+    assert x["best_other"] == "eagle-ofa" and x["own_vs_best_other"]["verdict"] == "above"
+    assert abs(x["own_vs_best_other"]["ratio"] - 5 / 4) < 1e-3
+    assert x["ucb_vs_best"]["verdict"] == "above" and x["ucb_vs_best"]["ratio"] < 1  # near, not above 1
+    assert x["bd_vs_be"]["verdict"] == "above" and abs(x["sps_bd_vs_be"]["ratio"] - 7 / 6) < 1e-3
+    text = "\n".join(render_verdicts(metrics(runs)))
+    assert "MetaEagle" in text and "x vs eagle-ofa" in text
+    one_drafter = [r for r in runs if r.get("drafter") in (None, "eagle-dx")]
+    assert metaeagle(metrics(one_drafter)) is None  # nothing to compare
 
 
 def test_nothing_to_say_renders_nothing():
