@@ -123,3 +123,23 @@ def exact_distribution(table: torch.Tensor, cfg, prompt: list[int], n_tokens: in
         out[cell] = prob
     return out
 
+
+
+def sample_sequences(generate_one, n_samples: int, vocab: int, n_tokens: int) -> tuple[torch.Tensor, dict[str, int]]:
+    """Counts of `n_samples` generations of `n_tokens` tokens over the vocab ** n_tokens cells (the order of
+    `exact_distribution`), and how often each verification path was taken: rounds whose drafts were all
+    accepted ("full": the bonus token), rounds with a rejection ("rejected": the residual), generations that
+    discarded drafted tokens ("branched"). generate_one() -> a decoding.metrics.GenerationResult."""
+    counts = torch.zeros(vocab**n_tokens)
+    paths = {"full": 0, "rejected": 0, "branched": 0}
+    for _ in range(n_samples):
+        out = generate_one()
+        cell = 0
+        for x in out.tokens:
+            cell = cell * vocab + x
+        counts[cell] += 1
+        m = out.metrics
+        paths["full"] += sum(a == d > 0 for a, d in zip(m.accepted, m.drafted))
+        paths["rejected"] += sum(a < d for a, d in zip(m.accepted, m.drafted))
+        paths["branched"] += m.n_discarded > 0
+    return counts, paths

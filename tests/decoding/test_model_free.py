@@ -17,7 +17,7 @@ from decoding.rest import RestSpeculator
 from decoding.sampling import SamplingConfig
 from decoding.speculative import generate_speculative
 from decoding.suffix import SuffixSpeculator
-from tests.decoding.conftest import chi2_pvalue, exact_distribution
+from tests.decoding.conftest import chi2_pvalue, exact_distribution, sample_sequences
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -189,17 +189,10 @@ def test_sampling_follows_the_target_distribution(table_lm, kind):
     spec = RestSpeculator(index, max_tokens=3) if kind == "rest" else SuffixSpeculator(index, max_tokens=3, min_prob=0.0)
     sampling = SamplingConfig(temperature=1.0)
     exact = exact_distribution(p_table, sampling, PROMPT, N_TOKENS)
-    counts = torch.zeros(V**N_TOKENS)
-    full = rejected = 0
     rng_t = torch.Generator().manual_seed(42)
-    for _ in range(N_SAMPLES):
-        out = generate_speculative(target, spec, PROMPT, N_TOKENS, sampling, generator=rng_t)
-        x1, x2, x3 = out.tokens
-        counts[(x1 * V + x2) * V + x3] += 1
-        m = out.metrics
-        full += sum(a == d > 0 for a, d in zip(m.accepted, m.drafted))
-        rejected += sum(a < d for a, d in zip(m.accepted, m.drafted))
-    assert full > 300 and rejected > 300  # bonus and residual paths both taken many times
+    counts, paths = sample_sequences(
+        lambda: generate_speculative(target, spec, PROMPT, N_TOKENS, sampling, generator=rng_t), N_SAMPLES, V, N_TOKENS)
+    assert paths["full"] > 300 and paths["rejected"] > 300  # bonus and residual paths both taken many times
     assert chi2_pvalue(counts, exact) > 1e-3
     assert (counts / N_SAMPLES - exact).abs().max() < SHIFT
     # power: the same samples reject SHIFT of mass moved between the most and least likely cells

@@ -34,7 +34,7 @@ from decoding.speculator import Draft, DrafterSpeculator
 from decoding.stopping import FixedK, SpecDecPP
 from decoding.tree import trie_from_sequences, verify_tree
 from decoding.verify import residual
-from tests.decoding.conftest import chi2_pvalue, exact_distribution
+from tests.decoding.conftest import chi2_pvalue, exact_distribution, sample_sequences
 from tests.decoding.test_losslessness import linear_head
 
 N_SAMPLES = 5_000
@@ -281,19 +281,12 @@ def test_first_tokens_follow_the_target_distribution(tree_stub_pair, sampling, m
     target, drafter, p_table = tree_stub_pair
     exact = exact_distribution(p_table, sampling, PROMPT, N_TOKENS)
     gen = torch.Generator().manual_seed(42)
-    counts = torch.zeros(V**N_TOKENS)
     speculator = SpecTrSpeculator(drafter, make_stopping(), n_drafts)
-    branched = rejected = full = 0
-    for _ in range(n_samples):
-        result = generate_speculative(target, speculator, PROMPT, N_TOKENS, sampling, generator=gen)
-        x1, x2, x3 = result.tokens
-        counts[(x1 * V + x2) * V + x3] += 1
-        m = result.metrics
-        full += sum(a == d > 0 for a, d in zip(m.accepted, m.drafted))
-        rejected += sum(a < d for a, d in zip(m.accepted, m.drafted))
-        branched += m.n_discarded > 0
+    counts, paths = sample_sequences(
+        lambda: generate_speculative(target, speculator, PROMPT, N_TOKENS, sampling, generator=gen), n_samples, V,
+        N_TOKENS)
     # bonus, residual and multi-branch paths all taken many times
-    assert min(full, rejected, branched) > n_samples // 20
+    assert min(paths.values()) > n_samples // 20
     assert (counts / n_samples - exact).abs().max() < shift
     assert_fits_with_power(counts, exact, shift)
 
