@@ -13,7 +13,7 @@ from pipelines.artifacts import read_manifest
 from pipelines.stage import run_stage
 from tests.pipelines.conftest import fresh_copy, tiny_config
 
-EAGLE = {"eagle": {"enabled": True, "drafters": ["ofa", "math"], "lr": 1e-3, "max_length": 64,
+EAGLE = {"eagle": {"enabled": True, "drafters": ["ofa", "math", "translate"], "lr": 1e-3, "max_length": 64,
                    "train": {"max_steps": 3, "batch_size": 4, "wandb": {"mode": "disabled"}},
                    "tree": {"depth": 3, "top_k": 2, "nodes": 5}}}
 FAST = {"train_heads": {"depths": [0], "w_rejs": [1.0], "epochs": 1, "cost_ratio": 0.2},
@@ -54,7 +54,8 @@ def test_eagle_drafter_is_trained_pinned_and_bundled(run_root):
     # the independent drafters' stages do not see the EAGLE directory
     assert sorted(read_manifest(run_root / "bundle").metrics["drafters"]) == ["math", "ofa", "translate"]
     bundle = load_bundle(run_root / "bundle")
-    assert sorted(bundle.eagle) == ["eagle-math", "eagle-ofa"] and bundle.eagle["eagle-ofa"].tree == {"depth": 3, "top_k": 2, "nodes": 5}
+    assert sorted(bundle.eagle) == ["eagle-math", "eagle-ofa", "eagle-translate"]
+    assert bundle.eagle["eagle-ofa"].tree == {"depth": 3, "top_k": 2, "nodes": 5}
 
 
 @pytest.mark.parametrize("tree", ["bundle", "none"])
@@ -102,6 +103,9 @@ def test_evaluate_reports_metaeagle_rows(run_root):
     drafts = sorted({(r["drafter"], r["params"]["draft"], r["reward"]) for r in eagle}, key=str)
     assert ("eagle-math", "chain", None) in drafts and ("eagle-ofa", "tree 3x2x5", None) in drafts
     assert (None, "bandit", "be") in drafts and (None, "bandit", "bd") in drafts
+    # MetaEagle chooses among the specialised EAGLE drafters; the all-domain one is a baseline beside them
+    chosen = {a for r in metrics["runs"] if r["family"] == "eagle" and r["bandit"] for a in r["arms"]}
+    assert chosen and chosen <= {"eagle-math", "eagle-translate"}
     assert all(r["MAT"] >= 1 and r["counted_speedup"] is not None for r in eagle)
     assert {"eagle-math", "eagle-ofa"} <= set(metrics["calibration"]["drafter_ms"])
     report = (out / "report.md").read_text()
