@@ -4,13 +4,16 @@ For each pretraining length (`pretrain_target.train.max_steps`), the pretrain-ta
 the normal stage machinery (`pipelines.stage.run_stage`, every other key of the config as given) on a
 scratch run root holding only a copy of the finished run's `prompts/`, timed in wall and process CPU
 seconds. The run's own target is reused for the step count it was trained with (its wall time from its
-manifest). Each target then greedy-decodes the first `--prompts` test prompts of every scored domain,
+manifest; `--retrain` trains that step count here as well, so every timing is taken under the same
+conditions). Each target then greedy-decodes the first `--prompts` test prompts of every scored domain,
 formatted exactly as the evaluate stage formats them (`format_prompt` with the run's chat format,
 `fit_prompt` to evaluate.max_prompt_tokens), stopping at the end-of-turn ids, and the outputs are scored
-with data/quality.py's `aggregate` against the references (0-100).
+with data/quality.py's `aggregate` against the references (0-100). Each step count is its own run from
+scratch (cosine schedule over its max_steps), not a continuation; one epoch of the demo corpus is
+4513 blocks of 256 tokens = 283 steps of batch 16, so 360 and 720 steps repeat the corpus.
 
     python benchmarks/bench_target_quality.py RUN_ROOT [--config configs/demo.yaml] [--steps 180 360 720]
-        [--prompts 10] [--max-new-tokens 48] [--scratch /work/runs/quality-steps-{steps}] [--no-append]
+        [--prompts 10] [--max-new-tokens 48] [--scratch /work/runs/quality-steps-{steps}] [--retrain] [--no-append]
 
 A scratch root whose target is already built is a cache hit: its timings come from the sidecar
 `bench_timing.json` written when it was trained (so a second invocation adds step counts cheaply).
@@ -48,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--scratch", default=None,
                     help="scratch run root per step count, with {steps} (default: RUN_ROOT/../quality-steps-{steps})")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--retrain", action="store_true",
+                    help="also train the step count of the run's own target here (timings under this run's conditions)")
     ap.add_argument("--no-append", action="store_true")
     args = ap.parse_args(argv)
     if any(s <= 0 for s in args.steps):
@@ -184,6 +189,10 @@ def _f(x: float | None, fmt: str = "{:.1f}") -> str:
     return "n/a" if x is None else fmt.format(x)
 
 
+def _label(row: dict) -> str:
+    return f"{row['steps']} (the run's target)" if row.get("reused") else str(row["steps"])
+
+
 def table(rows: list[dict]) -> str:
     """Markdown table from rows of {steps, wall_s, cpu_s, final_loss, quality: {domain: metrics}}."""
     head = ["| steps | pretrain s (wall) | pretrain s (CPU) | final train loss | math exact_match "
@@ -192,7 +201,7 @@ def table(rows: list[dict]) -> str:
     body = []
     for r in rows:
         q = r["quality"]
-        body.append(f"| {r['steps']} | {_f(r['wall_s'], '{:.0f}')} | {_f(r['cpu_s'], '{:.0f}')} "
+        body.append(f"| {_label(r)} | {_f(r['wall_s'], '{:.0f}')} | {_f(r['cpu_s'], '{:.0f}')} "
                     f"| {_f(r['final_loss'], '{:.3f}')} | {q['math']['exact_match']:.1f} "
                     f"| {q['translate']['exact_match']:.1f} / {q['translate']['bleu']:.1f} "
                     f"| {q['summarize']['rouge2']:.1f} "
@@ -206,8 +215,14 @@ def main(argv: list[str] | None = None) -> None:
     run_root = pathlib.Path(args.run_root).resolve()
     scratch_fmt = args.scratch or str(run_root.parent / "quality-steps-{steps}")
     rows = []
+    plan = []
     for steps in args.steps:
-        got = reuse_target(args.config, run_root, steps)
+        reused = reuse_target(args.config, run_root, steps)
+        if reused is not None:
+            plan.append((steps, reused))
+        if reused is None or args.retrain:
+            plan.append((steps, None))
+    for steps, got in plan:
         if got is None:
             print(f"== {steps} steps: training a target on {scratch_fmt.format(steps=steps)}", flush=True)
             got = train_target(args.config, run_root, pathlib.Path(scratch_fmt.format(steps=steps)), steps)
@@ -215,7 +230,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"== {steps} steps: {got['source']}", flush=True)
         quality = score_target(args.config, run_root, got["target"], args.prompts, args.max_new_tokens)
         ppl = {d: v["target_ppl"] for d, v in got["manifest"]["metrics"].get("dev_perplexity", {}).items()}
-        row = {"steps": steps, "wall_s": got["wall_s"], "cpu_s": got["cpu_s"], "final_loss": got["final_loss"],
+        row = {"steps": steps, "reused": got["source"] != "trained here", "wall_s": got["wall_s"],
+               "cpu_s": got["cpu_s"], "final_loss": got["final_loss"],
                "source": got["source"], "quality": quality, "dev_ppl": ppl}
         rows.append(row)
         print(f"   pretrain wall {_f(row['wall_s'])} s, CPU {_f(row['cpu_s'])} s, final loss "
@@ -230,8 +246,8 @@ def main(argv: list[str] | None = None) -> None:
 
     cmd = "python benchmarks/bench_target_quality.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     sources = "; ".join(f"{r['steps']}: {r['source']}" for r in rows)
-    ppl_rows = [f"| {r['steps']} | " + " | ".join(_f(r['dev_ppl'].get(d), '{:.1f}') for d in
-                                                   ("math", "translate", "summarize", "code", "chat")) + " |"
+    ppl_rows = [f"| {_label(r)} | " + " | ".join(_f(r["dev_ppl"].get(d), "{:.1f}")
+                                             for d in ("math", "translate", "summarize", "code", "chat")) + " |"
                 for r in rows]
     text = "\n".join([
         f"## Demo target quality vs pretraining steps ({datetime.date.today()}, {platform.machine()}, "

@@ -28,11 +28,11 @@ def test_arguments(bench):
 def test_table_rows(bench):
     q = {"math": {"exact_match": 10.0}, "translate": {"exact_match": 0.0, "bleu": 12.345},
          "summarize": {"rouge2": 3.21}, "code": {"exact_match": 20.0, "bleu": 5.0}}
-    text = bench.table([{"steps": 180, "wall_s": 155.1, "cpu_s": None, "final_loss": None, "quality": q},
+    text = bench.table([{"steps": 180, "reused": True, "wall_s": 155.1, "cpu_s": None, "final_loss": None, "quality": q},
                         {"steps": 360, "wall_s": 300.4, "cpu_s": 290.0, "final_loss": 2.3456, "quality": q}])
     lines = text.splitlines()
     assert len(lines) == 4 and lines[0].startswith("| steps | pretrain s (wall)")
-    assert lines[2] == "| 180 | 155 | n/a | n/a | 10.0 | 0.0 / 12.3 | 3.2 | 20.0 / 5.0 |"
+    assert lines[2] == "| 180 (the run's target) | 155 | n/a | n/a | 10.0 | 0.0 / 12.3 | 3.2 | 20.0 / 5.0 |"
     assert lines[3].startswith("| 360 | 300 | 290 | 2.346 |")
 
 
