@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
             plan.append((steps, None))
     for steps, got in plan:
         if got is None:
-            print(f"== {steps} steps: training a target on {scratch_fmt.format(steps=steps)}", flush=True)
+            print(f"== {steps} steps: pretrain-target on {scratch_fmt.format(steps=steps)}", flush=True)
             got = train_target(args.config, run_root, pathlib.Path(scratch_fmt.format(steps=steps)), steps)
         else:
             print(f"== {steps} steps: {got['source']}", flush=True)
