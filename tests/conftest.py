@@ -12,3 +12,18 @@ import torch
 # Tiny models run fastest on one thread, and tests that start subprocesses (ddp, sharded stages)
 # must not oversubscribe the 2 cores of a CI box.
 torch.set_num_threads(1)
+
+
+def import_benchmark(name: str):
+    """A script of benchmarks/ as a module, imported the way the scripts run (benchmarks/ first on the
+    path, so its own `from publish import ...` resolves)."""
+    import importlib
+    import pathlib
+    import sys
+
+    bench = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, bench)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(bench)

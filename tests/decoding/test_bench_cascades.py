@@ -1,20 +1,12 @@
 """benchmarks/bench_cascades.py's Table 2 logic on synthetic generations (no models)."""
-import pathlib
-import sys
-
 import pytest
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.conftest import import_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import bench_cascades
-    finally:
-        sys.path.remove(str(BENCH))
-    return bench_cascades
+    return import_benchmark("bench_cascades")
 
 
 def rows_for(method, rule, alpha, text, cpu, n_draft, n_target, prompts=4):

@@ -1,20 +1,13 @@
 """Smoke test of benchmarks/bench_decoder.py on two random tiny models, so the script keeps running on a
 fresh clone (slow: 4-9 s on the shared 2-core box; run with -m slow)."""
-import pathlib
-import sys
-
 import pytest
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.conftest import import_benchmark
 
 
 @pytest.mark.slow
 def test_bench_decoder_runs_on_random_tiny_models(capsys):
-    sys.path.insert(0, str(BENCH))
-    try:
-        import bench_decoder
-    finally:
-        sys.path.remove(str(BENCH))
+    bench_decoder = import_benchmark("bench_decoder")
     argv = ["--random-tiny", "--n-prompts", "2", "--runs", "1", "--max-new-tokens", "12", "--threads", "1", "--no-append"]
     assert bench_decoder.main(argv) == 0
     out = capsys.readouterr().out

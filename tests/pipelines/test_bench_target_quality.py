@@ -1,20 +1,12 @@
 """benchmarks/bench_target_quality.py's arguments, table and CSV loss reader on hand-made inputs (no models)."""
-import pathlib
-import sys
-
 import pytest
 
-BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.conftest import import_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import bench_target_quality
-    finally:
-        sys.path.remove(str(BENCH))
-    return bench_target_quality
+    return import_benchmark("bench_target_quality")
 
 
 def test_arguments(bench):

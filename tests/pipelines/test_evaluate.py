@@ -125,13 +125,9 @@ def test_report_numbers_come_from_metrics_json(run_root):
     head = headline(metrics)
     assert head.startswith("| method") and "AR" in head
     # benchmarks/bench_multi_drafter.py builds its tables from this same metrics.json
-    import sys
+    from tests.conftest import import_benchmark
 
-    sys.path.insert(0, str(REPO / "benchmarks"))  # how the scripts run: benchmarks/ first on the path
-    try:
-        import bench_multi_drafter as bench
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    bench = import_benchmark("bench_multi_drafter")
     for table in (bench.bandit_table(metrics), bench.best_arm_table(metrics), bench.robustness_table(metrics)):
         assert len(table) >= 3 and all(line.startswith("|") for line in table)
     assert run_stage(_config(run_root), "evaluate") == out  # a rerun is a cache hit
