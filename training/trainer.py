@@ -205,6 +205,14 @@ class SlurmRequeue(Callback):
         if "SLURM_ARRAY_JOB_ID" in os.environ:
             job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
         trainer.strategy.barrier()
+        # the requeue makes Slurm SIGTERM every task; a task killed by it on its way out ends the step with a
+        # failure that can race the requeue and leave the job FAILED instead of pending (seen in CI). The
+        # checkpoint is written: every task now ignores SIGTERM and exits 0 by itself
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # ...also after the fit: Lightning's teardown puts back the handlers it found when the fit began
+        originals = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None)
+        if isinstance(originals, dict):
+            originals[signal.SIGTERM] = signal.SIG_IGN
         if trainer.is_global_zero:
             print(f"[slurm] requeueing job {job}", flush=True)
             subprocess.run(["scontrol", "requeue", job], check=False)

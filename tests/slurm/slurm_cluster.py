@@ -127,7 +127,7 @@ class Cluster:
                 (self.root / "spool" / name).mkdir(parents=True, exist_ok=True)
                 self._spawn(f"slurmd-{name}", [_which("slurmd"), "-D", "-f", str(self.conf), "-N", name],
                             ["nsenter", f"--net=/run/netns/{self.netns[name]}"] if name in self.netns else None)
-            self._wait(self._nodes_idle, "slurmd node(s) idle", 60)
+            self._wait(self.nodes_idle, "slurmd node(s) idle", 60)
         except BaseException:
             self.stop()
             raise
@@ -136,7 +136,7 @@ class Cluster:
     def _ctld_up(self) -> bool:
         return self.run("scontrol", "ping", check=False).count("UP") > 0
 
-    def _nodes_idle(self) -> bool:
+    def nodes_idle(self) -> bool:
         out = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False)
         states = dict(line.split() for line in out.splitlines() if line.strip())
         return len(states) == len(self.nodes) and all(s == "idle" for s in states.values())

@@ -63,7 +63,8 @@ def _weights(root: Path, stage_dir: str) -> dict[str, str]:
 
 def _completed(states: dict, log: str = "") -> None:
     for job, st in states.items():
-        assert st.get("JobState") == "COMPLETED" and st.get("ExitCode") == "0:0", (job, st, log[-3000:])
+        summary = {k: st.get(k) for k in ("JobState", "Reason", "ExitCode", "Restarts", "RunTime", "StartTime")}
+        assert st.get("JobState") == "COMPLETED" and st.get("ExitCode") == "0:0", f"job {job}: {summary}\n{log[-3000:]}"
 
 
 @pytest.fixture(scope="session")
@@ -198,12 +199,14 @@ def test_requeue_mid_training_resumes_to_the_uninterrupted_result(slurm, job_env
         slurm.run("scancel", "--signal=USR1", job)
     else:
         slurm.run("scontrol", "requeue", job)
-    # Slurm holds a requeued batch job for about two minutes (BeginTime); release it for the test's sake
+    # Slurm holds a requeued batch job for about two minutes (BeginTime), long enough for the first run's
+    # tasks to be gone; release it sooner for the test's sake, but only once the node is idle again
     t0 = time.time()
     while time.time() - t0 < 120:
         st = slurm.job_state(job)
         if st.get("Restarts") == "1" and st.get("JobState") == "PENDING":
-            slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
+            if slurm.nodes_idle():
+                slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
         elif st.get("Restarts") == "1" and st.get("JobState") in ("RUNNING", "COMPLETED", "FAILED", "CANCELLED"):
             break
         time.sleep(0.5)

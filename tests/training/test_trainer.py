@@ -166,10 +166,9 @@ def test_gpu_strategies_train_in_bf16(tmp_path, strategy):
     assert (tmp_path / "checkpoints" / "last.ckpt").exists()
 
 
-def test_slurm_jobs_get_auto_requeue(tmp_path, monkeypatch):
+def test_slurm_jobs_get_auto_requeue(tmp_path, slurm_job):
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-    _as_slurm_job(monkeypatch)
     env = build_trainer(_cfg(devices=1), tmp_path)._accelerator_connector.cluster_environment
     assert isinstance(env, SLURMEnvironment) and env.auto_requeue
 
@@ -187,8 +186,13 @@ class SignalAt(L.Callback):
             os.kill(os.getpid(), signal.SIGUSR1)
 
 
-def _as_slurm_job(monkeypatch) -> list:
-    """This process as task 0 of Slurm job 7; returns the list `scontrol requeue` calls are recorded in."""
+@pytest.fixture
+def slurm_job(monkeypatch):
+    """This process as task 0 of Slurm job 7; yields the list `scontrol requeue` calls are recorded in.
+    The requeue path changes this process's SIGUSR1 and SIGTERM dispositions (it ignores SIGTERM on its way
+    out); they are put back after the test, or later tests' child processes would inherit them."""
+    import signal
+
     import training.trainer as training
 
     slurm = dict(SLURM_NTASKS="1", SLURM_NTASKS_PER_NODE="1", SLURM_JOB_NAME="train", SLURM_JOB_ID="7",
@@ -197,16 +201,22 @@ def _as_slurm_job(monkeypatch) -> list:
         monkeypatch.setenv(k, v)
     calls = []
     monkeypatch.setattr(training.subprocess, "run", lambda argv, **kw: calls.append(argv))
-    return calls
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGTERM)}
+    yield calls
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
 
 
-def test_requeue_signal_checkpoints_at_the_next_step_and_resumes_exactly(tmp_path, monkeypatch):
+def test_requeue_signal_checkpoints_at_the_next_step_and_resumes_exactly(tmp_path, slurm_job):
     _run(tmp_path / "straight", _cfg())
     straight = _logged(tmp_path / "straight")
-    calls = _as_slurm_job(monkeypatch)
+    calls = slurm_job
     with pytest.raises(SystemExit) as exit_info:
         _run(tmp_path / "requeued", _cfg(checkpoint_every_n_steps=0), callbacks=[SignalAt(step=4)])
     assert exit_info.value.code == 0 and calls == [["scontrol", "requeue", "7"]]
+    import signal
+
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # Slurm's kill must not fail the exiting task
     ckpt = torch.load(tmp_path / "requeued" / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 5  # the step the signal interrupted was finished first
     trainer = _run(tmp_path / "requeued", _cfg(resume=True))
@@ -216,24 +226,20 @@ def test_requeue_signal_checkpoints_at_the_next_step_and_resumes_exactly(tmp_pat
         assert resumed[step] == pytest.approx(straight[step], abs=1e-6), step
 
 
-def test_requeue_signal_between_fits_requeues_at_the_next_fits_first_step(tmp_path, monkeypatch):
+def test_requeue_signal_between_fits_requeues_at_the_next_fits_first_step(tmp_path, slurm_job):
     """The signal lands after one fit ended and before the next began (train-drafters between two drafters):
     the process lives on, and the next fit checkpoints at its first step and requeues."""
     import signal
 
     import training.trainer as training
 
-    calls = _as_slurm_job(monkeypatch)
-    previous = signal.getsignal(signal.SIGUSR1)
-    try:
-        _run(tmp_path / "first", _cfg(checkpoint_every_n_steps=0))
-        assert calls == [] and not training.requeue_requested()
-        os.kill(os.getpid(), signal.SIGUSR1)  # the default action would end this process here
-        assert training.requeue_requested()
-        with pytest.raises(SystemExit) as exit_info:
-            _run(tmp_path / "second", _cfg(checkpoint_every_n_steps=0))
-        assert exit_info.value.code == 0 and calls == [["scontrol", "requeue", "7"]]
-        ckpt = torch.load(tmp_path / "second" / "checkpoints" / "last.ckpt", weights_only=True)
-        assert ckpt["global_step"] == 1 and not training.requeue_requested()
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
+    calls = slurm_job
+    _run(tmp_path / "first", _cfg(checkpoint_every_n_steps=0))
+    assert calls == [] and not training.requeue_requested()
+    os.kill(os.getpid(), signal.SIGUSR1)  # the default action would end this process here
+    assert training.requeue_requested()
+    with pytest.raises(SystemExit) as exit_info:
+        _run(tmp_path / "second", _cfg(checkpoint_every_n_steps=0))
+    assert exit_info.value.code == 0 and calls == [["scontrol", "requeue", "7"]]
+    ckpt = torch.load(tmp_path / "second" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 1 and not training.requeue_requested()
