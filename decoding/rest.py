@@ -50,7 +50,7 @@ class RestSpeculator(ModelFreeSpeculator):
     ) -> Draft:
         limit = min(self.max_tokens, max_tokens)
         if limit <= 0 or self.vocab is None:
-            return self.point_masses([])  # (before start: the error)
+            return self.point_masses([])  # nothing to draft (or propose before start: point_masses raises)
         self.last = self.index.continuations(context, self.max_match, limit, self.max_rows)
         tokens, _ = most_frequent_chain(self.last, limit)
         return self.point_masses(tokens)

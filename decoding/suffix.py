@@ -78,7 +78,7 @@ class SuffixSpeculator(ModelFreeSpeculator):
         limit = min(self.max_tokens, max_tokens)
         self.source = ""
         if limit <= 0 or len(context) < 2 or self.vocab is None:
-            return self.point_masses([])  # (before start: the error)
+            return self.point_masses([])  # nothing to draft (or propose before start: point_masses raises)
         if self._request is None or self._indexed != len(context):
             if self._request is not None:
                 self.request_bytes_read += self._request.bytes_read

@@ -568,9 +568,9 @@ class Calibrator:
                 kv.forward(model, self.caches[name], prefix, device=kv.input_device(model))
         self.sizes = list(range(1, max_n + 1))
         # a drafter drafts `draft_run` tokens in a row after each verification, and only the first of them
-        # finds its weights evicted from the CPU caches by the target's forward (measured here: 0.88 ms
-        # against 0.53 ms for the next ones, 1 x 128 drafter after a 6 x 192 target); timing a lone
-        # forward would price every drafted token as the cold first one
+        # finds its weights evicted from the CPU caches by the target's forward; timing a lone forward
+        # would price every drafted token as that cold first one (1.4x too dear on the demo pair:
+        # benchmarks/bench_forward_costs.py)
         self.draft_run = max(1, draft_run)
         self.feed = torch.randint(3, vocab, (max(max_n, self.draft_run),), generator=gen).tolist()
         self.times: dict[Any, list[float]] = {}

@@ -169,11 +169,10 @@ class SlurmRequeue(Callback):
     is written there, rank 0 runs `scontrol requeue`, and the process exits (Slurm restarts the job).
     The exit waits for the next batch start, so the interrupted step's metrics are logged first."""
 
-    def __init__(self, signum: int = signal.SIGUSR1):
-        self.signum, self.pending, self._step = signum, False, 0
+    def __init__(self):
+        self.pending, self._step = False, 0
 
     def on_train_start(self, trainer, module) -> None:
-        install_requeue_handler(self.signum)  # replaces Lightning's mid-batch hpc save if it got there first
         self._step = trainer.global_step
         print(f"[slurm] job {os.environ.get('SLURM_JOB_ID', '?')} rank {trainer.global_rank}/{trainer.world_size}: "
               f"training from step {trainer.global_step}"
@@ -284,8 +283,8 @@ def build_trainer(cfg: TrainerConfig, out_dir: str | Path | None, callbacks: lis
     if SLURMEnvironment.detect():
         env = SLURMEnvironment(auto_requeue=True)
         plugins = [env]
-        install_requeue_handler(env.requeue_signal)
-        extra.append(SlurmRequeue(env.requeue_signal))
+        install_requeue_handler(env.requeue_signal)  # before the fit, so Lightning installs none of its own
+        extra.append(SlurmRequeue())
     clip = cfg.gradient_clip_val
     if cfg.strategy == "fsdp" and clip is not None:
         extra.append(FSDPGradientClipping(clip))
