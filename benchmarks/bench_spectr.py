@@ -30,7 +30,6 @@ import datetime
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -46,6 +45,7 @@ from decoding.multi_draft import drafter_speculator  # noqa: E402
 from decoding.sampling import SamplingConfig  # noqa: E402
 from decoding.speculative import generate_speculative  # noqa: E402
 from decoding.stopping import FixedK  # noqa: E402
+from decoding.timing import timed_call  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 PAPER_TABLE1 = {(1, 4): 2.4, (8, 4): 3.1, (1, 8): 2.9, (8, 8): 4.0}  # PaLM-2 Gecko -> Bison, block efficiency
@@ -74,21 +74,14 @@ def load_prompts(prompt_set: str, per_domain: int, tok, max_prompt_tokens: int) 
     return out
 
 
-def median_time(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 @torch.inference_mode()
-def forward_costs(target, drafter, ks: list[int], ls: list[int], context: int = 64, reps: int = 30) -> dict:
+def forward_costs(target, drafter, ks: list[int], ls: list[int], context: int = 64, reps: int = 30,
+                  device: str = "cpu") -> dict:
     """Median seconds of the forwards a round is made of, after a `context`-token prefix: the target's
     tree-masked forward over the last committed token + K disjoint chains of L nodes (1 + K L tokens, what
     the decoder feeds when no two drafts share a prefix); a plain 4-token and 1-token target forward; the
-    drafter's one-token step over K rows. Interleaved: every repetition times every shape once."""
+    drafter's one-token step over K rows. Interleaved: every repetition times every shape once; each call
+    timed by `timed_call` (process CPU time on CPU, CUDA events on a GPU)."""
     gen = torch.Generator().manual_seed(0)
     prefix = torch.randint(3, target.config.vocab_size, (context,), generator=gen).tolist()
     tcache = kv.new_cache()
@@ -110,20 +103,17 @@ def forward_costs(target, drafter, ks: list[int], ls: list[int], context: int = 
     samples: dict = {key: [] for key in list(shapes) + [("plain", 4), ("plain", 1)] + [("draft", K) for K in ks]}
     for _ in range(reps):
         for key, (tokens, parents, depths) in shapes.items():
-            t0 = time.perf_counter()
-            kv.forward_tree(target, tcache, prefix[-1:], tokens, parents, depths)
-            samples[key].append(time.perf_counter() - t0)
+            _, t = timed_call(lambda: kv.forward_tree(target, tcache, prefix[-1:], tokens, parents, depths), device)
+            samples[key].append(t.time)
             kv.crop(tcache, context - 1)
         for n in (4, 1):
-            t0 = time.perf_counter()
-            kv.forward(target, tcache, prefix[-1:] + tokens[: n - 1], last=n)
-            samples[("plain", n)].append(time.perf_counter() - t0)
+            _, t = timed_call(lambda: kv.forward(target, tcache, prefix[-1:] + tokens[: n - 1], last=n), device)
+            samples[("plain", n)].append(t.time)
             kv.crop(tcache, context - 1)
         for K in ks:
             y = torch.randint(3, drafter.config.vocab_size, (K,), generator=gen)
-            t0 = time.perf_counter()
-            kv.forward_batch(drafter, dcaches[K], y)
-            samples[("draft", K)].append(time.perf_counter() - t0)
+            _, t = timed_call(lambda: kv.forward_batch(drafter, dcaches[K], y), device)
+            samples[("draft", K)].append(t.time)
             kv.crop(dcaches[K], context)
     return {key: statistics.median(v) for key, v in samples.items()}
 
@@ -145,7 +135,7 @@ def load_models(args):
         from decoding.loading import load_causal_lm, load_tokenizer
 
         tok = load_tokenizer(args.target)
-        target = load_causal_lm(args.target, "auto", "cpu")
+        target = load_causal_lm(args.target, "auto", args.device)
         n_total = target.config.num_hidden_layers
         sets = {f"first {n} of {n_total} target layers": {None: (f"layers{n}", truncated_drafter(target, n))}
                 for n in (int(x) for x in args.drafter_layers.split(","))}
@@ -155,14 +145,14 @@ def load_models(args):
 
     bundle = load_bundle(args.bundle, verify=False)
     tok = bundle.load_tokenizer()
-    target = bundle.load_target(device="cpu")
+    target = bundle.load_target(device=args.device)
     own, general = own_drafters(bundle)
     loaded = {}
     per_domain = {}
     for d in sorted({dom for entry in bundle.drafters.values() for dom in entry.domains}):
         name = own.get(d, general)
         if name not in loaded:
-            loaded[name] = bundle.load_drafter(name, device="cpu", target=target)
+            loaded[name] = bundle.load_drafter(name, device=args.device, target=target)
         per_domain[d] = (name, loaded[name])
     prompt_set = args.prompt_set or str(Path(args.bundle).resolve().parent / "prompts" / "sets")
     return tok, target, {"each domain's own drafter": per_domain}, prompt_set
@@ -193,33 +183,35 @@ def run(args) -> str:
             for d in domains:
                 for i, ids in enumerate(prompts[d]):
                     gen = torch.Generator().manual_seed(1000 * seed + i)
-                    t0 = time.perf_counter()
                     if K == 0:
-                        res = generate_autoregressive(target, ids, args.tokens, sampling, eos, gen)
+                        res, t = timed_call(lambda: generate_autoregressive(target, ids, args.tokens, sampling, eos,
+                                                                            gen), args.device)
                     else:
-                        drafter = drafter_for(label, d)[1]
-                        res = generate_speculative(target, drafter_speculator(drafter, FixedK(L), K), ids,
-                                                   args.tokens, sampling, eos, gen)
-                    total += time.perf_counter() - t0
+                        speculator = drafter_speculator(drafter_for(label, d)[1], FixedK(L), K)
+                        res, t = timed_call(lambda: generate_speculative(target, speculator, ids, args.tokens,
+                                                                         sampling, eos, gen), args.device)
+                    total += t.time
                     metrics[config][d].append(res.metrics)
             seconds[config].append(total)
         print(f"[bench_spectr] seed {seed} done", flush=True)
 
     ar = aggregate(m for d in domains for m in metrics[configs[0]][d])
     source = f"target {args.target}" if args.target else f"bundle {args.bundle}"
-    lines = [f"## SpecTr: K drafts x L tokens at T = 1 ({datetime.date.today()}, {platform.node()}, "
-             f"{args.threads} thread{'s' if args.threads > 1 else ''})", "",
+    machine = (torch.cuda.get_device_name(args.device) if torch.device(args.device).type == "cuda"
+               else f"{platform.node()}, {args.threads} thread{'s' if args.threads > 1 else ''}")
+    lines = [f"## SpecTr: K drafts x L tokens at T = 1 ({datetime.date.today()}, {machine})", "",
              f"`python benchmarks/bench_spectr.py {' '.join(args.argv)}`: {source}, "
              f"{len(domains)} domains x {args.prompts_per_domain} test prompts, max_new_tokens={args.tokens}, "
              f"{args.seeds} seeds (each seed: every method once, methods interleaved in a rotating order). "
              f"Autoregressive: {ar.n_generated} tokens over all seeds. Block efficiency = tokens per target call "
              "(bonus counted). Counted speedup = block efficiency / (1 + c N_draft / N_target), c = t_draft / "
              "t_target of 1-token forwards: SpecTr's computational model, where K rows and K L tree tokens "
-             "cost what one token does. Timed speedup = autoregressive seconds / SpecTr seconds per seed.", ""]
+             "cost what one token does. Timed speedup = autoregressive seconds / SpecTr seconds per seed "
+             "(process CPU seconds on a CPU, CUDA event seconds on a GPU).", ""]
     costs_by_label = {}
     for label in labels:
         drafter = drafter_for(label, domains[0])[1]
-        costs = forward_costs(target, drafter, ks, ls, reps=args.reps)
+        costs = forward_costs(target, drafter, ks, ls, reps=args.reps, device=args.device)
         costs_by_label[label] = costs
         c = costs[("draft", 1)] / costs[("plain", 1)]
         lines += [f"Drafter: {label} (c = {c:.3f}).", "",
@@ -285,6 +277,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ls", default="4,8")
     parser.add_argument("--reps", type=int, default=30, help="repetitions of each forward-cost measurement")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: where the target and drafters run")
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])

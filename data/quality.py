@@ -18,6 +18,7 @@ scorer cuts the prediction to the span the reference covers before comparing. Al
 """
 from __future__ import annotations
 
+import importlib
 import re
 from functools import lru_cache
 
@@ -41,6 +42,17 @@ def _first_line(text: str) -> str:
 
 def _code_lines(text: str) -> list[str]:
     return [line.rstrip() for line in text.splitlines() if line.strip()]
+
+
+def require_scorers() -> None:
+    """Import the scorers' packages now, so that a stage which scores only after a long run fails at its
+    start: InputError naming the package to install."""
+    for module, package in (("rouge_score", "rouge-score"), ("sacrebleu", "sacrebleu")):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise InputError(f"scoring task quality needs the {package} package, which is not installed: "
+                             f"pip install {package} (make install installs every dependency)") from None
 
 
 def math_answer(text: str) -> str | None:

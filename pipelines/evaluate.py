@@ -62,6 +62,7 @@ from tqdm.auto import tqdm
 
 from data.chat import row_messages
 from data.prompts import load_prompt_sets
+from data.quality import PRIMARY_METRIC, SCORED_DOMAINS, aggregate as aggregate_quality, require_scorers, score
 from decoding import kv
 from decoding.autoregressive import generate_autoregressive
 from decoding.bundle import Bundle, load_bundle
@@ -737,6 +738,8 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     ctx_len = getattr(target.config, "max_position_embeddings", None) or 10**9
     max_prompt = min(ecfg.max_prompt_tokens, ctx_len - ecfg.max_new_tokens - 1)
     prompts = _prompts(ctx, ecfg, tok, max_prompt, notes, bundle.chat)
+    if any(p.domain in SCORED_DOMAINS for p in prompts):
+        require_scorers()  # a missing scorer package fails here, not after the whole run loop
 
     eagle = {n: bundle.load_eagle(n, target, device=device) for n in sorted(bundle.eagle)}
     eagle_tree = {n: TreeShape(**bundle.eagle[n].tree) for n in eagle if bundle.eagle[n].tree}
@@ -777,8 +780,6 @@ def score_quality(records: list[Record], references: Mapping[tuple[str, str], st
     (Faster Cascades Figure 2), with the target sampling alone (ar) as its reference point. Greedy runs
     all emit the target's own tokens, so they are not scored. references: (set, prompt id) -> reference
     (an id is unique within its set; the demo world's ids name their set, a user's prompt sets need not)."""
-    from data.quality import PRIMARY_METRIC, score
-
     for r in records:
         ref = references.get((r.set, r.prompt))
         if r.key.mode == "sampling" and r.domain in PRIMARY_METRIC and ref and r.tokens is not None:
@@ -791,8 +792,6 @@ def target_quality(records: list[Record], prompts: list[Prompt], tok, example_ch
     reproduces token for token) on the test prompts of each scored domain, against their references
     (data/quality.py, 0-100), and the first prompt's text as an example. A world whose target does not
     do its tasks makes drafting easy for the wrong reason; this is where a reader sees it."""
-    from data.quality import SCORED_DOMAINS, aggregate
-
     test = {p.id: p for p in prompts if p.set == "test"}  # ids are unique within a set
     out: dict[str, dict] = {}
     for domain in SCORED_DOMAINS:
@@ -804,7 +803,7 @@ def target_quality(records: list[Record], prompts: list[Prompt], tok, example_ch
         refs = [test[r.prompt].reference for r in runs]
         prompt_text = tok.decode(list(test[runs[0].prompt].ids), skip_special_tokens=True)
         out[domain] = {"prompts": len(runs),
-                       **{k: _r(v) for k, v in aggregate(domain, texts, refs).items() if k != "n"},
+                       **{k: _r(v) for k, v in aggregate_quality(domain, texts, refs).items() if k != "n"},
                        "example": {"prompt": prompt_text[-example_chars:], "output": texts[0][:example_chars],
                                    "reference": refs[0][:example_chars]}}
     return out

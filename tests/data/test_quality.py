@@ -1,4 +1,6 @@
 """Task quality scorers (data/quality.py) on hand-made predictions and on the demo world's references."""
+import sys
+
 import pytest
 
 from data.quality import PRIMARY_METRIC, aggregate, math_answer, score
@@ -67,3 +69,12 @@ def test_every_demo_reference_scores_perfectly_against_itself(domain):
     result = score(domain, DEMO_REFERENCES[domain], DEMO_REFERENCES[domain])
     assert all(v == pytest.approx(100.0) for v in result.values()), result
     assert PRIMARY_METRIC[domain] in result
+
+
+def test_a_missing_scorer_package_is_named_with_its_fix(monkeypatch):
+    from data.quality import require_scorers
+
+    require_scorers()  # installed here: nothing raised
+    monkeypatch.setitem(sys.modules, "rouge_score", None)  # import now raises ImportError, as when not installed
+    with pytest.raises(InputError, match="pip install rouge-score"):
+        require_scorers()

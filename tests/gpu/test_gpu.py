@@ -12,7 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+# at module level, so that `make test` (which collects this file before deselecting it) fails when a helper
+# moves: GPU tests run only where a GPU is lent
 from tests.decoding.conftest import noisy_copy
+from tests.pipelines.conftest import fresh_copy, run_template, tiny_config
+from tests.training.test_trainer import V, _cfg, _logged
 
 pytestmark = [
     pytest.mark.gpu,
@@ -28,7 +32,6 @@ def test_drafter_trains_in_bf16_on_one_gpu(tmp_path, strategy):
     from drafters.lit_lm import CausalLMModule
     from drafters.model import build_causal_lm
     from training.trainer import fit, build_trainer
-    from tests.pipelines.test_training import V, _cfg, _logged
 
     # 8 fixed sequences seen again and again: a drafter that trains at all fits them quickly
     gen = torch.Generator().manual_seed(0)
@@ -52,7 +55,6 @@ def test_drafter_trains_in_bf16_on_one_gpu(tmp_path, strategy):
 
 @pytest.fixture(scope="module")
 def tiny_target_run(tmp_path_factory):
-    from tests.pipelines.conftest import run_template
 
     return run_template(tmp_path_factory, "gpu_tiny_run", None, ("prepare-data", "pretrain-target"))
 
@@ -65,7 +67,6 @@ def test_quantized_target_through_distill_data(tiny_target_run, tmp_path, monkey
     from pipelines.readers import load_distill_data
     from decoding.loading import load_causal_lm
     from pipelines.stage import run_stage
-    from tests.pipelines.conftest import fresh_copy, tiny_config
 
     root = fresh_copy(tiny_target_run, tmp_path)
     loaded = []
