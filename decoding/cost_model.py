@@ -8,7 +8,7 @@ fixed-K speedup over the target alone, per-token acceptance a, cost ratio c = t_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Hashable, Iterable, Sequence
 
 import torch
 
@@ -22,6 +22,7 @@ class CostFit:
     t_target: float  # seconds per target forward
     r2: float  # coefficient of determination of the fit on T_total
     n_rows: int
+    r2_within: float | None = None  # with groups: the counts' R^2 on the variation within groups alone
 
     @property
     def cost_ratio(self) -> float:
@@ -36,17 +37,9 @@ class CostFit:
         return self.t_draft + self.t_draft * discard_rate + (self.t_target - self.t_draft) * verification_rate
 
 
-def fit_costs(rows: Iterable[tuple[float, float, float]]) -> CostFit:
-    """Non-negative least squares T_total ~ t_draft N_draft + t_target N_target, no intercept (Eq. 3.1),
-    over (N_draft, N_target, T_total) rows, e.g. one per generation. R^2 is about the mean of T_total.
-
-    A forward never takes negative time, but noisy times with correlated counts can pull plain least
-    squares there; with two unknowns NNLS is exact by cases: the unconstrained fit if both are >= 0,
-    else the better of the two one-variable fits (each clamped at 0)."""
-    data = torch.tensor(list(rows), dtype=torch.float64)
-    if data.dim() != 2 or data.shape[0] < 2 or data.shape[1] != 3:
-        raise InputError("fit_costs needs at least two (N_draft, N_target, T_total) rows")
-    X, y = data[:, :2], data[:, 2]
+def _nnls2(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Non-negative least squares with two unknowns, exact by cases: the unconstrained fit if both are
+    >= 0, else the better of the two one-variable fits (each clamped at 0)."""
     coef = torch.linalg.lstsq(X, y[:, None]).solution[:, 0]
     if bool((coef < 0).any()):
         candidates = []
@@ -57,11 +50,44 @@ def fit_costs(rows: Iterable[tuple[float, float, float]]) -> CostFit:
             c[j] = max(0.0, float(x @ y) / denom) if denom > 0 else 0.0
             candidates.append(c)
         coef = min(candidates, key=lambda c: float(((y - X @ c) ** 2).sum()))
-    residual = y - X @ coef
-    ss_res = float((residual**2).sum())
+    return coef
+
+
+def fit_costs(rows: Iterable[tuple[float, float, float]], groups: Sequence[Hashable] | None = None) -> CostFit:
+    """Non-negative least squares T_total ~ t_draft N_draft + t_target N_target, no intercept (Eq. 3.1),
+    over (N_draft, N_target, T_total) rows, e.g. one per generation. R^2 is about the mean of T_total.
+    A forward never takes negative time, but noisy times with correlated counts can pull plain least
+    squares there, hence NNLS.
+
+    groups (one label per row, e.g. the run's prompt): each group also gets its own constant,
+    T_total ~ t_draft N_draft + t_target N_target + a_prompt. Eq. 3.1 counts the decode's forwards; what
+    every method pays alike on a prompt (the prefill of both models over a prompt of its own length, the
+    context its forwards attend over) is the prompt's constant. The fit is made within groups (every row
+    minus its group's mean), `r2` is the whole model's on T_total and `r2_within` the counts' share of the
+    variation within prompts, the stricter number."""
+    data = torch.tensor(list(rows), dtype=torch.float64)
+    if data.dim() != 2 or data.shape[0] < 2 or data.shape[1] != 3:
+        raise InputError("fit_costs needs at least two (N_draft, N_target, T_total) rows")
+    if groups is not None and len(groups) != data.shape[0]:
+        raise InputError(f"fit_costs got {len(groups)} group labels for {data.shape[0]} rows")
+    X, y = data[:, :2], data[:, 2]
+    Xw, yw = X, y
+    if groups is not None:
+        index = {g: i for i, g in enumerate(dict.fromkeys(groups))}
+        g = torch.tensor([index[x] for x in groups])
+        counts = torch.bincount(g, minlength=len(index)).to(torch.float64)[:, None]
+        means = torch.zeros(len(index), 3, dtype=torch.float64).index_add_(0, g, data) / counts
+        Xw, yw = X - means[g, :2], y - means[g, 2]
+    coef = _nnls2(Xw, yw)
+    ss_res = float(((yw - Xw @ coef) ** 2).sum())  # the group constants fit the group means exactly
     ss_tot = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
-    return CostFit(t_draft=float(coef[0]), t_target=float(coef[1]), r2=r2, n_rows=data.shape[0])
+    r2_within = None
+    if groups is not None:
+        ss_within = float((yw**2).sum())
+        r2_within = 1.0 - ss_res / ss_within if ss_within > 0 else 1.0
+    return CostFit(t_draft=float(coef[0]), t_target=float(coef[1]), r2=r2, n_rows=data.shape[0],
+                   r2_within=r2_within)
 
 
 def fit_from_metrics(items: Iterable[GenerationMetrics]) -> CostFit:

@@ -978,12 +978,15 @@ def summarize(records: list[Record], calib: Calibration, setup: Setup) -> dict[s
     spec = [r for r in records if r.key.mode == "greedy" and r.key.family in MEASURED and r.key.family != "ar"]
     cost_fit = None
     if len(spec) >= 2:
-        # Eq. 3.1 over every greedy speculative run: robust (median) time ~ t_draft N_draft + t_target N_target
-        fit = fit_costs([(r.metrics.n_draft, r.metrics.n_target, r.time) for r in spec])
-        wall = fit_costs([(r.metrics.n_draft, r.metrics.n_target, r.wall) for r in spec])
+        # Eq. 3.1 over every greedy speculative run, with a constant per prompt (its prefill, its context):
+        # robust time ~ t_draft N_draft + t_target N_target + a_prompt
+        prompts = [(r.set, r.prompt) for r in spec]
+        fit = fit_costs([(r.metrics.n_draft, r.metrics.n_target, r.time) for r in spec], prompts)
+        wall = fit_costs([(r.metrics.n_draft, r.metrics.n_target, r.wall) for r in spec], prompts)
         cost_fit = {"t_draft_ms": _r(fit.t_draft * 1e3), "t_target_ms": _r(fit.t_target * 1e3),
                     "cost_ratio": _r(fit.cost_ratio) if fit.t_target > 0 else None, "r2": _r(fit.r2),
-                    "runs": fit.n_rows, "wall_r2": _r(wall.r2)}
+                    "r2_within": _r(fit.r2_within), "runs": fit.n_rows, "prompts": len(set(prompts)),
+                    "wall_r2": _r(wall.r2)}
     cfg = setup.cfg
     metrics = {
         "config": dataclasses.asdict(cfg), "k": k_main, "device": setup.device, "prompts": setup.n_prompts,

@@ -557,9 +557,14 @@ def render(metrics: dict) -> str:
     if fit:
         parts += ["## Cost model fit (SpecDec++ Eq. 3.1, all greedy speculative runs, each run's mean time over "
                   "its passes)", "",
-                  table(["t_draft (ms)", "t_target (ms)", "t_draft / t_target", "R^2", "R^2 on wall time", "runs"],
-                        [[fit["t_draft_ms"], fit["t_target_ms"], fit["cost_ratio"], fit["r2"], fit["wall_r2"],
-                          fit["runs"]]]), ""]
+                  "T = t_draft N_draft + t_target N_target + a_prompt: Eq. 3.1 counts the decode's forwards, and "
+                  "what every method pays alike on a prompt (the prefill of both models, the context its forwards "
+                  "attend over) is that prompt's constant. R^2 is the whole model's; R^2 within prompts is the "
+                  "counts' share of the variation between the methods of a prompt, the stricter number.", "",
+                  table(["t_draft (ms)", "t_target (ms)", "t_draft / t_target", "R^2", "R^2 within prompts",
+                         "R^2 on wall time", "runs", "prompts"],
+                        [[fit["t_draft_ms"], fit["t_target_ms"], fit["cost_ratio"], fit["r2"], fit.get("r2_within"),
+                          fit["wall_r2"], fit["runs"], fit.get("prompts")]]), ""]
     parts += ["## Plots", "", "![discard vs verification](pareto.png)", "", "![speedup](speedup.png)", ""]
     if metrics["notes"]:
         parts += ["## Notes", ""] + [f"- {n}" for n in metrics["notes"]] + [""]

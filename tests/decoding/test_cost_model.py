@@ -44,6 +44,27 @@ def test_fit_never_reports_a_negative_time():
     assert fit.t_draft == pytest.approx(sum(d * t for d, _, t in rows) / sum(d * d for d, _, _ in rows))
 
 
+def test_per_prompt_constants_are_fitted_within_prompts():
+    # each prompt adds its own prefill cost to every run on it: the plain fit mistakes it for forwards
+    gen = torch.Generator().manual_seed(1)
+    t_draft, t_target = 0.002, 0.010
+    rows, groups = [], []
+    for prompt, prefill in enumerate([0.05, 0.4, 0.9, 0.2]):
+        for _ in range(20):
+            n_draft, n_target = int(torch.randint(20, 200, (1,), generator=gen)), int(torch.randint(5, 60, (1,), generator=gen))
+            noise = 1 + 0.01 * float(torch.randn(1, generator=gen))
+            rows.append((n_draft, n_target, (t_draft * n_draft + t_target * n_target) * noise + prefill))
+            groups.append(f"p{prompt}")
+    plain, grouped = fit_costs(rows), fit_costs(rows, groups)
+    assert grouped.t_draft == pytest.approx(t_draft, rel=0.05) and grouped.t_target == pytest.approx(t_target, rel=0.05)
+    assert grouped.r2 > 0.99 and grouped.r2_within > 0.95 and plain.r2 < 0.6 and plain.r2_within is None
+    # the within-prompt R^2 is what the counts explain: times unrelated to them within each prompt score low
+    shuffled = [(d, t, rows[i - i % 20 + (i + 7) % 20][2]) for i, (d, t, _) in enumerate(rows)]
+    assert fit_costs(shuffled, groups).r2_within < 0.5
+    with pytest.raises(InputError, match="group labels"):
+        fit_costs(rows, groups[:-1])
+
+
 def test_eq_5_1_is_eq_3_1_per_token():
     fit = fit_costs([(10, 2, 0.1 * 10 + 1.0 * 2), (30, 3, 0.1 * 30 + 1.0 * 3)])
     n, n_draft, n_target = 25, 30, 8
