@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
 import torch
 
+from decoding.timing import bootstrap_ratio
 from drafters.data import CausalLMCollator
 
 
@@ -55,25 +57,54 @@ def position_acceptance(target, drafters: dict[str, torch.nn.Module], batch: dic
 
 @torch.no_grad()
 def alignment_by_domain(target, drafters: dict[str, torch.nn.Module], rows: list[dict], pad_token_id: int,
-                        batch_size: int = 32, max_length: int | None = None) -> dict[str, dict[str, dict]]:
-    """rows: {"domain", "prompt_ids", "response_ids"}. Returns drafter -> domain -> metrics.
-    The target runs once per batch and is shared by all drafters."""
+                        batch_size: int = 32, max_length: int | None = None
+                        ) -> tuple[dict[str, dict[str, dict]], dict[str, np.ndarray]]:
+    """rows: {"domain", "prompt_ids", "response_ids"}. The target runs once per batch and is shared by all
+    drafters. Returns (drafter -> domain -> metrics, domain -> per-sequence sums (S, D, 3) of acceptance,
+    agreement and positions, drafters in the order given): the second keeps what a paired comparison
+    between drafters resamples (positions of one response are not independent; responses are)."""
     collate = CausalLMCollator(pad_token_id=pad_token_id, max_length=max_length)
-    sums = {name: defaultdict(lambda: torch.zeros(3, dtype=torch.float64)) for name in drafters}
+    per_seq: dict[str, list[np.ndarray]] = defaultdict(list)
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
         batch = collate([{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in chunk])
-        acc, agree = position_acceptance(target, drafters, batch)  # (N, D) each
-        # which domain each response position belongs to
-        counts = batch["loss_mask"].sum(1).tolist()
-        domains = [r["domain"] for r, n in zip(chunk, counts) for _ in range(n)]
-        for j, name in enumerate(drafters):
-            for d in set(domains):
-                m = torch.tensor([x == d for x in domains])
-                sums[name][d] += torch.stack([acc[m, j].sum(), agree[m, j].sum(), m.sum().double()])
-    return {name: {d: {"acceptance": round(float(s[0] / s[2]), 4), "agreement": round(float(s[1] / s[2]), 4),
-                       "positions": int(s[2])} for d, s in sorted(by_dom.items())}
-            for name, by_dom in sums.items()}
+        acc, agree = position_acceptance(target, drafters, batch)  # (N, D) each, N = response positions
+        seq = torch.repeat_interleave(torch.arange(len(chunk)), batch["loss_mask"].sum(1))  # (N,) row of each
+        sums = torch.zeros(len(chunk), len(drafters), 3, dtype=torch.float64)
+        sums[:, :, 0].index_add_(0, seq, acc)
+        sums[:, :, 1].index_add_(0, seq, agree)
+        sums[:, :, 2].index_add_(0, seq, torch.ones_like(acc))
+        for r, s in zip(chunk, sums.numpy()):
+            per_seq[r["domain"]].append(s)
+    by_domain = {d: np.stack(v) for d, v in sorted(per_seq.items())}
+    table = {name: {d: {"acceptance": round(float(s[:, j, 0].sum() / s[:, j, 2].sum()), 4),
+                        "agreement": round(float(s[:, j, 1].sum() / s[:, j, 2].sum()), 4),
+                        "positions": int(s[:, j, 2].sum()), "sequences": int(s.shape[0])}
+                    for d, s in by_domain.items()}
+             for j, name in enumerate(drafters)}
+    return table, by_domain
+
+
+def specialist_margins(table: dict[str, dict[str, dict]], by_domain: dict[str, np.ndarray],
+                       rivals: list[str], seed: int = 0) -> None:
+    """For every domain with a drafter of its own name: that drafter's acceptance and agreement there over the
+    best of `rivals` (every other serving drafter, the all-domain one included), a ratio of totals with a
+    paired bootstrap 90% interval over the domain's dev responses. Written into the own drafter's row of
+    `table` as <metric>_vs_best_other[_lo|_hi] (floats, so the bundle's alignment stays domain -> numbers)."""
+    names = list(table)
+    for d, sums in by_domain.items():
+        if d not in table:
+            continue
+        own = names.index(d)
+        for m, metric in enumerate(("acceptance", "agreement")):
+            others = [r for r in rivals if r != d]
+            if not others:
+                continue
+            best = names.index(max(others, key=lambda r: table[r][d][metric]))
+            spread = bootstrap_ratio(list(zip(sums[:, own, m], sums[:, best, m])), seed=seed)
+            table[d][d].update({f"{metric}_vs_best_other": round(spread.median, 4),
+                                f"{metric}_vs_best_other_lo": round(spread.lo, 4),
+                                f"{metric}_vs_best_other_hi": round(spread.hi, 4)})
 
 
 def format_table(table: dict[str, dict[str, dict]], metric: str) -> str:

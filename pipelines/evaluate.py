@@ -398,9 +398,10 @@ def plan_model_free(env: Env, p: Prompt) -> list[Run]:
         [b for b in [env.cfg.model_free_bandit] if b]
     entries = kinds + [_domain_drafter(env, p)]
     for selector in (selectors if kinds else []):
-        # its own family: the MetaSD tables (regret, best-arm ratio) read drafter arms only
+        # its own family: the MetaSD tables (regret, best-arm ratio) read drafter arms only. The key names the
+        # parametric arm by its role, not its name, so the method pools over domains like "domain drafter K=k"
         runs.append(Run(MethodKey("model_free", k=env.k, bandit=selector, reward="throughput",
-                                  params=params(arm=f"{selector}({','.join(entries)})")), p,
+                                  params=params(arm=f"{selector}({','.join(kinds + ['domain drafter'])})")), p,
                         lambda done, selector=selector: Built(MultiDrafterSpeculator(
                             build_arms(entries, resources, env.k),
                             make_selector(selector, len(entries), seed=derive_seed(env.seed, p.id, "model-free"),
@@ -766,6 +767,9 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     metrics = summarize(records, calib, Setup(ecfg, k_main, own, ofa, heads, modes["sampling"], device, len(prompts),
                                               len(drafters), arm_names, notes, cfg.run.seed, len(plan)))
     metrics["target_quality"] = target_quality(records, prompts, tok)
+    # teacher-forced on the dev responses at train-drafters: thousands of positions per cell where the test
+    # prompts give tens of rounds, so "a specialist wins in its domain" is decided here, MAT beside it
+    metrics["drafter_alignment"] = {n: dict(e.alignment) for n, e in sorted(bundle.drafters.items()) if e.alignment}
     from pipelines.report import write_report
 
     write_report(metrics, ctx.out)

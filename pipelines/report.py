@@ -420,6 +420,7 @@ def _effect_lines(metrics: dict) -> list[str]:
                      "fixed K, 90% interval over prompts):** " + "; ".join(parts) + ".")
     else:
         lines.append("- Specialised drafters in domain: not measured (no per-drafter runs on the test set).")
+    lines += _alignment_lines(metrics.get("drafter_alignment") or {})
     band = e["bandits_near_best"]
     if band:
         for v in band:
@@ -451,6 +452,29 @@ def _effect_lines(metrics: dict) -> list[str]:
                                             f"{_said(x['counted'])}" for x in xs) if xs else "")
                         for word, xs in (("yes", by["above"]), ("NO", by["below"]), ("within noise", by["within noise"]))
                         if xs) + ".")
+    return lines
+
+
+def _alignment_lines(alignment: dict[str, dict[str, dict]]) -> list[str]:
+    """The specialists in their domains by train-drafters' teacher-forced alignment on the dev responses
+    (drafters/alignment.py specialist_margins): own drafter / the best other there, 90% interval over responses."""
+    lines = []
+    for metric, name in (("acceptance", "1 - TV at T = 1"), ("agreement", "greedy agreement")):
+        cells = {d: alignment[d][d] for d in alignment if f"{metric}_vs_best_other" in alignment[d].get(d, {})}
+        if not cells:
+            continue
+        said = {}
+        for d, c in cells.items():
+            best = max((o for o in alignment if o != d and d in alignment[o]), key=lambda o: alignment[o][d][metric])
+            lo, hi = c[f"{metric}_vs_best_other_lo"], c[f"{metric}_vs_best_other_hi"]
+            word = "yes" if lo > 1 else "NO" if hi < 1 else "within noise"
+            said.setdefault(word, []).append(f"{d} {c[metric]:.3f} vs {best} {alignment[best][d][metric]:.3f} "
+                                             f"({c[f'{metric}_vs_best_other']:.4f} [{lo:.4f}, {hi:.4f}])")
+        n = sum(c.get("sequences", 0) for c in cells.values())
+        lines.append(f"- **Specialised drafters win in domain by {name} (teacher-forced on {n} dev responses at "
+                     f"train-drafters; own / best other drafter, 90% interval over responses):** "
+                     + "; ".join(f"{w} on " + ", ".join(said[w]) for w in ("yes", "NO", "within noise") if w in said)
+                     + ".")
     return lines
 
 

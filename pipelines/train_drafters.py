@@ -34,7 +34,7 @@ from core.devices import resolve_device
 from core.errors import InputError
 from pipelines.artifacts import load_dataset_dir
 from decoding.loading import load_causal_lm, load_tokenizer
-from drafters.alignment import alignment_by_domain, format_table
+from drafters.alignment import alignment_by_domain, format_table, specialist_margins
 from drafters.data import CausalLMCollator, CausalLMDataModule
 from drafters.lit_lm import CausalLMModule
 from drafters.model import build_causal_lm, num_parameters
@@ -231,11 +231,18 @@ def build(ctx: Context) -> dict:
     if not dev_rows:
         raise InputError("distill_data has no dev rows; keep 'dev' in distill_data.splits for the alignment table")
     print(f"[train-drafters] alignment on {len(dev_rows)} dev responses")
-    table = alignment_by_domain(target, drafters, dev_rows, tok.pad_token_id, tcfg.alignment_batch_size,
-                                tcfg.finetune.max_length)
+    table, by_domain = alignment_by_domain(target, drafters, dev_rows, tok.pad_token_id, tcfg.alignment_batch_size,
+                                           tcfg.finetune.max_length)
+    specialist_margins(table, by_domain, rivals=[n for n, _ in specs], seed=seed)
     print("[train-drafters] acceptance 1 - TV(p, q) at T=1 (rows: drafters, columns: dev domain)\n"
           + format_table(table, "acceptance"))
     print("[train-drafters] greedy agreement\n" + format_table(table, "agreement"))
+    margins = [f"{d} {row[d]['agreement_vs_best_other']:.3f} [{row[d]['agreement_vs_best_other_lo']:.3f}, "
+               f"{row[d]['agreement_vs_best_other_hi']:.3f}]" for d, row in table.items() if "agreement_vs_best_other"
+               in row.get(d, {})]
+    if margins:
+        print("[train-drafters] own-domain agreement over the best other drafter's there [90% interval over "
+              "responses]: " + ", ".join(margins))
 
     for n in names:
         shutil.copytree(ctx.work / n / "model", ctx.out / n)

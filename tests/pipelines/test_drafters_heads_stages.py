@@ -36,7 +36,41 @@ def test_drafters_export_and_alignment(drafted):
         for dom in ("math", "translate"):
             row = table[name][dom]
             assert 0 <= row["acceptance"] <= 1 and 0 <= row["agreement"] <= 1 and row["positions"] > 0
+    # the specialists carry their paired margin over the best other serving drafter (base is not a rival)
+    for dom in ("math", "translate"):
+        own = table[dom][dom]
+        best = max(("math", "translate", "ofa"), key=lambda n: -1 if n == dom else table[n][dom]["agreement"])
+        assert own["agreement_vs_best_other"] == pytest.approx(own["agreement"] / table[best][dom]["agreement"],
+                                                               rel=2e-3)
+        assert own["agreement_vs_best_other_lo"] <= own["agreement_vs_best_other"] <= own["agreement_vs_best_other_hi"]
+    assert "agreement_vs_best_other" not in table["ofa"]["math"]
     assert read_manifest(out).metrics["alignment"] == table
+
+
+def test_specialist_margin_interval_separates_a_real_lead_from_a_tie():
+    import numpy as np
+
+    from drafters.alignment import specialist_margins
+
+    rng = np.random.default_rng(0)
+    positions = rng.integers(20, 60, size=(80, 1)).astype(float)
+    # 80 responses of one domain, drafters (math, ofa): per-response agreement counts, math ahead by 10%
+    # in one domain and level (the same rates) in the other
+    def sums(rate_own, rate_other):
+        agree = np.concatenate([rng.binomial(positions.astype(int), rate_own), rng.binomial(positions.astype(int),
+                                                                                             rate_other)], 1)
+        return np.stack([agree, agree, np.repeat(positions, 2, 1)], -1)  # (S, D, 3)
+    by_domain = {"math": sums(0.77, 0.70), "translate": sums(0.70, 0.70)}
+    table = {n: {d: {m: float(s[:, j, i].sum() / s[:, j, 2].sum()) for i, m in enumerate(("acceptance", "agreement"))}
+                 for d, s in by_domain.items()} for j, n in enumerate(("math", "ofa"))}
+    table["translate"] = {d: dict(table["ofa"][d]) for d in by_domain}  # a third drafter, for translate's own row
+    by_domain = {d: np.concatenate([s, s[:, 1:2]], 1) for d, s in by_domain.items()}
+    specialist_margins(table, by_domain, rivals=["math", "ofa", "translate"], seed=0)
+    lead = table["math"]["math"]
+    assert lead["agreement_vs_best_other_lo"] > 1.0 and lead["agreement_vs_best_other"] == pytest.approx(1.1, abs=0.05)
+    tie = table["translate"]["translate"]
+    assert tie["agreement_vs_best_other"] == pytest.approx(1.0)  # its copy, the ofa column, is the best other
+    assert tie["agreement_vs_best_other_lo"] <= 1.0 <= tie["agreement_vs_best_other_hi"]
 
 
 def test_drafter_with_other_vocabulary_is_refused(tiny_run, tmp_path):

@@ -115,6 +115,10 @@ def test_report_numbers_come_from_metrics_json(run_root):
     ar_test = {r["domain"]: r["prompts"] for r in greedy if r["family"] == "ar" and r["set"] == "test"}
     assert set(quality) == set(ar_test) and all(q["prompts"] == ar_test[d] for d, q in quality.items()), ar_test
     assert "## The target on its tasks" in (out / "report.md").read_text()
+    # the specialists' teacher-forced margins travel from train-drafters through the bundle to the report
+    for own in set(metrics["drafters"]["own"].values()):
+        assert "agreement_vs_best_other_lo" in metrics["drafter_alignment"][own][own]
+    assert "win in domain by greedy agreement (teacher-forced" in (out / "report.md").read_text()
     # every number in the report's tables is a number of metrics.json
     known = _json_numbers(metrics)
     table_lines = [ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("|") and "---" not in ln]
