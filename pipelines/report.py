@@ -467,7 +467,8 @@ def _alignment_lines(alignment: dict[str, dict[str, dict]]) -> list[str]:
         for d, c in cells.items():
             best = max((o for o in alignment if o != d and d in alignment[o]), key=lambda o: alignment[o][d][metric])
             lo, hi = c[f"{metric}_vs_best_other_lo"], c[f"{metric}_vs_best_other_hi"]
-            word = "yes" if lo > 1 else "NO" if hi < 1 else "within noise"
+            word = {"above": "yes", "below": "NO"}.get(verdict(Spread(c[f"{metric}_vs_best_other"], lo, hi), 1.0),
+                                                      "within noise")
             said.setdefault(word, []).append(f"{d} {c[metric]:.3f} vs {best} {alignment[best][d][metric]:.3f} "
                                              f"({c[f'{metric}_vs_best_other']:.4f} [{lo:.4f}, {hi:.4f}])")
         n = sum(c.get("sequences", 0) for c in cells.values())
