@@ -107,13 +107,27 @@ def bootstrap_ratio(pairs: Sequence[tuple[float, float]], seed: int = 0, n_boot:
     """sum(a) / sum(b) over paired items (a, b) (e.g. per prompt: the baseline's time, the method's),
     with a percentile-bootstrap `level` interval from resampling the items. The point estimate is the
     ratio of totals, so it matches the pooled numbers of a table."""
-    ab = np.asarray(list(pairs), dtype=np.float64).reshape(-1, 2)
-    if ab.shape[0] == 0:
-        raise ValueError("bootstrap_ratio needs at least one pair")
-    point = float(ab[:, 0].sum() / ab[:, 1].sum())
-    if ab.shape[0] == 1:
+    return bootstrap_rate_ratio([(a, 1.0, b, 1.0) for a, b in pairs], seed, n_boot, level)
+
+
+def bootstrap_rate_ratio(items: Sequence[tuple[float, float, float, float]], seed: int = 0, n_boot: int = 1000,
+                         level: float = 0.9) -> Spread:
+    """(sum a / sum a_per) / (sum b / sum b_per) over paired items (a, a_per, b, b_per), e.g. per prompt a
+    baseline's target calls and tokens, then a method's: the ratio of two pooled rates (MAT of the method
+    over the baseline's), with a percentile-bootstrap `level` interval from resampling the items. Pooling
+    before dividing keeps it equal to the ratio of the tables' pooled numbers, and a prompt whose sampled
+    generation ended after one token weighs one token, not a whole prompt."""
+    x = np.asarray(list(items), dtype=np.float64).reshape(-1, 4)
+    if x.shape[0] == 0:
+        raise ValueError("bootstrap_rate_ratio needs at least one item")
+
+    def rate_ratio(s: np.ndarray) -> np.ndarray:  # s: (..., 4) column sums
+        return (s[..., 0] / s[..., 1]) / (s[..., 2] / s[..., 3])
+
+    point = float(rate_ratio(x.sum(0)))
+    if x.shape[0] == 1:
         return Spread(point, point, point)
-    idx = np.random.default_rng(seed).integers(0, ab.shape[0], size=(n_boot, ab.shape[0]))
-    stats = ab[idx, 0].sum(axis=1) / ab[idx, 1].sum(axis=1)
+    idx = np.random.default_rng(seed).integers(0, x.shape[0], size=(n_boot, x.shape[0]))
+    stats = rate_ratio(x[idx].sum(1))
     tail = (1 - level) / 2
     return Spread(point, float(np.quantile(stats, tail)), float(np.quantile(stats, 1 - tail)))

@@ -3,7 +3,7 @@ import statistics
 
 import pytest
 
-from decoding.timing import Spread, bootstrap_median, bootstrap_ratio, iqr, quantile, timed_call, verdict
+from decoding.timing import Spread, bootstrap_median, bootstrap_rate_ratio, bootstrap_ratio, iqr, quantile, timed_call, verdict
 
 
 def test_timed_call_returns_the_result_and_cpu_time_of_work():
@@ -53,3 +53,17 @@ def test_bootstrap_ratio_and_verdict():
     s = bootstrap_ratio(faster, seed=0)
     assert s.median == pytest.approx(sum(a for a, _ in faster) / 10) and verdict(s, 1.0) == "above"
     assert verdict(bootstrap_ratio([(b, a) for a, b in faster], seed=0), 1.0) == "below"
+
+
+def test_bootstrap_rate_ratio_pools_before_dividing():
+    # per prompt (a's calls, a's tokens, b's calls, b's tokens): b is a method at MAT 4 on three prompts;
+    # a is a baseline whose sampled generation on prompt 2 ended after 1 token (1 call)
+    items = [(12, 48, 12, 48), (12, 48, 6, 24), (1, 1, 10, 40)]
+    s = bootstrap_rate_ratio(items, seed=0)
+    # the ratio of the pooled MATs: b's 112 / 28 = 4 over a's 97 / 25
+    assert s.median == pytest.approx((112 / 28) / (97 / 25))
+    per_prompt = sum(a / ta for a, ta, _, _ in items) / sum(b / tb for _, _, b, tb in items)
+    assert per_prompt > 1.5 * s.median  # normalising per prompt lets the 1-token generation weigh a whole prompt
+    assert s.lo <= s.median <= s.hi
+    pairs = [(2.0, 1.0), (3.0, 1.5), (1.0, 1.1)]  # unit rates: the plain ratio of totals
+    assert bootstrap_rate_ratio([(a, 1, b, 1) for a, b in pairs], seed=4) == bootstrap_ratio(pairs, seed=4)

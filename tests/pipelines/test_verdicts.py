@@ -33,6 +33,19 @@ def test_spectr_rise_needs_enough_prompts():
     assert world(MIN_PROMPTS - 1)["per_domain"]["all"]["rise"]["verdict"] == "too few prompts"
 
 
+def test_spectr_rise_is_the_ratio_of_the_tables_pooled_mats():
+    # sampled generations differ in length; one K=1 generation ended after a single token
+    runs = []
+    for p in range(MIN_PROMPTS + 2):
+        short = p == 0
+        runs.append(run(p, "ar", 12, mode="sampling", k=None))
+        runs.append(run(p, "spectr", 1 if short else 6, mode="sampling", n=1 if short else 12, drafter="dx",
+                        params={"drafts": 1}))
+        runs.append(run(p, "spectr", 4, mode="sampling", n=12, drafter="dx", params={"drafts": 4}))
+    v = spectr(metrics(runs))["per_domain"]["all"]
+    assert v["rise"]["ratio"] == round(v["by_k"][4]["MAT"] / v["by_k"][1]["MAT"], 3)
+
+
 def test_banditspec_best_arm_regret_and_verdict():
     runs = []
     for p in range(4):
