@@ -10,9 +10,9 @@ formatted exactly as the evaluate stage formats them (`format_prompt` with the r
 `fit_prompt` to evaluate.max_prompt_tokens), stopping at the end-of-turn ids, and the outputs are scored
 with data/quality.py's `aggregate` against the references (0-100). Each step count is its own run from
 scratch (cosine schedule over its max_steps), not a continuation; one epoch of the demo corpus is
-4513 blocks of 256 tokens = 283 steps of batch 16, so 360 and 720 steps repeat the corpus.
+4513 blocks of 256 tokens = 1128 steps of the demo's batch 4, so 1440 and 2880 steps repeat the corpus.
 
-    python benchmarks/bench_target_quality.py RUN_ROOT [--config configs/demo.yaml] [--steps 180 360 720]
+    python benchmarks/bench_target_quality.py RUN_ROOT [--config configs/demo.yaml] [--steps 720 1440 2880]
         [--prompts 10] [--max-new-tokens 48] [--scratch /work/runs/quality-steps-{steps}] [--retrain] [--no-append]
 
 A scratch root whose target is already built is a cache hit: its timings come from the sidecar
@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run_root", help="a finished demo run root (prompts/ and target/)")
     ap.add_argument("--config", default="configs/demo.yaml")
-    ap.add_argument("--steps", type=int, nargs="+", default=[180, 360, 720], help="pretraining max_steps values")
+    ap.add_argument("--steps", type=int, nargs="+", default=[720, 1440, 2880], help="pretraining max_steps values")
     ap.add_argument("--prompts", type=int, default=10, help="test prompts per scored domain")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--scratch", default=None,

@@ -1,6 +1,6 @@
 """`specdraft`: run one stage, a whole run, or validate a config.
 
-  specdraft <stage> --config FILE [--force] [key.path=value ...]
+  specdraft <stage> FILE [--force] [key.path=value ...]      (or --config FILE, as the Slurm scripts write it)
   specdraft run FILE [--force] [--from STAGE] [key.path=value ...]
   specdraft validate FILE [key.path=value ...]
   specdraft generate BUNDLE --prompt TEXT [...]      specdraft inspect-bundle BUNDLE
@@ -31,10 +31,23 @@ def _load(path: str | None, overrides: list[str]):
     return load_config(RunConfig, path, overrides)
 
 
+def _stage_config(args) -> tuple[str, list[str]]:
+    """A stage takes its config first, as `run` and `validate` do, or as --config; every override has an '='."""
+    rest = list(args.overrides)
+    if args.config is None:
+        if not rest or "=" in rest[0]:
+            raise InputError(f"no config: name one first, e.g. `specdraft {args.stage} configs/demo.yaml "
+                             f"[key.path=value ...]`")
+        return rest[0], rest[1:]
+    if rest and "=" not in rest[0]:
+        raise InputError(f"two configs ({args.config} and {rest[0]}): give one, first or as --config")
+    return args.config, rest
+
+
 def _run_one(args) -> None:
     from pipelines.stage import run_stage
 
-    cfg = _load(args.config, args.overrides)
+    cfg = _load(*_stage_config(args))
     run_stage(cfg, args.stage, force=args.force)
 
 
@@ -102,10 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specdraft", description="Train and evaluate speculative-decoding components.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in STAGE_NAMES:
-        sp = sub.add_parser(name, help=f"run the {name} stage")
-        sp.add_argument("--config", required=True, help="run config YAML (see configs/)")
+        sp = sub.add_parser(name, help=f"run the {name} stage",
+                            usage=f"specdraft {name} CONFIG [--force] [key.path=value ...]")
+        sp.add_argument("overrides", nargs="*", metavar="CONFIG key.path=value",
+                        help="the run config YAML (see configs/), then dotted overrides, "
+                             "e.g. pretrain_target.train.max_steps=50")
+        sp.add_argument("--config", default=None, help="the run config, when not given first")
         sp.add_argument("--force", action="store_true", help="redo the stage even if its output is cached")
-        sp.add_argument("overrides", nargs="*", help="dotted overrides, e.g. pretrain_target.train.max_steps=50")
         sp.set_defaults(func=_run_one, stage=name)
     sp = sub.add_parser("run", help="run every stage of a run config in order (cache hits are skipped)")
     sp.add_argument("config")
@@ -159,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def stage_main(stage: str) -> None:
-    """Entry point for `python -m pipelines.<stage> --config FILE [...]`."""
+    """Entry point for `python -m pipelines.<stage> FILE [...]`."""
     sys.exit(main([stage, *sys.argv[1:]]))
 
 

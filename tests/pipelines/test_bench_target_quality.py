@@ -11,7 +11,7 @@ def bench():
 
 def test_arguments(bench):
     args = bench.parse_args(["/runs/x"])
-    assert (args.steps, args.prompts, args.max_new_tokens, args.config) == ([180, 360, 720], 10, 48, "configs/demo.yaml")
+    assert (args.steps, args.prompts, args.max_new_tokens, args.config) == ([720, 1440, 2880], 10, 48, "configs/demo.yaml")
     assert bench.parse_args(["/runs/x", "--steps", "180", "360"]).steps == [180, 360]
     with pytest.raises(SystemExit):
         bench.parse_args(["/runs/x", "--steps", "0"])

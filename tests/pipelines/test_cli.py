@@ -1,4 +1,4 @@
-"""`specdraft` parsing: --help imports nothing heavy, and generate takes the bundle first."""
+"""`specdraft` parsing: --help imports nothing heavy, generate takes the bundle first, a stage its config."""
 import subprocess
 import sys
 
@@ -6,7 +6,7 @@ import pytest
 
 from core.errors import InputError
 from decoding.generate_args import bundle_of
-from pipelines.cli import build_parser
+from pipelines.cli import _stage_config, build_parser
 
 HEAVY = ("torch", "transformers", "lightning", "datasets", "tokenizers")
 
@@ -40,3 +40,17 @@ def test_generate_two_different_bundles_is_bad_input():
 def test_generate_without_a_bundle_uses_target_dirs():
     args = build_parser().parse_args(["generate", "--target", "t", "--drafter", "d", "--prompt", "hi"])
     assert bundle_of(args) is None and args.target == "t"
+
+
+@pytest.mark.parametrize("argv", [["train-heads", "c.yaml", "a.b=1", "--force"],
+                                  ["train-heads", "--config", "c.yaml", "a.b=1", "--force"]])
+def test_a_stage_takes_its_config_first_or_as_a_flag(argv):
+    args = build_parser().parse_args(argv)
+    assert _stage_config(args) == ("c.yaml", ["a.b=1"]) and args.force
+
+
+@pytest.mark.parametrize("argv, message", [(["train-heads"], "no config"), (["train-heads", "a.b=1"], "no config"),
+                                           (["train-heads", "a.yaml", "--config", "b.yaml"], "two configs")])
+def test_a_stage_without_one_config_is_bad_input(argv, message):
+    with pytest.raises(InputError, match=message):
+        _stage_config(build_parser().parse_args(argv))
