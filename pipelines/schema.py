@@ -283,7 +283,7 @@ class TrainHeadsSection:
     zero_init: bool = False  # residual blocks start as the identity
     thresholds: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # h candidates
     k_max: int = 20  # longest round
-    cost_ratio: Optional[float] = None  # t_draft / t_target; null: measured on this machine
+    cost_ratio: Optional[float] = None  # t_draft / t_target; null: calibrated on this machine as evaluate calibrates it
 
     def check(self) -> None:
         if any(d < 0 or d > 8 for d in self.depths) or not self.depths:

@@ -6,7 +6,8 @@ Per drafter and label transform (SpecDec++ §4.4, §5.1):
      beside them the constant predictor (the dev mean label) and 1 - TV(p, q) as a predictor (knows the
      target, not the drafted token: under sampling labels most of P's variance is the draw of Y)
   3. choose each head's threshold h by simulating the stopping rule on the dev sequences under the
-     cost model T = t_draft N_draft + t_target N_target (c = t_draft / t_target from config or measured)
+     cost model T = t_draft N_draft + t_target N_target (c = t_draft / t_target from config, or calibrated
+     on the machine as evaluate calibrates it)
   4. references on the same dev sequences: every fixed K (and the best one) and the greedy oracle of
      Theorem 4.1; the gap to the oracle is what a better head would close
 
@@ -23,7 +24,6 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from decoding import kv
 from core.devices import resolve_device
 from core.errors import InputError
 from pipelines.artifacts import load_dataset_dir, read_json
@@ -38,22 +38,18 @@ from pipelines.readers import load_features, transform_dirs
 from pipelines.stage import Context
 
 
-@torch.no_grad()
-def measure_cost_ratio(target, drafter, context: int = 64, reps: int = 20) -> dict:
-    """t_draft / t_target of one cached single-token forward (the unit both models pay per token)."""
-    def per_token(model) -> float:
-        cache = kv.new_cache()
-        kv.forward(model, cache, torch.randint(3, model.config.vocab_size, (context,)).tolist())
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            kv.forward(model, cache, [3])
-            times.append(time.perf_counter() - t0)
-            kv.crop(cache, context)
-        return sorted(times)[len(times) // 2]
+def measure_cost_ratio(target, drafter, device: str, seed: int, draft_run: int, reps: int = 60) -> dict:
+    """c = t_draft / t_target measured as evaluate calibrates it (`pipelines.evaluate.calibrate`: passes that
+    interleave the two models, the drafter timed over `draft_run` forwards in a row right after a target
+    forward, as a round drafts, a low quantile over the passes), so the heads, thresholds and the assistant
+    K are picked with the c their counted speedup is later priced with. Timing a lone drafter forward
+    instead prices every drafted token as the cold first one (0.076-0.090 here against evaluate's 0.097)."""
+    from pipelines.evaluate import calibrate
 
-    t_target, t_draft = per_token(target), per_token(drafter)
-    return {"t_draft_s": t_draft, "t_target_s": t_target, "cost_ratio": t_draft / t_target, "source": "measured"}
+    calib = calibrate(target, {"drafter": drafter}, 1, 64, reps, device, seed, draft_run=draft_run)
+    t_draft, t_target = calib.drafter_s["drafter"], calib.target_s[1]
+    return {"t_draft_s": t_draft, "t_target_s": t_target, "cost_ratio": t_draft / t_target, "source": "calibrated",
+            "draft_run": draft_run, "reps": reps}
 
 
 def check_cache(features: dict[str, torch.Tensor], ids: list[str], where: str) -> None:
@@ -110,8 +106,9 @@ def build(ctx: Context) -> dict:
         if hcfg.cost_ratio is not None:
             cost = {"cost_ratio": hcfg.cost_ratio, "source": "config"}
         elif cost is None:  # drafters share one architecture: measure once, carefully, and reuse
-            cost = measure_cost_ratio(target, load_drafter(ctx.input("train-drafters") / info["drafter"], "float32").to(
-                target.get_input_embeddings().weight.device).eval(), reps=60)
+            drafter = load_drafter(ctx.input("train-drafters") / info["drafter"], "float32").to(
+                target.get_input_embeddings().weight.device).eval()
+            cost = measure_cost_ratio(target, drafter, device, cfg.run.seed, draft_run=cfg.export.decoding.k)
         c = cost["cost_ratio"]
         t0 = time.time()
         print(f"[train-heads] {name} ({tag} labels): {len(hcfg.depths) * len(hcfg.w_rejs)} heads on {len(tr['labels'])} positions "

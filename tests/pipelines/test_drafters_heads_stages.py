@@ -177,6 +177,29 @@ def test_train_heads_exports_grid_with_thresholds(drafted):
         load_head(out / "math" / "T1" / "D2_w6", expected_hidden_size=32)
 
 
+def test_train_heads_prices_its_picks_with_evaluates_calibration(drafted, monkeypatch):
+    """cost_ratio null: c is calibrated as evaluate calibrates it (the drafter timed over the bundle's
+    default K forwards right after a target forward), once for drafters of one architecture."""
+    import pipelines.evaluate as evaluate
+
+    calls, real = [], evaluate.calibrate
+
+    def spy(target, drafters, max_n, context, reps, device, seed, draft_run=4):
+        calls.append((len(drafters), max_n, reps, draft_run))
+        return real(target, drafters, max_n, context, 3, device, seed, draft_run)  # 3 passes: a test
+
+    monkeypatch.setattr(evaluate, "calibrate", spy)
+    cfg = dataclasses.replace(drafted, train_heads=dataclasses.replace(drafted.train_heads, cost_ratio=None))
+    run_stage(cfg, "acceptance-data")
+    sweep = json.loads((run_stage(cfg, "train-heads") / "sweep.json").read_text())
+    k = cfg.export.decoding.k
+    assert calls == [(1, 1, 60, k)]
+    cost = sweep["math"]["T1"]["cost"]
+    assert cost["source"] == "calibrated" and cost["draft_run"] == k
+    assert cost["cost_ratio"] == pytest.approx(cost["t_draft_s"] / cost["t_target_s"]) and cost["cost_ratio"] > 0
+    assert all(entry["cost"] == cost for per_tag in sweep.values() for entry in per_tag.values())
+
+
 def test_nan_in_cached_features_names_the_example(drafted):
     from safetensors.torch import save_file
 
