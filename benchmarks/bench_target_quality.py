@@ -252,7 +252,10 @@ def main(argv: list[str] | None = None) -> None:
     text = "\n".join([
         f"## Demo target quality vs pretraining steps ({datetime.date.today()}, {platform.machine()}, "
         f"{args.threads} thread(s))", "",
-        f"`{cmd}` (OMP_NUM_THREADS=1, nice 10, beside another one-core job on a 2-core box)", "",
+        # the run's own target was trained by the stage's threads, not these: its seconds compare with the
+        # others only when they ran with the same ones
+        f"`{cmd}` (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, {args.threads} torch "
+        "thread(s) for training here)", "",
         f"Config {args.config} with only `pretrain_target.train.max_steps` changed; targets: {sources}. "
         f"Greedy output of each target on the first {args.prompts} test prompts per scored domain, formatted as "
         f"the evaluate stage formats them, at most {args.max_new_tokens} new tokens, stopping at the end-of-turn "
