@@ -8,7 +8,10 @@ Batch layout (right padding), all (B, T):
                     positions p-1 .. p+r-2: the last prompt token predicts the first response token,
                     and the last response token predicts nothing (nothing follows it in the example).
 and, when the examples carry a cached teacher top-k (one row per trained-on token, in order),
-    teacher_topk_ids, teacher_topk_logprobs   (B, T, k), rows placed at the loss_mask positions.
+    teacher_topk_ids, teacher_topk_logprobs   (B, T, k), rows placed at the loss_mask positions;
+or, when they carry the teacher's cached logits (drafters.lit_lm.teacher_logits_per_example),
+    teacher_logits  (N, V): every example's rows stacked in loss_mask order (row-major over (b, t)),
+                    the order in which `losses.gather_positions` reads a live teacher's logits.
 
 Exact resume: Lightning 2.x saves `state_dict()` of any train DataLoader that has `state_dict` /
 `load_state_dict` (fit_loop "combined_loader" state) and, on restart, adds the restored batch count to
@@ -29,6 +32,7 @@ from torch.utils.data import DataLoader, Sampler
 from core.errors import InputError
 
 TOPK_IDS, TOPK_LOGPROBS = "teacher_topk_ids", "teacher_topk_logprobs"
+TEACHER_LOGITS = "teacher_logits"
 
 
 def fit_to_length(prompt: Sequence[int], response: Sequence[int], max_length: int) -> tuple[list, list, int]:
@@ -77,6 +81,10 @@ class CausalLMCollator:
             f"example has keys {sorted(ex)}; it needs prompt_ids + response_ids, or input_ids"
         )
 
+    def positions(self, ex: dict) -> int:
+        """How many positions of `ex` are trained on (its loss-mask ones), after fitting to max_length."""
+        return self._layout(ex)[2]
+
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         layouts = [self._layout(ex) for ex in examples]
         B, T = len(examples), max(max(len(ids) for ids, _, _ in layouts), 1)
@@ -90,6 +98,12 @@ class CausalLMCollator:
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
         if TOPK_IDS in examples[0]:
             batch.update(self._topk(examples, layouts, T))
+        if TEACHER_LOGITS in examples[0]:
+            for ex, (_, _, n) in zip(examples, layouts):
+                if len(ex[TEACHER_LOGITS]) != n:
+                    raise InputError(f"example has {len(ex[TEACHER_LOGITS])} cached teacher logit rows for {n} "
+                                     "trained-on tokens; cache them with the collator's max_length")
+            batch[TEACHER_LOGITS] = torch.cat([ex[TEACHER_LOGITS] for ex in examples])
         return batch
 
     def _topk(self, examples, layouts, T) -> dict[str, torch.Tensor]:

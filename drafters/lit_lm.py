@@ -1,8 +1,9 @@
 """The LightningModule that trains a causal LM: drafters (ce / fkl / tvd distillation) and the demo target.
 
 Loss is taken only where the batch's loss_mask is 1 (see drafters/data.py for the shift). The target's
-distribution for fkl / tvd comes from the batch (a cached top-k, `teacher_topk_ids` /
-`teacher_topk_logprobs`) when present, else from a frozen teacher model run on the same batch.
+distribution for fkl / tvd comes from the batch when it carries it (a cached top-k, `teacher_topk_ids` /
+`teacher_topk_logprobs`, or the teacher's full logits cached by `teacher_logits_per_example`), else from a
+frozen teacher model run on the same batch.
 Optimisation follows MetaSD App. F.2: AdamW, lr 2e-5, cosine schedule with linear warmup over 3% of
 the optimizer steps, no weight decay by default.
 """
@@ -18,7 +19,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, get_cos
 from core.errors import InputError
 from core.tokenizers import check_same_vocabulary
 from drafters import losses
-from drafters.data import TOPK_IDS, TOPK_LOGPROBS
+from drafters.alignment import response_logits
+from drafters.data import TEACHER_LOGITS, TOPK_IDS, TOPK_LOGPROBS, CausalLMCollator
 
 OPTIMIZERS = ("adamw", "adamw8bit")
 
@@ -87,16 +89,19 @@ class CausalLMModule(L.LightningModule):
             ids = losses.gather_positions(batch[TOPK_IDS], mask)
             logprobs = losses.gather_positions(batch[TOPK_LOGPROBS], mask)
             return self._topk_loss(student, ids, logprobs), n
-        if self.teacher is None:
+        if TEACHER_LOGITS in batch:
+            t_logits = batch[TEACHER_LOGITS].float()  # (N, V), already in loss-mask order
+        elif self.teacher is None:
             raise InputError(
                 f"loss {name!r} needs the target's distribution: pass teacher=<target model> "
-                f"or cache {TOPK_IDS}/{TOPK_LOGPROBS} in the data"
+                f"or cache {TOPK_IDS}/{TOPK_LOGPROBS} or {TEACHER_LOGITS} in the data"
             )
-        with torch.no_grad():
-            t_logits = self.teacher(
-                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
-            ).logits
-            t_logits = losses.gather_positions(t_logits, mask).float()  # (N, V)
+        else:
+            with torch.no_grad():
+                t_logits = self.teacher(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+                ).logits
+                t_logits = losses.gather_positions(t_logits, mask).float()  # (N, V)
         if self.hparams.teacher_topk:
             ids, logprobs = losses.topk_of(t_logits, self.hparams.teacher_topk)
             return self._topk_loss(student, ids, logprobs), n
@@ -156,3 +161,20 @@ class CausalLMModule(L.LightningModule):
         warmup = math.ceil(hp.warmup_ratio * total)
         sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=warmup, num_training_steps=total)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
+
+
+def teacher_logits_per_example(teacher, examples: list[dict], collate: CausalLMCollator, batch_size: int = 32
+                               ) -> list[torch.Tensor]:
+    """The teacher's logits at each example's trained-on positions, (n_i, V) float32 on CPU per example, for
+    the examples' `teacher_logits` key. With right padding an example's logits do not depend on its
+    batch-mates, so these are what compute_loss would get from the live teacher in any training batch; the
+    target then runs once per example instead of once per epoch and per drafter trained on it."""
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i]["prompt_ids"]) + len(examples[i]["response_ids"]))
+    out: list[torch.Tensor | None] = [None] * len(examples)
+    for start in range(0, len(order), batch_size):  # length-sorted batches: little padding
+        idx = order[start:start + batch_size]
+        batch = collate([examples[i] for i in idx])
+        rows = response_logits(teacher, batch).split(batch["loss_mask"].sum(1).tolist())  # per example, in batch order
+        for i, r in zip(idx, rows):
+            out[i] = r.clone()  # its own storage: a drafter's subset need not keep whole batches alive
+    return out

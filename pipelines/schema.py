@@ -152,6 +152,9 @@ class PhaseSection:
     weight_decay: float = 0.0  # AdamW weight decay
     optimizer: Literal["adamw", "adamw8bit"] = "adamw"  # adamw8bit needs bitsandbytes
     teacher_topk: Optional[int] = None  # fkl/tvd: keep only the target's top-k (null: full distribution)
+    # fkl/tvd: run the target once over the training rows and keep its logits at every trained-on position in
+    # memory when they fit in this many GB (positions x vocab x 4 bytes); 0 or too big: run it at every step
+    teacher_cache_gb: float = 2.0
     grad_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
     max_length: int = 512  # tokens per training sequence (long prompts lose tokens from the left)
     train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=3, batch_size=8))  # the Lightning Trainer of this phase
@@ -161,6 +164,8 @@ class PhaseSection:
             raise InputError(f"lr must be > 0, got {self.lr}")
         if self.max_length < 2:
             raise InputError(f"max_length must be >= 2, got {self.max_length}")
+        if self.teacher_cache_gb < 0:
+            raise InputError(f"teacher_cache_gb must be >= 0 (0: run the target at every step), got {self.teacher_cache_gb}")
 
 
 @dataclass

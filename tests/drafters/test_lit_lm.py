@@ -4,8 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from core.errors import InputError
-from drafters.data import CausalLMCollator, CausalLMDataModule
-from drafters.lit_lm import CausalLMModule
+from drafters.data import TEACHER_LOGITS, CausalLMCollator, CausalLMDataModule
+from drafters.lit_lm import CausalLMModule, teacher_logits_per_example
 from drafters.losses import topk_of
 from drafters.model import build_causal_lm
 
@@ -83,6 +83,41 @@ def test_cached_topk_gives_the_same_loss_as_the_live_teacher(loss):
     cached_batch = CausalLMCollator(pad_token_id=0)(cached)
     from_cache = CausalLMModule(student, loss=loss).compute_loss(cached_batch)[0]
     assert from_cache.item() == pytest.approx(live.compute_loss(batch)[0].item(), rel=1e-5)
+
+
+def _ragged(n=16, seed=0):
+    """Prompts and responses of different lengths, so batches pad and some examples are cut."""
+    g = torch.Generator().manual_seed(seed)
+    def ids(lo, hi):
+        return torch.randint(3, V, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+    return [{"prompt_ids": ids(1, 7), "response_ids": ids(1, 9)} for _ in range(n)]
+
+
+@pytest.mark.parametrize("loss", ["fkl", "tvd"])
+def test_cached_teacher_logits_train_the_same_drafter_as_the_live_teacher(loss):
+    teacher = build_causal_lm("demo-tiny", V, seed=1).eval()
+    collate = CausalLMCollator(pad_token_id=0, max_length=10)
+    examples = _ragged()
+    # cached in batches of 5 (length-sorted) while training draws shuffled batches of 4: other batch-mates
+    logits = teacher_logits_per_example(teacher, examples, collate, batch_size=5)
+    assert [len(x) for x in logits] == [collate.positions(ex) for ex in examples]
+    cached = [{**ex, TEACHER_LOGITS: x} for ex, x in zip(examples, logits)]
+    trained = []
+    for data, live in ((examples, teacher), (cached, None)):
+        module = CausalLMModule(build_causal_lm("demo-tiny", V, seed=0), loss=loss, lr=1e-2, warmup_ratio=0.0,
+                                teacher=live)
+        _trainer(8).fit(module, CausalLMDataModule(data, collate, batch_size=4, seed=0))
+        trained.append(module.model.state_dict())
+    moved = max((trained[0][k] - build_causal_lm("demo-tiny", V, seed=0).state_dict()[k]).abs().max() for k in trained[0])
+    assert moved > 1e-3  # the steps did train
+    for k in trained[0]:
+        assert torch.allclose(trained[0][k], trained[1][k], atol=1e-5), k
+
+
+def test_cached_teacher_logits_must_match_the_trained_on_positions():
+    ex = {"prompt_ids": [3, 4], "response_ids": [5, 6, 7], TEACHER_LOGITS: torch.zeros(2, V)}  # 3 positions
+    with pytest.raises(InputError, match="cached teacher logit rows"):
+        CausalLMCollator(pad_token_id=0)([ex])
 
 
 def test_distillation_without_a_teacher_or_cache_is_refused():

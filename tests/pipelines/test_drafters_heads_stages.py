@@ -275,3 +275,21 @@ def test_train_drafters_killed_midway_resumes_to_identical_drafters(tiny_run, tm
         a = AutoModelForCausalLM.from_pretrained(out / name).state_dict()
         b = AutoModelForCausalLM.from_pretrained(reference / "drafters" / name).state_dict()
         assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_teacher_cache_holds_every_row_when_it_fits_and_nothing_when_it_does_not(capsys):
+    from drafters.model import build_causal_lm
+    from pipelines.schema import PhaseSection
+    from pipelines.train_drafters import teacher_cache
+
+    teacher = build_causal_lm("demo-tiny", 48, seed=1).eval()
+    rows = [{"id": f"r{i}", "prompt_ids": [3, 4, 5], "response_ids": [6, 7, 8, 9]} for i in range(5)]  # 4 positions
+    phase = PhaseSection(loss="fkl", max_length=16)
+    cache = teacher_cache(teacher, rows, phase, batch_size=2)
+    assert sorted(cache) == [r["id"] for r in rows] and all(x.shape == (4, 48) for x in cache.values())
+    need_gb = 5 * 4 * 48 * 4 / 1e9
+    assert teacher_cache(teacher, rows, dataclasses.replace(phase, teacher_cache_gb=need_gb / 2), 2) == {}
+    assert "runs at every step" in capsys.readouterr().out
+    assert teacher_cache(teacher, rows, dataclasses.replace(phase, teacher_cache_gb=0), 2) == {}
+    with pytest.raises(InputError, match="teacher_cache_gb must be >= 0"):
+        dataclasses.replace(phase, teacher_cache_gb=-1).check()
