@@ -121,8 +121,8 @@ def specialist_steps(specs, rows: list[dict], train) -> int:
 def teacher_cache(teacher, rows: list[dict], phase, batch_size: int) -> dict[str, torch.Tensor]:
     """Row id -> the target's logits at the row's trained-on positions, computed once for every drafter and
     epoch, or {} when they would not fit in phase.teacher_cache_gb. With fkl / tvd each step ran the target
-    on its batch: on the demo 5 specialists x 4 epochs + OFA put every row through the 16-layer target ~5
-    times, 60% of the stage's time."""
+    on its batch: on the demo, 5 specialists x 4 epochs + OFA put every row through the 16-layer target ~5
+    times (21,600 of the stage's 22,995 decoder-layer forwards; the stage took 180 s with it, 102 s without)."""
     collate = CausalLMCollator(pad_token_id=0, max_length=phase.max_length)  # padding never reaches a logit row
     positions = sum(collate.positions(r) for r in rows)
     gb = positions * teacher.config.vocab_size * 4 / 1e9
