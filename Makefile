@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   the whole pipeline on the built-in demo world (writes runs/demo/)
-#   make reproduce  the papers' tables: the demo with a bigger evaluation (runs/demo/reproduce/, ~45 min on 2 cores)
+#   make reproduce  the papers' tables: the demo with a bigger evaluation (runs/demo/reproduce/, ~48 min on 2 cores)
 #   make test   the test suite (slow and gpu tests are off by default: make test-slow / test-gpu)
 #   make test-slurm  the sbatch templates on a throwaway local Slurm cluster (installs Debian's slurm + munge)
 PYTHON ?= python3
