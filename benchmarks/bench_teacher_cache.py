@@ -14,26 +14,27 @@ RUN_ROOT holds target/, distill_data/ and drafters/base/ (e.g. runs/demo after `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import pathlib
 import platform
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
 from decoding.loading import load_causal_lm, load_tokenizer  # noqa: E402
-from drafters.data import TEACHER_LOGITS, CausalLMCollator, CausalLMDataModule  # noqa: E402
-from drafters.lit_lm import CausalLMModule  # noqa: E402
+from drafters.data import TEACHER_LOGITS  # noqa: E402
 from pipelines.config import load_config  # noqa: E402
 from pipelines.readers import load_distill_data  # noqa: E402
 from pipelines.schema import RunConfig  # noqa: E402
-from pipelines.train_drafters import teacher_cache  # noqa: E402
+from pipelines.train_drafters import _train, teacher_cache  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
-from training.trainer import TrainerConfig, build_trainer  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,17 +82,17 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("the rows' logits do not fit train_drafters.finetune.teacher_cache_gb; raise it in --config")
     plain = [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in rows]
     examples = {"live": plain, "cached": [{**e, TEACHER_LOGITS: cached[r["id"]]} for e, r in zip(plain, rows)]}
-    collate = CausalLMCollator(pad_token_id=tok.pad_token_id, max_length=phase.max_length)
+
+    # the stage's own fit (pipelines.train_drafters._train: its trainer, checkpoints and CSV log) in a fresh work
+    # dir per fit, for `--steps` steps; W&B off: its logging is not what is compared
+    fit_phase = dataclasses.replace(phase, train=dataclasses.replace(
+        phase.train, max_steps=args.steps, wandb=dataclasses.replace(phase.train.wandb, mode="disabled")))
 
     def fit(mode: str) -> tuple[float, dict[str, torch.Tensor]]:
-        module = CausalLMModule(load_causal_lm(root / "drafters" / "base", "float32").train(), loss=phase.loss,
-                                lr=phase.lr, warmup_ratio=phase.warmup_ratio, teacher=target, seed=cfg.run.seed)
-        data = CausalLMDataModule(examples[mode], collate, batch_size=phase.train.batch_size, seed=cfg.run.seed)
-        trainer = build_trainer(TrainerConfig(max_steps=args.steps, gradient_clip_val=phase.train.gradient_clip_val,
-                                              accelerator="cpu", devices=1, seed=cfg.run.seed), None)
-        start = time.perf_counter()
-        trainer.fit(module, data)
-        return time.perf_counter() - start, module.model.state_dict()
+        model = load_causal_lm(root / "drafters" / "base", "float32").train()
+        with tempfile.TemporaryDirectory() as work:
+            _, _, timing = _train(model, examples[mode], fit_phase, tok.pad_token_id, cfg.run.seed, Path(work), target)
+        return timing["seconds"], model.state_dict()
 
     seconds: dict[str, list[float]] = {"live": [], "cached": []}
     weights: dict[str, dict[str, torch.Tensor]] = {}

@@ -245,9 +245,11 @@ def build(ctx: Context) -> dict:
     if global_rank() != 0:
         raise StageIncomplete(f"rank {global_rank()} finished training; rank 0 writes the stage output")
 
-    # alignment on held-out dev responses
-    target = load_causal_lm(target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
-                            cfg.target.trust_remote_code)
+    # alignment on held-out dev responses, with the target already loaded for distillation or EAGLE if any
+    cached = None  # the finetuning's logits are not needed any more
+    target = teacher if teacher is not None else eagle_target if tcfg.eagle.enabled else load_causal_lm(
+        target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
+        cfg.target.trust_remote_code)
     names = [n for n, _ in specs] + [BASE]
     drafters = {n: load_drafter(ctx.work / n / "model", "float32").to(device).eval() for n in names}
     dev_rows = [dict(r) for r in distill["dev"]]
