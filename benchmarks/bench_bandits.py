@@ -25,13 +25,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from decoding import kv  # noqa: E402
-from decoding.multi import Arm, MultiDrafterSpeculator  # noqa: E402
-from decoding.sampling import SamplingConfig, probs  # noqa: E402
-from decoding.selectors import make_selector  # noqa: E402
-from decoding.speculative import generate_speculative  # noqa: E402
-from decoding.speculator import DrafterSpeculator  # noqa: E402
-from decoding.stopping import FixedK  # noqa: E402
+from specdraft.decoding import kv  # noqa: E402
+from specdraft.decoding.multi import Arm, MultiDrafterSpeculator  # noqa: E402
+from specdraft.decoding.sampling import SamplingConfig, probs  # noqa: E402
+from specdraft.decoding.selectors import make_selector  # noqa: E402
+from specdraft.decoding.speculative import generate_speculative  # noqa: E402
+from specdraft.decoding.speculator import DrafterSpeculator  # noqa: E402
+from specdraft.decoding.stopping import FixedK  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 N_MAX = 5

@@ -16,9 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipelines.config import load_config
-from pipelines.schema import RunConfig
-from pipelines.stage import run_stage
+from specdraft.pipelines.config import load_config
+from specdraft.pipelines.schema import RunConfig
+from specdraft.pipelines.stage import run_stage
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 

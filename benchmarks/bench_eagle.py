@@ -34,25 +34,25 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decoding.autoregressive import generate_autoregressive  # noqa: E402
-from decoding.bundle import load_bundle  # noqa: E402
-from decoding.eagle import EagleSpeculator, TreeShape  # noqa: E402
-from decoding.eagle_model import EagleDrafter, load_eagle, save_eagle, target_dir_hash  # noqa: E402
-from decoding.metrics import aggregate  # noqa: E402
-from decoding.sampling import SamplingConfig  # noqa: E402
-from decoding.speculative import generate_speculative  # noqa: E402
-from decoding.speculator import DrafterSpeculator  # noqa: E402
-from decoding.stopping import FixedK  # noqa: E402
+from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
+from specdraft.decoding.bundle import load_bundle  # noqa: E402
+from specdraft.decoding.eagle import EagleSpeculator, TreeShape  # noqa: E402
+from specdraft.decoding.eagle_model import EagleDrafter, load_eagle, save_eagle, target_dir_hash  # noqa: E402
+from specdraft.decoding.metrics import aggregate  # noqa: E402
+from specdraft.decoding.sampling import SamplingConfig  # noqa: E402
+from specdraft.decoding.speculative import generate_speculative  # noqa: E402
+from specdraft.decoding.speculator import DrafterSpeculator  # noqa: E402
+from specdraft.decoding.stopping import FixedK  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 GREEDY = SamplingConfig(temperature=0.0)
 
 
 def train(run: Path, target, steps: int, batch_size: int, lr: float, out: Path, seed: int) -> dict:
-    from drafters.data import CausalLMCollator, CausalLMDataModule
-    from drafters.eagle import EagleModule
-    from pipelines.readers import load_distill_data
-    from training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
+    from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
+    from specdraft.drafters.eagle import EagleModule
+    from specdraft.pipelines.readers import load_distill_data
+    from specdraft.training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
 
     rows = load_distill_data(run / "distill_data")["train"]
     examples = [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in rows]
@@ -111,8 +111,8 @@ def run_bench(args) -> str:
         eagle_dir = Path(args.eagle)
     eagle = load_eagle(eagle_dir, target=target, target_hash=target_dir_hash(bundle.target_path))
     meta = json.loads((eagle_dir / "eagle_config.json").read_text())
-    from pipelines.readers import load_distill_data
-    from pipelines.train_eagle import eagle_alignment
+    from specdraft.pipelines.readers import load_distill_data
+    from specdraft.pipelines.train_eagle import eagle_alignment
 
     dev = [dict(r) for r in load_distill_data(run / "distill_data")["dev"]]
     align = {d: eagle_alignment(target, eagle, [r for r in dev if r["domain"] == d], target.config.pad_token_id or 0,

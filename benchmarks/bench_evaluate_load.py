@@ -1,4 +1,4 @@
-"""Does the evaluate stage's speed verdict survive a busy machine? (issue 13, acceptance)
+"""Does the evaluate stage's speed verdict survive a busy machine?
 
 Runs the evaluate stage twice, back to back, on scratch copies of a finished run's bundle and prompt
 sets: first as the machine is, then with one core kept busy by a spinning process this script starts
@@ -28,10 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.config import load_config  # noqa: E402
-from pipelines.report import label  # noqa: E402
-from pipelines.schema import RunConfig  # noqa: E402
-from pipelines.stage import run_stage  # noqa: E402
+from specdraft.pipelines.config import load_config  # noqa: E402
+from specdraft.pipelines.report import label  # noqa: E402
+from specdraft.pipelines.schema import RunConfig  # noqa: E402
+from specdraft.pipelines.stage import run_stage  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 
@@ -137,7 +137,7 @@ def _run_time(run: dict, how: str, repeats: int) -> float:
 
 def _pooled_timed(metrics: dict, how: str, pool: str, repeats: int) -> dict[str, float]:
     """(set / method label) -> timed speedup of the greedy measured methods, all domains pooled. pool
-    "median": the median over prompts of per-prompt speedups (evaluate's estimator before issue 13's fix);
+    "median": the median over prompts of per-prompt speedups (evaluate's estimator before it pooled ratios of totals);
     "ratio": the ratio of totals, sum over prompts of AR's time (per token, times the method's tokens) over the
     sum of the method's times (every prompt's repeats feed one number, so one noisy prompt moves it less)."""
     ar = {r["prompt"]: r for r in metrics["runs"] if r["family"] == "ar" and r["mode"] == "greedy"}

@@ -1,6 +1,6 @@
 """The drafter/target cost ratio c and the (K+1)-token verify cost v, per target shape, on this CPU.
 
-Why c depends on the target's shape (issue 22): on a CPU a cached single-token forward of a small Llama
+Why c depends on the target's shape: on a CPU a cached single-token forward of a small Llama
 costs about a fixed amount per layer whatever the width, so c = t_draft / t_target is set mostly by the
 ratio of depths. Random weights (the cost does not depend on them), the demo vocabulary (2048), the demo
 drafter (1 layer x 128), context 120 tokens, K = 4, one thread unless --threads.
@@ -26,8 +26,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from drafters.model import CausalLMConfig, build_causal_lm, preset  # noqa: E402
-from pipelines.evaluate import calibrate  # noqa: E402
+from specdraft.drafters.model import CausalLMConfig, build_causal_lm, preset  # noqa: E402
+from specdraft.pipelines.evaluate import calibrate  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 VOCAB = 2048

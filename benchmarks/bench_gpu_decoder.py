@@ -31,13 +31,13 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from data.chat import row_messages  # noqa: E402
-from decoding.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
-from decoding import kv  # noqa: E402
-from decoding.autoregressive import generate_autoregressive  # noqa: E402
-from decoding.cost_model import acceptance_from_mat, analytic_speedup  # noqa: E402
-from decoding.metrics import aggregate  # noqa: E402
-from decoding.speculative import speculative_generate  # noqa: E402
+from specdraft.data.chat import row_messages  # noqa: E402
+from specdraft.decoding.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
+from specdraft.decoding import kv  # noqa: E402
+from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
+from specdraft.decoding.cost_model import acceptance_from_mat, analytic_speedup  # noqa: E402
+from specdraft.decoding.metrics import aggregate  # noqa: E402
+from specdraft.decoding.speculative import speculative_generate  # noqa: E402
 from bench_decoder import ForwardCounter, early_exit_pair  # noqa: E402  (benchmarks/bench_decoder.py)
 
 
@@ -116,7 +116,7 @@ def hf_generate(target, drafter, prompt, n, k, counter):
 def profile_rounds(target, drafter, prompt, n, k, path: pathlib.Path | None) -> dict:
     """torch.profiler over one speculative generation: host syncs, device-to-host copies and where the
     host time goes, per round. Phases are marked by wrapping the loop's pieces (no change to the loop)."""
-    import decoding.speculative as sp
+    import specdraft.decoding.speculative as sp
     from torch.profiler import ProfilerActivity, profile, record_function
 
     def marked(name, fn):
@@ -130,7 +130,7 @@ def profile_rounds(target, drafter, prompt, n, k, path: pathlib.Path | None) -> 
     saved = {name: getattr(sp, name) for name in ("verify", probs_name)}
     sp.verify = marked("round::verify", sp.verify)
     setattr(sp, probs_name, marked("round::target_probs", saved[probs_name]))
-    from decoding.speculator import DrafterSpeculator
+    from specdraft.decoding.speculator import DrafterSpeculator
     saved_propose = DrafterSpeculator.propose
     DrafterSpeculator.propose = marked("round::propose", saved_propose)
     saved_forward = kv.forward

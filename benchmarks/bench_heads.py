@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from heads.lit_head import DEPTHS, W_REJS, HeadSpec, HeadTrainConfig, train_head_grid, train_heads  # noqa: E402
-from heads.metrics import constant_baseline  # noqa: E402
+from specdraft.heads.lit_head import DEPTHS, W_REJS, HeadSpec, HeadTrainConfig, train_head_grid, train_heads  # noqa: E402
+from specdraft.heads.metrics import constant_baseline  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 

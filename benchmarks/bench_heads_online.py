@@ -17,13 +17,13 @@ from pathlib import Path
 from datasets import load_from_disk
 from torch.utils.data import DataLoader
 
-from decoding.loading import load_tokenizer
-from decoding.loading import load_causal_lm
-from heads.lit_head import HeadTrainConfig, train_head_grid
-from heads.online import OnlineFeatures
-from pipelines.readers import load_features
-from pipelines.config import load_config
-from pipelines.schema import RunConfig
+from specdraft.decoding.loading import load_tokenizer
+from specdraft.decoding.loading import load_causal_lm
+from specdraft.heads.lit_head import HeadTrainConfig, train_head_grid
+from specdraft.heads.online import OnlineFeatures
+from specdraft.pipelines.readers import load_features
+from specdraft.pipelines.config import load_config
+from specdraft.pipelines.schema import RunConfig
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 

@@ -33,17 +33,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data.chat import row_messages  # noqa: E402
-from decoding.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
-from decoding.arms import ArmResources, build_arms  # noqa: E402
-from decoding.autoregressive import generate_autoregressive  # noqa: E402
-from decoding.bundle import load_bundle  # noqa: E402
-from decoding.datastore import SuffixIndex, build_datastore  # noqa: E402
-from decoding.multi import MultiDrafterSpeculator  # noqa: E402
-from decoding.sampling import SamplingConfig  # noqa: E402
-from decoding.selectors import make_selector  # noqa: E402
-from decoding.speculative import generate_speculative  # noqa: E402
-from decoding.suffix import SuffixSpeculator  # noqa: E402
+from specdraft.data.chat import row_messages  # noqa: E402
+from specdraft.decoding.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
+from specdraft.decoding.arms import ArmResources, build_arms  # noqa: E402
+from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
+from specdraft.decoding.bundle import load_bundle  # noqa: E402
+from specdraft.decoding.datastore import SuffixIndex, build_datastore  # noqa: E402
+from specdraft.decoding.multi import MultiDrafterSpeculator  # noqa: E402
+from specdraft.decoding.sampling import SamplingConfig  # noqa: E402
+from specdraft.decoding.selectors import make_selector  # noqa: E402
+from specdraft.decoding.speculative import generate_speculative  # noqa: E402
+from specdraft.decoding.suffix import SuffixSpeculator  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -58,8 +58,8 @@ COPY_MARK = "Repeat after me"  # the demo chat domain's copying prompts, reporte
 def load_prompts(root: Path, tok, set_name: str, per_domain: int, max_prompt: int):
     """The first per_domain prompts of each domain; chat's repeat-after-me prompts form the group
     "chat-repeat" (up to per_domain of them, from all of the set's sets if need be)."""
-    from data.prompts import load_prompt_sets
-    from data.prompts import fit_prompt
+    from specdraft.data.prompts import load_prompt_sets
+    from specdraft.data.prompts import fit_prompt
 
     sets = load_prompt_sets(root / "prompts")
     rows, taken = [], {}
@@ -80,9 +80,9 @@ def load_prompts(root: Path, tok, set_name: str, per_domain: int, max_prompt: in
 def distill_greedy(target, tok, root: Path, per_domain: int, max_new_tokens: int) -> list[list[int]]:
     """The distill-data recipe at T = 0 on the first per_domain train prompts of each domain (for a run
     whose distill_data is gone): the target's own greedy responses, batched as the stage does."""
-    from data.prompts import load_prompt_sets
-    from data.prompts import fit_prompt
-    from data.generation import generate_batch
+    from specdraft.data.prompts import load_prompt_sets
+    from specdraft.data.prompts import fit_prompt
+    from specdraft.data.generation import generate_batch
 
     taken, prompts = {}, []
     for row in load_prompt_sets(root / "prompts")["train"]:
@@ -111,7 +111,7 @@ def get_datastore(bundle, root: Path, target=None, tok=None, per_domain: int = 2
                              f"responses to the first {per_domain} train prompts per domain ({gen_s:.0f} s to generate), "
                              f"{len(built.index) - built.index.n_sequences} tokens, {built.index.n_sequences} responses, "
                              f"suffix array in {built.seconds:.2f} s")
-    from pipelines.readers import load_distill_data
+    from specdraft.pipelines.readers import load_distill_data
 
     responses = load_distill_data(root / "distill_data")["train"]["response_ids"]
     built = build_datastore(responses)
@@ -162,8 +162,8 @@ def main() -> None:
         index, ds_note = get_datastore(bundle, root, target, tok, args.distill_prompts, args.tokens)
         k = int(bundle.decoding.get("k", 4))
     else:  # a run stopped before export: its stages' outputs directly (target/, drafters/, distill_data/)
-        from decoding.compat import check_pair
-        from decoding.loading import load_causal_lm, load_tokenizer
+        from specdraft.decoding.compat import check_pair
+        from specdraft.decoding.loading import load_causal_lm, load_tokenizer
 
         tok = load_tokenizer(root / "target")
         target = load_causal_lm(root / "target", "float32", "cpu")

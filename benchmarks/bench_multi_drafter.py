@@ -36,10 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipelines.config import load_config  # noqa: E402
-from pipelines.report import _regret_table, key_of, label, method_keys, one, select  # noqa: E402
-from pipelines.schema import RunConfig  # noqa: E402
-from pipelines.stage import run_stage  # noqa: E402
+from specdraft.pipelines.config import load_config  # noqa: E402
+from specdraft.pipelines.report import _regret_table, key_of, label, method_keys, one, select  # noqa: E402
+from specdraft.pipelines.schema import RunConfig  # noqa: E402
+from specdraft.pipelines.stage import run_stage  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 

@@ -1,4 +1,4 @@
-"""SpecDec++ before / after Algorithm 1 order (issue 12), counted on real greedy decodes of a tiny pair.
+"""SpecDec++ before / after Algorithm 1 order, counted on real greedy decodes of a tiny pair.
 
     python benchmarks/bench_specdecpp.py [--before e23522e] [--prompts 16] [--max-new-tokens 48] [--c 0.2]
         [--no-append]
@@ -47,13 +47,13 @@ def measure(args) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from decoding import kv
-    from decoding.autoregressive import generate_autoregressive
-    from decoding.metrics import aggregate
-    from decoding.sampling import SamplingConfig
-    from decoding.speculative import hindsight_oracle, speculative_generate
-    from decoding.stopping import SpecDecPP
-    from heads.simulate import simulate_specdecpp
+    from specdraft.decoding import kv
+    from specdraft.decoding.autoregressive import generate_autoregressive
+    from specdraft.decoding.metrics import aggregate
+    from specdraft.decoding.sampling import SamplingConfig
+    from specdraft.decoding.speculative import hindsight_oracle, speculative_generate
+    from specdraft.decoding.stopping import SpecDecPP
+    from specdraft.heads.simulate import simulate_specdecpp
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -147,7 +147,7 @@ def run_tables(run: pathlib.Path, label: str, report: str = "report") -> str:
     """SpecDec++ rows of a finished run (see the module docstring). Rows carry method keys, not display
     names: the label comes from pipelines.report.label, as in report.md."""
     sys.path.insert(0, str(ROOT))
-    from pipelines.report import label as method_label
+    from specdraft.pipelines.report import label as method_label
 
     sweep = json.loads((run / "heads" / "sweep.json").read_text())
     metrics = json.loads((run / report / "metrics.json").read_text())

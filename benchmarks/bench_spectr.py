@@ -36,16 +36,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data.chat import row_messages  # noqa: E402
-from decoding.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
-from decoding import kv  # noqa: E402
-from decoding.autoregressive import generate_autoregressive  # noqa: E402
-from decoding.metrics import aggregate  # noqa: E402
-from decoding.multi_draft import drafter_speculator  # noqa: E402
-from decoding.sampling import SamplingConfig  # noqa: E402
-from decoding.speculative import generate_speculative  # noqa: E402
-from decoding.stopping import FixedK  # noqa: E402
-from decoding.timing import timed_call  # noqa: E402
+from specdraft.data.chat import row_messages  # noqa: E402
+from specdraft.decoding.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
+from specdraft.decoding import kv  # noqa: E402
+from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
+from specdraft.decoding.metrics import aggregate  # noqa: E402
+from specdraft.decoding.multi_draft import drafter_speculator  # noqa: E402
+from specdraft.decoding.sampling import SamplingConfig  # noqa: E402
+from specdraft.decoding.speculative import generate_speculative  # noqa: E402
+from specdraft.decoding.stopping import FixedK  # noqa: E402
+from specdraft.decoding.timing import timed_call  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 PAPER_TABLE1 = {(1, 4): 2.4, (8, 4): 3.1, (1, 8): 2.9, (8, 8): 4.0}  # PaLM-2 Gecko -> Bison, block efficiency
@@ -64,7 +64,7 @@ def own_drafters(bundle) -> tuple[dict[str, str], str]:
 def load_prompts(prompt_set: str, per_domain: int, tok, max_prompt_tokens: int) -> dict[str, list[list[int]]]:
     from datasets import load_from_disk
 
-    from data.prompts import fit_prompt
+    from specdraft.data.prompts import fit_prompt
 
     out: dict[str, list[list[int]]] = {}
     for row in load_from_disk(prompt_set)["test"]:
@@ -132,7 +132,7 @@ def truncated_drafter(target, n_layers: int):
 def load_models(args):
     """-> (tokenizer, target, {drafter set label: {domain or None: (drafter name, model)}}, prompt set)."""
     if args.target:
-        from decoding.loading import load_causal_lm, load_tokenizer
+        from specdraft.decoding.loading import load_causal_lm, load_tokenizer
 
         tok = load_tokenizer(args.target)
         target = load_causal_lm(args.target, "auto", args.device)
@@ -141,7 +141,7 @@ def load_models(args):
                 for n in (int(x) for x in args.drafter_layers.split(","))}
         prompt_set = args.prompt_set or str(Path(args.target).resolve().parent / "prompts" / "sets")
         return tok, target, sets, prompt_set
-    from decoding.bundle import load_bundle
+    from specdraft.decoding.bundle import load_bundle
 
     bundle = load_bundle(args.bundle, verify=False)
     tok = bundle.load_tokenizer()

@@ -1,4 +1,4 @@
-"""What more pretraining of the demo target buys in task quality, and what it costs (issue 22 item 3).
+"""What more pretraining of the demo target buys in task quality, and what it costs.
 
 For each pretraining length (`pretrain_target.train.max_steps`), the pretrain-target stage runs through
 the normal stage machinery (`pipelines.stage.run_stage`, every other key of the config as given) on a
@@ -63,8 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _load(cfg_path: str, overrides: list[str]):
-    from pipelines.config import load_config
-    from pipelines.schema import RunConfig
+    from specdraft.pipelines.config import load_config
+    from specdraft.pipelines.schema import RunConfig
 
     return load_config(RunConfig, cfg_path, overrides)
 
@@ -89,8 +89,8 @@ def _final_loss(csv_path: pathlib.Path) -> float | None:
 
 def train_target(cfg_path: str, run_root: pathlib.Path, scratch: pathlib.Path, steps: int) -> dict:
     """The pretrain-target stage at `steps` on `scratch` (prompts/ copied from run_root); timings."""
-    import pipelines.pretrain_target as pt_stage
-    from pipelines.stage import run_stage
+    import specdraft.pipelines.pretrain_target as pt_stage
+    from specdraft.pipelines.stage import run_stage
 
     scratch.mkdir(parents=True, exist_ok=True)
     if not (scratch / "prompts").is_dir():
@@ -135,7 +135,7 @@ def train_target(cfg_path: str, run_root: pathlib.Path, scratch: pathlib.Path, s
 
 def reuse_target(cfg_path: str, run_root: pathlib.Path, steps: int) -> dict | None:
     """The run's own target when it was trained for `steps` with the config's other pretrain keys."""
-    from pipelines.config import to_dict
+    from specdraft.pipelines.config import to_dict
 
     path = run_root / "target" / "manifest.json"
     if not path.is_file():
@@ -155,13 +155,13 @@ def reuse_target(cfg_path: str, run_root: pathlib.Path, steps: int) -> dict | No
 def score_target(cfg_path: str, run_root: pathlib.Path, target: pathlib.Path, n_prompts: int,
                  max_new_tokens: int) -> dict:
     """Greedy output of the target on the first n test prompts per scored domain, scored per domain."""
-    from data.chat import chat_format, row_messages
-    from data.prompts import fit_prompt, load_prompt_sets
-    from data.quality import SCORED_DOMAINS, aggregate
-    from decoding.autoregressive import generate_autoregressive
-    from decoding.chat import end_of_turn_ids, format_prompt
-    from decoding.loading import load_causal_lm, load_tokenizer
-    from decoding.sampling import SamplingConfig
+    from specdraft.data.chat import chat_format, row_messages
+    from specdraft.data.prompts import fit_prompt, load_prompt_sets
+    from specdraft.data.quality import SCORED_DOMAINS, aggregate
+    from specdraft.decoding.autoregressive import generate_autoregressive
+    from specdraft.decoding.chat import end_of_turn_ids, format_prompt
+    from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+    from specdraft.decoding.sampling import SamplingConfig
 
     cfg = _load(cfg_path, [])
     tok = load_tokenizer(target)

@@ -1,4 +1,4 @@
-"""Finetuning a drafter against the target's cached logits vs running the target at every step (issue 22).
+"""Finetuning a drafter against the target's cached logits vs running the target at every step.
 
 train-drafters distills with forward KL (the demo's `finetune.loss: fkl`): the loss needs the target's
 distribution at every trained-on position. Without the cache each step runs the target on its batch; with it
@@ -28,12 +28,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from decoding.loading import load_causal_lm, load_tokenizer  # noqa: E402
-from drafters.data import TEACHER_LOGITS  # noqa: E402
-from pipelines.config import load_config  # noqa: E402
-from pipelines.readers import load_distill_data  # noqa: E402
-from pipelines.schema import RunConfig  # noqa: E402
-from pipelines.train_drafters import _train, teacher_cache  # noqa: E402
+from specdraft.decoding.loading import load_causal_lm, load_tokenizer  # noqa: E402
+from specdraft.drafters.data import TEACHER_LOGITS  # noqa: E402
+from specdraft.pipelines.config import load_config  # noqa: E402
+from specdraft.pipelines.readers import load_distill_data  # noqa: E402
+from specdraft.pipelines.schema import RunConfig  # noqa: E402
+from specdraft.pipelines.train_drafters import _train, teacher_cache  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 

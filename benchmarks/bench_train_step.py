@@ -1,4 +1,4 @@
-"""Tokens per second of one training step of the demo target at several batch sizes (issue 22).
+"""Tokens per second of one training step of the demo target at several batch sizes.
 
 On a CPU the deep, narrow target's step time does not grow in proportion to the batch, so a smaller batch
 can take more optimizer steps from the same tokens at about the same speed; this measures it. The model is
@@ -24,9 +24,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from drafters.model import build_causal_lm  # noqa: E402
-from pipelines.config import load_config  # noqa: E402
-from pipelines.schema import RunConfig  # noqa: E402
+from specdraft.drafters.model import build_causal_lm  # noqa: E402
+from specdraft.pipelines.config import load_config  # noqa: E402
+from specdraft.pipelines.schema import RunConfig  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 

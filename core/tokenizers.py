@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from core.errors import InputError
+from specdraft.core.errors import InputError
 
 # A tokenizer saved as a plain tokenizer.json (the demo's BPE, or any `tokenizers` file) is loaded as exactly
 # that: beside a Qwen2 or Gemma config, AutoTokenizer would pick the family's class, which adds tokens and

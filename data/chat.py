@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from decoding.chat import ChatFormat, user_turn
-from core.errors import InputError
+from specdraft.decoding.chat import ChatFormat, user_turn
+from specdraft.core.errors import InputError
 
 # ShareGPT speaker names -> OpenAI roles (the names ShareGPT dumps, SpecForge and FastChat use)
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",

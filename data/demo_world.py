@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from data.templates import render
+from specdraft.data.templates import render
 
 DOMAINS = ("code", "math", "translate", "summarize", "chat")
 HELDOUT_DOMAINS = ("spell",)

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import datasets
 
-from data import demo_world
-from data.chat import encode_messages, record_messages
-from data.templates import REPHRASINGS, render
-from core.errors import InputError
+from specdraft.data import demo_world
+from specdraft.data.chat import encode_messages, record_messages
+from specdraft.data.templates import REPHRASINGS, render
+from specdraft.core.errors import InputError
 
 COLUMNS = ("id", "domain", "prompt", "messages", "response", "split")
 SPLITS = ("train", "dev", "test")

@@ -22,7 +22,7 @@ import importlib
 import re
 from functools import lru_cache
 
-from core.errors import InputError
+from specdraft.core.errors import InputError
 
 PRIMARY_METRIC = {"math": "exact_match", "translate": "bleu", "summarize": "rouge2", "code": "bleu"}
 SCORED_DOMAINS = tuple(PRIMARY_METRIC)

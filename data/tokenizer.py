@@ -15,7 +15,7 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from decoding.chat import ChatFormat, format_prompt, user_turn
+from specdraft.decoding.chat import ChatFormat, format_prompt, user_turn
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from core.errors import InputError
-from decoding.checkpoint import CheckpointFormat
+from specdraft.core.errors import InputError
+from specdraft.decoding.checkpoint import CheckpointFormat
 
 WEIGHTS_NAME = "head.safetensors"
 CONFIG_NAME = "head_config.json"

@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 
-from decoding.datastore import SuffixIndex
-from core.errors import InputError
-from decoding.multi import Arm, NoDraftSpeculator
-from decoding.prompt_lookup import PromptLookupSpeculator
-from decoding.rest import RestSpeculator
-from decoding.speculator import DrafterSpeculator
-from decoding.stopping import FixedK
-from decoding.suffix import SuffixSpeculator
+from specdraft.decoding.datastore import SuffixIndex
+from specdraft.core.errors import InputError
+from specdraft.decoding.multi import Arm, NoDraftSpeculator
+from specdraft.decoding.prompt_lookup import PromptLookupSpeculator
+from specdraft.decoding.rest import RestSpeculator
+from specdraft.decoding.speculator import DrafterSpeculator
+from specdraft.decoding.stopping import FixedK
+from specdraft.decoding.suffix import SuffixSpeculator
 
 MODEL_FREE = ("lookup", "rest", "suffix")
 KINDS = ("drafter", "none") + MODEL_FREE
@@ -113,7 +113,7 @@ def build_arm(entry: Any, resources: ArmResources, n_max: int) -> Arm:
         name = name or (drafter if k == n_max else f"{drafter}:k={k}")
         model = resources.drafters[drafter]
         if getattr(model.config, "model_type", None) == "eagle":  # BanditSpec's parametric arm: an EAGLE drafter
-            from decoding.eagle import EagleSpeculator
+            from specdraft.decoding.eagle import EagleSpeculator
 
             # its own feature store and layer cache (no hand-over between arms: each catches up alone)
             return Arm(name, EagleSpeculator(model, FixedK(k)), cost_ratio=cost)

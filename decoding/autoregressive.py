@@ -6,11 +6,11 @@ import time
 
 import torch
 
-from decoding import kv
-from decoding.compat import check_prompt
-from core.errors import InputError
-from decoding.metrics import GenerationMetrics, GenerationResult
-from decoding.sampling import SamplingConfig, probs_on_cpu, sample
+from specdraft.decoding import kv
+from specdraft.decoding.compat import check_prompt
+from specdraft.core.errors import InputError
+from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
+from specdraft.decoding.sampling import SamplingConfig, probs_on_cpu, sample
 
 
 def as_token_list(prompt_ids) -> list[int]:

@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from core.errors import InputError
-from core.hashing import content_hash, drafter_hash, file_sha256  # noqa: F401 (re-exported for callers)
-from decoding.bundle_schema import (BUNDLE_JSON, FORMAT, BundleSpec, DrafterEntry, EagleEntry, HeadEntry,
+from specdraft.core.errors import InputError
+from specdraft.core.hashing import content_hash, drafter_hash, file_sha256  # noqa: F401 (re-exported for callers)
+from specdraft.decoding.bundle_schema import (BUNDLE_JSON, FORMAT, BundleSpec, DrafterEntry, EagleEntry, HeadEntry,
                                     RouterEntry, resolve_inside)
 
 # Written by the pipeline's artifact store beside bundle.json; bookkeeping the decoder never reads.
@@ -125,7 +125,7 @@ class Bundle:
     def load_eagle(self, name: str, target, device: str | None = None):
         """An EAGLE drafter attached to `target` (eval mode). A bundled target must be the one it was
         trained on (content hash of its config and weights); a referenced one is checked by vocabulary."""
-        from decoding.eagle_model import load_eagle, target_hash_from_files
+        from specdraft.decoding.eagle_model import load_eagle, target_hash_from_files
 
         if name not in self.eagle:
             raise InputError(f"the bundle has no EAGLE drafter '{name}'; it has {', '.join(self.eagle) or 'none'}")
@@ -145,7 +145,7 @@ class Bundle:
 
     def sampling_config(self):
         """The default sampling transform (decoding.sampling.SamplingConfig)."""
-        from decoding.sampling import SamplingConfig
+        from specdraft.decoding.sampling import SamplingConfig
 
         d = self.decoding
         return SamplingConfig(d["temperature"], d["top_k"], d["top_p"])
@@ -153,7 +153,7 @@ class Bundle:
     def load_datastore(self):
         """The REST / suffix-decoding datastore (decoding.datastore.SuffixIndex), or None when the bundle
         has none (see `unavailable_arms`)."""
-        from decoding.datastore import SuffixIndex
+        from specdraft.decoding.datastore import SuffixIndex
 
         return SuffixIndex.load(self.datastore) if self.datastore is not None else None
 
@@ -170,7 +170,7 @@ class Bundle:
     @property
     def chat(self):
         """The prompt format the bundle was trained with (decoding.chat.ChatFormat)."""
-        from decoding.chat import ChatFormat
+        from specdraft.decoding.chat import ChatFormat
 
         return self.spec.chat or ChatFormat()
 
@@ -181,8 +181,8 @@ class Bundle:
 
     def load_tokenizer(self, trust_remote_code: bool = False):
         """The target's tokenizer, checked against the fingerprint recorded at export."""
-        from core.tokenizers import tokenizer_fingerprint
-        from decoding.loading import load_tokenizer
+        from specdraft.core.tokenizers import tokenizer_fingerprint
+        from specdraft.decoding.loading import load_tokenizer
 
         tok = load_tokenizer(self.target_path, trust_remote_code, self.spec.target.revision)
         got = tokenizer_fingerprint(tok)
@@ -194,7 +194,7 @@ class Bundle:
     def load_target(self, dtype: str | None = None, device: str | None = None, device_map=None,
                     quantization: str = "none", trust_remote_code: bool = False):
         """The target LM (eval mode); dtype defaults to the one recorded at export."""
-        from decoding.loading import load_causal_lm
+        from specdraft.decoding.loading import load_causal_lm
 
         model = load_causal_lm(self.target_path, dtype or self.spec.target.dtype, device,
                                device_map, quantization, trust_remote_code, revision=self.spec.target.revision)
@@ -206,8 +206,8 @@ class Bundle:
 
     def load_drafter(self, name: str, device: str | None = None, dtype: str = "auto", target=None):
         """A drafter LM (eval mode). With `target` given, also checks the pair with decoding.compat."""
-        from decoding.compat import check_pair
-        from decoding.loading import load_causal_lm
+        from specdraft.decoding.compat import check_pair
+        from specdraft.decoding.loading import load_causal_lm
 
         entry = self.drafter(name)
         model = load_causal_lm(entry.path, dtype, device)
@@ -230,7 +230,7 @@ class Bundle:
 
         The head must read this drafter's hidden size and have been trained on exactly this drafter's
         files (its recorded drafter_hash)."""
-        from decoding.acceptance_head import load_head
+        from specdraft.decoding.acceptance_head import load_head
 
         entry = self.drafter(drafter)
         available = self.heads.get(drafter, {})

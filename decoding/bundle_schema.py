@@ -15,8 +15,8 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from core.errors import InputError
-from decoding.chat import ChatFormat
+from specdraft.core.errors import InputError
+from specdraft.decoding.chat import ChatFormat
 
 BUNDLE_JSON = "bundle.json"
 FORMAT = "specdraft-bundle/1"

@@ -49,15 +49,15 @@ from typing import Callable
 
 import torch
 
-from decoding import kv
-from decoding.autoregressive import as_token_list, eos_set, generate_autoregressive
-from decoding.compat import check_pair, check_prompt
-from core.errors import InputError
-from decoding.metrics import GenerationMetrics, GenerationResult
-from decoding.sampling import SamplingConfig, probs, sample
-from decoding.speculative import generate_speculative
-from decoding.speculator import DrafterSpeculator
-from decoding.stopping import FixedK
+from specdraft.decoding import kv
+from specdraft.decoding.autoregressive import as_token_list, eos_set, generate_autoregressive
+from specdraft.decoding.compat import check_pair, check_prompt
+from specdraft.core.errors import InputError
+from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
+from specdraft.decoding.sampling import SamplingConfig, probs, sample
+from specdraft.decoding.speculative import generate_speculative
+from specdraft.decoding.speculator import DrafterSpeculator
+from specdraft.decoding.stopping import FixedK
 
 SPECULATIVE_RULES = ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3", "lossy", "bild")
 SEQUENTIAL_RULES = ("token_chow", "seq_chow")

@@ -16,7 +16,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from core.errors import InputError
+from specdraft.core.errors import InputError
 
 # Reasoning sections of earlier assistant turns (DeepSeek-R1 / Qwen3 style). Chat templates of
 # reasoning models drop them from the history themselves; `reasoning: strip` does it for any template.

@@ -16,7 +16,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from core.errors import InputError
+from specdraft.core.errors import InputError
 
 
 @dataclass(frozen=True)

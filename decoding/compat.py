@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from core.errors import InputError, require_int
-from core.tokenizers import check_same_vocabulary
+from specdraft.core.errors import InputError, require_int
+from specdraft.core.tokenizers import check_same_vocabulary
 
 
 def _config(model: Any) -> Any:

@@ -12,8 +12,8 @@ from typing import Hashable, Iterable, Sequence
 
 import torch
 
-from core.errors import InputError
-from decoding.metrics import GenerationMetrics
+from specdraft.core.errors import InputError
+from specdraft.decoding.metrics import GenerationMetrics
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from typing import Iterable
 
 import numpy as np
 
-from core.errors import InputError
+from specdraft.core.errors import InputError
 
 SEPARATOR = -1  # ends every sequence: sorts before every token id and never matches a pattern
 TENSORS = "datastore.safetensors"

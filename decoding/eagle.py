@@ -38,13 +38,13 @@ from typing import Sequence
 
 import torch
 
-from decoding import kv
-from decoding.compat import check_head, check_pair
-from core.errors import InputError
-from decoding.sampling import SamplingConfig, probs_on_cpu, sample
-from decoding.speculator import Draft, RoundOutcome, draft_chain
-from decoding.stopping import StoppingPolicy
-from decoding.tree import DraftTree
+from specdraft.decoding import kv
+from specdraft.decoding.compat import check_head, check_pair
+from specdraft.core.errors import InputError
+from specdraft.decoding.sampling import SamplingConfig, probs_on_cpu, sample
+from specdraft.decoding.speculator import Draft, RoundOutcome, draft_chain
+from specdraft.decoding.stopping import StoppingPolicy
+from specdraft.decoding.tree import DraftTree
 
 
 def topk_candidates_select(

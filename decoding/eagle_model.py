@@ -39,7 +39,7 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoConfig, AutoModel, PretrainedConfig
 
-from core.errors import InputError
+from specdraft.core.errors import InputError
 
 EAGLE_CONFIG = "eagle_config.json"
 EAGLE_WEIGHTS = "model.safetensors"
@@ -58,7 +58,7 @@ def eagle3_layers(n_target_layers: int) -> tuple[int, int, int]:
 def fused_features(hidden_states: tuple[torch.Tensor, ...] | list[torch.Tensor], layers: tuple[int, ...]) -> torch.Tensor:
     """The target's features for an EAGLE drafter reading `layers`: hidden_states[i] for i in layers,
     concatenated on the last dimension ((..., d) for EAGLE-1's (-1,), (..., 3d) for EAGLE-3)."""
-    from decoding.kv import layer_features
+    from specdraft.decoding.kv import layer_features
 
     return layer_features(hidden_states, layers)
 
@@ -233,7 +233,7 @@ def target_hash_from_files(file_hashes: dict[str, str]) -> str:
     """The content hash that pins an EAGLE drafter's target: over the target directory's config.json and
     safetensors weights (relative path -> sha256), so a re-saved tokenizer or README does not change it
     and any change of architecture or weights does."""
-    from core.hashing import content_hash
+    from specdraft.core.hashing import content_hash
 
     return content_hash({rel: h for rel, h in file_hashes.items()
                          if "/" not in rel and (rel == "config.json" or rel.endswith(".safetensors"))})
@@ -241,7 +241,7 @@ def target_hash_from_files(file_hashes: dict[str, str]) -> str:
 
 def target_dir_hash(path: str | Path) -> str | None:
     """`target_hash_from_files` of a local target directory; None for a hub id (nothing local to hash)."""
-    from core.hashing import file_sha256
+    from specdraft.core.hashing import file_sha256
 
     root = Path(path)
     if not root.is_dir():

@@ -23,17 +23,17 @@ import sys
 
 import torch
 
-from decoding.autoregressive import generate_autoregressive
-from decoding.chat import ChatFormat, end_of_turn_ids, format_prompt, user_turn
-from decoding.compat import check_head, check_pair
-from core.tokenizers import check_same_vocabulary
-from core.errors import InputError
-from decoding.generate_args import add_arguments, bundle_of
-from decoding.loading import load_causal_lm, load_tokenizer
-from decoding.sampling import SamplingConfig
-from decoding.multi_draft import check_drafts, drafter_speculator
-from decoding.speculative import generate_speculative
-from decoding.stopping import FixedK, SpecDecPP
+from specdraft.decoding.autoregressive import generate_autoregressive
+from specdraft.decoding.chat import ChatFormat, end_of_turn_ids, format_prompt, user_turn
+from specdraft.decoding.compat import check_head, check_pair
+from specdraft.core.tokenizers import check_same_vocabulary
+from specdraft.core.errors import InputError
+from specdraft.decoding.generate_args import add_arguments, bundle_of
+from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.multi_draft import check_drafts, drafter_speculator
+from specdraft.decoding.speculative import generate_speculative
+from specdraft.decoding.stopping import FixedK, SpecDecPP
 
 
 def load_pair(bundle: str | None = None, target: str | None = None, drafter: str | None = None,
@@ -48,7 +48,7 @@ def load_pair(bundle: str | None = None, target: str | None = None, drafter: str
     `drafter_device` (default: `device`)."""
     drafter_device = drafter_device or device
     if bundle is not None:
-        from decoding.bundle import load_bundle
+        from specdraft.decoding.bundle import load_bundle
 
         b = load_bundle(bundle)
         name = drafter or next(iter(b.drafters))
@@ -63,7 +63,7 @@ def load_pair(bundle: str | None = None, target: str | None = None, drafter: str
         return tok, tgt, dft, h, hcfg
     if target is None or drafter is None:
         raise InputError("give --bundle DIR, or both --target DIR and --drafter DIR")
-    from decoding.eagle_model import is_eagle_dir, load_eagle, target_dir_hash
+    from specdraft.decoding.eagle_model import is_eagle_dir, load_eagle, target_dir_hash
 
     tok = load_tokenizer(target)
     if is_eagle_dir(drafter):  # an EAGLE drafter speaks the target's tokenizer (its embedding and LM head)
@@ -76,7 +76,7 @@ def load_pair(bundle: str | None = None, target: str | None = None, drafter: str
     check_pair(tgt, dft)
     h = hcfg = None
     if head is not None:
-        from decoding.acceptance_head import load_head
+        from specdraft.decoding.acceptance_head import load_head
 
         h, hcfg = load_head(head, expected_hidden_size=dft.config.hidden_size)
         h = h.to(drafter_device)
@@ -92,8 +92,8 @@ def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = 64, s
     cascade: a decoding.cascades.CascadeMethod; tree: an EAGLE drafter's decoding.eagle.TreeShape (None:
     chain drafts); chat: how the prompt is formatted (the bundle's format: the tokenizer's chat template
     unless the run chose otherwise)."""
-    from decoding.eagle import EagleSpeculator
-    from decoding.eagle_model import EagleDrafter
+    from specdraft.decoding.eagle import EagleSpeculator
+    from specdraft.decoding.eagle_model import EagleDrafter
 
     check_drafts(drafts)
     ids = format_prompt(tok, user_turn(prompt), chat)
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cascade_from(args):
     """--cascade/--alpha, else the bundle's default cascade, else None."""
-    from decoding.cascades import cascade_method
+    from specdraft.decoding.cascades import cascade_method
 
     if args.cascade == "none":
         return None
@@ -138,7 +138,7 @@ def cascade_from(args):
     if args.alpha is not None:
         raise InputError("--alpha is only read with --cascade RULE; add one (e.g. --cascade token)")
     if args.bundle is not None:  # load_pair verifies the bundle's files next
-        from decoding.cascades import method_from_spec
+        from specdraft.decoding.cascades import method_from_spec
 
         return method_from_spec(_bundle_decoding(args.bundle).get("cascade"), "the bundle's decoding.cascade")
     return None
@@ -152,7 +152,7 @@ def run(args) -> None:
         print(f"note: the bundle's default cascade ({cascade.label}) needs temperature > 0; decoding without it")
         cascade = None
     if cascade is not None and args.method != "ar":
-        from decoding.cascades import check_sampling
+        from specdraft.decoding.cascades import check_sampling
 
         check_sampling(sampling)
     tok, tgt, dft, head, hcfg = load_pair(args.bundle, args.target, args.drafter, args.head, args.device, args.dtype,
@@ -182,7 +182,7 @@ def _is_eagle(drafter) -> bool:
 def eagle_tree(args):
     """--eagle-tree: "none" -> chain drafts; "D,K,M" -> that EAGLE-2 tree; "bundle" (default) -> the bundle's
     tree for its EAGLE drafter, else chain drafts."""
-    from decoding.eagle import TreeShape
+    from specdraft.decoding.eagle import TreeShape
 
     spec = getattr(args, "eagle_tree", "bundle")
     if spec == "none":
@@ -190,7 +190,7 @@ def eagle_tree(args):
     if spec == "bundle":
         if args.bundle is None:
             return None
-        from decoding.bundle import load_bundle
+        from specdraft.decoding.bundle import load_bundle
 
         entry = load_bundle(args.bundle, verify=False).eagle.get(args.drafter)
         return TreeShape(**entry.tree) if entry is not None and entry.tree else None
@@ -213,12 +213,12 @@ def chat_from(args) -> ChatFormat:
 
 
 def _bundle_chat(bundle: str) -> ChatFormat:
-    from decoding.bundle import load_bundle
+    from specdraft.decoding.bundle import load_bundle
 
     return load_bundle(bundle, verify=False).chat
 
 
 def _bundle_decoding(bundle: str) -> dict:
-    from decoding.bundle import load_bundle
+    from specdraft.decoding.bundle import load_bundle
 
     return load_bundle(bundle, verify=False).decoding

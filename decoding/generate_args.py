@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def bundle_of(args: argparse.Namespace, warn=print) -> str | None:
     """The bundle directory from the positional argument, or from the deprecated `--bundle` flag (with a
     note). Both at once is bad input."""
-    from core.errors import InputError
+    from specdraft.core.errors import InputError
 
     flag = getattr(args, "bundle_flag", None)
     if flag is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from core.errors import InputError
+from specdraft.core.errors import InputError
 
 
 def new_cache() -> DynamicCache:

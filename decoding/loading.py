@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from core.errors import InputError
+from specdraft.core.errors import InputError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -97,7 +97,7 @@ def load_causal_lm(
 # which adds that family's default special tokens: a target and a drafter of different families would
 # then disagree on a tokenizer they share.
 def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False, revision: str | None = None):
-    from core.tokenizers import tokenizer_class_for
+    from specdraft.core.tokenizers import tokenizer_class_for
 
     loader = tokenizer_class_for(name_or_path)
     try:

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 
 import torch
 
-from decoding.compat import check_pair
-from core.errors import InputError, require_int
-from decoding.rewards import (accepted_length_reward, block_divergence_reward, block_efficiency_reward,
+from specdraft.decoding.compat import check_pair
+from specdraft.core.errors import InputError, require_int
+from specdraft.decoding.rewards import (accepted_length_reward, block_divergence_reward, block_efficiency_reward,
                               normalized_throughput, throughput_bounds)
-from decoding.sampling import SamplingConfig
-from decoding.selectors import EXP3, EXP3Spec, MetaSDUCB, SequentialHalving, UCBSpec
-from decoding.speculator import Draft, DrafterSpeculator, RoundOutcome, Speculator, common_prefix
-from decoding.stopping import FixedK
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.selectors import EXP3, EXP3Spec, MetaSDUCB, SequentialHalving, UCBSpec
+from specdraft.decoding.speculator import Draft, DrafterSpeculator, RoundOutcome, Speculator, common_prefix
+from specdraft.decoding.stopping import FixedK
 
 REWARDS = ("bd", "bd-argmax", "be", "accepted", "throughput")
 DEFAULT_COST_RATIO = 0.2  # c = t_draft / t_target of the throughput reward when none is given

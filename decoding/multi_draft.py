@@ -25,13 +25,13 @@ import copy
 
 import torch
 
-from decoding import kv
-from decoding.compat import check_head, check_pair
-from core.errors import require_int
-from decoding.sampling import SamplingConfig, probs_on_cpu, sample
-from decoding.speculator import Draft, RoundOutcome, common_prefix
-from decoding.stopping import StoppingPolicy
-from decoding.tree import trie_from_sequences
+from specdraft.decoding import kv
+from specdraft.decoding.compat import check_head, check_pair
+from specdraft.core.errors import require_int
+from specdraft.decoding.sampling import SamplingConfig, probs_on_cpu, sample
+from specdraft.decoding.speculator import Draft, RoundOutcome, common_prefix
+from specdraft.decoding.stopping import StoppingPolicy
+from specdraft.decoding.tree import trie_from_sequences
 
 
 def check_drafts(n_drafts: int) -> None:
@@ -137,7 +137,7 @@ def drafter_speculator(drafter: torch.nn.Module, stopping: StoppingPolicy, n_dra
     and a stopping policy become a speculator (the CLI, evaluation plans, benchmarks)."""
     check_drafts(n_drafts)
     if n_drafts == 1:
-        from decoding.speculator import DrafterSpeculator
+        from specdraft.decoding.speculator import DrafterSpeculator
 
         return DrafterSpeculator(drafter, stopping)
     return SpecTrSpeculator(drafter, stopping, n_drafts)

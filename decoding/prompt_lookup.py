@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from decoding.compat import vocab_size
-from core.errors import InputError, require_int
-from decoding.sampling import SamplingConfig
-from decoding.speculator import Draft, RoundOutcome
+from specdraft.decoding.compat import vocab_size
+from specdraft.core.errors import InputError, require_int
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculator import Draft, RoundOutcome
 
 
 def lookup(context: list[int], ngram: int, max_tokens: int, min_ngram: int = 1) -> list[int]:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import torch
 
-from decoding.datastore import Continuations, SuffixIndex, most_frequent_chain
-from core.errors import InputError, require_int
-from decoding.prompt_lookup import ModelFreeSpeculator
-from decoding.sampling import SamplingConfig
-from decoding.speculator import Draft
+from specdraft.decoding.datastore import Continuations, SuffixIndex, most_frequent_chain
+from specdraft.core.errors import InputError, require_int
+from specdraft.decoding.prompt_lookup import ModelFreeSpeculator
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculator import Draft
 
 
 def check_positive(who: str, **values) -> None:

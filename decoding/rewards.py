@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from core.errors import InputError
+from specdraft.core.errors import InputError
 
 
 def tv_distance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from core.errors import InputError
+from specdraft.core.errors import InputError
 
 
 @dataclass(frozen=True)

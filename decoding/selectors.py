@@ -29,7 +29,7 @@ import inspect
 import math
 import random
 
-from core.errors import InputError, require_int
+from specdraft.core.errors import InputError, require_int
 
 
 class Selector:

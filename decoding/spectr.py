@@ -24,8 +24,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from decoding.sampling import sample
-from decoding.verify import residual
+from specdraft.decoding.sampling import sample
+from specdraft.decoding.verify import residual
 
 # Bisection stops when the bracket around rho* is narrower than this (absolute, in units of rho); we return
 # the upper end of the bracket, which always satisfies p_acc <= rho beta, so the plan stays valid.

@@ -20,16 +20,16 @@ from typing import Callable
 
 import torch
 
-from decoding import kv
-from decoding.autoregressive import as_token_list, eos_set, generate_autoregressive
-from decoding.compat import check_prompt
-from core.errors import InputError
-from decoding.metrics import GenerationMetrics, GenerationResult
-from decoding.sampling import SamplingConfig, probs_on_cpu
-from decoding.speculator import DrafterSpeculator, RoundOutcome, Speculator
-from decoding.stopping import FixedK, HindsightOracle, StoppingPolicy
-from decoding.tree import verify_tree
-from decoding.verify import Verification, verify
+from specdraft.decoding import kv
+from specdraft.decoding.autoregressive import as_token_list, eos_set, generate_autoregressive
+from specdraft.decoding.compat import check_prompt
+from specdraft.core.errors import InputError
+from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
+from specdraft.decoding.sampling import SamplingConfig, probs_on_cpu
+from specdraft.decoding.speculator import DrafterSpeculator, RoundOutcome, Speculator
+from specdraft.decoding.stopping import FixedK, HindsightOracle, StoppingPolicy
+from specdraft.decoding.tree import verify_tree
+from specdraft.decoding.verify import Verification, verify
 
 # (p (k+1, V), q (k, V)) -> the distribution verification makes the output follow, (k+1, V)
 VerificationDistribution = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from decoding import kv
-from decoding.compat import check_head, check_pair
-from decoding.sampling import SamplingConfig, probs_on_cpu, sample
-from decoding.stopping import StoppingPolicy
-from decoding.verify import Verification
+from specdraft.decoding import kv
+from specdraft.decoding.compat import check_head, check_pair
+from specdraft.decoding.sampling import SamplingConfig, probs_on_cpu, sample
+from specdraft.decoding.stopping import StoppingPolicy
+from specdraft.decoding.verify import Verification
 
 if TYPE_CHECKING:
-    from decoding.tree import DraftTree
+    from specdraft.decoding.tree import DraftTree
 
 
 @dataclass

@@ -23,9 +23,9 @@ from typing import Callable, Protocol
 
 import torch
 
-from decoding import kv
-from decoding.compat import check_k, check_threshold
-from core.errors import InputError
+from specdraft.decoding import kv
+from specdraft.decoding.compat import check_k, check_threshold
+from specdraft.core.errors import InputError
 
 
 class StoppingPolicy(Protocol):

@@ -25,12 +25,12 @@ import math
 
 import torch
 
-from decoding.datastore import SuffixIndex, most_frequent_chain
-from core.errors import InputError
-from decoding.prompt_lookup import ModelFreeSpeculator
-from decoding.rest import check_positive
-from decoding.sampling import SamplingConfig
-from decoding.speculator import Draft
+from specdraft.decoding.datastore import SuffixIndex, most_frequent_chain
+from specdraft.core.errors import InputError
+from specdraft.decoding.prompt_lookup import ModelFreeSpeculator
+from specdraft.decoding.rest import check_positive
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculator import Draft
 
 
 class SuffixSpeculator(ModelFreeSpeculator):

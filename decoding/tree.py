@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from decoding.sampling import sample
-from decoding.spectr import NodeRule, greedy_select, kseq_select
+from specdraft.decoding.sampling import sample
+from specdraft.decoding.spectr import NodeRule, greedy_select, kseq_select
 
 
 @dataclass

@@ -12,8 +12,8 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from decoding.timing import bootstrap_ratio
-from drafters.data import CausalLMCollator
+from specdraft.decoding.timing import bootstrap_ratio
+from specdraft.drafters.data import CausalLMCollator
 
 
 def _device(model) -> torch.device:

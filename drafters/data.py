@@ -29,7 +29,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from core.errors import InputError
+from specdraft.core.errors import InputError
 
 TOPK_IDS, TOPK_LOGPROBS = "teacher_topk_ids", "teacher_topk_logprobs"
 TEACHER_LOGITS = "teacher_logits"

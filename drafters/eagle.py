@@ -42,9 +42,9 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
 
-from decoding.eagle_model import EagleDrafter, fused_features
-from core.errors import InputError
-from drafters import losses
+from specdraft.decoding.eagle_model import EagleDrafter, fused_features
+from specdraft.core.errors import InputError
+from specdraft.drafters import losses
 
 FEATURE_NOISE = 0.1  # EAGLE-1: uniform noise U(-0.1, 0.1) on the input features
 TOKEN_WEIGHT = 0.1  # EAGLE-1: w_cls = 0.1 against w_reg = 1.0

@@ -16,11 +16,11 @@ import lightning as L
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, get_cosine_schedule_with_warmup
 
-from core.errors import InputError
-from core.tokenizers import check_same_vocabulary
-from drafters import losses
-from drafters.alignment import response_logits
-from drafters.data import TEACHER_LOGITS, TOPK_IDS, TOPK_LOGPROBS, CausalLMCollator
+from specdraft.core.errors import InputError
+from specdraft.core.tokenizers import check_same_vocabulary
+from specdraft.drafters import losses
+from specdraft.drafters.alignment import response_logits
+from specdraft.drafters.data import TEACHER_LOGITS, TOPK_IDS, TOPK_LOGPROBS, CausalLMCollator
 
 OPTIMIZERS = ("adamw", "adamw8bit")
 

@@ -3,7 +3,7 @@
 A drafter is a plain `LlamaForCausalLM` (MetaSD App. F.2), so every exported drafter loads with
 `AutoModelForCausalLM.from_pretrained` and the decoder needs no special case for it. A drafter is only
 useful if it speaks the target's vocabulary: `check_same_vocabulary` refuses a mismatch before any
-training starts (issue 3, bad input).
+training starts (bad input).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from core.errors import InputError
+from specdraft.core.errors import InputError
 
 
 @dataclass(frozen=True)

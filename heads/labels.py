@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from core.errors import InputError
-from decoding.sampling import SamplingConfig, probs, sample
+from specdraft.core.errors import InputError
+from specdraft.decoding.sampling import SamplingConfig, probs, sample
 
 
 @dataclass

@@ -26,11 +26,11 @@ import torch
 from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
-from core.errors import InputError
-from training.trainer import TrainerConfig, build_trainer
-from decoding.acceptance_head import AcceptanceHead
-from heads.losses import weighted_bce_terms
-from heads.metrics import binary_kl_terms, head_metrics
+from specdraft.core.errors import InputError
+from specdraft.training.trainer import TrainerConfig, build_trainer
+from specdraft.decoding.acceptance_head import AcceptanceHead
+from specdraft.heads.losses import weighted_bce_terms
+from specdraft.heads.metrics import binary_kl_terms, head_metrics
 
 DEPTHS = (0, 1, 2, 3, 4)
 W_REJS = (1.0, 3.0, 6.0, 12.0)

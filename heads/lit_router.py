@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from core.errors import InputError
-from drafters.data import ResumableBatchSampler, ResumableDataLoader
-from heads.lit_head import cpu_threads
-from heads.router import PromptClassifierRouter
-from training.trainer import TrainerConfig, build_trainer, fit
+from specdraft.core.errors import InputError
+from specdraft.drafters.data import ResumableBatchSampler, ResumableDataLoader
+from specdraft.heads.lit_head import cpu_threads
+from specdraft.heads.router import PromptClassifierRouter
+from specdraft.training.trainer import TrainerConfig, build_trainer, fit
 
 
 class PooledPromptData(L.LightningDataModule):

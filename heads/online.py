@@ -13,9 +13,9 @@ import math
 import torch
 from torch.utils.data import IterableDataset
 
-from core.errors import InputError
-from drafters.alignment import response_hidden
-from drafters.data import CausalLMCollator
+from specdraft.core.errors import InputError
+from specdraft.drafters.alignment import response_hidden
+from specdraft.drafters.data import CausalLMCollator
 
 
 class OnlineFeatures(IterableDataset):

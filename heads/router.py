@@ -29,8 +29,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from core.errors import InputError
-from decoding.checkpoint import CheckpointFormat
+from specdraft.core.errors import InputError
+from specdraft.decoding.checkpoint import CheckpointFormat
 
 WEIGHTS_NAME = "router.safetensors"
 CONFIG_NAME = "router_config.json"

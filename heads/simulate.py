@@ -43,8 +43,8 @@ from typing import Sequence
 
 import torch
 
-from core.errors import InputError
-from decoding.rounds import draft_forwards, round_length, specdecpp_fires
+from specdraft.core.errors import InputError
+from specdraft.decoding.rounds import draft_forwards, round_length, specdecpp_fires
 
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
 K_MAX = 20

@@ -29,21 +29,21 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from core.devices import resolve_device
-from core.errors import InputError
-from core.hashing import derive_seed
-from decoding.loading import load_causal_lm, load_tokenizer
-from drafters.alignment import response_hidden, response_logits
-from drafters.data import CausalLMCollator
-from core.tokenizers import check_same_vocabulary
-from decoding.loading import load_causal_lm as load_drafter
-from heads.labels import acceptance_labels, mix_tokens
-from decoding.bundle import subdir_files
-from core.hashing import drafter_hash
-from pipelines.artifacts import read_json
-from pipelines.readers import load_distill_data
-from pipelines.stage import Context
-from pipelines.readers import BASE
+from specdraft.core.devices import resolve_device
+from specdraft.core.errors import InputError
+from specdraft.core.hashing import derive_seed
+from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+from specdraft.drafters.alignment import response_hidden, response_logits
+from specdraft.drafters.data import CausalLMCollator
+from specdraft.core.tokenizers import check_same_vocabulary
+from specdraft.decoding.loading import load_causal_lm as load_drafter
+from specdraft.heads.labels import acceptance_labels, mix_tokens
+from specdraft.decoding.bundle import subdir_files
+from specdraft.core.hashing import drafter_hash
+from specdraft.pipelines.artifacts import read_json
+from specdraft.pipelines.readers import load_distill_data
+from specdraft.pipelines.stage import Context
+from specdraft.pipelines.readers import BASE
 
 
 def forward_at_response(model, batch: dict, hidden: bool = False) -> torch.Tensor:
@@ -183,6 +183,6 @@ def _label_and_cache(n, sampling, chunk, rows, sub, lengths, p_logits, q_logits,
 
 
 if __name__ == "__main__":
-    from pipelines.cli import stage_main
+    from specdraft.pipelines.cli import stage_main
 
     stage_main("acceptance-data")

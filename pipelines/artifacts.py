@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.errors import InputError
-from core.hashing import content_hash, file_sha256
+from specdraft.core.errors import InputError
+from specdraft.core.hashing import content_hash, file_sha256
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1

@@ -19,14 +19,14 @@ import os
 import sys
 from pathlib import Path
 
-from core.errors import InputError
+from specdraft.core.errors import InputError
 
 EXIT_BAD_INPUT = 2
 
 
 def _load(path: str | None, overrides: list[str]):
-    from pipelines.config import load_config
-    from pipelines.schema import RunConfig
+    from specdraft.pipelines.config import load_config
+    from specdraft.pipelines.schema import RunConfig
 
     return load_config(RunConfig, path, overrides)
 
@@ -45,14 +45,14 @@ def _stage_config(args) -> tuple[str, list[str]]:
 
 
 def _run_one(args) -> None:
-    from pipelines.stage import run_stage
+    from specdraft.pipelines.stage import run_stage
 
     cfg = _load(*_stage_config(args))
     run_stage(cfg, args.stage, force=args.force)
 
 
 def _run_all(args) -> None:
-    from pipelines.stage import get_spec, run_stage, stage_dir, stage_names
+    from specdraft.pipelines.stage import get_spec, run_stage, stage_dir, stage_names
 
     cfg = _load(args.config, args.overrides)
     names = stage_names(cfg)
@@ -65,7 +65,7 @@ def _run_all(args) -> None:
     if metrics.is_file():
         import json
 
-        from pipelines.report import headline
+        from specdraft.pipelines.report import headline
 
         print(headline(json.loads(metrics.read_text())))
         print(f"report: {metrics.parent.resolve() / 'report.md'}")
@@ -73,8 +73,8 @@ def _run_all(args) -> None:
 
 
 def _validate(args) -> None:
-    from pipelines.config import to_dict
-    from pipelines.stage import stage_names
+    from specdraft.pipelines.config import to_dict
+    from specdraft.pipelines.stage import stage_names
 
     cfg = _load(args.config, args.overrides)
     names = stage_names(cfg)
@@ -82,27 +82,27 @@ def _validate(args) -> None:
 
 
 def _config(args) -> None:
-    from pipelines.config_reference import defaults_reference
-    from pipelines.schema import RunConfig
+    from specdraft.pipelines.config_reference import defaults_reference
+    from specdraft.pipelines.schema import RunConfig
 
     print(defaults_reference(RunConfig), end="")
 
 
 def _inspect_bundle(args) -> None:
-    from decoding.bundle import inspect_bundle
+    from specdraft.decoding.bundle import inspect_bundle
 
     print(inspect_bundle(args.bundle))
 
 
 def _generate(args) -> None:
-    from decoding.generate import run
+    from specdraft.decoding.generate import run
 
     run(args)
 
 
 def _add_generate(sub) -> None:
     """`specdraft generate BUNDLE ...`: its options live in decoding.generate_args.add_arguments."""
-    from decoding.generate_args import add_arguments
+    from specdraft.decoding.generate_args import add_arguments
 
     sp = sub.add_parser("generate", help="decode one prompt with a bundle (or target + drafter [+ head])")
     add_arguments(sp)
@@ -110,7 +110,7 @@ def _add_generate(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipelines.stage import STAGE_NAMES
+    from specdraft.pipelines.stage import STAGE_NAMES
 
     p = argparse.ArgumentParser(prog="specdraft", description="Train and evaluate speculative-decoding components.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
     if "SLURM_JOB_ID" in os.environ:
-        from training.trainer import install_requeue_handler
+        from specdraft.training.trainer import install_requeue_handler
 
         install_requeue_handler()  # from the first second: the requeue signal must never kill a job
     try:
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def stage_main(stage: str) -> None:
-    """Entry point for `python -m pipelines.<stage> FILE [...]`."""
+    """Entry point for `python -m specdraft.pipelines.<stage> FILE [...]`."""
     sys.exit(main([stage, *sys.argv[1:]]))
 
 

@@ -16,7 +16,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from core.errors import InputError
+from specdraft.core.errors import InputError
 
 
 class ConfigError(InputError):

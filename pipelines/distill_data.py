@@ -25,15 +25,15 @@ from pathlib import Path
 import datasets
 from tqdm.auto import tqdm
 
-from data.chat import chat_format, row_messages
-from data.generation import generate_batch
-from data.prompts import fit_prompt, load_prompt_sets
-from decoding.chat import ChatFormat, end_of_turn_ids, format_prompt
-from core.devices import resolve_device
-from core.errors import InputError
-from core.hashing import derive_seed
-from decoding.loading import load_causal_lm, load_tokenizer
-from pipelines.stage import Context, StageIncomplete
+from specdraft.data.chat import chat_format, row_messages
+from specdraft.data.generation import generate_batch
+from specdraft.data.prompts import fit_prompt, load_prompt_sets
+from specdraft.decoding.chat import ChatFormat, end_of_turn_ids, format_prompt
+from specdraft.core.devices import resolve_device
+from specdraft.core.errors import InputError
+from specdraft.core.hashing import derive_seed
+from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+from specdraft.pipelines.stage import Context, StageIncomplete
 
 
 def shard_from_env() -> tuple[int, int]:
@@ -155,6 +155,6 @@ def build(ctx: Context) -> dict:
 
 
 if __name__ == "__main__":
-    from pipelines.cli import stage_main
+    from specdraft.pipelines.cli import stage_main
 
     stage_main("distill-data")

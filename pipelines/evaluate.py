@@ -60,36 +60,36 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from data.chat import row_messages
-from data.prompts import load_prompt_sets
-from data.quality import PRIMARY_METRIC, SCORED_DOMAINS, aggregate as aggregate_quality, require_scorers, score
-from decoding import kv
-from decoding.autoregressive import generate_autoregressive
-from decoding.bundle import Bundle, load_bundle
-from decoding.chat import ChatFormat, end_of_turn_ids, format_prompt
-from decoding.compat import check_k
-from core.tokenizers import tokenizer_fingerprint
-from decoding.cost_model import fit_costs
-from core.devices import resolve_device
-from decoding.eagle import EagleSpeculator, TreeShape
-from core.errors import InputError
-from core.hashing import derive_seed
-from decoding.metrics import GenerationMetrics, GenerationResult, aggregate
-from decoding.arms import ArmResources, build_arm, build_arms
-from decoding.cascades import cascade_method
-from decoding.multi import Arm, MultiDrafterSpeculator
-from decoding.multi_draft import drafter_speculator
-from decoding.sampling import SamplingConfig
-from decoding.selectors import make_selector
-from decoding.speculative import VerificationDistribution, generate_speculative
-from decoding.speculator import DrafterSpeculator, Speculator
-from decoding.stopping import FixedK, HindsightOracle, SpecDecPP
-from decoding.timing import Timing, bootstrap_ratio, quantile, timed_call
-from drafters.roles import drafter_roles
-from heads.router import load_router
-from data.prompts import fit_prompt
-from pipelines.schema import BANDITS, EvaluateSection  # noqa: F401 (EvaluateSection re-exported)
-from pipelines.stage import Context
+from specdraft.data.chat import row_messages
+from specdraft.data.prompts import load_prompt_sets
+from specdraft.data.quality import PRIMARY_METRIC, SCORED_DOMAINS, aggregate as aggregate_quality, require_scorers, score
+from specdraft.decoding import kv
+from specdraft.decoding.autoregressive import generate_autoregressive
+from specdraft.decoding.bundle import Bundle, load_bundle
+from specdraft.decoding.chat import ChatFormat, end_of_turn_ids, format_prompt
+from specdraft.decoding.compat import check_k
+from specdraft.core.tokenizers import tokenizer_fingerprint
+from specdraft.decoding.cost_model import fit_costs
+from specdraft.core.devices import resolve_device
+from specdraft.decoding.eagle import EagleSpeculator, TreeShape
+from specdraft.core.errors import InputError
+from specdraft.core.hashing import derive_seed
+from specdraft.decoding.metrics import GenerationMetrics, GenerationResult, aggregate
+from specdraft.decoding.arms import ArmResources, build_arm, build_arms
+from specdraft.decoding.cascades import cascade_method
+from specdraft.decoding.multi import Arm, MultiDrafterSpeculator
+from specdraft.decoding.multi_draft import drafter_speculator
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.selectors import make_selector
+from specdraft.decoding.speculative import VerificationDistribution, generate_speculative
+from specdraft.decoding.speculator import DrafterSpeculator, Speculator
+from specdraft.decoding.stopping import FixedK, HindsightOracle, SpecDecPP
+from specdraft.decoding.timing import Timing, bootstrap_ratio, quantile, timed_call
+from specdraft.drafters.roles import drafter_roles
+from specdraft.heads.router import load_router
+from specdraft.data.prompts import fit_prompt
+from specdraft.pipelines.schema import BANDITS, EvaluateSection  # noqa: F401 (EvaluateSection re-exported)
+from specdraft.pipelines.stage import Context
 
 
 # --- what a method is -------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ class Record:
     def time(self) -> float:
         """Seconds of the whole call: the mean over its passes. Pooled over prompts as a ratio of totals (`_row`),
         this is the total CPU time of every pass, the timed estimator that moved least between a quiet and a busy
-        run of the same plan (issue 13; benchmarks/RESULTS.md, `bench_evaluate_load.py --estimators`: 63 of 89
+        run of the same plan (benchmarks/RESULTS.md, `bench_evaluate_load.py --estimators`: 63 of 89
         cells within 10%, against 58 for the fastest pass and 42 for the median of per-prompt ratios). The
         fastest of 2-3 passes is itself a noisy extreme; the mean averages the noise away."""
         return statistics.fmean(t.time for t in self.times) if self.times else self.metrics.time_total
@@ -770,7 +770,7 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     # teacher-forced on the dev responses at train-drafters: thousands of positions per cell where the test
     # prompts give tens of rounds, so "a specialist wins in its domain" is decided here, MAT beside it
     metrics["drafter_alignment"] = {n: dict(e.alignment) for n, e in sorted(bundle.drafters.items()) if e.alignment}
-    from pipelines.report import write_report
+    from specdraft.pipelines.report import write_report
 
     write_report(metrics, ctx.out)
     return {"headline": metrics["headline"], "cost_fit": metrics["cost_fit"], "runs": len(records)}
@@ -909,7 +909,7 @@ def _spread(pairs: list[tuple[float, float]], seed: int) -> tuple[float | None, 
     """The ratio of totals sum(a) / sum(b) over prompts with its bootstrap 90% interval (resampling prompts).
     A pooled ratio, not the median of per-prompt ratios: on a shared CPU one 48-token decode's time moves by
     ~9% between two passes (median; 29% at the 90th percentile), and a median over the 3 prompts of a small
-    cell keeps one prompt's noise whole, where the ratio of totals averages every prompt's (issue 13;
+    cell keeps one prompt's noise whole, where the ratio of totals averages every prompt's (
     benchmarks/bench_evaluate_load.py --estimators compares estimators on the same runs)."""
     pairs = [(a, b) for a, b in pairs if b > 0]
     if not pairs:
@@ -1007,11 +1007,11 @@ def summarize(records: list[Record], calib: Calibration, setup: Setup) -> dict[s
         "switch_seconds": _switch_seconds(records), "notes": setup.notes,
         "runs": [_run_entry(r, calib) for r in records],
     }
-    from pipelines.report import effects, headline_rows
+    from specdraft.pipelines.report import effects, headline_rows
 
     metrics["effects"] = effects(metrics)
     metrics["headline"] = headline_rows(metrics)
-    from pipelines.verdicts import paper_verdicts
+    from specdraft.pipelines.verdicts import paper_verdicts
 
     metrics["verdicts"] = paper_verdicts(metrics)
     return metrics
@@ -1026,6 +1026,6 @@ def _switch_seconds(records: Iterable[Record]) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    from pipelines.cli import stage_main
+    from specdraft.pipelines.cli import stage_main
 
     stage_main("evaluate")

@@ -28,24 +28,24 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from data.chat import chat_format
-from decoding.bundle import BUNDLE_JSON, check_safe_weights, drafter_hash, load_bundle, subdir_files, summarize, write_bundle
-from decoding.bundle_schema import (BundleSpec, DatastoreEntry, DecodingEntry, DrafterEntry, EagleEntry, HeadEntry,
+from specdraft.data.chat import chat_format
+from specdraft.decoding.bundle import BUNDLE_JSON, check_safe_weights, drafter_hash, load_bundle, subdir_files, summarize, write_bundle
+from specdraft.decoding.bundle_schema import (BundleSpec, DatastoreEntry, DecodingEntry, DrafterEntry, EagleEntry, HeadEntry,
                                     RouterEntry, TargetEntry)
-from core.hashing import content_hash, file_sha256
-from decoding.cascades import method_from_spec
-from decoding.compat import check_k
-from core.tokenizers import tokenizer_fingerprint
-from decoding.datastore import build_datastore
-from core.errors import InputError
-from decoding.loading import load_tokenizer
-from decoding.sampling import SamplingConfig
-from decoding.selectors import SELECTORS
-from decoding.acceptance_head import CONFIG_NAME as HEAD_CONFIG
-from pipelines.artifacts import MANIFEST, Manifest
-from pipelines.config import to_dict
-from pipelines.stage import Context
-from pipelines.readers import BASE
+from specdraft.core.hashing import content_hash, file_sha256
+from specdraft.decoding.cascades import method_from_spec
+from specdraft.decoding.compat import check_k
+from specdraft.core.tokenizers import tokenizer_fingerprint
+from specdraft.decoding.datastore import build_datastore
+from specdraft.core.errors import InputError
+from specdraft.decoding.loading import load_tokenizer
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.selectors import SELECTORS
+from specdraft.decoding.acceptance_head import CONFIG_NAME as HEAD_CONFIG
+from specdraft.pipelines.artifacts import MANIFEST, Manifest
+from specdraft.pipelines.config import to_dict
+from specdraft.pipelines.stage import Context
+from specdraft.pipelines.readers import BASE
 
 
 def copy_listed(src: Path, manifest: Manifest, sub: str | None, dst: Path) -> dict[str, str]:
@@ -73,7 +73,7 @@ def copy_listed(src: Path, manifest: Manifest, sub: str | None, dst: Path) -> di
 def build_datastore_dir(distill_dir: Path, dst: Path) -> dict:
     """Suffix array over distill-data's train responses (decoding/datastore.py) written into dst;
     returns its datastore.json (tokens, sequences, bytes, source) and the build time in seconds."""
-    from pipelines.readers import load_distill_data
+    from specdraft.pipelines.readers import load_distill_data
 
     data = load_distill_data(distill_dir)
     if "train" not in data or len(data["train"]) == 0:
@@ -100,7 +100,7 @@ def export_eagle(ctx: Context, drafters_dir: Path, manifest: Manifest, out: Path
                  target: TargetEntry, add) -> dict[str, EagleEntry]:
     """Copy train-drafters' eagle/<name>/ dirs into eagle/<name>/ and describe them for bundle.json; each
     must have been trained on this target (its recorded target content hash, when both are known)."""
-    from decoding.eagle_model import read_eagle_config, target_dir_hash, target_hash_from_files
+    from specdraft.decoding.eagle_model import read_eagle_config, target_dir_hash, target_hash_from_files
 
     names = sorted({rel.split("/")[1] for rel in manifest.files
                     if rel.startswith("eagle/") and rel.endswith("/eagle_config.json")})
@@ -280,6 +280,6 @@ def build(ctx: Context) -> dict:
 
 
 if __name__ == "__main__":
-    from pipelines.cli import stage_main
+    from specdraft.pipelines.cli import stage_main
 
     stage_main("export")

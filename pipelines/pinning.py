@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import InputError
-from core.hashing import content_hash
-from pipelines.artifacts import HashCache
+from specdraft.core.errors import InputError
+from specdraft.core.hashing import content_hash
+from specdraft.pipelines.artifacts import HashCache
 
 # What a causal LM and its tokenizer load from; the snapshot download fetches only these.
 MODEL_FILES = ("*.json", "*.safetensors", "*.model", "*.jinja", "*.txt", "*.tiktoken")

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 
-from data.prompts import demo_corpus, demo_prompt_sets, domains_of, user_prompt_sets
-from pipelines.stage import Context
+from specdraft.data.prompts import demo_corpus, demo_prompt_sets, domains_of, user_prompt_sets
+from specdraft.pipelines.stage import Context
 
 
 def build(ctx: Context) -> dict:
@@ -40,14 +40,14 @@ def build(ctx: Context) -> dict:
 def _source_hash(path: str) -> str:
     from pathlib import Path
 
-    from pipelines.artifacts import dir_hashes
-    from core.hashing import content_hash, file_sha256
+    from specdraft.pipelines.artifacts import dir_hashes
+    from specdraft.core.hashing import content_hash, file_sha256
 
     p = Path(path)
     return content_hash(dir_hashes(p)) if p.is_dir() else file_sha256(p)
 
 
 if __name__ == "__main__":
-    from pipelines.cli import stage_main
+    from specdraft.pipelines.cli import stage_main
 
     stage_main("prepare-data")

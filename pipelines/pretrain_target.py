@@ -17,15 +17,15 @@ from collections import Counter
 
 import torch
 
-from data.chat import chat_format
-from data.prompts import load_prompt_sets
-from data.tokenizer import encode_document, pack, train_bpe
-from drafters.data import CausalLMCollator, CausalLMDataModule
-from drafters.lit_lm import CausalLMModule
-from drafters.model import build_causal_lm, num_parameters
-from pipelines.artifacts import load_dataset_dir
-from pipelines.stage import Context, leave_unless_rank_zero
-from training.trainer import build_trainer, fit
+from specdraft.data.chat import chat_format
+from specdraft.data.prompts import load_prompt_sets
+from specdraft.data.tokenizer import encode_document, pack, train_bpe
+from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
+from specdraft.drafters.lit_lm import CausalLMModule
+from specdraft.drafters.model import build_causal_lm, num_parameters
+from specdraft.pipelines.artifacts import load_dataset_dir
+from specdraft.pipelines.stage import Context, leave_unless_rank_zero
+from specdraft.training.trainer import build_trainer, fit
 
 
 @torch.no_grad()
@@ -108,6 +108,6 @@ def build(ctx: Context) -> dict:
 
 
 if __name__ == "__main__":
-    from pipelines.cli import stage_main
+    from specdraft.pipelines.cli import stage_main
 
     stage_main("pretrain-target")

@@ -9,8 +9,8 @@ from pathlib import Path
 import datasets
 import torch
 
-from core.errors import InputError
-from pipelines.artifacts import load_dataset_dir, load_safetensors
+from specdraft.core.errors import InputError
+from specdraft.pipelines.artifacts import load_dataset_dir, load_safetensors
 
 BASE = "base"  # the general-phase drafter: the "trained on the raw corpus, no target generations" reference
 

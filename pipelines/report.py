@@ -17,10 +17,10 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from decoding.cascades import DISPLAY_NAMES as CASCADE_NAMES
-from core.hashing import derive_seed
-from decoding.timing import Spread, bootstrap_rate_ratio, verdict
-from pipelines.schema import BANDITS
+from specdraft.decoding.cascades import DISPLAY_NAMES as CASCADE_NAMES
+from specdraft.core.hashing import derive_seed
+from specdraft.decoding.timing import Spread, bootstrap_rate_ratio, verdict
+from specdraft.pipelines.schema import BANDITS
 
 PLOTS = ("pareto.png", "speedup.png", "best_arm_ratio.png", "robustness.png", "regret.png")
 
@@ -481,7 +481,7 @@ def _alignment_lines(alignment: dict[str, dict[str, dict]]) -> list[str]:
 
 
 def _paper_verdicts(metrics: dict) -> list[str]:
-    from pipelines.verdicts import render_verdicts  # it builds on this module's helpers
+    from specdraft.pipelines.verdicts import render_verdicts  # it builds on this module's helpers
 
     return render_verdicts(metrics)
 

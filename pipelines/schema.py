@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
-from data.demo_world import DOMAINS, HELDOUT_DOMAINS
-from core.errors import InputError, require_int
-from decoding.compat import check_k
-from drafters.model import CausalLMConfig, preset
-from training.trainer import TrainerConfig
+from specdraft.data.demo_world import DOMAINS, HELDOUT_DOMAINS
+from specdraft.core.errors import InputError, require_int
+from specdraft.decoding.compat import check_k
+from specdraft.drafters.model import CausalLMConfig, preset
+from specdraft.training.trainer import TrainerConfig
 
 
 @dataclass
@@ -79,7 +79,7 @@ class PromptsSection:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra template variables, e.g. {enable_thinking: false}
 
     def check(self) -> None:
-        from data.chat import chat_format
+        from specdraft.data.chat import chat_format
 
         chat_format(self)  # a missing template file or a malformed template name fails before any stage
 
@@ -209,7 +209,7 @@ class EagleSection:
         if self.layers is not None and (self.variant != "eagle3" or len(self.layers) != 3):
             raise InputError("train_drafters.eagle.layers takes 3 hidden-state indices (low, middle, high) and only "
                              "with variant: eagle3; drop it for EAGLE-3's default or for eagle1")
-        from decoding.eagle import TreeShape
+        from specdraft.decoding.eagle import TreeShape
 
         TreeShape(self.tree.depth, self.tree.top_k, self.tree.nodes)
 
@@ -245,7 +245,7 @@ class SamplingSection:
 
     def config(self):
         """The decoder's SamplingConfig (raises InputError on impossible values)."""
-        from decoding.sampling import SamplingConfig
+        from specdraft.decoding.sampling import SamplingConfig
 
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
 

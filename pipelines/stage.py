@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from core.errors import InputError
-from pipelines.artifacts import (HashCache, Manifest, StageLock, StageOutput, read_manifest, tidy_stage_dir,
+from specdraft.core.errors import InputError
+from specdraft.pipelines.artifacts import (HashCache, Manifest, StageLock, StageOutput, read_manifest, tidy_stage_dir,
                                  verify_files)
-from pipelines.config import to_dict
+from specdraft.pipelines.config import to_dict
 
 if TYPE_CHECKING:  # annotations only: importing the schema pulls in torch and transformers (slow --help)
-    from pipelines.schema import RunConfig
+    from specdraft.pipelines.schema import RunConfig
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ def target_pin(cfg: RunConfig):
     size and mtime under run.root/.work."""
     if cfg.target.name_or_path is None:
         return None
-    from pipelines.pinning import pin_target
+    from specdraft.pipelines.pinning import pin_target
 
     cache = HashCache(Path(cfg.run.root) / ".work" / "hash-cache.json")
     pin = pin_target(cfg.target.name_or_path, cfg.target.revision, cache)
@@ -273,7 +273,7 @@ def _build_stage(cfg: RunConfig, spec: StageSpec, manifests: dict[str, Manifest]
     name, root = spec.name, Path(cfg.run.root)
     out = stage_dir(cfg, name)
     verified = verify_inputs(cfg, manifests)
-    module = importlib.import_module(f"pipelines.{spec.module}")
+    module = importlib.import_module(f"specdraft.pipelines.{spec.module}")
     work = root / ".work" / f"{spec.out_dir(cfg)}-{key[:16]}"
     where = slurm_context()
     if where:

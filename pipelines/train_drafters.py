@@ -28,22 +28,22 @@ from pathlib import Path
 
 import torch
 
-from data.chat import chat_format
-from data.tokenizer import encode_document, pack
-from core.devices import resolve_device
-from core.errors import InputError
-from pipelines.artifacts import load_dataset_dir
-from decoding.loading import load_causal_lm, load_tokenizer
-from drafters.alignment import alignment_by_domain, format_table, specialist_margins
-from drafters.data import TEACHER_LOGITS, CausalLMCollator, CausalLMDataModule
-from drafters.lit_lm import CausalLMModule, teacher_logits_per_example
-from drafters.model import build_causal_lm, num_parameters
-from decoding.loading import load_causal_lm as load_drafter
-from core.tokenizers import check_same_vocabulary
-from pipelines.readers import load_distill_data
-from pipelines.readers import BASE
-from pipelines.stage import Context, StageIncomplete, global_rank, on_rank_zero
-from training.trainer import build_trainer, fit
+from specdraft.data.chat import chat_format
+from specdraft.data.tokenizer import encode_document, pack
+from specdraft.core.devices import resolve_device
+from specdraft.core.errors import InputError
+from specdraft.pipelines.artifacts import load_dataset_dir
+from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+from specdraft.drafters.alignment import alignment_by_domain, format_table, specialist_margins
+from specdraft.drafters.data import TEACHER_LOGITS, CausalLMCollator, CausalLMDataModule
+from specdraft.drafters.lit_lm import CausalLMModule, teacher_logits_per_example
+from specdraft.drafters.model import build_causal_lm, num_parameters
+from specdraft.decoding.loading import load_causal_lm as load_drafter
+from specdraft.core.tokenizers import check_same_vocabulary
+from specdraft.pipelines.readers import load_distill_data
+from specdraft.pipelines.readers import BASE
+from specdraft.pipelines.stage import Context, StageIncomplete, global_rank, on_rank_zero
+from specdraft.training.trainer import build_trainer, fit
 
 
 
@@ -95,7 +95,7 @@ def _train(model, examples: list[dict], phase, pad_id: int, seed: int, work: Pat
 def reference_rows(ctx: Context, tok, distill_rows: list[dict]) -> list[dict]:
     """The control without self-distillation: the prompt sets' reference answers (the demo world's
     own text) in place of the target's responses, one row per distilled row so step counts match."""
-    from data.prompts import load_prompt_sets
+    from specdraft.data.prompts import load_prompt_sets
 
     sets = load_prompt_sets(ctx.input("prepare-data"))["train"]
     ref = {r["id"]: r for r in sets}
@@ -235,7 +235,7 @@ def build(ctx: Context) -> dict:
                 "data_hash": _data_hash(rows), "finetune": stats, "loss": tcfg.finetune.loss}
         on_rank_zero(trainer, lambda: _export(model, tok, done, info))
     if tcfg.eagle.enabled:  # EAGLE twins of the drafters, over the target's features (pipelines/train_eagle.py)
-        from pipelines import train_eagle
+        from specdraft.pipelines import train_eagle
 
         eagle_target = teacher if teacher is not None else load_causal_lm(
             target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
@@ -278,7 +278,7 @@ def build(ctx: Context) -> dict:
                "training": {n: {**(i.get("finetune") or i.get("general") or {}), **timings.get(n, {})}
                             for n, i in infos.items()}}
     if tcfg.eagle.enabled:
-        from pipelines import train_eagle
+        from specdraft.pipelines import train_eagle
 
         metrics["eagle"] = train_eagle.finish(ctx, target, specs, dev_rows, tok.pad_token_id)
         for name in metrics["eagle"]["drafters"]:
@@ -287,6 +287,6 @@ def build(ctx: Context) -> dict:
 
 
 if __name__ == "__main__":
-    from pipelines.cli import stage_main
+    from specdraft.pipelines.cli import stage_main
 
     stage_main("train-drafters")

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from decoding.eagle_model import (EagleDrafter, count_parameters, fused_features, load_eagle, save_eagle,
+from specdraft.decoding.eagle_model import (EagleDrafter, count_parameters, fused_features, load_eagle, save_eagle,
                                   target_dir_hash)
-from core.errors import InputError
-from drafters.data import CausalLMCollator, CausalLMDataModule
-from drafters.eagle import EagleModule
-from pipelines.stage import on_rank_zero
-from training.trainer import build_trainer, fit
+from specdraft.core.errors import InputError
+from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
+from specdraft.drafters.eagle import EagleModule
+from specdraft.pipelines.stage import on_rank_zero
+from specdraft.training.trainer import build_trainer, fit
 
 EAGLE_DIR = "eagle"
 PREFIX = "eagle-"

@@ -24,18 +24,18 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from core.devices import resolve_device
-from core.errors import InputError
-from pipelines.artifacts import load_dataset_dir, read_json
-from decoding.loading import load_causal_lm, load_tokenizer
-from decoding.loading import load_causal_lm as load_drafter
-from decoding.acceptance_head import save_head
-from heads.lit_head import HeadTrainConfig, predict_logits, train_head_grid
-from heads.metrics import constant_baseline, overlap_reference
-from heads.online import OnlineFeatures, compute_features
-from heads.simulate import best, greedy_oracle, simulate_fixed_k, simulate_specdecpp
-from pipelines.readers import load_features, transform_dirs
-from pipelines.stage import Context
+from specdraft.core.devices import resolve_device
+from specdraft.core.errors import InputError
+from specdraft.pipelines.artifacts import load_dataset_dir, read_json
+from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+from specdraft.decoding.loading import load_causal_lm as load_drafter
+from specdraft.decoding.acceptance_head import save_head
+from specdraft.heads.lit_head import HeadTrainConfig, predict_logits, train_head_grid
+from specdraft.heads.metrics import constant_baseline, overlap_reference
+from specdraft.heads.online import OnlineFeatures, compute_features
+from specdraft.heads.simulate import best, greedy_oracle, simulate_fixed_k, simulate_specdecpp
+from specdraft.pipelines.readers import load_features, transform_dirs
+from specdraft.pipelines.stage import Context
 
 
 def measure_cost_ratio(target, drafter, device: str, seed: int, draft_run: int, reps: int = 60) -> dict:
@@ -44,7 +44,7 @@ def measure_cost_ratio(target, drafter, device: str, seed: int, draft_run: int, 
     forward, as a round drafts, a low quantile over the passes), so the heads, thresholds and the assistant
     K are picked with the c their counted speedup is later priced with. Timing a lone drafter forward
     instead prices every drafted token as the cold first one (0.076-0.090 here against evaluate's 0.097)."""
-    from pipelines.evaluate import calibrate
+    from specdraft.pipelines.evaluate import calibrate
 
     calib = calibrate(target, {"drafter": drafter}, 1, 64, reps, device, seed, draft_run=draft_run)
     t_draft, t_target = calib.drafter_s["drafter"], calib.target_s[1]
@@ -178,6 +178,6 @@ def _table(name: str, s: dict) -> str:
 
 
 if __name__ == "__main__":
-    from pipelines.cli import stage_main
+    from specdraft.pipelines.cli import stage_main
 
     stage_main("train-heads")

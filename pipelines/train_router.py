@@ -35,25 +35,25 @@ from collections import Counter
 
 import torch
 
-from data.chat import chat_format, row_messages
-from data.prompts import load_prompt_sets
-from decoding.chat import ChatFormat, end_of_turn_ids, format_prompt
-from core.tokenizers import tokenizer_fingerprint
-from core.devices import resolve_device
-from core.errors import InputError
-from pipelines.artifacts import read_json
-from decoding.loading import load_causal_lm, load_tokenizer
-from drafters.alignment import position_acceptance
-from drafters.data import CausalLMCollator
-from drafters.roles import DrafterRoles, drafter_roles
-from decoding.loading import load_causal_lm as load_drafter
-from heads.lit_router import train_classifier
-from heads.router import CentroidRouter, Router, mean_pooled, save_router
-from data.prompts import fit_prompt
-from data.generation import generate_batch
-from pipelines.readers import load_distill_data
-from pipelines.stage import Context
-from pipelines.readers import BASE
+from specdraft.data.chat import chat_format, row_messages
+from specdraft.data.prompts import load_prompt_sets
+from specdraft.decoding.chat import ChatFormat, end_of_turn_ids, format_prompt
+from specdraft.core.tokenizers import tokenizer_fingerprint
+from specdraft.core.devices import resolve_device
+from specdraft.core.errors import InputError
+from specdraft.pipelines.artifacts import read_json
+from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+from specdraft.drafters.alignment import position_acceptance
+from specdraft.drafters.data import CausalLMCollator
+from specdraft.drafters.roles import DrafterRoles, drafter_roles
+from specdraft.decoding.loading import load_causal_lm as load_drafter
+from specdraft.heads.lit_router import train_classifier
+from specdraft.heads.router import CentroidRouter, Router, mean_pooled, save_router
+from specdraft.data.prompts import fit_prompt
+from specdraft.data.generation import generate_batch
+from specdraft.pipelines.readers import load_distill_data
+from specdraft.pipelines.stage import Context
+from specdraft.pipelines.readers import BASE
 
 POOLING = "mean of the target's input embeddings over the prompt tokens"
 
@@ -252,6 +252,6 @@ def format_table(results: dict[str, dict]) -> str:
 
 
 if __name__ == "__main__":
-    from pipelines.cli import stage_main
+    from specdraft.pipelines.cli import stage_main
 
     stage_main("train-router")

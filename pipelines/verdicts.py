@@ -25,15 +25,15 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable
 
-from decoding.cascades import DISPLAY_NAMES as CASCADE_NAMES
-from pipelines.report import _fmt, _said, _seed, compare, key_of, one, runs_of, select, table
+from specdraft.decoding.cascades import DISPLAY_NAMES as CASCADE_NAMES
+from specdraft.pipelines.report import _fmt, _said, _seed, compare, key_of, one, runs_of, select, table
 
 WORD = {"above": "yes", "below": "NO", "within noise": "within noise", "too few prompts": "too few prompts", None: "-"}
 MIN_PROMPTS = 3  # below this a bootstrap interval over prompts is degenerate: no claim either way
 
 
 def _compare(a: dict[str, dict], b: dict[str, dict], value: str, seed: int) -> dict[str, Any] | None:
-    """pipelines.report.compare, with no verdict from fewer than MIN_PROMPTS shared prompts."""
+    """specdraft.pipelines.report.compare, with no verdict from fewer than MIN_PROMPTS shared prompts."""
     c = compare(a, b, value, seed)
     if c is not None and c["prompts"] < MIN_PROMPTS:
         c["verdict"] = "too few prompts"
@@ -303,7 +303,7 @@ def _render_specdecpp(v: list[dict]) -> list[str]:
             if p:
                 rows.append([e["domain"], e["drafter"], name, p["prompts"], p["draft_per_token"], p["MAT"],
                              p["counted_ms_per_token"]])
-    return ["### SpecDec++ against the best fixed K and the hindsight oracle (issue 12; greedy, test set)", "",
+    return ["### SpecDec++ against the best fixed K and the hindsight oracle (greedy, test set)", "",
             table(["domain", "drafter", "policy", "prompts", "N_draft per token", "MAT", "counted ms per token"],
                   rows), "",
             "- **SpecDec++ is cheaper than the best fixed K (counted speedup of SpecDec++ over it, 90% interval):** "
@@ -325,7 +325,7 @@ def _render_spectr(v: dict) -> list[str]:
     said = {"above": "yes: block efficiency rises with K beyond the spread, as in SpecTr Table 1",
             "below": "NO: it falls with K", "within noise": "within noise: no rise beyond the spread",
             "too few prompts": "too few prompts for a verdict"}
-    return [f"### SpecTr: block efficiency vs K drafts (issue 15; T = 1, L = {v['L']}, test set)", "",
+    return [f"### SpecTr: block efficiency vs K drafts (T = 1, L = {v['L']}, test set)", "",
             "MAT (tokens per target call, bonus counted) / counted speedup over the target sampling alone, per "
             "domain and K; K = 1 is plain speculative sampling. SpecTr Table 1 reports 2.4 -> 3.1 (L = 4) and "
             "2.9 -> 4.0 (L = 8) from K = 1 to 8.", "",
@@ -337,7 +337,7 @@ def _render_spectr(v: dict) -> list[str]:
 
 
 def _render_cascades(v: dict) -> list[str]:
-    out = ["### Speculative cascades: quality vs counted speedup (issue 16; Faster Cascades Figure 2 / Table 2)", "",
+    out = ["### Speculative cascades: quality vs counted speedup (Faster Cascades Figure 2 / Table 2)", "",
            "Quality: data/quality.py's primary metric (0-100) of the sampled text against the test reference, mean "
            "over prompts [bootstrap 90% interval]; speedup: counted (Eq. 3.1) and timed, over the target sampling "
            "alone on the same prompts [90% interval].", ""]
@@ -387,7 +387,7 @@ def _render_banditspec(v: dict) -> list[str]:
         timed = [(d, e["bandits"][b]["vs_best_timed"]) for d, e in v["per_domain"].items() if b in e["bandits"]]
         lines.append(f"- **{b} beats the best single arm (counted tokens/s over the arm's, 90% interval):** "
                      + _verdict_counts(items) + ". Timed: " + _verdict_counts(timed) + ".")
-    return ["### BanditSpec Table 1: model-free arms, the domain drafter, and bandits over them (issue 24; greedy)", "",
+    return ["### BanditSpec Table 1: model-free arms, the domain drafter, and bandits over them (greedy)", "",
             "Each arm alone and each bandit (throughput reward) on the same test prompts; counted tokens/s from the "
             "calibrated forward costs (retrieval time not counted), timed from process CPU time; regret: the "
             "bandit's target calls per prompt beyond the prompt's best single arm (BanditSpec §4).", "",
@@ -403,7 +403,7 @@ def _render_metaeagle(v: dict) -> list[str]:
     near = [(d, e["ucb_vs_best"]) for d, e in per.items()]
     bdbe = [(d, e["bd_vs_be"]) for d, e in per.items()]
     gaps = ", ".join(f"{d} EAGLE {_said(e['bd_vs_be'])} vs SpS {_said(e['sps_bd_vs_be'])}" for d, e in per.items())
-    return ["### MetaSD with EAGLE drafters: MetaEagle (issue 23; MetaSD Tables 4 / 7; greedy, test set, chain at K)", "",
+    return ["### MetaSD with EAGLE drafters: MetaEagle (MetaSD Tables 4 / 7; greedy, test set, chain at K)", "",
             table(["domain", "own EAGLE drafter", "its MAT", "best EAGLE drafter (hindsight)", "its MAT",
                    "MetaEagle-UCB (BD) MAT", "MetaEagle-UCB (BE) MAT"], rows), "",
             "- **Specialised EAGLE drafters win their domain (MAT of the own drafter over the best other one, 90% "

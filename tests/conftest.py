@@ -7,7 +7,25 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import sys
+
 import torch
+
+
+class _RefuseBareProjectImports:
+    """The package installs as `specdraft.*`; tests run from the repository root, where a bare
+    `import pipelines` would also resolve (to a second copy of every module, whose monkeypatches and
+    registries the installed one never sees). Refuse such imports, so any that remain fail a test."""
+
+    BARE = {"core", "training", "decoding", "data", "drafters", "heads", "pipelines"}
+
+    def find_spec(self, name, path=None, target=None):
+        if path is None and name in self.BARE:
+            raise ImportError(f"bare import of {name!r}: import specdraft.{name} instead")
+        return None
+
+
+sys.meta_path.insert(0, _RefuseBareProjectImports())
 
 # Tiny models run fastest on one thread, and tests that start subprocesses (ddp, sharded stages)
 # must not oversubscribe the 2 cores of a CI box.

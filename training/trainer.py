@@ -33,7 +33,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-from core.errors import InputError
+from specdraft.core.errors import InputError
 
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
 GPU_ONLY_STRATEGIES = ("fsdp", "deepspeed_stage_2", "deepspeed_stage_3")

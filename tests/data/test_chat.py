@@ -5,12 +5,12 @@ import json
 import datasets
 import pytest
 
-from data.chat import chat_format, row_messages
-from data.prompts import load_user_prompts, user_prompt_sets
-from data.tokenizer import DEMO_CHAT_TEMPLATE, encode_document, train_bpe
-from decoding.chat import ChatFormat, format_prompt, user_turn
-from core.errors import InputError
-from pipelines.schema import PromptsSection
+from specdraft.data.chat import chat_format, row_messages
+from specdraft.data.prompts import load_user_prompts, user_prompt_sets
+from specdraft.data.tokenizer import DEMO_CHAT_TEMPLATE, encode_document, train_bpe
+from specdraft.decoding.chat import ChatFormat, format_prompt, user_turn
+from specdraft.core.errors import InputError
+from specdraft.pipelines.schema import PromptsSection
 
 
 @pytest.fixture(scope="module")

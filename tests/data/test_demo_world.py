@@ -4,9 +4,9 @@ import json
 import datasets
 import pytest
 
-from data import demo_world
-from data.prompts import demo_prompt_sets, load_user_prompts, user_prompt_sets
-from core.errors import InputError
+from specdraft.data import demo_world
+from specdraft.data.prompts import demo_prompt_sets, load_user_prompts, user_prompt_sets
+from specdraft.core.errors import InputError
 
 
 def _digest(examples):

@@ -5,10 +5,10 @@ from types import SimpleNamespace
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from data.generation import generate_batch
-from decoding.autoregressive import generate_autoregressive
-from decoding.chat import end_of_turn_ids
-from decoding.sampling import SamplingConfig
+from specdraft.data.generation import generate_batch
+from specdraft.decoding.autoregressive import generate_autoregressive
+from specdraft.decoding.chat import end_of_turn_ids
+from specdraft.decoding.sampling import SamplingConfig
 
 
 def test_a_turn_ends_at_any_end_of_turn_id():

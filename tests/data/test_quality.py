@@ -3,8 +3,8 @@ import sys
 
 import pytest
 
-from data.quality import PRIMARY_METRIC, aggregate, math_answer, score
-from core.errors import InputError
+from specdraft.data.quality import PRIMARY_METRIC, aggregate, math_answer, score
+from specdraft.core.errors import InputError
 
 
 def test_math_scores_the_first_answer_line():
@@ -72,7 +72,7 @@ def test_every_demo_reference_scores_perfectly_against_itself(domain):
 
 
 def test_a_missing_scorer_package_is_named_with_its_fix(monkeypatch):
-    from data.quality import require_scorers
+    from specdraft.data.quality import require_scorers
 
     require_scorers()  # installed here: nothing raised
     monkeypatch.setitem(sys.modules, "rouge_score", None)  # import now raises ImportError, as when not installed

@@ -3,8 +3,8 @@ import json
 import pytest
 import torch
 
-from core.errors import InputError
-from decoding.acceptance_head import AcceptanceHead, load_head, save_head
+from specdraft.core.errors import InputError
+from specdraft.decoding.acceptance_head import AcceptanceHead, load_head, save_head
 
 
 @pytest.mark.parametrize("depth", [0, 1, 3])

@@ -2,19 +2,19 @@
 arm (BanditSpec §6.2): model-free and drafter arms behind one bandit stay lossless under greedy decoding."""
 import pytest
 
-from decoding.arms import ArmResources, build_arms
-from decoding.autoregressive import generate_autoregressive
-from decoding.datastore import SuffixIndex
-from core.errors import InputError
-from decoding.multi import MultiDrafterSpeculator, NoDraftSpeculator
-from decoding.prompt_lookup import PromptLookupSpeculator
-from decoding.rest import RestSpeculator
-from decoding.rewards import throughput_bounds, throughput_reward
-from decoding.sampling import SamplingConfig
-from decoding.selectors import make_selector
-from decoding.speculative import generate_speculative
-from decoding.speculator import DrafterSpeculator
-from decoding.suffix import SuffixSpeculator
+from specdraft.decoding.arms import ArmResources, build_arms
+from specdraft.decoding.autoregressive import generate_autoregressive
+from specdraft.decoding.datastore import SuffixIndex
+from specdraft.core.errors import InputError
+from specdraft.decoding.multi import MultiDrafterSpeculator, NoDraftSpeculator
+from specdraft.decoding.prompt_lookup import PromptLookupSpeculator
+from specdraft.decoding.rest import RestSpeculator
+from specdraft.decoding.rewards import throughput_bounds, throughput_reward
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.selectors import make_selector
+from specdraft.decoding.speculative import generate_speculative
+from specdraft.decoding.speculator import DrafterSpeculator
+from specdraft.decoding.suffix import SuffixSpeculator
 
 GREEDY = SamplingConfig(temperature=0.0)
 

@@ -8,11 +8,11 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-import decoding.bundle
-from decoding.bundle import BUNDLE_JSON, bundle_files, inspect_bundle, inspect_main, load_bundle, write_bundle_json
-from core.hashing import content_hash
-from core.errors import InputError
-from decoding.acceptance_head import AcceptanceHead, save_head
+import specdraft.decoding.bundle as bundle_module
+from specdraft.decoding.bundle import BUNDLE_JSON, bundle_files, inspect_bundle, inspect_main, load_bundle, write_bundle_json
+from specdraft.core.hashing import content_hash
+from specdraft.core.errors import InputError
+from specdraft.decoding.acceptance_head import AcceptanceHead, save_head
 from tests.decoding.conftest import noisy_copy, tiny_llama
 
 V = 64
@@ -43,7 +43,7 @@ def _meta(root, tok_sha: str, drafter_tok_sha: str | None = None) -> dict:
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):
-    from core.tokenizers import tokenizer_fingerprint
+    from specdraft.core.tokenizers import tokenizer_fingerprint
 
     root = tmp_path_factory.mktemp("bundle_template") / "bundle"
     tok = tiny_tokenizer()
@@ -51,11 +51,11 @@ def template(tmp_path_factory):
     for model, d in ((target, root / "target"), (noisy_copy(target, 0.05, seed=1), root / "drafters" / "d")):
         model.save_pretrained(d)
         tok.save_pretrained(d)
-    drafter_hash = decoding.bundle.drafter_hash(bundle_files(root / "drafters" / "d"))
+    drafter_hash = bundle_module.drafter_hash(bundle_files(root / "drafters" / "d"))
     torch.manual_seed(0)
     save_head(AcceptanceHead(32, depth=1), root / "heads" / "d" / "D1_w6",
               {"drafter": "d", "drafter_hash": drafter_hash, "w_rej": 6.0, "threshold": 0.7})
-    from decoding.loading import load_tokenizer
+    from specdraft.decoding.loading import load_tokenizer
 
     write_bundle_json(root, _meta(root, tokenizer_fingerprint(load_tokenizer(root / "target"))))
     return root
@@ -199,8 +199,8 @@ def test_inspect_summarises_and_counts_verified_files(bundle, capsys):
 
 
 def test_heads_are_matched_to_the_decoding_transform(bundle):
-    from decoding.generate import load_pair
-    from decoding.sampling import SamplingConfig
+    from specdraft.decoding.generate import load_pair
+    from specdraft.decoding.sampling import SamplingConfig
 
     b = load_bundle(bundle)
     assert b.head_for("d", SamplingConfig(1.0)) == "D1_w6"  # labelled at T=1

@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from core.errors import InputError
-from decoding.bundle import BUNDLE_JSON, load_bundle, write_bundle
-from decoding.bundle_schema import BundleSpec
+from specdraft.core.errors import InputError
+from specdraft.decoding.bundle import BUNDLE_JSON, load_bundle, write_bundle
+from specdraft.decoding.bundle_schema import BundleSpec
 from tests.decoding.test_bundle import template  # noqa: F401  (the hand-built bundle fixture)
 
 

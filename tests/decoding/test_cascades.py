@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from decoding.cascades import (
+from specdraft.decoding.cascades import (
     NEUTRAL_ALPHA,
     RULES,
     SPECULATIVE_RULES,
@@ -25,12 +25,12 @@ from decoding.cascades import (
     token_v3_rejects,
     verification_distribution,
 )
-from core.errors import InputError
-from decoding.sampling import SamplingConfig, probs, sample
-from decoding.speculative import generate_speculative
-from decoding.speculator import DrafterSpeculator
-from decoding.stopping import FixedK
-from decoding.verify import verify
+from specdraft.core.errors import InputError
+from specdraft.decoding.sampling import SamplingConfig, probs, sample
+from specdraft.decoding.speculative import generate_speculative
+from specdraft.decoding.speculator import DrafterSpeculator
+from specdraft.decoding.stopping import FixedK
+from specdraft.decoding.verify import verify
 from tests.decoding.conftest import chi2_pvalue
 
 V, N_TOKENS, N_SAMPLES = 3, 2, 4_000

@@ -3,11 +3,11 @@ import json
 
 import pytest
 
-from decoding.cascades import cascade_method
-from core.errors import InputError
-from decoding.generate import generate_text, load_pair
-from decoding.sampling import SamplingConfig
-from pipelines.cli import main
+from specdraft.decoding.cascades import cascade_method
+from specdraft.core.errors import InputError
+from specdraft.decoding.generate import generate_text, load_pair
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.pipelines.cli import main
 from tests.decoding.test_generate import pair  # noqa: F401  (the seeded tiny target/drafter pair)
 
 
@@ -47,7 +47,7 @@ def test_bad_cascade_settings_exit_2_with_one_line(pair, capsys, extra, why):
 
 def test_bundle_decoding_defaults_can_name_a_cascade():
     """`generate` reads the bundle's decoding.cascade through method_from_spec (absent: none)."""
-    from decoding.cascades import method_from_spec
+    from specdraft.decoding.cascades import method_from_spec
 
     assert method_from_spec({"temperature": 1.0}.get("cascade"), "the bundle's decoding.cascade") is None
     assert method_from_spec({"rule": "opt", "alpha": 0.4}, "the bundle's decoding.cascade") == cascade_method("opt", 0.4)

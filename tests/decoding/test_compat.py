@@ -4,14 +4,14 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from decoding.autoregressive import generate_autoregressive
-from decoding.compat import check_head, check_pair
-from core.tokenizers import tokenizer_fingerprint
-from core.errors import InputError
-from decoding.sampling import SamplingConfig
-from decoding.speculative import speculative_generate
-from decoding.speculator import DrafterSpeculator
-from decoding.stopping import FixedK, SpecDecPP
+from specdraft.decoding.autoregressive import generate_autoregressive
+from specdraft.decoding.compat import check_head, check_pair
+from specdraft.core.tokenizers import tokenizer_fingerprint
+from specdraft.core.errors import InputError
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculative import speculative_generate
+from specdraft.decoding.speculator import DrafterSpeculator
+from specdraft.decoding.stopping import FixedK, SpecDecPP
 
 
 def word_tokenizer(words, eos="</s>"):

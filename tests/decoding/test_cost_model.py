@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from decoding.cost_model import (
+from specdraft.decoding.cost_model import (
     acceptance_from_mat,
     analytic_speedup,
     expected_tokens_per_round,
@@ -10,8 +10,8 @@ from decoding.cost_model import (
     fit_from_metrics,
     implementation_efficiency,
 )
-from core.errors import InputError
-from decoding.metrics import GenerationMetrics, aggregate
+from specdraft.core.errors import InputError
+from specdraft.decoding.metrics import GenerationMetrics, aggregate
 
 
 def test_fit_recovers_forward_times_from_noisy_rows():

@@ -6,10 +6,10 @@ y_1..y_{k-1}); SpecDec++ (Alg. 1) reads the head on e_{k-1} after sampling y_k, 
 import pytest
 import torch
 
-from decoding.autoregressive import generate_autoregressive
-from decoding.sampling import SamplingConfig
-from decoding.speculative import speculative_generate
-from decoding.stopping import SpecDecPP
+from specdraft.decoding.autoregressive import generate_autoregressive
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculative import speculative_generate
+from specdraft.decoding.stopping import SpecDecPP
 
 V, N = 5, 10
 PROMPT = [1, 2, 3]

@@ -5,16 +5,16 @@ check), EAGLE-1 and EAGLE-3 arms share one bandit, and the checkpoint records th
 import pytest
 import torch
 
-from core.errors import InputError
-from decoding.arms import Arm
-from decoding.autoregressive import generate_autoregressive
-from decoding.eagle import EagleSpeculator, StaticTree, TreeShape
-from decoding.eagle_model import EagleDrafter, eagle3_layers, fused_features, load_eagle, read_eagle_config, save_eagle
-from decoding.multi import MultiDrafterSpeculator
-from decoding.sampling import SamplingConfig
-from decoding.selectors import make_selector
-from decoding.speculative import generate_speculative
-from decoding.stopping import FixedK
+from specdraft.core.errors import InputError
+from specdraft.decoding.arms import Arm
+from specdraft.decoding.autoregressive import generate_autoregressive
+from specdraft.decoding.eagle import EagleSpeculator, StaticTree, TreeShape
+from specdraft.decoding.eagle_model import EagleDrafter, eagle3_layers, fused_features, load_eagle, read_eagle_config, save_eagle
+from specdraft.decoding.multi import MultiDrafterSpeculator
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.selectors import make_selector
+from specdraft.decoding.speculative import generate_speculative
+from specdraft.decoding.stopping import FixedK
 from tests.decoding.eagle_fixtures import mimic_drafter, tiny_target
 from tests.decoding.test_eagle import N_TOKENS, PROMPT, V, assert_samples_fit, exact_model_distribution, stoppings
 

@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from data.tokenizer import train_bpe
-from decoding.generate import generate_text, load_pair
-from core.errors import InputError
-from pipelines.cli import main
+from specdraft.data.tokenizer import train_bpe
+from specdraft.decoding.generate import generate_text, load_pair
+from specdraft.core.errors import InputError
+from specdraft.pipelines.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_generate_with_several_drafts(pair, capsys):
 
 def test_drafts_default_comes_from_the_bundle(monkeypatch, capsys):
     """No --drafts: the bundle's decoding.drafts (absent in older bundles: 1); --drafts overrides it."""
-    import decoding.generate as g
+    import specdraft.decoding.generate as g
 
     seen = []
     monkeypatch.setattr(g, "load_pair", lambda *a, **k: (None, None, None, None, None))
@@ -78,8 +78,8 @@ def test_drafts_default_comes_from_the_bundle(monkeypatch, capsys):
 def test_generate_formats_the_prompt_with_the_chat_template(pair, monkeypatch):
     """The prompt is one user turn through the target's chat template; --raw-prompt feeds the text as is
     and --system-prompt adds a system turn."""
-    import decoding.generate as g
-    from decoding.chat import format_prompt, user_turn
+    import specdraft.decoding.generate as g
+    from specdraft.decoding.chat import format_prompt, user_turn
 
     tok, tgt, dft, _, _ = load_pair(target=str(pair / "target"), drafter=str(pair / "drafter"))
     seen = []

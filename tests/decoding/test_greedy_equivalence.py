@@ -4,11 +4,11 @@ hindsight oracle, over several prompts and lengths, with rollback and the bonus 
 import pytest
 import torch
 
-from decoding.autoregressive import generate_autoregressive
-from decoding.metrics import aggregate
-from decoding.sampling import SamplingConfig
-from decoding.speculative import hindsight_oracle, speculative_generate
-from decoding.stopping import FixedK, SpecDecPP
+from specdraft.decoding.autoregressive import generate_autoregressive
+from specdraft.decoding.metrics import aggregate
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculative import hindsight_oracle, speculative_generate
+from specdraft.decoding.stopping import FixedK, SpecDecPP
 
 GREEDY = SamplingConfig(temperature=0.0)
 # (prompt length, max_new_tokens) pairs; prompts drawn with a fixed seed
@@ -145,8 +145,8 @@ class Alternating:
 
 
 def test_switching_drafters_catch_up_through_the_seam(llama_pair, references):
-    from decoding.speculative import generate_speculative
-    from decoding.speculator import DrafterSpeculator
+    from specdraft.decoding.speculative import generate_speculative
+    from specdraft.decoding.speculator import DrafterSpeculator
 
     target, drafter = llama_pair
     for prompt, n, ours, _ in references:
@@ -160,8 +160,8 @@ def test_switching_drafters_catch_up_through_the_seam(llama_pair, references):
 
 
 def test_verification_distribution_hook_reaches_verify(llama_pair, references):
-    from decoding.speculative import generate_speculative
-    from decoding.speculator import DrafterSpeculator
+    from specdraft.decoding.speculative import generate_speculative
+    from specdraft.decoding.speculator import DrafterSpeculator
 
     target, drafter = llama_pair
     prompt, n, ours, _ = references[2]

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from decoding.autoregressive import generate_autoregressive
-from decoding.datastore import (SEPARATOR, SMALL, Continuations, SuffixIndex, build_datastore, most_frequent_chain,
+from specdraft.decoding.autoregressive import generate_autoregressive
+from specdraft.decoding.datastore import (SEPARATOR, SMALL, Continuations, SuffixIndex, build_datastore, most_frequent_chain,
                                 suffix_array)
-from core.errors import InputError
-from decoding.prompt_lookup import PromptLookupSpeculator
-from decoding.rest import RestSpeculator
-from decoding.sampling import SamplingConfig
-from decoding.speculative import generate_speculative
-from decoding.suffix import SuffixSpeculator
+from specdraft.core.errors import InputError
+from specdraft.decoding.prompt_lookup import PromptLookupSpeculator
+from specdraft.decoding.rest import RestSpeculator
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculative import generate_speculative
+from specdraft.decoding.suffix import SuffixSpeculator
 from tests.decoding.conftest import chi2_pvalue, exact_distribution, sample_sequences
 
 GREEDY = SamplingConfig(temperature=0.0)

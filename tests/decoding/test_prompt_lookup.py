@@ -3,11 +3,11 @@ and stays lossless (greedy: token for token; sampling: exact distribution on a s
 import pytest
 import torch
 
-from decoding.autoregressive import generate_autoregressive
-from core.errors import InputError
-from decoding.prompt_lookup import PromptLookupSpeculator, lookup
-from decoding.sampling import SamplingConfig
-from decoding.speculative import generate_speculative
+from specdraft.decoding.autoregressive import generate_autoregressive
+from specdraft.core.errors import InputError
+from specdraft.decoding.prompt_lookup import PromptLookupSpeculator, lookup
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculative import generate_speculative
 
 GREEDY = SamplingConfig(temperature=0.0)
 

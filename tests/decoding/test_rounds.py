@@ -11,14 +11,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from decoding.multi import Arm, MultiDrafterSpeculator, gamma_arms
-from decoding.rounds import lemma_3_1_gap, round_length, specdecpp_fires
-from decoding.sampling import SamplingConfig
-from decoding.selectors import make_selector
-from decoding.speculative import generate_speculative, hindsight_oracle, speculative_generate
-from decoding.speculator import DrafterSpeculator
-from decoding.stopping import FixedK, HindsightOracle, SpecDecPP
-from heads.simulate import greedy_oracle, simulate_fixed_k, simulate_specdecpp
+from specdraft.decoding.multi import Arm, MultiDrafterSpeculator, gamma_arms
+from specdraft.decoding.rounds import lemma_3_1_gap, round_length, specdecpp_fires
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.selectors import make_selector
+from specdraft.decoding.speculative import generate_speculative, hindsight_oracle, speculative_generate
+from specdraft.decoding.speculator import DrafterSpeculator
+from specdraft.decoding.stopping import FixedK, HindsightOracle, SpecDecPP
+from specdraft.heads.simulate import greedy_oracle, simulate_fixed_k, simulate_specdecpp
 
 GREEDY, SAMPLED = SamplingConfig(temperature=0.0), SamplingConfig(temperature=1.0)
 
@@ -96,7 +96,7 @@ def speculators(target, drafter, other, greedy):
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_lemma_3_1_holds_exactly_on_real_decodes(llama_pair, make_llama, sampling):
-    from decoding.autoregressive import generate_autoregressive
+    from specdraft.decoding.autoregressive import generate_autoregressive
 
     target, drafter = llama_pair
     other = make_llama(7)

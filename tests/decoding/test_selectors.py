@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from core.errors import InputError
-from decoding.selectors import (
+from specdraft.core.errors import InputError
+from specdraft.decoding.selectors import (
     EXP3,
     SELECTORS,
     EXP3Spec,

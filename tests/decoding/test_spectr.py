@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from decoding import kv
-from decoding.autoregressive import generate_autoregressive
-from core.errors import InputError
-from decoding.multi_draft import SpecTrSpeculator
-from decoding.sampling import SamplingConfig
-from decoding.spectr import (
+from specdraft.decoding import kv
+from specdraft.decoding.autoregressive import generate_autoregressive
+from specdraft.core.errors import InputError
+from specdraft.decoding.multi_draft import SpecTrSpeculator
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.spectr import (
     RHO_TOL,
     acceptance_probability,
     beta,
@@ -29,11 +29,11 @@ from decoding.spectr import (
     optimal_rho,
     recursive_rejection_select,
 )
-from decoding.speculative import generate_speculative
-from decoding.speculator import Draft, DrafterSpeculator
-from decoding.stopping import FixedK, SpecDecPP
-from decoding.tree import trie_from_sequences, verify_tree
-from decoding.verify import residual
+from specdraft.decoding.speculative import generate_speculative
+from specdraft.decoding.speculator import Draft, DrafterSpeculator
+from specdraft.decoding.stopping import FixedK, SpecDecPP
+from specdraft.decoding.tree import trie_from_sequences, verify_tree
+from specdraft.decoding.verify import residual
 from tests.decoding.conftest import chi2_pvalue, exact_distribution, sample_sequences
 from tests.decoding.test_losslessness import linear_head
 
@@ -408,7 +408,7 @@ def test_bad_draft_count_is_an_input_error(llama_pair):
 
 
 def test_factory_picks_the_speculator_by_draft_count(llama_pair):
-    from decoding.multi_draft import drafter_speculator
+    from specdraft.decoding.multi_draft import drafter_speculator
 
     _, drafter = llama_pair
     assert type(drafter_speculator(drafter, FixedK(3))) is DrafterSpeculator

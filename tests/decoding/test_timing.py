@@ -3,7 +3,7 @@ import statistics
 
 import pytest
 
-from decoding.timing import Spread, bootstrap_median, bootstrap_rate_ratio, bootstrap_ratio, iqr, quantile, timed_call, verdict
+from specdraft.decoding.timing import Spread, bootstrap_median, bootstrap_rate_ratio, bootstrap_ratio, iqr, quantile, timed_call, verdict
 
 
 def test_timed_call_returns_the_result_and_cpu_time_of_work():

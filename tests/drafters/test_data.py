@@ -1,13 +1,13 @@
 import pytest
 
-from core.errors import InputError
-from drafters.data import (
+from specdraft.core.errors import InputError
+from specdraft.drafters.data import (
     CausalLMCollator,
     ResumableBatchSampler,
     ResumableDataLoader,
     fit_to_length,
 )
-from drafters.losses import gather_positions, next_token_targets
+from specdraft.drafters.losses import gather_positions, next_token_targets
 
 
 def test_loss_mask_selects_exactly_the_response_tokens_as_targets():

@@ -2,11 +2,11 @@
 eagle3 run through the shared trainer raises accepted tokens per round."""
 import torch
 
-from decoding import kv
-from decoding.eagle_model import EagleDrafter, fused_features
-from drafters.data import CausalLMCollator, CausalLMDataModule
-from drafters.eagle import EagleModule, ttt_mask, ttt_predictions
-from training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
+from specdraft.decoding import kv
+from specdraft.decoding.eagle_model import EagleDrafter, fused_features
+from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
+from specdraft.drafters.eagle import EagleModule, ttt_mask, ttt_predictions
+from specdraft.training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
 from tests.decoding.eagle_fixtures import tiny_target
 from tests.drafters.test_eagle_training import accepted_per_round, self_distilled_world
 

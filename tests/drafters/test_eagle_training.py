@@ -3,15 +3,15 @@ up as accepted tokens in EAGLE decoding; its checkpoint has only the EAGLE layer
 import pytest
 import torch
 
-from decoding.autoregressive import generate_autoregressive
-from decoding.eagle import EagleSpeculator
-from decoding.eagle_model import EagleDrafter
-from decoding.sampling import SamplingConfig
-from decoding.speculative import generate_speculative
-from decoding.stopping import FixedK
-from drafters.data import CausalLMCollator, CausalLMDataModule
-from drafters.eagle import EagleModule, eagle_loss
-from training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
+from specdraft.decoding.autoregressive import generate_autoregressive
+from specdraft.decoding.eagle import EagleSpeculator
+from specdraft.decoding.eagle_model import EagleDrafter
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculative import generate_speculative
+from specdraft.decoding.stopping import FixedK
+from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
+from specdraft.drafters.eagle import EagleModule, eagle_loss
+from specdraft.training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
 from tests.decoding.eagle_fixtures import tiny_target
 
 GREEDY = SamplingConfig(temperature=0.0)

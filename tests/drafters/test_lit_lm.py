@@ -3,11 +3,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core.errors import InputError
-from drafters.data import TEACHER_LOGITS, CausalLMCollator, CausalLMDataModule
-from drafters.lit_lm import CausalLMModule, teacher_logits_per_example
-from drafters.losses import topk_of
-from drafters.model import build_causal_lm
+from specdraft.core.errors import InputError
+from specdraft.drafters.data import TEACHER_LOGITS, CausalLMCollator, CausalLMDataModule
+from specdraft.drafters.lit_lm import CausalLMModule, teacher_logits_per_example
+from specdraft.drafters.losses import topk_of
+from specdraft.drafters.model import build_causal_lm
 
 V = 48
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from drafters import losses
+from specdraft.drafters import losses
 
 
 def _logits(n=5, v=11, seed=0):

@@ -3,10 +3,10 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from core.errors import InputError
-from drafters.model import PRESETS, build_causal_lm, num_parameters, preset
-from decoding.loading import load_causal_lm
-from core.tokenizers import check_same_vocabulary, tokenizer_fingerprint
+from specdraft.core.errors import InputError
+from specdraft.drafters.model import PRESETS, build_causal_lm, num_parameters, preset
+from specdraft.decoding.loading import load_causal_lm
+from specdraft.core.tokenizers import check_same_vocabulary, tokenizer_fingerprint
 
 
 def test_metasd_preset_has_68m_parameters_with_the_llama_vocabulary():

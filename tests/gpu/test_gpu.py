@@ -28,10 +28,10 @@ pytestmark = [
 
 @pytest.mark.parametrize("strategy", ["auto", "fsdp", "deepspeed_stage_2"])
 def test_drafter_trains_in_bf16_on_one_gpu(tmp_path, strategy):
-    from drafters.data import CausalLMCollator, CausalLMDataModule
-    from drafters.lit_lm import CausalLMModule
-    from drafters.model import build_causal_lm
-    from training.trainer import fit, build_trainer
+    from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
+    from specdraft.drafters.lit_lm import CausalLMModule
+    from specdraft.drafters.model import build_causal_lm
+    from specdraft.training.trainer import fit, build_trainer
 
     # 8 fixed sequences seen again and again: a drafter that trains at all fits them quickly
     gen = torch.Generator().manual_seed(0)
@@ -63,10 +63,10 @@ def tiny_target_run(tmp_path_factory):
 def test_quantized_target_through_distill_data(tiny_target_run, tmp_path, monkeypatch, quantization):
     import bitsandbytes as bnb
 
-    import pipelines.distill_data as dd
-    from pipelines.readers import load_distill_data
-    from decoding.loading import load_causal_lm
-    from pipelines.stage import run_stage
+    import specdraft.pipelines.distill_data as dd
+    from specdraft.pipelines.readers import load_distill_data
+    from specdraft.decoding.loading import load_causal_lm
+    from specdraft.pipelines.stage import run_stage
 
     root = fresh_copy(tiny_target_run, tmp_path)
     loaded = []
@@ -127,7 +127,7 @@ PROMPTS = [list(range(1, 9)), [5, 17, 300, 42, 9, 9, 1], [int(x) for x in torch.
 
 
 def test_greedy_speculative_in_bf16_equals_transformers_generate():
-    from decoding.speculative import speculative_generate
+    from specdraft.decoding.speculative import speculative_generate
 
     target = _llama(0, layers=4).to("cuda", torch.bfloat16)
     drafter = noisy_copy(_llama(0, layers=4), 0.05, seed=1).to("cuda", torch.bfloat16)
@@ -142,8 +142,8 @@ def test_greedy_speculative_in_bf16_equals_transformers_generate():
 
 
 def test_sampling_on_gpu_is_seeded_and_valid():
-    from decoding.sampling import SamplingConfig
-    from decoding.speculative import speculative_generate
+    from specdraft.decoding.sampling import SamplingConfig
+    from specdraft.decoding.speculative import speculative_generate
 
     target = _llama(0, layers=2).to("cuda", torch.bfloat16)
     drafter = noisy_copy(_llama(0, layers=2), 0.05, seed=1).to("cuda", torch.bfloat16)
@@ -154,8 +154,8 @@ def test_sampling_on_gpu_is_seeded_and_valid():
 
 
 def test_device_map_auto_split_over_cpu_and_gpu_decodes_like_generate(tmp_path):
-    from decoding.loading import load_causal_lm
-    from decoding.speculative import speculative_generate
+    from specdraft.decoding.loading import load_causal_lm
+    from specdraft.decoding.speculative import speculative_generate
 
     _llama(0, layers=6).save_pretrained(tmp_path / "target", safe_serialization=True)
     per_layer = sum(p.numel() for p in _llama(0, layers=1).model.layers[0].parameters()) * 2  # bf16 bytes
@@ -174,7 +174,7 @@ def test_device_map_auto_split_over_cpu_and_gpu_decodes_like_generate(tmp_path):
 
 
 def test_probs_on_cpu_from_gpu_logits_is_probs_moved_to_cpu():
-    from decoding.sampling import SamplingConfig, probs, probs_on_cpu
+    from specdraft.decoding.sampling import SamplingConfig, probs, probs_on_cpu
 
     logits = torch.randn(5, 32000, device="cuda", dtype=torch.bfloat16)
     for cfg in (SamplingConfig(0.0), SamplingConfig(1.0)):

@@ -3,11 +3,11 @@ import math
 import pytest
 import torch
 
-from core.errors import InputError
-from decoding.sampling import SamplingConfig
-from heads.labels import acceptance_labels, mix_tokens
-from heads.losses import weighted_bce
-from heads.metrics import (
+from specdraft.core.errors import InputError
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.heads.labels import acceptance_labels, mix_tokens
+from specdraft.heads.losses import weighted_bce
+from specdraft.heads.metrics import (
     binary_kl,
     brier,
     constant_baseline,
@@ -135,7 +135,7 @@ def test_ece_brier_baseline():
 
 
 def test_overlap_reference_is_the_one_minus_tv_predictor():
-    from heads.metrics import binary_kl, overlap_reference
+    from specdraft.heads.metrics import binary_kl, overlap_reference
 
     labels = torch.tensor([1.0, 0.0, 0.5, 0.25])
     tv = torch.tensor([0.9, 0.2, 0.5, 0.25])

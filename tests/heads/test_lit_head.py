@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from core.errors import InputError
-from decoding.acceptance_head import AcceptanceHead
-from heads.lit_head import (
+from specdraft.core.errors import InputError
+from specdraft.decoding.acceptance_head import AcceptanceHead
+from specdraft.heads.lit_head import (
     AcceptanceHeadsModule,
     HeadSpec,
     HeadTrainConfig,
@@ -13,8 +13,8 @@ from heads.lit_head import (
     train_head_grid,
     train_heads,
 )
-from heads.losses import weighted_bce
-from heads.metrics import binary_kl, constant_baseline
+from specdraft.heads.losses import weighted_bce
+from specdraft.heads.metrics import binary_kl, constant_baseline
 
 
 def _data(m, h=16, seed=0):

@@ -3,10 +3,10 @@ import json
 import pytest
 import torch
 
-from core.errors import InputError
-from heads.lit_router import train_classifier
-from heads.router import (CentroidRouter, PromptClassifierRouter, load_router, mean_pooled, save_router)
-from training.trainer import TrainerConfig, WandbConfig
+from specdraft.core.errors import InputError
+from specdraft.heads.lit_router import train_classifier
+from specdraft.heads.router import (CentroidRouter, PromptClassifierRouter, load_router, mean_pooled, save_router)
+from specdraft.training.trainer import TrainerConfig, WandbConfig
 
 H, PER_DOMAIN, COMMON = 16, 20, 20
 DOMAINS = ["code", "math", "translate"]

@@ -4,8 +4,8 @@ import random
 import pytest
 import torch
 
-from core.errors import InputError
-from heads.simulate import (
+from specdraft.core.errors import InputError
+from specdraft.heads.simulate import (
     THRESHOLDS,
     best,
     greedy_oracle,
@@ -147,7 +147,7 @@ def test_predictions_must_be_probabilities():
 
 
 def test_oracle_closed_form_equals_the_dp():
-    from heads.simulate import expected_counts, oracle_round_lengths, pad
+    from specdraft.heads.simulate import expected_counts, oracle_round_lengths, pad
 
     g = torch.Generator().manual_seed(7)
     agree = [torch.rand(n, generator=g) < 0.8 for n in (12, 30, 1, 7)]

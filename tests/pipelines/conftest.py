@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import from_dict
-from pipelines.schema import RunConfig
-from pipelines.stage import run_stage
+from specdraft.pipelines.config import from_dict
+from specdraft.pipelines.schema import RunConfig
+from specdraft.pipelines.stage import run_stage
 
 OFF = {"wandb": {"mode": "disabled"}}
 

@@ -1,10 +1,10 @@
 """Every stage formats prompts the same way: the target's chat template (the demo tokenizer has one)."""
-from data.chat import row_messages
-from data.prompts import load_prompt_sets
-from decoding.chat import format_prompt
-from decoding.loading import load_tokenizer
-from pipelines.readers import load_distill_data
-from pipelines.stage import run_stage
+from specdraft.data.chat import row_messages
+from specdraft.data.prompts import load_prompt_sets
+from specdraft.decoding.chat import format_prompt
+from specdraft.decoding.loading import load_tokenizer
+from specdraft.pipelines.readers import load_distill_data
+from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import tiny_config as _tiny_config
 
 
@@ -33,7 +33,7 @@ def test_distill_data_prompts_are_chat_formatted(tiny_run):
 
 
 def test_drafter_loss_covers_only_the_response_of_a_templated_prompt(tiny_run):
-    from drafters.data import CausalLMCollator
+    from specdraft.drafters.data import CausalLMCollator
 
     out = run_stage(tiny_config(tiny_run), "distill-data")
     tok = load_tokenizer(tiny_run / "target")

@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from core.errors import InputError
-from decoding.generate_args import bundle_of
-from pipelines.cli import _stage_config, build_parser
+from specdraft.core.errors import InputError
+from specdraft.decoding.generate_args import bundle_of
+from specdraft.pipelines.cli import _stage_config, build_parser
 
 HEAVY = ("torch", "transformers", "lightning", "datasets", "tokenizers")
 

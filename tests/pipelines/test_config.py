@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import InputError
-from pipelines.cli import main
-from pipelines.config import ConfigError, apply_overrides, from_dict, load_config
-from pipelines.schema import RunConfig
+from specdraft.core.errors import InputError
+from specdraft.pipelines.cli import main
+from specdraft.pipelines.config import ConfigError, apply_overrides, from_dict, load_config
+from specdraft.pipelines.schema import RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
@@ -64,7 +64,7 @@ def test_cli_misspelled_key_exits_2_and_writes_nothing(tmp_path, capsys):
 def test_console_script_exit_code(tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("pretrain_target:\n  seq_len: short\n")
-    r = subprocess.run([sys.executable, "-m", "pipelines.cli", "validate", str(cfg)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "specdraft.pipelines.cli", "validate", str(cfg)], capture_output=True, text=True)
     assert r.returncode == 2
     assert "pretrain_target.seq_len" in r.stderr and r.stderr.count("\n") == 1
 
@@ -81,8 +81,8 @@ def test_reproduce_is_the_demo_with_another_evaluation():
     """configs/reproduce.yaml takes demo.yaml through `base`: every training section is the demo's but the
     EAGLE set (so prepare-data, pretrain-target and distill-data are cache hits on a finished demo root) and
     its report goes beside the demo's."""
-    from pipelines.config import to_dict
-    from pipelines.stage import stage_dir
+    from specdraft.pipelines.config import to_dict
+    from specdraft.pipelines.stage import stage_dir
 
     demo = load_config(RunConfig, CONFIGS / "demo.yaml")
     rep = load_config(RunConfig, CONFIGS / "reproduce.yaml")

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.cli import main
-from pipelines.config import from_dict, load_config, load_yaml, to_dict
-from pipelines.config_reference import defaults_reference, field_docs, iter_fields
-from pipelines.schema import RunConfig
+from specdraft.pipelines.cli import main
+from specdraft.pipelines.config import from_dict, load_config, load_yaml, to_dict
+from specdraft.pipelines.config_reference import defaults_reference, field_docs, iter_fields
+from specdraft.pipelines.schema import RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "configs").glob("*.yaml"))

@@ -5,11 +5,11 @@ import sys
 import pytest
 import yaml
 
-import pipelines.distill_data as dd
-from core.errors import InputError
-from data.prompts import fit_prompt
-from pipelines.readers import load_distill_data
-from pipelines.stage import run_stage
+import specdraft.pipelines.distill_data as dd
+from specdraft.core.errors import InputError
+from specdraft.data.prompts import fit_prompt
+from specdraft.pipelines.readers import load_distill_data
+from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import tiny_config
 
 
@@ -61,10 +61,10 @@ def test_kill_midway_then_resume_is_exactly_once_and_identical(tiny_run, tmp_pat
 def test_two_processes_share_the_work(tiny_run):
     cfg_file = tiny_run / "cfg.yaml"
     cfg = tiny_config(tiny_run)
-    from pipelines.config import to_dict
+    from specdraft.pipelines.config import to_dict
 
     cfg_file.write_text(yaml.safe_dump(to_dict(cfg)))
-    procs = [subprocess.Popen([sys.executable, "-m", "pipelines.distill_data", "--config", str(cfg_file)],
+    procs = [subprocess.Popen([sys.executable, "-m", "specdraft.pipelines.distill_data", "--config", str(cfg_file)],
                               env={**os.environ, "SPECDRAFT_SHARD": f"{i}/2"}, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for i in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -93,7 +93,7 @@ def test_quantized_target_generates(tiny_run, quantization):
 
 
 def test_exactly_one_shard_claims_the_merge(tmp_path):
-    from pipelines.distill_data import _claim_merge
+    from specdraft.pipelines.distill_data import _claim_merge
 
     assert [_claim_merge(tmp_path, s) for s in (1, 0, 2)] == [True, False, False]
     assert not _claim_merge(tmp_path / "removed-by-the-commit", 0)  # the merging shard already committed

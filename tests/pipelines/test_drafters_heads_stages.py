@@ -6,12 +6,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import pipelines.acceptance_data as ad
-from pipelines.readers import load_features
-from core.errors import InputError
-from decoding.acceptance_head import load_head
-from pipelines.artifacts import read_manifest
-from pipelines.stage import run_stage
+import specdraft.pipelines.acceptance_data as ad
+from specdraft.pipelines.readers import load_features
+from specdraft.core.errors import InputError
+from specdraft.decoding.acceptance_head import load_head
+from specdraft.pipelines.artifacts import read_manifest
+from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import FAST, tiny_config
 
 
@@ -50,7 +50,7 @@ def test_drafters_export_and_alignment(drafted):
 def test_specialist_margin_interval_separates_a_real_lead_from_a_tie():
     import numpy as np
 
-    from drafters.alignment import specialist_margins
+    from specdraft.drafters.alignment import specialist_margins
 
     rng = np.random.default_rng(0)
     positions = rng.integers(20, 60, size=(80, 1)).astype(float)
@@ -74,7 +74,7 @@ def test_specialist_margin_interval_separates_a_real_lead_from_a_tie():
 
 
 def test_drafter_with_other_vocabulary_is_refused(tiny_run, tmp_path):
-    from drafters.model import build_causal_lm, preset
+    from specdraft.drafters.model import build_causal_lm, preset
 
     other = tmp_path / "other"
     build_causal_lm(preset("demo-tiny"), vocab_size=77).save_pretrained(other)
@@ -140,8 +140,8 @@ def test_label_transforms_share_the_logits_and_get_their_own_heads(drafted_run, 
     _, config = load_head(heads / "math" / "greedy" / sweep["math"]["greedy"]["best_head"], expected_hidden_size=16)
     assert config["label_transform"]["temperature"] == 0.0
     bundle = run_stage(cfg, "export")
-    from decoding.bundle import load_bundle
-    from decoding.sampling import SamplingConfig
+    from specdraft.decoding.bundle import load_bundle
+    from specdraft.decoding.sampling import SamplingConfig
 
     b = load_bundle(bundle)
     assert b.drafter("math").head == "greedy/" + sweep["math"]["greedy"]["best_head"]  # export.decoding is greedy
@@ -180,7 +180,7 @@ def test_train_heads_exports_grid_with_thresholds(drafted):
 def test_train_heads_prices_its_picks_with_evaluates_calibration(drafted, monkeypatch):
     """cost_ratio null: c is calibrated as evaluate calibrates it (the drafter timed over the bundle's
     default K forwards right after a target forward), once for drafters of one architecture."""
-    import pipelines.evaluate as evaluate
+    import specdraft.pipelines.evaluate as evaluate
 
     calls, real = [], evaluate.calibrate
 
@@ -219,9 +219,9 @@ def test_nan_in_cached_features_names_the_example(drafted):
 def test_heads_train_online_without_a_feature_cache(drafted_run):
     """cache_features off: no hidden states on disk; train-heads reruns the frozen drafter each epoch
     and still exports scored heads. The recomputed dev features equal what the cache would hold."""
-    from heads.online import compute_features
+    from specdraft.heads.online import compute_features
     from datasets import load_from_disk
-    from decoding.loading import load_causal_lm
+    from specdraft.decoding.loading import load_causal_lm
 
     cached = tiny_config(drafted_run, **FAST)
     out = run_stage(cached, "acceptance-data")
@@ -245,7 +245,7 @@ def test_train_drafters_killed_midway_resumes_to_identical_drafters(tiny_run, tm
     the rest, and ends with exactly the drafters of an uninterrupted run."""
     import shutil
 
-    import pipelines.train_drafters as td
+    import specdraft.pipelines.train_drafters as td
 
     reference = tmp_path / "reference"
     shutil.copytree(tiny_run, reference)
@@ -278,9 +278,9 @@ def test_train_drafters_killed_midway_resumes_to_identical_drafters(tiny_run, tm
 
 
 def test_the_teacher_cache_holds_every_row_when_it_fits_and_nothing_when_it_does_not(capsys):
-    from drafters.model import build_causal_lm
-    from pipelines.schema import PhaseSection
-    from pipelines.train_drafters import teacher_cache
+    from specdraft.drafters.model import build_causal_lm
+    from specdraft.pipelines.schema import PhaseSection
+    from specdraft.pipelines.train_drafters import teacher_cache
 
     teacher = build_causal_lm("demo-tiny", 48, seed=1).eval()
     rows = [{"id": f"r{i}", "prompt_ids": [3, 4, 5], "response_ids": [6, 7, 8, 9]} for i in range(5)]  # 4 positions

@@ -5,15 +5,15 @@ import shutil
 
 import pytest
 
-from core.errors import InputError
-from decoding.autoregressive import generate_autoregressive
-from decoding.eagle import EagleSpeculator
-from decoding.eagle_model import eagle3_layers, load_eagle, read_eagle_config
-from decoding.sampling import SamplingConfig
-from decoding.speculative import generate_speculative
-from decoding.stopping import FixedK
-from pipelines.artifacts import read_manifest
-from pipelines.stage import run_stage
+from specdraft.core.errors import InputError
+from specdraft.decoding.autoregressive import generate_autoregressive
+from specdraft.decoding.eagle import EagleSpeculator
+from specdraft.decoding.eagle_model import eagle3_layers, load_eagle, read_eagle_config
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculative import generate_speculative
+from specdraft.decoding.stopping import FixedK
+from specdraft.pipelines.artifacts import read_manifest
+from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import tiny_config
 from tests.pipelines.test_eagle_stage import EAGLE, FAST
 

@@ -4,13 +4,13 @@ import shutil
 
 import pytest
 
-from decoding.bundle import load_bundle
-from decoding.eagle_model import read_eagle_config, target_dir_hash
-from core.errors import InputError
-from decoding.eagle import TreeShape
-from decoding.generate import generate_text, load_pair, main as generate_main
-from pipelines.artifacts import read_manifest
-from pipelines.stage import run_stage
+from specdraft.decoding.bundle import load_bundle
+from specdraft.decoding.eagle_model import read_eagle_config, target_dir_hash
+from specdraft.core.errors import InputError
+from specdraft.decoding.eagle import TreeShape
+from specdraft.decoding.generate import generate_text, load_pair, main as generate_main
+from specdraft.pipelines.artifacts import read_manifest
+from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import fresh_copy, tiny_config
 
 EAGLE = {"eagle": {"enabled": True, "drafters": ["ofa", "math", "translate"], "lr": 1e-3, "max_length": 64,
@@ -84,7 +84,7 @@ def test_a_drafter_for_another_target_is_refused(run_root):
 
 
 def test_eagle_names_must_be_drafters_of_the_run(tiny_run):
-    from pipelines.train_eagle import eagle_specs
+    from specdraft.pipelines.train_eagle import eagle_specs
 
     cfg = _config(tiny_run)
     with pytest.raises(InputError, match="not a drafter of this run"):

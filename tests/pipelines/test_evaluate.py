@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import InputError
-from pipelines.report import PLOTS, headline, key_of, label
-from pipelines.schema import EvaluateSection
-from pipelines.stage import run_stage
+from specdraft.core.errors import InputError
+from specdraft.pipelines.report import PLOTS, headline, key_of, label
+from specdraft.pipelines.schema import EvaluateSection
+from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import FAST, fresh_copy, run_template, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,8 +138,8 @@ def test_report_numbers_come_from_metrics_json(run_root):
 
 
 def test_stopping_time_regret_by_hand():
-    from decoding.metrics import GenerationMetrics
-    from pipelines.evaluate import MethodKey, Record, stopping_time_regret
+    from specdraft.decoding.metrics import GenerationMetrics
+    from specdraft.pipelines.evaluate import MethodKey, Record, stopping_time_regret
 
     def rec(prompt, domain, family, drafter, rounds):
         key = MethodKey(family, drafter=drafter, k=4, bandit="ucb-bd" if family == "bandit" else None)

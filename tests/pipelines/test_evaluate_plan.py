@@ -3,13 +3,13 @@ the plan's shape, a new family plugged in as a planner only, repeats and raw tim
 import pytest
 import torch
 
-from decoding.metrics import GenerationMetrics
-from decoding.prompt_lookup import PromptLookupSpeculator
-from decoding.sampling import SamplingConfig
-from pipelines.evaluate import (PLANNERS, Built, Calibration, Env, MethodKey, Prompt, Record, Run, Setup, build_plan,
+from specdraft.decoding.metrics import GenerationMetrics
+from specdraft.decoding.prompt_lookup import PromptLookupSpeculator
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.pipelines.evaluate import (PLANNERS, Built, Calibration, Env, MethodKey, Prompt, Record, Run, Setup, build_plan,
                                 calibrate, execute, params, summarize)
-from pipelines.report import label
-from pipelines.schema import EvaluateSection
+from specdraft.pipelines.report import label
+from specdraft.pipelines.schema import EvaluateSection
 from tests.decoding.conftest import noisy_copy, tiny_llama
 
 MODES = {"greedy": SamplingConfig(temperature=0.0), "sampling": SamplingConfig(temperature=1.0)}
@@ -109,7 +109,7 @@ def test_cascades_sweep_alphas_on_further_prompts_and_score_quality(env):
     domain get data/quality.py's primary metric against the reference, pooled in the rows."""
     import dataclasses
 
-    from pipelines.evaluate import plan_cascades, plan_spectr, score_quality
+    from specdraft.pipelines.evaluate import plan_cascades, plan_spectr, score_quality
 
     cfg = dataclasses.replace(env.cfg, cascades=["opt", "token_v3"], cascade_alphas=[0.0, 0.5, 1.0],
                               spectr_drafts=[1, 2], further_prompts=2)
@@ -141,7 +141,7 @@ def test_calibration_times_each_drafter_as_a_round_right_after_a_target_forward(
     """Decoding alternates one verification forward with a run of K drafting forwards; the calibration
     prices a drafted token the same way (a lone forward after the target's would price every drafted token
     as the cold first one of a round)."""
-    import pipelines.evaluate as evaluate
+    import specdraft.pipelines.evaluate as evaluate
 
     calls, forward = [], evaluate.kv.forward
     names = {id(env.target): "target", **{id(m): n for n, m in env.drafters.items()}}

@@ -7,12 +7,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from decoding.bundle import BUNDLE_JSON, bundle_files, drafter_hash, inspect_main, load_bundle, subdir_files
-from core.hashing import content_hash
-from core.errors import InputError
-from pipelines.artifacts import StageOutput, read_manifest
-from core.hashing import content_hash as artifacts_content_hash
-from pipelines.stage import run_stage
+from specdraft.decoding.bundle import BUNDLE_JSON, bundle_files, drafter_hash, inspect_main, load_bundle, subdir_files
+from specdraft.core.hashing import content_hash
+from specdraft.core.errors import InputError
+from specdraft.pipelines.artifacts import StageOutput, read_manifest
+from specdraft.core.hashing import content_hash as artifacts_content_hash
+from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import fresh_copy, run_template, tiny_config
 
 FAST = {"train_heads": {"depths": [0, 1], "w_rejs": [1.0, 6.0], "epochs": 1, "cost_ratio": 0.2},
@@ -140,7 +140,7 @@ def test_datastore_is_shipped_and_optional(run_root):
     records its size and build time in the manifest; without it the bundle loads and names what is missing."""
     from datasets import load_from_disk
 
-    from decoding.datastore import SEPARATOR
+    from specdraft.decoding.datastore import SEPARATOR
 
     out = run_stage(_config(run_root), "export")
     ds_meta = read_manifest(out).metrics["datastore"]
@@ -152,7 +152,7 @@ def test_datastore_is_shipped_and_optional(run_root):
     index = b.load_datastore()
     assert index.tokens.tolist()[: len(responses[0]) + 1] == list(responses[0]) + [SEPARATOR]
     assert b.unavailable_arms() == {} and "datastore:" in inspect_bundle_text(out)
-    from decoding.arms import ArmResources, build_arms
+    from specdraft.decoding.arms import ArmResources, build_arms
 
     arms = build_arms(["rest", "suffix"], ArmResources.from_bundle(b, {}), n_max=4)
     assert arms[0].speculator.index.n_sequences == len(responses)
@@ -164,7 +164,7 @@ def test_datastore_is_shipped_and_optional(run_root):
 
 
 def inspect_bundle_text(path) -> str:
-    from decoding.bundle import inspect_bundle
+    from specdraft.decoding.bundle import inspect_bundle
 
     return inspect_bundle(path)
 
@@ -174,9 +174,9 @@ def test_drafters_serve_as_transformers_assistant_models(run_root):
     the target's own greedy output, and its generation_config carries the best fixed K of train-heads."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from data.chat import row_messages
-    from data.prompts import load_prompt_sets
-    from decoding.chat import format_prompt
+    from specdraft.data.chat import row_messages
+    from specdraft.data.prompts import load_prompt_sets
+    from specdraft.decoding.chat import format_prompt
 
     out = run_stage(_config(run_root), "export")
     meta = json.loads((out / BUNDLE_JSON).read_text())
@@ -201,7 +201,7 @@ def test_drafters_serve_as_transformers_assistant_models(run_root):
 def test_bundle_json_round_trips_through_the_schema(run_root):
     """export writes decoding/bundle_schema.py's BundleSpec; reading it back and writing it again gives the
     same bytes (target, drafters, heads, router, datastore and chat format all present)."""
-    from decoding.bundle import write_bundle
+    from specdraft.decoding.bundle import write_bundle
 
     _fake_router(run_root)
     out = run_stage(_config(run_root), "export")

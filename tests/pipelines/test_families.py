@@ -9,12 +9,12 @@ import torch
 from transformers import (AutoModelForCausalLM, Gemma2Config, GemmaConfig, GPTNeoXConfig, LlamaConfig, MistralConfig,
                           Phi3Config, Qwen2Config)
 
-from data.chat import row_messages
-from data.prompts import load_prompt_sets
-from decoding.bundle import load_bundle
-from decoding.generate import generate_text, load_pair
-from decoding.loading import load_tokenizer
-from pipelines.stage import run_stage
+from specdraft.data.chat import row_messages
+from specdraft.data.prompts import load_prompt_sets
+from specdraft.decoding.bundle import load_bundle
+from specdraft.decoding.generate import generate_text, load_pair
+from specdraft.decoding.loading import load_tokenizer
+from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import FAST, tiny_config
 
 # Grouped-query attention (4 heads, 2 KV heads) where the family has it; windows and tied embeddings as
@@ -72,7 +72,7 @@ def run_pair(root, tmp_path, target_family: str, drafter_family: str):
         spec, _ = generate_text(tok, tgt, dft, prompt, 20, head=head, threshold=hcfg["threshold"], chat=bundle.chat)
         assert spec == ar
         # the exported drafter as transformers' assistant_model: the target's own greedy tokens
-        from decoding.chat import format_prompt
+        from specdraft.decoding.chat import format_prompt
 
         ids = torch.tensor([format_prompt(tok, row_messages(row), bundle.chat)])
         assert ids.shape[1] > 24  # longer than the sliding windows below: the windowed path is exercised

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.artifacts import read_manifest, verify_files
-from pipelines.config import to_dict
-from pipelines.stage import STAGES, run_stage
+from specdraft.pipelines.artifacts import read_manifest, verify_files
+from specdraft.pipelines.config import to_dict
+from specdraft.pipelines.stage import STAGES, run_stage
 from tests.pipelines.conftest import FAST, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ SEED = 20261123
 # Makes the stage process kill itself right after the first of commit's two renames (final -> .old-*).
 RENAME_KILLER = """
 import os, signal, sys
-import pipelines.artifacts as a
+import specdraft.pipelines.artifacts as a
 real = os.replace
 def replace(src, dst):
     real(src, dst)
@@ -44,7 +44,7 @@ def replace(src, dst):
 a.os = type(os)("os_shim")
 a.os.__dict__.update(os.__dict__)
 a.os.replace = replace
-from pipelines.cli import main
+from specdraft.pipelines.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -56,7 +56,7 @@ def _env() -> dict:
 
 
 def _command(stage: str, config: Path, force: bool = False, driver: str | None = None) -> list[str]:
-    head = [sys.executable, "-c", driver] if driver else [sys.executable, "-m", "pipelines.cli"]
+    head = [sys.executable, "-c", driver] if driver else [sys.executable, "-m", "specdraft.pipelines.cli"]
     return head + [stage, "--config", str(config)] + (["--force"] if force else [])
 
 

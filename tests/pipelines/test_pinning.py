@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from core.errors import InputError
-from pipelines.artifacts import HashCache, read_manifest
-from pipelines.pinning import pin_target
-from pipelines.stage import run_stage
+from specdraft.core.errors import InputError
+from specdraft.pipelines.artifacts import HashCache, read_manifest
+from specdraft.pipelines.pinning import pin_target
+from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import tiny_config
 
 

@@ -1,10 +1,10 @@
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipelines.artifacts import read_manifest
-from pipelines.config import from_dict
-from pipelines.schema import RunConfig
-from pipelines.stage import run_stage
+from specdraft.pipelines.artifacts import read_manifest
+from specdraft.pipelines.config import from_dict
+from specdraft.pipelines.schema import RunConfig
+from specdraft.pipelines.stage import run_stage
 
 
 def test_tiny_target_round_trips_through_from_pretrained(tmp_path):

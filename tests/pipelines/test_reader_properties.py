@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decoding.bundle import BUNDLE_JSON, load_bundle
-from core.errors import InputError
-from pipelines.artifacts import MANIFEST, StageOutput, read_manifest
-from pipelines.config import load_config
-from pipelines.schema import RunConfig
+from specdraft.decoding.bundle import BUNDLE_JSON, load_bundle
+from specdraft.core.errors import InputError
+from specdraft.pipelines.artifacts import MANIFEST, StageOutput, read_manifest
+from specdraft.pipelines.config import load_config
+from specdraft.pipelines.schema import RunConfig
 from tests.decoding.test_bundle import template  # noqa: F401  (the hand-built bundle fixture)
 
 REPO = Path(__file__).resolve().parents[2]

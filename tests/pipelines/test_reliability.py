@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from core.errors import InputError
-from pipelines.artifacts import (MANIFEST, HashCache, StageLock, StageOutput, load_dataset_dir, read_manifest,
+from specdraft.core.errors import InputError
+from specdraft.pipelines.artifacts import (MANIFEST, HashCache, StageLock, StageOutput, load_dataset_dir, read_manifest,
                                  tidy_stage_dir, verify_files)
-from pipelines.cli import main
-from pipelines.config import ConfigError, load_yaml
-from pipelines.stage import run_stage
+from specdraft.pipelines.cli import main
+from specdraft.pipelines.config import ConfigError, load_yaml
+from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import FAST, tiny_config
 
 
@@ -168,7 +168,7 @@ def test_verification_mode_is_recorded_in_the_manifest(tiny_run):
 
 def test_cli_exit_2_and_one_line_for_a_tampered_input(tiny_run, tmp_path, capsys):
     cfg_path = tmp_path / "c.yaml"
-    from pipelines.config import to_dict
+    from specdraft.pipelines.config import to_dict
 
     cfg_path.write_text(yaml.safe_dump(to_dict(tiny_config(tiny_run))))
     tok = next((tiny_run / "target").glob("tokenizer*.json"))
@@ -179,7 +179,7 @@ def test_cli_exit_2_and_one_line_for_a_tampered_input(tiny_run, tmp_path, capsys
 
 
 def test_unclassified_failure_is_one_line_and_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
-    import pipelines.cli as cli
+    import specdraft.pipelines.cli as cli
 
     def boom(args):
         raise RuntimeError("kaput\nsecond line")

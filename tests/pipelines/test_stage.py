@@ -2,12 +2,12 @@ import json
 
 import pytest
 
-import pipelines.prepare_data
-from core.errors import InputError
-from pipelines.artifacts import read_manifest, verify_files
-from pipelines.config import from_dict
-from pipelines.schema import RunConfig
-from pipelines.stage import run_stage
+import specdraft.pipelines.prepare_data as prepare_data
+from specdraft.core.errors import InputError
+from specdraft.pipelines.artifacts import read_manifest, verify_files
+from specdraft.pipelines.config import from_dict
+from specdraft.pipelines.schema import RunConfig
+from specdraft.pipelines.stage import run_stage
 
 TINY_DEMO = {"domains": ["math", "translate"], "heldout_domains": ["spell"], "corpus_per_domain": 8,
              "train_per_domain": 4, "dev_per_domain": 2, "test_per_domain": 2}
@@ -42,7 +42,7 @@ def test_interrupted_stage_leaves_nothing_finished(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("killed midway")
 
-    monkeypatch.setattr(pipelines.prepare_data, "demo_corpus", boom)
+    monkeypatch.setattr(prepare_data, "demo_corpus", boom)
     with pytest.raises(RuntimeError):
         run_stage(cfg, "prepare-data")
     assert not (tmp_path / "prompts").exists()
@@ -73,7 +73,7 @@ def test_verify_files_catches_a_flipped_byte(tmp_path):
 
 
 def test_logging_settings_do_not_invalidate_the_cache(tmp_path):
-    from pipelines.stage import _cache_key, get_spec
+    from specdraft.pipelines.stage import _cache_key, get_spec
 
     spec = get_spec("pretrain-target")
     a = from_dict(RunConfig, {"run": {"root": str(tmp_path)}})
@@ -84,7 +84,7 @@ def test_logging_settings_do_not_invalidate_the_cache(tmp_path):
 
 
 def test_slurm_context_names_job_array_task_rank_and_restart(monkeypatch):
-    from pipelines.stage import slurm_context
+    from specdraft.pipelines.stage import slurm_context
 
     for k in ("SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID", "RANK", "SLURM_RESTART_COUNT"):
         monkeypatch.delenv(k, raising=False)

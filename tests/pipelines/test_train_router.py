@@ -6,12 +6,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from core.tokenizers import tokenizer_fingerprint
-from core.errors import InputError
-from decoding.loading import load_causal_lm, load_tokenizer
-from heads.router import load_router
-from pipelines.stage import run_stage
-from pipelines.train_router import prompt_acceptance, routing_roles
+from specdraft.core.tokenizers import tokenizer_fingerprint
+from specdraft.core.errors import InputError
+from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+from specdraft.heads.router import load_router
+from specdraft.pipelines.stage import run_stage
+from specdraft.pipelines.train_router import prompt_acceptance, routing_roles
 from tests.pipelines.conftest import FAST, tiny_config
 
 ROUTER = {"hidden": 8, "label_batch_size": 4,

@@ -1,6 +1,6 @@
 """The papers' verdicts (pipelines/verdicts.py) on hand-made metrics: each verdict follows the numbers, and
 no verdict is drawn from fewer than MIN_PROMPTS prompts."""
-from pipelines.verdicts import (MIN_PROMPTS, banditspec, cascades, metaeagle, paper_verdicts, render_verdicts,
+from specdraft.pipelines.verdicts import (MIN_PROMPTS, banditspec, cascades, metaeagle, paper_verdicts, render_verdicts,
                                 spectr)
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.config import load_config
-from pipelines.schema import RunConfig
-from pipelines.stage import STAGE_NAMES, run_stage
+from specdraft.pipelines.config import load_config
+from specdraft.pipelines.schema import RunConfig
+from specdraft.pipelines.stage import STAGE_NAMES, run_stage
 
 pytestmark = pytest.mark.slurm
 
@@ -30,7 +30,7 @@ SLURM = REPO / "slurm"
 
 def write_config(path: Path, root: Path, **sections) -> Path:
     """The stage tests' tiny config (tests/pipelines/conftest.py) as a YAML file for the CLI."""
-    from pipelines.config import to_dict
+    from specdraft.pipelines.config import to_dict
     from tests.pipelines.conftest import FAST, tiny_config
     from tests.pipelines.test_evaluate import TINY_EVAL
 
@@ -253,7 +253,7 @@ def test_chain_equals_specdraft_run(slurm, job_env, distilled, tmp_path):
              for j in jobs]
     assert all(spans[i][0] >= spans[i - 1][1] for i in range(1, len(spans))), spans
 
-    from pipelines.cli import main
+    from specdraft.pipelines.cli import main
 
     ref, ref_cfg = _copy(distilled, tmp_path, "ref", **CHAIN)  # its first three stages are cache hits
     assert main(["run", str(ref_cfg)]) == 0

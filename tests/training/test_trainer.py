@@ -11,11 +11,11 @@ import lightning as L
 import pytest
 import torch
 
-from core.errors import InputError
-from drafters.data import CausalLMCollator, CausalLMDataModule
-from drafters.lit_lm import CausalLMModule
-from drafters.model import build_causal_lm
-from training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
+from specdraft.core.errors import InputError
+from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
+from specdraft.drafters.lit_lm import CausalLMModule
+from specdraft.drafters.model import build_causal_lm
+from specdraft.training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
 
 REPO = Path(__file__).resolve().parents[2]
 V = 48
@@ -107,10 +107,10 @@ _DDP_SCRIPT = textwrap.dedent(
     """
     import json, pathlib, sys
     sys.path.insert(0, {repo!r})
-    from drafters.data import CausalLMCollator, CausalLMDataModule
-    from drafters.lit_lm import CausalLMModule
-    from drafters.model import build_causal_lm
-    from training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
+    from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
+    from specdraft.drafters.lit_lm import CausalLMModule
+    from specdraft.drafters.model import build_causal_lm
+    from specdraft.training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
 
     class Seen(__import__("lightning").Callback):
         seen = []
@@ -193,7 +193,7 @@ def slurm_job(monkeypatch):
     out); they are put back after the test, or later tests' child processes would inherit them."""
     import signal
 
-    import training.trainer as training
+    import specdraft.training.trainer as training
 
     slurm = dict(SLURM_NTASKS="1", SLURM_NTASKS_PER_NODE="1", SLURM_JOB_NAME="train", SLURM_JOB_ID="7",
                  SLURM_NODELIST="node1", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0")
@@ -231,7 +231,7 @@ def test_requeue_signal_between_fits_requeues_at_the_next_fits_first_step(tmp_pa
     the process lives on, and the next fit checkpoints at its first step and requeues."""
     import signal
 
-    import training.trainer as training
+    import specdraft.training.trainer as training
 
     calls = slurm_job
     _run(tmp_path / "first", _cfg(checkpoint_every_n_steps=0))
