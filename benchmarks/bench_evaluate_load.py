@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdraft.pipelines.config import load_config  # noqa: E402
-from specdraft.pipelines.report import label  # noqa: E402
+from specdraft.pipelines.evaluate.methods import label  # noqa: E402
 from specdraft.pipelines.schema import RunConfig  # noqa: E402
 from specdraft.pipelines.stage import run_stage  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)

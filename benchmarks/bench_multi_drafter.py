@@ -2,7 +2,7 @@
 
 The demo's evaluate stage decodes 3 prompts per domain for 48 tokens to fit its time budget; that is
 too few to separate drafters whose MATs differ by a few percent. This script reruns the same stage
-(`pipelines/evaluate.py`, no other code path) on a scratch copy of a finished run's bundle and prompt
+(`pipelines/evaluate/`, no other code path) on a scratch copy of a finished run's bundle and prompt
 sets, with more prompts and longer generations, then prints:
   1. per domain, each bandit's MAT as a fraction of (a) the best single drafter of that domain chosen
      in hindsight and (b) the per-prompt hindsight-best drafter; against the OFA drafter; beside the
@@ -37,7 +37,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdraft.pipelines.config import load_config  # noqa: E402
-from specdraft.pipelines.report import _regret_table, key_of, label, method_keys, one, select  # noqa: E402
+from specdraft.pipelines.evaluate.aggregate import method_keys, one, select  # noqa: E402
+from specdraft.pipelines.evaluate.methods import key_of, label  # noqa: E402
+from specdraft.pipelines.evaluate.render import regret_table  # noqa: E402
 from specdraft.pipelines.schema import RunConfig  # noqa: E402
 from specdraft.pipelines.stage import run_stage  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
@@ -133,7 +135,7 @@ def main() -> None:
         "Best-arm ratio by bandit round (the share of prompts whose bandit picked the prompt's hindsight-best "
         "drafter in that round; MetaSD Figure 3):", "", *best_arm_table(metrics), "",
         "Stopping-time regret against each prompt's best arm at fixed K (MetaSD Definition 1; mean target calls "
-        "per prompt beyond that arm's, test set):", "", _regret_table(metrics) or "(no per-arm runs)", "",
+        "per prompt beyond that arm's, test set):", "", regret_table(metrics) or "(no per-arm runs)", "",
         "Routing vs bandits across prompt sets (MAT pooled over domains; MetaSD Table 6):", "",
         *robustness_table(metrics), ""])
     publish(text, append=not args.no_append)

@@ -145,9 +145,9 @@ def table(label: str, rows: list[dict], c: float) -> list[str]:
 
 def run_tables(run: pathlib.Path, label: str, report: str = "report") -> str:
     """SpecDec++ rows of a finished run (see the module docstring). Rows carry method keys, not display
-    names: the label comes from pipelines.report.label, as in report.md."""
+    names: the label comes from pipelines.evaluate.methods.label, as in report.md."""
     sys.path.insert(0, str(ROOT))
-    from specdraft.pipelines.report import label as method_label
+    from specdraft.pipelines.evaluate.methods import label as method_label
 
     sweep = json.loads((run / "heads" / "sweep.json").read_text())
     metrics = json.loads((run / report / "metrics.json").read_text())

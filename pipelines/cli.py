@@ -65,7 +65,7 @@ def _run_all(args) -> None:
     if metrics.is_file():
         import json
 
-        from specdraft.pipelines.report import headline
+        from specdraft.pipelines.evaluate.render import headline
 
         print(headline(json.loads(metrics.read_text())))
         print(f"report: {metrics.parent.resolve() / 'report.md'}")

@@ -39,12 +39,12 @@ from specdraft.pipelines.stage import Context
 
 
 def measure_cost_ratio(target, drafter, device: str, seed: int, draft_run: int, reps: int = 60) -> dict:
-    """c = t_draft / t_target measured as evaluate calibrates it (`pipelines.evaluate.calibrate`: passes that
+    """c = t_draft / t_target measured as evaluate calibrates it (`pipelines.calibration.calibrate`: passes that
     interleave the two models, the drafter timed over `draft_run` forwards in a row right after a target
     forward, as a round drafts, a low quantile over the passes), so the heads, thresholds and the assistant
     K are picked with the c their counted speedup is later priced with. Timing a lone drafter forward
     instead prices every drafted token as the cold first one (0.076-0.090 here against evaluate's 0.097)."""
-    from specdraft.pipelines.evaluate import calibrate
+    from specdraft.pipelines.calibration import calibrate
 
     calib = calibrate(target, {"drafter": drafter}, 1, 64, reps, device, seed, draft_run=draft_run)
     t_draft, t_target = calib.drafter_s["drafter"], calib.target_s[1]

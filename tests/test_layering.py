@@ -82,3 +82,172 @@ def test_every_package_folder_is_installed_under_the_namespace():
                for package in PACKAGES for p in (REPO / package).rglob("__init__.py")}
     assert set(setup["packages"]) == folders
     assert all(setup["package-dir"][f"specdraft.{p}"] == p for p in PACKAGES)
+
+
+# --- the import graph of the project's own modules -------------------------------------------------------
+
+def module_files(root: Path = REPO) -> dict[str, Path]:
+    """`specdraft.pipelines.evaluate.plan` -> its file, for every module of the project's packages (a
+    package is its __init__.py)."""
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            out[".".join(("specdraft",) + (parts[:-1] if parts[-1] == "__init__" else parts))] = path
+    return out
+
+
+def _absolute(module: str, node: ast.ImportFrom, path: Path) -> str:
+    """The absolute module an ImportFrom names (a relative one resolved against the importing file)."""
+    if not node.level:
+        return node.module or ""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+    return ".".join(p for p in (base, node.module) if p)
+
+
+def import_edges(modules: dict[str, Path]) -> dict[str, dict[str, set[str]]]:
+    """module -> {project module it imports -> the names it takes from it}, every import statement counted
+    (at the top, inside a function, under TYPE_CHECKING): `from a import b` is an edge to the module a.b
+    where that is a module, else to a (taking the name b); `import a.b` is an edge to a.b."""
+    edges: dict[str, dict[str, set[str]]] = {m: {} for m in modules}
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in modules:
+                        edges[module].setdefault(a.name, set())
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(module, node, path)
+                for a in node.names:
+                    if f"{base}.{a.name}" in modules:
+                        edges[module].setdefault(f"{base}.{a.name}", set())
+                    elif base in modules:
+                        edges[module].setdefault(base, set()).add(a.name)
+    return edges
+
+
+def cycles(edges: dict[str, dict[str, set[str]]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (or a module importing itself), sorted:
+    each is an import circle (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1 or node in edges.get(node, ()):
+                    found.append(sorted(group))
+    return sorted(found)
+
+
+def stage_of(module: str, stage_modules: set[str]) -> str | None:
+    """The stage module `module` is, or belongs to (a stage may be a package: its sub-modules are its own)."""
+    for stage in stage_modules:
+        if module == stage or module.startswith(stage + "."):
+            return stage
+    return None
+
+
+def stage_imports(edges: dict[str, dict[str, set[str]]], stages: set[str]) -> list[str]:
+    """Imports from a module of one stage into a module of another."""
+    return sorted(f"{m} imports {t}" for m, targets in edges.items() for t in targets
+                  if stage_of(m, stages) is not None and stage_of(t, stages) not in (None, stage_of(m, stages)))
+
+
+def test_the_import_graph_has_no_cycle():
+    """Not even through an import inside a function: a circle hidden by a lazy import is still a circle
+    (each side needs the other to be understood, tested or moved)."""
+    assert cycles(import_edges(module_files())) == []
+
+
+def test_no_stage_imports_another_stage():
+    """What two stages share lives below both (e.g. pipelines/calibration.py): a stage that imports another
+    makes one stage's change break or re-run the other."""
+    from specdraft.pipelines.stage import STAGES
+
+    stages = {f"specdraft.pipelines.{s.module}" for s in STAGES}
+    modules = module_files()
+    assert stages <= set(modules)
+    assert stage_imports(import_edges(modules), stages) == []
+
+
+def private_uses(modules: dict[str, Path]) -> list[str]:
+    """`from a import _x` and `a._x` (a bound to a project module by an import) across modules."""
+    edges = import_edges(modules)
+    found = [f"{m} imports {t}.{name}" for m, targets in edges.items() for t, names in targets.items()
+             for name in sorted(names) if name.startswith("_") and not name.startswith("__") and t != m]
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        bound = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                bound.update({a.asname: a.name for a in node.names if a.asname and a.name in modules})
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(module, node, path)
+                bound.update({a.asname or a.name: f"{base}.{a.name}" for a in node.names
+                              if f"{base}.{a.name}" in modules})
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound \
+                    and node.attr.startswith("_") and not node.attr.startswith("__"):
+                found.append(f"{module} uses {bound[node.value.id]}.{node.attr}")
+    return sorted(found)
+
+
+def test_no_module_takes_another_modules_private_names():
+    assert private_uses(module_files()) == []
+
+
+def test_the_graph_checks_see_a_hidden_circle_a_stage_import_and_a_private_name(tmp_path):
+    """The three checks above on a made-up project: each finds what it is for."""
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+    (tmp_path / "pipelines" / "__init__.py").write_text("")
+    (tmp_path / "pipelines" / "report.py").write_text(
+        "def render():\n    from specdraft.pipelines.verdicts import words  # lazy: hides the circle\n")
+    (tmp_path / "pipelines" / "verdicts.py").write_text("from specdraft.pipelines.report import _fmt, render\n")
+    (tmp_path / "pipelines" / "ev").mkdir()
+    (tmp_path / "pipelines" / "ev" / "__init__.py").write_text("from .plan import Run\n")
+    (tmp_path / "pipelines" / "ev" / "plan.py").write_text(
+        "import specdraft.pipelines.heads_stage as hs\nx = hs._grid\n")
+    (tmp_path / "pipelines" / "heads_stage.py").write_text("")
+    modules = module_files(tmp_path)
+    edges = import_edges(modules)
+    assert set(edges["specdraft.pipelines.ev"]) == {"specdraft.pipelines.ev.plan"}  # relative import resolved
+    assert cycles(edges) == [["specdraft.pipelines.report", "specdraft.pipelines.verdicts"]]
+    stages = {"specdraft.pipelines.ev", "specdraft.pipelines.heads_stage"}
+    assert stage_of("specdraft.pipelines.ev.plan", stages) == "specdraft.pipelines.ev"
+    assert stage_of("specdraft.pipelines.heads_stage", stages) == "specdraft.pipelines.heads_stage"
+    assert stage_of("specdraft.pipelines.report", stages) is None
+    assert stage_imports(edges, stages) == ["specdraft.pipelines.ev.plan imports specdraft.pipelines.heads_stage"]
+    assert private_uses(modules) == ["specdraft.pipelines.ev.plan uses specdraft.pipelines.heads_stage._grid",
+                                     "specdraft.pipelines.verdicts imports specdraft.pipelines.report._fmt"]

@@ -180,7 +180,7 @@ def test_train_heads_exports_grid_with_thresholds(drafted):
 def test_train_heads_prices_its_picks_with_evaluates_calibration(drafted, monkeypatch):
     """cost_ratio null: c is calibrated as evaluate calibrates it (the drafter timed over the bundle's
     default K forwards right after a target forward), once for drafters of one architecture."""
-    import specdraft.pipelines.evaluate as evaluate
+    import specdraft.pipelines.calibration as evaluate
 
     calls, real = [], evaluate.calibrate
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from specdraft.core.errors import InputError
-from specdraft.pipelines.report import PLOTS, headline, key_of, label
+from specdraft.pipelines.evaluate.methods import key_of, label
+from specdraft.pipelines.evaluate.render import PLOTS, headline
 from specdraft.pipelines.schema import EvaluateSection
 from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import FAST, fresh_copy, run_template, tiny_config
@@ -139,7 +140,9 @@ def test_report_numbers_come_from_metrics_json(run_root):
 
 def test_stopping_time_regret_by_hand():
     from specdraft.decoding.metrics import GenerationMetrics
-    from specdraft.pipelines.evaluate import MethodKey, Record, stopping_time_regret
+    from specdraft.pipelines.evaluate.aggregate import stopping_time_regret
+    from specdraft.pipelines.evaluate.methods import MethodKey
+    from specdraft.pipelines.evaluate.run import Record
 
     def rec(prompt, domain, family, drafter, rounds):
         key = MethodKey(family, drafter=drafter, k=4, bandit="ucb-bd" if family == "bandit" else None)

@@ -6,9 +6,11 @@ import torch
 from specdraft.decoding.metrics import GenerationMetrics
 from specdraft.decoding.prompt_lookup import PromptLookupSpeculator
 from specdraft.decoding.sampling import SamplingConfig
-from specdraft.pipelines.evaluate import (PLANNERS, Built, Calibration, Env, MethodKey, Prompt, Record, Run, Setup, build_plan,
-                                calibrate, execute, params, summarize)
-from specdraft.pipelines.report import label
+from specdraft.pipelines.calibration import Calibration, calibrate
+from specdraft.pipelines.evaluate.aggregate import Setup, summarize
+from specdraft.pipelines.evaluate.methods import MethodKey, label, params
+from specdraft.pipelines.evaluate.plan import PLANNERS, Built, Env, Prompt, Run, build_plan
+from specdraft.pipelines.evaluate.run import Record, execute
 from specdraft.pipelines.schema import EvaluateSection
 from tests.decoding.conftest import noisy_copy, tiny_llama
 
@@ -109,7 +111,8 @@ def test_cascades_sweep_alphas_on_further_prompts_and_score_quality(env):
     domain get data/quality.py's primary metric against the reference, pooled in the rows."""
     import dataclasses
 
-    from specdraft.pipelines.evaluate import plan_cascades, plan_spectr, score_quality
+    from specdraft.pipelines.evaluate.aggregate import score_quality
+    from specdraft.pipelines.evaluate.plan import plan_cascades, plan_spectr
 
     cfg = dataclasses.replace(env.cfg, cascades=["opt", "token_v3"], cascade_alphas=[0.0, 0.5, 1.0],
                               spectr_drafts=[1, 2], further_prompts=2)
@@ -141,7 +144,7 @@ def test_calibration_times_each_drafter_as_a_round_right_after_a_target_forward(
     """Decoding alternates one verification forward with a run of K drafting forwards; the calibration
     prices a drafted token the same way (a lone forward after the target's would price every drafted token
     as the cold first one of a round)."""
-    import specdraft.pipelines.evaluate as evaluate
+    import specdraft.pipelines.calibration as evaluate
 
     calls, forward = [], evaluate.kv.forward
     names = {id(env.target): "target", **{id(m): n for n, m in env.drafters.items()}}

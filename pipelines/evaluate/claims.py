@@ -1,6 +1,12 @@
-"""The papers' verdicts on an evaluated bundle: each paper's table in its shape, and one sentence per claim,
-all from metrics.json (pipelines/evaluate.py) and nothing else.
+"""The papers' claims on an evaluated bundle, as data: every comparison is a ratio over the prompts both
+methods ran on, with its bootstrap 90% interval and a verdict against its line ("above", "below",
+"within noise"; none from fewer than MIN_PROMPTS prompts where a paper's table is judged), all read from
+the metrics dict of aggregate.summarize and nothing else. render.py turns them into sentences.
 
+  effects                                 the demo's three effects: specialised drafters win in domain,
+                                          bandits reach the hindsight-best drafter and beat OFA, SpecDec++
+                                          beats the best fixed K in counted cost
+  headline_rows                           the key methods in domain, on perturbed and on OOD prompts
   SpecDec++ (§5, Table 2's comparison)    the head's stopping against the best fixed K and against the
                                           hindsight oracle (Thm 4.1): draft forwards per token, MAT, counted
                                           cost per token (Eq. 3.1 with the calibrated v(K))
@@ -15,25 +21,167 @@ all from metrics.json (pipelines/evaluate.py) and nothing else.
                                           drafter) and UCBSpec / EXP3Spec over them, per domain: MAT, counted and
                                           timed tokens/s, stopping-time regret; do the bandits beat the best arm
 
-Every comparison is a ratio over the prompts both methods ran on, with its bootstrap 90% interval
-(`pipelines.report.compare`); a claim is made only where the interval clears the line, else the sentence
-says "within noise". `paper_verdicts` returns the numbers (stored in metrics["verdicts"]); `render_verdicts`
-makes the markdown.
+`judge` returns all of them for metrics.json.
 """
 from __future__ import annotations
 
 import statistics
 from typing import Any, Callable
 
-from specdraft.decoding.cascades import DISPLAY_NAMES as CASCADE_NAMES
-from specdraft.pipelines.report import _fmt, _said, _seed, compare, key_of, one, runs_of, select, table
+from specdraft.core.hashing import derive_seed
+from specdraft.decoding.timing import Spread, bootstrap_rate_ratio, verdict
+from specdraft.pipelines.evaluate.aggregate import method_keys, one, select, set_domains
+from specdraft.pipelines.evaluate.methods import key_of
 
-WORD = {"above": "yes", "below": "NO", "within noise": "within noise", "too few prompts": "too few prompts", None: "-"}
+
+# --- per-prompt comparisons with their spread -------------------------------------------------------------
+
+def runs_of(metrics: dict, key: dict, set_name: str, domain: str) -> dict[str, dict]:
+    """prompt -> the raw run of method `key` on it (metrics["runs"]; domain "all": every domain)."""
+    return {r["prompt"]: r for r in metrics["runs"] if r["set"] == set_name and key_of(r) == key
+            and (domain == "all" or r["domain"] == domain)}
+
+
+def compare(a: dict[str, dict], b: dict[str, dict], value: str, seed: int) -> dict[str, Any] | None:
+    """b's pooled `value` per token over a's, on their shared prompts (value "N_target": the MAT of a over
+    the MAT of b; "counted_s" or "time_s": the speedup of a over b), with its bootstrap 90% interval over
+    prompts and the verdict against 1. Pooled before dividing, so it is the ratio of the tables' pooled
+    numbers (under greedy both emit the same tokens and it is sum b / sum a)."""
+    shared = sorted(set(a) & set(b))
+    if not shared:
+        return None
+    s = bootstrap_rate_ratio([(b[p][value], b[p]["N"], a[p][value], a[p]["N"]) for p in shared], seed)
+    return {"ratio": round(s.median, 3), "lo": round(s.lo, 3), "hi": round(s.hi, 3), "prompts": len(shared),
+            "verdict": verdict(s, 1.0)}
+
+
+def _seed(*parts) -> int:
+    # "report": the module these comparisons were first drawn in; kept, so every interval is the one an
+    # earlier report printed for the same runs
+    return derive_seed("report", *parts)
+
+
+def _hindsight_runs(metrics: dict, k: int, set_name: str, domain: str) -> dict[str, dict]:
+    """Per prompt, the fixed-K run with the highest MAT where every drafter ran (the hindsight-best drafter)."""
+    by: dict[str, list[dict]] = {}
+    for r in metrics["runs"]:
+        if r["set"] == set_name and r["mode"] == "greedy" and r["family"] == "fixed" and r["k"] == k \
+                and (domain == "all" or r["domain"] == domain):
+            by.setdefault(r["prompt"], []).append(r)
+    # first on ties, as aggregate.derived picks
+    return {p: max(v, key=lambda r: r["N"] / r["N_target"]) for p, v in by.items() if len(v) == metrics["n_drafters"]}
+
+
+# --- the expected effects (metrics["effects"], so the report's sentences have their numbers) ---------
+
+def effects(metrics: dict) -> dict[str, Any]:
+    k, own, ofa = metrics["k"], metrics["drafters"]["own"], metrics["drafters"]["ofa"]
+    out: dict[str, Any] = {}
+    # 1. specialised drafters win in their domain (test set, greedy, fixed K): MAT and counted speed, each
+    #    against the best other drafter, with its interval over the domain's prompts
+    spec = {}
+    for d, name in sorted(own.items()):
+        rows = select(metrics, mode="greedy", set="test", domain=d, family="fixed", k=k)
+        if len(rows) < 2 or not any(r["drafter"] == name for r in rows):
+            continue
+        own_row = next(r for r in rows if r["drafter"] == name)
+        other = max((r for r in rows if r["drafter"] != name), key=lambda r: r["MAT"])
+        a, b = runs_of(metrics, key_of(own_row), "test", d), runs_of(metrics, key_of(other), "test", d)
+        mat = compare(a, b, "N_target", _seed("spec", d))
+        speed = compare(a, b, "counted_s", _seed("spec-speed", d))
+        spec[d] = {"own": name, "own_MAT": own_row["MAT"], "own_counted_speedup": own_row["counted_speedup"],
+                   "best_other": other["drafter"], "best_other_MAT": other["MAT"],
+                   "best_other_counted_speedup": other["counted_speedup"], "MAT_ratio": mat, "speed_ratio": speed,
+                   "holds": mat["verdict"] if mat else None}
+    out["specialised_win_in_domain"] = spec
+    # 2. bandits approach the hindsight-best drafter and beat OFA (test set, greedy, MAT)
+    band = []
+    # the one-pass ceiling is listed with them: what any bandit that first tries every drafter once can reach
+    for key in method_keys(metrics, ("bandit", "ceiling"), mode="greedy", set="test"):
+        per = {}
+        for d in set_domains(metrics, "test"):
+            b = one(metrics, set="test", domain=d, **key)
+            best = one(metrics, mode="greedy", set="test", domain=d, family="hindsight")
+            o = one(metrics, mode="greedy", set="test", domain=d, drafter=ofa, family="fixed", k=k) if ofa else None
+            # the best single drafter for the whole domain, chosen in hindsight (MetaSD Table 3's yardstick);
+            # the per-prompt hindsight-best above is stricter: it switches drafter for every prompt
+            single = max(select(metrics, mode="greedy", set="test", domain=d, family="fixed", k=k),
+                         key=lambda r: r["MAT"], default=None)
+            if b is None or best is None:
+                continue
+            mine = runs_of(metrics, key, "test", d)
+            vs_best = compare(mine, _hindsight_runs(metrics, k, "test", d), "N_target", _seed("band", d))
+            vs_single = compare(mine, runs_of(metrics, key_of(single), "test", d), "N_target",
+                                _seed("single", d)) if single else None
+            vs_ofa = compare(mine, runs_of(metrics, key_of(o), "test", d), "N_target", _seed("ofa", d)) if o else None
+            per[d] = {"MAT": b["MAT"], "best_MAT": best["MAT"], "ratio": vs_best,
+                      "best_single": single["drafter"] if single else None,
+                      "best_single_MAT": single["MAT"] if single else None, "ratio_single": vs_single,
+                      "OFA_MAT": o["MAT"] if o else None, "vs_OFA": vs_ofa,
+                      "rounds_per_prompt": round(b["N_target"] / b["prompts"], 1)}
+        if per:
+            def holds(name: str) -> str:
+                verdicts = [verdict(Spread(v[name]["ratio"], v[name]["lo"], v[name]["hi"]), 0.95)
+                            if v[name] else "within noise" for v in per.values()]
+                return "below" if "below" in verdicts else ("above" if set(verdicts) == {"above"} else "within noise")
+            ofa_all = per.get("all", {}).get("vs_OFA")
+            band.append({"key": key, "per_domain": per, "holds": holds("ratio"), "holds_vs_single": holds("ratio_single"),
+                         "beats_ofa": ofa_all["verdict"] if ofa_all else None})
+    out["bandits_near_best"] = band
+    # 3. SpecDec++ beats the best fixed K in cost: the counted cost per token (Eq. 3.1 with the calibrated
+    #    v(K), i.e. Eq. 5.1 with the verification forward's real cost), per domain/drafter, over prompts
+    sdpp = []
+    for r in select(metrics, mode="greedy", set="test", family="specdecpp"):
+        if r["domain"] == "all":
+            continue
+        fixed = [f for f in select(metrics, mode="greedy", set="test", domain=r["domain"], drafter=r["drafter"],
+                                   family="fixed") if f["k"] in metrics["config"]["ks"]]
+        if not fixed:
+            continue
+        best = min(fixed, key=lambda f: f["counted_s"] / f["N"])
+        mine, theirs = runs_of(metrics, key_of(r), "test", r["domain"]), runs_of(metrics, key_of(best), "test",
+                                                                                  r["domain"])
+        counted = compare(mine, theirs, "counted_s", _seed("sdpp", r["domain"], r["drafter"]))
+        timed = compare(mine, theirs, "time_s", _seed("sdpp-t", r["domain"], r["drafter"]))
+        sdpp.append({"domain": r["domain"], "drafter": r["drafter"], "best_fixed_k": best["k"],
+                     "counted_ms_per_token": round(r["counted_s"] / r["N"] * 1e3, 3),
+                     "best_fixed_counted_ms_per_token": round(best["counted_s"] / best["N"] * 1e3, 3),
+                     "counted": counted, "timed": timed, "holds": counted["verdict"] if counted else None})
+    out["specdecpp_beats_fixed_k"] = sdpp
+    return out
+
+
+HEADLINE_SETS = ("test", "perturbed", "ood")
+
+
+def headline_rows(metrics: dict) -> list[dict]:
+    """One row per key method: MAT, counted and timed speedup in domain (test), on perturbed and OOD prompts."""
+    k, ofa = metrics["k"], metrics["drafters"]["ofa"]
+    keys = [key_of({"family": "ar", "mode": "greedy", "stream": False, "params": {}})]
+    if ofa:
+        keys.append(key_of({"family": "fixed", "mode": "greedy", "drafter": ofa, "k": k, "stream": False, "params": {}}))
+    keys += [key_of({"family": "domain", "mode": "greedy", "k": k, "stream": False, "params": {}}),
+             key_of({"family": "domain", "mode": "greedy", "policy": "specdecpp", "stream": False, "params": {}}),
+             key_of({"family": "hindsight", "mode": "greedy", "k": k, "stream": False, "params": {}})]
+    keys += method_keys(metrics, ("router", "bandit"), mode="greedy")
+    out = []
+    for key in keys:
+        cells = {s: one(metrics, set=s, domain="all", **key) for s in HEADLINE_SETS}
+        if not any(cells.values()):
+            continue
+        out.append({"key": key, **{f"{s}_{v}": (c[v] if c else None) for s, c in cells.items()
+                                   for v in ("MAT", "speedup", "speedup_lo", "speedup_hi", "counted_speedup",
+                                             "counted_speedup_lo", "counted_speedup_hi")}})
+    return out
+
+
+# --- the papers' tables ---------------------------------------------------------------------------------
+
 MIN_PROMPTS = 3  # below this a bootstrap interval over prompts is degenerate: no claim either way
 
 
 def _compare(a: dict[str, dict], b: dict[str, dict], value: str, seed: int) -> dict[str, Any] | None:
-    """specdraft.pipelines.report.compare, with no verdict from fewer than MIN_PROMPTS shared prompts."""
+    """`compare`, with no verdict from fewer than MIN_PROMPTS shared prompts."""
     c = compare(a, b, value, seed)
     if c is not None and c["prompts"] < MIN_PROMPTS:
         c["verdict"] = "too few prompts"
@@ -284,150 +432,7 @@ def paper_verdicts(metrics: dict) -> dict[str, Any]:
             "banditspec": banditspec(metrics), "metaeagle": metaeagle(metrics)}
 
 
-# --- markdown --------------------------------------------------------------------------------------------
-
-def _verdict_counts(items: list[tuple[str, dict | None]]) -> str:
-    """'yes for 2 (a, b); within noise for 3 (...)' from (name, comparison) pairs."""
-    by: dict[str, list[str]] = {}
-    for name, c in items:
-        by.setdefault(c["verdict"] if c else None, []).append(f"{name} {_said(c)}")
-    return "; ".join(f"{WORD[v]} for {len(xs)} of {len(items)} ({', '.join(xs)})"
-                     for v, xs in sorted(by.items(), key=lambda x: tuple(WORD).index(x[0])))
-
-
-def _render_specdecpp(v: list[dict]) -> list[str]:
-    rows = []
-    for e in v:
-        for name, p in (("SpecDec++", e["specdecpp"]), (f"best fixed K={e['best_fixed_k']}", e["best_fixed"]),
-                        ("oracle", e.get("oracle"))):
-            if p:
-                rows.append([e["domain"], e["drafter"], name, p["prompts"], p["draft_per_token"], p["MAT"],
-                             p["counted_ms_per_token"]])
-    return ["### SpecDec++ against the best fixed K and the hindsight oracle (greedy, test set)", "",
-            table(["domain", "drafter", "policy", "prompts", "N_draft per token", "MAT", "counted ms per token"],
-                  rows), "",
-            "- **SpecDec++ is cheaper than the best fixed K (counted speedup of SpecDec++ over it, 90% interval):** "
-            + _verdict_counts([(f"{e['domain']}/{e['drafter']} vs K={e['best_fixed_k']}", e["vs_best_fixed"])
-                               for e in v]) + ".",
-            "- **SpecDec++ against the hindsight oracle (its counted speed as a share of the oracle's; the oracle "
-            "stops exactly at the first rejection, so it is the bound):** "
-            + ", ".join(f"{e['domain']}/{e['drafter']} {_said(e.get('vs_oracle'))}" for e in v) + ".", ""]
-
-
-def _render_spectr(v: dict) -> list[str]:
-    ks = v["ks"]
-    rows = [[d] + [f"{_fmt(c['MAT'])} / {_fmt(c['counted_speedup']['ratio'] if c.get('counted_speedup') else None)}"
-                   if (c := e["by_k"].get(kk)) else "-" for kk in ks]
-            for d, e in v["per_domain"].items()]
-    verdicts = [(d, e["rise"]) for d, e in v["per_domain"].items() if e["rise"]]
-    pooled = v["per_domain"].get("all", {})
-    rise = pooled.get("rise")
-    said = {"above": "yes: block efficiency rises with K beyond the spread, as in SpecTr Table 1",
-            "below": "NO: it falls with K", "within noise": "within noise: no rise beyond the spread",
-            "too few prompts": "too few prompts for a verdict"}
-    return [f"### SpecTr: block efficiency vs K drafts (T = 1, L = {v['L']}, test set)", "",
-            "MAT (tokens per target call, bonus counted) / counted speedup over the target sampling alone, per "
-            "domain and K; K = 1 is plain speculative sampling. SpecTr Table 1 reports 2.4 -> 3.1 (L = 4) and "
-            "2.9 -> 4.0 (L = 8) from K = 1 to 8.", "",
-            table(["domain"] + [f"K={kk}" for kk in ks], rows), "",
-            f"- **Block efficiency rises with K (MAT at K={pooled.get('top_k')} over K=1, all domains pooled):** "
-            + (f"{said[rise['verdict']]} ({_said(rise)})" if rise else "not measured")
-            + ("; " if pooled.get("monotone") else "; not ") + "monotone in the point estimates"
-            + ". Per domain: " + _verdict_counts([(d, c) for d, c in verdicts if d != "all"]) + ".", ""]
-
-
-def _render_cascades(v: dict) -> list[str]:
-    out = ["### Speculative cascades: quality vs counted speedup (Faster Cascades Figure 2 / Table 2)", "",
-           "Quality: data/quality.py's primary metric (0-100) of the sampled text against the test reference, mean "
-           "over prompts [bootstrap 90% interval]; speedup: counted (Eq. 3.1) and timed, over the target sampling "
-           "alone on the same prompts [90% interval].", ""]
-    for d, e in v["per_domain"].items():
-        out += [f"{d}: the target alone scores {_fmt(e['target_quality'])} on {e['target_prompts']} prompts.", "",
-                table(["rule", "alpha", "prompts", "quality [interval]", "counted speedup [interval]",
-                       "timed speedup [interval]"],
-                      [[CASCADE_NAMES.get(p["rule"], p["rule"]), p["alpha"], p["prompts"],
-                        f"{_fmt(p['quality'])} [{_fmt(p['quality_lo'])}, {_fmt(p['quality_hi'])}]",
-                        _said(p["counted"]), _said(p["timed"])] for p in e["points"]]), ""]
-    rules = v["rules"]
-    out += ["Table 2 shape: per domain and rule, the best counted speedup at a quality >= the target's (alpha) / "
-            "the best quality at a counted speedup >= 1 (alpha); measured points only.", "",
-            table(["domain"] + [CASCADE_NAMES.get(r, r) for r in rules],
-                  [[d] + [f"{_fmt(t['speedup_at_target_quality'])} ({_fmt(t['alpha_at_target_quality'])}) / "
-                          f"{_fmt(t['best_quality_within_target_latency'])} ({_fmt(t['alpha_best_quality'])})"
-                          for t in (e["table2"][r] for r in rules)] for d, e in v["per_domain"].items()]), ""]
-    leads = {r: sum(e["ranking"][0] == r for e in v["per_domain"].values()) for r in rules}
-    second = {r: sum(len(e["ranking"]) > 1 and e["ranking"][1] == r for e in v["per_domain"].values()) for r in rules}
-    n = len(v["per_domain"])
-    token = next((r for r in rules if r.startswith("token")), None)
-    shows = token is not None and "opt" in rules and leads[token] == n and second["opt"] == n
-    floor = max(e["target_quality"] for e in v["per_domain"].values())
-    out += ["- **The paper's ordering (SpecCascade [Token] first, [OPT] second at the target's quality):** "
-            + ("shows" if shows else "does not show") + " here: leads per domain "
-            + ", ".join(f"{CASCADE_NAMES.get(r, r)} {leads[r]}" for r in rules) + f" of {n}; second "
-            + ", ".join(f"{CASCADE_NAMES.get(r, r)} {second[r]}" for r in rules) + f" of {n}. "
-            "Quality intervals over this many prompts are wide (exact-match metrics are 0 or 100 per prompt), so "
-            "an ordering is only as firm as the intervals in the table above."
-            + (f" The target alone scores at most {_fmt(floor)} of 100 in any domain: quality is at its floor and "
-               "cannot separate the rules, so the table ranks them by speed alone and the paper's claim is not "
-               "tested here." if floor < 5.0 else ""), ""]
-    return out
-
-
-def _render_banditspec(v: dict) -> list[str]:
-    rows, lines = [], []
-    for d, e in v["per_domain"].items():
-        for a, s in e["arms"].items():
-            rows.append([d, a + (" (best)" if a == e["best_arm"] else ""), s["prompts"], s["MAT"],
-                         s["counted_tokens_per_s"], s["timed_tokens_per_s"], None])
-        for b, s in e["bandits"].items():
-            rows.append([d, b, s["prompts"], s["MAT"], s["counted_tokens_per_s"], s["timed_tokens_per_s"], s["regret"]])
-    for b in v["bandits"]:
-        items = [(f"{d} vs {e['best_arm']}", e["bandits"][b]["vs_best_counted"]) for d, e in v["per_domain"].items()
-                 if b in e["bandits"]]
-        timed = [(d, e["bandits"][b]["vs_best_timed"]) for d, e in v["per_domain"].items() if b in e["bandits"]]
-        lines.append(f"- **{b} beats the best single arm (counted tokens/s over the arm's, 90% interval):** "
-                     + _verdict_counts(items) + ". Timed: " + _verdict_counts(timed) + ".")
-    return ["### BanditSpec Table 1: model-free arms, the domain drafter, and bandits over them (greedy)", "",
-            "Each arm alone and each bandit (throughput reward) on the same test prompts; counted tokens/s from the "
-            "calibrated forward costs (retrieval time not counted), timed from process CPU time; regret: the "
-            "bandit's target calls per prompt beyond the prompt's best single arm (BanditSpec §4).", "",
-            table(["domain", "method", "prompts", "MAT", "counted tokens/s", "timed tokens/s",
-                   "stopping-time regret (target calls / prompt)"], rows), "", *lines, ""]
-
-
-def _render_metaeagle(v: dict) -> list[str]:
-    per = v["per_domain"]
-    rows = [[d, e["own"] or "-", e["MAT"].get(e["own"]) if e["own"] else None, e["best"], e["MAT"][e["best"]],
-             e["ucb_bd_MAT"], e["ucb_be_MAT"]] for d, e in per.items()]
-    own = [(f"{d} vs {e['best_other']}", e["own_vs_best_other"]) for d, e in per.items() if "best_other" in e]
-    near = [(d, e["ucb_vs_best"]) for d, e in per.items()]
-    bdbe = [(d, e["bd_vs_be"]) for d, e in per.items()]
-    gaps = ", ".join(f"{d} EAGLE {_said(e['bd_vs_be'])} vs SpS {_said(e['sps_bd_vs_be'])}" for d, e in per.items())
-    return ["### MetaSD with EAGLE drafters: MetaEagle (MetaSD Tables 4 / 7; greedy, test set, chain at K)", "",
-            table(["domain", "own EAGLE drafter", "its MAT", "best EAGLE drafter (hindsight)", "its MAT",
-                   "MetaEagle-UCB (BD) MAT", "MetaEagle-UCB (BE) MAT"], rows), "",
-            "- **Specialised EAGLE drafters win their domain (MAT of the own drafter over the best other one, 90% "
-            "interval):** " + _verdict_counts(own) + ".",
-            f"- **MetaEagle-UCB (BD) reaches >= {NEAR_BEST:.0%} of the hindsight-best EAGLE drafter's MAT:** "
-            + _verdict_counts(near) + ".",
-            "- **BD >= BE (MAT of MetaEagle-UCB with BD over with BE):** " + _verdict_counts(bdbe)
-            + ". The same ratio for EAGLE and for the independent drafters (MetaSD: the gap is smaller for EAGLE): "
-            + gaps + ".", ""]
-
-
-def render_verdicts(metrics: dict) -> list[str]:
-    v = metrics.get("verdicts") or paper_verdicts(metrics)
-    parts = []
-    if v.get("specdecpp"):
-        parts += _render_specdecpp(v["specdecpp"])
-    if v.get("spectr"):
-        parts += _render_spectr(v["spectr"])
-    if v.get("cascades"):
-        parts += _render_cascades(v["cascades"])
-    if v.get("banditspec"):
-        parts += _render_banditspec(v["banditspec"])
-    if v.get("metaeagle"):
-        parts += _render_metaeagle(v["metaeagle"])
-    return ["## The papers' claims on this bundle", "",
-            "Each claim is checked on this run's own numbers; the interval is a bootstrap 90% interval over prompts, "
-            "and a claim is called only where it clears the line.", "", *parts] if parts else []
+def judge(metrics: dict) -> dict[str, Any]:
+    """The claims of a measured metrics dict (aggregate.summarize), to store in it: the expected effects,
+    the headline rows and the papers' verdicts."""
+    return {"effects": effects(metrics), "headline": headline_rows(metrics), "verdicts": paper_verdicts(metrics)}

@@ -1,0 +1,157 @@
+"""Stage `evaluate`: the exported bundle, decoded end to end on held-out prompts, measured.
+
+Five steps, one module each (this package's files are its jobs; each reads only the ones above it):
+
+1. **plan** (`plan.build_plan`; what the stage loads for it in `load`): a list of `Run`s, one per
+   (prompt, method). A method is a `MethodKey` (`methods`, beside its display name `label`), a frozen,
+   hashable record of what it is (family, drafter, K, stopping policy, router, bandit, reward, sampling
+   mode, and an open `params` for anything else); a run carries a factory that builds its
+   speculator (and, for families that need one, the verification distribution) when the loop gets to it.
+   The families of the demo, per prompt (greedy unless said):
+     ar          the target alone: the baseline every speedup is measured against
+     fixed       one drafter, fixed K (every drafter at `k` on `per_drafter_sets`; the K sweep for the
+                 prompt's domain drafter + OFA, or every drafter)
+     specdecpp   the drafter's exported head with its threshold h (SpecDec++)
+     oracle      the greedy hindsight oracle (SpecDec++ Thm 4.1), replaying AR's tokens
+     router      route once per prompt, then fixed K (routing is inside the timed call)
+     bandit      MetaSD-UCB (BD, BE), UCBSpec, EXP3Spec over the arms, N_max = K, reset per prompt;
+                 `stream`: state kept across each (set, domain) stream of prompts (run once: not repeatable)
+     ceiling     one round-robin pass over the arms, then the prompt's hindsight-best arm
+   and in sampling mode on the first `sampling_prompts` test prompts per domain: ar, fixed, specdecpp
+   for the sweep drafters, each SpecDec++ row with the heads labelled under that mode's transform.
+2. **run** (`run.execute`): one loop. Per prompt, `repeats` passes over that prompt's runs, methods
+   interleaved (a slow phase of a shared machine hits every method alike). Each whole generate call is
+   timed by `decoding.timing.timed_call` (CPU time of this process and wall time on CPU; CUDA events
+   on a GPU). Counts come from the first pass (greedy and seeded sampling repeat exactly); every
+   pass's times are kept, and a run's time is the mean over its passes (see `Record.time`). After each
+   prompt, a few `Calibrator` passes (pipelines/calibration.py, shared with train-heads) time the
+   target's n-token cached forward for every n a round can verify and each drafter's 1-token forward
+   (interleaved; spread through the loop, so they see the same load phases as the runs they price).
+3. **aggregate** (`aggregate.summarize`): per (mode, set, domain, method) counters summed and rates as
+   ratios of totals; per prompt, the timed speedup (AR's median time per token / the method's) and the counted
+   speedup (the same ratio of costs predicted from the run's counts: SpecDec++ Eq. 3.1 with the
+   calibrated v(K), i.e. sum over rounds of t_target(K_r + 1) + N_draft t_draft; the prompt's prefill
+   and the decoder's own per-round work (sampling, verification, a SpecDec++ head) are not counted, so
+   on a small model it sits above the timed one); each pooled over prompts as a ratio of totals with a
+   bootstrap 90% interval (resampling prompts). The Eq. 3.1 fit over all greedy speculative runs
+   (non-negative least squares on counts and robust times) with its R^2.
+4. **claims** (`claims.judge`): the papers' effects and verdicts, as data read from that dict (each
+   comparison a ratio over shared prompts with its bootstrap interval), stored in it.
+5. **render** (`render.write_report`): report.md and the plots, from the dict alone; every label and
+   sentence is made there (rows carry key fields, never display strings).
+
+How to add a family (SpecTr multi-draft, speculative cascades, prompt lookup / REST / suffix, EAGLE...):
+write a planner `def plan_myfamily(env: Env, prompt: Prompt) -> list[Run]` that returns one `Run` per
+method for that prompt, each with a `MethodKey(family="myfamily", drafter=..., k=..., params=params(
+rule="...", alpha=0.3))` and a `build(done) -> Built` factory (`done`: this prompt's earlier results
+by key, e.g. AR's tokens); give `Built.verification` for a family whose output follows another
+distribution than the target's (cascades). Add the planner to `plan.PLANNERS`, its config to
+`EvaluateSection`. The loop, the timing, the aggregation and metrics.json need no change; `methods.label`
+names an unknown family generically, and a table of its own is a function in render.py.
+
+Writes report/: report.md, metrics.json (rows with key fields, every run's raw repeat times in `runs`),
+*.png (`render.PLOTS` lists them).
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from specdraft.core.devices import resolve_device
+from specdraft.core.errors import InputError
+from specdraft.data.quality import SCORED_DOMAINS, require_scorers
+from specdraft.decoding.bundle import Bundle, load_bundle
+from specdraft.decoding.chat import end_of_turn_ids
+from specdraft.decoding.compat import check_k
+from specdraft.decoding.eagle import TreeShape
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.drafters.roles import drafter_roles
+from specdraft.pipelines.calibration import Calibrator
+from specdraft.pipelines.evaluate.aggregate import Setup, score_quality, summarize, target_quality
+from specdraft.pipelines.evaluate.claims import judge
+from specdraft.pipelines.evaluate.load import load_heads, load_prompts, load_routers
+from specdraft.pipelines.evaluate.plan import Env, build_plan
+from specdraft.pipelines.evaluate.render import write_report
+from specdraft.pipelines.evaluate.run import execute
+from specdraft.pipelines.schema import EvaluateSection
+from specdraft.pipelines.stage import Context
+
+
+
+def build(ctx: Context) -> dict:
+    cfg = ctx.cfg
+    ecfg: EvaluateSection = cfg.evaluate
+    ecfg.check()
+    bundle = load_bundle(ctx.input("export"), verify=True)  # one-line InputError on any damage
+    if not bundle.drafters:
+        raise InputError("the bundle has no drafters; export a run with train-drafters before evaluating")
+    k_main = ecfg.k or int(bundle.decoding.get("k", 4))
+    check_k(k_main, "evaluate.k")
+    device = resolve_device(ecfg.device)
+    threads = torch.get_num_threads()
+    if ecfg.threads:
+        # one thread: the process's CPU time is then its compute, not other threads spinning for work
+        torch.set_num_threads(ecfg.threads)
+    try:
+        return _evaluate(ctx, ecfg, bundle, k_main, device)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, device: str) -> dict:
+    cfg = ctx.cfg
+    tok = bundle.load_tokenizer(cfg.target.trust_remote_code)
+    target = bundle.load_target(device=device, trust_remote_code=cfg.target.trust_remote_code)
+    drafters = {n: bundle.load_drafter(n, device=device, target=target) for n in sorted(bundle.drafters)}
+    roles = drafter_roles({d.name: d.domains for d in bundle.drafters.values()})
+    own, ofa = roles.own, roles.ofa
+    routers, notes = load_routers(bundle, target, tok)
+    arm_names = sorted(set(own.values())) if ecfg.bandit_arms == "specialists" else list(drafters)
+    if len(arm_names) < 2:
+        notes.append(f"fewer than 2 single-domain drafters ({arm_names}): the bandits choose among all drafters")
+        arm_names = list(drafters)
+    # sampling mode decodes at the first non-greedy label transform of the bundle's heads (T=1 if none)
+    labelled = sorted({SamplingConfig(**h.label_transform) for by in bundle.heads.values() for h in by.values()},
+                      key=lambda t: t.tag)
+    sampled = [t for t in labelled if not t.greedy]
+    modes = {"greedy": SamplingConfig(temperature=0.0),
+             "sampling": sampled[0] if sampled else SamplingConfig(temperature=1.0)}
+    heads = load_heads(bundle, drafters, modes, device, notes)
+    ctx_len = getattr(target.config, "max_position_embeddings", None) or 10**9
+    max_prompt = min(ecfg.max_prompt_tokens, ctx_len - ecfg.max_new_tokens - 1)
+    prompts = load_prompts(ctx.input("prepare-data"), ecfg, tok, max_prompt, notes, bundle.chat)
+    if any(p.domain in SCORED_DOMAINS for p in prompts):
+        require_scorers()  # a missing scorer package fails here, not after the whole run loop
+
+    eagle = {n: bundle.load_eagle(n, target, device=device) for n in sorted(bundle.eagle)}
+    eagle_tree = {n: TreeShape(**bundle.eagle[n].tree) for n in eagle if bundle.eagle[n].tree}
+    eagle_ofa = next((n for n in eagle if len(bundle.eagle[n].domains) > 1), None)
+    env = Env(ecfg, cfg.run.seed, k_main, target, drafters, own, ofa, arm_names, routers, heads, modes,
+              datastore=bundle.load_datastore() if ecfg.model_free_arms else None, eagle=eagle, eagle_tree=eagle_tree,
+              eagle_ofa=eagle_ofa)
+    if bundle.datastore is None and "rest" in ecfg.model_free_arms:
+        notes.append("the bundle ships no datastore: the REST arm is left out (re-export with export.datastore: true)")
+    plan = build_plan(env, prompts)
+    max_k = max([k_main, *ecfg.ks] + [h.k_max for by in heads.values() for h in by.values()])
+    # calibrate at a context like the runs' own: a median prompt, half way through its generation
+    context = min(int(statistics.median(len(p.ids) for p in prompts)) + ecfg.max_new_tokens // 2,
+                  ctx_len - max_k - 2)
+    # the calibration's passes are spread through the run loop, a few after each prompt, so its costs come
+    # from the same load phases as the runs they price (a burst before the loop sees only one phase)
+    calibrator = Calibrator(target, {**drafters, **eagle}, max_k + 1, context, device, cfg.run.seed, draft_run=k_main)
+    per_prompt = -(-ecfg.calibration_reps // len(prompts))
+    records = execute(plan, target, ecfg.max_new_tokens, modes, end_of_turn_ids(tok, target), device, ecfg.repeats,
+                      between=lambda: calibrator.sample(per_prompt))
+    calib = calibrator.result()
+    score_quality(records, {(p.set, p.id): p.reference for p in prompts}, tok)
+
+    metrics = summarize(records, calib, Setup(ecfg, k_main, own, ofa, heads, modes["sampling"], device, len(prompts),
+                                              len(drafters), arm_names, notes, cfg.run.seed, len(plan)))
+    metrics.update(judge(metrics))
+    metrics["target_quality"] = target_quality(records, prompts, tok)
+    # teacher-forced on the dev responses at train-drafters: thousands of positions per cell where the test
+    # prompts give tens of rounds, so "a specialist wins in its domain" is decided here, MAT beside it
+    metrics["drafter_alignment"] = {n: dict(e.alignment) for n, e in sorted(bundle.drafters.items()) if e.alignment}
+    write_report(metrics, ctx.out)
+    return {"headline": metrics["headline"], "cost_fit": metrics["cost_fit"], "runs": len(records)}

@@ -1,0 +1,68 @@
+"""What the stage loads before it plans: the bundle's routers and SpecDec++ heads, and the prompts."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from specdraft.core.errors import InputError
+from specdraft.core.tokenizers import tokenizer_fingerprint
+from specdraft.data.chat import row_messages
+from specdraft.data.prompts import fit_prompt, load_prompt_sets
+from specdraft.decoding.bundle import Bundle
+from specdraft.decoding.chat import ChatFormat, format_prompt
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.heads.router import load_router
+from specdraft.pipelines.evaluate.plan import Head, Prompt
+from specdraft.pipelines.schema import EvaluateSection
+
+
+def load_routers(bundle: Bundle, target, tok) -> tuple[dict[str, Any], list[str]]:
+    """Each router of the bundle (bundle.routers: name -> entry), or a note on why there are none."""
+    entries = {name: e.path for name, e in bundle.routers.items()}
+    if not entries:
+        return {}, ["no router in the bundle (train-router did not run before export): routing rows skipped"]
+    fp = tokenizer_fingerprint(tok)
+    return {name: load_router(path, target.get_input_embeddings(), fp) for name, path in sorted(entries.items())}, []
+
+
+def load_heads(bundle: Bundle, drafters, modes: dict[str, SamplingConfig], device: str,
+                notes: list[str]) -> dict[str, dict[str, Head]]:
+    """Each mode uses the heads labelled under its own transform (SpecDec++ §4.4)."""
+    heads: dict[str, dict[str, Head]] = {}
+    for mode, transform in modes.items():
+        heads[mode] = {}
+        for n in drafters:
+            name = bundle.head_for(n, transform)
+            if name is not None:
+                module, _ = bundle.load_head(n, name, device=device)
+                entry = bundle.heads[n][name]
+                heads[mode][n] = Head(module, entry.threshold, entry.k_max or int(bundle.decoding.get("k_max", 20)),
+                                      entry.name)
+        lacking = sorted(n for n in drafters if n not in heads[mode] and bundle.heads.get(n))
+        if lacking:
+            notes.append(f"no head labelled under {transform.tag} for {', '.join(lacking)}: their {mode} SpecDec++ "
+                         f"rows are skipped (add {transform.as_dict()} to acceptance_data.label_transforms)")
+    return heads
+
+
+def load_prompts(prompts_dir: Path, ecfg: EvaluateSection, tok, max_prompt: int, notes: list[str],
+                 chat: ChatFormat = ChatFormat()) -> list[Prompt]:
+    """The first prompts_per_domain prompts per domain and set of prepare-data's output, formatted as the
+    bundle serves them."""
+    sets = load_prompt_sets(prompts_dir)
+    prompts = []
+    for s in ecfg.sets:
+        if s not in sets:
+            notes.append(f"prompt set '{s}' does not exist in prompts/sets: skipped")
+            continue
+        taken: dict[str, int] = {}
+        for row in sets[s]:
+            i = taken.get(row["domain"], 0)
+            if i < ecfg.prompts_per_domain:
+                taken[row["domain"]] = i + 1
+                ids, _ = fit_prompt(format_prompt(tok, row_messages(row), chat), max_prompt, "truncate", row["id"])
+                prompts.append(Prompt(s, row["domain"], row["id"], tuple(ids), i, row.get("response")))
+    if not prompts:
+        raise InputError(f"no prompts in sets {ecfg.sets} of {prompts_dir}; check evaluate.sets")
+    return prompts
+

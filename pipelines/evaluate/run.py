@@ -1,0 +1,100 @@
+"""The run loop: every run of a plan decoded, per prompt `repeats` interleaved passes, each whole generate
+call timed; a `Record` keeps the counts of the first pass and every pass's times."""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+from tqdm.auto import tqdm
+
+from specdraft.decoding.autoregressive import generate_autoregressive
+from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
+from specdraft.decoding.multi import MultiDrafterSpeculator
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculative import generate_speculative
+from specdraft.decoding.timing import Timing, timed_call
+from specdraft.pipelines.evaluate.methods import MethodKey
+from specdraft.pipelines.evaluate.plan import Built, Run
+
+
+@dataclass
+class Record:
+    """A run done: its counts (first pass) and every pass's timing."""
+
+    key: MethodKey
+    prompt: str
+    set: str
+    domain: str
+    metrics: GenerationMetrics
+    times: list[Timing] = field(default_factory=list)
+    drafter: str | None = None  # the drafter that decoded it, where one did (a router's pick included)
+    arms: list[str] | None = None  # multi-drafter runs: the arm chosen per round
+    switch_s: float = 0.0
+    tokens: list[int] | None = None  # the generated tokens (first pass)
+    quality: float | None = None  # sampling mode, scored domains: data/quality.py's primary metric vs the reference
+
+    @property
+    def time(self) -> float:
+        """Seconds of the whole call: the mean over its passes. Pooled over prompts as a ratio of totals (aggregate.py),
+        this is the total CPU time of every pass, the timed estimator that moved least between a quiet and a busy
+        run of the same plan (benchmarks/RESULTS.md, `bench_evaluate_load.py --estimators`: 63 of 89
+        cells within 10%, against 58 for the fastest pass and 42 for the median of per-prompt ratios). The
+        fastest of 2-3 passes is itself a noisy extreme; the mean averages the noise away."""
+        return statistics.fmean(t.time for t in self.times) if self.times else self.metrics.time_total
+
+    @property
+    def wall(self) -> float:
+        return statistics.fmean(t.wall for t in self.times) if self.times else self.metrics.time_total
+
+
+
+def execute(plan: list[Run], target: torch.nn.Module, max_new_tokens: int, sampling: Mapping[str, SamplingConfig],
+            eos, device: str, repeats: int, progress: bool = True,
+            between: Callable[[], None] | None = None) -> list[Record]:
+    """Every run of the plan; per prompt `repeats` interleaved passes (non-repeatable runs once).
+    `between()` runs after each prompt (the stage samples its calibration there)."""
+    by_prompt: dict[str, list[Run]] = {}
+    for run in plan:
+        by_prompt.setdefault(run.prompt.id, []).append(run)
+    total = sum(repeats if r.repeatable else 1 for r in plan)
+    bar = tqdm(total=total, desc="evaluate", unit="run", disable=not progress)
+    records: list[Record] = []
+    for runs in by_prompt.values():
+        done: dict[MethodKey, GenerationResult] = {}
+        mine: dict[MethodKey, Record] = {}
+        for rep in range(repeats):
+            for run in runs:
+                if rep and not run.repeatable:
+                    continue
+                (built, res), t = timed_call(lambda: _decode(run, done, target, max_new_tokens,
+                                                             sampling[run.key.mode], eos), device)
+                bar.update(1)
+                if rep == 0:
+                    spec = built.speculator
+                    m = dataclasses.replace(res.metrics, time_cpu=t.cpu)
+                    rec = Record(run.key, run.prompt.id, run.prompt.set, run.prompt.domain, m, [t],
+                                 drafter=built.drafter or run.key.drafter,
+                                 arms=[spec.arms[h["arm"]].name for h in spec.history]
+                                 if isinstance(spec, MultiDrafterSpeculator) else None,
+                                 switch_s=float(getattr(spec, "switch_seconds", 0.0)), tokens=list(res.tokens))
+                    done[run.key], mine[run.key] = res, rec
+                    records.append(rec)
+                else:
+                    mine[run.key].times.append(t)
+        if between is not None:
+            between()
+    bar.close()
+    return records
+
+
+def _decode(run: Run, done, target, max_new_tokens: int, sampling: SamplingConfig, eos) -> tuple[Built, Any]:
+    built = run.build(done)
+    gen = torch.Generator().manual_seed(run.seed) if run.seed is not None else None
+    if built.speculator is None:
+        return built, generate_autoregressive(target, run.prompt.ids, max_new_tokens, sampling, eos, gen)
+    return built, generate_speculative(target, built.speculator, run.prompt.ids, max_new_tokens, sampling, eos, gen,
+                                       built.verification)
+
