@@ -130,6 +130,23 @@ class Calibrator:
                         self.times.setdefault(name, []).append(t.time / self.draft_run)
             self.passes += keep
 
+    def take(self) -> dict[str, Any]:
+        """The samples since the last take, as JSON (target sizes and drafter names kept apart), and
+        forget them: what a shard stores beside the records of the runs those samples priced."""
+        taken = {"target": {str(n): self.times.get(n, []) for n in self.sizes},
+                 "drafters": {name: self.times.get(name, []) for name in self.drafters}, "passes": self.passes}
+        self.times, self.passes = {}, 0
+        return taken
+
+    def pool(self, taken: list[dict[str, Any]]) -> None:
+        """Add samples `take` handed out (this process's or another shard's of the same plan)."""
+        for t in taken:
+            for n, xs in t["target"].items():
+                self.times.setdefault(int(n), []).extend(xs)
+            for name, xs in t["drafters"].items():
+                self.times.setdefault(name, []).extend(xs)
+            self.passes += t["passes"]
+
     def result(self) -> Calibration:
         """Per size the 10% quantile over the passes (load only adds time), then for the target the
         least-squares line t(n) = a + b (n - 1) through them: on CPU a cached forward's cost is close to

@@ -47,6 +47,13 @@ def _stage_config(args) -> tuple[str, list[str]]:
 def _run_one(args) -> None:
     from specdraft.pipelines.stage import run_stage
 
+    if getattr(args, "shard", None):
+        from specdraft.pipelines.shards import parse_shard
+
+        parse_shard(args.shard, "--shard")
+        os.environ["SPECDRAFT_SHARD"] = args.shard  # where the stage (and its lock's name) reads its shard
+    if getattr(args, "merge", False):
+        os.environ["SPECDRAFT_MERGE"] = "1"
     cfg = _load(*_stage_config(args))
     run_stage(cfg, args.stage, force=args.force)
 
@@ -122,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "e.g. pretrain_target.train.max_steps=50")
         sp.add_argument("--config", default=None, help="the run config, when not given first")
         sp.add_argument("--force", action="store_true", help="redo the stage even if its output is cached")
+        if name in ("distill-data", "evaluate"):  # the stages that split their work over processes
+            sp.add_argument("--shard", default=None, metavar="I/N",
+                            help="run this process's share (i of N); default: Slurm array or RANK/WORLD_SIZE")
+        if name == "evaluate":
+            sp.add_argument("--merge", action="store_true",
+                            help="after every shard finished: merge their records into the report")
         sp.set_defaults(func=_run_one, stage=name)
     sp = sub.add_parser("run", help="run every stage of a run config in order (cache hits are skipped)")
     sp.add_argument("config")

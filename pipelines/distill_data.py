@@ -19,8 +19,6 @@ Writes distill_data/
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import datasets
 from tqdm.auto import tqdm
@@ -33,26 +31,8 @@ from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.core.hashing import derive_seed
 from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+from specdraft.pipelines.shards import claim_merge, shard_from_env, write_json_atomic
 from specdraft.pipelines.stage import Context, StageIncomplete
-
-
-def shard_from_env() -> tuple[int, int]:
-    """(index, count) of this process among the processes sharing the stage."""
-    if "SPECDRAFT_SHARD" in os.environ:
-        try:
-            i, n = (int(x) for x in os.environ["SPECDRAFT_SHARD"].split("/"))
-        except ValueError:
-            raise InputError("SPECDRAFT_SHARD must look like 'i/N' (e.g. 0/2)") from None
-    elif "SLURM_ARRAY_TASK_ID" in os.environ and "SLURM_ARRAY_TASK_COUNT" in os.environ:
-        i = int(os.environ["SLURM_ARRAY_TASK_ID"]) - int(os.environ.get("SLURM_ARRAY_TASK_MIN", 0))
-        n = int(os.environ["SLURM_ARRAY_TASK_COUNT"])
-    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        i, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    else:
-        i, n = 0, 1
-    if not 0 <= i < n:
-        raise InputError(f"shard index {i} is outside 0..{n - 1}; check SPECDRAFT_SHARD / the array range")
-    return i, n
 
 
 def plan_chunks(sets: datasets.DatasetDict, splits, temperatures, chunk_size: int) -> list[dict]:
@@ -85,24 +65,6 @@ def run_chunk(chunk: dict, model, tok, dcfg, seed: int, chat: ChatFormat = ChatF
     return out
 
 
-def _write_atomic(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(rows))
-    os.replace(tmp, path)
-
-
-def _claim_merge(work: Path, shard: int) -> bool:
-    """True for exactly one of the shards that call this (an exclusive create in the work dir); a shard
-    that finds the work dir gone lost to a shard that already merged and committed."""
-    try:
-        fd = os.open(work / "merge.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except (FileExistsError, FileNotFoundError):
-        return False
-    os.write(fd, f"shard {shard} pid {os.getpid()}\n".encode())
-    os.close(fd)
-    return True
-
-
 def build(ctx: Context) -> dict:
     cfg, dcfg = ctx.cfg, ctx.cfg.distill_data
     sets = load_prompt_sets(ctx.input("prepare-data"))
@@ -126,13 +88,13 @@ def build(ctx: Context) -> dict:
               + (f" ({done_before} already done)" if done_before else ""))
         for chunk in tqdm(todo, desc=f"distill-data shard {shard}", unit="chunk"):
             rows = run_chunk(chunk, model, tok, dcfg, cfg.run.seed, chat_format(cfg.prompts))
-            _write_atomic(chunk_dir / f"{chunk['name']}.json", rows)
+            write_json_atomic(chunk_dir / f"{chunk['name']}.json", rows)
 
     missing = [c["name"] for c in chunks if not (chunk_dir / f"{c['name']}.json").exists()]
     if missing:
         raise StageIncomplete(f"shard {shard}/{n_shards} is done; {len(missing)} chunks remain for other shards "
                               "(the shard that finishes last, or a rerun, writes the dataset)")
-    if n_shards > 1 and not _claim_merge(ctx.work, shard):
+    if n_shards > 1 and not claim_merge(ctx.work, shard):
         # shards finishing together all see every chunk done; one merges (its commit then removes the
         # work dir, which the others must not be reading from)
         raise StageIncomplete(f"shard {shard}/{n_shards} is done; another shard merges the dataset")

@@ -27,6 +27,10 @@ Five steps, one module each (this package's files are its jobs; each reads only 
    prompt, a few `Calibrator` passes (pipelines/calibration.py, shared with train-heads) time the
    target's n-token cached forward for every n a round can verify and each drafter's 1-token forward
    (interleaved; spread through the loop, so they see the same load phases as the runs they price).
+   The plan runs in units (`units`: a prompt, or a stream bandit's (set, domain)); N shards
+   (`specdraft evaluate CONFIG --shard i/N`, Slurm array tasks, torchrun ranks) each run theirs and store
+   each finished unit atomically; the last to finish (or `--merge`) reads all back in plan order and goes
+   on as one process would.
 3. **aggregate** (`aggregate.summarize`): per (mode, set, domain, method) counters summed and rates as
    ratios of totals; per prompt, the timed speedup (AR's median time per token / the method's) and the counted
    speedup (the same ratio of costs predicted from the run's counts: SpecDec++ Eq. 3.1 with the
@@ -54,9 +58,12 @@ Writes report/: report.md, metrics.json (rows with key fields, every run's raw r
 """
 from __future__ import annotations
 
+import os
 import statistics
+from typing import Callable
 
 import torch
+from tqdm.auto import tqdm
 
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
@@ -71,11 +78,13 @@ from specdraft.pipelines.calibration import Calibrator
 from specdraft.pipelines.evaluate.aggregate import Setup, score_quality, summarize, target_quality
 from specdraft.pipelines.evaluate.claims import judge
 from specdraft.pipelines.evaluate.load import load_heads, load_prompts, load_routers
-from specdraft.pipelines.evaluate.plan import Env, build_plan
+from specdraft.pipelines.evaluate.plan import Env, Run, build_plan
 from specdraft.pipelines.evaluate.render import write_report
-from specdraft.pipelines.evaluate.run import execute
+from specdraft.pipelines.evaluate.run import Record, calls, execute
+from specdraft.pipelines.evaluate.units import missing, read_back, run_share, unfinished_error, units
 from specdraft.pipelines.schema import EvaluateSection
-from specdraft.pipelines.stage import Context
+from specdraft.pipelines.shards import claim_merge, shard_from_env
+from specdraft.pipelines.stage import Context, StageIncomplete
 
 
 
@@ -97,6 +106,40 @@ def build(ctx: Context) -> dict:
         return _evaluate(ctx, ecfg, bundle, k_main, device)
     finally:
         torch.set_num_threads(threads)
+
+
+def _run_shard(ctx: Context, plan: list[Run], execute_runs: Callable[[list[Run], tqdm], list[Record]],
+               calibrator: Calibrator) -> list[Record]:
+    """This process's share of the plan (units.py), then, once every unit has its records, all of them in
+    plan order with the calibrator holding every unit's samples; StageIncomplete while other shards'
+    units are unfinished. With SPECDRAFT_MERGE=1 (`specdraft evaluate --merge`) it runs nothing and
+    merges, or says which units are missing."""
+    store = ctx.work / "units"
+    store.mkdir(parents=True, exist_ok=True)
+    all_units = units(plan)
+    merge_only = os.environ.get("SPECDRAFT_MERGE") == "1"
+    shard, n_shards = (0, 1) if merge_only else shard_from_env()
+    if not merge_only:
+        mine = [u for u in all_units if u.index % n_shards == shard]
+        todo = missing(mine, store)
+        if n_shards > 1 or len(todo) < len(mine):
+            print(f"[evaluate] shard {shard}/{n_shards}: {len(todo)} of its {len(mine)} units to run")
+        with tqdm(total=sum(calls(list(u.runs), ctx.cfg.evaluate.repeats) for u in todo),
+                  desc=f"evaluate shard {shard}/{n_shards}" if n_shards > 1 else "evaluate", unit="run") as bar:
+            run_share(all_units, shard, n_shards, store, lambda runs: execute_runs(runs, bar), calibrator.take)
+    left = missing(all_units, store)
+    if left and merge_only:
+        raise unfinished_error(left, len(all_units))
+    if left:
+        raise StageIncomplete(f"shard {shard}/{n_shards} is done; {len(left)} units remain for other shards "
+                              "(the shard that finishes last, or `specdraft evaluate --merge`, writes the report)")
+    if n_shards > 1 and not claim_merge(ctx.work, shard):
+        # shards finishing together all see every unit done; one merges (its commit removes the work dir)
+        raise StageIncomplete(f"shard {shard}/{n_shards} is done; another shard merges the report (should it die, "
+                              "`specdraft evaluate --merge` does)")
+    records, samples = read_back(plan, all_units, store)
+    calibrator.pool(samples)
+    return records
 
 
 def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, device: str) -> dict:
@@ -141,8 +184,10 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     # from the same load phases as the runs they price (a burst before the loop sees only one phase)
     calibrator = Calibrator(target, {**drafters, **eagle}, max_k + 1, context, device, cfg.run.seed, draft_run=k_main)
     per_prompt = -(-ecfg.calibration_reps // len(prompts))
-    records = execute(plan, target, ecfg.max_new_tokens, modes, end_of_turn_ids(tok, target), device, ecfg.repeats,
-                      between=lambda: calibrator.sample(per_prompt))
+    eos = end_of_turn_ids(tok, target)
+    records = _run_shard(ctx, plan, lambda runs, bar: execute(
+        runs, target, ecfg.max_new_tokens, modes, eos, device, ecfg.repeats,
+        between=lambda: calibrator.sample(per_prompt), bar=bar), calibrator)
     calib = calibrator.result()
     score_quality(records, {(p.set, p.id): p.reference for p in prompts}, tok)
 

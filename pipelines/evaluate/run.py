@@ -49,18 +49,35 @@ class Record:
     def wall(self) -> float:
         return statistics.fmean(t.wall for t in self.times) if self.times else self.metrics.time_total
 
+    def as_json(self) -> dict[str, Any]:
+        """Everything the run loop measured, as JSON (a shard's records on disk; floats round-trip exactly).
+        Quality is scored after the loop, on every record at once, so it is not kept."""
+        return {"key": self.key.fields(), "prompt": self.prompt, "set": self.set, "domain": self.domain,
+                "metrics": dataclasses.asdict(self.metrics), "times": [t.as_dict() for t in self.times],
+                "drafter": self.drafter, "arms": self.arms, "switch_s": self.switch_s, "tokens": self.tokens}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Record":
+        return cls(MethodKey.from_fields(d["key"]), d["prompt"], d["set"], d["domain"],
+                   GenerationMetrics(**d["metrics"]),
+                   [Timing(time=t["time_s"], wall=t["wall_s"], cpu=t["cpu_s"]) for t in d["times"]],
+                   drafter=d["drafter"], arms=d["arms"], switch_s=d["switch_s"], tokens=d["tokens"])
+
 
 
 def execute(plan: list[Run], target: torch.nn.Module, max_new_tokens: int, sampling: Mapping[str, SamplingConfig],
             eos, device: str, repeats: int, progress: bool = True,
-            between: Callable[[], None] | None = None) -> list[Record]:
+            between: Callable[[], None] | None = None, bar: tqdm | None = None) -> list[Record]:
     """Every run of the plan; per prompt `repeats` interleaved passes (non-repeatable runs once).
-    `between()` runs after each prompt (the stage samples its calibration there)."""
+    `between()` runs after each prompt (the stage samples its calibration there). `bar`: a progress bar
+    the caller keeps over several calls (one per unit of a shard), else one of its own."""
     by_prompt: dict[str, list[Run]] = {}
     for run in plan:
         by_prompt.setdefault(run.prompt.id, []).append(run)
-    total = sum(repeats if r.repeatable else 1 for r in plan)
-    bar = tqdm(total=total, desc="evaluate", unit="run", disable=not progress)
+    total = calls(plan, repeats)
+    own_bar = bar is None
+    if own_bar:
+        bar = tqdm(total=total, desc="evaluate", unit="run", disable=not progress)
     records: list[Record] = []
     for runs in by_prompt.values():
         done: dict[MethodKey, GenerationResult] = {}
@@ -86,8 +103,14 @@ def execute(plan: list[Run], target: torch.nn.Module, max_new_tokens: int, sampl
                     mine[run.key].times.append(t)
         if between is not None:
             between()
-    bar.close()
+    if own_bar:
+        bar.close()
     return records
+
+
+def calls(plan: list[Run], repeats: int) -> int:
+    """The generate calls `execute` makes for a plan (its progress bar's length)."""
+    return sum(repeats if r.repeatable else 1 for r in plan)
 
 
 def _decode(run: Run, done, target, max_new_tokens: int, sampling: SamplingConfig, eos) -> tuple[Built, Any]:

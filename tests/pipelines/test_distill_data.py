@@ -93,7 +93,7 @@ def test_quantized_target_generates(tiny_run, quantization):
 
 
 def test_exactly_one_shard_claims_the_merge(tmp_path):
-    from specdraft.pipelines.distill_data import _claim_merge
+    from specdraft.pipelines.shards import claim_merge as _claim_merge
 
     assert [_claim_merge(tmp_path, s) for s in (1, 0, 2)] == [True, False, False]
     assert not _claim_merge(tmp_path / "removed-by-the-commit", 0)  # the merging shard already committed

@@ -1,5 +1,6 @@
 """The evaluate stage on a tiny exported run: report files, numbers traceable to metrics.json, damage."""
 import json
+import os
 import re
 from pathlib import Path
 
@@ -176,3 +177,66 @@ def test_bad_config_is_one_line_error():
         EvaluateSection(ks=[]).check()
     with pytest.raises(InputError, match="unknown prompt set"):
         EvaluateSection(sets=["tset"]).check()
+
+
+COUNTS = ("N", "N_target", "N_draft", "N_discarded", "drafted", "arms", "run_drafter", "quality")
+
+
+def _counts(metrics: dict) -> tuple[list, list]:
+    """What no clock moves: every run's counts (in order) and every row's pooled counts and rates."""
+    runs = [(r["prompt"], r["set"], json.dumps(key_of(r), sort_keys=True), [r[c] for c in COUNTS])
+            for r in metrics["runs"]]
+    rows = [(r["set"], r["domain"], json.dumps(key_of(r), sort_keys=True),
+             [r.get(c) for c in ("prompts", "N", "N_target", "N_draft", "N_discarded", "MAT", "discard_rate",
+                             "verification_rate", "quality")]) for r in metrics["rows"]]
+    return runs, rows
+
+
+def test_shards_merge_to_the_counts_of_one_process(_exported, tmp_path, monkeypatch):
+    """Two shards split the plan; a stream bandit's (set, domain) stays on one; a shard killed after
+    some units reruns only its unfinished ones; --merge before every unit is done names what is
+    missing; the last shard to finish merges, and every count equals an unsharded run's."""
+    whole_out = run_stage(_config(fresh_copy(_exported, tmp_path, "whole")), "evaluate")
+    whole = json.loads((whole_out / "metrics.json").read_text())
+    root = fresh_copy(_exported, tmp_path, "sharded")
+    cfg = _config(root)
+    monkeypatch.setenv("SPECDRAFT_SHARD", "0/2")
+    assert run_stage(cfg, "evaluate") is None  # shard 1's units are not done: nothing committed
+    store = next((root / ".work").glob("report-*")) / "units"
+    first = sorted(store.glob("unit-*.json"))
+    assert first and all(int(p.stem.split("-")[1]) % 2 == 0 for p in first)
+    names = [json.loads(p.read_text())["unit"] for p in first]
+    assert any(n.startswith("stream ") for n in names)  # stream_bandits: a (set, domain) is one unit
+    # a kill: one finished unit lost (a unit in flight never has a file); the rerun redoes that one only
+    lost, kept = first[-1], {p: p.stat().st_mtime_ns for p in first[:-1]}
+    lost_records = json.loads(lost.read_text())["records"]
+    lost.unlink()
+    assert run_stage(cfg, "evaluate") is None
+    assert {p: p.stat().st_mtime_ns for p in first[:-1]} == kept and lost.is_file()
+    def counted(records):
+        return [{k: v for k, v in r["metrics"].items() if not k.startswith("time")} for r in records]
+
+    assert counted(json.loads(lost.read_text())["records"]) == counted(lost_records)
+    monkeypatch.setenv("SPECDRAFT_MERGE", "1")
+    with pytest.raises(InputError, match="units have no records yet"):
+        run_stage(cfg, "evaluate")
+    monkeypatch.delenv("SPECDRAFT_MERGE")
+    monkeypatch.setenv("SPECDRAFT_SHARD", "1/2")
+    out = run_stage(cfg, "evaluate")  # the last shard to finish merges
+    assert out == root / "report" and not store.exists()
+    merged = json.loads((out / "metrics.json").read_text())
+    assert _counts(merged) == _counts(whole)
+    assert merged["calibration"]["reps"] == whole["calibration"]["reps"]  # every unit's samples pooled
+    assert [ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith("#")] == \
+        [ln for ln in (whole_out / "report.md").read_text().splitlines() if ln.startswith("#")]
+
+
+def test_a_shard_outside_its_count_is_a_one_line_error(capsys, monkeypatch):
+    from specdraft.pipelines.cli import main
+
+    monkeypatch.delenv("SPECDRAFT_SHARD", raising=False)
+    assert main(["evaluate", "configs/demo.yaml", "--shard", "2/2"]) == 2
+    assert "shard index 2 is outside 0..1; check --shard" in capsys.readouterr().err
+    assert main(["evaluate", "configs/demo.yaml", "--shard", "half"]) == 2
+    assert "--shard must look like 'i/N'" in capsys.readouterr().err
+    assert "SPECDRAFT_SHARD" not in os.environ  # nothing set on bad input

@@ -1,0 +1,80 @@
+"""The plan in units a shard runs: which units are this shard's, each finished unit on disk, and all of
+them read back for the merge.
+
+A unit is what must run in one process: a prompt's runs (the oracle and the ceiling read that prompt's
+earlier results), or, where a stream bandit keeps its state across the prompts of a (set, domain), all
+of those prompts' runs. Unit i belongs to shard i mod N, so N processes (`--shard i/N`, Slurm array tasks,
+torchrun ranks) split the plan without talking to each other. A finished unit is one JSON file in the
+stage's work dir, written atomically: its records and the calibration samples taken while it ran.
+"Done" is the set of files present, so a killed shard redoes only its own unfinished units. The merge
+reads every unit back and puts the records in plan order: the counts, and everything made from them,
+are those of one process running the whole plan.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from specdraft.core.errors import InputError
+from specdraft.pipelines.evaluate.plan import Run
+from specdraft.pipelines.evaluate.run import Record
+from specdraft.pipelines.shards import write_json_atomic
+
+
+@dataclass(frozen=True)
+class Unit:
+    index: int
+    name: str  # "stream <set>/<domain>" or "prompt <set>/<id>"
+    runs: tuple[Run, ...]
+
+    def path(self, store: Path) -> Path:
+        return store / f"unit-{self.index:05d}.json"
+
+
+def units(plan: list[Run]) -> list[Unit]:
+    """The plan's units in the order their first run appears in it (the plan's runs keep their order)."""
+    streams = {(r.prompt.set, r.prompt.domain) for r in plan if not r.repeatable}
+    groups: dict[str, list[Run]] = {}
+    for r in plan:
+        p = r.prompt
+        name = f"stream {p.set}/{p.domain}" if (p.set, p.domain) in streams else f"prompt {p.set}/{p.id}"
+        groups.setdefault(name, []).append(r)
+    return [Unit(i, name, tuple(runs)) for i, (name, runs) in enumerate(groups.items())]
+
+
+def run_share(all_units: list[Unit], shard: int, n_shards: int, store: Path,
+              execute: Callable[[list[Run]], list[Record]], take_samples: Callable[[], dict[str, Any]]) -> int:
+    """Runs this shard's units that have no file yet, writing each when it finishes; returns how many ran."""
+    todo = [u for u in all_units if u.index % n_shards == shard and not u.path(store).exists()]
+    for u in todo:
+        records = execute(list(u.runs))
+        write_json_atomic(u.path(store), {"unit": u.name, "records": [r.as_json() for r in records],
+                                          "calibration": take_samples()})
+    return len(todo)
+
+
+def missing(all_units: list[Unit], store: Path) -> list[Unit]:
+    return [u for u in all_units if not u.path(store).exists()]
+
+
+def read_back(plan: list[Run], all_units: list[Unit], store: Path) -> tuple[list[Record], list[dict[str, Any]]]:
+    """Every unit's records in plan order (where one process running the plan puts them), and every
+    unit's calibration samples."""
+    records, samples = [], []
+    for u in all_units:
+        stored = json.loads(u.path(store).read_text())
+        if stored["unit"] != u.name:  # the work dir is keyed by the config and inputs: a plan bug, not input
+            raise ValueError(f"{u.path(store)} holds unit '{stored['unit']}', the plan has '{u.name}' there")
+        records += [Record.from_json(r) for r in stored["records"]]
+        samples.append(stored["calibration"])
+    position = {(r.prompt.set, r.prompt.id, r.key): i for i, r in enumerate(plan)}
+    return sorted(records, key=lambda rec: position[(rec.set, rec.prompt, rec.key)]), samples
+
+
+def unfinished_error(left: list[Unit], total: int) -> InputError:
+    """`--merge` before every unit has its records."""
+    names = ", ".join(u.name for u in left[:3]) + (", ..." if len(left) > 3 else "")
+    return InputError(f"evaluate --merge: {len(left)} of {total} units have no records yet ({names}); run the "
+                      "shards that own them first (unit i belongs to shard i mod N)")

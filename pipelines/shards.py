@@ -1,0 +1,58 @@
+"""How N processes share one stage's work without talking to each other (distill-data's chunks,
+evaluate's units): which share is this process's, an atomic file per finished piece, and exactly one
+merger when several finish together. Below the stages that shard, so neither imports the other."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from specdraft.core.errors import InputError
+
+
+def parse_shard(text: str, where: str = "SPECDRAFT_SHARD") -> tuple[int, int]:
+    """'i/N' -> (i, N), 0 <= i < N."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise InputError(f"{where} must look like 'i/N' (e.g. 0/2)") from None
+    if not 0 <= i < n:
+        raise InputError(f"shard index {i} is outside 0..{n - 1}; check {where}")
+    return i, n
+
+
+def shard_from_env() -> tuple[int, int]:
+    """(index, count) of this process among the processes sharing the stage: SPECDRAFT_SHARD=i/N (what
+    `--shard` sets), a Slurm array task, or a torchrun / srun rank; (0, 1) alone."""
+    if "SPECDRAFT_SHARD" in os.environ:
+        return parse_shard(os.environ["SPECDRAFT_SHARD"])
+    if "SLURM_ARRAY_TASK_ID" in os.environ and "SLURM_ARRAY_TASK_COUNT" in os.environ:
+        i = int(os.environ["SLURM_ARRAY_TASK_ID"]) - int(os.environ.get("SLURM_ARRAY_TASK_MIN", 0))
+        n = int(os.environ["SLURM_ARRAY_TASK_COUNT"])
+    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        i, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    else:
+        i, n = 0, 1
+    if not 0 <= i < n:
+        raise InputError(f"shard index {i} is outside 0..{n - 1}; check SPECDRAFT_SHARD / the array range")
+    return i, n
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """A finished piece appears whole or not at all: a killed writer leaves only its temp file."""
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def claim_merge(work: Path, shard: int) -> bool:
+    """True for exactly one of the shards that call this (an exclusive create in the work dir); a shard
+    that finds the work dir gone lost to a shard that already merged and committed."""
+    try:
+        fd = os.open(work / "merge.claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except (FileExistsError, FileNotFoundError):
+        return False
+    os.write(fd, f"shard {shard} pid {os.getpid()}\n".encode())
+    os.close(fd)
+    return True
