@@ -240,3 +240,31 @@ def test_a_shard_outside_its_count_is_a_one_line_error(capsys, monkeypatch):
     assert main(["evaluate", "configs/demo.yaml", "--shard", "half"]) == 2
     assert "--shard must look like 'i/N'" in capsys.readouterr().err
     assert "SPECDRAFT_SHARD" not in os.environ  # nothing set on bad input
+
+
+@pytest.mark.slow  # about 40 s of subprocesses: `make test-slow`
+def test_two_shard_processes_and_a_merge_write_the_report(run_root):
+    """`python -m specdraft.pipelines.evaluate CONFIG --shard i/2` in two processes at once, then `--merge`:
+    one report with every planned run once (the merge is a cache hit where the last shard merged)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from specdraft.pipelines.config import to_dict
+
+    cfg_file = run_root / "cfg.yaml"
+    cfg_file.write_text(yaml.safe_dump(to_dict(_config(run_root))))
+    env = {k: v for k, v in os.environ.items() if k not in ("SPECDRAFT_SHARD", "SPECDRAFT_MERGE")}
+    command = [sys.executable, "-m", "specdraft.pipelines.evaluate", str(cfg_file)]
+    procs = [subprocess.Popen(command + ["--shard", f"{i}/2"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert any("shard 0/2" in o for o in outs) and any("shard 1/2" in o for o in outs)
+    merge = subprocess.run(command + ["--merge"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=600)
+    assert merge.returncode == 0, merge.stdout
+    metrics = json.loads((run_root / "report" / "metrics.json").read_text())
+    done = [(r["set"], r["prompt"], json.dumps(key_of(r), sort_keys=True)) for r in metrics["runs"]]
+    assert len(done) == len(set(done)) == metrics["plan_runs"]
