@@ -81,11 +81,10 @@ from specdraft.pipelines.evaluate.load import load_heads, load_prompts, load_rou
 from specdraft.pipelines.evaluate.plan import Env, Run, build_plan
 from specdraft.pipelines.evaluate.render import write_report
 from specdraft.pipelines.evaluate.run import Record, calls, execute
-from specdraft.pipelines.evaluate.units import missing, read_back, run_share, unfinished_error, units
+from specdraft.pipelines.evaluate.units import missing, read_back, run_units, share, unfinished_error, units
 from specdraft.pipelines.schema import EvaluateSection
 from specdraft.pipelines.shards import claim_merge, shard_from_env
 from specdraft.pipelines.stage import Context, StageIncomplete
-
 
 
 def build(ctx: Context) -> dict:
@@ -120,13 +119,13 @@ def _run_shard(ctx: Context, plan: list[Run], execute_runs: Callable[[list[Run],
     merge_only = os.environ.get("SPECDRAFT_MERGE") == "1"
     shard, n_shards = (0, 1) if merge_only else shard_from_env()
     if not merge_only:
-        mine = [u for u in all_units if u.index % n_shards == shard]
+        mine = share(all_units, shard, n_shards)
         todo = missing(mine, store)
         if n_shards > 1 or len(todo) < len(mine):
             print(f"[evaluate] shard {shard}/{n_shards}: {len(todo)} of its {len(mine)} units to run")
-        with tqdm(total=sum(calls(list(u.runs), ctx.cfg.evaluate.repeats) for u in todo),
+        with tqdm(total=sum(calls(list(u.runs), ctx.cfg.evaluate.repeats) for u in todo), disable=not todo,
                   desc=f"evaluate shard {shard}/{n_shards}" if n_shards > 1 else "evaluate", unit="run") as bar:
-            run_share(all_units, shard, n_shards, store, lambda runs: execute_runs(runs, bar), calibrator.take)
+            run_units(todo, store, lambda runs: execute_runs(runs, bar), calibrator.take)
     left = missing(all_units, store)
     if left and merge_only:
         raise unfinished_error(left, len(all_units))

@@ -44,15 +44,18 @@ def units(plan: list[Run]) -> list[Unit]:
     return [Unit(i, name, tuple(runs)) for i, (name, runs) in enumerate(groups.items())]
 
 
-def run_share(all_units: list[Unit], shard: int, n_shards: int, store: Path,
-              execute: Callable[[list[Run]], list[Record]], take_samples: Callable[[], dict[str, Any]]) -> int:
-    """Runs this shard's units that have no file yet, writing each when it finishes; returns how many ran."""
-    todo = [u for u in all_units if u.index % n_shards == shard and not u.path(store).exists()]
+def share(all_units: list[Unit], shard: int, n_shards: int) -> list[Unit]:
+    """Shard `shard` of `n_shards`'s units: unit i belongs to shard i mod N."""
+    return [u for u in all_units if u.index % n_shards == shard]
+
+
+def run_units(todo: list[Unit], store: Path, execute: Callable[[list[Run]], list[Record]],
+              take_samples: Callable[[], dict[str, Any]]) -> None:
+    """Runs each unit, writing its file (records and the calibration samples taken meanwhile) when it ends."""
     for u in todo:
         records = execute(list(u.runs))
         write_json_atomic(u.path(store), {"unit": u.name, "records": [r.as_json() for r in records],
                                           "calibration": take_samples()})
-    return len(todo)
 
 
 def missing(all_units: list[Unit], store: Path) -> list[Unit]:
