@@ -288,7 +288,7 @@ def main(argv=None) -> int:
             out += [f"Ranking at T = {t:g} ({what}; speed-up at target quality, then best quality):"] + \
                 leaders(result, domains) + [""]
     out.append(f"Figure 2 shape: `{Path(args.figure).name}` (quality vs relative latency per domain and T).")
-    publish("\n".join(out) + "\n", append=not args.no_append)
+    publish("\n".join(out) + "\n", write=not args.no_append)
     return 0
 
 

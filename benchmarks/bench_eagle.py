@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # quoted in the section's command line
-    publish(run_bench(args), append=not args.no_append)
+    publish(run_bench(args), write=not args.no_append)
     return 0
 
 

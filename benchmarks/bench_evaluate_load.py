@@ -226,7 +226,7 @@ def main() -> None:
         f"t_target (1 token): {ca['target_ms']['1']} ms and {cb['target_ms']['1']} ms; mean t_draft "
         f"{ca['drafter_mean_ms']} ms and {cb['drafter_mean_ms']} ms.", "",
         *method_rows, "", *rows, ""])
-    publish(text, append=not args.no_append)
+    publish(text, write=not args.no_append)
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def main() -> None:
         f"{best.eval_metrics['auroc_reject']:.3f}.",
         "",
     ]
-    publish("\n".join(lines), append=not args.no_write)
+    publish("\n".join(lines), write=not args.no_write)
     print("per head eval KL:", ", ".join(f"{h.spec.name}={h.eval_metrics['kl']:.4f}" for h in heads))
 
 

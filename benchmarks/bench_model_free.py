@@ -314,7 +314,7 @@ def main() -> None:
         "longest context + the arm's drafter weights and KV, datastore and per-request index; bytes read per "
         "generated token = weights and KV (mean context) per forward + suffix-array bytes the retrieval touched; "
         f"NM and NMB normalised to the drafter arm `{args.drafter}`:", "", *table2, ""])
-    publish(text, append=not args.no_append)
+    publish(text, write=not args.no_append)
     print(f"best single arm overall: {best_single_all}")
 
 

@@ -136,7 +136,7 @@ def main() -> None:
         "per prompt beyond that arm's, test set):", "", _regret_table(metrics) or "(no per-arm runs)", "",
         "Routing vs bandits across prompt sets (MAT pooled over domains; MetaSD Table 6):", "",
         *robustness_table(metrics), ""])
-    publish(text, append=not args.no_append)
+    publish(text, write=not args.no_append)
 
 
 if __name__ == "__main__":

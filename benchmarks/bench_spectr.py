@@ -281,7 +281,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
-    publish(run(args), append=not args.no_append)
+    publish(run(args), write=not args.no_append)
     return 0
 
 
