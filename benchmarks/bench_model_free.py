@@ -297,7 +297,7 @@ def main() -> None:
         f"({time.strftime('%Y-%m-%d')}, {platform.machine()} {os.cpu_count()} cores, 1 torch thread)", "",
         f"`python benchmarks/bench_model_free.py {args.root} --prompts {args.prompts} --tokens {args.tokens} "
         f"--repeats {args.repeats} --drafter {args.drafter}"
-        + (f" --bandit-arms {args.bandit_arms}" if args.bandit_arms else "") + "`: {len(prompts)} {args.set} prompts ({args.prompts} per domain), "
+        + (f" --bandit-arms {args.bandit_arms}" if args.bandit_arms else "") + f"`: {len(prompts)} {args.set} prompts ({args.prompts} per domain), "
         f"{args.tokens} new tokens, greedy, K = N_max = {k}. Datastore {ds_note}. Arms: prompt lookup (n-gram 3..1), "
         f"REST (longest suffix <= 16, most frequent chain), suffix decoding (global + per request, alpha = 1, "
         f"min_prob = 0.1), drafter `{args.drafter}` at K = {k}. Unit costs measured in the warm-up pass: "
