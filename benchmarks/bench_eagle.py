@@ -17,7 +17,7 @@ RUN is a finished run root (prompts/, target/, distill_data/, bundle/; e.g. a co
      methods), draft forwards per token, and the per-round cost split (seconds in drafting, in the target
      forward, and the rest: verification, rollback, loop) with the timed speedup over AR (median and
      min-max over --reps interleaved passes).
-Counts are exact (greedy); times on a shared CPU are noisy. Appends the tables to benchmarks/RESULTS.md.
+Counts are exact (greedy); times on a shared CPU are noisy. Writes the tables as this script's section of benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ The bandits use the throughput reward with each arm's measured cost per drafted 
 decoding.multi), and UCBSpec also with the accepted length Y (BanditSpec Table 1's reward).
 
 The datastore comes from the bundle (export ships it); a bundle exported without one is given one built
-here from the run's distill_data (the build time is printed). Appends the tables to benchmarks/RESULTS.md.
+here from the run's distill_data (the build time is printed). Writes the tables as this script's section of benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
