@@ -120,12 +120,14 @@ def build(ctx: Context) -> dict:
 
         seqs = dev_sequences(dev)
         accept = [dev["labels"][i] for i in seqs]
-        fixed = simulate_fixed_k(accept, c, list(range(1, hcfg.k_max + 1)))
+        ks = list(range(1, hcfg.k_max + 1))
+        fixed = simulate_fixed_k(accept, c, ks)
         best_fixed = best(fixed)
         dev_rows = seqs_ds["dev"]
         agree = [torch.tensor(a)[torch.tensor(f)] for a, f in zip(dev_rows["greedy_agree"], dev_rows["from_y"])]
         oracle = greedy_oracle(agree, c)
-        best_fixed_greedy = best(simulate_fixed_k([a.double() for a in agree], c, list(range(1, hcfg.k_max + 1))))
+        fixed_greedy = simulate_fixed_k([a.double() for a in agree], c, ks)
+        best_fixed_greedy = best(fixed_greedy)
 
         heads_out = []
         for th in trained:
@@ -150,7 +152,10 @@ def build(ctx: Context) -> dict:
                                              else overlap_reference(dev["labels"], dev["one_minus_tv"])),
                        "heads": heads_out, "best_head": best_head["head"],
                        "fixed_k": {r.policy: r.as_dict() for r in fixed}, "best_fixed_k": best_fixed.as_dict(),
-                       "oracle": oracle.as_dict(), "best_fixed_k_greedy": best_fixed_greedy.as_dict(), "dev_sequences": len(seqs)}
+                       "oracle": oracle.as_dict(), "best_fixed_k_greedy": best_fixed_greedy.as_dict(), "dev_sequences": len(seqs),
+                       # the best fixed K as numbers (export writes them into the bundle): under the label
+                       # transform, and under greedy agreement for greedy serving
+                       "best_k": ks[fixed.index(best_fixed)], "best_k_greedy": ks[fixed_greedy.index(best_fixed_greedy)]}
         printed.append(_table(f"{name} ({tag} labels)", sweep[name][tag]))
         print(printed[-1])
     (ctx.out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
