@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 from specdraft.data.demo_world import DOMAINS, HELDOUT_DOMAINS
 from specdraft.core.errors import InputError, require_int
 from specdraft.decoding.compat import check_k
-from specdraft.decoding.defaults import DEFAULTS, DecodingDefaults
+from specdraft.decoding.defaults import DecodingDefaults
 from specdraft.drafters.model import CausalLMConfig, preset
 from specdraft.training.trainer import TrainerConfig
 
@@ -288,7 +288,6 @@ class TrainHeadsSection:
     tie_blocks: bool = False  # share one block across the D positions (the reference code's accident, made explicit)
     zero_init: bool = False  # residual blocks start as the identity
     thresholds: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # h candidates
-    k_max: int = DEFAULTS.k_max  # longest round the simulation drafts (the SpecDec++ cap written into each head)
     # c = t_draft / t_target the thresholds and the best fixed K are chosen with, and that export writes into
     # the bundle (unless export.decoding.cost_ratio pins another); null: calibrated on this machine as evaluate calibrates it
     cost_ratio: Optional[float] = None
@@ -300,8 +299,8 @@ class TrainHeadsSection:
             raise InputError(f"train_heads.w_rejs must be positive, got {self.w_rejs}")
         if not self.thresholds or any(not 0 < h < 1 for h in self.thresholds):
             raise InputError(f"train_heads.thresholds must lie in (0, 1), got {self.thresholds}")
-        if self.k_max < 1 or self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
-            raise InputError("train_heads.k_max, epochs and batch_size must be >= 1 and lr > 0")
+        if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
+            raise InputError("train_heads.epochs and batch_size must be >= 1 and lr > 0")
         if self.cost_ratio is not None and self.cost_ratio < 0:
             raise InputError(f"train_heads.cost_ratio must be >= 0, got {self.cost_ratio}")
 

@@ -60,9 +60,10 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("train-drafters", "drafters", ("prepare-data", "pretrain-target", "distill-data"),
               ("target", "prompts", "train_drafters", "demo.heldout_domains"), "train_drafters"),
     StageSpec("acceptance-data", "acceptance_data", ("pretrain-target", "distill-data", "train-drafters"), ("target", "acceptance_data"), "acceptance_data"),
-    # the cost ratio is timed with the drafts of a round the decoder serves (export.decoding.k)
+    # rounds are simulated under the decoder's SpecDec++ cap (export.decoding.k_max), and the cost ratio is
+    # timed with the drafts of a round it serves (export.decoding.k)
     StageSpec("train-heads", "heads", ("pretrain-target", "train-drafters", "acceptance-data"),
-              ("target", "train_heads", "export.decoding.k"), "train_heads"),
+              ("target", "train_heads", "export.decoding.k", "export.decoding.k_max"), "train_heads"),
     # the perturbed / ood sets are answered as distill-data answers; acceptance is measured over sequences
     # of the finetune phase's length
     StageSpec("train-router", "router", ("prepare-data", "pretrain-target", "distill-data", "train-drafters"),

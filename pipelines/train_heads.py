@@ -74,6 +74,7 @@ def dev_sequences(features: dict[str, torch.Tensor]) -> list[torch.Tensor]:
 
 def build(ctx: Context) -> dict:
     cfg, hcfg = ctx.cfg, ctx.cfg.train_heads
+    k_max = cfg.export.decoding.k_max  # the decoder's SpecDec++ cap: rounds are simulated as they will be served
     acc_dir = ctx.input("acceptance-data")
     sets = transform_dirs(acc_dir)  # <drafter>/<transform tag>/: one grid of heads each
     if not sets:
@@ -120,7 +121,7 @@ def build(ctx: Context) -> dict:
 
         seqs = dev_sequences(dev)
         accept = [dev["labels"][i] for i in seqs]
-        ks = list(range(1, hcfg.k_max + 1))
+        ks = list(range(1, k_max + 1))
         fixed = simulate_fixed_k(accept, c, ks)
         best_fixed = best(fixed)
         dev_rows = seqs_ds["dev"]
@@ -132,12 +133,12 @@ def build(ctx: Context) -> dict:
         heads_out = []
         for th in trained:
             sigma = torch.sigmoid(predict_logits(th.head, dev["features"]).double())
-            sims = simulate_specdecpp(accept, [sigma[i] for i in seqs], c, hcfg.thresholds, hcfg.k_max)
+            sims = simulate_specdecpp(accept, [sigma[i] for i in seqs], c, hcfg.thresholds, k_max)
             chosen = best(sims)  # the threshold with the lowest simulated cost (ties: the smaller h)
             h = float(hcfg.thresholds[sims.index(chosen)])
             meta = {"drafter": name, "drafter_path": f"drafters/{name}", "drafter_hash": info["drafter_hash"],
                     "w_rej": th.spec.w_rej, "w_acc": 1.0, "label_transform": info["label_transform"],
-                    "threshold": h, "k_max": hcfg.k_max, "train_metrics": th.train_metrics,
+                    "threshold": h, "k_max": k_max, "train_metrics": th.train_metrics,
                     "eval_metrics": th.eval_metrics, "simulated": chosen.as_dict()}
             save_head(th.head, ctx.out / name / tag / th.spec.name, meta)
             heads_out.append({"head": th.spec.name, "depth": th.spec.depth, "w_rej": th.spec.w_rej,
