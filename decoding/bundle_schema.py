@@ -147,6 +147,10 @@ class BundleSpec:
         if self.decoding.cost_ratio is None:  # bundles exported before the cost ratio was recorded
             raise InputError(f"{BUNDLE_JSON}: decoding has no cost_ratio (a bundle from an older specdraft); "
                              "re-export the bundle (`specdraft export`) to write it")
+        try:
+            self.decoding.check(f"{BUNDLE_JSON}: decoding")
+        except InputError as e:
+            raise InputError(f"{e}; re-export the bundle") from None
 
     def to_json(self, root: Path) -> dict[str, Any]:
         """The bundle.json object, paths relative to root (the bundle directory)."""

@@ -41,11 +41,9 @@ class DecodingDefaults:
     cascade: Optional[dict[str, Any]] = None  # {rule, alpha[, beta]}: serve a speculative cascade (decoding/cascades.py)
     compile: Literal["none", "default", "reduce-overhead"] = "none"  # torch.compile mode of the decoder's steps
 
-    def __post_init__(self):
-        self.check()
-
     def check(self, where: str = "export.decoding") -> None:
-        """Every value one that can work; InputError naming the key otherwise."""
+        """Every value one that can work; InputError naming the key otherwise (the config loader calls it on
+        the export.decoding section, the bundle reader on bundle.json's decoding object)."""
         from specdraft.decoding.sampling import SamplingConfig
 
         try:

@@ -15,9 +15,7 @@ import argparse
 import math
 import sys
 
-# decoding.defaults.COMPILE_MODES, spelled out: that module checks sampling values through torch, and
-# `--help` must not import torch (a test keeps the two equal)
-COMPILE_MODES = ("none", "default", "reduce-overhead")
+from specdraft.decoding.defaults import COMPILE_MODES  # imports no torch: `--help` stays instant
 
 
 def checked(kind: type, ok, what: str):

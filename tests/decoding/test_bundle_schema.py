@@ -35,6 +35,7 @@ EDITS = {  # edit of bundle.json -> what the one-line error must say
     "no cost ratio": (lambda m: m["decoding"].pop("cost_ratio"), "decoding lacks 'cost_ratio'"),
     "null cost ratio": (lambda m: m["decoding"].update(cost_ratio=None), "decoding has no cost_ratio"),
     "unknown compile mode": (lambda m: m["decoding"].update(compile="max"), "decoding.compile is 'max' (str), not one of"),
+    "impossible K": (lambda m: m["decoding"].update(k=0), "bundle.json: decoding.k must be an integer >= 1"),
     "str for fixed K": (lambda m: _drafter(m).update(fixed_k="3"), "drafters['d'].fixed_k is '3' (str), not an integer"),
 }
 

@@ -12,8 +12,6 @@ import specdraft.decoding.generate as generate_module
 from specdraft.decoding.acceptance_head import AcceptanceHead, save_head
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.bundle import BUNDLE_JSON, bundle_files, load_bundle, write_bundle_json
-from specdraft.decoding.defaults import COMPILE_MODES
-from specdraft.decoding.generate_args import COMPILE_MODES as ARG_COMPILE_MODES
 from specdraft.decoding.sampling import SamplingConfig
 from specdraft.heads.router import CentroidRouter, mean_pooled, save_router
 from specdraft.pipelines.cli import main
@@ -211,5 +209,10 @@ def test_options_left_out_take_the_bundles_defaults(bundle, monkeypatch, capsys)
     capsys.readouterr()
 
 
-def test_compile_modes_are_one_list():
-    assert ARG_COMPILE_MODES == COMPILE_MODES
+def test_help_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, specdraft.decoding.generate_args, specdraft.pipelines.cli as c; c.build_parser(); "
+            "print('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
