@@ -24,7 +24,8 @@ SPECDECPP_PAPER_THRESHOLD = 0.7
 
 @dataclass(frozen=True)
 class DecodingDefaults:
-    # What the decoder does when a request names nothing else; export writes it into bundle.json.
+    """What the decoder does when a request names nothing else; export writes it into bundle.json."""
+
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 disables
     top_p: float = 1.0  # 1.0 disables
