@@ -375,7 +375,8 @@ def run(args, services: Services = Services()) -> None:
               disable=args.prompts is None) as bar:
         for name in dict.fromkeys(choices):  # by drafter, in order of first use: each loads once
             if name not in plans:
-                plans[name] = make_plan(args, b, name, target, tok, settings)
+                plans[name] = make_plan(args, b, name, target, tok, settings,
+                                        note=lambda msg: bar.write(msg, file=sys.stderr))
             group = [r for r, c in zip(requests, choices) if c == name]
             for start in range(0, len(group), args.batch_size):
                 batch = group[start:start + args.batch_size]
@@ -448,7 +449,8 @@ def choose_drafters(args, b, target, requests: list[Request], services: Services
     return names
 
 
-def make_plan(args, b, name: str, target, tok, settings: Settings) -> Plan:
+def make_plan(args, b, name: str, target, tok, settings: Settings,
+              note: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr)) -> Plan:
     """Load drafter `name` (and its head) and decide how it drafts: --k, else SpecDec++ with its head at
     the bundle's threshold (else the head's own h), else the bundle's best fixed K for it."""
     if name == "target":
@@ -465,8 +467,8 @@ def make_plan(args, b, name: str, target, tok, settings: Settings) -> Plan:
         lt = hcfg.get("label_transform", {})
         s = settings.sampling
         if lt and not s.matches(lt):
-            print(f"note: the head was trained on labels at {lt}; decoding at temperature={s.temperature} "
-                  f"top_k={s.top_k} top_p={s.top_p} (SpecDec++ thresholds may transfer poorly)", file=sys.stderr)
+            note(f"note: the head of drafter '{name}' was trained on labels at {lt}; decoding at temperature="
+                 f"{s.temperature} top_k={s.top_k} top_p={s.top_p} (SpecDec++ thresholds may transfer poorly)")
         head_name = args.head or (b.head_for(name, s) or b.drafter(name).head if b is not None else None)
     if args.threshold is not None and head is None:
         raise InputError(f"--threshold sets a SpecDec++ head's h, but drafter '{name}' has none; "
