@@ -216,3 +216,13 @@ def test_help_imports_no_torch():
     code = ("import sys, specdraft.decoding.generate_args, specdraft.pipelines.cli as c; c.build_parser(); "
             "print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_the_bundle_is_read_once_per_call(bundle, tmp_path, monkeypatch, capsys):
+    calls = []
+    real = bundle_module.load_bundle
+    monkeypatch.setattr(bundle_module, "load_bundle", lambda *a, **k: calls.append(a) or real(*a, **k))
+    out = tmp_path / "o.jsonl"
+    assert main(["generate", str(bundle), "--prompts", _prompts(tmp_path, [{"prompt": MATH}, {"prompt": CODE}]),
+                 "--output", str(out)]) == 0
+    assert len(calls) == 1 and len(_lines(out)) == 2
