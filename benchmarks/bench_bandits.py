@@ -8,7 +8,7 @@ switching catch-up time against the total draft time.
 
     python benchmarks/bench_bandits.py [--rounds 2000] [--no-append]
 
-Prints a markdown table and appends it to benchmarks/RESULTS.md with the date.
+Prints a markdown table and makes it this script's section of benchmarks/RESULTS.md, dated.
 """
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def main() -> None:
             f" {spec.switch_seconds / m.time_draft:.1%} |"
         )
     table = "\n".join(lines) + "\n"
-    publish(table, append=not args.no_append)
+    publish(table, write=not args.no_append)
 
 
 if __name__ == "__main__":

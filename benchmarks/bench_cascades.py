@@ -20,7 +20,7 @@ and writes Figure 2 (quality vs relative latency, one panel per domain and tempe
         [--rules chow diff opt token_v3 lossy bild token_chow seq_chow] [--alphas opt=0,0.5,1 ...]
         [--figure benchmarks/cascades_figure2.png] [--json out.json] [--no-append]
 
-RUN_DIR holds bundle/ and prompts/ (a finished `specdraft run`). Appends the tables to RESULTS.md.
+RUN_DIR holds bundle/ and prompts/ (a finished `specdraft run`). Writes the tables as this script's section of RESULTS.md.
 """
 from __future__ import annotations
 
@@ -288,7 +288,7 @@ def main(argv=None) -> int:
             out += [f"Ranking at T = {t:g} ({what}; speed-up at target quality, then best quality):"] + \
                 leaders(result, domains) + [""]
     out.append(f"Figure 2 shape: `{Path(args.figure).name}` (quality vs relative latency per domain and T).")
-    publish("\n".join(out) + "\n", append=not args.no_append)
+    publish("\n".join(out) + "\n", write=not args.no_append)
     return 0
 
 

@@ -17,7 +17,7 @@ acceptance (inverted from MAT) and cost ratio c = t_draft / t_target (from autor
 times of each model). A second table compares greedy stopping policies (fixed K, SpecDec++ with --head,
 the hindsight oracle) by discard and verification rate, with the §5.2 cost fit (non-negative least squares
 on counts and the same robust median times, with its R^2). The tables are printed
-and appended to benchmarks/RESULTS.md with the machine named.
+and written as this script's section of benchmarks/RESULTS.md, the machine named.
 EOS is ignored so every method generates exactly --max-new-tokens tokens.
 """
 from __future__ import annotations
@@ -337,7 +337,7 @@ def main(argv=None) -> int:
                              "OpenMP workers spinning; 0: torch's choice)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
+    parser.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.threads:
@@ -348,7 +348,7 @@ def main(argv=None) -> int:
         elif not (args.target and args.drafter):
             parser.error("give --target and --drafter, or --random-tiny")
         table = bench(args)
-    publish(table, append=not args.no_append)
+    publish(table, write=not args.no_append)
     return 0
 
 

@@ -5,7 +5,7 @@ instead of the target's own responses (same prompts, same steps), against the ru
 
 Copies the run's prompts/, target/ and distill_data/ into a scratch run root, runs train-drafters with
 `train_drafters.finetune_on=reference`, and prints each drafter's in-domain acceptance 1 - TV(p, q)
-and greedy agreement for both, appending the table to benchmarks/RESULTS.md.
+and greedy agreement for both, writing the table as this script's section of benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def main() -> None:
         lines.append(f"| {d} | {a['acceptance']:.3f} / {a['agreement']:.3f} | {b['acceptance']:.3f} / "
                      f"{b['agreement']:.3f} | {a['acceptance'] - b['acceptance']:+.3f} / {a['agreement'] - b['agreement']:+.3f} |")
     text = "\n".join(lines)
-    publish(text, append=not args.no_append)
+    publish(text, write=not args.no_append)
 
 
 if __name__ == "__main__":

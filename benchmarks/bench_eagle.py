@@ -17,7 +17,7 @@ RUN is a finished run root (prompts/, target/, distill_data/, bundle/; e.g. a co
      methods), draft forwards per token, and the per-round cost split (seconds in drafting, in the target
      forward, and the rest: verification, rollback, loop) with the timed speedup over AR (median and
      min-max over --reps interleaved passes).
-Counts are exact (greedy); times on a shared CPU are noisy. Appends the tables to benchmarks/RESULTS.md.
+Counts are exact (greedy); times on a shared CPU are noisy. Writes the tables as this script's section of benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # quoted in the section's command line
-    publish(run_bench(args), append=not args.no_append)
+    publish(run_bench(args), write=not args.no_append)
     return 0
 
 

@@ -9,8 +9,8 @@ totals over prompts); and the Eq. 3.1 cost fit's R^2 of each run.
 
     python benchmarks/bench_evaluate_load.py runs/demo [--config configs/demo.yaml] [KEY=VALUE ...] [--no-append]
 
-Extra KEY=VALUE arguments are config overrides for both runs (e.g. evaluate.repeats=3). Appends the table
-to benchmarks/RESULTS.md with the date, the machine and its load average before each run.
+Extra KEY=VALUE arguments are config overrides for both runs (e.g. evaluate.repeats=3). Writes the table
+as this script's section of benchmarks/RESULTS.md with the date, the machine and its load average before each run.
 """
 from __future__ import annotations
 
@@ -226,7 +226,7 @@ def main() -> None:
         f"t_target (1 token): {ca['target_ms']['1']} ms and {cb['target_ms']['1']} ms; mean t_draft "
         f"{ca['drafter_mean_ms']} ms and {cb['drafter_mean_ms']} ms.", "",
         *method_rows, "", *rows, ""])
-    publish(text, append=not args.no_append)
+    publish(text, write=not args.no_append)
 
 
 if __name__ == "__main__":

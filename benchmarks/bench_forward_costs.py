@@ -86,7 +86,7 @@ def main() -> None:
         "| target | params | target ms/token | drafter ms, lone forward | drafter ms/token, run of K "
         "| c (lone) | c (run of K) | v(K) |",
         "|---|---|---|---|---|---|---|---|", *rows, ""])
-    publish(text, append=not args.no_append)
+    publish(text, write=not args.no_append)
 
 
 if __name__ == "__main__":

@@ -302,7 +302,7 @@ def main(argv=None) -> int:
         pathlib.Path(args.json).write_text(json.dumps(res, indent=1))
     from publish import publish
 
-    publish(table(res, argv), append=not args.no_append)
+    publish(table(res, argv), write=not args.no_append)
     return 0
 
 

@@ -5,8 +5,8 @@ from a hidden logistic teacher skewed towards acceptance, as real acceptance dat
   stacked    all 20 heads in one Lightning run (heads/lit_head.py's default): the full recipe with
              eval and metrics, and 1 epoch on a subset
   separate   one Lightning run per head (20 runs), 1 epoch on the same subset
-and prints the best head's eval KL next to the constant predictor's. Appends a section to
-benchmarks/RESULTS.md unless --no-write.
+and prints the best head's eval KL next to the constant predictor's. Writes it as this script's
+section of benchmarks/RESULTS.md unless --no-write.
 
     python benchmarks/bench_heads.py [--positions 100000] [--hidden 64] [--epochs 3] [--no-write]
 """
@@ -92,7 +92,7 @@ def main() -> None:
         f"{best.eval_metrics['auroc_reject']:.3f}.",
         "",
     ]
-    publish("\n".join(lines), append=not args.no_write)
+    publish("\n".join(lines), write=not args.no_write)
     print("per head eval KL:", ", ".join(f"{h.spec.name}={h.eval_metrics['kl']:.4f}" for h in heads))
 
 

@@ -5,7 +5,7 @@
 Reads the run's acceptance_data/<drafter>/ (built with cache_features on) and trains the grid of
 configs/demo.yaml's train_heads section twice: from the cached fp16 features, and with the frozen
 drafter rerun on (prompt, Z) every epoch (heads/online.py). Prints wall times and the speedup of
-caching, and appends them to benchmarks/RESULTS.md.
+caching, and writes them as this script's section of benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def main() -> None:
         "| features | wall s |", "| --- | ---: |", f"| cached (fp16, computed once by acceptance-data) | {cached:.1f} |",
         f"| online (drafter rerun every epoch) | {online:.1f} |", "",
         f"Caching is {online / cached:.2f}x faster for this drafter.", ""])
-    publish(text, append=not args.no_append)
+    publish(text, write=not args.no_append)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make install` from nothing: this commit's Makefile against another revision's, in fresh clones, alternating
-# over rounds (a slow phase of a shared box hits both). Prints a markdown section; appends it to RESULTS.md
+# over rounds (a slow phase of a shared box hits both). Prints a markdown section; makes it this script's section of RESULTS.md
 # unless NO_APPEND=1.
 #
 #   benchmarks/bench_install.sh [BASE_REV (default ac0844d: pip compiling one module at a time)] [ROUNDS (2)]
@@ -35,4 +35,4 @@ byte-compilation), $rounds rounds in alternating order.
 $(row "${times[HEAD]}" "HEAD ($(git -C "$repo" rev-parse --short HEAD))")
 $(row "${times[$base]}" "$base")"
 echo "$text"
-[ "${NO_APPEND:-0}" = 1 ] || printf '\n%s\n' "$text" >> "$repo/benchmarks/RESULTS.md"
+[ "${NO_APPEND:-0}" = 1 ] || printf '%s\n' "$text" | python3 "$repo/benchmarks/publish.py" bench_install.sh > /dev/null

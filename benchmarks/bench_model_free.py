@@ -17,7 +17,7 @@ The bandits use the throughput reward with each arm's measured cost per drafted 
 decoding.multi), and UCBSpec also with the accepted length Y (BanditSpec Table 1's reward).
 
 The datastore comes from the bundle (export ships it); a bundle exported without one is given one built
-here from the run's distill_data (the build time is printed). Appends the tables to benchmarks/RESULTS.md.
+here from the run's distill_data (the build time is printed). Writes the tables as this script's section of benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -297,7 +297,7 @@ def main() -> None:
         f"({time.strftime('%Y-%m-%d')}, {platform.machine()} {os.cpu_count()} cores, 1 torch thread)", "",
         f"`python benchmarks/bench_model_free.py {args.root} --prompts {args.prompts} --tokens {args.tokens} "
         f"--repeats {args.repeats} --drafter {args.drafter}"
-        + (f" --bandit-arms {args.bandit_arms}" if args.bandit_arms else "") + "`: {len(prompts)} {args.set} prompts ({args.prompts} per domain), "
+        + (f" --bandit-arms {args.bandit_arms}" if args.bandit_arms else "") + f"`: {len(prompts)} {args.set} prompts ({args.prompts} per domain), "
         f"{args.tokens} new tokens, greedy, K = N_max = {k}. Datastore {ds_note}. Arms: prompt lookup (n-gram 3..1), "
         f"REST (longest suffix <= 16, most frequent chain), suffix decoding (global + per request, alpha = 1, "
         f"min_prob = 0.1), drafter `{args.drafter}` at K = {k}. Unit costs measured in the warm-up pass: "
@@ -314,7 +314,7 @@ def main() -> None:
         "longest context + the arm's drafter weights and KV, datastore and per-request index; bytes read per "
         "generated token = weights and KV (mean context) per forward + suffix-array bytes the retrieval touched; "
         f"NM and NMB normalised to the drafter arm `{args.drafter}`:", "", *table2, ""])
-    publish(text, append=not args.no_append)
+    publish(text, write=not args.no_append)
     print(f"best single arm overall: {best_single_all}")
 
 

@@ -20,7 +20,7 @@ MetaSD's do, is the same run with a longer-trained target (about 10 more minutes
         'run.stages=[prepare-data,pretrain-target,distill-data,train-drafters,acceptance-data,train-heads,train-router,export]'
     python benchmarks/bench_multi_drafter.py runs/demo600 --prompts 20
 
-Appends the tables to benchmarks/RESULTS.md with the date and machine.
+Writes the tables as this script's section of benchmarks/RESULTS.md with the date and machine.
 """
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def main() -> None:
         "per prompt beyond that arm's, test set):", "", regret_table(metrics) or "(no per-arm runs)", "",
         "Routing vs bandits across prompt sets (MAT pooled over domains; MetaSD Table 6):", "",
         *robustness_table(metrics), ""])
-    publish(text, append=not args.no_append)
+    publish(text, write=not args.no_append)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ the best fixed K and the greedy oracle.
 
     python benchmarks/bench_pipeline.py runs/demo [--no-append]
 
-Prints the tables and appends them to benchmarks/RESULTS.md (machine named). Run `make demo` (or
+Prints the tables and makes them this script's section of benchmarks/RESULTS.md (machine named). Run `make demo` (or
 `specdraft run configs/demo.yaml`) first; nothing here trains or decodes.
 """
 from __future__ import annotations
@@ -114,7 +114,7 @@ def main() -> None:
              "SpecDec++ heads (simulated on dev sequences, cost in target-forward units, c = t_draft/t_target):", "",
              *heads(root), ""]
     text = "\n".join(parts)
-    publish(text, append=not args.no_append)
+    publish(text, write=not args.no_append)
 
 
 if __name__ == "__main__":

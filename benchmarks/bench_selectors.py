@@ -5,7 +5,7 @@ vocab 32000, random weights) on the same CPU, the cost a selector round is added
 
     python benchmarks/bench_selectors.py [--rounds 20000] [--repeats 5] [--no-reference] [--no-append]
 
-Prints a markdown table and appends it to benchmarks/RESULTS.md with the date.
+Prints a markdown table and makes it this script's section of benchmarks/RESULTS.md, dated.
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-reference", action="store_true", help="skip the drafter-forward reference")
-    ap.add_argument("--no-append", action="store_true", help="print only, do not append to RESULTS.md")
+    ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md alone")
     args = ap.parse_args()
 
     lines = [
@@ -105,7 +105,7 @@ def main() -> None:
         )
         lines.append("")
     text = "\n".join(lines)
-    publish(text, append=not args.no_append)
+    publish(text, write=not args.no_append)
 
 
 if __name__ == "__main__":

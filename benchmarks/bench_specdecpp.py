@@ -201,7 +201,7 @@ def main() -> None:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         from publish import publish
 
-        publish(run_tables(args.run, args.label, args.report) + "\n", append=not args.no_append)
+        publish(run_tables(args.run, args.label, args.report) + "\n", write=not args.no_append)
         return
     if args.child:
         sys.path.insert(0, args.child)
@@ -226,7 +226,7 @@ def main() -> None:
         "Exact counts, no timing; cost/token = (c N_draft + N_target) / N in target forwards. "
         "'simulated' is heads/simulate.py's cost for that h on the same sequences (what picks h).", "",
         *table("before", before["rows"], args.c), "", *table("after", after["rows"], args.c), ""])
-    publish(text, append=not args.no_append)
+    publish(text, write=not args.no_append)
 
 
 if __name__ == "__main__":

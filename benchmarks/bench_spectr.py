@@ -19,8 +19,8 @@ exists yet), prints
   3. App. E Tables 2-3 shape: the cost, on this machine, of the target forward that scores a round (one
      row of 1 + K L tokens under a tree mask, the worst case of no shared prefix) and of one drafter step
      over K rows, relative to a plain 4-token target forward / a 1-row drafter step.
-Counts are exact; times on a shared CPU are noisy (median and spread reported). Appends the tables to
-benchmarks/RESULTS.md with the date and machine.
+Counts are exact; times on a shared CPU are noisy (median and spread reported). Writes the tables as this
+script's section of benchmarks/RESULTS.md with the date and machine.
 """
 from __future__ import annotations
 
@@ -281,7 +281,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
-    publish(run(args), append=not args.no_append)
+    publish(run(args), write=not args.no_append)
     return 0
 
 

@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         table(rows), "",
         "Dev perplexity from each stage's manifest (target; lower is better):", "",
         "| steps | math | translate | summarize | code | chat |", "|---:|---:|---:|---:|---:|---:|", *ppl_rows, ""])
-    publish(text, append=not args.no_append)
+    publish(text, write=not args.no_append)
 
 
 if __name__ == "__main__":

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         f"the run's base drafter, {args.steps} steps per fit, {args.rounds} rounds in alternating order. Both fits "
         f"end with the same weights up to {diff:.1e} (largest difference).", "",
         table(args.steps, seconds, build_s), ""])
-    publish(text, append=not args.no_append)
+    publish(text, write=not args.no_append)
 
 
 if __name__ == "__main__":

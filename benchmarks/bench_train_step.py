@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.config}'s target ({m.n_layers} x {m.hidden}, vocab {pt.tokenizer.vocab_size}), AdamW, "
         f"{args.steps} timed steps after one warm-up per batch size and round, {args.rounds} rounds interleaved.",
         "", table(pt.seq_len, rates), ""])
-    publish(text, append=not args.no_append)
+    publish(text, write=not args.no_append)
 
 
 if __name__ == "__main__":

@@ -104,8 +104,40 @@ class Bundle:
         return self.spec.eagle
 
     @property
+    def defaults(self):
+        """The decoding defaults the bundle serves with (decoding.defaults.DecodingDefaults; every number
+        resolved, the cost ratio c included)."""
+        return self.spec.decoding
+
+    @property
     def decoding(self) -> dict[str, Any]:
+        """`defaults` as a plain dict (older callers; read `defaults` instead)."""
         return asdict(self.spec.decoding)
+
+    def fixed_k(self, drafter: str) -> int:
+        """The draft length of fixed-K decoding with `drafter`: train-heads' best fixed K for it at the
+        serving transform, else the bundle's decoding.k."""
+        k = self.drafter(drafter).fixed_k
+        return k if k is not None else self.defaults.k
+
+    def general_drafter(self) -> str:
+        """The bundle's all-domain (OFA) drafter: the one whose domains cover every other drafter's (an
+        empty list means every domain); InputError when none does (then name one with --drafter)."""
+        if not self.drafters:
+            raise InputError("the bundle has no drafters; decode with the target alone (--method ar)")
+        every = set().union(*(d.domains for d in self.drafters.values()))
+        covering = [n for n, d in self.drafters.items() if not d.domains or set(d.domains) >= every]
+        if not covering:
+            raise InputError(f"the bundle has no all-domain drafter among {', '.join(self.drafters)}; "
+                             "name one with --drafter")
+        return max(covering, key=lambda n: (not self.drafters[n].domains, len(self.drafters[n].domains), n))
+
+    def default_router(self) -> str | None:
+        """The router the bundle routes with when the caller names none: the trained classifier, else
+        the first router by name; None when the bundle has none."""
+        if not self.routers:
+            return None
+        return "classifier" if "classifier" in self.routers else sorted(self.routers)[0]
 
     @property
     def datastore(self) -> Path | None:
@@ -145,10 +177,7 @@ class Bundle:
 
     def sampling_config(self):
         """The default sampling transform (decoding.sampling.SamplingConfig)."""
-        from specdraft.decoding.sampling import SamplingConfig
-
-        d = self.decoding
-        return SamplingConfig(d["temperature"], d["top_k"], d["top_p"])
+        return self.defaults.sampling()
 
     def load_datastore(self):
         """The REST / suffix-decoding datastore (decoding.datastore.SuffixIndex), or None when the bundle
@@ -324,7 +353,7 @@ def summarize(b: Bundle) -> str:
              f"tokenizer sha256 {t.tokenizer_sha256[:12]}", f"drafters ({len(b.drafters)}):"]
     for d in b.drafters.values():
         lines.append(f"  {d.name:<12} domains: {', '.join(d.domains) or 'all'}; {_fmt_params(d.parameters)} params, "
-                     f"hidden {d.hidden_size}; default head: {d.head or 'none'}")
+                     f"hidden {d.hidden_size}; default head: {d.head or 'none'}; fixed K {b.fixed_k(d.name)}")
         if d.alignment:
             align = ", ".join(f"{dom} {a['acceptance']:.3f}/{a['agreement']:.3f}" for dom, a in sorted(d.alignment.items()))
             lines.append(f"  {'':<12} alignment by domain (1-TV / greedy agreement): {align}")
@@ -349,10 +378,19 @@ def summarize(b: Bundle) -> str:
     took = f", built in {built['build_seconds']:.2f}s" if isinstance(built.get("build_seconds"), (int, float)) else ""
     lines.append(f"datastore: {ds.tokens} tokens in {ds.sequences} responses ({ds.bytes} bytes{took})" if ds else
                  "datastore: none (arms unavailable: " + "; ".join(f"{k}: {v}" for k, v in b.unavailable_arms().items()) + ")")
+    lines.append("routes with: " + (f"router {b.default_router()}" if b.routers else "no router") + "; "
+                 + _general_line(b))
     lines.append("decoding defaults: " + ", ".join(f"{k}={v}" for k, v in sorted(b.decoding.items())))
     n = len(b.files)
     lines.append(f"all {n} files verified (sha256)" if b.verified else f"{n} files (not verified)")
     return "\n".join(lines)
+
+
+def _general_line(b: Bundle) -> str:
+    try:
+        return f"all-domain drafter {b.general_drafter()}"
+    except InputError:
+        return "no all-domain drafter"
 
 
 def _export_metrics(root: Path) -> dict:

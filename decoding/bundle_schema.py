@@ -17,6 +17,7 @@ from typing import Any
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.chat import ChatFormat
+from specdraft.decoding.defaults import DecodingDefaults
 
 BUNDLE_JSON = "bundle.json"
 FORMAT = "specdraft-bundle/1"
@@ -69,6 +70,8 @@ class DrafterEntry:
     content_hash: str | None = None
     alignment: dict[str, dict[str, float]] = field(default_factory=dict)  # domain -> {acceptance, agreement, positions}
     head: str | None = None  # the head load_head(drafter) picks (the best simulated one)
+    # train-heads' best fixed K for this drafter at the serving transform (None: no heads; decoding.k serves)
+    fixed_k: int | None = None
 
 
 @dataclass(frozen=True)
@@ -120,19 +123,8 @@ class DatastoreEntry:
     source: str = ""
 
 
-@dataclass(frozen=True)
-class DecodingEntry:
-    """What the decoder does when a request names nothing else (export.decoding)."""
-
-    temperature: float
-    top_k: int
-    top_p: float
-    k: int
-    k_max: int
-    selector: str
-    max_new_tokens: int
-    drafts: int = 1  # > 1: SpecTr with that many i.i.d. drafts (decoding/multi_draft.py)
-    cascade: dict[str, Any] | None = None  # {rule, alpha[, beta]}: a speculative cascade (decoding/cascades.py)
+# bundle.json's `decoding` object is the typed owner of the decoding defaults, with every number resolved
+DecodingEntry = DecodingDefaults
 
 
 @dataclass(frozen=True)
@@ -140,13 +132,25 @@ class BundleSpec:
     target: TargetEntry
     drafters: dict[str, DrafterEntry]
     heads: dict[str, dict[str, HeadEntry]]  # drafter -> head name -> entry
-    decoding: DecodingEntry
+    # every number the decoder must not guess is written (defaults are for a config, not for a bundle);
+    # cost_ratio always a number here: export resolves it from train-heads
+    decoding: DecodingDefaults = field(metadata={"required": (
+        "temperature", "top_k", "top_p", "k", "k_max", "selector", "max_new_tokens", "cost_ratio")})
     files: dict[str, str]  # relative path -> sha256, every file except bundle.json and the stage manifest
     routers: dict[str, RouterEntry] = field(default_factory=dict)
     chat: ChatFormat | None = field(default=None, metadata=OMIT)  # absent: the tokenizer's template
     datastore: DatastoreEntry | None = field(default=None, metadata=OMIT)
     eagle: dict[str, EagleEntry] = field(default_factory=dict, metadata=OMIT)
     format: str = FORMAT
+
+    def __post_init__(self):
+        if self.decoding.cost_ratio is None:  # bundles exported before the cost ratio was recorded
+            raise InputError(f"{BUNDLE_JSON}: decoding has no cost_ratio (a bundle from an older specdraft); "
+                             "re-export the bundle (`specdraft export`) to write it")
+        try:
+            self.decoding.check(f"{BUNDLE_JSON}: decoding")
+        except InputError as e:
+            raise InputError(f"{e}; re-export the bundle") from None
 
     def to_json(self, root: Path) -> dict[str, Any]:
         """The bundle.json object, paths relative to root (the bundle directory)."""
@@ -218,6 +222,10 @@ def _from_json(tp: Any, value: Any, where: str, reader: _Reader) -> Any:
         return None if value is None else _from_json(next(a for a in args if a is not type(None)), value, where, reader)
     if tp is Any:
         return value
+    if origin is typing.Literal:
+        if value not in args:
+            raise _mistyped(value, where, "one of " + ", ".join(map(str, args)))
+        return value
     if tp is Path:
         return reader.component(value, where)
     if tp in _SCALARS:
@@ -241,10 +249,11 @@ def _from_json(tp: Any, value: Any, where: str, reader: _Reader) -> Any:
     raise TypeError(f"bundle schema: no reader for {tp!r}")  # a schema bug, not bad input
 
 
-def _dataclass_from_json(cls: type, value: Any, where: str, reader: _Reader, key: str | None = None) -> Any:
+def _dataclass_from_json(cls: type, value: Any, where: str, reader: _Reader, key: str | None = None,
+                         require: tuple[str, ...] = ()) -> Any:
     hints = typing.get_type_hints(cls)
     own = [f for f in fields(cls) if not f.metadata.get("key")]
-    required = [f.name for f in own if f.default is MISSING and f.default_factory is MISSING]
+    required = [f.name for f in own if (f.default is MISSING and f.default_factory is MISSING) or f.name in require]
     if not isinstance(value, dict):
         raise InputError(f"{BUNDLE_JSON}: {where} lacks '{required[0] if required else 'its fields'}' "
                          f"(it is {type(value).__name__}, not an object); re-export the bundle")
@@ -255,7 +264,9 @@ def _dataclass_from_json(cls: type, value: Any, where: str, reader: _Reader, key
     missing = [n for n in required if n not in value]
     if missing:
         raise InputError(f"{BUNDLE_JSON}: {where or 'the bundle'} lacks '{missing[0]}'; re-export the bundle with `specdraft export`")
-    kwargs = {f.name: _from_json(hints[f.name], value[f.name], f"{where}.{f.name}" if where else f.name, reader)
+    kwargs = {f.name: _dataclass_from_json(hints[f.name], value[f.name], f.name, reader, require=f.metadata["required"])
+              if "required" in f.metadata else
+              _from_json(hints[f.name], value[f.name], f"{where}.{f.name}" if where else f.name, reader)
               for f in own if f.name in value}
     kwargs.update({f.name: key for f in fields(cls) if f.metadata.get("key")})
     return cls(**kwargs)

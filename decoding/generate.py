@@ -1,39 +1,158 @@
-"""`specdraft generate`: one prompt through the decoder, from a bundle or from model directories.
+"""`specdraft generate`: prompts through the decoder, from a bundle or from model directories.
 
-  specdraft generate runs/demo/bundle --drafter math --prompt "Question: ..."
+  specdraft generate runs/demo/bundle --prompt "Question: ..."
+  specdraft generate runs/demo/bundle --prompts prompts.jsonl --batch-size 8 --output out.jsonl
   specdraft generate --target DIR --drafter DIR [--head DIR] --prompt "..." [--k 4 | --threshold 0.7]
 
-With a head (the drafter's default head in a bundle, or --head) the round length follows SpecDec++;
-`--k` forces fixed-K drafting; `--method ar` decodes with the target alone. `--drafts K` (K > 1) decodes
-with SpecTr: K i.i.d. drafts per round verified as a tree with k-Seq selection (default: the bundle's
-`decoding.drafts`, else 1). `--cascade RULE --alpha A` runs a speculative cascade or a sequential
-baseline instead (decoding/cascades.py; block size --k, 5 by default; needs --temperature > 0); a bundle
-whose decoding defaults name a cascade runs it when sampling (not under greedy decoding) unless
-`--cascade none`. Prints the text and one line of metrics. The same pieces are the function API:
-`load_pair` + `generate_text`. The prompt is one user turn, formatted as the bundle was trained (the
-target's chat template unless the run chose otherwise); `--raw-prompt` feeds the text as is and
-`--system-prompt TEXT` adds a system turn.
+Which drafter: `--drafter NAME`, else the bundle's own choice per prompt: its router (the trained
+classifier unless `--router` names another; `--router none` skips it), else its all-domain drafter.
+With a SpecDec++ head for that drafter (labelled under the decoding transform when the bundle has one,
+else its default head) the round length follows SpecDec++ at the bundle's threshold (its
+decoding.threshold, else the head's chosen h); `--k` forces fixed-K drafting; without a head a drafter
+drafts its best fixed K from the bundle. `--method ar` decodes with the target alone. `--drafts K`
+(K > 1) decodes with SpecTr; `--cascade RULE --alpha A` runs a speculative cascade (decoding/cascades.py;
+block size --k, 5 by default; needs temperature > 0); a bundle whose defaults name a cascade runs it when
+sampling unless `--cascade none`. Every option left out takes the bundle's default (decoding/defaults.py).
+
+A prompt is one user turn (or a record's messages), formatted as the bundle was trained (decoding/chat.py:
+the target's chat template unless the run chose otherwise); `--raw-prompt` feeds the text as is and
+`--system-prompt TEXT` adds a system turn. One prompt prints its text and a line of metrics; with
+`--prompts` (or `--output`) every prompt becomes one JSON line: text, token ids, MAT and counts.
+
+Every prompt goes through `decode_batch`, one (drafter, policy) pair and a batch of prompt id lists at a
+time. The function API: `load_pair` + `generate_text` for one prompt.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
+import os
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
+from specdraft.core.errors import InputError
+from specdraft.core.tokenizers import check_same_vocabulary
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.chat import ChatFormat, end_of_turn_ids, format_prompt, user_turn
 from specdraft.decoding.compat import check_head, check_pair
-from specdraft.core.tokenizers import check_same_vocabulary
-from specdraft.core.errors import InputError
-from specdraft.decoding.generate_args import add_arguments, bundle_of
+from specdraft.decoding.defaults import DEFAULTS, DecodingDefaults
+from specdraft.decoding.generate_args import bundle_of
 from specdraft.decoding.loading import load_causal_lm, load_tokenizer
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.metrics import GenerationResult
 from specdraft.decoding.multi_draft import check_drafts, drafter_speculator
+from specdraft.decoding.sampling import SamplingConfig
 from specdraft.decoding.speculative import generate_speculative
 from specdraft.decoding.stopping import FixedK, SpecDecPP
+
+METRIC_KEYS = ("N", "N_target", "N_draft", "N_discarded", "rounds", "MAT", "discard_rate", "verification_rate",
+               "tokens_per_s")
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the decoder layer may not import itself (it sits below `data` and `heads`), handed in by the
+    CLI (pipelines/cli.py): reading a prompt record in every format the stages read, and loading a router."""
+
+    # (record, "file:line") -> (messages ending with the user turn, reference); data.chat.record_messages
+    messages_of: Callable[[dict, str], tuple[list[dict], str]] | None = None
+    # (router dir, target input embeddings, tokenizer fingerprint) -> router; heads.router.load_router
+    load_router: Callable[..., Any] | None = None
+
+
+@dataclass
+class Plan:
+    """One way to decode: a drafter (None: the target alone) and how it drafts."""
+
+    name: str  # the drafter's name (bundle) or directory; "target" for autoregressive decoding
+    drafter: torch.nn.Module | None = None
+    policy: Callable[[], Any] | None = None  # a fresh stopping policy (FixedK / SpecDecPP)
+    head: str | None = None  # the SpecDec++ head's name, if one drafts
+    drafts: int = 1
+    cascade: Any = None  # a decoding.cascades.CascadeMethod
+    cascade_k: int = 5
+    tree: Any = None  # an EAGLE drafter's decoding.eagle.TreeShape
+
+
+# ---- decoding ----------------------------------------------------------------------------------------
+
+
+def decode_batch(target, prompts: list[list[int]], max_new_tokens: int, plan: Plan, sampling: SamplingConfig,
+                 eos_token_id, seed: int, compile: str = "none") -> list[GenerationResult]:
+    """Decode a batch of prompts (token id lists) with one plan; prompt i of the batch samples with seed + i.
+
+    The one place batches meet the decoder. Here every prompt goes through the single-sequence decoder
+    (decoding/speculative.py) in turn."""
+    # INTEGRATION POINT (batched decoder, decoding/batch_decode.py): plans it serves (a plain drafter or
+    # none, policy FixedK / SpecDecPP, drafts == 1, no cascade) become one call
+    #     generate_batch(target, prompts, max_new_tokens, drafter=plan.drafter, policy=plan.policy(),
+    #                    sampling=sampling, eos_token_id=eos_token_id, seed=seed, compile=compile)
+    # and the rest keep the loop below.
+    if compile != "none":
+        raise InputError(f"--compile {compile} needs the batched decoder, which this build lacks; "
+                         "use --compile none")
+    return [decode_one(target, ids, max_new_tokens, plan, sampling, eos_token_id,
+                       torch.Generator().manual_seed(seed + i)) for i, ids in enumerate(prompts)]
+
+
+def decode_one(target, ids: list[int], max_new_tokens: int, plan: Plan, sampling: SamplingConfig, eos_token_id,
+               generator: torch.Generator) -> GenerationResult:
+    from specdraft.decoding.eagle import EagleSpeculator
+    from specdraft.decoding.eagle_model import EagleDrafter
+
+    if plan.drafter is None:
+        return generate_autoregressive(target, ids, max_new_tokens, sampling, eos_token_id, generator)
+    if plan.cascade is not None:
+        return plan.cascade.generate(target, plan.drafter, ids, max_new_tokens, sampling, plan.cascade_k,
+                                     eos_token_id, generator)
+    if isinstance(plan.drafter, EagleDrafter):
+        if plan.drafts != 1:
+            raise InputError("an EAGLE drafter drafts one chain or its own tree; leave out --drafts / --cascade")
+        speculator = EagleSpeculator(plan.drafter, plan.policy(), plan.tree)
+    else:
+        speculator = drafter_speculator(plan.drafter, plan.policy(), plan.drafts)
+    return generate_speculative(target, speculator, ids, max_new_tokens, sampling, eos_token_id=eos_token_id,
+                                generator=generator)
+
+
+def head_policy(head, threshold: float | None, head_config: dict | None, k_max: int) -> Callable[[], SpecDecPP]:
+    """SpecDec++ with `head` at `threshold` (None: the h recorded with the head), capped at the head's K_max."""
+    h = threshold if threshold is not None else (head_config or {}).get("threshold")
+    if h is None:
+        raise InputError("the head records no threshold; pass --threshold H (SpecDec++ h in (0, 1))")
+    cap = (head_config or {}).get("k_max") or k_max
+    return lambda: SpecDecPP(head, h, cap)
+
+
+def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = DEFAULTS.max_new_tokens,
+                  sampling=SamplingConfig(0.0), head=None, threshold: float | None = None, k: int | None = None,
+                  k_max: int = DEFAULTS.k_max, method: str = "speculative", seed: int = 0, drafts: int = 1,
+                  cascade=None, tree=None, chat: ChatFormat = ChatFormat()) -> tuple[str, dict]:
+    """Decode one prompt -> (text, metrics summary). With `head` and no `k`: SpecDec++ at `threshold`
+    (None: the paper's h); else fixed K (`k`, default the library's). drafts > 1: SpecTr; cascade: a
+    decoding.cascades.CascadeMethod; tree: an EAGLE drafter's decoding.eagle.TreeShape; chat: how the
+    prompt is formatted."""
+    check_drafts(drafts)
+    if method not in ("speculative", "ar"):
+        raise InputError(f"unknown method {method!r}; use speculative or ar")
+    if method == "ar":
+        plan = Plan("target")
+    elif head is not None and k is None:
+        plan = Plan("drafter", drafter, (lambda: SpecDecPP(head, threshold, k_max)) if threshold is not None
+                    else (lambda: SpecDecPP(head, k_max=k_max)), drafts=drafts, cascade=cascade, tree=tree)
+    else:
+        kk = k if k is not None else DEFAULTS.k
+        plan = Plan("drafter", drafter, lambda: FixedK(kk), drafts=drafts, cascade=cascade, cascade_k=k or 5,
+                    tree=tree)
+    ids = format_prompt(tok, user_turn(prompt), chat)
+    res = decode_batch(target, [ids], max_new_tokens, plan, sampling, end_of_turn_ids(tok, target), seed)[0]
+    return tok.decode(res.tokens, skip_special_tokens=True), res.metrics.summary()
+
+
+# ---- loading -----------------------------------------------------------------------------------------
 
 
 def load_pair(bundle: str | None = None, target: str | None = None, drafter: str | None = None,
@@ -41,93 +160,171 @@ def load_pair(bundle: str | None = None, target: str | None = None, drafter: str
               drafter_device: str | None = None, sampling: SamplingConfig | None = None):
     """-> (tokenizer, target model, drafter model, head module or None, head config or None).
 
-    From a bundle without an explicit head: the drafter's best head labelled under `sampling` (when
-    given and the bundle has one), else its default head.
-
-    The target may be spread over GPUs (device_map="auto" or a map); the drafter and head sit on
-    `drafter_device` (default: `device`)."""
+    From a bundle: `drafter` by name (default: the bundle's all-domain drafter), and without an explicit
+    head the drafter's best head labelled under `sampling` (when given and the bundle has one), else its
+    default head. The target may be spread over GPUs (device_map="auto" or a map); the drafter and head
+    sit on `drafter_device` (default: `device`)."""
     drafter_device = drafter_device or device
     if bundle is not None:
         from specdraft.decoding.bundle import load_bundle
 
         b = load_bundle(bundle)
-        name = drafter or next(iter(b.drafters))
         tok = b.load_tokenizer()
         tgt = b.load_target(dtype=dtype, device=None if device_map else device, device_map=device_map)
-        if name in b.eagle:  # an EAGLE drafter: the target's own embedding and LM head, no SpecDec++ head
-            return tok, tgt, b.load_eagle(name, tgt, device=drafter_device), None, None
-        dft = b.load_drafter(name, device=drafter_device, target=tgt)
-        if head is None and sampling is not None:
-            head = b.head_for(name, sampling)
-        h, hcfg = (b.load_head(name, head, device=drafter_device) if b.drafter(name).head or head else (None, None))
+        dft, h, hcfg = load_bundle_drafter(b, drafter or b.general_drafter(), tgt, head, sampling, drafter_device)
         return tok, tgt, dft, h, hcfg
     if target is None or drafter is None:
-        raise InputError("give --bundle DIR, or both --target DIR and --drafter DIR")
-    from specdraft.decoding.eagle_model import is_eagle_dir, load_eagle, target_dir_hash
-
+        raise InputError("give a bundle directory, or both --target DIR and --drafter DIR")
     tok = load_tokenizer(target)
-    if is_eagle_dir(drafter):  # an EAGLE drafter speaks the target's tokenizer (its embedding and LM head)
-        tgt = load_causal_lm(target, dtype, None if device_map else device, device_map)
-        return tok, tgt, load_eagle(drafter, tgt, target_dir_hash(target), drafter_device), None, None
-    dtok = load_tokenizer(drafter)
-    check_same_vocabulary(None, None, dtok, tok, name=f"drafter '{drafter}'")
     tgt = load_causal_lm(target, dtype, None if device_map else device, device_map)
-    dft = load_causal_lm(drafter, dtype, drafter_device)
-    check_pair(tgt, dft)
-    h = hcfg = None
-    if head is not None:
-        from specdraft.decoding.acceptance_head import load_head
-
-        h, hcfg = load_head(head, expected_hidden_size=dft.config.hidden_size)
-        h = h.to(drafter_device)
-        check_head(h, dft)
+    dft, h, hcfg = load_drafter_dir(drafter, target, tok, tgt, head, dtype, drafter_device)
     return tok, tgt, dft, h, hcfg
 
 
-def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = 64, sampling=SamplingConfig(0.0),
-                  head=None, threshold: float | None = None, k: int | None = None, k_max: int = 20,
-                  method: str = "speculative", seed: int = 0, drafts: int = 1, cascade=None,
-                  tree=None, chat: ChatFormat = ChatFormat()) -> tuple[str, dict]:
-    """Decode one prompt -> (text, metrics summary). drafts > 1: SpecTr with that many drafts per round;
-    cascade: a decoding.cascades.CascadeMethod; tree: an EAGLE drafter's decoding.eagle.TreeShape (None:
-    chain drafts); chat: how the prompt is formatted (the bundle's format: the tokenizer's chat template
-    unless the run chose otherwise)."""
-    from specdraft.decoding.eagle import EagleSpeculator
-    from specdraft.decoding.eagle_model import EagleDrafter
+def load_bundle_drafter(b, name: str, target, head: str | None, sampling: SamplingConfig | None,
+                        device: str | None):
+    """(drafter model, head module or None, head config or None) of a loaded bundle's drafter `name`."""
+    if name in b.eagle:  # an EAGLE drafter: the target's own embedding and LM head, no SpecDec++ head
+        if head is not None:
+            raise InputError(f"EAGLE drafter '{name}' has no SpecDec++ heads; leave out --head")
+        return b.load_eagle(name, target, device=device), None, None
+    dft = b.load_drafter(name, device=device, target=target)
+    if head is None and sampling is not None:
+        head = b.head_for(name, sampling)
+    if head is None and b.drafter(name).head is None:
+        return dft, None, None
+    h, hcfg = b.load_head(name, head, device=device)
+    return dft, h, hcfg
 
-    check_drafts(drafts)
-    ids = format_prompt(tok, user_turn(prompt), chat)
-    eos = end_of_turn_ids(tok, target)
-    gen = torch.Generator().manual_seed(seed)
-    if cascade is not None and method != "ar":
-        res = cascade.generate(target, drafter, ids, max_new_tokens, sampling, k or 5, eos, gen)
-    elif method == "ar":
-        res = generate_autoregressive(target, ids, max_new_tokens, sampling, eos, gen)
-    elif method == "speculative":
-        stopping = SpecDecPP(head, threshold, k_max) if head is not None and k is None else FixedK(k or 4)
-        if isinstance(drafter, EagleDrafter):
-            if drafts != 1 or cascade is not None:
-                raise InputError("an EAGLE drafter drafts one chain or its own tree; leave out --drafts / --cascade")
-            speculator = EagleSpeculator(drafter, stopping, tree)
+
+def load_drafter_dir(drafter: str, target_dir: str, tok, target, head: str | None, dtype: str, device: str | None):
+    """(drafter model, head module or None, head config or None) from model directories."""
+    from specdraft.decoding.eagle_model import is_eagle_dir, load_eagle, target_dir_hash
+
+    if is_eagle_dir(drafter):  # an EAGLE drafter speaks the target's tokenizer (its embedding and LM head)
+        return load_eagle(drafter, target, target_dir_hash(target_dir), device), None, None
+    check_same_vocabulary(None, None, load_tokenizer(drafter), tok, name=f"drafter '{drafter}'")
+    dft = load_causal_lm(drafter, dtype, device)
+    check_pair(target, dft)
+    if head is None:
+        return dft, None, None
+    from specdraft.decoding.acceptance_head import load_head
+
+    h, hcfg = load_head(head, expected_hidden_size=dft.config.hidden_size)
+    h = h.to(device)
+    check_head(h, dft)
+    return dft, h, hcfg
+
+
+# ---- the command -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """One prompt of the command: its messages, its token ids, and what it is reported as."""
+
+    index: int
+    messages: list[dict[str, str]]
+    ids: list[int]
+
+
+def read_prompts(path: str, messages_of: Callable | None) -> list[list[dict[str, str]]]:
+    """The messages of every record of a JSONL file; InputError naming the file and line of a record that
+    cannot be read (encoding, JSON, missing field)."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise InputError(f"prompts file '{path}' cannot be read ({e.strerror or type(e).__name__}); "
+                         "give a JSONL file, one prompt record per line") from None
+    out = []
+    for n, line in enumerate(raw.split(b"\n"), 1):
+        where = f"{path}:{n}"
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError(f"{where} is not UTF-8 text; save the prompts file as UTF-8") from None
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{where} is not valid JSON ({e.msg} at column {e.colno}); one JSON object per line") from None
+        if not isinstance(record, dict):
+            raise InputError(f"{where} is a JSON {type(record).__name__}, not an object like {{\"prompt\": \"...\"}}")
+        if messages_of is not None:
+            messages, _ = messages_of(record, where)
+        elif isinstance(record.get("prompt"), str) and record["prompt"]:
+            messages = user_turn(record["prompt"])
         else:
-            speculator = drafter_speculator(drafter, stopping, drafts)
-        res = generate_speculative(target, speculator, ids, max_new_tokens, sampling, eos_token_id=eos,
-                                   generator=gen)
-    else:
-        raise InputError(f"unknown method {method!r}; use speculative or ar")
-    return tok.decode(res.tokens, skip_special_tokens=True), res.metrics.summary()
+            raise InputError(f"{where} has no non-empty 'prompt' string; every record needs one")
+        out.append(messages)
+    if not out:
+        raise InputError(f"prompts file '{path}' holds no prompts; write one JSON record per line")
+    return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="specdraft generate", description=__doc__.split("\n")[0])
-    add_arguments(p)
-    run(p.parse_args(argv))
-    return 0
+def check_output(path: str | None, prompts: str | None) -> Path | None:
+    """Where the JSON lines go (None: stdout), checked before any model loads."""
+    if path is None:
+        return None
+    out = Path(path)
+    if not out.parent.is_dir():
+        raise InputError(f"--output '{path}': directory '{out.parent}' does not exist; create it first")
+    if out.is_dir():
+        raise InputError(f"--output '{path}' is a directory; name a file, e.g. {out / 'out.jsonl'}")
+    if prompts is not None and out.resolve() == Path(prompts).resolve():
+        raise InputError("--output is the prompts file; write the results elsewhere")
+    return out
 
 
-def cascade_from(args):
+def write_jsonl_atomically(path: Path, records: list[dict]) -> None:
+    """All lines or none: a temporary file beside `path`, renamed over it once complete."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The command's decoding settings: each the user's value, else the bundle's default."""
+
+    sampling: SamplingConfig
+    max_new_tokens: int
+    drafts: int
+    compile: str
+    cascade: Any
+
+
+def settings_from(args, defaults: DecodingDefaults, has_bundle: bool) -> Settings:
+    def given(name):
+        value = getattr(args, name)
+        return value if value is not None else getattr(defaults, name)
+
+    sampling = SamplingConfig(given("temperature"), given("top_k"), given("top_p"))
+    if args.k is not None and args.threshold is not None:
+        raise InputError("--k (fixed K) and --threshold (SpecDec++) choose different policies; give one")
+    cascade = cascade_from(args, defaults if has_bundle else None)
+    if cascade is not None and args.cascade is None and sampling.greedy:
+        print(f"note: the bundle's default cascade ({cascade.label}) needs temperature > 0; decoding without it",
+              file=sys.stderr)
+        cascade = None
+    if cascade is not None and args.method != "ar":
+        from specdraft.decoding.cascades import check_sampling
+
+        check_sampling(sampling)
+    drafts = args.drafts if args.drafts is not None else (defaults.drafts if has_bundle else 1)
+    return Settings(sampling, given("max_new_tokens"), drafts, given("compile"), cascade)
+
+
+def cascade_from(args, defaults: DecodingDefaults | None):
     """--cascade/--alpha, else the bundle's default cascade, else None."""
-    from specdraft.decoding.cascades import cascade_method
+    from specdraft.decoding.cascades import cascade_method, method_from_spec
 
     if args.cascade == "none":
         return None
@@ -137,49 +334,160 @@ def cascade_from(args):
         return cascade_method(args.cascade, args.alpha, args.beta)
     if args.alpha is not None:
         raise InputError("--alpha is only read with --cascade RULE; add one (e.g. --cascade token)")
-    if args.bundle is not None:  # load_pair verifies the bundle's files next
-        from specdraft.decoding.cascades import method_from_spec
-
-        return method_from_spec(_bundle_decoding(args.bundle).get("cascade"), "the bundle's decoding.cascade")
-    return None
+    return method_from_spec(defaults.cascade, "the bundle's decoding.cascade") if defaults is not None else None
 
 
-def run(args) -> None:
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    args.bundle = bundle_of(args, warn=lambda msg: print(msg, file=sys.stderr))
-    cascade = cascade_from(args)  # bad cascade settings fail before any model is loaded
-    if cascade is not None and args.cascade is None and sampling.greedy:
-        print(f"note: the bundle's default cascade ({cascade.label}) needs temperature > 0; decoding without it")
-        cascade = None
-    if cascade is not None and args.method != "ar":
-        from specdraft.decoding.cascades import check_sampling
+def run(args, services: Services = Services()) -> None:
+    """`specdraft generate` on parsed arguments (decoding/generate_args.py)."""
+    from specdraft.decoding.bundle import load_bundle
 
-        check_sampling(sampling)
-    tok, tgt, dft, head, hcfg = load_pair(args.bundle, args.target, args.drafter, args.head, args.device, args.dtype,
-                                         args.device_map, args.drafter_device, sampling)
+    bundle_dir = bundle_of(args, warn=lambda msg: print(msg, file=sys.stderr))
+    if bundle_dir is None and args.target is None:
+        raise InputError("give a bundle directory (specdraft generate BUNDLE ...), or --target DIR with --drafter DIR")
+    if bundle_dir is None and args.drafter is None and args.method != "ar":
+        raise InputError("without a bundle, name the drafter directory (--drafter DIR) or decode with --method ar")
+    out_path = check_output(args.output, args.prompts)
+    b = load_bundle(bundle_dir) if bundle_dir is not None else None  # read (and verified) once
+    settings = settings_from(args, b.defaults if b is not None else DEFAULTS, b is not None)
+    if b is not None:
+        check_choice(args, b)
+    messages = read_prompts(args.prompts, services.messages_of) if args.prompts else [user_turn(args.prompt)]
+    chat = chat_from(args, b)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # stderr holds our progress bar and one-line errors only
+
+    if b is not None:
+        tok = b.load_tokenizer()
+        target = b.load_target(dtype=args.dtype, device=None if args.device_map else args.device,
+                               device_map=args.device_map)
+    else:
+        tok = load_tokenizer(args.target)
+        target = load_causal_lm(args.target, args.dtype, None if args.device_map else args.device, args.device_map)
+    requests = [Request(i, m, format_prompt(tok, m, chat)) for i, m in enumerate(messages)]
+    choices = choose_drafters(args, b, target, requests, services)
+    plans: dict[str, Plan] = {}
+    results: dict[int, tuple[GenerationResult, Plan]] = {}
+    eos = end_of_turn_ids(tok, target)
+    from tqdm import tqdm
+
+    with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr,
+              disable=args.prompts is None) as bar:
+        for name in dict.fromkeys(choices):  # by drafter, in order of first use: each loads once
+            if name not in plans:
+                plans[name] = make_plan(args, b, name, target, tok, settings,
+                                        note=lambda msg: bar.write(msg, file=sys.stderr))
+            group = [r for r, c in zip(requests, choices) if c == name]
+            for start in range(0, len(group), args.batch_size):
+                batch = group[start:start + args.batch_size]
+                # a batch samples from seed + its first prompt's index (one prompt per batch: seed + i)
+                decoded = decode_batch(target, [r.ids for r in batch], settings.max_new_tokens, plans[name],
+                                       settings.sampling, eos, args.seed + batch[0].index, settings.compile)
+                for r, res in zip(batch, decoded):
+                    results[r.index] = (res, plans[name])
+                bar.update(len(batch))
+    records = [record(r, *results[r.index], tok) for r in requests]
+    if out_path is not None:
+        write_jsonl_atomically(out_path, records)
+        print(f"wrote {len(records)} generations to {out_path}", file=sys.stderr)
+    elif args.prompts is not None:
+        for r in records:
+            print(json.dumps(r, ensure_ascii=False))
+    else:
+        print(records[0]["text"])
+        print(json.dumps({k: records[0][k] for k in METRIC_KEYS}))
+
+
+def record(r: Request, res: GenerationResult, plan: Plan, tok) -> dict[str, Any]:
+    """One output line: the prompt, who drafted, the text and token ids, MAT and the counts."""
+    m = res.metrics.summary()
+    prompt = r.messages[-1]["content"] if len(r.messages) == 1 else None
+    return {"index": r.index, **({"prompt": prompt} if prompt is not None else {"messages": r.messages}),
+            "drafter": plan.name if plan.drafter is not None else None, "head": plan.head,
+            "text": tok.decode(res.tokens, skip_special_tokens=True), "token_ids": list(res.tokens),
+            "prompt_tokens": len(r.ids),
+            **{k: round(m[k], 4) if isinstance(m[k], float) else m[k] for k in METRIC_KEYS}}
+
+
+def check_choice(args, b) -> None:
+    """The drafter and router the arguments name exist in the bundle (checked before any model loads)."""
+    if args.method == "ar":
+        return
+    if args.drafter is not None:
+        if args.drafter not in b.drafters and args.drafter not in b.eagle:
+            raise InputError(f"the bundle has no drafter '{args.drafter}'; it has "
+                             f"{', '.join([*b.drafters, *b.eagle]) or 'none'}")
+        if args.router not in (None, "none"):
+            raise InputError("--router picks a drafter per prompt; leave it out with --drafter")
+        if args.threshold is not None and args.head is None and not b.heads.get(args.drafter):
+            raise InputError(f"--threshold sets a SpecDec++ head's h, but drafter '{args.drafter}' has none; "
+                             "give --head, or --k for fixed K")
+    elif args.router not in (None, "none") and args.router not in b.routers:
+        raise InputError(f"the bundle has no router '{args.router}'; it has {', '.join(b.routers) or 'none'} "
+                         "(or --router none)")
+    elif args.router is None and not b.routers:
+        b.general_drafter()  # InputError now when there is none
+
+
+def choose_drafters(args, b, target, requests: list[Request], services: Services) -> list[str]:
+    """The drafter each prompt decodes with: --drafter, else the bundle's router, else its all-domain
+    drafter; "target" for --method ar."""
+    if args.method == "ar":
+        return ["target"] * len(requests)
+    if args.drafter is not None:
+        return [args.drafter] * len(requests)
+    router_name = None if args.router == "none" else (args.router or b.default_router())
+    if router_name is None:
+        return [b.general_drafter()] * len(requests)
+    if services.load_router is None:
+        raise InputError("routing needs the router module; run `specdraft generate` (or pass --router none)")
+    router = services.load_router(b.routers[router_name].path, target.get_input_embeddings(), b.tokenizer_sha256)
+    names = router.route_many([r.ids for r in requests])
+    unknown = sorted(set(names) - set(b.drafters))
+    if unknown:
+        raise InputError(f"router '{router_name}' picks drafter '{unknown[0]}', which the bundle lacks; re-export it")
+    return names
+
+
+def make_plan(args, b, name: str, target, tok, settings: Settings,
+              note: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr)) -> Plan:
+    """Load drafter `name` (and its head) and decide how it drafts: --k, else SpecDec++ with its head at
+    the bundle's threshold (else the head's own h), else the bundle's best fixed K for it."""
+    if name == "target":
+        return Plan("target")
+    device = args.drafter_device or args.device
+    if b is not None:
+        dft, head, hcfg = load_bundle_drafter(b, name, target, args.head, settings.sampling, device)
+        defaults, fixed = b.defaults, b.fixed_k(name) if name in b.drafters else b.defaults.k
+    else:
+        dft, head, hcfg = load_drafter_dir(name, args.target, tok, target, args.head, args.dtype, device)
+        defaults, fixed = DEFAULTS, DEFAULTS.k
+    head_name = None
     if head is not None and hcfg is not None:
         lt = hcfg.get("label_transform", {})
-        if lt and not sampling.matches(lt):
-            print(f"note: the head was trained on labels at {lt}; decoding at temperature={sampling.temperature} "
-                  f"top_k={sampling.top_k} top_p={sampling.top_p} (SpecDec++ thresholds may transfer poorly)")
-    drafts = args.drafts
-    if drafts is None:
-        drafts = int(_bundle_decoding(args.bundle).get("drafts", 1)) if args.bundle else 1
-    threshold = args.threshold if args.threshold is not None else (hcfg or {}).get("threshold", 0.7)
-    text, metrics = generate_text(tok, tgt, dft, args.prompt, args.max_new_tokens, sampling, head, threshold, args.k,
-                                  (hcfg or {}).get("k_max", 20) or 20, args.method, args.seed, drafts=drafts,
-                                  cascade=cascade, tree=eagle_tree(args) if _is_eagle(dft) else None,
-                                  chat=chat_from(args))
-    print(text)
-    keys = ("N", "N_target", "N_draft", "N_discarded", "MAT", "discard_rate", "verification_rate", "tokens_per_s")
-    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items() if k in keys}))
+        s = settings.sampling
+        if lt and not s.matches(lt):
+            note(f"note: the head of drafter '{name}' was trained on labels at {lt}; decoding at temperature="
+                 f"{s.temperature} top_k={s.top_k} top_p={s.top_p} (SpecDec++ thresholds may transfer poorly)")
+        head_name = args.head or (b.head_for(name, s) or b.drafter(name).head if b is not None else None)
+    if args.threshold is not None and head is None:
+        raise InputError(f"--threshold sets a SpecDec++ head's h, but drafter '{name}' has none; "
+                         "give --head, or --k for fixed K")
+    if args.k is None and head is not None:
+        policy = head_policy(head, args.threshold if args.threshold is not None else defaults.threshold,
+                             hcfg, defaults.k_max)
+    else:
+        k = args.k if args.k is not None else fixed
+        policy, head_name = (lambda: FixedK(k)), None
+    tree = eagle_tree(args, b, name) if _is_eagle(dft) else None
+    return Plan(name, dft, policy, head_name, settings.drafts, settings.cascade, args.k or 5, tree)
 
 
 def _is_eagle(drafter) -> bool:
     return getattr(getattr(drafter, "config", None), "model_type", None) == "eagle"
 
 
-def eagle_tree(args):
+def eagle_tree(args, b, name: str):
     """--eagle-tree: "none" -> chain drafts; "D,K,M" -> that EAGLE-2 tree; "bundle" (default) -> the bundle's
     tree for its EAGLE drafter, else chain drafts."""
     from specdraft.decoding.eagle import TreeShape
@@ -188,11 +496,7 @@ def eagle_tree(args):
     if spec == "none":
         return None
     if spec == "bundle":
-        if args.bundle is None:
-            return None
-        from specdraft.decoding.bundle import load_bundle
-
-        entry = load_bundle(args.bundle, verify=False).eagle.get(args.drafter)
+        entry = b.eagle.get(name) if b is not None else None
         return TreeShape(**entry.tree) if entry is not None and entry.tree else None
     try:
         depth, top_k, nodes = (int(x) for x in spec.split(","))
@@ -201,24 +505,12 @@ def eagle_tree(args):
     return TreeShape(depth, top_k, nodes)
 
 
-def chat_from(args) -> ChatFormat:
+def chat_from(args, b) -> ChatFormat:
     """The bundle's prompt format (or the tokenizer's template without a bundle), with --raw-prompt and
     --system-prompt applied on top."""
-    chat = _bundle_chat(args.bundle) if args.bundle is not None else ChatFormat()
+    chat = b.chat if b is not None else ChatFormat()
     if args.raw_prompt:
         chat = dataclasses.replace(chat, plain=True)
     if args.system_prompt is not None:
         chat = dataclasses.replace(chat, system_prompt=args.system_prompt or None)
     return chat
-
-
-def _bundle_chat(bundle: str) -> ChatFormat:
-    from specdraft.decoding.bundle import load_bundle
-
-    return load_bundle(bundle, verify=False).chat
-
-
-def _bundle_decoding(bundle: str) -> dict:
-    from specdraft.decoding.bundle import load_bundle
-
-    return load_bundle(bundle, verify=False).decoding

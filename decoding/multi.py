@@ -35,7 +35,10 @@ from specdraft.decoding.speculator import Draft, DrafterSpeculator, RoundOutcome
 from specdraft.decoding.stopping import FixedK
 
 REWARDS = ("bd", "bd-argmax", "be", "accepted", "throughput")
-DEFAULT_COST_RATIO = 0.2  # c = t_draft / t_target of the throughput reward when none is given
+# Deprecated: the cost ratio c of a bundle is the one train-heads measured, carried by the bundle
+# (`Bundle.defaults.cost_ratio`, decoding/defaults.py); pass it as `cost_ratio`. Kept, with a warning when
+# a throughput bandit falls back on it, until every caller passes the bundle's c.
+DEFAULT_COST_RATIO = 0.2
 
 
 @dataclass
@@ -132,6 +135,18 @@ def _check_targets(arms: list[Arm], target: torch.nn.Module) -> None:
                 )
 
 
+def _cost_ratio_or_deprecated_default(cost_ratio: float | None, reward: str | None) -> float:
+    """c as given (the bundle's measured one: `Bundle.defaults.cost_ratio`), else the deprecated constant."""
+    if cost_ratio is not None:
+        return cost_ratio
+    if reward == "throughput":
+        import warnings
+
+        warnings.warn("a throughput bandit without cost_ratio prices drafts at the deprecated DEFAULT_COST_RATIO; "
+                      "pass the bundle's measured c (Bundle.defaults.cost_ratio)", DeprecationWarning, stacklevel=3)
+    return DEFAULT_COST_RATIO
+
+
 def bandit_reward(arms: list[Arm], selector, reward: str | None, n_max: int, cost_ratio: float) -> str:
     """The reward a bandit over `arms` learns from (None: the default, see MultiDrafterSpeculator), once
     its setup is checked: the constructor is where library users and the stages hand in these values, so
@@ -199,7 +214,8 @@ class MultiDrafterSpeculator:
     """
 
     def __init__(self, arms: list[Arm], selector, reward: str | None = None, n_max: int = 5,
-                 cost_ratio: float = DEFAULT_COST_RATIO):
+                 cost_ratio: float | None = None):
+        cost_ratio = _cost_ratio_or_deprecated_default(cost_ratio, reward)
         reward = bandit_reward(arms, selector, reward, n_max, cost_ratio)
         self.arms = arms
         self.selector = selector

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from specdraft.decoding.defaults import DEFAULTS
 from specdraft.decoding import kv
 from specdraft.decoding.autoregressive import as_token_list, eos_set, generate_autoregressive
 from specdraft.decoding.compat import check_prompt
@@ -141,7 +142,7 @@ def speculative_generate(
     max_new_tokens: int,
     sampling: SamplingConfig = SamplingConfig(temperature=0.0),
     stopping: StoppingPolicy | None = None,
-    k: int = 4,
+    k: int = DEFAULTS.k,
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
 ) -> GenerationResult:

@@ -25,6 +25,7 @@ import torch
 
 from specdraft.decoding import kv
 from specdraft.decoding.compat import check_k, check_threshold
+from specdraft.decoding.defaults import DEFAULTS, SPECDECPP_PAPER_THRESHOLD
 from specdraft.core.errors import InputError
 
 
@@ -74,7 +75,8 @@ class SpecDecPP:
 
     needs_hidden = True
 
-    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor], threshold: float = 0.7, k_max: int = 20):
+    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor], threshold: float = SPECDECPP_PAPER_THRESHOLD,
+                 k_max: int = DEFAULTS.k_max):
         check_threshold(threshold)
         check_k(k_max, "K_max")
         self.head = head

@@ -2,7 +2,7 @@
 
 Every function takes the student's logits already gathered at the N positions where loss_mask is 1,
 shape (N, V), and returns a scalar: the mean over those positions. The three objectives (MetaSD App. F
-trains with `ce`; DistillSpec-style `fkl` and `tvd` are the alternatives the issue asks for):
+trains with `ce`; DistillSpec-style `fkl` and `tvd` are the alternatives):
 
 - ce:  next-token cross-entropy on tokens the target sampled (sequence-level KD).
 - fkl: forward KL(p || q), target p to drafter q, per position.

@@ -44,10 +44,11 @@ from typing import Sequence
 import torch
 
 from specdraft.core.errors import InputError
+from specdraft.decoding.defaults import DEFAULTS
 from specdraft.decoding.rounds import draft_forwards, round_length, specdecpp_fires
 
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
-K_MAX = 20
+K_MAX = DEFAULTS.k_max  # the decoder's SpecDec++ cap (decoding/defaults.py)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
   specdraft <stage> FILE [--force] [key.path=value ...]      (or --config FILE, as the Slurm scripts write it)
   specdraft run FILE [--force] [--from STAGE] [key.path=value ...]
   specdraft validate FILE [key.path=value ...]
-  specdraft generate BUNDLE --prompt TEXT [...]      specdraft inspect-bundle BUNDLE
+  specdraft generate BUNDLE (--prompt TEXT | --prompts FILE.jsonl) [...]      specdraft inspect-bundle BUNDLE
 
 Building the parser imports nothing heavy (no torch, transformers or Lightning), so `--help` on any
 command answers at once; each command imports what it needs when it runs.
@@ -102,17 +102,22 @@ def _inspect_bundle(args) -> None:
 
 
 def _generate(args) -> None:
-    from specdraft.decoding.generate import run
+    from specdraft.data.chat import record_messages
+    from specdraft.decoding.generate import Services, run
+    from specdraft.heads.router import load_router
 
-    run(args)
+    # the decoder sits below data and heads: the CLI hands it the prompt-record reader the stages use and
+    # the bundle's router loader
+    run(args, Services(messages_of=record_messages, load_router=load_router))
 
 
 def _add_generate(sub) -> None:
     """`specdraft generate BUNDLE ...`: its options live in decoding.generate_args.add_arguments."""
-    from specdraft.decoding.generate_args import add_arguments
+    from specdraft.decoding.generate_args import add_arguments, one_line_errors
 
-    sp = sub.add_parser("generate", help="decode one prompt with a bundle (or target + drafter [+ head])")
+    sp = sub.add_parser("generate", help="decode prompts with a bundle (or target + drafter [+ head])")
     add_arguments(sp)
+    one_line_errors(sp)
     sp.set_defaults(func=_generate)
 
 
@@ -163,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     # --debug anywhere on the line: print tracebacks instead of the one-line summaries
     debug = "--debug" in argv or os.environ.get("SPECDRAFT_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # argparse has printed --help (0) or the bad argument (2): main returns the code
+        return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
     if "SLURM_JOB_ID" in os.environ:
         from specdraft.training.trainer import install_requeue_handler
 

@@ -30,11 +30,11 @@ from pathlib import Path
 
 from specdraft.data.chat import chat_format
 from specdraft.decoding.bundle import BUNDLE_JSON, check_safe_weights, drafter_hash, load_bundle, subdir_files, summarize, write_bundle
-from specdraft.decoding.bundle_schema import (BundleSpec, DatastoreEntry, DecodingEntry, DrafterEntry, EagleEntry, HeadEntry,
+from specdraft.decoding.bundle_schema import (BundleSpec, DatastoreEntry, DrafterEntry, EagleEntry, HeadEntry,
                                     RouterEntry, TargetEntry)
 from specdraft.core.hashing import content_hash, file_sha256
 from specdraft.decoding.cascades import method_from_spec
-from specdraft.decoding.compat import check_k
+from specdraft.decoding.defaults import DecodingDefaults
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.decoding.datastore import build_datastore
 from specdraft.core.errors import InputError
@@ -83,17 +83,26 @@ def build_datastore_dir(distill_dir: Path, dst: Path) -> dict:
     return built.index.save(dst, built.meta), built.seconds
 
 
-def decoding_defaults(ctx: Context) -> DecodingEntry:
-    d = DecodingEntry(**to_dict(ctx.cfg.export.decoding))
-    SamplingConfig(d.temperature, d.top_k, d.top_p)  # raises on impossible values
-    check_k(d.k, "export.decoding.k")
-    check_k(d.k_max, "export.decoding.k_max")
-    check_k(d.max_new_tokens, "export.decoding.max_new_tokens")
-    check_k(d.drafts, "export.decoding.drafts")
+def decoding_defaults(ctx: Context) -> DecodingDefaults:
+    """export.decoding, checked (the owner checks its own values; the selector and cascade are checked here,
+    where their modules may load). Its cost ratio is resolved later, from train-heads (`with_cost_ratio`)."""
+    d = ctx.cfg.export.decoding
+    d.check("export.decoding")
     if d.selector not in SELECTORS:
         raise InputError(f"export.decoding.selector {d.selector!r} is not one of {', '.join(SELECTORS)}")
     method_from_spec(d.cascade, "export.decoding.cascade")  # fail at export, not when first served
     return d
+
+
+def measured_cost_ratio(sweep: dict) -> float:
+    """The c = t_draft / t_target train-heads chose its heads and best K with (measured once per run, or
+    pinned by train_heads.cost_ratio): one number for the whole sweep."""
+    found = {float(s["cost"]["cost_ratio"]) for by_tag in sweep.values() for s in by_tag.values()
+             if isinstance(s.get("cost"), dict) and "cost_ratio" in s["cost"]}
+    if len(found) != 1:
+        raise InputError(f"train-heads' sweep.json records {len(found)} cost ratios ({sorted(found)}), not one; "
+                         "rerun train-heads with --force")
+    return found.pop()
 
 
 def export_eagle(ctx: Context, drafters_dir: Path, manifest: Manifest, out: Path, files: dict[str, str],
@@ -132,16 +141,19 @@ def export_eagle(ctx: Context, drafters_dir: Path, manifest: Manifest, out: Path
     return eagle
 
 
-def best_fixed_k(by_tag: dict, default_head: str | None, serving: SamplingConfig, fallback: int) -> int:
+def best_fixed_k(by_tag: dict, default_head: str | None, serving: SamplingConfig) -> int | None:
     """The best fixed K train-heads found for a drafter, under the transform it is served with: the
     tag of its default head (labels at the serving transform when there are such), greedy agreement for
-    greedy serving. `fallback` (export.decoding.k) when the drafter has no heads."""
+    greedy serving. None when the drafter has no heads."""
     tag = default_head.split("/")[0] if default_head else None
     s = by_tag.get(tag) if tag else None
     if not s:
-        return fallback
-    best = s.get("best_fixed_k_greedy") if serving.greedy and s.get("best_fixed_k_greedy") else s["best_fixed_k"]
-    return int(str(best["policy"]).rsplit("=", 1)[1])
+        return None
+    key = "best_k_greedy" if serving.greedy else "best_k"
+    if not isinstance(s.get(key), int):
+        raise InputError(f"train-heads' sweep.json has no integer '{key}' (written by an older specdraft); "
+                         "rerun train-heads with --force")
+    return s[key]
 
 
 def write_assistant_config(path: Path, k: int) -> str:
@@ -241,11 +253,16 @@ def build(ctx: Context) -> dict:
                     best=head == s["best_head"], simulated=hc.get("simulated", {}))
         drafters[name] = replace(drafters[name], head=f"{tags[0]}/{by_tag[tags[0]]['best_head']}")
 
-    # 3b. each drafter also serves as transformers' assistant_model: its generation_config carries the K
+    # 3b. each drafter's best fixed K, as a number in bundle.json and in its generation_config, where
+    # transformers' assistant_model reads it
     for name in names:
+        k = best_fixed_k(sweep.get(name, {}), drafters[name].head, serving)
+        drafters[name] = replace(drafters[name], fixed_k=k)
         rel = f"drafters/{name}/generation_config.json"
-        files[rel] = write_assistant_config(out / rel, best_fixed_k(sweep.get(name, {}), drafters[name].head,
-                                                                    serving, defaults.k))
+        files[rel] = write_assistant_config(out / rel, k if k is not None else defaults.k)
+    # the cost ratio the bandits price drafts with: pinned in export.decoding, else the one train-heads measured
+    if defaults.cost_ratio is None:
+        defaults = replace(defaults, cost_ratio=measured_cost_ratio(sweep))
 
     # 4. routers: train-router writes one subdirectory per router (router_config.json inside)
     routers = {}

@@ -13,6 +13,7 @@ from typing import Any, Literal, Optional, Union
 from specdraft.data.demo_world import DOMAINS, HELDOUT_DOMAINS
 from specdraft.core.errors import InputError, require_int
 from specdraft.decoding.compat import check_k
+from specdraft.decoding.defaults import DecodingDefaults
 from specdraft.drafters.model import CausalLMConfig, preset
 from specdraft.training.trainer import TrainerConfig
 
@@ -287,8 +288,9 @@ class TrainHeadsSection:
     tie_blocks: bool = False  # share one block across the D positions (the reference code's accident, made explicit)
     zero_init: bool = False  # residual blocks start as the identity
     thresholds: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # h candidates
-    k_max: int = 20  # longest round
-    cost_ratio: Optional[float] = None  # t_draft / t_target; null: calibrated on this machine as evaluate calibrates it
+    # c = t_draft / t_target the thresholds and the best fixed K are chosen with, and that export writes into
+    # the bundle (unless export.decoding.cost_ratio pins another); null: calibrated on this machine as evaluate calibrates it
+    cost_ratio: Optional[float] = None
 
     def check(self) -> None:
         if any(d < 0 or d > 8 for d in self.depths) or not self.depths:
@@ -297,8 +299,8 @@ class TrainHeadsSection:
             raise InputError(f"train_heads.w_rejs must be positive, got {self.w_rejs}")
         if not self.thresholds or any(not 0 < h < 1 for h in self.thresholds):
             raise InputError(f"train_heads.thresholds must lie in (0, 1), got {self.thresholds}")
-        if self.k_max < 1 or self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
-            raise InputError("train_heads.k_max, epochs and batch_size must be >= 1 and lr > 0")
+        if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
+            raise InputError("train_heads.epochs and batch_size must be >= 1 and lr > 0")
         if self.cost_ratio is not None and self.cost_ratio < 0:
             raise InputError(f"train_heads.cost_ratio must be >= 0, got {self.cost_ratio}")
 
@@ -312,20 +314,6 @@ class TrainRouterSection:
     train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=20, batch_size=32))  # the Lightning Trainer of the classifier
     label_batch_size: int = 16  # prompts per teacher-forced forward when measuring drafter acceptance
     device: str = "auto"  # where target and drafters run when measuring labels: auto = cuda if available
-
-
-@dataclass
-class DecodingDefaults:
-    # What the decoder does when a bundle user names nothing else.
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0  # 0 disables
-    top_p: float = 1.0  # 1.0 disables
-    k: int = 4  # fixed draft length
-    k_max: int = 20  # SpecDec++ cap
-    selector: str = "ucb"  # multi-drafter bandit (decoding/selectors.py)
-    max_new_tokens: int = 64  # tokens per generation
-    drafts: int = 1  # i.i.d. drafts per round; > 1 decodes with SpecTr (decoding/multi_draft.py)
-    cascade: Optional[dict[str, Any]] = None  # {rule, alpha[, beta]}: serve a speculative cascade (decoding/cascades.py)
 
 
 @dataclass

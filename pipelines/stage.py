@@ -30,7 +30,10 @@ class StageSpec:
     name: str  # CLI name
     out: str  # directory under the run root
     inputs: tuple[str, ...]  # stages whose outputs it reads
-    sections: tuple[str, ...]  # config sections that change its output (the cache key)
+    # config sections that change its output (the cache key): a section ("train_heads") or one key under
+    # another stage's section ("export.decoding.k"); tests/pipelines/test_stage_config_reads.py checks that
+    # a stage's build reads nothing else (besides UNKEYED_READS)
+    sections: tuple[str, ...]
     module: str  # pipelines.<module> defines build(ctx)
     # returns a reason to skip the stage for this config (e.g. a real target needs no pretraining)
     skip: Callable[[RunConfig], str | None] = lambda cfg: None
@@ -53,14 +56,23 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("prepare-data", "prompts", (), ("demo", "prompts"), "prepare_data"),
     StageSpec("pretrain-target", "target", ("prepare-data",), ("prompts", "pretrain_target"), "pretrain_target", _demo_only),
     StageSpec("distill-data", "distill_data", ("prepare-data", "pretrain-target"), ("target", "prompts", "distill_data"), "distill_data"),
-    StageSpec("train-drafters", "drafters", ("prepare-data", "pretrain-target", "distill-data"), ("target", "prompts", "train_drafters"), "train_drafters"),
+    # the general phase trains on the demo corpus less the held-out domains
+    StageSpec("train-drafters", "drafters", ("prepare-data", "pretrain-target", "distill-data"),
+              ("target", "prompts", "train_drafters", "demo.heldout_domains"), "train_drafters"),
     StageSpec("acceptance-data", "acceptance_data", ("pretrain-target", "distill-data", "train-drafters"), ("target", "acceptance_data"), "acceptance_data"),
-    StageSpec("train-heads", "heads", ("pretrain-target", "train-drafters", "acceptance-data"), ("target", "train_heads"), "train_heads"),
+    # rounds are simulated under the decoder's SpecDec++ cap (export.decoding.k_max), and the cost ratio is
+    # timed with the drafts of a round it serves (export.decoding.k)
+    StageSpec("train-heads", "heads", ("pretrain-target", "train-drafters", "acceptance-data"),
+              ("target", "train_heads", "export.decoding.k", "export.decoding.k_max"), "train_heads"),
+    # the perturbed / ood sets are answered as distill-data answers; acceptance is measured over sequences
+    # of the finetune phase's length
     StageSpec("train-router", "router", ("prepare-data", "pretrain-target", "distill-data", "train-drafters"),
-              ("target", "prompts", "train_router"), "train_router"),
-    StageSpec("export", "bundle", ("pretrain-target", "train-drafters", "train-heads"), ("target", "prompts", "export"), "export",
+              ("target", "prompts", "train_router", "distill_data", "train_drafters.finetune.max_length"), "train_router"),
+    # EAGLE drafters are served with the tree train-drafters names
+    StageSpec("export", "bundle", ("pretrain-target", "train-drafters", "train-heads"),
+              ("target", "prompts", "export", "train_drafters.eagle.tree"), "export",
               optional=("train-router", "distill-data")),
-    StageSpec("evaluate", "report", ("prepare-data", "export"), ("evaluate",), "evaluate",
+    StageSpec("evaluate", "report", ("prepare-data", "export"), ("evaluate", "target.trust_remote_code"), "evaluate",
               out_from=lambda cfg: cfg.evaluate.out),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
@@ -186,8 +198,21 @@ def target_pin(cfg: RunConfig):
     return pin
 
 
+# Config reads that never change what a stage writes, so no cache key holds them: where the run lives,
+# which stages `run` runs, how inputs are re-verified (recorded in the manifest), and OUTPUT_NEUTRAL_KEYS.
+UNKEYED_READS = ("run.root", "run.stages", "run.verify_inputs")
+
+
+def config_value(cfg: RunConfig, path: str):
+    """The config value at a dotted path ("train_heads", "export.decoding.k")."""
+    value = cfg
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def _cache_key(cfg: RunConfig, spec: StageSpec, inputs: dict[str, Manifest]) -> str:
-    relevant = {s: _without_neutral(to_dict(getattr(cfg, s))) for s in spec.sections}
+    relevant = {s: _without_neutral(to_dict(config_value(cfg, s))) for s in spec.sections}
     relevant["seed"] = cfg.run.seed
     if "target" in spec.sections and cfg.target.name_or_path is not None:
         relevant["target_pin"] = target_pin(cfg).record  # new weights under the same name rebuild

@@ -74,6 +74,7 @@ def dev_sequences(features: dict[str, torch.Tensor]) -> list[torch.Tensor]:
 
 def build(ctx: Context) -> dict:
     cfg, hcfg = ctx.cfg, ctx.cfg.train_heads
+    k_max = cfg.export.decoding.k_max  # the decoder's SpecDec++ cap: rounds are simulated as they will be served
     acc_dir = ctx.input("acceptance-data")
     sets = transform_dirs(acc_dir)  # <drafter>/<transform tag>/: one grid of heads each
     if not sets:
@@ -120,22 +121,24 @@ def build(ctx: Context) -> dict:
 
         seqs = dev_sequences(dev)
         accept = [dev["labels"][i] for i in seqs]
-        fixed = simulate_fixed_k(accept, c, list(range(1, hcfg.k_max + 1)))
+        ks = list(range(1, k_max + 1))
+        fixed = simulate_fixed_k(accept, c, ks)
         best_fixed = best(fixed)
         dev_rows = seqs_ds["dev"]
         agree = [torch.tensor(a)[torch.tensor(f)] for a, f in zip(dev_rows["greedy_agree"], dev_rows["from_y"])]
         oracle = greedy_oracle(agree, c)
-        best_fixed_greedy = best(simulate_fixed_k([a.double() for a in agree], c, list(range(1, hcfg.k_max + 1))))
+        fixed_greedy = simulate_fixed_k([a.double() for a in agree], c, ks)
+        best_fixed_greedy = best(fixed_greedy)
 
         heads_out = []
         for th in trained:
             sigma = torch.sigmoid(predict_logits(th.head, dev["features"]).double())
-            sims = simulate_specdecpp(accept, [sigma[i] for i in seqs], c, hcfg.thresholds, hcfg.k_max)
+            sims = simulate_specdecpp(accept, [sigma[i] for i in seqs], c, hcfg.thresholds, k_max)
             chosen = best(sims)  # the threshold with the lowest simulated cost (ties: the smaller h)
             h = float(hcfg.thresholds[sims.index(chosen)])
             meta = {"drafter": name, "drafter_path": f"drafters/{name}", "drafter_hash": info["drafter_hash"],
                     "w_rej": th.spec.w_rej, "w_acc": 1.0, "label_transform": info["label_transform"],
-                    "threshold": h, "k_max": hcfg.k_max, "train_metrics": th.train_metrics,
+                    "threshold": h, "k_max": k_max, "train_metrics": th.train_metrics,
                     "eval_metrics": th.eval_metrics, "simulated": chosen.as_dict()}
             save_head(th.head, ctx.out / name / tag / th.spec.name, meta)
             heads_out.append({"head": th.spec.name, "depth": th.spec.depth, "w_rej": th.spec.w_rej,
@@ -150,7 +153,10 @@ def build(ctx: Context) -> dict:
                                              else overlap_reference(dev["labels"], dev["one_minus_tv"])),
                        "heads": heads_out, "best_head": best_head["head"],
                        "fixed_k": {r.policy: r.as_dict() for r in fixed}, "best_fixed_k": best_fixed.as_dict(),
-                       "oracle": oracle.as_dict(), "best_fixed_k_greedy": best_fixed_greedy.as_dict(), "dev_sequences": len(seqs)}
+                       "oracle": oracle.as_dict(), "best_fixed_k_greedy": best_fixed_greedy.as_dict(), "dev_sequences": len(seqs),
+                       # the best fixed K as numbers (export writes them into the bundle): under the label
+                       # transform, and under greedy agreement for greedy serving
+                       "best_k": ks[fixed.index(best_fixed)], "best_k_greedy": ks[fixed_greedy.index(best_fixed_greedy)]}
         printed.append(_table(f"{name} ({tag} labels)", sweep[name][tag]))
         print(printed[-1])
     (ctx.out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")

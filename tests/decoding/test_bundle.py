@@ -36,7 +36,7 @@ def _meta(root, tok_sha: str, drafter_tok_sha: str | None = None) -> dict:
                                   "threshold": 0.7, "k_max": 20, "best": True,
                                   "label_transform": {"temperature": 1.0, "top_k": 0, "top_p": 1.0}}}},
         "routers": {},
-        "decoding": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "k": 4, "k_max": 20, "selector": "ucb",
+        "decoding": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "k": 4, "k_max": 20, "selector": "ucb", "cost_ratio": 0.25,
                      "max_new_tokens": 16},
     }
 

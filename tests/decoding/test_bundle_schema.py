@@ -31,6 +31,12 @@ EDITS = {  # edit of bundle.json -> what the one-line error must say
     "bad list item": (lambda m: _drafter(m).update(domains=["math", 3]), "drafters['d'].domains[1] is '3' (int), not a string"),
     "escaping path": (lambda m: _head(m).update(path="../x"), "heads['d']['D1_w6'].path path '../x' is absolute or leaves the bundle"),
     "both targets": (lambda m: m["target"].update(reference="org/model"), "exactly one of 'path'"),
+    # a bundle from before the decoding defaults carried the measured cost ratio
+    "no cost ratio": (lambda m: m["decoding"].pop("cost_ratio"), "decoding lacks 'cost_ratio'"),
+    "null cost ratio": (lambda m: m["decoding"].update(cost_ratio=None), "decoding has no cost_ratio"),
+    "unknown compile mode": (lambda m: m["decoding"].update(compile="max"), "decoding.compile is 'max' (str), not one of"),
+    "impossible K": (lambda m: m["decoding"].update(k=0), "bundle.json: decoding.k must be an integer >= 1"),
+    "str for fixed K": (lambda m: _drafter(m).update(fixed_k="3"), "drafters['d'].fixed_k is '3' (str), not an integer"),
 }
 
 

@@ -61,18 +61,20 @@ def test_generate_with_several_drafts(pair, capsys):
     assert "drafts" in capsys.readouterr().err
 
 
-def test_drafts_default_comes_from_the_bundle(monkeypatch, capsys):
-    """No --drafts: the bundle's decoding.drafts (absent in older bundles: 1); --drafts overrides it."""
-    import specdraft.decoding.generate as g
+def test_drafts_default_comes_from_the_bundle():
+    """No --drafts: the bundle's decoding.drafts; --drafts overrides it; without a bundle 1."""
+    import argparse
 
-    seen = []
-    monkeypatch.setattr(g, "load_pair", lambda *a, **k: (None, None, None, None, None))
-    monkeypatch.setattr(g, "generate_text", lambda *a, **k: seen.append(k["drafts"]) or ("", {}))
-    monkeypatch.setattr(g, "_bundle_chat", lambda bundle: g.ChatFormat())
-    for decoding, argv, expected in (({"drafts": 4}, [], 4), ({}, [], 1), ({"drafts": 4}, ["--drafts", "2"], 2)):
-        monkeypatch.setattr(g, "_bundle_decoding", lambda bundle, d=decoding: d)
-        assert g.main(["--bundle", "b", "--prompt", "x"] + argv) == 0
-        assert seen[-1] == expected
+    from specdraft.decoding.defaults import DecodingDefaults
+    from specdraft.decoding.generate import settings_from
+    from specdraft.decoding.generate_args import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    bundle = DecodingDefaults(drafts=4, cost_ratio=0.1)
+    for argv, has_bundle, expected in (([], True, 4), ([], False, 1), (["--drafts", "2"], True, 2)):
+        args = p.parse_args(["b", "--prompt", "x", *argv])
+        assert settings_from(args, bundle, has_bundle).drafts == expected
 
 
 def test_generate_formats_the_prompt_with_the_chat_template(pair, monkeypatch):

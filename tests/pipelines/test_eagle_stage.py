@@ -8,7 +8,8 @@ from specdraft.decoding.bundle import load_bundle
 from specdraft.decoding.eagle_model import read_eagle_config, target_dir_hash
 from specdraft.core.errors import InputError
 from specdraft.decoding.eagle import TreeShape
-from specdraft.decoding.generate import generate_text, load_pair, main as generate_main
+from specdraft.decoding.generate import generate_text, load_pair
+from specdraft.pipelines.cli import main
 from specdraft.pipelines.artifacts import read_manifest
 from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import fresh_copy, tiny_config
@@ -62,7 +63,8 @@ def test_eagle_drafter_is_trained_pinned_and_bundled(run_root):
 def test_generate_runs_the_eagle_drafter_and_matches_greedy(run_root, capsys, tree):
     bundle = str(run_root / "bundle")
     prompt = "Question: 2 + 3"
-    generate_main([bundle, "--drafter", "eagle-ofa", "--prompt", prompt, "--max-new-tokens", "12", "--eagle-tree", tree])
+    assert main(["generate", bundle, "--drafter", "eagle-ofa", "--prompt", prompt, "--max-new-tokens", "12",
+                 "--eagle-tree", tree]) == 0
     counters = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert counters["N"] == 12 and counters["N_target"] <= 12
     tok, target, drafter, head, _ = load_pair(bundle, drafter="eagle-ofa")

@@ -1,0 +1,71 @@
+"""The decoding defaults: the one typed owner of K, K_max, the SpecDec++ threshold, the cost ratio c and
+the sampling transform.
+
+`DecodingDefaults` is the config's `export.decoding` section (pipelines/schema.py), the `decoding`
+object of bundle.json (decoding/bundle_schema.py, written by export with every number resolved: the
+cost ratio is the c train-heads measured or pinned), and what a loaded bundle serves with
+(`Bundle.defaults`). Everything else that needs one of these numbers reads it from here, or from the
+bundle that carries them: `specdraft generate`, the bandits' throughput reward (decoding/multi.py),
+the stopping policies' library defaults (decoding/stopping.py), train-heads' simulation cap.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+from specdraft.core.errors import InputError, require_int
+
+COMPILE_MODES = ("none", "default", "reduce-overhead")
+# SpecDec++'s own default h (§5.2), for a SpecDecPP built by hand; a bundled head serves at the h
+# train-heads chose for it by simulation, unless `DecodingDefaults.threshold` pins one
+SPECDECPP_PAPER_THRESHOLD = 0.7
+
+
+@dataclass(frozen=True)
+class DecodingDefaults:
+    """What the decoder does when a request names nothing else; export writes it into bundle.json."""
+
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 disables
+    top_p: float = 1.0  # 1.0 disables
+    # fixed draft length of a drafter without heads (a drafter with heads serves fixed K at train-heads' best K)
+    k: int = 4
+    k_max: int = 20  # SpecDec++ cap on a round's drafts, and the longest round train-heads simulates
+    threshold: Optional[float] = None  # SpecDec++ stop threshold h in (0, 1); null: each head's own h chosen by train-heads
+    # c = t_draft / t_target, the bandits' throughput price of a drafted token; null: the c train-heads
+    # measured (or pinned with train_heads.cost_ratio); a number: that c (e.g. timed on the serving machine)
+    cost_ratio: Optional[float] = None
+    selector: str = "ucb"  # multi-drafter bandit (decoding/selectors.py)
+    max_new_tokens: int = 64  # tokens per generation
+    drafts: int = 1  # i.i.d. drafts per round; > 1 decodes with SpecTr (decoding/multi_draft.py)
+    cascade: Optional[dict[str, Any]] = None  # {rule, alpha[, beta]}: serve a speculative cascade (decoding/cascades.py)
+    compile: Literal["none", "default", "reduce-overhead"] = "none"  # torch.compile mode of the decoder's steps
+
+    def check(self, where: str = "export.decoding") -> None:
+        """Every value one that can work; InputError naming the key otherwise (the config loader calls it on
+        the export.decoding section, the bundle reader on bundle.json's decoding object)."""
+        from specdraft.decoding.sampling import SamplingConfig
+
+        try:
+            SamplingConfig(self.temperature, self.top_k, self.top_p)
+        except InputError as e:
+            raise InputError(f"{where}: {e}") from None
+        for name in ("k", "k_max", "max_new_tokens", "drafts"):
+            require_int(getattr(self, name), f"{where}.{name}")
+        if self.threshold is not None and not 0.0 < self.threshold < 1.0:
+            raise InputError(f"{where}.threshold must be in (0, 1) or null (each head's own h), got {self.threshold}")
+        if self.cost_ratio is not None and not (math.isfinite(self.cost_ratio) and self.cost_ratio >= 0):
+            raise InputError(f"{where}.cost_ratio (c = t_draft / t_target) must be a finite number >= 0 or null, "
+                             f"got {self.cost_ratio}")
+        if self.compile not in COMPILE_MODES:
+            raise InputError(f"{where}.compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
+
+    def sampling(self):
+        """The default sampling transform (decoding.sampling.SamplingConfig)."""
+        from specdraft.decoding.sampling import SamplingConfig
+
+        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+
+DEFAULTS = DecodingDefaults()  # the library's defaults, for callers with neither a config nor a bundle

@@ -1,0 +1,228 @@
+"""`specdraft generate` end to end on a hand-built bundle (tiny random models, a centroid router, one
+SpecDec++ head): prompt files in, one JSON line per prompt out; the bundle's own drafter choice and
+decoding defaults; every unusable argument or prompt record refused with one line and exit code 2."""
+import json
+import shutil
+
+import pytest
+import torch
+
+import specdraft.decoding.bundle as bundle_module
+import specdraft.decoding.generate as generate_module
+from specdraft.decoding.acceptance_head import AcceptanceHead, save_head
+from specdraft.decoding.autoregressive import generate_autoregressive
+from specdraft.decoding.bundle import BUNDLE_JSON, bundle_files, load_bundle, write_bundle_json
+from specdraft.decoding.sampling import SamplingConfig
+from specdraft.heads.router import CentroidRouter, mean_pooled, save_router
+from specdraft.pipelines.cli import main
+from tests.decoding.conftest import noisy_copy, tiny_llama
+from tests.decoding.test_bundle import V, bundle, tiny_tokenizer  # noqa: F401 (bundle: a copy of this module's template)
+
+MATH, CODE = "w3 w4 w5 w6", "w50 w51 w52 w53"  # prompts the router sends to different drafters
+DRAFTERS = {"code": (["code"], 0.05), "math": (["math"], 0.02), "ofa": (["code", "math"], 0.01)}
+
+
+def _meta(tok_sha: str, threshold=None) -> dict:
+    return {
+        "target": {"path": "target", "tokenizer_sha256": tok_sha, "vocab_size": V, "dtype": "float32"},
+        "drafters": {n: {"path": f"drafters/{n}", "domains": d, "parameters": 1, "hidden_size": 32, "vocab_size": V,
+                         "tokenizer_sha256": tok_sha, "head": "T1/D1" if n == "math" else None,
+                         "fixed_k": {"code": 2, "math": 3, "ofa": 5}[n]}
+                     for n, (d, _) in DRAFTERS.items()},
+        "heads": {"math": {"T1/D1": {"path": "heads/math/T1/D1", "drafter": "math", "depth": 1, "w_rej": 6.0,
+                                     "threshold": 0.7, "k_max": 6, "best": True,
+                                     "label_transform": {"temperature": 0.0, "top_k": 0, "top_p": 1.0}}}},
+        "routers": {"centroid": {"path": "router/centroid", "kind": "centroid"}},
+        "decoding": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "k": 4, "k_max": 20, "selector": "ucb",
+                     "max_new_tokens": 6, "cost_ratio": 0.3, "threshold": threshold},
+    }
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    from specdraft.core.tokenizers import tokenizer_fingerprint
+    from specdraft.decoding.loading import load_tokenizer
+
+    root = tmp_path_factory.mktemp("generate_bundle") / "bundle"
+    tok = tiny_tokenizer()
+    target = tiny_llama(0, vocab=V, layers=1)
+    target.save_pretrained(root / "target")
+    tok.save_pretrained(root / "target")
+    for i, (name, (_, noise)) in enumerate(DRAFTERS.items()):
+        noisy_copy(target, noise, seed=i + 1).save_pretrained(root / "drafters" / name)
+        tok.save_pretrained(root / "drafters" / name)
+    torch.manual_seed(0)
+    save_head(AcceptanceHead(32, depth=1), root / "heads" / "math" / "T1" / "D1",
+              {"drafter": "math", "drafter_hash": bundle_module.drafter_hash(bundle_files(root / "drafters" / "math")),
+               "w_rej": 6.0, "threshold": 0.7, "k_max": 6})
+    fp = tokenizer_fingerprint(load_tokenizer(root / "target"))
+    ids = [tok(t)["input_ids"] for t in (MATH, "w4 w5 w7", CODE, "w51 w54 w55")]
+    router = CentroidRouter(32, ["math", "code"], ["math", "code"]).fit(
+        mean_pooled(target.get_input_embeddings(), ids), ["math", "math", "code", "code"])
+    save_router(router, root / "router" / "centroid", {"tokenizer_fingerprint": fp})
+    write_bundle_json(root, _meta(fp))
+    return root
+
+
+def _set_decoding(root, **changes):
+    meta = json.loads((root / BUNDLE_JSON).read_text())
+    meta["decoding"].update(changes)
+    for k in [k for k, v in changes.items() if v is ...]:
+        meta["decoding"].pop(k)
+    (root / BUNDLE_JSON).write_text(json.dumps(meta))
+
+
+def _prompts(tmp_path, lines) -> str:
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b"\n".join(x if isinstance(x, bytes) else json.dumps(x).encode() for x in lines) + b"\n")
+    return str(path)
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _greedy_reference(root, prompt: str, n: int) -> list[int]:
+    b = load_bundle(root)
+    tok, target = b.load_tokenizer(), b.load_target(device="cpu")
+    return generate_autoregressive(target, tok(prompt)["input_ids"], n, SamplingConfig(0.0), [tok.eos_token_id]).tokens
+
+
+def test_prompt_file_to_jsonl_with_the_bundles_router_and_batches(bundle, tmp_path, capsys):
+    records = [{"prompt": MATH}, {"messages": [{"role": "user", "content": CODE}]}, {"prompt": "w4 w5"},
+               {"conversations": [{"from": "human", "value": "w52 w50"}]}, {"prompt": MATH}]
+    prompts = _prompts(tmp_path, records)
+    outs = {}
+    for b in (1, 2):
+        out = tmp_path / f"out{b}.jsonl"
+        assert main(["generate", str(bundle), "--prompts", prompts, "--batch-size", str(b), "--output", str(out)]) == 0
+        outs[b] = _lines(out)
+    capsys.readouterr()
+    rows = outs[1]
+    assert [r["index"] for r in rows] == list(range(len(records)))
+    # the router's choice per prompt (never the first drafter in the bundle, "code", for a math prompt)
+    assert [r["drafter"] for r in rows] == ["math", "code", "math", "code", "math"]
+    assert rows[0]["head"] == "T1/D1" and rows[1]["head"] is None  # math has a SpecDec++ head, code does not
+    tok = load_bundle(bundle).load_tokenizer()
+    for r in rows:
+        assert r["N"] == len(r["token_ids"]) <= 6  # the bundle's max_new_tokens
+        assert r["text"] == tok.decode(r["token_ids"], skip_special_tokens=True)
+        assert r["MAT"] > 0 and r["N_target"] >= 1 and {"N_draft", "N_discarded", "rounds"} <= set(r)
+    # greedy: speculative output is the target's own, whatever the drafter and the batch
+    assert rows[0]["token_ids"] == _greedy_reference(bundle, MATH, 6)
+    assert rows[1]["prompt"] == CODE  # a single user turn is reported as its text
+    assert [r["token_ids"] for r in outs[2]] == [r["token_ids"] for r in rows]
+    assert [r["drafter"] for r in outs[2]] == [r["drafter"] for r in rows]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle", "out1.jsonl", "out2.jsonl", "prompts.jsonl"]
+
+
+def test_without_a_router_the_all_domain_drafter_serves_not_the_first(bundle, tmp_path, capsys, monkeypatch):
+    seen = []
+    real = generate_module.FixedK
+    monkeypatch.setattr(generate_module, "FixedK", lambda k: seen.append(k) or real(k))
+    out = tmp_path / "o.jsonl"
+    assert main(["generate", str(bundle), "--prompts", _prompts(tmp_path, [{"prompt": MATH}]), "--router", "none",
+                 "--output", str(out)]) == 0
+    assert _lines(out)[0]["drafter"] == "ofa" and seen == [5]  # the bundle's best fixed K for ofa
+    meta = json.loads((bundle / BUNDLE_JSON).read_text())
+    meta["routers"] = {}
+    shutil.rmtree(bundle / "router")
+    meta.pop("files")
+    write_bundle_json(bundle, meta)
+    assert main(["generate", str(bundle), "--prompt", CODE]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["N"] >= 1 and seen[-1] == 5
+    assert main(["generate", str(bundle), "--prompt", CODE, "--drafter", "code", "--k", "3"]) == 0 and seen[-1] == 3
+
+
+@pytest.mark.parametrize("threshold, want", [(None, 0.7), (0.4, 0.4)])
+def test_specdecpp_runs_at_the_bundles_threshold_else_the_heads(bundle, tmp_path, monkeypatch, capsys,
+                                                                threshold, want):
+    _set_decoding(bundle, threshold=threshold)
+    seen = []
+    real = generate_module.SpecDecPP
+    monkeypatch.setattr(generate_module, "SpecDecPP", lambda head, h, k_max: seen.append((h, k_max)) or real(head, h, k_max))
+    assert main(["generate", str(bundle), "--prompt", MATH, "--drafter", "math"]) == 0
+    assert seen and set(seen) == {(want, 6)}  # k_max: the head's own cap
+    assert main(["generate", str(bundle), "--prompt", MATH, "--drafter", "math", "--threshold", "0.2"]) == 0
+    assert seen[-1] == (0.2, 6)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--k", "0"], "argument --k: must be an integer >= 1, got '0'"),
+    (["--k", "two"], "argument --k: must be an integer >= 1, got 'two'"),
+    (["--temperature", "-1"], "argument --temperature: must be a number >= 0"),
+    (["--temperature", "nan"], "argument --temperature: must be a number >= 0"),
+    (["--top-p", "0"], "argument --top-p: must be a number in (0, 1]"),
+    (["--top-p", "1.5"], "argument --top-p: must be a number in (0, 1]"),
+    (["--top-k", "-2"], "argument --top-k: must be an integer >= 0"),
+    (["--batch-size", "0"], "argument --batch-size: must be an integer >= 1"),
+    (["--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1"),
+    (["--threshold", "1"], "argument --threshold: must be a number in (0, 1)"),
+    (["--compile", "max"], "argument --compile: invalid choice: 'max'"),
+    (["--k", "2", "--threshold", "0.5"], "--k (fixed K) and --threshold (SpecDec++) choose different policies"),
+    (["--drafter", "nope"], "the bundle has no drafter 'nope'"),
+    (["--router", "nope"], "the bundle has no router 'nope'"),
+    (["--drafter", "code", "--threshold", "0.5"], "drafter 'code' has none"),
+    (["--output", "/nonexistent/dir/o.jsonl"], "directory '/nonexistent/dir' does not exist"),
+])
+def test_unusable_arguments_stop_with_one_line(bundle, capsys, argv, message):
+    assert main(["generate", str(bundle), "--prompt", MATH, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err, err
+
+
+@pytest.mark.parametrize("lines, message", [
+    ([{"prompt": "w1"}, b"\xff\xfe w1"], "prompts.jsonl:2 is not UTF-8 text"),
+    ([{"prompt": "w1"}, {"prompt": "w2"}, b"{\"prompt\": "], "prompts.jsonl:3 is not valid JSON"),
+    ([{"text": "w1"}], "prompts.jsonl:1 has no non-empty 'prompt' string"),
+    ([{"prompt": "w1"}, ["w1"]], "prompts.jsonl:2 is a JSON list, not an object"),
+    ([{"messages": [{"role": "robot", "content": "w1"}]}], "prompts.jsonl:1: messages[0] has role 'robot'"),
+    ([b""], "holds no prompts"),
+])
+def test_unreadable_prompt_records_name_the_file_and_line(bundle, tmp_path, capsys, lines, message):
+    out = tmp_path / "o.jsonl"
+    assert main(["generate", str(bundle), "--prompts", _prompts(tmp_path, lines), "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err, err
+    assert not out.exists()
+
+
+def test_a_bundle_without_the_cost_ratio_asks_for_a_re_export(bundle, capsys):
+    _set_decoding(bundle, cost_ratio=...)
+    assert main(["generate", str(bundle), "--prompt", MATH]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "decoding lacks 'cost_ratio'" in err and "specdraft export" in err and "\n" not in err
+
+
+def test_options_left_out_take_the_bundles_defaults(bundle, monkeypatch, capsys):
+    _set_decoding(bundle, temperature=0.5, top_k=3, top_p=0.9, max_new_tokens=4)
+    seen = []
+    real = generate_module.decode_batch
+    monkeypatch.setattr(generate_module, "decode_batch",
+                        lambda target, prompts, n, plan, sampling, *a: seen.append((n, sampling)) or
+                        real(target, prompts, n, plan, sampling, *a))
+    assert main(["generate", str(bundle), "--prompt", MATH, "--drafter", "ofa"]) == 0
+    assert seen[-1] == (4, SamplingConfig(0.5, 3, 0.9))
+    assert main(["generate", str(bundle), "--prompt", MATH, "--drafter", "ofa", "--temperature", "0",
+                 "--max-new-tokens", "2"]) == 0
+    assert seen[-1] == (2, SamplingConfig(0.0, 3, 0.9))
+    capsys.readouterr()
+
+
+def test_help_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, specdraft.decoding.generate_args, specdraft.pipelines.cli as c; c.build_parser(); "
+            "print('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_the_bundle_is_read_once_per_call(bundle, tmp_path, monkeypatch, capsys):
+    calls = []
+    real = bundle_module.load_bundle
+    monkeypatch.setattr(bundle_module, "load_bundle", lambda *a, **k: calls.append(a) or real(*a, **k))
+    out = tmp_path / "o.jsonl"
+    assert main(["generate", str(bundle), "--prompts", _prompts(tmp_path, [{"prompt": MATH}, {"prompt": CODE}]),
+                 "--output", str(out)]) == 0
+    assert len(calls) == 1 and len(_lines(out)) == 2
