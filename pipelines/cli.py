@@ -127,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specdraft", description="Train and evaluate speculative-decoding components.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in STAGE_NAMES:
+        flags = {"distill-data": " [--shard I/N]", "evaluate": " [--shard I/N] [--merge]"}.get(name, "")
         sp = sub.add_parser(name, help=f"run the {name} stage",
-                            usage=f"specdraft {name} CONFIG [--force] [key.path=value ...]")
+                            usage=f"specdraft {name} CONFIG [--force]{flags} [key.path=value ...]")
         sp.add_argument("overrides", nargs="*", metavar="CONFIG key.path=value",
                         help="the run config YAML (see configs/), then dotted overrides, "
                              "e.g. pretrain_target.train.max_steps=50")

@@ -1,5 +1,7 @@
 """The evaluate stage's plan / run / aggregate pieces on tiny random models (no pipeline run needed):
 the plan's shape, a new family plugged in as a planner only, repeats and raw times, the counted cost."""
+import json
+
 import pytest
 import torch
 
@@ -159,3 +161,37 @@ def test_calibration_times_each_drafter_as_a_round_right_after_a_target_forward(
     assert calls == [("target", 1), ("a", 1), ("a", 1), ("a", 1), ("a", 1),
                      ("target", 2), ("b", 1), ("b", 1), ("b", 1), ("b", 1), ("target", 3)]
     assert set(cal.result().drafter_s) == {"a", "b"}
+
+
+def test_units_keep_a_stream_on_one_shard_and_records_survive_the_disk(env, tmp_path):
+    """A prompt is a unit of its own unless a stream bandit keeps state across its (set, domain): then
+    the whole (set, domain) is one unit. A record read back from its unit file equals the one written,
+    and the merge puts records back in plan order whatever order the units ran in."""
+    import dataclasses
+
+    from specdraft.pipelines.evaluate.units import missing, read_back, run_units, share, units
+
+    plain = build_plan(env, prompts())
+    assert [u.name for u in units(plain)] == ["prompt test/x0", "prompt test/x1"]
+    streamed = dataclasses.replace(env, cfg=dataclasses.replace(env.cfg, stream_bandits=["ucb-bd"]), streams={})
+    plan = build_plan(streamed, prompts())
+    (unit,) = units(plan)
+    assert unit.name == "stream test/x" and list(unit.runs) == plan
+    assert [u.index for u in share(units(plain), 1, 2)] == [1] and share(units(plain), 0, 3)[0].index == 0
+
+    ran = []
+    ordered = [r for r in plain if r.key.family in ("ar", "fixed")]
+
+    def execute_runs(runs):
+        ran.append(runs[0].prompt.id)
+        return execute(runs, env.target, 4, MODES, None, "cpu", 1, progress=False)
+
+    pieces = units(ordered)
+    run_units(list(reversed(pieces)), tmp_path, execute_runs, lambda: {"target": {}, "drafters": {}, "passes": 0})
+    assert ran == ["x1", "x0"] and missing(pieces, tmp_path) == []
+    records, samples = read_back(ordered, pieces, tmp_path)
+    assert [(r.prompt, r.key) for r in records] == [(r.prompt.id, r.key) for r in ordered] and len(samples) == 2
+    again = execute(ordered, env.target, 4, MODES, None, "cpu", 1, progress=False)
+    assert [(r.metrics.n_generated, r.metrics.n_target, r.tokens) for r in records] == \
+        [(r.metrics.n_generated, r.metrics.n_target, r.tokens) for r in again]
+    assert all(Record.from_json(json.loads(json.dumps(r.as_json()))) == r for r in again)
