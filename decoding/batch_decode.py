@@ -1,0 +1,334 @@
+"""Batched speculative decoding on the model's device: B prompts, ragged acceptance, per-row static KV
+caches (`decoding.static_cache`), tensor verification (`decoding.batch_verify`) and one host transfer
+per round. The batch-1 loop in `decoding.speculative` stays the reference (and the home of trees,
+SpecTr, cascades and model-free speculators); this module reproduces it row by row.
+
+State between rounds, per row b (all device tensors):
+    committed tokens C_b = prompt + output so far; `last` / `prev` its last two tokens
+    target cache length  C_b - 1   (the last committed token is fed with the next drafts)
+    drafter cache length C_b       (after the end-of-round catch-up, which also gave q_1)
+A round (SpecDec++ Alg. 1 order, `decoding.rounds`):
+    1. draft: sample y_i ~ q_i, decision i (cap / EOS / head on e_{i-1}), feed y_i unless stopping;
+       rows draft in lockstep, a row that stopped keeps the batch shape but is masked
+    2. verify: one target forward over [last, y_1..y_W] (W = the round's width, K_max under compile)
+    3. accept per row (`verify_greedy` / `verify_sampled`), write the n + 1 emitted tokens into the
+       output buffer with one scatter, truncate at EOS, advance the cache lengths (= rollback)
+    4. catch-up: the drafter re-feeds the last two committed tokens at slots C - 2, C - 1 (a fixed
+       width of 2 covers both "y_k and the bonus" and "the correction"; re-writing an already cached
+       slot writes the same K/V), which yields next round's q_1; counted as that round's first
+       drafter forward, exactly as the batch-1 catch-up
+    5. one `.cpu()` of per-row counts (k, n, emitted, dropped, active): the only host transfer
+       (SpecDec++ adds one flag per draft step: whether any row still drafts, to end the round early)
+Counts per row follow `decoding.rounds` exactly (Lemma 3.1: N_draft + N_target = N + N_discarded); a
+finished row stays in the fixed-shape batch, its compute is not counted. The prefills belong to the
+first round (the target's over prompt[:-1], the drafter's over the prompt: its q_1), as in batch 1.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from specdraft.core.errors import InputError
+from specdraft.decoding.batch_bandit import LengthUCB, RowBandits
+from specdraft.decoding.batch_verify import verify_greedy, verify_sampled
+from specdraft.decoding.compat import check_head, check_pair, check_prompt
+from specdraft.decoding.kv import input_device
+from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
+from specdraft.decoding.sampling import SamplingConfig, probs
+from specdraft.decoding.static_cache import RowStaticCache, forward_rows
+from specdraft.decoding.stopping import FixedK, SpecDecPP
+
+COMPILE_MODES = ("none", "default", "reduce-overhead")
+_CACHE_ROUND = 64  # cache lengths are rounded up so that calls of similar length share a cache (and a compile)
+
+
+# ----------------------------------------------------------------------------------------------------
+# compiled steps and reusable caches (gpt-fast style: compile the forward from outside, fixed shapes)
+
+_steps: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+_caches: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def model_step(model: torch.nn.Module, compile: str):
+    """forward_rows bound to `model`, compiled once per (model, mode) and reused across calls.
+    Each distinct width (1 and 2 for the drafter, W + 1 for the verify) is one graph."""
+    table = _steps.setdefault(model, {})
+    if compile not in table:
+        def step(cache, ids, hidden=False):
+            return forward_rows(model, cache, ids, hidden)
+        if compile == "none":
+            table[compile] = step
+        else:
+            import torch._dynamo.config as dynamo_config
+            # one graph per (width, batch size): the benchmark sweeps B, so allow more than the default 8
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+            dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
+            table[compile] = torch.compile(step, mode=compile, dynamic=False)
+    return table[compile]
+
+
+def model_cache(model: torch.nn.Module, batch: int, max_len: int) -> RowStaticCache:
+    """A RowStaticCache for (model, batch, max_len), reused across calls: its buffers keep their addresses
+    (what compiled graphs and CUDA graphs were built against). A few shapes are kept per model."""
+    table = _caches.setdefault(model, {})
+    key = (batch, max_len)
+    if key not in table:
+        if len(table) >= 4:
+            table.pop(next(iter(table)))
+        weight = model.get_input_embeddings().weight
+        table[key] = RowStaticCache(model.config, batch, max_len, weight.dtype, weight.device)
+    cache = table[key]
+    cache.lengths.zero_()
+    return cache
+
+
+# ----------------------------------------------------------------------------------------------------
+# request checks
+
+@dataclass
+class Plan:
+    width: int  # drafts per round at most (K, K_max, max length arm; 0 = autoregressive)
+    head: torch.nn.Module | None = None
+    threshold: float = 0.0
+    bandit: LengthUCB | None = None
+    eos: list[int] = field(default_factory=list)
+
+
+def check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eos_token_id, compile) -> Plan:
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise InputError("prompts must be a non-empty list of token-id lists; give at least one prompt")
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) for t in prompt):
+            raise InputError(f"prompt {i} must be a list of integer token ids, got {type(prompt).__name__}")
+        check_prompt(list(prompt), max_new_tokens, target, *([drafter] if drafter is not None else []))
+    if not isinstance(sampling, SamplingConfig):
+        raise InputError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+    if compile not in COMPILE_MODES:
+        raise InputError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {compile!r}")
+    eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
+    if policy is None:
+        if drafter is not None:
+            raise InputError("a drafter was given without a policy; pass policy=FixedK(k), SpecDecPP(...) or LengthUCB(...)")
+        return Plan(width=0, eos=eos)
+    if drafter is None:
+        raise InputError(f"policy {policy!r} needs a drafter; pass drafter=... or policy=None for autoregressive decoding")
+    check_pair(target, drafter)
+    if isinstance(policy, FixedK):
+        return Plan(width=policy.max_tokens, eos=eos)
+    if isinstance(policy, SpecDecPP):
+        if isinstance(policy.head, torch.nn.Module):
+            check_head(policy.head, drafter)
+        return Plan(width=policy.max_tokens, head=policy.head, threshold=policy.threshold, eos=eos)
+    if isinstance(policy, LengthUCB):
+        return Plan(width=policy.max_tokens, bandit=policy, eos=eos)
+    raise InputError(f"the batched decoder supports FixedK, SpecDecPP and LengthUCB policies, not {policy!r}; "
+                     "decode other speculators one prompt at a time with generate_speculative")
+
+
+# ----------------------------------------------------------------------------------------------------
+# one round's pieces
+
+def right_pad(prompts, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L_max) ids right-padded with 0 and (B,) lengths: slot = position from each row's first token."""
+    lengths = [len(p) for p in prompts]
+    ids = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+    return ids.to(device), torch.tensor(lengths, dtype=torch.long, device=device)
+
+
+def pick(logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, V) logits -> (token (B,), q (B, V) or None under greedy)."""
+    if sampling.greedy:
+        return logits.argmax(-1), None
+    q = probs(logits, sampling)
+    return torch.multinomial(q, 1, generator=generator).squeeze(1), q
+
+
+def head_sigma(head, hidden: torch.Tensor) -> torch.Tensor:
+    param = next(head.parameters(), None) if isinstance(head, torch.nn.Module) else None
+    if param is not None:
+        hidden = hidden.to(device=param.device, dtype=param.dtype)
+    return torch.sigmoid(head(hidden).float()).reshape(hidden.shape[0]).to(hidden.device)
+
+
+@dataclass
+class Drafts:
+    tokens: torch.Tensor  # (B, W) long, zero past k
+    q: torch.Tensor | None  # (B, W, V) sampled-from distributions (None under greedy)
+    k: torch.Tensor  # (B,) candidates drafted per row
+    steps: int  # positions drafted by the batch (max k; W when no early exit)
+
+
+def draft_round(step, cache: RowStaticCache, q_logits: torch.Tensor, cap: torch.Tensor, plan: Plan,
+                sampling: SamplingConfig, generator, eos: torch.Tensor | None) -> Drafts:
+    """Draft up to cap[b] tokens per row in SpecDec++ Alg. 1 order. q_logits (B, V): the logits behind
+    q_1 (from the catch-up). The drafter cache advances by the tokens fed (y_1..y_{k-1})."""
+    B, W = cap.shape[0], plan.width
+    tokens = torch.zeros(B, W, dtype=torch.long, device=cap.device)
+    qs = None if sampling.greedy else torch.zeros(B, W, q_logits.shape[-1], device=cap.device)
+    k = torch.zeros(B, dtype=torch.long, device=cap.device)
+    drafting = cap > 0
+    p_hat = torch.ones(B, dtype=torch.float64, device=cap.device)
+    logits, hidden, steps = q_logits, None, 0
+    for i in range(W):
+        if plan.head is not None and i > 0 and not bool(drafting.any()):
+            break  # every row stopped: end the round early (one flag to the host per step)
+        y, q = pick(logits, sampling, generator)
+        tokens[:, i] = torch.where(drafting, y, 0)
+        if qs is not None:
+            qs[:, i] = q
+        k += drafting
+        steps = i + 1
+        go_on = drafting & (k < cap)
+        if eos is not None:
+            go_on &= ~torch.isin(y, eos)  # drafting past EOS is wasted work
+        if plan.head is not None and hidden is not None:  # decision i + 1 reads e_i
+            p_hat = p_hat * head_sigma(plan.head, hidden).double()
+            go_on &= ~((1.0 - p_hat) > plan.threshold)
+        drafting = go_on
+        if i == W - 1:
+            break  # y_W is never fed in its own round
+        out, states = step(cache, y[:, None], plan.head is not None)
+        logits = out[:, -1]
+        hidden = states[:, -1] if states is not None else None
+        cache.lengths += drafting  # rows that stopped keep their length: the slot just written is stale
+    return Drafts(tokens=tokens, q=qs, k=k, steps=steps)
+
+
+def gather_row(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x (B, T), index (B,) -> x[b, index[b]]."""
+    return x.gather(1, index[:, None]).squeeze(1)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the public API
+
+@torch.inference_mode()
+def generate_batch(
+    target: torch.nn.Module,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    drafter: torch.nn.Module | None = None,
+    policy=None,
+    sampling: SamplingConfig = SamplingConfig(temperature=0.0),
+    eos_token_id: int | list[int] | None = None,
+    seed: int = 0,
+    compile: str = "none",
+) -> list[GenerationResult]:
+    """Decode every prompt; one GenerationResult per prompt, in order. policy: FixedK(k),
+    SpecDecPP(head, threshold, k_max), LengthUCB(lengths) (needs `drafter`), or None for batched
+    autoregressive decoding. Greedy output equals each prompt decoded alone; sampled output follows the
+    target distribution under `sampling`. Sampling draws from a generator on the target's device seeded
+    with `seed`. compile: "default" / "reduce-overhead" wrap the drafter step and the verify forward with
+    torch.compile (the verify is then padded to K_max + 1 so every round has one shape); the first call
+    pays the compilation. Times in the metrics are the batch's wall time, shared by its rows."""
+    plan = check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eos_token_id, compile)
+    start = time.perf_counter()
+    device = input_device(target)
+    B, W = len(prompts), plan.width
+    ids, plens = right_pad(prompts, device)
+    max_len = -(-(ids.shape[1] + max_new_tokens + W + 2) // _CACHE_ROUND) * _CACHE_ROUND
+    generator = torch.Generator(device=device).manual_seed(seed)
+    eos = torch.tensor(plan.eos, dtype=torch.long, device=device) if plan.eos else None
+
+    tcache = model_cache(target, B, max_len)
+    target_step = model_step(target, compile)
+    if ids.shape[1] > 1:  # the target never holds the last committed token (it goes out with the drafts)
+        forward_rows(target, tcache, ids[:, :-1])
+    tcache.rollback(plens - 1)
+    last = gather_row(ids, plens - 1)
+    prev = gather_row(ids, (plens - 2).clamp_min(0))
+    if drafter is not None:
+        dcache = model_cache(drafter, B, max_len)
+        drafter_step = model_step(drafter, compile)
+        prefill = forward_rows(drafter, dcache, ids)[0]  # (B, L_max, V)
+        q_logits = prefill.gather(1, (plens - 1)[:, None, None].expand(-1, 1, prefill.shape[-1])).squeeze(1)
+        dcache.rollback(plens)
+    bandits = RowBandits(plan.bandit, B, device) if plan.bandit is not None else None
+
+    out = torch.zeros(B, max_new_tokens + W + 2, dtype=torch.long, device=device)
+    dump = out.shape[1] - 1  # where positions past a row's emitted tokens are scattered
+    n_out = torch.zeros(B, dtype=torch.long, device=device)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    metrics = [GenerationMetrics() for _ in range(B)]
+    finished = [False] * B
+    while True:
+        # -- draft
+        cap = (max_new_tokens - n_out - 1).clamp_min(0)  # leave room for the token every round emits
+        if bandits is not None:
+            cap = torch.minimum(cap, bandits.select(generator))
+        else:
+            cap = cap.clamp_max(W)
+        cap = torch.where(done, 0, cap)
+        if W:
+            drafts = draft_round(drafter_step, dcache, q_logits, cap, plan, sampling, generator, eos)
+        else:
+            drafts = Drafts(tokens=torch.zeros(B, 0, dtype=torch.long, device=device), q=None,
+                            k=torch.zeros(B, dtype=torch.long, device=device), steps=0)
+        width = W if compile != "none" else drafts.steps
+        tokens = drafts.tokens[:, :width]
+        # -- verify
+        logits = target_step(tcache, torch.cat([last[:, None], tokens], dim=1))[0]  # (B, width + 1, V)
+        if sampling.greedy:
+            n, extra = verify_greedy(logits, tokens, drafts.k)
+        else:
+            q = drafts.q[:, :width] if drafts.q is not None else logits.new_zeros(B, 0, logits.shape[-1])
+            n, extra = verify_sampled(probs(logits, sampling), q.float(), tokens, drafts.k, generator)
+        # -- commit: emitted = y_1..y_n, extra; truncated after the first EOS
+        emitted = torch.cat([tokens, torch.zeros_like(extra)[:, None]], dim=1)
+        emitted.scatter_(1, n[:, None], extra[:, None])
+        count = n + 1
+        j = torch.arange(width + 1, device=device)
+        hit_eos = torch.zeros(B, dtype=torch.bool, device=device)
+        if eos is not None:
+            is_eos = torch.isin(emitted, eos) & (j[None] < count[:, None])
+            hit_eos = is_eos.any(1)
+            count = torch.where(hit_eos, is_eos.int().argmax(1) + 1, count)
+        dropped = n + 1 - count  # the bonus after an accepted drafted EOS: computed, never emitted
+        active = ~done
+        count = torch.where(active, count, 0)
+        slots = torch.where(j[None] < count[:, None], n_out[:, None] + j[None], dump)
+        out.scatter_(1, slots, emitted)
+        tcache.lengths += torch.where(active, n + 1, 0)
+        prev = torch.where(count >= 2, gather_row(emitted, (count - 2).clamp_min(0)),
+                           torch.where(count == 1, last, prev))
+        last = torch.where(count >= 1, gather_row(emitted, (count - 1).clamp_min(0)), last)
+        n_out += count
+        done = done | hit_eos | (n_out >= max_new_tokens)
+        if bandits is not None:
+            bandits.update(n, drafts.k, active)
+        if drafter is not None:  # launched before the host transfer so the device keeps working
+            dcache.rollback(plens + n_out - 2)
+            q_logits = drafter_step(dcache, torch.stack([prev, last], dim=1))[0][:, -1]
+            dcache.lengths += 2
+        # -- the one host transfer of the round
+        stats = torch.stack([drafts.k, n, dropped, active.long(), done.long()]).cpu().tolist()
+        for b in range(B):
+            if not stats[3][b]:
+                continue
+            k_b, n_b, dropped_b = stats[0][b], stats[1][b], stats[2][b]
+            m = metrics[b]
+            m.n_target += 1
+            m.n_draft += k_b
+            m.n_discarded += k_b - n_b + dropped_b
+            m.drafted.append(k_b)
+            m.accepted.append(n_b)
+            finished[b] = bool(stats[4][b])
+        if all(finished):
+            break
+    rows, lengths = out.cpu().tolist(), n_out.cpu().tolist()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - start
+    results = []
+    for b in range(B):
+        m = metrics[b]
+        m.n_generated = lengths[b]
+        m.time_total = elapsed
+        results.append(GenerationResult(tokens=rows[b][: lengths[b]], metrics=m))
+    return results

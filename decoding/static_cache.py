@@ -1,0 +1,110 @@
+"""A preallocated KV cache with one length per batch row, and the one forward that writes into it.
+
+Every layer holds keys and values of fixed shape (B, kv_heads, max_len, head_dim). Row b's committed
+tokens sit in slots [0, lengths[b]), slot = position id (prompts are right-padded at prefill, so a row's
+positions count from its own first token and there are no holes). A forward of T tokens per row writes
+its new K/V at slots lengths[b] + t with one `scatter_` of fixed shape, and attends through an additive
+4D mask `slot <= lengths[b] + t`; rollback is assigning new lengths (stale slots are overwritten before
+any query can see them). No shape depends on the data, so the forward can be compiled once per width
+and captured in a CUDA graph.
+
+Transformers' `StaticLayer` keeps one shared `cumulative_length` (every row the same length) and writes
+with `index_copy_` along the sequence axis, so it cannot hold ragged rows; `RowStaticLayer` keeps its
+allocation and flags (compileable, static addresses) and replaces only `update`. The model builds no mask
+of its own: `masking_utils` passes a 4D mask through unchanged, and explicit `position_ids` skip every
+`get_seq_length` call.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers.cache_utils import Cache, StaticLayer
+
+from specdraft.core.errors import InputError
+
+
+class RowStaticLayer(StaticLayer):
+    """One layer's K/V buffers; writes go to the slots its owner cache set for the current forward."""
+
+    def __init__(self, owner: "RowStaticCache", shape: tuple[int, int, int, int], dtype: torch.dtype,
+                 device: torch.device):
+        super().__init__(max_cache_len=shape[2])
+        self.owner = owner
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.device = device
+        self.batch_size, self.num_heads = shape[:2]
+        self.k_head_dim = self.v_head_dim = shape[3]
+        # fixed data pointers: compiled graphs and CUDA graphs mutate these buffers in place
+        torch._dynamo.mark_static_address(self.keys)
+        torch._dynamo.mark_static_address(self.values)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        slots = self.owner.slots  # (B, T)
+        index = slots[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[-1])
+        self.keys.scatter_(2, index, key_states.to(self.keys.dtype))
+        self.values.scatter_(2, index, value_states.to(self.values.dtype))
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return int(self.owner.lengths.max())
+
+
+def kv_shape(config, batch: int, max_len: int) -> tuple[int, int, int, int]:
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return batch, heads, max_len, head_dim
+
+
+class RowStaticCache(Cache):
+    """Per-row static cache of a decoder-only HF model (Llama-style attention calling `cache.update`)."""
+
+    def __init__(self, config, batch: int, max_len: int, dtype: torch.dtype, device: torch.device):
+        if getattr(config, "sliding_window", None) or getattr(config, "layer_types", None) and any(
+                t != "full_attention" for t in config.layer_types):
+            raise InputError("the batched decoder's static cache supports full-attention models only; "
+                             "decode this model with the batch-1 decoder (generate_speculative)")
+        shape = kv_shape(config, batch, max_len)
+        super().__init__(layers=[RowStaticLayer(self, shape, dtype, device) for _ in range(config.num_hidden_layers)])
+        self.max_len = max_len
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # committed slots per row
+        self.slots = torch.zeros(batch, 1, dtype=torch.long, device=device)  # where the current forward writes
+
+    def rollback(self, lengths: torch.Tensor) -> None:
+        """Keep slots [0, lengths[b]) of every row: no tensor is sliced or copied."""
+        self.lengths.copy_(lengths)
+
+
+def attention_mask(lengths: torch.Tensor, width: int, max_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, width, max_len) additive mask: query t of row b sees slots <= lengths[b] + t."""
+    slot = torch.arange(max_len, device=lengths.device)
+    last = lengths[:, None] + torch.arange(width, device=lengths.device)  # (B, width)
+    allowed = slot[None, None, :] <= last[:, :, None]
+    return torch.zeros(allowed.shape, dtype=dtype, device=lengths.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The keyword a model's forward takes its cache under (transformers renamed past_key_values)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def forward_rows(model: torch.nn.Module, cache: RowStaticCache, ids: torch.Tensor, hidden: bool = False):
+    """Feed ids (B, T) at slots cache.lengths[b] + t (the lengths are not advanced: the caller decides
+    what is kept). Returns the logits (B, T, V) and, if asked, the final hidden states (B, T, H), the
+    base model's output after its final norm (what the LM head reads). Fixed shapes throughout: this is
+    the function `torch.compile` wraps."""
+    width = ids.shape[1]
+    positions = cache.lengths[:, None] + torch.arange(width, device=ids.device)
+    cache.slots = positions.clamp(max=cache.max_len - 1)  # a finished row never writes out of bounds
+    dtype = model.get_input_embeddings().weight.dtype
+    mask = attention_mask(cache.lengths, width, cache.max_len, dtype)
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    out = base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+               **{cache_kwarg(base): cache})
+    states = out.last_hidden_state
+    logits = model.get_output_embeddings()(states)
+    return logits, (states if hidden else None)
