@@ -66,8 +66,22 @@ def model_step(model: torch.nn.Module, compile: str):
             # one graph per (width, batch size): the benchmark sweeps B, so allow more than the default 8
             dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
             dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
-            table[compile] = torch.compile(step, mode=compile, dynamic=False)
+            compiled = torch.compile(step, mode=compile, dynamic=False)
+            if compile == "reduce-overhead":
+                compiled = fresh_outputs(compiled)
+            table[compile] = compiled
     return table[compile]
+
+
+def fresh_outputs(compiled):
+    """A CUDA-graph step: each call starts a new graph iteration, and its outputs are copied out of the
+    graph's memory pool, which the next replay overwrites (the round reads q_1 from the catch-up after
+    other steps ran). The copies are (B, T, V) and (B, T, H): small next to the forward."""
+    def step(cache, ids, hidden=False):
+        torch.compiler.cudagraph_mark_step_begin()
+        logits, states = compiled(cache, ids, hidden)
+        return logits.clone(), (states.clone() if states is not None else None)
+    return step
 
 
 def model_cache(model: torch.nn.Module, batch: int, max_len: int) -> RowStaticCache:
