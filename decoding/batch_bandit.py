@@ -74,6 +74,11 @@ class RowBandits:
         self.choice = score.argmax(1)
         return self.arms[self.choice]
 
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Keep only rows `keep` (finished rows dropped from the batch)."""
+        self.counts, self.sums = self.counts[keep], self.sums[keep]
+        self.t, self.choice = self.t[keep], self.choice[keep]
+
     def update(self, n_accepted: torch.Tensor, n_drafted: torch.Tensor, active: torch.Tensor) -> None:
         """Record each active row's round: reward = throughput mapped onto [1, L + 1]."""
         L = self.policy.max_tokens

@@ -129,6 +129,9 @@ def check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eo
         return Plan(width=0, eos=eos)
     if drafter is None:
         raise InputError(f"policy {policy!r} needs a drafter; pass drafter=... or policy=None for autoregressive decoding")
+    if not hasattr(drafter, "get_output_embeddings") or getattr(drafter, "config", None) is None:
+        raise InputError(f"the batched decoder drafts with a causal LM (a transformers model), not {type(drafter).__name__}; "
+                         "decode EAGLE drafters and model-free speculators one prompt at a time with generate_speculative")
     check_pair(target, drafter)
     if isinstance(policy, FixedK):
         return Plan(width=policy.max_tokens, eos=eos)
@@ -213,6 +216,22 @@ def draft_round(step, cache: RowStaticCache, q_logits: torch.Tensor, cap: torch.
     return Drafts(tokens=tokens, q=qs, k=k, steps=steps)
 
 
+@dataclass
+class RowState:
+    """Per-row decode state between rounds (device tensors, one entry per current row)."""
+
+    origin: torch.Tensor  # (rows,) the row's index in the caller's prompt list
+    last: torch.Tensor  # last committed token
+    prev: torch.Tensor  # the one before it
+    plens: torch.Tensor  # prompt length
+    n_out: torch.Tensor  # tokens emitted so far
+    done: torch.Tensor  # EOS or the length limit reached
+    q_logits: torch.Tensor | None  # (rows, V) the drafter's logits behind next round's q_1
+
+    def select(self, keep: torch.Tensor) -> "RowState":
+        return RowState(**{name: (value[keep] if value is not None else None) for name, value in vars(self).items()})
+
+
 def gather_row(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """x (B, T), index (B,) -> x[b, index[b]]."""
     return x.gather(1, index[:, None]).squeeze(1)
@@ -267,82 +286,96 @@ def generate_batch(
 
     out = torch.zeros(B, max_new_tokens + W + 2, dtype=torch.long, device=device)
     dump = out.shape[1] - 1  # where positions past a row's emitted tokens are scattered
-    n_out = torch.zeros(B, dtype=torch.long, device=device)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
+    state = RowState(origin=torch.arange(B, device=device), last=last, prev=prev, plens=plens,
+                     n_out=torch.zeros(B, dtype=torch.long, device=device),
+                     done=torch.zeros(B, dtype=torch.bool, device=device),
+                     q_logits=q_logits if drafter is not None else None)
+    row_ids = list(range(B))  # the original index of each current row (finished rows may be dropped)
     metrics = [GenerationMetrics() for _ in range(B)]
     finished = [False] * B
     while True:
+        rows = len(row_ids)
         # -- draft
-        cap = (max_new_tokens - n_out - 1).clamp_min(0)  # leave room for the token every round emits
+        cap = (max_new_tokens - state.n_out - 1).clamp_min(0)  # leave room for the token every round emits
         if bandits is not None:
             cap = torch.minimum(cap, bandits.select(generator))
         else:
             cap = cap.clamp_max(W)
-        cap = torch.where(done, 0, cap)
+        cap = torch.where(state.done, 0, cap)
         if W:
-            drafts = draft_round(drafter_step, dcache, q_logits, cap, plan, sampling, generator, eos)
+            drafts = draft_round(drafter_step, dcache, state.q_logits, cap, plan, sampling, generator, eos)
         else:
-            drafts = Drafts(tokens=torch.zeros(B, 0, dtype=torch.long, device=device), q=None,
-                            k=torch.zeros(B, dtype=torch.long, device=device), steps=0)
+            drafts = Drafts(tokens=torch.zeros(rows, 0, dtype=torch.long, device=device), q=None,
+                            k=torch.zeros(rows, dtype=torch.long, device=device), steps=0)
         width = W if compile != "none" else drafts.steps
         tokens = drafts.tokens[:, :width]
         # -- verify
-        logits = target_step(tcache, torch.cat([last[:, None], tokens], dim=1))[0]  # (B, width + 1, V)
+        logits = target_step(tcache, torch.cat([state.last[:, None], tokens], dim=1))[0]  # (rows, width + 1, V)
         if sampling.greedy:
             n, extra = verify_greedy(logits, tokens, drafts.k)
         else:
-            q = drafts.q[:, :width] if drafts.q is not None else logits.new_zeros(B, 0, logits.shape[-1])
+            q = drafts.q[:, :width] if drafts.q is not None else logits.new_zeros(rows, 0, logits.shape[-1])
             n, extra = verify_sampled(probs(logits, sampling), q.float(), tokens, drafts.k, generator)
         # -- commit: emitted = y_1..y_n, extra; truncated after the first EOS
         emitted = torch.cat([tokens, torch.zeros_like(extra)[:, None]], dim=1)
         emitted.scatter_(1, n[:, None], extra[:, None])
         count = n + 1
         j = torch.arange(width + 1, device=device)
-        hit_eos = torch.zeros(B, dtype=torch.bool, device=device)
+        hit_eos = torch.zeros(rows, dtype=torch.bool, device=device)
         if eos is not None:
             is_eos = torch.isin(emitted, eos) & (j[None] < count[:, None])
             hit_eos = is_eos.any(1)
             count = torch.where(hit_eos, is_eos.int().argmax(1) + 1, count)
         dropped = n + 1 - count  # the bonus after an accepted drafted EOS: computed, never emitted
-        active = ~done
+        active = ~state.done
         count = torch.where(active, count, 0)
-        slots = torch.where(j[None] < count[:, None], n_out[:, None] + j[None], dump)
-        out.scatter_(1, slots, emitted)
+        slots = torch.where(j[None] < count[:, None], state.n_out[:, None] + j[None], dump)
+        out[state.origin[:, None], slots] = emitted
         tcache.lengths += torch.where(active, n + 1, 0)
-        prev = torch.where(count >= 2, gather_row(emitted, (count - 2).clamp_min(0)),
-                           torch.where(count == 1, last, prev))
-        last = torch.where(count >= 1, gather_row(emitted, (count - 1).clamp_min(0)), last)
-        n_out += count
-        done = done | hit_eos | (n_out >= max_new_tokens)
+        state.prev = torch.where(count >= 2, gather_row(emitted, (count - 2).clamp_min(0)),
+                                 torch.where(count == 1, state.last, state.prev))
+        state.last = torch.where(count >= 1, gather_row(emitted, (count - 1).clamp_min(0)), state.last)
+        state.n_out += count
+        state.done = state.done | hit_eos | (state.n_out >= max_new_tokens)
         if bandits is not None:
             bandits.update(n, drafts.k, active)
         if drafter is not None:  # launched before the host transfer so the device keeps working
-            dcache.rollback(plens + n_out - 2)
-            q_logits = drafter_step(dcache, torch.stack([prev, last], dim=1))[0][:, -1]
+            dcache.rollback(state.plens + state.n_out - 2)
+            state.q_logits = drafter_step(dcache, torch.stack([state.prev, state.last], dim=1))[0][:, -1]
             dcache.lengths += 2
         # -- the one host transfer of the round
-        stats = torch.stack([drafts.k, n, dropped, active.long(), done.long()]).cpu().tolist()
-        for b in range(B):
-            if not stats[3][b]:
+        stats = torch.stack([drafts.k, n, dropped, active.long(), state.done.long()]).cpu().tolist()
+        for i, b in enumerate(row_ids):
+            if not stats[3][i]:
                 continue
-            k_b, n_b, dropped_b = stats[0][b], stats[1][b], stats[2][b]
+            k_b, n_b, dropped_b = stats[0][i], stats[1][i], stats[2][i]
             m = metrics[b]
             m.n_target += 1
             m.n_draft += k_b
             m.n_discarded += k_b - n_b + dropped_b
+            m.n_generated += n_b + 1 - dropped_b
             m.drafted.append(k_b)
             m.accepted.append(n_b)
-            finished[b] = bool(stats[4][b])
+            finished[b] = bool(stats[4][i])
         if all(finished):
             break
-    rows, lengths = out.cpu().tolist(), n_out.cpu().tolist()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        live = [i for i, b in enumerate(row_ids) if not finished[b]]
+        if compile == "none" and len(live) <= rows // 2:
+            # half the rows are done: drop them (a copy of the caches), so they stop costing work; compiled
+            # steps keep the batch (a new batch size would be a new graph)
+            keep = torch.tensor(live, device=device)
+            row_ids = [row_ids[i] for i in live]
+            state = state.select(keep)
+            tcache = tcache.select_rows(keep)
+            if drafter is not None:
+                dcache = dcache.select_rows(keep)
+            if bandits is not None:
+                bandits.select_rows(keep)
+    tokens_out = out.cpu().tolist()
     elapsed = time.perf_counter() - start
     results = []
     for b in range(B):
         m = metrics[b]
-        m.n_generated = lengths[b]
         m.time_total = elapsed
-        results.append(GenerationResult(tokens=rows[b][: lengths[b]], metrics=m))
+        results.append(GenerationResult(tokens=tokens_out[b][: m.n_generated], metrics=m))
     return results

@@ -72,6 +72,21 @@ class RowStaticCache(Cache):
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # committed slots per row
         self.slots = torch.zeros(batch, 1, dtype=torch.long, device=device)  # where the current forward writes
 
+    def select_rows(self, keep: torch.Tensor) -> "RowStaticCache":
+        """A new cache holding only rows `keep` (a copy): an eager decode drops its finished rows so
+        that they stop costing work. Not for compiled steps (a new batch size is a new graph)."""
+        first = self.layers[0]
+        shape = (keep.numel(), first.num_heads, self.max_len, first.k_head_dim)
+        new = RowStaticCache.__new__(RowStaticCache)
+        Cache.__init__(new, layers=[RowStaticLayer(new, shape, first.keys.dtype, first.device) for _ in self.layers])
+        for old, layer in zip(self.layers, new.layers):
+            layer.keys.copy_(old.keys.index_select(0, keep))
+            layer.values.copy_(old.values.index_select(0, keep))
+        new.max_len = self.max_len
+        new.lengths = self.lengths.index_select(0, keep)
+        new.slots = self.slots.index_select(0, keep)
+        return new
+
     def rollback(self, lengths: torch.Tensor) -> None:
         """Keep slots [0, lengths[b]) of every row: no tensor is sliced or copied."""
         self.lengths.copy_(lengths)
