@@ -13,6 +13,14 @@ with `index_copy_` along the sequence axis, so it cannot hold ragged rows; `RowS
 allocation and flags (compileable, static addresses) and replaces only `update`. The model builds no mask
 of its own: `masking_utils` passes a 4D mask through unchanged, and explicit `position_ids` skip every
 `get_seq_length` call.
+
+Compiled logits equal eager ones (tests/decoding/test_batch_cache.py, 1e-5 at ragged lengths; measured
+<= 1.5e-6 on a tiny Llama). A quick check that once saw differences of 0.59 between a compiled and an
+eager forward over transformers' `StaticCache` is reproduced by that cache's own state, not by the
+compiler: every forward advances the cache's `cumulative_length` in place, so a warm-up call of the
+compiled function writes its token and moves the cache on, and the "same" forward afterwards runs one
+position later over a different context (0.63 on a tiny Llama; compiled and eager over two identical
+caches agree to 1.5e-6). Here a forward never moves the lengths: the caller commits them explicitly.
 """
 from __future__ import annotations
 
