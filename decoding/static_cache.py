@@ -100,13 +100,16 @@ class RowStaticCache(Cache):
         self.lengths.copy_(lengths)
 
 
-def attention_mask(lengths: torch.Tensor, width: int, max_len: int, dtype: torch.dtype) -> torch.Tensor:
-    """(B, 1, width, max_len) additive mask: query t of row b sees slots <= lengths[b] + t."""
+def attention_mask(lengths: torch.Tensor, width: int, max_len: int, dtype: torch.dtype | None) -> torch.Tensor:
+    """(B, 1, width, max_len): query t of row b sees slots <= lengths[b] + t. dtype None: a bool mask
+    (True = attend), what SDPA takes directly and transformers builds for it itself; else an additive
+    float mask (0 / most negative) for the eager attention."""
     slot = torch.arange(max_len, device=lengths.device)
     last = lengths[:, None] + torch.arange(width, device=lengths.device)  # (B, width)
-    allowed = slot[None, None, :] <= last[:, :, None]
-    return torch.zeros(allowed.shape, dtype=dtype, device=lengths.device).masked_fill(
-        ~allowed, torch.finfo(dtype).min)[:, None]
+    allowed = (slot[None, None, :] <= last[:, :, None])[:, None]
+    if dtype is None:
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=lengths.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def cache_kwarg(model: torch.nn.Module) -> str:
@@ -123,8 +126,8 @@ def forward_rows(model: torch.nn.Module, cache: RowStaticCache, ids: torch.Tenso
     width = ids.shape[1]
     positions = cache.lengths[:, None] + torch.arange(width, device=ids.device)
     cache.slots = positions.clamp(max=cache.max_len - 1)  # a finished row never writes out of bounds
-    dtype = model.get_input_embeddings().weight.dtype
-    mask = attention_mask(cache.lengths, width, cache.max_len, dtype)
+    sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
+    mask = attention_mask(cache.lengths, width, cache.max_len, None if sdpa else model.get_input_embeddings().weight.dtype)
     base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     out = base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                **{cache_kwarg(base): cache})

@@ -20,8 +20,11 @@ def reference_logits(model, tokens: list[int], last: int) -> torch.Tensor:
         return kv.forward(model, kv.new_cache(), tokens, last=last)[0]
 
 
-def test_rollback_matches_a_dynamic_cache(llama_pair):
-    target, _ = llama_pair
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])  # a bool mask for SDPA, an additive one for eager
+def test_rollback_matches_a_dynamic_cache(make_llama, attention):
+    target = make_llama(0)
+    target.set_attn_implementation(attention)
+    assert target.config._attn_implementation == attention
     gen = torch.Generator().manual_seed(0)
     rows = [torch.randint(0, 96, (n,), generator=gen).tolist() for n in (3, 7, 1)]
     cache = RowStaticCache(target.config, 3, 32, torch.float32, torch.device("cpu"))
@@ -49,6 +52,7 @@ def test_rollback_matches_a_dynamic_cache(llama_pair):
 def test_mask_sees_exactly_the_row_prefix():
     mask = attention_mask(torch.tensor([2, 0]), 3, 6, torch.float32)  # (2, 1, 3, 6)
     seen = (mask[:, 0] == 0).int().tolist()
+    assert torch.equal(attention_mask(torch.tensor([2, 0]), 3, 6, None)[:, 0], mask[:, 0] == 0)  # the SDPA form
     assert seen[0] == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0]]
     assert seen[1] == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]]
 
