@@ -38,7 +38,8 @@ from specdraft.decoding.compat import check_head, check_pair, check_prompt
 from specdraft.decoding.kv import input_device
 from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
 from specdraft.decoding.sampling import SamplingConfig, probs
-from specdraft.decoding.static_cache import RowStaticCache, forward_rows
+from specdraft.decoding.eagle_model import EagleDrafter
+from specdraft.decoding.static_cache import RowStaticCache, eagle_rows, forward_rows
 from specdraft.decoding.stopping import FixedK, SpecDecPP
 
 COMPILE_MODES = ("none", "default", "reduce-overhead")
@@ -53,12 +54,17 @@ _caches: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDic
 
 
 def model_step(model: torch.nn.Module, compile: str):
-    """forward_rows bound to `model`, compiled once per (model, mode) and reused across calls.
-    Each distinct width (1 and 2 for the drafter, W + 1 for the verify) is one graph."""
+    """forward_rows bound to `model` (for an EAGLE drafter: `eagle_rows`, called with (cache, features,
+    ids)), compiled once per (model, mode) and reused across calls. Each distinct width (1 and 2 for the
+    drafter, W + 1 for the verify) is one graph."""
     table = _steps.setdefault(model, {})
     if compile not in table:
-        def step(cache, ids, hidden=False):
-            return forward_rows(model, cache, ids, hidden)
+        if isinstance(model, EagleDrafter):
+            def step(cache, features, ids):
+                return eagle_rows(model, cache, features, ids)
+        else:
+            def step(cache, ids, hidden=False):
+                return forward_rows(model, cache, ids, hidden)
         if compile == "none":
             table[compile] = step
         else:
@@ -77,9 +83,9 @@ def fresh_outputs(compiled):
     """A CUDA-graph step: each call starts a new graph iteration, and its outputs are copied out of the
     graph's memory pool, which the next replay overwrites (the round reads q_1 from the catch-up after
     other steps ran). The copies are (B, T, V) and (B, T, H): small next to the forward."""
-    def step(cache, ids, hidden=False):
+    def step(*args):
         torch.compiler.cudagraph_mark_step_begin()
-        logits, states = compiled(cache, ids, hidden)
+        logits, states = compiled(*args)
         return logits.clone(), (states.clone() if states is not None else None)
     return step
 
@@ -93,7 +99,8 @@ def model_cache(model: torch.nn.Module, batch: int, max_len: int) -> RowStaticCa
         if len(table) >= 4:
             table.pop(next(iter(table)))
         weight = model.get_input_embeddings().weight
-        table[key] = RowStaticCache(model.config, batch, max_len, weight.dtype, weight.device)
+        config = model.body.config if isinstance(model, EagleDrafter) else model.config  # EAGLE: its own layers
+        table[key] = RowStaticCache(config, batch, max_len, weight.dtype, weight.device)
     cache = table[key]
     cache.lengths.zero_()
     return cache
@@ -108,6 +115,7 @@ class Plan:
     head: torch.nn.Module | None = None
     threshold: float = 0.0
     bandit: LengthUCB | None = None
+    eagle: bool = False  # the drafter is an EAGLE layer reading the target's features
     eos: list[int] = field(default_factory=list)
 
 
@@ -129,18 +137,22 @@ def check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eo
         return Plan(width=0, eos=eos)
     if drafter is None:
         raise InputError(f"policy {policy!r} needs a drafter; pass drafter=... or policy=None for autoregressive decoding")
-    if not hasattr(drafter, "get_output_embeddings") or getattr(drafter, "config", None) is None:
-        raise InputError(f"the batched decoder drafts with a causal LM (a transformers model), not {type(drafter).__name__}; "
-                         "decode EAGLE drafters and model-free speculators one prompt at a time with generate_speculative")
+    eagle = isinstance(drafter, EagleDrafter)
+    if eagle and drafter.variant != "eagle1":
+        raise InputError(f"the batched decoder drafts with EAGLE-1 chains; decode this {drafter.variant} drafter one "
+                         "prompt at a time with generate_speculative (EagleSpeculator)")
+    if not eagle and (not hasattr(drafter, "get_output_embeddings") or getattr(drafter, "config", None) is None):
+        raise InputError(f"the batched decoder drafts with a causal LM or an EAGLE drafter, not {type(drafter).__name__}; "
+                         "decode model-free speculators one prompt at a time with generate_speculative")
     check_pair(target, drafter)
     if isinstance(policy, FixedK):
-        return Plan(width=policy.max_tokens, eos=eos)
+        return Plan(width=policy.max_tokens, eos=eos, eagle=eagle)
     if isinstance(policy, SpecDecPP):
         if isinstance(policy.head, torch.nn.Module):
             check_head(policy.head, drafter)
-        return Plan(width=policy.max_tokens, head=policy.head, threshold=policy.threshold, eos=eos)
+        return Plan(width=policy.max_tokens, head=policy.head, threshold=policy.threshold, eos=eos, eagle=eagle)
     if isinstance(policy, LengthUCB):
-        return Plan(width=policy.max_tokens, bandit=policy, eos=eos)
+        return Plan(width=policy.max_tokens, bandit=policy, eos=eos, eagle=eagle)
     raise InputError(f"the batched decoder supports FixedK, SpecDecPP and LengthUCB policies, not {policy!r}; "
                      "decode other speculators one prompt at a time with generate_speculative")
 
@@ -216,6 +228,21 @@ def draft_round(step, cache: RowStaticCache, q_logits: torch.Tensor, cap: torch.
     return Drafts(tokens=tokens, q=qs, k=k, steps=steps)
 
 
+class EagleChainStep:
+    """The drafting step of an EAGLE chain in `draft_round`'s shape, step(cache, y (B, 1), hidden): input
+    (f^ of the previous position, y_k); its output f^ gives q_{k+1} and is the hidden state e_k a SpecDec++
+    head reads. `feature` is set to f^ at the last committed token before each round."""
+
+    def __init__(self, eagle_step):
+        self.eagle_step = eagle_step
+        self.feature: torch.Tensor | None = None
+
+    def __call__(self, cache, ids, hidden=False):
+        logits, pred = self.eagle_step(cache, self.feature[:, None], ids)
+        self.feature = pred[:, -1]
+        return logits, pred
+
+
 @dataclass
 class RowState:
     """Per-row decode state between rounds (device tensors, one entry per current row)."""
@@ -227,6 +254,7 @@ class RowState:
     n_out: torch.Tensor  # tokens emitted so far
     done: torch.Tensor  # EOS or the length limit reached
     q_logits: torch.Tensor | None  # (rows, V) the drafter's logits behind next round's q_1
+    feature: torch.Tensor | None = None  # EAGLE: (rows, H) the predicted feature f^ at the last committed token
 
     def select(self, keep: torch.Tensor) -> "RowState":
         return RowState(**{name: (value[keep] if value is not None else None) for name, value in vars(self).items()})
@@ -271,17 +299,36 @@ def generate_batch(
 
     tcache = model_cache(target, B, max_len)
     target_step = model_step(target, compile)
+    features = None
     if ids.shape[1] > 1:  # the target never holds the last committed token (it goes out with the drafts)
-        forward_rows(target, tcache, ids[:, :-1])
+        features = forward_rows(target, tcache, ids[:, :-1], hidden=plan.eagle)[1]
     tcache.rollback(plens - 1)
     last = gather_row(ids, plens - 1)
     prev = gather_row(ids, (plens - 2).clamp_min(0))
+    q_logits = feature = eagle_step = None
     if drafter is not None:
+        if plan.eagle:
+            drafter.attach_target(target)
         dcache = model_cache(drafter, B, max_len)
         drafter_step = model_step(drafter, compile)
-        prefill = forward_rows(drafter, dcache, ids)[0]  # (B, L_max, V)
-        q_logits = prefill.gather(1, (plens - 1)[:, None, None].expand(-1, 1, prefill.shape[-1])).squeeze(1)
-        dcache.rollback(plens)
+        if plan.eagle:
+            # EAGLE entry j is (f_j, x_{j+1}) at position j: the prompt's entries 0..L-2 from the target's
+            # prefill features; a one-token prompt has none yet and drafts nothing in its first round
+            eagle_step = EagleChainStep(drafter_step)
+            hidden = drafter.config.hidden_size
+            if features is not None:
+                logits, pred = eagle_rows(drafter, dcache, features, ids[:, 1:])
+                at = (plens - 2).clamp_min(0)
+                q_logits = logits.gather(1, at[:, None, None].expand(-1, 1, logits.shape[-1])).squeeze(1)
+                feature = pred.gather(1, at[:, None, None].expand(-1, 1, hidden)).squeeze(1)
+            else:
+                q_logits = torch.zeros(B, target.config.vocab_size, device=device)
+                feature = torch.zeros(B, hidden, device=device, dtype=drafter.fc.weight.dtype)
+            dcache.rollback(plens - 1)
+        else:
+            prefill = forward_rows(drafter, dcache, ids)[0]  # (B, L_max, V)
+            q_logits = prefill.gather(1, (plens - 1)[:, None, None].expand(-1, 1, prefill.shape[-1])).squeeze(1)
+            dcache.rollback(plens)
     bandits = RowBandits(plan.bandit, B, device) if plan.bandit is not None else None
 
     out = torch.zeros(B, max_new_tokens + W + 2, dtype=torch.long, device=device)
@@ -289,7 +336,7 @@ def generate_batch(
     state = RowState(origin=torch.arange(B, device=device), last=last, prev=prev, plens=plens,
                      n_out=torch.zeros(B, dtype=torch.long, device=device),
                      done=torch.zeros(B, dtype=torch.bool, device=device),
-                     q_logits=q_logits if drafter is not None else None)
+                     q_logits=q_logits, feature=feature)
     row_ids = list(range(B))  # the original index of each current row (finished rows may be dropped)
     metrics = [GenerationMetrics() for _ in range(B)]
     finished = [False] * B
@@ -302,15 +349,18 @@ def generate_batch(
         else:
             cap = cap.clamp_max(W)
         cap = torch.where(state.done, 0, cap)
+        if plan.eagle:  # no EAGLE entries before the first committed position: no draft
+            cap = torch.where(state.plens + state.n_out >= 2, cap, 0)
+            eagle_step.feature = state.feature
         if W:
-            drafts = draft_round(drafter_step, dcache, state.q_logits, cap, plan, sampling, generator, eos)
+            drafts = draft_round(eagle_step or drafter_step, dcache, state.q_logits, cap, plan, sampling, generator, eos)
         else:
             drafts = Drafts(tokens=torch.zeros(rows, 0, dtype=torch.long, device=device), q=None,
                             k=torch.zeros(rows, dtype=torch.long, device=device), steps=0)
         width = W if compile != "none" else drafts.steps
         tokens = drafts.tokens[:, :width]
         # -- verify
-        logits = target_step(tcache, torch.cat([state.last[:, None], tokens], dim=1))[0]  # (rows, width + 1, V)
+        logits, verified = target_step(tcache, torch.cat([state.last[:, None], tokens], dim=1), plan.eagle)  # (rows, width + 1, V)
         if sampling.greedy:
             n, extra = verify_greedy(logits, tokens, drafts.k)
         else:
@@ -329,6 +379,7 @@ def generate_batch(
         dropped = n + 1 - count  # the bonus after an accepted drafted EOS: computed, never emitted
         active = ~state.done
         count = torch.where(active, count, 0)
+        committed_before = state.plens + state.n_out
         slots = torch.where(j[None] < count[:, None], state.n_out[:, None] + j[None], dump)
         out[state.origin[:, None], slots] = emitted
         tcache.lengths += torch.where(active, n + 1, 0)
@@ -339,7 +390,14 @@ def generate_batch(
         state.done = state.done | hit_eos | (state.n_out >= max_new_tokens)
         if bandits is not None:
             bandits.update(n, drafts.k, active)
-        if drafter is not None:  # launched before the host transfer so the device keeps working
+        if plan.eagle:  # entries (f_j, x_{j+1}) for the positions this round committed, from the verify's features
+            dcache.rollback(committed_before - 1)
+            logits, pred = drafter_step(dcache, verified, emitted)
+            at = (count - 1).clamp_min(0)
+            state.q_logits = logits.gather(1, at[:, None, None].expand(-1, 1, logits.shape[-1])).squeeze(1)
+            state.feature = pred.gather(1, at[:, None, None].expand(-1, 1, pred.shape[-1])).squeeze(1)
+            dcache.lengths += count
+        elif drafter is not None:  # launched before the host transfer so the device keeps working
             dcache.rollback(state.plens + state.n_out - 2)
             state.q_logits = drafter_step(dcache, torch.stack([state.prev, state.last], dim=1))[0][:, -1]
             dcache.lengths += 2

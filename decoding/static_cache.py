@@ -118,6 +118,20 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def eagle_rows(drafter: torch.nn.Module, cache: RowStaticCache, features: torch.Tensor, ids: torch.Tensor):
+    """An EAGLE drafter (`decoding.eagle_model.EagleDrafter`) over inputs (f_j, x_{j+1}), features (B, T, H)
+    and ids (B, T), at slots cache.lengths[b] + t (not advanced). Returns its draft logits (B, T, V) through
+    the target's LM head and the predicted features f^ (B, T, H) (also the hidden state a SpecDec++ head
+    reads)."""
+    width = ids.shape[1]
+    positions = cache.lengths[:, None] + torch.arange(width, device=ids.device)
+    cache.slots = positions.clamp(max=cache.max_len - 1)
+    sdpa = getattr(drafter.config, "_attn_implementation", None) == "sdpa"
+    mask = attention_mask(cache.lengths, width, cache.max_len, None if sdpa else drafter.fc.weight.dtype)
+    pred = drafter(features, ids, past_key_values=cache, attention_mask=mask, position_ids=positions, use_cache=True)
+    return drafter.lm_logits(pred), pred
+
+
 def forward_rows(model: torch.nn.Module, cache: RowStaticCache, ids: torch.Tensor, hidden: bool = False):
     """Feed ids (B, T) at slots cache.lengths[b] + t (the lengths are not advanced: the caller decides
     what is kept). Returns the logits (B, T, V) and, if asked, the final hidden states (B, T, H), the

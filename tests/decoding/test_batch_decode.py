@@ -169,7 +169,7 @@ def test_seeded_sampling_repeats(llama_pair, ragged):
         ({"policy": FixedK(2)}, "needs a drafter"),
         ({"drafter": "D"}, "without a policy"),
         ({"drafter": "D", "policy": HindsightOracle([1, 2, 3])}, "supports FixedK"),
-        ({"drafter": "EAGLE", "policy": FixedK(2)}, "EAGLE drafters"),
+        ({"drafter": "EAGLE3", "policy": FixedK(2)}, "EAGLE-1 chains"),
         ({"compile": "max"}, "compile must be one of"),
         ({"prompts": [[1, 2], []]}, "prompt is empty"),
         ({"prompts": []}, "non-empty list"),
@@ -181,9 +181,35 @@ def test_bad_requests_raise_one_line(llama_pair, kwargs, message):
     kwargs = dict(kwargs)
     if kwargs.get("drafter") == "D":
         kwargs["drafter"] = drafter
-    if kwargs.get("drafter") == "EAGLE":
-        kwargs["drafter"] = EagleDrafter(target.config)
+    if kwargs.get("drafter") == "EAGLE3":
+        kwargs["drafter"] = EagleDrafter(target.config, variant="eagle3")
     prompts = kwargs.pop("prompts", [[1, 2, 3]])
     max_new = kwargs.pop("max_new", 4)
     with pytest.raises(InputError, match=message):
         generate_batch(target, prompts, max_new, **kwargs)
+
+
+@pytest.mark.parametrize("make_policy", [
+    pytest.param(lambda h: FixedK(3), id="K3"),
+    pytest.param(lambda h: SpecDecPP(random_head(h, 0), threshold=0.5, k_max=6), id="specdecpp"),
+    pytest.param(lambda h: LengthUCB((0, 2, 4)), id="ucb-lengths"),
+])
+def test_eagle_chain_rows_equal_their_prompt_decoded_alone(make_policy):
+    """An EAGLE-1 drafter (reading the target's features of each verify) drafts ragged chains; every row
+    equals its prompt decoded alone, Lemma 3.1 holds per row, and a one-token prompt (no features before
+    its first round) still decodes."""
+    from tests.decoding.eagle_fixtures import mimic_drafter, tiny_target
+
+    target = tiny_target("llama", 0)
+    drafter = mimic_drafter(target, 0.3, seed=1)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 96, (n,), generator=gen).tolist() for n in (1, 6, 11, 3)]
+    policy = make_policy(drafter.config.hidden_size)
+    results = generate_batch(target, prompts, MAX_NEW, drafter=drafter, policy=policy)
+    for prompt, result in zip(prompts, results):
+        assert result.tokens == generate_autoregressive(target, prompt, MAX_NEW, GREEDY).tokens
+        m = result.metrics
+        assert lemma_3_1_gap(m.n_draft, m.n_target, m.n_generated, m.n_discarded) == 0
+    accepted = sum(sum(r.metrics.accepted) for r in results)
+    assert 0 < accepted < sum(sum(r.metrics.drafted) for r in results)
+    assert results[0].metrics.drafted[0] == 0  # the one-token prompt: no EAGLE entry yet in round 1

@@ -1,6 +1,6 @@
 """The batched decoder samples exactly from the target: per row of a ragged batch, the first three
 generated tokens follow the target's autoregressive distribution (same temperature / top-k / top-p),
-for autoregressive decoding, fixed K, SpecDec++ and per-row UCBSpec over lengths.
+for autoregressive decoding, fixed K, SpecDec++, per-row UCBSpec over lengths and an EAGLE-1 chain.
 
 A tiny random Llama with a 3-token vocabulary is the target, its noisy copy the drafter; the exact
 distribution of 3 tokens (27 cells) is enumerated from the target's own forwards. Each batch holds two
@@ -29,6 +29,14 @@ def small_pair():
     return target, noisy_copy(target, 0.6, seed=4)
 
 
+@pytest.fixture(scope="module")
+def eagle_pair():
+    from tests.decoding.eagle_fixtures import mimic_drafter, tiny_target
+
+    target = tiny_target("llama", 3, vocab=V)
+    return target, mimic_drafter(target, 0.6, seed=4)
+
+
 def exact_distribution(model, cfg: SamplingConfig, prompt: list[int], n_tokens: int) -> torch.Tensor:
     """P(x_1..x_n | prompt) under autoregressive sampling from `model`, (V ** n,) in product order."""
     out = torch.zeros(V**n_tokens, dtype=torch.float64)
@@ -55,12 +63,13 @@ CASES = [
     pytest.param(SamplingConfig(temperature=1.0, top_p=0.9), lambda h: SpecDecPP(linear_head(h), 0.35, k_max=4), 4,
                  id="specdecpp-topp0.9"),
     pytest.param(SamplingConfig(temperature=0.8, top_k=2), lambda h: LengthUCB((0, 1, 3)), 4, id="ucb-lengths-T0.8-topk2"),
+    pytest.param(SamplingConfig(temperature=1.0), lambda h: FixedK(2), 3, id="eagle-fixedK2-T1"),
 ]
 
 
 @pytest.mark.parametrize("sampling,make_policy,n_tokens", CASES)
-def test_every_row_follows_the_target_distribution(small_pair, sampling, make_policy, n_tokens):
-    target, drafter = small_pair
+def test_every_row_follows_the_target_distribution(request, sampling, make_policy, n_tokens):
+    target, drafter = request.getfixturevalue("eagle_pair" if "eagle" in request.node.callspec.id else "small_pair")
     policy = make_policy(drafter.config.hidden_size)
     counts = torch.zeros(len(PROMPTS), V**N_TOKENS)
     full = rejected = 0
