@@ -16,12 +16,15 @@ A round (SpecDec++ Alg. 1 order, `decoding.rounds`):
     4. catch-up: the drafter re-feeds the last two committed tokens at slots C - 2, C - 1 (a fixed
        width of 2 covers both "y_k and the bonus" and "the correction"; re-writing an already cached
        slot writes the same K/V), which yields next round's q_1; counted as that round's first
-       drafter forward, exactly as the batch-1 catch-up
-    5. one `.cpu()` of per-row counts (k, n, emitted, dropped, active): the only host transfer
+       drafter forward, exactly as the batch-1 catch-up. An EAGLE-1 drafter instead writes its entries
+       (f_j, x_{j+1}) for the positions the round committed, f_j from the verify forward's hidden states
+       (its cache holds C - 1 entries; the prompt's come from the target's prefill)
+    5. one `.cpu()` of per-row counts (k, n, dropped, active, done): the only host transfer
        (SpecDec++ adds one flag per draft step: whether any row still drafts, to end the round early)
 Counts per row follow `decoding.rounds` exactly (Lemma 3.1: N_draft + N_target = N + N_discarded); a
-finished row stays in the fixed-shape batch, its compute is not counted. The prefills belong to the
-first round (the target's over prompt[:-1], the drafter's over the prompt: its q_1), as in batch 1.
+finished row is masked and not counted, and once half the rows are done an eager decode drops them
+(a copy of the caches; compiled steps keep their shapes). The prefills belong to the first round
+(the target's over prompt[:-1], the drafter's over the prompt: its q_1), as in batch 1.
 """
 from __future__ import annotations
 
@@ -37,8 +40,8 @@ from specdraft.decoding.batch_verify import verify_greedy, verify_sampled
 from specdraft.decoding.compat import check_head, check_pair, check_prompt
 from specdraft.decoding.kv import input_device
 from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
-from specdraft.decoding.sampling import SamplingConfig, probs
 from specdraft.decoding.eagle_model import EagleDrafter
+from specdraft.decoding.sampling import SamplingConfig, probs
 from specdraft.decoding.static_cache import RowStaticCache, eagle_rows, forward_rows
 from specdraft.decoding.stopping import FixedK, SpecDecPP
 
