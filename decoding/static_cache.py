@@ -112,10 +112,16 @@ def attention_mask(lengths: torch.Tensor, width: int, max_len: int, dtype: torch
     return torch.zeros(allowed.shape, dtype=dtype, device=lengths.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
-def cache_kwarg(model: torch.nn.Module) -> str:
-    """The keyword a model's forward takes its cache under (transformers renamed past_key_values)."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+_CACHE_KWARG: dict[type, str] = {}
+
+
+def cache_kwarg(model_class: type) -> str:
+    """The keyword a model class's forward takes its cache under (transformers renamed past_key_values);
+    looked up once per class, not on every forward (a plain dict: compiled code reads it as a constant)."""
+    if model_class not in _CACHE_KWARG:
+        params = inspect.signature(model_class.forward).parameters
+        _CACHE_KWARG[model_class] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_KWARG[model_class]
 
 
 def eagle_rows(drafter: torch.nn.Module, cache: RowStaticCache, features: torch.Tensor, ids: torch.Tensor):
@@ -144,7 +150,7 @@ def forward_rows(model: torch.nn.Module, cache: RowStaticCache, ids: torch.Tenso
     mask = attention_mask(cache.lengths, width, cache.max_len, None if sdpa else model.get_input_embeddings().weight.dtype)
     base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     out = base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-               **{cache_kwarg(base): cache})
+               **{cache_kwarg(type(base)): cache})
     states = out.last_hidden_state
     logits = model.get_output_embeddings()(states)
     return logits, (states if hidden else None)

@@ -4,7 +4,8 @@ Greedy: every row of a ragged batch (prompt lengths 1..14, EOS in some rows, B =
 decoded alone by `generate_autoregressive`, token for token, for autoregressive decoding, fixed K,
 SpecDec++ and per-row UCBSpec over lengths; fixed K and SpecDec++ also take exactly the rounds the
 batch-1 speculative decoder takes (drafted / accepted per round), and every row satisfies Lemma 3.1.
-Fixed K synchronises with the host once per round and no more.
+Fixed K synchronises with the host once per round and no more; finished rows leave an eager batch;
+EAGLE-1 chains decode every row exactly too; bad requests raise one-line InputErrors.
 """
 import pytest
 import torch
