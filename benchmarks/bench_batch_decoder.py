@@ -106,6 +106,7 @@ def batch1_table(args, target, drafter, prompts) -> list[str]:
     v = forward_time(target, k + 1, device=dev) / forward_time(target, 1, device=dev)
     rows = []
     compile_s = {}
+    costs = {}
     for mode, sampling in (("greedy", SamplingConfig(0.0)), (f"T={args.temperature}", SamplingConfig(args.temperature))):
         sums = {key: [0.0, 0] for key in ("ar", "ar_d", "spec", "hf", "hf_k")}
         mats = {key: [0, 0] for key in ("spec", "hf_k")}
@@ -137,6 +138,7 @@ def batch1_table(args, target, drafter, prompts) -> list[str]:
         tps = {key: tok / t for key, (t, tok) in sums.items()}
         mat = {key: a / b for key, (a, b) in mats.items()}
         c = tps["ar"] / tps["ar_d"]
+        costs[mode] = c
         a = acceptance_from_mat(min(max(mat["spec"], 1.0), k + 1), k)
         speedup = tps["spec"] / tps["ar"]
         rows.append(f"| {mode} | {tps['ar']:.1f} | {tps['hf']:.1f} | {tps['ar'] / tps['hf']:.2f} | {tps['spec']:.1f} | "
@@ -162,6 +164,7 @@ def batch1_table(args, target, drafter, prompts) -> list[str]:
     if compile_s:
         lines += ["", "Compile (first call, wall s, not in the times above): "
                   + ", ".join(f"{key} {s:.1f}" for key, s in compile_s.items())]
+    args.cost_ratio = costs["greedy"]  # the length bandit's throughput reward in (b) uses the measured c
     return lines + [""]
 
 
@@ -170,7 +173,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     greedy = SamplingConfig(0.0)
     policies = {"AR": None, **{f"K={k}": FixedK(k) for k in args.ks}}
     policies["SpecDec++"] = SpecDecPP(head, threshold=args.h, k_max=args.k_max)
-    policies["UCBSpec 0..4"] = LengthUCB((0, 1, 2, 3, 4))
+    policies["UCBSpec 0..4"] = LengthUCB((0, 1, 2, 3, 4), cost_ratio=args.cost_ratio)
     lines = [
         f"### (b) Batch curve: greedy, {n} tokens per row, median of {args.runs} interleaved runs (spread: min-max)",
         "",
@@ -207,7 +210,8 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
         print(lines[-1], flush=True)
     lines += ["", f"SpecDec++: {'head ' + args.head if args.head else 'an untrained random head (its stops mean nothing)'}"
               f", h = {args.h}, K_max = {args.k_max}. UCBSpec: per-row bandit over draft lengths 0..4, reward = "
-              "accepted length. MAT = tokens per target forward (bonus counted), summed over rows."]
+              f"the round's throughput (n_acc + 1) / (1 + c k) at c = {args.cost_ratio:.3f} (BanditSpec §6.2; "
+              "from (a) when it ran). MAT = tokens per target forward (bonus counted), summed over rows."]
     if compile_s:
         lines += ["", "Compile + first decode per B (wall s, all methods): "
                   + ", ".join(f"B={b}: {s:.1f}" for b, s in compile_s.items())]
@@ -220,6 +224,8 @@ def main(argv=None) -> int:
     parser.add_argument("--drafter")
     parser.add_argument("--head", help="acceptance head dir (train-heads output) for the SpecDec++ column")
     parser.add_argument("--h", type=float, default=0.7)
+    parser.add_argument("--cost-ratio", type=float, default=0.2,
+                        help="c = t_draft / t_target for the UCBSpec throughput reward when part (a) is skipped")
     parser.add_argument("--k-max", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=2048, help="vocabulary of the random demo-shaped pair")
     parser.add_argument("--nudge", type=float, default=0.05, help="damping of the random pair's deeper layers")

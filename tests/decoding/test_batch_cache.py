@@ -82,3 +82,25 @@ def test_compiled_forward_equals_eager(llama_pair):
         for e, c in zip(eager, comp):
             assert c.tokens == e.tokens
             assert (c.metrics.drafted, c.metrics.accepted) == (e.metrics.drafted, e.metrics.accepted)
+
+
+@pytest.mark.slow
+def test_compiled_autoregressive_bandit_and_eagle_equal_eager(llama_pair):
+    """The other compiled paths: autoregressive (a width-1 verify), UCBSpec lengths (per-row caps under
+    a padded verify) and an EAGLE-1 chain (its layer's step and the target's verify with features)."""
+    from specdraft.decoding.batch_bandit import LengthUCB
+    from tests.decoding.eagle_fixtures import mimic_drafter, tiny_target
+
+    target, drafter = llama_pair
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
+    for kwargs in ({}, {"drafter": drafter, "policy": LengthUCB((0, 1, 3))}):
+        eager = generate_batch(target, prompts, 16, **kwargs)
+        comp = generate_batch(target, prompts, 16, compile="default", **kwargs)
+        assert [c.tokens for c in comp] == [e.tokens for e in eager]
+        assert [c.metrics.drafted for c in comp] == [e.metrics.drafted for e in eager]
+    eagle_target = tiny_target("llama", 0)
+    eagle = mimic_drafter(eagle_target, 0.3, seed=1)
+    eager = generate_batch(eagle_target, prompts, 16, drafter=eagle, policy=FixedK(3))
+    comp = generate_batch(eagle_target, prompts, 16, drafter=eagle, policy=FixedK(3), compile="default")
+    assert [c.tokens for c in comp] == [e.tokens for e in eager]
+    assert [c.metrics.accepted for c in comp] == [e.metrics.accepted for e in eager]
