@@ -231,6 +231,59 @@ def draft_round(step, cache: RowStaticCache, q_logits: torch.Tensor, cap: torch.
     return Drafts(tokens=tokens, q=qs, k=k, steps=steps)
 
 
+def commit_round(tokens, k, n, extra, n_out, done, last, prev, target_lengths, out, origin, eos, max_new: int):
+    """Everything a round does after verification, as fixed-shape tensor ops (one compiled graph under
+    `compile`): emitted = y_1..y_n, extra, truncated after the first EOS; written into the output buffer
+    `out` (rows of the caller's prompts, `origin`) with one indexed store; the per-row state advanced
+    (the target keeps context + y_1..y_n: its length grows by n + 1, the rollback). Finished rows are
+    left as they are. Returns (emitted, count, active, n_out, done, last, prev, target_lengths, stats);
+    stats (5, rows) = k, n, dropped, active, done: what the host reads once per round."""
+    width = tokens.shape[1]
+    emitted = torch.cat([tokens, torch.zeros_like(extra)[:, None]], dim=1)
+    emitted.scatter_(1, n[:, None], extra[:, None])
+    count = n + 1
+    j = torch.arange(width + 1, device=tokens.device)
+    hit_eos = torch.zeros_like(done)
+    if eos is not None:
+        is_eos = torch.isin(emitted, eos) & (j[None] < count[:, None])
+        hit_eos = is_eos.any(1)
+        count = torch.where(hit_eos, is_eos.int().argmax(1) + 1, count)
+    dropped = n + 1 - count  # the bonus after an accepted drafted EOS: computed, never emitted
+    active = ~done
+    count = torch.where(active, count, 0)
+    dump = out.shape[1] - 1  # where positions past a row's emitted tokens go
+    slots = torch.where(j[None] < count[:, None], n_out[:, None] + j[None], dump)
+    out[origin[:, None], slots] = emitted
+    prev = torch.where(count >= 2, gather_row(emitted, (count - 2).clamp_min(0)), torch.where(count == 1, last, prev))
+    last = torch.where(count >= 1, gather_row(emitted, (count - 1).clamp_min(0)), last)
+    n_out = n_out + count
+    done = done | hit_eos | (n_out >= max_new)
+    target_lengths = target_lengths + torch.where(active, n + 1, 0)
+    stats = torch.stack([k, n, dropped, active.long(), done.long()])
+    return emitted, count, active, n_out, done, last, prev, target_lengths, stats
+
+
+def verify_commit_greedy(logits, tokens, k, *rest):
+    """Greedy verification and the commit in one function (one graph when compiled): (n, *commit_round)."""
+    n, extra = verify_greedy(logits, tokens, k)
+    return (n, *commit_round(tokens, k, n, extra, *rest))
+
+
+_tails: dict[str, tuple] = {}
+
+
+def round_tails(compile: str) -> tuple:
+    """(commit_round, verify_commit_greedy), compiled unless compile is "none"; always in inductor's
+    default mode: their outputs are the decode's state, which no CUDA graph may own (a replay would
+    overwrite it)."""
+    if compile == "none":
+        return commit_round, verify_commit_greedy
+    if "compiled" not in _tails:
+        _tails["compiled"] = (torch.compile(commit_round, dynamic=False),
+                              torch.compile(verify_commit_greedy, dynamic=False))
+    return _tails["compiled"]
+
+
 class EagleChainStep:
     """The drafting step of an EAGLE chain in `draft_round`'s shape, step(cache, y (B, 1), hidden): input
     (f^ of the previous position, y_k); its output f^ gives q_{k+1} and is the hidden state e_k a SpecDec++
@@ -333,9 +386,9 @@ def generate_batch(
             q_logits = prefill.gather(1, (plens - 1)[:, None, None].expand(-1, 1, prefill.shape[-1])).squeeze(1)
             dcache.rollback(plens)
     bandits = RowBandits(plan.bandit, B, device) if plan.bandit is not None else None
+    commit, greedy_tail = round_tails(compile)
 
     out = torch.zeros(B, max_new_tokens + W + 2, dtype=torch.long, device=device)
-    dump = out.shape[1] - 1  # where positions past a row's emitted tokens are scattered
     state = RowState(origin=torch.arange(B, device=device), last=last, prev=prev, plens=plens,
                      n_out=torch.zeros(B, dtype=torch.long, device=device),
                      done=torch.zeros(B, dtype=torch.bool, device=device),
@@ -362,35 +415,17 @@ def generate_batch(
                             k=torch.zeros(rows, dtype=torch.long, device=device), steps=0)
         width = W if compile != "none" else drafts.steps
         tokens = drafts.tokens[:, :width]
-        # -- verify
+        # -- verify and commit
         logits, verified = target_step(tcache, torch.cat([state.last[:, None], tokens], dim=1), plan.eagle)  # (rows, width + 1, V)
+        committed_before = state.plens + state.n_out
+        rest = (state.n_out, state.done, state.last, state.prev, tcache.lengths, out, state.origin, eos, max_new_tokens)
         if sampling.greedy:
-            n, extra = verify_greedy(logits, tokens, drafts.k)
+            n, emitted, count, active, *advanced, stats = greedy_tail(logits, tokens, drafts.k, *rest)
         else:
             q = drafts.q[:, :width] if drafts.q is not None else logits.new_zeros(rows, 0, logits.shape[-1])
             n, extra = verify_sampled(probs(logits, sampling), q.float(), tokens, drafts.k, generator)
-        # -- commit: emitted = y_1..y_n, extra; truncated after the first EOS
-        emitted = torch.cat([tokens, torch.zeros_like(extra)[:, None]], dim=1)
-        emitted.scatter_(1, n[:, None], extra[:, None])
-        count = n + 1
-        j = torch.arange(width + 1, device=device)
-        hit_eos = torch.zeros(rows, dtype=torch.bool, device=device)
-        if eos is not None:
-            is_eos = torch.isin(emitted, eos) & (j[None] < count[:, None])
-            hit_eos = is_eos.any(1)
-            count = torch.where(hit_eos, is_eos.int().argmax(1) + 1, count)
-        dropped = n + 1 - count  # the bonus after an accepted drafted EOS: computed, never emitted
-        active = ~state.done
-        count = torch.where(active, count, 0)
-        committed_before = state.plens + state.n_out
-        slots = torch.where(j[None] < count[:, None], state.n_out[:, None] + j[None], dump)
-        out[state.origin[:, None], slots] = emitted
-        tcache.lengths += torch.where(active, n + 1, 0)
-        state.prev = torch.where(count >= 2, gather_row(emitted, (count - 2).clamp_min(0)),
-                                 torch.where(count == 1, state.last, state.prev))
-        state.last = torch.where(count >= 1, gather_row(emitted, (count - 1).clamp_min(0)), state.last)
-        state.n_out += count
-        state.done = state.done | hit_eos | (state.n_out >= max_new_tokens)
+            emitted, count, active, *advanced, stats = commit(tokens, drafts.k, n, extra, *rest)
+        state.n_out, state.done, state.last, state.prev, tcache.lengths = advanced
         if bandits is not None:
             bandits.update(n, drafts.k, active)
         if plan.eagle:  # entries (f_j, x_{j+1}) for the positions this round committed, from the verify's features
@@ -405,7 +440,7 @@ def generate_batch(
             state.q_logits = drafter_step(dcache, torch.stack([state.prev, state.last], dim=1))[0][:, -1]
             dcache.lengths += 2
         # -- the one host transfer of the round
-        stats = torch.stack([drafts.k, n, dropped, active.long(), state.done.long()]).cpu().tolist()
+        stats = stats.cpu().tolist()
         for i, b in enumerate(row_ids):
             if not stats[3][i]:
                 continue
