@@ -2,7 +2,7 @@
 transformers, and tokens/s over batch sizes.
 
     python benchmarks/bench_batch_decoder.py [--target DIR --drafter DIR [--head DIR --h 0.7]]
-        [--batch-sizes 1,2,4,8,16,32] [--max-new-tokens 48] [--runs 3] [--compile none|default|reduce-overhead]
+        [--batch-sizes 1,2,4,8,16,32] [--max-new-tokens 48] [--runs 3] [--compile none,default]
         [--device cuda --dtype bfloat16] [--no-append]
 
 Without --target/--drafter it builds a random pair shaped like the demo pair (16 x 128 target, a
@@ -20,8 +20,9 @@ side (forwards, overheads, batching) carries over. Prompts are random token ids 
     --ks, SpecDec++ with --head or an untrained random head, UCBSpec over lengths 0..4), interleaved,
     --runs times; tokens/s = generated tokens / median time, with the spread (min-max over runs) and
     the speedup over batched AR at the same B.
-With --compile other than none, compile time (the first call of each method, untimed otherwise) is
-reported apart from decode time.
+--compile none,default measures both in one run (one RESULTS.md section); a compiled mode reports its
+compile time (the first call of each method) apart from decode time, and runs part (b) at
+--compiled-batch-sizes / --compiled-ks only (each batch size and width compiles its own graphs).
 """
 from __future__ import annotations
 
@@ -147,7 +148,7 @@ def batch1_table(args, target, drafter, prompts) -> list[str]:
                     f"{implementation_efficiency(speedup, a, k, c):.2f} | {v:.2f} | "
                     f"{implementation_efficiency(speedup, a, k, c, v):.2f} |")
     lines = [
-        f"### (a) Batch 1: ours vs transformers, K = {k}, {len(prompts)} prompts x {n} tokens, median of {args.runs} "
+        f"#### (a) Batch 1: ours vs transformers, K = {k}, {len(prompts)} prompts x {n} tokens, median of {args.runs} "
         "interleaved runs per prompt",
         "",
         "| mode | ours AR tok/s | HF greedy/sample tok/s | ours AR / HF | ours K tok/s | ours MAT | HF assisted K tok/s "
@@ -175,7 +176,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     policies["SpecDec++"] = SpecDecPP(head, threshold=args.h, k_max=args.k_max)
     policies["UCBSpec 0..4"] = LengthUCB((0, 1, 2, 3, 4), cost_ratio=args.cost_ratio)
     lines = [
-        f"### (b) Batch curve: greedy, {n} tokens per row, median of {args.runs} interleaved runs (spread: min-max)",
+        f"#### (b) Batch curve: greedy, {n} tokens per row, median of {args.runs} interleaved runs (spread: min-max)",
         "",
         "| B | " + " | ".join(f"{name} tok/s" for name in policies) + " | "
         + " | ".join(f"{name} / AR" for name in policies if name != "AR") + " | " + " | ".join(
@@ -239,7 +240,11 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--compile", default="none", choices=["none", "default", "reduce-overhead"])
+    parser.add_argument("--compile", default="none",
+                        help="comma list of modes, each measured in turn: none, default, reduce-overhead")
+    parser.add_argument("--compiled-batch-sizes", default="1,4,16",
+                        help="batch sizes of part (b) under a compile mode (each B compiles its own graphs)")
+    parser.add_argument("--compiled-ks", default="4", help="fixed K columns of part (b) under a compile mode")
     parser.add_argument("--skip", default="", help="comma list of parts to skip: a, b")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
@@ -249,6 +254,9 @@ def main(argv=None) -> int:
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     args.ks = [int(k) for k in args.ks.split(",")]
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    modes = args.compile.split(",")
+    if any(mode not in ("none", "default", "reduce-overhead") for mode in modes):
+        parser.error(f"--compile takes none, default, reduce-overhead (comma separated), got {args.compile!r}")
     skip = set(filter(None, args.skip.split(",")))
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -268,10 +276,11 @@ def main(argv=None) -> int:
         head = untrained_head(drafter.config.hidden_size, args.device)
     n_batch1 = args.n_prompts
     args.n_prompts = max(args.n_prompts, max(args.batch_sizes))
+    eager_sizes, eager_ks = args.batch_sizes, args.ks
     prompts = load_prompts(args, target.config.vocab_size)
     start = time.time()
     machine = (f"{platform.machine()} {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
-               f"device {args.device}, {args.dtype}, compile {args.compile}")
+               f"device {args.device}, {args.dtype}")
     lines = [
         f"## Batched static-cache decoder ({datetime.date.today()}, {machine})",
         "",
@@ -279,12 +288,18 @@ def main(argv=None) -> int:
         f"{'CUDA events' if args.device.startswith('cuda') else 'CPU time'}.",
         "",
     ]
-    if "a" not in skip:
-        lines += batch1_table(args, target, drafter, prompts[:n_batch1])
-    if "b" not in skip:
-        lines += batch_curve_table(args, target, drafter, head, prompts)
+    for mode in modes:
+        args.compile = mode
+        compiled = mode != "none"
+        args.batch_sizes = [int(b) for b in args.compiled_batch_sizes.split(",")] if compiled else eager_sizes
+        args.ks = [int(k) for k in args.compiled_ks.split(",")] if compiled else eager_ks
+        lines += [f"### compile: {mode}", ""]
+        if "a" not in skip:
+            lines += batch1_table(args, target, drafter, prompts[:n_batch1])
+        if "b" not in skip:
+            lines += batch_curve_table(args, target, drafter, head, prompts)
     lines += [f"Run time {time.time() - start:.0f} s; load average at the end {os.getloadavg()[0]:.1f}.", ""]
-    publish("\n".join(lines), append=not args.no_append)
+    publish("\n".join(lines), write=not args.no_append)
     return 0
 
 
