@@ -103,10 +103,22 @@ def model_cache(model: torch.nn.Module, batch: int, max_len: int) -> RowStaticCa
             table.pop(next(iter(table)))
         weight = model.get_input_embeddings().weight
         config = model.body.config if isinstance(model, EagleDrafter) else model.config  # EAGLE: its own layers
-        table[key] = RowStaticCache(config, batch, max_len, weight.dtype, weight.device)
+        table[key] = RowStaticCache(config, batch, max_len, weight.dtype, weight.device, layer_devices(model))
     cache = table[key]
     cache.lengths.zero_()
     return cache
+
+
+def layer_devices(model: torch.nn.Module) -> list[torch.device] | None:
+    """The device of each decoder layer (a model placed by device_map spans several); None when the
+    layers cannot be found (then every cache layer sits with the input embedding)."""
+    base = model.body if isinstance(model, EagleDrafter) else (
+        model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None))
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        return None
+    devices = [next(layer.parameters()).device for layer in layers]
+    return devices if len(devices) == len(layers) else None
 
 
 # ----------------------------------------------------------------------------------------------------

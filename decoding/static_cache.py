@@ -51,6 +51,8 @@ class RowStaticLayer(StaticLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         slots = self.owner.slots  # (B, T)
+        if slots.device != self.keys.device:  # a model split over devices (device_map): this layer's own
+            slots = slots.to(self.keys.device)
         index = slots[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[-1])
         self.keys.scatter_(2, index, key_states.to(self.keys.dtype))
         self.values.scatter_(2, index, value_states.to(self.values.dtype))
@@ -69,13 +71,18 @@ def kv_shape(config, batch: int, max_len: int) -> tuple[int, int, int, int]:
 class RowStaticCache(Cache):
     """Per-row static cache of a decoder-only HF model (Llama-style attention calling `cache.update`)."""
 
-    def __init__(self, config, batch: int, max_len: int, dtype: torch.dtype, device: torch.device):
-        if getattr(config, "sliding_window", None) or getattr(config, "layer_types", None) and any(
-                t != "full_attention" for t in config.layer_types):
-            raise InputError("the batched decoder's static cache supports full-attention models only; "
-                             "decode this model with the batch-1 decoder (generate_speculative)")
+    def __init__(self, config, batch: int, max_len: int, dtype: torch.dtype, device: torch.device,
+                 layer_devices: list[torch.device] | None = None):
+        window = getattr(config, "sliding_window", None)
+        sliding = any(t != "full_attention" for t in (getattr(config, "layer_types", None) or []))
+        if sliding or (window is not None and window < max_len):
+            # the 4D mask here is causal over the whole cache; a window shorter than the cache would need its own
+            raise InputError(f"the batched decoder's static cache is full attention; this model has sliding-window "
+                             f"layers (window {window}) shorter than the decode ({max_len} positions); decode it "
+                             "one prompt at a time with generate_speculative")
         shape = kv_shape(config, batch, max_len)
-        super().__init__(layers=[RowStaticLayer(self, shape, dtype, device) for _ in range(config.num_hidden_layers)])
+        devices = layer_devices or [device] * config.num_hidden_layers
+        super().__init__(layers=[RowStaticLayer(self, shape, dtype, d) for d in devices])
         self.max_len = max_len
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # committed slots per row
         self.slots = torch.zeros(batch, 1, dtype=torch.long, device=device)  # where the current forward writes
@@ -86,10 +93,11 @@ class RowStaticCache(Cache):
         first = self.layers[0]
         shape = (keep.numel(), first.num_heads, self.max_len, first.k_head_dim)
         new = RowStaticCache.__new__(RowStaticCache)
-        Cache.__init__(new, layers=[RowStaticLayer(new, shape, first.keys.dtype, first.device) for _ in self.layers])
+        Cache.__init__(new, layers=[RowStaticLayer(new, shape, first.keys.dtype, layer.device) for layer in self.layers])
         for old, layer in zip(self.layers, new.layers):
-            layer.keys.copy_(old.keys.index_select(0, keep))
-            layer.values.copy_(old.values.index_select(0, keep))
+            here = keep.to(old.keys.device)
+            layer.keys.copy_(old.keys.index_select(0, here))
+            layer.values.copy_(old.values.index_select(0, here))
         new.max_len = self.max_len
         new.lengths = self.lengths.index_select(0, keep)
         new.slots = self.slots.index_select(0, keep)
@@ -153,4 +161,5 @@ def forward_rows(model: torch.nn.Module, cache: RowStaticCache, ids: torch.Tenso
                **{cache_kwarg(type(base)): cache})
     states = out.last_hidden_state
     logits = model.get_output_embeddings()(states)
-    return logits, (states if hidden else None)
+    # under device_map the head may sit elsewhere: the round's tensors live with the input ids (no-op otherwise)
+    return logits.to(ids.device), (states.to(ids.device) if hidden else None)

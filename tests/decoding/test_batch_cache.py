@@ -104,3 +104,15 @@ def test_compiled_autoregressive_bandit_and_eagle_equal_eager(llama_pair):
     comp = generate_batch(eagle_target, prompts, 16, drafter=eagle, policy=FixedK(3), compile="default")
     assert [c.tokens for c in comp] == [e.tokens for e in eager]
     assert [c.metrics.accepted for c in comp] == [e.metrics.accepted for e in eager]
+
+
+def test_sliding_windows_shorter_than_the_decode_are_refused():
+    from transformers import MistralConfig
+
+    from specdraft.core.errors import InputError
+
+    cfg = MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, sliding_window=16)
+    RowStaticCache(cfg, 2, 16, torch.float32, torch.device("cpu"))  # the window covers the cache: full attention
+    with pytest.raises(InputError, match="sliding-window"):
+        RowStaticCache(cfg, 2, 64, torch.float32, torch.device("cpu"))

@@ -214,3 +214,17 @@ def test_eagle_chain_rows_equal_their_prompt_decoded_alone(make_policy):
     accepted = sum(sum(r.metrics.accepted) for r in results)
     assert 0 < accepted < sum(sum(r.metrics.drafted) for r in results)
     assert results[0].metrics.drafted[0] == 0  # the one-token prompt: no EAGLE entry yet in round 1
+
+
+def test_another_family_qwen2(ragged):
+    """The static cache serves other full-attention families through the same cache.update seam."""
+    from tests.decoding.conftest import noisy_copy
+    from tests.decoding.eagle_fixtures import tiny_target
+
+    target = tiny_target("qwen2", 0, layers=2)
+    drafter = noisy_copy(target, 0.05, seed=1)
+    prompts, _, _ = ragged
+    results = generate_batch(target, prompts, 16, drafter=drafter, policy=FixedK(3))
+    for prompt, result in zip(prompts, results):
+        assert result.tokens == generate_autoregressive(target, prompt, 16, GREEDY).tokens
+    assert sum(r.metrics.n_target for r in results) < 16 * len(prompts)

@@ -222,3 +222,20 @@ def test_batched_sampling_on_gpu_is_seeded_and_valid():
     runs = [generate_batch(target, PROMPTS, 30, drafter=drafter, policy=FixedK(4), sampling=hot, seed=3) for _ in range(2)]
     assert [r.tokens for r in runs[0]] == [r.tokens for r in runs[1]]
     assert all(len(r.tokens) == 30 and all(0 <= t < 512 for t in r.tokens) for r in runs[0])
+
+
+def test_batched_decoder_on_a_target_split_over_cpu_and_gpu(tmp_path):
+    """device_map="auto" with a budget that puts part of the target on the CPU: each cache layer sits
+    on its layer's device, and every row still decodes like transformers' generate."""
+    from specdraft.decoding.batch_decode import generate_batch
+    from specdraft.decoding.loading import load_causal_lm
+    from specdraft.decoding.stopping import FixedK
+
+    _llama(0, layers=6).save_pretrained(tmp_path / "target", safe_serialization=True)
+    per_layer = sum(p.numel() for p in _llama(0, layers=1).model.layers[0].parameters()) * 2
+    target = load_causal_lm(tmp_path / "target", "bfloat16", device_map="auto", max_memory={0: 3 * per_layer, "cpu": 2**30})
+    assert "cpu" in set(target.hf_device_map.values()), target.hf_device_map
+    drafter = noisy_copy(_llama(0, layers=6), 0.05, seed=1).to("cuda", torch.bfloat16)
+    expected = [_hf_greedy(target, prompt, 24) for prompt in PROMPTS[:2]]
+    results = generate_batch(target, PROMPTS[:2], 24, drafter=drafter, policy=FixedK(3))
+    assert [r.tokens for r in results] == expected
