@@ -59,26 +59,24 @@ _caches: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDic
 def model_step(model: torch.nn.Module, compile: str):
     """forward_rows bound to `model` (for an EAGLE drafter: `eagle_rows`, called with (cache, features,
     ids)), compiled once per (model, mode) and reused across calls. Each distinct width (1 and 2 for the
-    drafter, W + 1 for the verify) is one graph."""
+    drafter, W + 1 for the verify) is one graph. A compiled step holds its model for the life of the
+    process (the point is compiling once); an eager one is made per call and holds nothing."""
+    if isinstance(model, EagleDrafter):
+        def step(cache, features, ids):
+            return eagle_rows(model, cache, features, ids)
+    else:
+        def step(cache, ids, hidden=False):
+            return forward_rows(model, cache, ids, hidden)
+    if compile == "none":
+        return step
     table = _steps.setdefault(model, {})
     if compile not in table:
-        if isinstance(model, EagleDrafter):
-            def step(cache, features, ids):
-                return eagle_rows(model, cache, features, ids)
-        else:
-            def step(cache, ids, hidden=False):
-                return forward_rows(model, cache, ids, hidden)
-        if compile == "none":
-            table[compile] = step
-        else:
-            import torch._dynamo.config as dynamo_config
-            # one graph per (width, batch size): the benchmark sweeps B, so allow more than the default 8
-            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
-            dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
-            compiled = torch.compile(step, mode=compile, dynamic=False)
-            if compile == "reduce-overhead":
-                compiled = fresh_outputs(compiled)
-            table[compile] = compiled
+        import torch._dynamo.config as dynamo_config
+        # one graph per (width, batch size): the benchmark sweeps B, so allow more than the default 8
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+        dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
+        compiled = torch.compile(step, mode=compile, dynamic=False)
+        table[compile] = fresh_outputs(compiled) if compile == "reduce-overhead" else compiled
     return table[compile]
 
 
