@@ -12,6 +12,14 @@ and nothing is duplicated. Each batch is seeded from (run seed, chunk, batch), s
 identical. The shard that finds every chunk done merges them into the output dataset (one
 claims the merge when several finish together).
 
+Backends (distill_data.backend): `hf` runs transformers `generate` here, one seed per batch; `vllm`
+starts a vLLM OpenAI-compatible server on the target from vLLM's own venv (make vllm) for the shard's
+chunks and stops it; `openai` sends the requests to a server already running at distill_data.engine_url. The
+engine backends get the same token-id prompts (chat template applied once, here), the same stop tokens
+and one seed per request (run seed, chunk, prompt id), keep the response token ids as they come, and
+write the same chunk files: a server that does not answer or dies stops the stage with one line, the
+finished chunks stay, and a rerun resumes (data/engines.py).
+
 Writes distill_data/
   data/   DatasetDict {train, dev}: id, prompt_id, domain, temperature, prompt_ids, response_ids
           (EOS included when the target stopped), finish_reason (eos | length), prompt_truncated
@@ -19,18 +27,21 @@ Writes distill_data/
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
+from types import SimpleNamespace
 
 import datasets
 from tqdm.auto import tqdm
 
 from specdraft.data.chat import chat_format, row_messages
+from specdraft.data.engines import CompletionsClient, VllmServer, engine_python
 from specdraft.data.generation import generate_batch
 from specdraft.data.prompts import fit_prompt, load_prompt_sets
 from specdraft.decoding.chat import ChatFormat, end_of_turn_ids, format_prompt
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.core.hashing import derive_seed
-from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+from specdraft.decoding.loading import load_causal_lm, load_tokenizer, resolve_dtype
 from specdraft.pipelines.shards import claim_merge, shard_from_env, write_json_atomic
 from specdraft.pipelines.stage import Context, StageIncomplete
 
@@ -49,20 +60,78 @@ def plan_chunks(sets: datasets.DatasetDict, splits, temperatures, chunk_size: in
     return chunks
 
 
-def run_chunk(chunk: dict, model, tok, dcfg, seed: int, chat: ChatFormat = ChatFormat()) -> list[dict]:
+def run_chunk(chunk: dict, generate, tok, dcfg, seed: int, chat: ChatFormat = ChatFormat()) -> list[dict]:
+    """`generate(prompts, temperature, batch_seed, request_seeds)` -> [(response ids, finish)] (a backend)."""
     rows, out = chunk["rows"], []
     for b in range(0, len(rows), dcfg.batch_size):
         batch = rows[b:b + dcfg.batch_size]
         fitted = [fit_prompt(format_prompt(tok, row_messages(r), chat), dcfg.max_prompt_tokens, dcfg.long_prompts,
                              r["id"]) for r in batch]
-        gens = generate_batch(model, [p for p, _ in fitted], tok.pad_token_id, end_of_turn_ids(tok, model),
-                              chunk["temperature"], dcfg.top_k, dcfg.top_p, dcfg.max_new_tokens,
-                              derive_seed(seed, chunk["name"], b))
+        gens = generate([p for p, _ in fitted], chunk["temperature"], derive_seed(seed, chunk["name"], b),
+                        [derive_seed(seed, chunk["name"], r["id"]) for r in batch])
         for r, (p, dropped), (resp, finish) in zip(batch, fitted, gens):
             out.append({"id": f"{r['id']}@t{chunk['temperature']:g}", "prompt_id": r["id"], "domain": r["domain"],
                         "temperature": float(chunk["temperature"]), "prompt_ids": p, "response_ids": resp,
                         "finish_reason": finish, "prompt_truncated": dropped})
     return out
+
+
+def hf_backend(model, tok, dcfg):
+    """transformers `generate` on left-padded batches, one seed per batch."""
+    stops = end_of_turn_ids(tok, model)
+
+    def generate(prompts, temperature, batch_seed, request_seeds):
+        return generate_batch(model, prompts, tok.pad_token_id, stops, temperature, dcfg.top_k, dcfg.top_p,
+                              dcfg.max_new_tokens, batch_seed)
+    return generate
+
+
+def engine_backend(client: CompletionsClient, stops: list[int], dcfg):
+    """An OpenAI-compatible server, one request (and seed) per prompt."""
+    def generate(prompts, temperature, batch_seed, request_seeds):
+        return client.generate(prompts, stops, temperature, dcfg.top_k, dcfg.top_p, dcfg.max_new_tokens,
+                               request_seeds)
+    return generate
+
+
+def engine_stops(tok, target: str) -> list[int]:
+    """end_of_turn_ids without loading the weights: the tokenizer's EOS and the generation config's ids."""
+    from transformers import GenerationConfig
+
+    try:
+        gen = GenerationConfig.from_pretrained(target)
+    except OSError:  # no generation_config.json: the tokenizer's EOS alone
+        gen = None
+    return end_of_turn_ids(tok, SimpleNamespace(generation_config=gen))
+
+
+@contextmanager
+def open_backend(ctx: Context, tok):
+    """The configured backend's generate function, for the duration of the block (the vllm backend's
+    server lives exactly that long)."""
+    cfg, dcfg = ctx.cfg, ctx.cfg.distill_data
+    target = ctx.target_path()
+    if dcfg.backend == "hf":
+        device = resolve_device(dcfg.device)
+        model = load_causal_lm(target, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
+                               cfg.target.trust_remote_code)
+        yield hf_backend(model, tok, dcfg)
+        return
+    stops = engine_stops(tok, target)
+    if dcfg.backend == "openai":
+        client = CompletionsClient(dcfg.engine_url, dcfg.engine_model, dcfg.engine_timeout_s, dcfg.batch_size)
+        client.check_model()
+        yield engine_backend(client, stops, dcfg)
+        return
+    if cfg.target.quantization != "none":  # bitsandbytes loading is the hf backend's
+        raise InputError(f"distill_data.backend vllm serves the target as vLLM loads it, not {cfg.target.quantization}; "
+                         "set target.quantization: none or use backend hf")
+    dtype = str(resolve_dtype(cfg.target.dtype, resolve_device(dcfg.device))).removeprefix("torch.")  # as hf would
+    extra = ("--trust-remote-code",) if cfg.target.trust_remote_code else ()
+    server = VllmServer(engine_python(dcfg.engine_python), target, "target", ctx.work / "vllm-server.log", dtype,
+                        cfg.run.seed, dcfg.engine_timeout_s, extra)
+    with server as url:
+        yield engine_backend(CompletionsClient(url, "target", dcfg.engine_timeout_s, dcfg.batch_size), stops, dcfg)
 
 
 def build(ctx: Context) -> dict:
@@ -78,17 +147,14 @@ def build(ctx: Context) -> dict:
     todo = [c for i, c in enumerate(chunks) if i % n_shards == shard and not (chunk_dir / f"{c['name']}.json").exists()]
 
     if todo:
-        target = ctx.target_path()
-        tok = load_tokenizer(target, cfg.target.trust_remote_code)
-        device = resolve_device(dcfg.device)
-        model = load_causal_lm(target, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
-                               cfg.target.trust_remote_code)
+        tok = load_tokenizer(ctx.target_path(), cfg.target.trust_remote_code)
         done_before = len(chunks) - len(todo) if n_shards == 1 else None
-        print(f"[distill-data] shard {shard}/{n_shards}: {len(todo)} chunks to generate"
+        print(f"[distill-data] shard {shard}/{n_shards}: {len(todo)} chunks to generate ({dcfg.backend} backend)"
               + (f" ({done_before} already done)" if done_before else ""))
-        for chunk in tqdm(todo, desc=f"distill-data shard {shard}", unit="chunk"):
-            rows = run_chunk(chunk, model, tok, dcfg, cfg.run.seed, chat_format(cfg.prompts))
-            write_json_atomic(chunk_dir / f"{chunk['name']}.json", rows)
+        with open_backend(ctx, tok) as generate:
+            for chunk in tqdm(todo, desc=f"distill-data shard {shard}", unit="chunk"):
+                rows = run_chunk(chunk, generate, tok, dcfg, cfg.run.seed, chat_format(cfg.prompts))
+                write_json_atomic(chunk_dir / f"{chunk['name']}.json", rows)
 
     missing = [c["name"] for c in chunks if not (chunk_dir / f"{c['name']}.json").exists()]
     if missing:

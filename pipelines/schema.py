@@ -124,8 +124,22 @@ class DistillDataSection:
     long_prompts: Literal["truncate", "refuse"] = "truncate"  # truncate keeps BOS and the last tokens
     splits: list[str] = field(default_factory=lambda: ["train", "dev"])  # prompt splits the target answers
     device: str = "auto"  # where the target runs without a device_map: auto = cuda if available, else cpu
+    # who generates: hf = transformers generate in this process; vllm = a vLLM OpenAI-compatible server this
+    # stage starts on the target from engine_python and stops when done; openai = a server you run at
+    # engine_url (an engine whose /v1/completions takes token-id prompts and returns token ids, e.g. vLLM).
+    # The engine_* keys say where, not what: a rerun at another URL resumes the same work
+    backend: Literal["hf", "vllm", "openai"] = "hf"
+    engine_url: Optional[str] = None  # openai backend: the server's base URL, e.g. http://localhost:8000/v1
+    engine_model: Optional[str] = None  # openai backend: the name the server serves the target under (checked on /v1/models)
+    engine_python: Optional[str] = None  # vllm backend: python of vLLM's own venv; null: $SPECDRAFT_VLLM_PYTHON or .venv-vllm (make vllm)
+    engine_timeout_s: float = 600.0  # vllm/openai backends: seconds for the server to start and for one request
 
     def check(self) -> None:
+        if self.backend == "openai" and not (self.engine_url and self.engine_model):
+            raise InputError("distill_data.backend openai needs distill_data.engine_url (e.g. http://localhost:8000/v1) "
+                             "and distill_data.engine_model (the name the server serves the target under)")
+        if self.engine_timeout_s <= 0:
+            raise InputError(f"distill_data.engine_timeout_s must be > 0, got {self.engine_timeout_s}")
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise InputError(f"distill_data.temperatures must be a non-empty list of values >= 0, got {self.temperatures}")
         if not 0 < self.top_p <= 1 or self.top_k < 0:

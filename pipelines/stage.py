@@ -175,7 +175,8 @@ def stage_dir(cfg: RunConfig, name: str) -> Path:
 
 # Config keys that change how a stage logs or checkpoints, never what it writes: not in the cache key,
 # so switching W&B to online or checkpointing more often does not redo finished stages.
-OUTPUT_NEUTRAL_KEYS = frozenset({"wandb", "log_every_n_steps", "checkpoint_every_n_steps", "resume"})
+OUTPUT_NEUTRAL_KEYS = frozenset({"wandb", "log_every_n_steps", "checkpoint_every_n_steps", "resume",
+                                 "engine_url", "engine_model", "engine_python", "engine_timeout_s"})  # where an engine runs
 
 
 def _without_neutral(value):

@@ -126,3 +126,11 @@ def finish_offline(proc: subprocess.Popen, result: Path, timeout: float = 420) -
         sys.stderr.write(tail)
         raise AssertionError(f"vLLM exited with {rc}; log {log}:\n{tail}")
     return json.loads(result.read_text())
+
+
+@pytest.fixture(scope="session")
+def tiny_run_template(tmp_path_factory):
+    """prompts/ and the demo target (pretrain-target, tiny sizes) of tests/pipelines, built once."""
+    from tests.pipelines.conftest import run_template
+
+    return run_template(tmp_path_factory, "engine_tiny_run", None, ("prepare-data", "pretrain-target"))

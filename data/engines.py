@@ -1,0 +1,171 @@
+"""Generation through a serving engine: an OpenAI-compatible server (vLLM, SGLang, ...) answering token-id
+prompts on /v1/completions, and a vLLM server this process starts from vLLM's own venv and stops.
+
+vLLM pins another transformers than the project, so it never imports here: it runs as a subprocess of
+the engine venv's python (`make vllm` builds .venv-vllm), and we talk to it over HTTP (stdlib urllib).
+
+Prompts go to the server as token ids, formatted once by the caller (decoding.chat.format_prompt): the
+server applies no chat template of its own. Responses come back as token ids (vLLM's `return_token_ids`;
+a server without it may give `logprobs` tokens as "token_id:N" under `return_tokens_as_token_ids`), cut at
+the first end-of-turn token with that token kept, as data.generation.generate_batch does for HF.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from specdraft.core.errors import InputError
+
+VLLM_PYTHON_ENV = "SPECDRAFT_VLLM_PYTHON"
+DEFAULT_VLLM_VENV = ".venv-vllm"
+SEED_MOD = 2**31  # engines take a 32-bit request seed
+
+
+def engine_python(configured: str | None) -> Path:
+    """The python of vLLM's own venv: the configured one, else $SPECDRAFT_VLLM_PYTHON, else .venv-vllm here."""
+    raw = configured or os.environ.get(VLLM_PYTHON_ENV) or str(Path(DEFAULT_VLLM_VENV) / "bin" / "python")
+    path = Path(raw).expanduser()
+    if not path.exists():
+        raise InputError(f"vLLM's python '{raw}' does not exist; run `make vllm` (builds {DEFAULT_VLLM_VENV}) or set "
+                         f"distill_data.engine_python / ${VLLM_PYTHON_ENV} to a python that imports vllm")
+    return path.absolute()  # not resolve(): a venv's bin/python is a link to the base interpreter
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    return " ".join(text.split())[:limit]
+
+
+class CompletionsClient:
+    """/v1/completions of an OpenAI-compatible server, one request per prompt (the server batches
+    concurrent requests itself)."""
+
+    def __init__(self, url: str, model: str, timeout_s: float = 600.0, concurrency: int = 64):
+        self.url, self.model, self.timeout_s, self.concurrency = url.rstrip("/"), model, timeout_s, concurrency
+
+    def _call(self, path: str, body: dict | None = None) -> dict:
+        req = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            detail = _one_line(e.read().decode(errors="replace"))
+            raise InputError(f"the server at {self.url} refused {path} (HTTP {e.code}: {detail})") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:  # refused, reset, timed out, not JSON
+            reason = getattr(e, "reason", e)
+            raise InputError(f"the server at {self.url} did not answer {path} ({_one_line(str(reason), 120)}); "
+                             "start it (or check distill_data.engine_url); finished chunks are kept and a rerun resumes") from None
+
+    def check_model(self) -> None:
+        """Fail unless the server serves `model` (a server for another model would answer happily)."""
+        served = [m.get("id") for m in self._call("/models").get("data", [])]
+        if self.model not in served:
+            raise InputError(f"the server at {self.url} serves {served}, not '{self.model}'; "
+                             "point distill_data.engine_url at the target's server or fix distill_data.engine_model")
+
+    def complete(self, prompt: list[int], stops: list[int], temperature: float, top_k: int, top_p: float,
+                 max_new_tokens: int, seed: int) -> tuple[list[int], str]:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": temperature,
+                "top_p": top_p, "top_k": top_k if top_k > 0 else -1, "seed": seed % SEED_MOD,
+                "stop_token_ids": stops, "return_token_ids": True, "skip_special_tokens": False}
+        choice = self._call("/completions", body)["choices"][0]
+        ids = choice.get("token_ids")
+        if ids is None:
+            raise InputError(f"the server at {self.url} returned no response token ids; it needs vLLM's "
+                             "return_token_ids (vLLM >= 0.10) or an engine that returns them")
+        end = next((i for i, t in enumerate(ids) if t in stops), None)
+        if end is not None:
+            return list(ids[: end + 1]), "eos"
+        if choice.get("finish_reason") == "stop":  # stopped on a stop token it did not return
+            raise InputError(f"the server at {self.url} stopped a response without returning its stop token; "
+                             "use an engine that returns the stop token id (vLLM does)")
+        return list(ids), "length"
+
+    def generate(self, prompts: list[list[int]], stops: list[int], temperature: float, top_k: int, top_p: float,
+                 max_new_tokens: int, seeds: list[int]) -> list[tuple[list[int], str]]:
+        """Every prompt as its own request with its own seed, sent concurrently; results in prompt order."""
+        with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(prompts)))) as pool:
+            return list(pool.map(lambda ps: self.complete(ps[0], stops, temperature, top_k, top_p, max_new_tokens,
+                                                          ps[1]), zip(prompts, seeds)))
+
+
+class VllmServer:
+    """`vllm.entrypoints.openai.api_server` on `model_path`, started from vLLM's venv in its own process
+    group on a free local port; `with VllmServer(...) as url:` waits until it serves and stops it (its own
+    pid, then its group) on exit. Its log goes to `log_path`."""
+
+    def __init__(self, python: Path, model_path: str, served_name: str, log_path: Path, dtype: str = "auto",
+                 seed: int = 0, timeout_s: float = 600.0, extra_args: tuple[str, ...] = (), env: dict | None = None):
+        self.python, self.model_path, self.served_name, self.log_path = python, model_path, served_name, log_path
+        self.dtype, self.seed, self.timeout_s, self.extra_args, self.env = dtype, seed, timeout_s, extra_args, env
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def command(self, port: int) -> list[str]:
+        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_path,
+                "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(port),
+                "--dtype", self.dtype, "--seed", str(self.seed % SEED_MOD), "--disable-uvicorn-access-log",
+                *self.extra_args]
+
+    def start(self) -> str:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}/v1"
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+               **(self.env or {})}
+        for var in ("PYTHONPATH", "VIRTUAL_ENV"):  # the project's venv must not leak into vLLM's
+            env.pop(var, None)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(self.command(port), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
+        self._wait_ready()
+        return self.url
+
+    def _wait_ready(self) -> None:
+        client = CompletionsClient(self.url, self.served_name, timeout_s=5)
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(empty log)"]
+                self.stop()
+                raise InputError(f"vLLM exited with code {self.proc.returncode} while starting ({_one_line(tail[0])}); "
+                                 f"its log: {self.log_path}")
+            try:
+                client.check_model()
+                return
+            except InputError:
+                time.sleep(1.0)
+        self.stop()
+        raise InputError(f"vLLM did not start serving within {self.timeout_s:g} s (distill_data.engine_timeout_s); "
+                         f"its log: {self.log_path}")
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()  # the API server shuts its engine core down on SIGTERM
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: only what it started
+            proc.wait()
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
