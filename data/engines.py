@@ -139,10 +139,11 @@ class VllmServer:
         client = CompletionsClient(self.url, self.served_name, timeout_s=5)
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+            code = self.proc.poll()
+            if code is not None:
                 tail = self.log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(empty log)"]
                 self.stop()
-                raise InputError(f"vLLM exited with code {self.proc.returncode} while starting ({_one_line(tail[0])}); "
+                raise InputError(f"vLLM exited with code {code} while starting ({_one_line(tail[0])}); "
                                  f"its log: {self.log_path}")
             try:
                 client.check_model()

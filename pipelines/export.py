@@ -115,6 +115,9 @@ def export_eagle(ctx: Context, drafters_dir: Path, manifest: Manifest, out: Path
                     if rel.startswith("eagle/") and rel.endswith("/eagle_config.json")})
     if not names:
         return {}
+    print(f"[export] EAGLE drafters {names} keep specdraft's layout, which vLLM's eagle/eagle3 methods cannot load "
+          "(a normed first layer and a final norm; EAGLE-3 projects [embedding; fused features] before a standard "
+          "layer and drafts the full vocabulary): serve them with specdraft's decoder")
     if target.path is not None:
         want = target_hash_from_files(subdir_files(files, target.path.relative_to(out).as_posix()))
     else:

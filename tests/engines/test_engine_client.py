@@ -1,0 +1,88 @@
+"""data/engines.py against a stub OpenAI-compatible server (stdlib http.server, no vLLM): what is sent,
+how responses are cut at the stop tokens, and the one-line errors. Runs in the default suite."""
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from specdraft.core.errors import InputError
+from specdraft.data.engines import CompletionsClient, engine_python, free_port
+from specdraft.pipelines.config import from_dict
+from specdraft.pipelines.schema import DistillDataSection
+
+
+class Stub(BaseHTTPRequestHandler):
+    """Serves model 'm'; answers a completion with `reply(body)` -> (token_ids or None, finish_reason)."""
+    reply = staticmethod(lambda body: (list(range(10, 10 + body["max_tokens"])), "length"))
+    seen: list = []
+
+    def _send(self, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._send({"data": [{"id": "m"}]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Stub.seen.append(body)
+        ids, finish = Stub.reply(body)
+        choice = {"text": "", "finish_reason": finish}
+        if ids is not None:
+            choice["token_ids"] = ids
+        self._send({"choices": [choice]})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def stub():
+    Stub.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def test_prompts_go_as_token_ids_with_their_own_seed_and_responses_come_back_cut_at_a_stop(stub, monkeypatch):
+    monkeypatch.setattr(Stub, "reply", staticmethod(
+        lambda body: ([5, 6, 2, 7], "stop") if body["prompt"][0] == 1 else ([5, 6, 7], "length")))
+    client = CompletionsClient(stub, "m")
+    client.check_model()
+    out = client.generate([[1, 4], [3, 4]], [2], 0.7, 0, 1.0, 4, [11, 2**40 + 3])
+    assert out == [([5, 6, 2], "eos"), ([5, 6, 7], "length")]  # the stop token kept, what follows it dropped
+    sent = sorted(Stub.seen, key=lambda b: b["prompt"])
+    assert [b["prompt"] for b in sent] == [[1, 4], [3, 4]]
+    assert [b["seed"] for b in sent] == [11, (2**40 + 3) % 2**31]  # engines take 32-bit seeds
+    assert all(b["stop_token_ids"] == [2] and b["top_k"] == -1 and b["return_token_ids"] for b in sent)
+
+
+def test_the_server_errors_are_one_line(stub, monkeypatch):
+    with pytest.raises(InputError, match=r"serves \['m'\], not 'other'"):
+        CompletionsClient(stub, "other").check_model()
+    monkeypatch.setattr(Stub, "reply", staticmethod(lambda body: (None, "length")))
+    with pytest.raises(InputError, match="no response token ids"):
+        CompletionsClient(stub, "m").complete([1], [2], 0.0, 0, 1.0, 3, 0)
+    monkeypatch.setattr(Stub, "reply", staticmethod(lambda body: ([5, 6], "stop")))
+    with pytest.raises(InputError, match="without returning its stop token"):
+        CompletionsClient(stub, "m").complete([1], [2], 0.0, 0, 1.0, 3, 0)
+    with pytest.raises(InputError, match="did not answer") as e:
+        CompletionsClient(f"http://127.0.0.1:{free_port()}/v1", "m", timeout_s=5).check_model()
+    assert "\n" not in str(e.value)
+
+
+def test_config_refuses_an_openai_backend_without_a_server_and_a_missing_engine_python(tmp_path):
+    with pytest.raises(InputError, match="engine_url"):
+        from_dict(DistillDataSection, {"backend": "openai"}).check()
+    with pytest.raises(InputError, match="engine_timeout_s"):
+        from_dict(DistillDataSection, {"engine_timeout_s": 0}).check()
+    with pytest.raises(InputError, match="make vllm"):
+        engine_python(str(tmp_path / "nope" / "python"))
