@@ -156,14 +156,19 @@ class VllmServer:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        proc.terminate()  # the API server shuts its engine core down on SIGTERM
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: only what it started
-            proc.wait()
+        if proc.poll() is None:
+            proc.terminate()  # the API server shuts its engine core down on SIGTERM
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # what outlived it in its own session (the engine core and workers of a server that crashed)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
 
     def __enter__(self) -> str:
         return self.start()

@@ -2,8 +2,7 @@
 and stops) and the `openai` backend (a server already running) write the same chunks and dataset, with
 per-request seeds, as each other; their greedy responses are the HF backend's; a server that does not
 answer, serves another model or dies mid-run stops the stage with one line, and a rerun resumes."""
-import json
-import shutil
+import os
 
 import pytest
 
@@ -55,7 +54,9 @@ def by_backend(vllm_python, tiny_run_template, served, tmp_path_factory, request
 
     def recording_start(self):
         servers.append(self)
-        return real_start(self)
+        url = real_start(self)
+        self.session = self.proc.pid  # its process group: the server and the engine processes it starts
+        return url
 
     def server_dies_after_two_chunks(chunk, *args, **kwargs):
         if len(done) == 2 and len(servers) == 1:
@@ -106,6 +107,9 @@ def test_a_server_that_dies_stops_the_stage_in_one_line_and_a_rerun_resumes(by_b
     done = by_backend["chunks_done"]
     assert len(done) > 2 and len(set(done)) == len(done)  # the rerun did the rest, none of it twice
     assert len(by_backend["servers"]) == 2 and all(s.proc is None for s in by_backend["servers"])
+    for server in by_backend["servers"]:  # nothing of either server is left running, the crashed one included
+        with pytest.raises(ProcessLookupError):
+            os.killpg(server.session, 0)
 
 
 def test_another_model_or_no_server_is_one_line(tiny_run_template, served, tmp_path):
