@@ -3,6 +3,7 @@ the reason where vLLM cannot run here, build a demo-shaped tiny bundle (target +
 safetensors, bundle.json), and run data/vllm_offline.py on it."""
 import json
 import os
+from dataclasses import asdict
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.data import engines
 from specdraft.decoding.bundle import load_bundle, write_bundle_json
+from specdraft.decoding.defaults import DecodingDefaults
 from specdraft.decoding.loading import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,8 +91,7 @@ def build_bundle(root: Path) -> Path:
                            "hidden_size": 128, "vocab_size": VOCAB, "tokenizer_sha256": fingerprint, "head": None,
                            "alignment": {}}},
         "heads": {}, "routers": {},
-        "decoding": {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "k": K, "k_max": 20, "selector": "ucb",
-                     "max_new_tokens": 32},
+        "decoding": asdict(DecodingDefaults(k=K, cost_ratio=1.0)),  # c: the noisy copy costs what the target does
     })
     return root
 
