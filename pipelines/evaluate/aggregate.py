@@ -83,6 +83,7 @@ class Setup:
     notes: list[str]
     seed: int = 0
     n_plan: int = 0
+    bundle_cost_ratio: float | None = None  # the c the bandits priced drafts with (the bundle's)
 
 
 # families of real runs; the others are derived from them
@@ -251,7 +252,7 @@ def summarize(records: list[Record], calib: Calibration, setup: Setup) -> dict[s
         "stopping_regret": stopping_time_regret(records, k_main, setup.arms),
         "heads": {mode: {n: {"threshold": h.threshold, "k_max": h.k_max, "name": h.name} for n, h in by.items()}
                   for mode, by in setup.heads.items()},
-        "calibration": calib.as_dict(),
+        "calibration": calib.as_dict(), "bundle_cost_ratio": setup.bundle_cost_ratio,
         "rows": rows, "cost_fit": cost_fit, "best_arm_ratio": best_arm_ratio(records, k_main, setup.arms),
         "switch_seconds": _switch_seconds(records), "notes": setup.notes,
         "runs": [_run_entry(r, calib) for r in records],

@@ -26,7 +26,7 @@ def env():
     drafters = {"a": noisy_copy(target, 0.05, seed=1), "b": noisy_copy(target, 0.3, seed=2)}
     cfg = EvaluateSection(ks=[1, 3], k=3, bandits=[], stream_bandits=[], sampling_prompts=1, repeats=2)
     return Env(cfg, 0, 3, target, drafters, own={"x": "a"}, ofa="b", arms=["a", "b"], routers={},
-               heads={"greedy": {}, "sampling": {}}, sampling=MODES)
+               heads={"greedy": {}, "sampling": {}}, sampling=MODES, cost_ratio=0.37)
 
 
 def prompts():
@@ -79,6 +79,23 @@ def test_new_family_runs_through_the_same_loop_and_aggregation(env):
     assert len(metrics["runs"]) == len(plan)
     assert {k: v for k, v in metrics["runs"][0].items() if k in ("family", "mode")} == {"family": "ar",
                                                                                         "mode": "greedy"}
+
+
+def test_every_bandit_prices_drafts_at_the_bundles_cost_ratio(env):
+    """The bandits (drafter arms, model-free arms with the throughput reward) take c from the environment,
+    i.e. the bundle's measured c; none falls back on a constant of its own."""
+    import dataclasses
+
+    cfg = dataclasses.replace(env.cfg, bandits=["ucb-bd", "ucbspec"], model_free_arms=["lookup"],
+                              model_free_bandit="ucbspec")
+    bandit_env = dataclasses.replace(env, cfg=cfg, streams={})
+    plan = [r for r in build_plan(bandit_env, prompts()[:1]) if r.key.bandit is not None and r.key.family != "ceiling"]
+    assert {r.key.family for r in plan} == {"bandit", "model_free"} and any(r.key.reward == "throughput" for r in plan)
+    built = [r.build({}).speculator for r in plan]
+    assert all(s.cost_ratio == 0.37 for s in built)
+    model_free = next(s for r, s in zip(plan, built) if r.key.family == "model_free")
+    drafter_arm = next(i for i, a in enumerate(model_free.arms) if getattr(a.speculator, "drafter", None) is not None)
+    assert model_free.arm_cost(drafter_arm) == 0.37
 
 
 def test_stream_runs_are_not_repeated(env):
