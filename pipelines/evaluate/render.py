@@ -294,6 +294,21 @@ def _target_quality_section(quality: dict) -> list[str]:
     return parts
 
 
+def _target_line(metrics: dict) -> list[str]:
+    """Where the target ran and how it was loaded (device(s), dtype, quantization), and how the stages
+    that trained against it loaded it, where that differs."""
+    t = metrics.get("target_load")
+    if not t:
+        return []
+    line = (f"Target on {', '.join(t['devices'])}, dtype {t['dtype']}, quantization {t['quantization']}"
+            + (f", device_map {t['device_map']}" if t.get("device_map") is not None else "") + ".")
+    b = t.get("bundle") or {}
+    differs = [f"{k} {b[k]}" for k in ("quantization", "device_map") if k in b and b[k] != t.get(k)]
+    if differs:
+        line += f" The bundle records that the stages loaded it with {', '.join(differs)}."
+    return [line, ""]
+
+
 def render(metrics: dict) -> str:
     k, fit = metrics["k"], metrics["cost_fit"]
     cfg, cal = metrics["config"], metrics["calibration"]
@@ -304,7 +319,7 @@ def render(metrics: dict) -> str:
         f"{metrics['plan_runs']} planned runs, each timed {metrics['repeats']} times with the methods of a prompt "
         f"interleaved (timer: {metrics['timer']}). MAT counts the bonus token. Fixed K = {k} unless named; bandits "
         f"draft N_max = {k} per round and choose among {', '.join(metrics.get('bandit_arms', []))}. "
-        "Every number below is in metrics.json.", "",
+        "Every number below is in metrics.json.", "", *_target_line(metrics),
         "Speedups are against the autoregressive target on the same prompts (its cost per token times the "
         "method's tokens), pooled over prompts as a ratio of totals with its bootstrap 90% interval. "
         "**Counted** speedup: the cost the run's counts predict on this machine "
@@ -366,9 +381,12 @@ def render(metrics: dict) -> str:
               "time). v(K) = the target's (K+1)-token cached forward over its 1-token forward; t_draft = a drafter's "
               f"cost per drafted token, timed over {cal.get('draft_run', 1)} forwards in a row right after a target "
               "forward, as a round drafts.", "",
-              table(["t_target 1 token (ms)", "mean t_draft (ms)", "c = t_draft / t_target"]
+              "c = t_draft / t_target: calibrated here; the bundle's c is the one train-heads measured (or "
+              "export pinned), the price of a drafted token in every bandit's throughput reward.", "",
+              table(["t_target 1 token (ms)", "mean t_draft (ms)", "c = t_draft / t_target", "bundle's c"]
                     + [f"v({kk})" for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k],
-                    [[cal["target_ms"]["1"], cal["drafter_mean_ms"], cal.get("cost_ratio")]
+                    [[cal["target_ms"]["1"], cal["drafter_mean_ms"], cal.get("cost_ratio"),
+                      metrics.get("bundle_cost_ratio")]
                      + [vk[str(kk)] for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k]]), ""]
     if fit:
         parts += ["## Cost model fit (SpecDec++ Eq. 3.1, all greedy speculative runs, each run's mean time over "
