@@ -294,7 +294,7 @@ def _target_quality_section(quality: dict) -> list[str]:
     return parts
 
 
-def _target_line(metrics: dict) -> list[str]:
+def target_line(metrics: dict) -> list[str]:
     """Where the target ran and how it was loaded (device(s), dtype, quantization), and how the stages
     that trained against it loaded it, where that differs."""
     t = metrics.get("target_load")
@@ -319,7 +319,7 @@ def render(metrics: dict) -> str:
         f"{metrics['plan_runs']} planned runs, each timed {metrics['repeats']} times with the methods of a prompt "
         f"interleaved (timer: {metrics['timer']}). MAT counts the bonus token. Fixed K = {k} unless named; bandits "
         f"draft N_max = {k} per round and choose among {', '.join(metrics.get('bandit_arms', []))}. "
-        "Every number below is in metrics.json.", "", *_target_line(metrics),
+        "Every number below is in metrics.json.", "", *target_line(metrics),
         "Speedups are against the autoregressive target on the same prompts (its cost per token times the "
         "method's tokens), pooled over prompts as a ratio of totals with its bootstrap 90% interval. "
         "**Counted** speedup: the cost the run's counts predict on this machine "

@@ -61,6 +61,12 @@ def test_report_numbers_come_from_metrics_json(run_root):
     assert all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in PLOTS)
     metrics = json.loads((out / "metrics.json").read_text())
     rows = metrics["rows"]
+    # where the target ran and how it was loaded; the bandits' c (the bundle's) beside the calibrated one
+    assert metrics["target_load"]["devices"] == ["cpu"] and metrics["target_load"]["dtype"] == "float32"
+    report_text = (out / "report.md").read_text()
+    assert "Target on cpu, dtype float32, quantization none." in report_text
+    bundle_c = json.loads((run_root / "bundle" / "bundle.json").read_text())["decoding"]["cost_ratio"]
+    assert metrics["bundle_cost_ratio"] == bundle_c and "bundle's c" in report_text
     # every method ran on the same prompts; greedy speculative output equals AR's, so N agrees
     greedy = [r for r in rows if r["mode"] == "greedy" and r["domain"] != "all"]  # "all" pools what ran
     families = {r["family"] for r in rows}
