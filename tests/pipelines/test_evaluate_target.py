@@ -47,3 +47,16 @@ def test_report_names_the_targets_devices_dtype_and_quantization():
     assert "the stages loaded it with quantization none" in line  # a difference from training is said
     placed["bundle"]["quantization"] = "nf4"
     assert "stages loaded" not in " ".join(target_line({"target_load": placed}))
+
+
+@pytest.mark.parametrize("quantization", ["int8", "nf4"])
+def test_target_loads_quantized_as_configured(_exported, quantization):  # noqa: F811
+    bnb = pytest.importorskip("bitsandbytes")
+    bundle = load_bundle(_exported / "bundle")
+    tcfg = TargetSection(quantization=quantization)
+    target = load_target(bundle, tcfg, "cpu")
+    layer = {"int8": bnb.nn.Linear8bitLt, "nf4": bnb.nn.Linear4bit}[quantization]
+    assert any(isinstance(m, layer) for m in target.modules())
+    placed = target_placement(target, tcfg, bundle)
+    assert placed["quantization"] == quantization and placed["devices"] == ["cpu"]
+    assert placed["bundle"]["quantization"] == "none"  # what the stages trained with, said beside it
