@@ -20,10 +20,14 @@ Five steps, one module each (this package's files are its jobs; each reads only 
    and in sampling mode on the first `sampling_prompts` test prompts per domain: ar, fixed, specdecpp
    for the sweep drafters, each SpecDec++ row with the heads labelled under that mode's transform.
 2. **run** (`run.execute`): one loop. Per prompt, `repeats` passes over that prompt's runs, methods
-   interleaved (a slow phase of a shared machine hits every method alike). Each whole generate call is
-   timed by `decoding.timing.timed_call` (CPU time of this process and wall time on CPU; CUDA events
-   on a GPU). Counts come from the first pass (greedy and seeded sampling repeat exactly); every
-   pass's times are kept, and a run's time is the mean over its passes (see `Record.time`). After each
+   interleaved (a slow phase of a shared machine hits every method alike), then further passes for the
+   runs whose 90% interval of the mean time is wider than +-`repeat_ci`, up to `repeats_max`
+   (`run.TimingPolicy`). The first time a method meets a prompt-length class it decodes once untimed
+   (`warmup`). A run's speculator is built before its timed call (a router's routing stays inside: it
+   is the method's serving work); each whole generate call is timed by `decoding.timing.timed_call`
+   (CPU time of this process and wall time on CPU; CUDA events, synchronized, on a GPU). Counts come
+   from the first pass (greedy and seeded sampling repeat exactly); every pass's times are kept, and a
+   run's time is the mean over its passes (see `Record.time`). After each
    prompt, a few `Calibrator` passes (pipelines/calibration.py, shared with train-heads) time the
    target's n-token cached forward for every n a round can verify and each drafter's 1-token forward
    (interleaved; spread through the loop, so they see the same load phases as the runs they price).
@@ -80,7 +84,7 @@ from specdraft.pipelines.evaluate.claims import judge
 from specdraft.pipelines.evaluate.load import load_heads, load_prompts, load_routers, load_target, target_placement
 from specdraft.pipelines.evaluate.plan import Env, Run, build_plan
 from specdraft.pipelines.evaluate.render import write_report
-from specdraft.pipelines.evaluate.run import Record, calls, execute
+from specdraft.pipelines.evaluate.run import Record, TimingPolicy, calls, execute
 from specdraft.pipelines.evaluate.units import missing, read_back, run_units, share, unfinished_error, units
 from specdraft.pipelines.schema import EvaluateSection
 from specdraft.pipelines.shards import claim_merge, shard_from_env
@@ -187,9 +191,11 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     calibrator = Calibrator(target, {**drafters, **eagle}, max_k + 1, context, device, cfg.run.seed, draft_run=k_main)
     per_prompt = -(-ecfg.calibration_reps // len(prompts))
     eos = end_of_turn_ids(tok, target)
+    policy = TimingPolicy(ecfg.repeats, ecfg.repeats_max, ecfg.repeat_ci, ecfg.warmup)
+    warmed: set = set()  # shapes warmed up in this process, over all of its units
     records = _run_shard(ctx, plan, lambda runs, bar: execute(
         runs, target, ecfg.max_new_tokens, modes, eos, device, ecfg.repeats,
-        between=lambda: calibrator.sample(per_prompt), bar=bar), calibrator)
+        between=lambda: calibrator.sample(per_prompt), bar=bar, policy=policy, warmed=warmed), calibrator)
     calib = calibrator.result()
     score_quality(records, {(p.set, p.id): p.reference for p in prompts}, tok)
 

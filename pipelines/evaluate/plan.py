@@ -53,6 +53,9 @@ class Run:
     build: Callable[[Mapping[MethodKey, GenerationResult]], Built]  # this prompt's earlier results -> Built
     seed: int | None = None  # sampling mode: the CPU generator's seed (the same on every repeat)
     repeatable: bool = True  # False: a run with state that outlives it (stream bandits) runs once
+    # True: building is the method's own serving work (a router routing the prompt), timed with the generation;
+    # else the speculator is built before the timed call
+    timed_build: bool = False
 
 
 
@@ -132,7 +135,8 @@ def plan_routers(env: Env, p: Prompt) -> list[Run]:
             return Built(DrafterSpeculator(env.drafters[name], FixedK(env.k)), drafter=name)
         return make
 
-    return [Run(MethodKey("router", k=env.k, router=kind), p, build(r)) for kind, r in env.routers.items()]
+    return [Run(MethodKey("router", k=env.k, router=kind), p, build(r), timed_build=True)
+            for kind, r in env.routers.items()]
 
 
 def make_bandit(env: Env, name: str, seed: int, persistent: bool = False,

@@ -46,6 +46,30 @@ def _ci(row: dict | None, name: str = "speedup") -> str:
     return f"{_fmt(row[name])} [{_fmt(row[name + '_lo'])}, {_fmt(row[name + '_hi'])}]"
 
 
+DISAGREE = " (disagrees with counted)"
+
+
+def _timed(row: dict | None) -> str:
+    """The timed speedup with its interval, flagged where it and the counted one's intervals do not overlap."""
+    return _ci(row) + (DISAGREE if row and row.get("timed_counted_disagree") else "")
+
+
+def timing_lines(metrics: dict) -> list[str]:
+    """How the runs were timed: the timer, warm-up, passes (planned, cap, taken), how many got narrow."""
+    t = metrics.get("timing")
+    if not t:
+        return []
+    flagged = sum(1 for r in metrics["rows"] if r.get("timed_counted_disagree"))
+    return [f"Timing: {t['timer']}, one whole generation per timed call with its speculator built before it"
+            + (", after one untimed warm-up per method and prompt-length class" if t["warmup"] else ", no warm-up")
+            + f". {t['repeats']} interleaved passes per run, more (up to {t['repeats_max']}) while the 90% interval "
+            f"of a run's mean time is wider than +-{t['repeat_ci']:.0%}: {t['passes_mean']} passes on average, "
+            f"{_fmt(t['narrow_share'])} of {t['runs']} runs reached it. "
+            + (f"{flagged} rows' timed and counted speedup intervals do not overlap (marked \"{DISAGREE.strip()}\"): "
+               "read their timed speedup with care." if flagged else
+               "Timed and counted speedup intervals overlap on every row."), ""]
+
+
 def table(header: list[str], rows: Iterable[list[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
@@ -78,9 +102,11 @@ def _per_domain_table(metrics: dict) -> str:
         row = [d]
         for key in keys:
             r = one(metrics, set="test", domain=d, **key)
-            row.append(f"{_fmt(r['MAT'])} / {_fmt(r['counted_speedup'])} / {_fmt(r['speedup'])}" if r else "-")
+            row.append(f"{_fmt(r['MAT'])} / {_fmt(r['counted_speedup'])} / {_fmt(r['speedup'])}"
+                       + (" !" if r.get("timed_counted_disagree") else "") if r else "-")
         rows.append(row)
-    return table(["domain"] + [label(key) for key in keys], rows)
+    return table(["domain"] + [label(key) for key in keys], rows) + \
+        "\n\n! : the timed and counted speedup intervals of that cell do not overlap."
 
 
 def _stopping_table(metrics: dict, mode: str) -> str:
@@ -91,7 +117,7 @@ def _stopping_table(metrics: dict, mode: str) -> str:
         if r["mode"] == mode and r["set"] == "test" and r["domain"] != "all" \
                 and r["family"] in ("fixed", "specdecpp", "oracle") and r["drafter"] in drafters:
             rows.append([r["domain"], r["drafter"], label(r), r["MAT"], r["verification_rate"], r["discard_rate"],
-                         r["counted_speedup"], _ci(r)])
+                         r["counted_speedup"], _timed(r)])
     rows.sort(key=lambda x: (x[0], x[1], x[2]))
     return table(["domain", "drafter", "method", "MAT", "verification rate", "discard rate", "counted speedup",
                   "timed speedup [interval]"], rows)
@@ -113,7 +139,7 @@ def _speed_table(metrics: dict) -> str:
                                      "hindsight"), mode="greedy", set="test"):
         r = one(metrics, set="test", domain="all", **key)
         if r:
-            rows.append([label(key), r["prompts"], r["MAT"], _ci(r, "counted_speedup"), _ci(r, "speedup"),
+            rows.append([label(key), r["prompts"], r["MAT"], _ci(r, "counted_speedup"), _timed(r),
                          _ci(r, "wall_speedup")])
     return table(["method", "prompts", "MAT", "counted speedup [interval]", "timed speedup [interval]",
                   "wall-clock speedup [interval]"], rows)
@@ -134,7 +160,7 @@ def _further_table(metrics: dict) -> str | None:
                         k=key.get("k")) if key.get("drafter") else None
             if r:
                 rows.append([label(key), mode, r["prompts"], r["MAT"], fixed["MAT"] if fixed else None,
-                             _ci(r, "counted_speedup"), _ci(r, "speedup")])
+                             _ci(r, "counted_speedup"), _timed(r)])
     if not rows:
         return None
     return table(["method", "mode", "prompts", "MAT (tokens per target call)", "MAT of its drafter alone at K",
@@ -155,8 +181,7 @@ def _eagle_table(metrics: dict) -> str | None:
             for key in [sps] + keys:
                 r = one(metrics, set=s, domain=d, **key)
                 if r:
-                    rows.append([s, d, label(key), r["prompts"], r["MAT"], _ci(r, "counted_speedup"),
-                                 _ci(r, "speedup")])
+                    rows.append([s, d, label(key), r["prompts"], r["MAT"], _ci(r, "counted_speedup"), _timed(r)])
     return table(["set", "domain", "method", "prompts", "MAT (tokens per target call)", "counted speedup [interval]",
                   "timed speedup [interval]"], rows)
 
@@ -319,7 +344,7 @@ def render(metrics: dict) -> str:
         f"{metrics['plan_runs']} planned runs, each timed {metrics['repeats']} times with the methods of a prompt "
         f"interleaved (timer: {metrics['timer']}). MAT counts the bonus token. Fixed K = {k} unless named; bandits "
         f"draft N_max = {k} per round and choose among {', '.join(metrics.get('bandit_arms', []))}. "
-        "Every number below is in metrics.json.", "", *target_line(metrics),
+        "Every number below is in metrics.json.", "", *target_line(metrics), *timing_lines(metrics),
         "Speedups are against the autoregressive target on the same prompts (its cost per token times the "
         "method's tokens), pooled over prompts as a ratio of totals with its bootstrap 90% interval. "
         "**Counted** speedup: the cost the run's counts predict on this machine "

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from tests.pipelines.conftest import FAST, run_template, tiny_config
+from tests.pipelines.conftest import FAST, run_template
 from tests.pipelines.test_evaluate import TINY_EVAL
 
 pytestmark = [
@@ -39,4 +39,3 @@ def test_evaluate_loads_the_target_as_trained_on_the_gpu(tmp_path_factory, targe
     # lossless whatever the loading: every greedy run emits as many tokens as AR on its prompt
     ar = {r["prompt"]: r["N"] for r in metrics["runs"] if r["family"] == "ar" and r["mode"] == "greedy"}
     assert all(r["N"] == ar[r["prompt"]] for r in metrics["runs"] if r["mode"] == "greedy" and r["prompt"] in ar)
-    assert tiny_config(root, **sections).target.quantization == target.get("quantization", "none")
