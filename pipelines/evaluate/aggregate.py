@@ -203,7 +203,8 @@ def _row(group: list[Record], ar: dict[str, Record], calib: Calibration, seed: i
     row["speedup"], row["speedup_lo"], row["speedup_hi"] = _spread(timed, seed)
     row["counted_speedup"], row["counted_speedup_lo"], row["counted_speedup_hi"] = _spread(counted, seed)
     row["wall_speedup"], row["wall_speedup_lo"], row["wall_speedup_hi"] = _spread(wall, seed)
-    row["timed_counted_disagree"] = intervals_disagree(row, "speedup", "counted_speedup")
+    # one prompt has no interval to speak of (its bootstrap is one point)
+    row["timed_counted_disagree"] = len(timed) > 1 and intervals_disagree(row, "speedup", "counted_speedup")
     return row
 
 
