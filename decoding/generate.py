@@ -36,6 +36,7 @@ import torch
 
 from specdraft.core.errors import InputError
 from specdraft.core.tokenizers import check_same_vocabulary
+from specdraft.decoding.batch_decode import generate_batch
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.chat import ChatFormat, end_of_turn_ids, format_prompt, user_turn
 from specdraft.decoding.compat import check_head, check_pair
@@ -82,20 +83,36 @@ class Plan:
 
 def decode_batch(target, prompts: list[list[int]], max_new_tokens: int, plan: Plan, sampling: SamplingConfig,
                  eos_token_id, seed: int, compile: str = "none") -> list[GenerationResult]:
-    """Decode a batch of prompts (token id lists) with one plan; prompt i of the batch samples with seed + i.
+    """Decode a batch of prompts (token id lists) with one plan: the one place batches meet the decoder.
 
-    The one place batches meet the decoder. Here every prompt goes through the single-sequence decoder
-    (decoding/speculative.py) in turn."""
-    # INTEGRATION POINT (batched decoder, decoding/batch_decode.py): plans it serves (a plain drafter or
-    # none, policy FixedK / SpecDecPP, drafts == 1, no cascade) become one call
-    #     generate_batch(target, prompts, max_new_tokens, drafter=plan.drafter, policy=plan.policy(),
-    #                    sampling=sampling, eos_token_id=eos_token_id, seed=seed, compile=compile)
-    # and the rest keep the loop below.
+    Plans the batched decoder serves (the target alone, or one drafter drafting a chain under a stopping
+    policy: fixed K, SpecDec++, an EAGLE-1 chain) decode together in `decoding.batch_decode.generate_batch`,
+    sampling from one device generator seeded with `seed`. The rest (SpecTr drafts, cascades, EAGLE
+    trees) decode one prompt after another with the single-sequence decoder, prompt i with seed + i;
+    they cannot be compiled."""
+    if batched_plan(plan):
+        return generate_batch(target, prompts, max_new_tokens, drafter=plan.drafter,
+                              policy=plan.policy() if plan.drafter is not None else None, sampling=sampling,
+                              eos_token_id=eos_token_id, seed=seed, compile=compile)
     if compile != "none":
-        raise InputError(f"--compile {compile} needs the batched decoder, which this build lacks; "
-                         "use --compile none")
+        raise InputError(f"--compile {compile} applies to the batched decoder (the target alone, fixed K, SpecDec++, "
+                         "EAGLE-1 chains); SpecTr drafts, cascades and EAGLE trees decode uncompiled: use --compile none")
     return [decode_one(target, ids, max_new_tokens, plan, sampling, eos_token_id,
                        torch.Generator().manual_seed(seed + i)) for i, ids in enumerate(prompts)]
+
+
+def batched_plan(plan: Plan) -> bool:
+    """Whether `decoding.batch_decode` decodes this plan: no drafter, or one chain drafter (a causal LM, or
+    an EAGLE-1 drafter drafting a chain) with no SpecTr drafts and no cascade."""
+    from specdraft.decoding.eagle_model import EagleDrafter
+
+    if plan.drafter is None:
+        return True
+    if plan.drafts != 1 or plan.cascade is not None:
+        return False
+    if isinstance(plan.drafter, EagleDrafter):
+        return plan.tree is None and plan.drafter.variant == "eagle1"
+    return True
 
 
 def decode_one(target, ids: list[int], max_new_tokens: int, plan: Plan, sampling: SamplingConfig, eos_token_id,

@@ -85,8 +85,8 @@ def test_generate_formats_the_prompt_with_the_chat_template(pair, monkeypatch):
 
     tok, tgt, dft, _, _ = load_pair(target=str(pair / "target"), drafter=str(pair / "drafter"))
     seen = []
-    real = g.generate_autoregressive
-    monkeypatch.setattr(g, "generate_autoregressive", lambda model, ids, *a, **k: seen.append(ids) or real(model, ids, *a, **k))
+    real = g.generate_batch  # --method ar decodes through the batched decoder
+    monkeypatch.setattr(g, "generate_batch", lambda model, prompts, *a, **k: seen.append(prompts[0]) or real(model, prompts, *a, **k))
     for argv, want in (([], format_prompt(tok, user_turn("the quick"))),
                        (["--raw-prompt"], tok("the quick")["input_ids"]),
                        (["--system-prompt", "be brief"],

@@ -226,3 +226,26 @@ def test_the_bundle_is_read_once_per_call(bundle, tmp_path, monkeypatch, capsys)
     assert main(["generate", str(bundle), "--prompts", _prompts(tmp_path, [{"prompt": MATH}, {"prompt": CODE}]),
                  "--output", str(out)]) == 0
     assert len(calls) == 1 and len(_lines(out)) == 2
+
+
+def test_compile_is_refused_where_the_batched_decoder_does_not_decode(bundle, capsys):
+    """SpecTr drafts decode one prompt at a time, uncompiled: asking to compile them is an error, not a
+    silent eager run."""
+    assert main(["generate", str(bundle), "--prompt", MATH, "--drafter", "math", "--drafts", "2",
+                 "--temperature", "1.0", "--compile", "default"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--compile default applies to the batched decoder" in err[0]
+
+
+@pytest.mark.slow
+def test_compiled_batches_give_the_eager_tokens(bundle, tmp_path, capsys):
+    prompts = _prompts(tmp_path, [{"prompt": MATH}, {"prompt": "w4 w5"}, {"prompt": CODE}])
+    outs = {}
+    for mode in ("none", "default"):
+        out = tmp_path / f"{mode}.jsonl"
+        assert main(["generate", str(bundle), "--prompts", prompts, "--batch-size", "3", "--drafter", "math",
+                     "--compile", mode, "--output", str(out)]) == 0
+        outs[mode] = _lines(out)
+    capsys.readouterr()
+    assert [r["token_ids"] for r in outs["default"]] == [r["token_ids"] for r in outs["none"]]
+    assert [r["N_target"] for r in outs["default"]] == [r["N_target"] for r in outs["none"]]

@@ -1,0 +1,307 @@
+"""The batched, static-cache decoder (`decoding.batch_decode.generate_batch`): batch 1 against
+transformers, and tokens/s over batch sizes.
+
+    python benchmarks/bench_batch_decoder.py [--target DIR --drafter DIR [--head DIR --h 0.7]]
+        [--batch-sizes 1,2,4,8,16,32] [--max-new-tokens 48] [--runs 3] [--compile none,default]
+        [--device cuda --dtype bfloat16] [--no-append]
+
+Without --target/--drafter it builds a random pair shaped like the demo pair (16 x 128 target, a
+one-layer drafter made of the target's first layer with the deeper layers damped, `bench_decoder.
+early_exit_pair`): its acceptance reflects that construction, not a trained drafter; only the cost
+side (forwards, overheads, batching) carries over. Prompts are random token ids unless --prompt-set.
+
+(a) Batch 1, per prompt, methods interleaved and repeated (`bench_decoder.interleaved`: one warm-up,
+    then --runs passes; median per prompt; this process's CPU time on CPU, CUDA events on a GPU):
+    ours autoregressive, ours fixed K, transformers greedy `generate`, transformers assisted generation
+    with num_assistant_tokens=K (constant schedule, no confidence stop), greedy and T = --temperature.
+    Efficiency = measured (ours K / ours AR) over the analytic fixed-K speedup at the acceptance implied
+    by our MAT and c = t_draft / t_target from ours-AR per-token times of each model.
+(b) Batch curve: for each B, the first B prompts decoded together by every method (AR, fixed K for
+    --ks, SpecDec++ with --head or an untrained random head, UCBSpec over lengths 0..4), interleaved,
+    --runs times; tokens/s = generated tokens / median time, with the spread (min-max over runs) and
+    the speedup over batched AR at the same B.
+--compile none,default measures both in one run (one RESULTS.md section); a compiled mode reports its
+compile time (the first call of each method) apart from decode time, and runs part (b) at
+--compiled-batch-sizes / --compiled-ks only (each batch size and width compiles its own graphs).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from specdraft.decoding.batch_bandit import LengthUCB  # noqa: E402
+from specdraft.decoding.batch_decode import generate_batch  # noqa: E402
+from specdraft.decoding.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
+from specdraft.decoding.sampling import SamplingConfig  # noqa: E402
+from specdraft.decoding.stopping import FixedK, SpecDecPP  # noqa: E402
+from specdraft.decoding.timing import timed_call  # noqa: E402
+from bench_decoder import ForwardCounter, _cpu_name, early_exit_pair, forward_time, interleaved, load, load_prompts  # noqa: E402
+from publish import publish  # noqa: E402
+
+
+def demo_shaped_pair(vocab: int, nudge: float, device: str, dtype: torch.dtype):
+    """A random 16 x 128 target (the demo's shape) and its first layer as the drafter; `nudge` damps the
+    deeper layers (0.05: greedy MAT about 2.7 at K = 4, near the demo's math drafter)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=352, num_hidden_layers=16,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                      initializer_range=0.1, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None,
+                      pad_token_id=None)
+    target, drafter = early_exit_pair(LlamaForCausalLM(cfg).eval(), nudge)
+    return target.to(device=device, dtype=dtype), drafter.to(device=device, dtype=dtype)
+
+
+def untrained_head(hidden: int, device: str) -> torch.nn.Module:
+    """A random linear head with sigmoid around 0.8: SpecDec++ rounds of a few tokens that vary by
+    context. It predicts nothing; a trained head (--head) is what SpecDec++ is about."""
+    torch.manual_seed(1)
+    head = torch.nn.Linear(hidden, 1)
+    with torch.no_grad():
+        head.bias.fill_(1.4)
+    return head.to(device)
+
+
+def hf_generate(target, drafter, counter, prompt, n, sampling: SamplingConfig, k: int | None, seed: int):
+    """transformers generate (assisted when k is given, K constant, no confidence stop) -> (tokens, target calls)."""
+    torch.manual_seed(seed)
+    kwargs = dict(max_new_tokens=n, min_new_tokens=n, do_sample=not sampling.greedy, eos_token_id=None, pad_token_id=0)
+    if not sampling.greedy:
+        kwargs.update(temperature=sampling.temperature, top_k=0, top_p=1.0)
+    if k is not None:
+        kwargs["assistant_model"] = drafter
+        gc = drafter.generation_config
+        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = k, "constant", 0.0
+    ids = torch.tensor([prompt], device=target.device)
+    counter.calls = 0
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    return out.shape[1] - len(prompt), counter.calls
+
+
+def ours(target, prompts, n, sampling, seed, compile, drafter=None, policy=None):
+    return generate_batch(target, prompts, n, drafter=drafter, policy=policy, sampling=sampling, seed=seed,
+                          compile=compile)
+
+
+def compile_times(methods: dict, device: str) -> dict[str, float]:
+    """The first call of each method, timed alone: the compilation (plus one decode)."""
+    return {name: timed_call(fn, device)[1].wall for name, fn in methods.items()}
+
+
+def batch1_table(args, target, drafter, prompts) -> list[str]:
+    n, k, dev = args.max_new_tokens, args.k, args.device
+    counter = ForwardCounter(target)
+    # the target alone, outside any decoder: its (K+1)-token cached forward in units of its 1-token forward
+    v = forward_time(target, k + 1, device=dev) / forward_time(target, 1, device=dev)
+    rows = []
+    compile_s = {}
+    costs = {}
+    for mode, sampling in (("greedy", SamplingConfig(0.0)), (f"T={args.temperature}", SamplingConfig(args.temperature))):
+        sums = {key: [0.0, 0] for key in ("ar", "ar_d", "spec", "hf", "hf_k")}
+        mats = {key: [0, 0] for key in ("spec", "hf_k")}
+        for i, prompt in enumerate(prompts):
+            fns = {
+                "ar": lambda: ours(target, [prompt], n, sampling, i, args.compile),
+                "ar_d": lambda: ours(drafter, [prompt], n, sampling, i, args.compile),
+                "spec": lambda: ours(target, [prompt], n, sampling, i, args.compile, drafter, FixedK(k)),
+                "hf": lambda: hf_generate(target, drafter, counter, prompt, n, sampling, None, i),
+                "hf_k": lambda: hf_generate(target, drafter, counter, prompt, n, sampling, k, i),
+            }
+            if args.compile != "none" and not compile_s:
+                compile_s = compile_times({key: fns[key] for key in ("ar", "ar_d", "spec")}, dev)
+            res = interleaved(fns, args.runs, dev)
+            for key in ("ar", "ar_d", "spec"):
+                m = res[key][2][0].metrics
+                sums[key][0] += res[key][0]
+                sums[key][1] += m.n_generated
+                if key == "spec":
+                    mats["spec"][0] += m.n_generated
+                    mats["spec"][1] += m.n_target
+            for key in ("hf", "hf_k"):
+                toks, calls = res[key][2]
+                sums[key][0] += res[key][0]
+                sums[key][1] += toks
+                if key == "hf_k":
+                    mats["hf_k"][0] += toks
+                    mats["hf_k"][1] += calls
+        tps = {key: tok / t for key, (t, tok) in sums.items()}
+        mat = {key: a / b for key, (a, b) in mats.items()}
+        c = tps["ar"] / tps["ar_d"]
+        costs[mode] = c
+        a = acceptance_from_mat(min(max(mat["spec"], 1.0), k + 1), k)
+        speedup = tps["spec"] / tps["ar"]
+        rows.append(f"| {mode} | {tps['ar']:.1f} | {tps['hf']:.1f} | {tps['ar'] / tps['hf']:.2f} | {tps['spec']:.1f} | "
+                    f"{mat['spec']:.2f} | {tps['hf_k']:.1f} | {mat['hf_k']:.2f} | {tps['spec'] / tps['hf_k']:.2f} | "
+                    f"{c:.3f} | {a:.3f} | {speedup:.2f} | {analytic_speedup(a, k, c):.2f} | "
+                    f"{implementation_efficiency(speedup, a, k, c):.2f} | {v:.2f} | "
+                    f"{implementation_efficiency(speedup, a, k, c, v):.2f} |")
+    lines = [
+        f"#### (a) Batch 1: ours vs transformers, K = {k}, {len(prompts)} prompts x {n} tokens, median of {args.runs} "
+        "interleaved runs per prompt",
+        "",
+        "| mode | ours AR tok/s | HF greedy/sample tok/s | ours AR / HF | ours K tok/s | ours MAT | HF assisted K tok/s "
+        "| HF MAT | ours K / HF assisted | c | a | speedup | analytic | efficiency | model-only v | efficiency at v |",
+        "| --- " + "| ---: " * 15 + "|",
+        *rows,
+        "",
+        "c = t_draft / t_target from ours-AR per-token times; a = the per-token acceptance whose fixed-K expected "
+        "round equals our MAT; speedup = ours K / ours AR; efficiency = speedup / analytic (analytic assumes a "
+        "(K+1)-token verify costs one 1-token forward); v = the target alone (no decoder, transformers' dynamic cache): "
+        "median (K+1)-token cached forward / median 1-token cached forward, and 'efficiency at v' puts v in place of "
+        "1, leaving only the decoder's own overhead.",
+    ]
+    if compile_s:
+        lines += ["", "Compile (first call, wall s, not in the times above): "
+                  + ", ".join(f"{key} {s:.1f}" for key, s in compile_s.items())]
+    args.cost_ratio = costs["greedy"]  # the length bandit's throughput reward in (b) uses the measured c
+    return lines + [""]
+
+
+def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
+    n, dev = args.max_new_tokens, args.device
+    greedy = SamplingConfig(0.0)
+    policies = {"AR": None, **{f"K={k}": FixedK(k) for k in args.ks}}
+    policies["SpecDec++"] = SpecDecPP(head, threshold=args.h, k_max=args.k_max)
+    policies["UCBSpec 0..4"] = LengthUCB((0, 1, 2, 3, 4), cost_ratio=args.cost_ratio)
+    lines = [
+        f"#### (b) Batch curve: greedy, {n} tokens per row, median of {args.runs} interleaved runs (spread: min-max)",
+        "",
+        "| B | " + " | ".join(f"{name} tok/s" for name in policies) + " | "
+        + " | ".join(f"{name} / AR" for name in policies if name != "AR") + " | " + " | ".join(
+            f"{name} MAT" for name in policies if name != "AR") + " |",
+        "| ---: " * (1 + len(policies) + 2 * (len(policies) - 1)) + "|",
+    ]
+    compile_s = {}
+    for B in args.batch_sizes:
+        batch = prompts[:B]
+        fns = {name: (lambda p=p: ours(target, batch, n, greedy, 0, args.compile, drafter if p else None, p))
+               for name, p in policies.items()}
+        if args.compile != "none":
+            compile_s[B] = sum(compile_times(fns, dev).values())
+        for fn in fns.values():
+            fn()  # warm-up
+        times = {name: [] for name in fns}
+        out = {}
+        for _ in range(args.runs):
+            for name, fn in fns.items():
+                out[name], t = timed_call(fn, dev)
+                times[name].append(t.time)
+        tps, mats = {}, {}
+        for name, ts in times.items():
+            tokens = sum(r.metrics.n_generated for r in out[name])
+            calls = sum(r.metrics.n_target for r in out[name])
+            tps[name] = (tokens / statistics.median(ts), tokens / max(ts), tokens / min(ts))
+            mats[name] = tokens / calls
+        cells = [f"{v[0]:.0f} ({v[1]:.0f}-{v[2]:.0f})" for v in tps.values()]
+        ratios = [f"{tps[name][0] / tps['AR'][0]:.2f}" for name in policies if name != "AR"]
+        mat_cells = [f"{mats[name]:.2f}" for name in policies if name != "AR"]
+        lines.append(f"| {B} | " + " | ".join(cells + ratios + mat_cells) + " |")
+        print(lines[-1], flush=True)
+    lines += ["", f"SpecDec++: {'head ' + args.head if args.head else 'an untrained random head (its stops mean nothing)'}"
+              f", h = {args.h}, K_max = {args.k_max}. UCBSpec: per-row bandit over draft lengths 0..4, reward = "
+              f"the round's throughput (n_acc + 1) / (1 + c k) at c = {args.cost_ratio:.3f} (BanditSpec §6.2; "
+              "from (a) when it ran). MAT = tokens per target forward (bonus counted), summed over rows."]
+    if compile_s:
+        lines += ["", "Compile + first decode per B (wall s, all methods): "
+                  + ", ".join(f"B={b}: {s:.1f}" for b, s in compile_s.items())]
+    return lines + [""]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target")
+    parser.add_argument("--drafter")
+    parser.add_argument("--head", help="acceptance head dir (train-heads output) for the SpecDec++ column")
+    parser.add_argument("--h", type=float, default=0.7)
+    parser.add_argument("--cost-ratio", type=float, default=0.2,
+                        help="c = t_draft / t_target for the UCBSpec throughput reward when part (a) is skipped")
+    parser.add_argument("--k-max", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=2048, help="vocabulary of the random demo-shaped pair")
+    parser.add_argument("--nudge", type=float, default=0.05, help="damping of the random pair's deeper layers")
+    parser.add_argument("--prompt-set", help="a run's prompts/sets dir: use its test prompts of --domain")
+    parser.add_argument("--prompts", help="text file, one prompt per line")
+    parser.add_argument("--domain", default="math")
+    parser.add_argument("--n-prompts", type=int, default=8, help="batch-1 prompts")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--ks", default="2,4,8")
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--compile", default="none",
+                        help="comma list of modes, each measured in turn: none, default, reduce-overhead")
+    parser.add_argument("--compiled-batch-sizes", default="1,4,16",
+                        help="batch sizes of part (b) under a compile mode (each B compiles its own graphs)")
+    parser.add_argument("--compiled-ks", default="4", help="fixed K columns of part (b) under a compile mode")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: a, b")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--no-append", action="store_true")
+    args = parser.parse_args(argv)
+    argv_text = " ".join(sys.argv[1:] if argv is None else argv)
+    args.ks = [int(k) for k in args.ks.split(",")]
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    modes = args.compile.split(",")
+    if any(mode not in ("none", "default", "reduce-overhead") for mode in modes):
+        parser.error(f"--compile takes none, default, reduce-overhead (comma separated), got {args.compile!r}")
+    skip = set(filter(None, args.skip.split(",")))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    if args.target and args.drafter:
+        target, drafter = load(args.target, args.device, dtype), load(args.drafter, args.device, dtype)
+        pair = f"target {args.target}, drafter {args.drafter}"
+    else:
+        target, drafter = demo_shaped_pair(args.vocab, args.nudge, args.device, dtype)
+        pair = (f"random demo-shaped pair (16 x 128 target, its first layer as drafter, deeper layers damped by "
+                f"{args.nudge}): acceptance reflects that construction, not a trained drafter")
+    if args.head:
+        from specdraft.decoding.acceptance_head import load_head
+
+        head = load_head(args.head, expected_hidden_size=drafter.config.hidden_size)[0].to(args.device)
+    else:
+        head = untrained_head(drafter.config.hidden_size, args.device)
+    n_batch1 = args.n_prompts
+    args.n_prompts = max(args.n_prompts, max(args.batch_sizes))
+    eager_sizes, eager_ks = args.batch_sizes, args.ks
+    prompts = load_prompts(args, target.config.vocab_size)
+    start = time.time()
+    machine = (f"{platform.machine()} {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
+               f"device {args.device}, {args.dtype}")
+    lines = [
+        f"## Batched static-cache decoder ({datetime.date.today()}, {machine})",
+        "",
+        f"`python benchmarks/bench_batch_decoder.py {argv_text}`; {pair}. Times: this process's "
+        f"{'CUDA events' if args.device.startswith('cuda') else 'CPU time'}.",
+        "",
+    ]
+    for mode in modes:
+        args.compile = mode
+        compiled = mode != "none"
+        args.batch_sizes = [int(b) for b in args.compiled_batch_sizes.split(",")] if compiled else eager_sizes
+        args.ks = [int(k) for k in args.compiled_ks.split(",")] if compiled else eager_ks
+        lines += [f"### compile: {mode}", ""]
+        if "a" not in skip:
+            lines += batch1_table(args, target, drafter, prompts[:n_batch1])
+        if "b" not in skip:
+            lines += batch_curve_table(args, target, drafter, head, prompts)
+    lines += [f"Run time {time.time() - start:.0f} s; load average at the end {os.getloadavg()[0]:.1f}.", ""]
+    publish("\n".join(lines), write=not args.no_append)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

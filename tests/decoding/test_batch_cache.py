@@ -1,0 +1,118 @@
+"""The per-row static KV cache (`decoding.static_cache`) against transformers' DynamicCache, and the
+compiled forward against the eager one.
+
+Rows of different lengths are prefilled right-padded, rolled back to different lengths (rollback is
+only new lengths: stale slots stay in the buffers), fed more tokens, rolled back again: every row's
+logits equal a DynamicCache fed that row's surviving tokens alone.
+"""
+import pytest
+import torch
+
+from specdraft.decoding import kv
+from specdraft.decoding.batch_decode import generate_batch, model_step
+from specdraft.decoding.static_cache import RowStaticCache, attention_mask, forward_rows
+from specdraft.decoding.stopping import FixedK, SpecDecPP
+from tests.decoding.test_greedy_equivalence import random_head
+
+
+def reference_logits(model, tokens: list[int], last: int) -> torch.Tensor:
+    with torch.inference_mode():
+        return kv.forward(model, kv.new_cache(), tokens, last=last)[0]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])  # a bool mask for SDPA, an additive one for eager
+def test_rollback_matches_a_dynamic_cache(make_llama, attention):
+    target = make_llama(0)
+    target.set_attn_implementation(attention)
+    assert target.config._attn_implementation == attention
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randint(0, 96, (n,), generator=gen).tolist() for n in (3, 7, 1)]
+    cache = RowStaticCache(target.config, 3, 32, torch.float32, torch.device("cpu"))
+    ids = torch.zeros(3, 7, dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)] = torch.tensor(r)
+    with torch.inference_mode():
+        logits, _ = forward_rows(target, cache, ids)
+        for b, r in enumerate(rows):
+            torch.testing.assert_close(logits[b, : len(r)], reference_logits(target, r, len(r)))
+        cache.rollback(torch.tensor([len(r) for r in rows]))
+        for step in range(3):  # feed 4, keep a different number per row, repeat
+            new = torch.randint(0, 96, (3, 4), generator=gen)
+            logits, _ = forward_rows(target, cache, new)
+            for b in range(3):
+                fed = rows[b] + new[b].tolist()
+                torch.testing.assert_close(logits[b], reference_logits(target, fed, 4))
+            keep = torch.tensor([(step + b) % 5 for b in range(3)])  # 0..4 of the 4 new tokens
+            for b in range(3):
+                rows[b] = rows[b] + new[b, : keep[b]].tolist()
+            cache.rollback(cache.lengths + keep)
+    assert cache.lengths.tolist() == [len(r) for r in rows]
+
+
+def test_mask_sees_exactly_the_row_prefix():
+    mask = attention_mask(torch.tensor([2, 0]), 3, 6, torch.float32)  # (2, 1, 3, 6)
+    seen = (mask[:, 0] == 0).int().tolist()
+    assert torch.equal(attention_mask(torch.tensor([2, 0]), 3, 6, None)[:, 0], mask[:, 0] == 0)  # the SDPA form
+    assert seen[0] == [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0]]
+    assert seen[1] == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]]
+
+
+@pytest.mark.slow
+def test_compiled_forward_equals_eager(llama_pair):
+    """Inductor-compiled verify/draft steps give the eager logits (1e-5) at ragged lengths, and a compiled
+    batched decode (fixed K and SpecDec++) gives the eager tokens and rounds."""
+    target, drafter = llama_pair
+    compiled = model_step(target, "default")
+    gen = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        for width in (1, 5):
+            eager_cache = RowStaticCache(target.config, 2, 64, torch.float32, torch.device("cpu"))
+            comp_cache = RowStaticCache(target.config, 2, 64, torch.float32, torch.device("cpu"))
+            for lengths in ([3, 9], [10, 4], [12, 13]):  # the same graph at other lengths: no stale constants
+                ids = torch.randint(0, 96, (2, width), generator=gen)
+                eager_cache.rollback(torch.tensor(lengths))
+                comp_cache.rollback(torch.tensor(lengths))
+                want = forward_rows(target, eager_cache, ids)[0]
+                got = compiled(comp_cache, ids)[0]
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
+    for policy in (FixedK(3), SpecDecPP(random_head(drafter.config.hidden_size, 0), 0.5, k_max=5)):
+        eager = generate_batch(target, prompts, 20, drafter=drafter, policy=policy)
+        comp = generate_batch(target, prompts, 20, drafter=drafter, policy=policy, compile="default")
+        for e, c in zip(eager, comp):
+            assert c.tokens == e.tokens
+            assert (c.metrics.drafted, c.metrics.accepted) == (e.metrics.drafted, e.metrics.accepted)
+
+
+@pytest.mark.slow
+def test_compiled_autoregressive_bandit_and_eagle_equal_eager(llama_pair):
+    """The other compiled paths: autoregressive (a width-1 verify), UCBSpec lengths (per-row caps under
+    a padded verify) and an EAGLE-1 chain (its layer's step and the target's verify with features)."""
+    from specdraft.decoding.batch_bandit import LengthUCB
+    from tests.decoding.eagle_fixtures import mimic_drafter, tiny_target
+
+    target, drafter = llama_pair
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
+    for kwargs in ({}, {"drafter": drafter, "policy": LengthUCB((0, 1, 3))}):
+        eager = generate_batch(target, prompts, 16, **kwargs)
+        comp = generate_batch(target, prompts, 16, compile="default", **kwargs)
+        assert [c.tokens for c in comp] == [e.tokens for e in eager]
+        assert [c.metrics.drafted for c in comp] == [e.metrics.drafted for e in eager]
+    eagle_target = tiny_target("llama", 0)
+    eagle = mimic_drafter(eagle_target, 0.3, seed=1)
+    eager = generate_batch(eagle_target, prompts, 16, drafter=eagle, policy=FixedK(3))
+    comp = generate_batch(eagle_target, prompts, 16, drafter=eagle, policy=FixedK(3), compile="default")
+    assert [c.tokens for c in comp] == [e.tokens for e in eager]
+    assert [c.metrics.accepted for c in comp] == [e.metrics.accepted for e in eager]
+
+
+def test_sliding_windows_shorter_than_the_decode_are_refused():
+    from transformers import MistralConfig
+
+    from specdraft.core.errors import InputError
+
+    cfg = MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, sliding_window=16)
+    RowStaticCache(cfg, 2, 16, torch.float32, torch.device("cpu"))  # the window covers the cache: full attention
+    with pytest.raises(InputError, match="sliding-window"):
+        RowStaticCache(cfg, 2, 64, torch.float32, torch.device("cpu"))
