@@ -48,7 +48,8 @@ class ArmResources:
         """The loaded drafters plus the bundle's datastore (None when it ships none; see
         `Bundle.unavailable_arms`). E.g. an evaluate plan entry:
             arms = build_arms(["lookup", "rest", "suffix", "ofa"], ArmResources.from_bundle(b, drafters), n_max=4)
-            bandit = MultiDrafterSpeculator(arms, make_selector("ucbspec", 4, max_len=4), reward="throughput", n_max=4)
+            bandit = MultiDrafterSpeculator(arms, make_selector("ucbspec", 4, max_len=4), reward="throughput", n_max=4,
+                                            cost_ratio=b.defaults.cost_ratio)
         """
         return ArmResources(dict(drafters), bundle.load_datastore())
 

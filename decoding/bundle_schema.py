@@ -46,6 +46,9 @@ class TargetEntry:
     tokenizer_sha256: str
     vocab_size: int
     dtype: str = "auto"
+    # how the stages loaded the target (the config's target section): evaluate loads it the same way
+    quantization: typing.Literal["none", "int8", "nf4"] = "none"  # bitsandbytes, as decoding.loading reads it
+    device_map: Any = None  # "auto", an explicit {module: device} map, or null (one device)
     path: Path | None = field(default=None, metadata=OMIT)  # the target's HF dir inside the bundle, or
     reference: str | None = field(default=None, metadata=OMIT)  # an absolute dir or hub id outside it
     revision: str | None = field(default=None, metadata=OMIT)  # a hub reference's pinned commit

@@ -35,10 +35,6 @@ from specdraft.decoding.speculator import Draft, DrafterSpeculator, RoundOutcome
 from specdraft.decoding.stopping import FixedK
 
 REWARDS = ("bd", "bd-argmax", "be", "accepted", "throughput")
-# Deprecated: the cost ratio c of a bundle is the one train-heads measured, carried by the bundle
-# (`Bundle.defaults.cost_ratio`, decoding/defaults.py); pass it as `cost_ratio`. Kept, with a warning when
-# a throughput bandit falls back on it, until every caller passes the bundle's c.
-DEFAULT_COST_RATIO = 0.2
 
 
 @dataclass
@@ -135,24 +131,23 @@ def _check_targets(arms: list[Arm], target: torch.nn.Module) -> None:
                 )
 
 
-def _cost_ratio_or_deprecated_default(cost_ratio: float | None, reward: str | None) -> float:
-    """c as given (the bundle's measured one: `Bundle.defaults.cost_ratio`), else the deprecated constant."""
-    if cost_ratio is not None:
-        return cost_ratio
-    if reward == "throughput":
-        import warnings
+def _check_cost_ratio(arms: list[Arm], reward: str, cost_ratio: float | None) -> None:
+    """The throughput reward prices every drafted token: an arm with a drafter model and no cost of its own
+    needs the bandit's c. There is no default c: it is the bundle's measured one (`Bundle.defaults.cost_ratio`)."""
+    if reward != "throughput" or cost_ratio is not None:
+        return
+    unpriced = [a.name for a in arms if a.cost_ratio is None and getattr(a.speculator, "drafter", None) is not None]
+    if unpriced:
+        raise InputError(f"the throughput reward needs cost_ratio (c = t_draft / t_target) for arms "
+                         f"{', '.join(unpriced)}: pass the bundle's measured c (Bundle.defaults.cost_ratio)")
 
-        warnings.warn("a throughput bandit without cost_ratio prices drafts at the deprecated DEFAULT_COST_RATIO; "
-                      "pass the bundle's measured c (Bundle.defaults.cost_ratio)", DeprecationWarning, stacklevel=3)
-    return DEFAULT_COST_RATIO
 
-
-def bandit_reward(arms: list[Arm], selector, reward: str | None, n_max: int, cost_ratio: float) -> str:
+def bandit_reward(arms: list[Arm], selector, reward: str | None, n_max: int, cost_ratio: float | None) -> str:
     """The reward a bandit over `arms` learns from (None: the default, see MultiDrafterSpeculator), once
     its setup is checked: the constructor is where library users and the stages hand in these values, so
     every impossible combination is refused here with a one-line fix."""
     _check_arms(arms)
-    for c in [cost_ratio] + [a.cost_ratio for a in arms if a.cost_ratio is not None]:
+    for c in [c for c in [cost_ratio, *(a.cost_ratio for a in arms)] if c is not None]:
         if isinstance(c, bool) or not (isinstance(c, (int, float)) and 0 <= c < math.inf):
             raise InputError(f"cost_ratio (c = t_draft / t_target) must be a finite number >= 0, got {c!r}")
     if reward is None:
@@ -175,6 +170,7 @@ def bandit_reward(arms: list[Arm], selector, reward: str | None, n_max: int, cos
         raise InputError(
             f"{type(selector).__name__} takes rewards in [0, 1]; use reward='bd', 'bd-argmax', 'be' or 'throughput'"
         )
+    _check_cost_ratio(arms, reward, cost_ratio)
     return reward
 
 
@@ -215,7 +211,6 @@ class MultiDrafterSpeculator:
 
     def __init__(self, arms: list[Arm], selector, reward: str | None = None, n_max: int = 5,
                  cost_ratio: float | None = None):
-        cost_ratio = _cost_ratio_or_deprecated_default(cost_ratio, reward)
         reward = bandit_reward(arms, selector, reward, n_max, cost_ratio)
         self.arms = arms
         self.selector = selector
@@ -225,11 +220,13 @@ class MultiDrafterSpeculator:
                 if hasattr(arm.speculator, "keep_logits"):
                     arm.speculator.keep_logits = True
         self.n_max = n_max
-        self.cost_ratio = float(cost_ratio)
+        # None only where no arm needs it (bandit_reward checks): another reward, or every arm priced
+        self.cost_ratio = None if cost_ratio is None else float(cost_ratio)
         self._spec_range = isinstance(selector, (UCBSpec, EXP3Spec))  # rewards in [1, L + 1], not [0, 1]
         # plain-decoding arms draft nothing (k = 0), so their cost never enters a round's throughput
         drafting = [i for i, a in enumerate(arms) if not isinstance(a.speculator, NoDraftSpeculator)]
-        self._bounds = throughput_bounds(n_max, [self.arm_cost(i) for i in drafting] or [self.cost_ratio])
+        self._bounds = throughput_bounds(n_max, [self.arm_cost(i) for i in drafting] or [0.0]) \
+            if reward == "throughput" else None
         self._reset()
 
     def arm_cost(self, i: int) -> float:

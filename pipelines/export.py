@@ -203,7 +203,7 @@ def build(ctx: Context) -> dict:
 
     vocab_size = AutoConfig.from_pretrained(target_src, trust_remote_code=cfg.target.trust_remote_code).vocab_size
     target = TargetEntry(tokenizer_sha256=tokenizer_fingerprint(tok), vocab_size=vocab_size, dtype=cfg.target.dtype,
-                         **where)
+                         quantization=cfg.target.quantization, device_map=cfg.target.device_map, **where)
 
     # 2. drafters
     drafters_dir, drafters_manifest = ctx.input("train-drafters"), ctx.manifests["train-drafters"]

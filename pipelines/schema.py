@@ -390,8 +390,14 @@ class EvaluateSection:
     beta: float = 0.01  # MetaSD-UCB exploration strength (paper)
     delta: float = 0.5  # UCBSpec confidence (BanditSpec Thm 4.3)
     device: str = "auto"  # auto: cuda if available, else cpu
-    # timing (decoding/timing.py): passes over each prompt's methods, interleaved; every pass is timed
+    # timing (decoding/timing.py): passes over each prompt's methods, interleaved; every pass is one whole
+    # generation, timed (CUDA events on a GPU, synchronized; this process's CPU time on CPU), with its
+    # speculator built before the call. `repeats` passes each, then further passes for a run whose 90%
+    # interval of its mean time is wider than +-repeat_ci of it, up to `repeats_max` (null: repeats)
     repeats: int = 2
+    repeats_max: Optional[int] = None  # configs/gpu.yaml and reproduce.yaml: 6
+    repeat_ci: float = 0.05
+    warmup: bool = True  # one untimed decode per method and prompt-length class (power of two) before its timed ones
     calibration_reps: int = 50  # interleaved passes over the target's / drafters' forward sizes (counted speedup)
     # torch CPU threads while evaluating (0: torch's default). 1 makes a run's process CPU time its own
     # compute: with more, idle OpenMP workers spin and bill CPU time that depends on the machine's load
@@ -410,6 +416,11 @@ class EvaluateSection:
         for name in ("repeats", "calibration_reps"):
             if getattr(self, name) < 1:
                 raise InputError(f"evaluate.{name} must be >= 1, got {getattr(self, name)}")
+        if self.repeats_max is not None and self.repeats_max < self.repeats:
+            raise InputError(f"evaluate.repeats_max ({self.repeats_max}) must be >= evaluate.repeats ({self.repeats}) "
+                             "or null (= repeats)")
+        if isinstance(self.repeat_ci, bool) or not (isinstance(self.repeat_ci, (int, float)) and self.repeat_ci >= 0):
+            raise InputError(f"evaluate.repeat_ci must be a number >= 0 (e.g. 0.05: +-5%), got {self.repeat_ci!r}")
         for d in self.spectr_drafts:
             require_int(d, "evaluate.spectr_drafts: drafts per round")
         for b in [self.model_free_bandit] + (self.model_free_bandits or []):

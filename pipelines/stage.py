@@ -72,7 +72,8 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("export", "bundle", ("pretrain-target", "train-drafters", "train-heads"),
               ("target", "prompts", "export", "train_drafters.eagle.tree"), "export",
               optional=("train-router", "distill-data")),
-    StageSpec("evaluate", "report", ("prepare-data", "export"), ("evaluate", "target.trust_remote_code"), "evaluate",
+    StageSpec("evaluate", "report", ("prepare-data", "export"), ("evaluate", "target.trust_remote_code", "target.dtype", "target.quantization", "target.device_map"),
+              "evaluate",
               out_from=lambda cfg: cfg.evaluate.out),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)

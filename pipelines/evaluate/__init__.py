@@ -20,10 +20,14 @@ Five steps, one module each (this package's files are its jobs; each reads only 
    and in sampling mode on the first `sampling_prompts` test prompts per domain: ar, fixed, specdecpp
    for the sweep drafters, each SpecDec++ row with the heads labelled under that mode's transform.
 2. **run** (`run.execute`): one loop. Per prompt, `repeats` passes over that prompt's runs, methods
-   interleaved (a slow phase of a shared machine hits every method alike). Each whole generate call is
-   timed by `decoding.timing.timed_call` (CPU time of this process and wall time on CPU; CUDA events
-   on a GPU). Counts come from the first pass (greedy and seeded sampling repeat exactly); every
-   pass's times are kept, and a run's time is the mean over its passes (see `Record.time`). After each
+   interleaved (a slow phase of a shared machine hits every method alike), then further passes for the
+   runs whose 90% interval of the mean time is wider than +-`repeat_ci`, up to `repeats_max`
+   (`run.TimingPolicy`). The first time a method meets a prompt-length class it decodes once untimed
+   (`warmup`). A run's speculator is built before its timed call (a router's routing stays inside: it
+   is the method's serving work); each whole generate call is timed by `decoding.timing.timed_call`
+   (CPU time of this process and wall time on CPU; CUDA events, synchronized, on a GPU). Counts come
+   from the first pass (greedy and seeded sampling repeat exactly); every pass's times are kept, and a
+   run's time is the mean over its passes (see `Record.time`). After each
    prompt, a few `Calibrator` passes (pipelines/calibration.py, shared with train-heads) time the
    target's n-token cached forward for every n a round can verify and each drafter's 1-token forward
    (interleaved; spread through the loop, so they see the same load phases as the runs they price).
@@ -77,10 +81,10 @@ from specdraft.drafters.roles import drafter_roles
 from specdraft.pipelines.calibration import Calibrator
 from specdraft.pipelines.evaluate.aggregate import Setup, score_quality, summarize, target_quality
 from specdraft.pipelines.evaluate.claims import judge
-from specdraft.pipelines.evaluate.load import load_heads, load_prompts, load_routers
+from specdraft.pipelines.evaluate.load import load_heads, load_prompts, load_routers, load_target, target_placement
 from specdraft.pipelines.evaluate.plan import Env, Run, build_plan
 from specdraft.pipelines.evaluate.render import write_report
-from specdraft.pipelines.evaluate.run import Record, calls, execute
+from specdraft.pipelines.evaluate.run import Record, TimingPolicy, calls, execute
 from specdraft.pipelines.evaluate.units import missing, read_back, run_units, share, unfinished_error, units
 from specdraft.pipelines.schema import EvaluateSection
 from specdraft.pipelines.shards import claim_merge, shard_from_env
@@ -94,7 +98,10 @@ def build(ctx: Context) -> dict:
     bundle = load_bundle(ctx.input("export"), verify=True)  # one-line InputError on any damage
     if not bundle.drafters:
         raise InputError("the bundle has no drafters; export a run with train-drafters before evaluating")
-    k_main = ecfg.k or int(bundle.decoding.get("k", 4))
+    k_main = ecfg.k or bundle.defaults.k
+    if bundle.defaults.cost_ratio is None:
+        raise InputError("the bundle carries no cost ratio c (decoding.cost_ratio), which the bandits price drafts "
+                         "with; re-export it (export writes the c train-heads measured)")
     check_k(k_main, "evaluate.k")
     device = resolve_device(ecfg.device)
     threads = torch.get_num_threads()
@@ -144,7 +151,7 @@ def _run_shard(ctx: Context, plan: list[Run], execute_runs: Callable[[list[Run],
 def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, device: str) -> dict:
     cfg = ctx.cfg
     tok = bundle.load_tokenizer(cfg.target.trust_remote_code)
-    target = bundle.load_target(device=device, trust_remote_code=cfg.target.trust_remote_code)
+    target = load_target(bundle, cfg.target, device)
     drafters = {n: bundle.load_drafter(n, device=device, target=target) for n in sorted(bundle.drafters)}
     roles = drafter_roles({d.name: d.domains for d in bundle.drafters.values()})
     own, ofa = roles.own, roles.ofa
@@ -171,7 +178,7 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     eagle_ofa = next((n for n in eagle if len(bundle.eagle[n].domains) > 1), None)
     env = Env(ecfg, cfg.run.seed, k_main, target, drafters, own, ofa, arm_names, routers, heads, modes,
               datastore=bundle.load_datastore() if ecfg.model_free_arms else None, eagle=eagle, eagle_tree=eagle_tree,
-              eagle_ofa=eagle_ofa)
+              eagle_ofa=eagle_ofa, cost_ratio=bundle.defaults.cost_ratio)
     if bundle.datastore is None and "rest" in ecfg.model_free_arms:
         notes.append("the bundle ships no datastore: the REST arm is left out (re-export with export.datastore: true)")
     plan = build_plan(env, prompts)
@@ -184,16 +191,20 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     calibrator = Calibrator(target, {**drafters, **eagle}, max_k + 1, context, device, cfg.run.seed, draft_run=k_main)
     per_prompt = -(-ecfg.calibration_reps // len(prompts))
     eos = end_of_turn_ids(tok, target)
+    policy = TimingPolicy(ecfg.repeats, ecfg.repeats_max, ecfg.repeat_ci, ecfg.warmup)
+    warmed: set = set()  # shapes warmed up in this process, over all of its units
     records = _run_shard(ctx, plan, lambda runs, bar: execute(
         runs, target, ecfg.max_new_tokens, modes, eos, device, ecfg.repeats,
-        between=lambda: calibrator.sample(per_prompt), bar=bar), calibrator)
+        between=lambda: calibrator.sample(per_prompt), bar=bar, policy=policy, warmed=warmed), calibrator)
     calib = calibrator.result()
     score_quality(records, {(p.set, p.id): p.reference for p in prompts}, tok)
 
     metrics = summarize(records, calib, Setup(ecfg, k_main, own, ofa, heads, modes["sampling"], device, len(prompts),
-                                              len(drafters), arm_names, notes, cfg.run.seed, len(plan)))
+                                              len(drafters), arm_names, notes, cfg.run.seed, len(plan),
+                                              bundle.defaults.cost_ratio))
     metrics.update(judge(metrics))
     metrics["target_quality"] = target_quality(records, prompts, tok)
+    metrics["target_load"] = target_placement(target, cfg.target, bundle)
     # teacher-forced on the dev responses at train-drafters: thousands of positions per cell where the test
     # prompts give tens of rounds, so "a specialist wins in its domain" is decided here, MAT beside it
     metrics["drafter_alignment"] = {n: dict(e.alignment) for n, e in sorted(bundle.drafters.items()) if e.alignment}

@@ -22,7 +22,7 @@ from specdraft.decoding.timing import bootstrap_ratio
 from specdraft.pipelines.calibration import Calibration
 from specdraft.pipelines.evaluate.methods import MethodKey, key_of, label
 from specdraft.pipelines.evaluate.plan import Head, Prompt
-from specdraft.pipelines.evaluate.run import Record
+from specdraft.pipelines.evaluate.run import Record, relative_half_width
 from specdraft.pipelines.schema import EvaluateSection
 
 
@@ -83,6 +83,7 @@ class Setup:
     notes: list[str]
     seed: int = 0
     n_plan: int = 0
+    bundle_cost_ratio: float | None = None  # the c the bandits priced drafts with (the bundle's)
 
 
 # families of real runs; the others are derived from them
@@ -202,7 +203,32 @@ def _row(group: list[Record], ar: dict[str, Record], calib: Calibration, seed: i
     row["speedup"], row["speedup_lo"], row["speedup_hi"] = _spread(timed, seed)
     row["counted_speedup"], row["counted_speedup_lo"], row["counted_speedup_hi"] = _spread(counted, seed)
     row["wall_speedup"], row["wall_speedup_lo"], row["wall_speedup_hi"] = _spread(wall, seed)
+    # one prompt has no interval to speak of (its bootstrap is one point)
+    row["timed_counted_disagree"] = len(timed) > 1 and intervals_disagree(row, "speedup", "counted_speedup")
     return row
+
+
+def intervals_disagree(row: dict[str, Any], a: str, b: str) -> bool:
+    """The intervals of two estimates of one speedup do not overlap (the timed one and the counted one: the
+    counts are exact, so a gap means the calibration, or the timing, is off for that method)."""
+    bounds = [row.get(f"{n}_{e}") for n in (a, b) for e in ("lo", "hi")]
+    if any(x is None for x in bounds):
+        return False
+    a_lo, a_hi, b_lo, b_hi = bounds
+    return a_hi < b_lo or b_hi < a_lo
+
+
+def timing_summary(records: list[Record], cfg: EvaluateSection, device: str) -> dict[str, Any]:
+    """How the runs were timed: the timer, the warm-up, the passes per run (planned, cap, taken) and the
+    share of repeatable runs whose 90% interval of the mean time reached +-repeat_ci."""
+    repeated = [r for r in records if not r.key.stream]  # a stream bandit's run is timed once
+    passes = [len(r.times) for r in repeated]
+    narrow = [relative_half_width([t.time for t in r.times]) <= cfg.repeat_ci for r in repeated]
+    return {"timer": "cuda events" if device.startswith("cuda") else "process CPU time",
+            "warmup": cfg.warmup, "repeats": cfg.repeats, "repeats_max": cfg.repeats_max or cfg.repeats,
+            "repeat_ci": cfg.repeat_ci, "runs": len(repeated),
+            "passes_mean": _r(statistics.fmean(passes)) if passes else None, "passes_max": max(passes, default=None),
+            "narrow_share": _r(sum(narrow) / len(narrow)) if narrow else None}
 
 
 def _run_entry(r: Record, calib: Calibration) -> dict[str, Any]:
@@ -244,14 +270,14 @@ def summarize(records: list[Record], calib: Calibration, setup: Setup) -> dict[s
     metrics = {
         "config": dataclasses.asdict(cfg), "k": k_main, "device": setup.device, "prompts": setup.n_prompts,
         "plan_runs": setup.n_plan, "repeats": cfg.repeats, "threads": torch.get_num_threads(),
-        "timer": "cuda events" if setup.device.startswith("cuda") else "process CPU time",
+        "timing": (timing := timing_summary(records, cfg, setup.device)), "timer": timing["timer"],
         "sampling": {"temperature": setup.sampling.temperature, "top_k": setup.sampling.top_k,
                      "top_p": setup.sampling.top_p},
         "drafters": {"own": setup.own, "ofa": setup.ofa}, "n_drafters": setup.n_drafters, "bandit_arms": setup.arms,
         "stopping_regret": stopping_time_regret(records, k_main, setup.arms),
         "heads": {mode: {n: {"threshold": h.threshold, "k_max": h.k_max, "name": h.name} for n, h in by.items()}
                   for mode, by in setup.heads.items()},
-        "calibration": calib.as_dict(),
+        "calibration": calib.as_dict(), "bundle_cost_ratio": setup.bundle_cost_ratio,
         "rows": rows, "cost_fit": cost_fit, "best_arm_ratio": best_arm_ratio(records, k_main, setup.arms),
         "switch_seconds": _switch_seconds(records), "notes": setup.notes,
         "runs": [_run_entry(r, calib) for r in records],

@@ -13,7 +13,29 @@ from specdraft.decoding.chat import ChatFormat, format_prompt
 from specdraft.decoding.sampling import SamplingConfig
 from specdraft.heads.router import load_router
 from specdraft.pipelines.evaluate.plan import Head, Prompt
-from specdraft.pipelines.schema import EvaluateSection
+from specdraft.pipelines.schema import EvaluateSection, TargetSection
+
+
+def load_target(bundle: Bundle, tcfg: TargetSection, device: str):
+    """The target as the stages trained with it: the config's target.dtype, quantization and device_map,
+    through the one loader every stage uses (decoding.loading.load_causal_lm, behind Bundle.load_target);
+    a device_map places it (over several GPUs), else it sits on the evaluation device."""
+    return bundle.load_target(dtype=tcfg.dtype, device=None if tcfg.device_map is not None else device,
+                              device_map=tcfg.device_map, quantization=tcfg.quantization,
+                              trust_remote_code=tcfg.trust_remote_code)
+
+
+def target_placement(target, tcfg: TargetSection, bundle: Bundle) -> dict[str, Any]:
+    """How the target was loaded here, for the report: the devices its weights sit on, its dtype (the
+    floating point one of its weights; a quantized target's compute dtype), quantization and device_map,
+    beside how the bundle says the stages loaded it."""
+    params = list(target.parameters())
+    devices = sorted({str(p.device) for p in params})
+    floats = sorted({str(p.dtype).removeprefix("torch.") for p in params if p.dtype.is_floating_point})
+    return {"devices": devices, "dtype": ", ".join(floats), "quantization": tcfg.quantization,
+            "device_map": tcfg.device_map,
+            "bundle": {"dtype": bundle.spec.target.dtype, "quantization": bundle.spec.target.quantization,
+                       "device_map": bundle.spec.target.device_map}}
 
 
 def load_routers(bundle: Bundle, target, tok) -> tuple[dict[str, Any], list[str]]:
@@ -36,8 +58,9 @@ def load_heads(bundle: Bundle, drafters, modes: dict[str, SamplingConfig], devic
             if name is not None:
                 module, _ = bundle.load_head(n, name, device=device)
                 entry = bundle.heads[n][name]
-                heads[mode][n] = Head(module, entry.threshold, entry.k_max or int(bundle.decoding.get("k_max", 20)),
-                                      entry.name)
+                # a threshold pinned in the bundle's decoding defaults serves every head; else each head's own h
+                h = bundle.defaults.threshold if bundle.defaults.threshold is not None else entry.threshold
+                heads[mode][n] = Head(module, h, entry.k_max or bundle.defaults.k_max, entry.name)
         lacking = sorted(n for n in drafters if n not in heads[mode] and bundle.heads.get(n))
         if lacking:
             notes.append(f"no head labelled under {transform.tag} for {', '.join(lacking)}: their {mode} SpecDec++ "

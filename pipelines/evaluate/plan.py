@@ -53,6 +53,9 @@ class Run:
     build: Callable[[Mapping[MethodKey, GenerationResult]], Built]  # this prompt's earlier results -> Built
     seed: int | None = None  # sampling mode: the CPU generator's seed (the same on every repeat)
     repeatable: bool = True  # False: a run with state that outlives it (stream bandits) runs once
+    # True: building is the method's own serving work (a router routing the prompt), timed with the generation;
+    # else the speculator is built before the timed call
+    timed_build: bool = False
 
 
 
@@ -86,6 +89,8 @@ class Env:
     eagle: dict[str, Any] = field(default_factory=dict)  # EAGLE drafters of the bundle (attached to the target)
     eagle_tree: dict[str, Any] = field(default_factory=dict)  # name -> its decoding.eagle.TreeShape
     eagle_ofa: str | None = None  # the EAGLE drafter trained on every domain: a baseline, not a MetaEagle arm
+    # c = t_draft / t_target every bandit prices a drafted token with (the bundle's, `Bundle.defaults.cost_ratio`)
+    cost_ratio: float | None = None
 
     def sweep_for(self, domain: str) -> list[str]:
         if self.cfg.sweep_drafters == "all":
@@ -130,7 +135,8 @@ def plan_routers(env: Env, p: Prompt) -> list[Run]:
             return Built(DrafterSpeculator(env.drafters[name], FixedK(env.k)), drafter=name)
         return make
 
-    return [Run(MethodKey("router", k=env.k, router=kind), p, build(r)) for kind, r in env.routers.items()]
+    return [Run(MethodKey("router", k=env.k, router=kind), p, build(r), timed_build=True)
+            for kind, r in env.routers.items()]
 
 
 def make_bandit(env: Env, name: str, seed: int, persistent: bool = False,
@@ -139,13 +145,13 @@ def make_bandit(env: Env, name: str, seed: int, persistent: bool = False,
     arms = [Arm(n, DrafterSpeculator(env.drafters[n], FixedK(env.k)), drafter_key=n) for n in env.arms]
     if best_arm is not None:  # no learning: its reward is never read
         return MultiDrafterSpeculator(arms, make_selector("one-pass-oracle", len(arms), best_arm=best_arm),
-                                      reward="be", n_max=env.k)
+                                      reward="be", n_max=env.k, cost_ratio=env.cost_ratio)
     _, selector_name, reward = BANDITS[name]
     kw = {"beta": env.cfg.beta} if selector_name == "ucb" else {"max_len": env.k}
     if selector_name == "ucbspec":
         kw["delta"] = env.cfg.delta
     return MultiDrafterSpeculator(arms, make_selector(selector_name, len(arms), seed=seed, persistent=persistent,
-                                                      **kw), reward=reward, n_max=env.k)
+                                                      **kw), reward=reward, n_max=env.k, cost_ratio=env.cost_ratio)
 
 
 def hindsight_best(env: Env, done: Mapping[MethodKey, GenerationResult]) -> int | None:
@@ -265,7 +271,7 @@ def plan_model_free(env: Env, p: Prompt) -> list[Run]:
                             build_arms(entries, resources, env.k),
                             make_selector(selector, len(entries), seed=derive_seed(env.seed, p.id, "model-free"),
                                           max_len=env.k),
-                            reward="throughput", n_max=env.k))))
+                            reward="throughput", n_max=env.k, cost_ratio=env.cost_ratio))))
     return runs
 
 
@@ -293,7 +299,8 @@ def plan_eagle(env: Env, p: Prompt) -> list[Run]:
             def build(done, reward=reward, b=b) -> Built:
                 arms = [Arm(n, EagleSpeculator(env.eagle[n], FixedK(env.k))) for n in specialists]
                 selector = make_selector("ucb", len(arms), seed=derive_seed(env.seed, p.id, "eagle", b), beta=env.cfg.beta)
-                return Built(MultiDrafterSpeculator(arms, selector, reward=reward, n_max=env.k))
+                return Built(MultiDrafterSpeculator(arms, selector, reward=reward, n_max=env.k,
+                                                    cost_ratio=env.cost_ratio))
 
             runs.append(Run(MethodKey("eagle", k=env.k, bandit=b, reward=reward, params=params(draft="bandit")), p,
                             build))

@@ -46,6 +46,34 @@ def _ci(row: dict | None, name: str = "speedup") -> str:
     return f"{_fmt(row[name])} [{_fmt(row[name + '_lo'])}, {_fmt(row[name + '_hi'])}]"
 
 
+DISAGREE = " (disagrees with counted)"
+
+
+def _timed(row: dict | None) -> str:
+    """The timed speedup with its interval, flagged where it and the counted one's intervals do not overlap."""
+    return _ci(row) + (DISAGREE if row and row.get("timed_counted_disagree") else "")
+
+
+def timing_lines(metrics: dict) -> list[str]:
+    """How the runs were timed: the timer, warm-up, passes (planned, cap, taken), how many got narrow."""
+    t = metrics.get("timing")
+    if not t:
+        return []
+    flagged = sum(1 for r in metrics["rows"] if r.get("timed_counted_disagree"))
+    return [f"Timing: {t['timer']}, one whole generation per timed call with its speculator built before it"
+            + (", after one untimed warm-up per method and prompt-length class" if t["warmup"] else ", no warm-up")
+            + f". {t['repeats']} interleaved passes per run"
+            + (f", more (up to {t['repeats_max']}) while the 90% interval of a run's mean time is wider than "
+               f"+-{t['repeat_ci']:.0%}: {t['passes_mean']} passes on average; "
+               if t["repeats_max"] > t["repeats"] else
+               f" (no further passes: evaluate.repeats_max = repeats); ")
+            + f"{_fmt(t['narrow_share'])} of {t['runs']} runs have a 90% interval of their mean time within "
+            f"+-{t['repeat_ci']:.0%}. "
+            + (f"{flagged} rows' timed and counted speedup intervals do not overlap (marked \"{DISAGREE.strip()}\"): "
+               "read their timed speedup with care." if flagged else
+               "Timed and counted speedup intervals overlap on every row."), ""]
+
+
 def table(header: list[str], rows: Iterable[list[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
@@ -78,9 +106,11 @@ def _per_domain_table(metrics: dict) -> str:
         row = [d]
         for key in keys:
             r = one(metrics, set="test", domain=d, **key)
-            row.append(f"{_fmt(r['MAT'])} / {_fmt(r['counted_speedup'])} / {_fmt(r['speedup'])}" if r else "-")
+            row.append(f"{_fmt(r['MAT'])} / {_fmt(r['counted_speedup'])} / {_fmt(r['speedup'])}"
+                       + (" !" if r.get("timed_counted_disagree") else "") if r else "-")
         rows.append(row)
-    return table(["domain"] + [label(key) for key in keys], rows)
+    return table(["domain"] + [label(key) for key in keys], rows) + \
+        "\n\n! : the timed and counted speedup intervals of that cell do not overlap."
 
 
 def _stopping_table(metrics: dict, mode: str) -> str:
@@ -91,7 +121,7 @@ def _stopping_table(metrics: dict, mode: str) -> str:
         if r["mode"] == mode and r["set"] == "test" and r["domain"] != "all" \
                 and r["family"] in ("fixed", "specdecpp", "oracle") and r["drafter"] in drafters:
             rows.append([r["domain"], r["drafter"], label(r), r["MAT"], r["verification_rate"], r["discard_rate"],
-                         r["counted_speedup"], _ci(r)])
+                         r["counted_speedup"], _timed(r)])
     rows.sort(key=lambda x: (x[0], x[1], x[2]))
     return table(["domain", "drafter", "method", "MAT", "verification rate", "discard rate", "counted speedup",
                   "timed speedup [interval]"], rows)
@@ -113,7 +143,7 @@ def _speed_table(metrics: dict) -> str:
                                      "hindsight"), mode="greedy", set="test"):
         r = one(metrics, set="test", domain="all", **key)
         if r:
-            rows.append([label(key), r["prompts"], r["MAT"], _ci(r, "counted_speedup"), _ci(r, "speedup"),
+            rows.append([label(key), r["prompts"], r["MAT"], _ci(r, "counted_speedup"), _timed(r),
                          _ci(r, "wall_speedup")])
     return table(["method", "prompts", "MAT", "counted speedup [interval]", "timed speedup [interval]",
                   "wall-clock speedup [interval]"], rows)
@@ -134,7 +164,7 @@ def _further_table(metrics: dict) -> str | None:
                         k=key.get("k")) if key.get("drafter") else None
             if r:
                 rows.append([label(key), mode, r["prompts"], r["MAT"], fixed["MAT"] if fixed else None,
-                             _ci(r, "counted_speedup"), _ci(r, "speedup")])
+                             _ci(r, "counted_speedup"), _timed(r)])
     if not rows:
         return None
     return table(["method", "mode", "prompts", "MAT (tokens per target call)", "MAT of its drafter alone at K",
@@ -155,8 +185,7 @@ def _eagle_table(metrics: dict) -> str | None:
             for key in [sps] + keys:
                 r = one(metrics, set=s, domain=d, **key)
                 if r:
-                    rows.append([s, d, label(key), r["prompts"], r["MAT"], _ci(r, "counted_speedup"),
-                                 _ci(r, "speedup")])
+                    rows.append([s, d, label(key), r["prompts"], r["MAT"], _ci(r, "counted_speedup"), _timed(r)])
     return table(["set", "domain", "method", "prompts", "MAT (tokens per target call)", "counted speedup [interval]",
                   "timed speedup [interval]"], rows)
 
@@ -294,6 +323,21 @@ def _target_quality_section(quality: dict) -> list[str]:
     return parts
 
 
+def target_line(metrics: dict) -> list[str]:
+    """Where the target ran and how it was loaded (device(s), dtype, quantization), and how the stages
+    that trained against it loaded it, where that differs."""
+    t = metrics.get("target_load")
+    if not t:
+        return []
+    line = (f"Target on {', '.join(t['devices'])}, dtype {t['dtype']}, quantization {t['quantization']}"
+            + (f", device_map {t['device_map']}" if t.get("device_map") is not None else "") + ".")
+    b = t.get("bundle") or {}
+    differs = [f"{k} {b[k]}" for k in ("quantization", "device_map") if k in b and b[k] != t.get(k)]
+    if differs:
+        line += f" The bundle records that the stages loaded it with {', '.join(differs)}."
+    return [line, ""]
+
+
 def render(metrics: dict) -> str:
     k, fit = metrics["k"], metrics["cost_fit"]
     cfg, cal = metrics["config"], metrics["calibration"]
@@ -304,7 +348,7 @@ def render(metrics: dict) -> str:
         f"{metrics['plan_runs']} planned runs, each timed {metrics['repeats']} times with the methods of a prompt "
         f"interleaved (timer: {metrics['timer']}). MAT counts the bonus token. Fixed K = {k} unless named; bandits "
         f"draft N_max = {k} per round and choose among {', '.join(metrics.get('bandit_arms', []))}. "
-        "Every number below is in metrics.json.", "",
+        "Every number below is in metrics.json.", "", *target_line(metrics), *timing_lines(metrics),
         "Speedups are against the autoregressive target on the same prompts (its cost per token times the "
         "method's tokens), pooled over prompts as a ratio of totals with its bootstrap 90% interval. "
         "**Counted** speedup: the cost the run's counts predict on this machine "
@@ -366,9 +410,12 @@ def render(metrics: dict) -> str:
               "time). v(K) = the target's (K+1)-token cached forward over its 1-token forward; t_draft = a drafter's "
               f"cost per drafted token, timed over {cal.get('draft_run', 1)} forwards in a row right after a target "
               "forward, as a round drafts.", "",
-              table(["t_target 1 token (ms)", "mean t_draft (ms)", "c = t_draft / t_target"]
+              "c = t_draft / t_target: calibrated here; the bundle's c is the one train-heads measured (or "
+              "export pinned), the price of a drafted token in every bandit's throughput reward.", "",
+              table(["t_target 1 token (ms)", "mean t_draft (ms)", "c = t_draft / t_target", "bundle's c"]
                     + [f"v({kk})" for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k],
-                    [[cal["target_ms"]["1"], cal["drafter_mean_ms"], cal.get("cost_ratio")]
+                    [[cal["target_ms"]["1"], cal["drafter_mean_ms"], cal.get("cost_ratio"),
+                      metrics.get("bundle_cost_ratio")]
                      + [vk[str(kk)] for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k]]), ""]
     if fit:
         parts += ["## Cost model fit (SpecDec++ Eq. 3.1, all greedy speculative runs, each run's mean time over "

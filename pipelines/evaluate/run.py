@@ -3,6 +3,7 @@ call timed; a `Record` keeps the counts of the first pass and every pass's times
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -65,12 +66,53 @@ class Record:
 
 
 
+@dataclass(frozen=True)
+class TimingPolicy:
+    """How the loop times (config: evaluate.warmup, repeats, repeats_max, repeat_ci). Each prompt's runs get
+    `repeats` interleaved timed passes; a run whose 90% interval of its mean time is still wider than
+    +-repeat_ci of that mean gets further passes (interleaved with the other wide runs of the prompt), up
+    to `repeats_max`. With `warmup`, the first time a method meets a prompt-length class (`shape`) it first
+    decodes once untimed: lazy initialisation (CUDA context and kernels, allocator growth, a speculator's
+    first code path) is nobody's per-token cost."""
+
+    repeats: int = 1
+    repeats_max: int | None = None  # None: = repeats (fixed passes)
+    repeat_ci: float = 0.0  # target relative half-width of the 90% interval of a run's mean time
+    warmup: bool = False
+
+    @property
+    def cap(self) -> int:
+        return max(self.repeats, self.repeats_max or self.repeats)
+
+
+Z90 = 1.645  # two-sided 90% normal quantile
+
+
+def relative_half_width(times: list[float]) -> float:
+    """Half-width of the 90% interval of the mean of these times, over that mean (inf below two times)."""
+    if len(times) < 2 or statistics.fmean(times) <= 0:
+        return math.inf
+    return Z90 * statistics.stdev(times) / math.sqrt(len(times)) / statistics.fmean(times)
+
+
+def shape(run: Run) -> tuple[MethodKey, int]:
+    """A method at a prompt-length class (the next power of two): what one warm-up covers."""
+    return run.key, 1 << max(len(run.prompt.ids) - 1, 0).bit_length()
+
+
 def execute(plan: list[Run], target: torch.nn.Module, max_new_tokens: int, sampling: Mapping[str, SamplingConfig],
             eos, device: str, repeats: int, progress: bool = True,
-            between: Callable[[], None] | None = None, bar: tqdm | None = None) -> list[Record]:
-    """Every run of the plan; per prompt `repeats` interleaved passes (non-repeatable runs once).
+            between: Callable[[], None] | None = None, bar: tqdm | None = None,
+            policy: TimingPolicy | None = None, warmed: set | None = None) -> list[Record]:
+    """Every run of the plan; per prompt `repeats` interleaved passes, more for runs whose time is not yet
+    narrow (`policy`; non-repeatable runs once). A run's speculator is built before its timed call
+    (`Run.timed_build`: a build that is the method's own serving work, e.g. routing, stays inside);
+    each timed call is one whole generation, synchronized on CUDA (`decoding.timing.timed_call`).
     `between()` runs after each prompt (the stage samples its calibration there). `bar`: a progress bar
-    the caller keeps over several calls (one per unit of a shard), else one of its own."""
+    the caller keeps over several calls (one per unit of a shard), else one of its own. `warmed`: the
+    shapes already warmed up, kept by a caller over several calls."""
+    policy = policy or TimingPolicy(repeats=repeats)
+    warmed = set() if warmed is None else warmed
     by_prompt: dict[str, list[Run]] = {}
     for run in plan:
         by_prompt.setdefault(run.prompt.id, []).append(run)
@@ -82,12 +124,23 @@ def execute(plan: list[Run], target: torch.nn.Module, max_new_tokens: int, sampl
     for runs in by_prompt.values():
         done: dict[MethodKey, GenerationResult] = {}
         mine: dict[MethodKey, Record] = {}
-        for rep in range(repeats):
+        for rep in range(policy.cap):
             for run in runs:
                 if rep and not run.repeatable:
                     continue
-                (built, res), t = timed_call(lambda: _decode(run, done, target, max_new_tokens,
-                                                             sampling[run.key.mode], eos), device)
+                if rep >= policy.repeats and \
+                        relative_half_width([t.time for t in mine[run.key].times]) <= policy.repeat_ci:
+                    continue
+                mode = sampling[run.key.mode]
+                if rep == 0 and policy.warmup and run.repeatable and shape(run) not in warmed:
+                    _decode(run, run.build(done), target, max_new_tokens, mode, eos)  # untimed
+                    warmed.add(shape(run))
+                prebuilt = None if run.timed_build else run.build(done)
+                (built, res), t = timed_call(lambda: _decode(
+                    run, prebuilt if prebuilt is not None else run.build(done), target, max_new_tokens, mode, eos),
+                    device)
+                if rep >= policy.repeats:  # a pass beyond the planned ones
+                    bar.total += 1
                 bar.update(1)
                 if rep == 0:
                     spec = built.speculator
@@ -113,8 +166,7 @@ def calls(plan: list[Run], repeats: int) -> int:
     return sum(repeats if r.repeatable else 1 for r in plan)
 
 
-def _decode(run: Run, done, target, max_new_tokens: int, sampling: SamplingConfig, eos) -> tuple[Built, Any]:
-    built = run.build(done)
+def _decode(run: Run, built: Built, target, max_new_tokens: int, sampling: SamplingConfig, eos) -> tuple[Built, Any]:
     gen = torch.Generator().manual_seed(run.seed) if run.seed is not None else None
     if built.speculator is None:
         return built, generate_autoregressive(target, run.prompt.ids, max_new_tokens, sampling, eos, gen)

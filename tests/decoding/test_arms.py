@@ -82,7 +82,8 @@ def test_throughput_reward_charges_each_arm_its_cost(resources):
 def test_mixed_bandit_is_lossless_under_greedy(resources, selector):
     target, res = resources
     arms = build_arms(["lookup", "rest", "suffix", "math"], res, n_max=4)
-    bandit = MultiDrafterSpeculator(arms, make_selector(selector, 4, max_len=4, seed=1), reward="throughput", n_max=4)
+    bandit = MultiDrafterSpeculator(arms, make_selector(selector, 4, max_len=4, seed=1), reward="throughput", n_max=4,
+                                    cost_ratio=0.2)
     used = set()
     for prompt in ([0, 1, 2], [3, 9, 4, 3, 9, 4, 3], [50, 51, 52, 53]):
         want = generate_autoregressive(target, prompt, 20, GREEDY).tokens

@@ -208,7 +208,8 @@ def test_eagle_drafter_is_a_banditspec_arm_beside_model_free_ones(pair):
     target, drafter = pair
     arms = build_arms(["lookup", "suffix", "eagle"], ArmResources({"eagle": drafter}), n_max=3)
     assert isinstance(arms[2].speculator, EagleSpeculator)
-    bandit = MultiDrafterSpeculator(arms, make_selector("ucbspec", 3, max_len=3), reward="throughput", n_max=3)
+    bandit = MultiDrafterSpeculator(arms, make_selector("ucbspec", 3, max_len=3), reward="throughput", n_max=3,
+                                    cost_ratio=0.2)
     prompt = PROMPTS[2]
     result = generate_speculative(target, bandit, prompt, 30, GREEDY)
     assert result.tokens == generate_autoregressive(target, prompt, 30, GREEDY).tokens

@@ -212,9 +212,11 @@ def test_bad_input(models, make_llama):
         gamma_arms(models["good"], [1, -1])
     other_vocab = make_llama(3, vocab=64)
     bad = arms + [Arm("small", DrafterSpeculator(other_vocab, FixedK(2)))]
-    spec = MultiDrafterSpeculator(bad, make_selector("ucb", 4))
+    with pytest.raises(InputError, match="needs cost_ratio.*good, bad, small"):  # no default c for drafter arms
+        MultiDrafterSpeculator(bad, make_selector("ucb", 4))
+    spec = MultiDrafterSpeculator(bad, make_selector("ucb", 4), cost_ratio=0.2)
     with pytest.raises(InputError, match="'small'.*vocabulary size 64"):
         generate_speculative(target, spec, [1, 2, 3], 5, GREEDY)
     mixed = [Arm("a", DrafterSpeculator(models["good"], FixedK(1)), "d"), Arm("b", DrafterSpeculator(models["bad"], FixedK(2)), "d")]
     with pytest.raises(InputError, match="different drafter models"):
-        generate_speculative(target, MultiDrafterSpeculator(mixed, make_selector("ucb", 2)), [1, 2], 5, GREEDY)
+        generate_speculative(target, MultiDrafterSpeculator(mixed, make_selector("ucb", 2), cost_ratio=0.2), [1, 2], 5, GREEDY)

@@ -85,9 +85,11 @@ def speculators(target, drafter, other, greedy):
              Arm("bad", DrafterSpeculator(other, FixedK(3)))],
             make_selector("random", 2, seed=1), reward="be", n_max=4), 0),
         ("ucbspec gamma arms", lambda p, ref: MultiDrafterSpeculator(
-            gamma_arms(drafter, [0, 1, 2, 4]), make_selector("ucbspec", 4, max_len=4, seed=2), n_max=4), 0),
+            gamma_arms(drafter, [0, 1, 2, 4]), make_selector("ucbspec", 4, max_len=4, seed=2), n_max=4,
+            cost_ratio=0.2), 0),
         ("exp3spec gamma arms", lambda p, ref: MultiDrafterSpeculator(
-            gamma_arms(drafter, [0, 1, 3]), make_selector("exp3spec", 3, max_len=3, seed=2), n_max=3), 0),
+            gamma_arms(drafter, [0, 1, 3]), make_selector("exp3spec", 3, max_len=3, seed=2), n_max=3,
+            cost_ratio=0.2), 0),
     ]
     if greedy:  # the oracle's hindsight is one teacher-forced drafter call per generation
         out.append(("oracle", lambda p, ref: DrafterSpeculator(drafter, HindsightOracle(p + ref)), 1))

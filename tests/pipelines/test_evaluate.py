@@ -16,7 +16,7 @@ from tests.pipelines.conftest import FAST, fresh_copy, run_template, tiny_config
 REPO = Path(__file__).resolve().parents[2]
 
 TINY_EVAL = {"prompts_per_domain": 2, "max_new_tokens": 8, "ks": [2], "k": 2, "sampling_prompts": 1,
-             "stream_bandits": ["ucb-bd"], "repeats": 2, "calibration_reps": 3}
+             "stream_bandits": ["ucb-bd"], "repeats": 2, "repeats_max": 2, "calibration_reps": 3}
 # heads for greedy decoding and for the sampling rows, each labelled under its own transform
 TWO_TRANSFORMS = {**FAST["acceptance_data"], "label_transforms": [{"temperature": 0.0}, {"temperature": 1.0}]}
 
@@ -61,6 +61,15 @@ def test_report_numbers_come_from_metrics_json(run_root):
     assert all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in PLOTS)
     metrics = json.loads((out / "metrics.json").read_text())
     rows = metrics["rows"]
+    # where the target ran and how it was loaded; the bandits' c (the bundle's) beside the calibrated one
+    assert metrics["target_load"]["devices"] == ["cpu"] and metrics["target_load"]["dtype"] == "float32"
+    report_text = (out / "report.md").read_text()
+    assert "Target on cpu, dtype float32, quantization none." in report_text
+    bundle_c = json.loads((run_root / "bundle" / "bundle.json").read_text())["decoding"]["cost_ratio"]
+    assert metrics["bundle_cost_ratio"] == bundle_c and "bundle's c" in report_text
+    timing = metrics["timing"]
+    assert timing["timer"] == "process CPU time" and timing["warmup"] and timing["passes_max"] == 2
+    assert "Timing: process CPU time" in report_text and "no further passes" in report_text
     # every method ran on the same prompts; greedy speculative output equals AR's, so N agrees
     greedy = [r for r in rows if r["mode"] == "greedy" and r["domain"] != "all"]  # "all" pools what ran
     families = {r["family"] for r in rows}

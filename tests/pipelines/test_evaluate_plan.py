@@ -26,7 +26,7 @@ def env():
     drafters = {"a": noisy_copy(target, 0.05, seed=1), "b": noisy_copy(target, 0.3, seed=2)}
     cfg = EvaluateSection(ks=[1, 3], k=3, bandits=[], stream_bandits=[], sampling_prompts=1, repeats=2)
     return Env(cfg, 0, 3, target, drafters, own={"x": "a"}, ofa="b", arms=["a", "b"], routers={},
-               heads={"greedy": {}, "sampling": {}}, sampling=MODES)
+               heads={"greedy": {}, "sampling": {}}, sampling=MODES, cost_ratio=0.37)
 
 
 def prompts():
@@ -79,6 +79,23 @@ def test_new_family_runs_through_the_same_loop_and_aggregation(env):
     assert len(metrics["runs"]) == len(plan)
     assert {k: v for k, v in metrics["runs"][0].items() if k in ("family", "mode")} == {"family": "ar",
                                                                                         "mode": "greedy"}
+
+
+def test_every_bandit_prices_drafts_at_the_bundles_cost_ratio(env):
+    """The bandits (drafter arms, model-free arms with the throughput reward) take c from the environment,
+    i.e. the bundle's measured c; none falls back on a constant of its own."""
+    import dataclasses
+
+    cfg = dataclasses.replace(env.cfg, bandits=["ucb-bd", "ucbspec"], model_free_arms=["lookup"],
+                              model_free_bandit="ucbspec")
+    bandit_env = dataclasses.replace(env, cfg=cfg, streams={})
+    plan = [r for r in build_plan(bandit_env, prompts()[:1]) if r.key.bandit is not None and r.key.family != "ceiling"]
+    assert {r.key.family for r in plan} == {"bandit", "model_free"} and any(r.key.reward == "throughput" for r in plan)
+    built = [r.build({}).speculator for r in plan]
+    assert all(s.cost_ratio == 0.37 for s in built)
+    model_free = next(s for r, s in zip(plan, built) if r.key.family == "model_free")
+    drafter_arm = next(i for i, a in enumerate(model_free.arms) if getattr(a.speculator, "drafter", None) is not None)
+    assert model_free.arm_cost(drafter_arm) == 0.37
 
 
 def test_stream_runs_are_not_repeated(env):
@@ -195,3 +212,92 @@ def test_units_keep_a_stream_on_one_shard_and_records_survive_the_disk(env, tmp_
     assert [(r.metrics.n_generated, r.metrics.n_target, r.tokens) for r in records] == \
         [(r.metrics.n_generated, r.metrics.n_target, r.tokens) for r in again]
     assert all(Record.from_json(json.loads(json.dumps(r.as_json()))) == r for r in again)
+
+
+# --- timing a GPU can trust: built outside the timed call, warm-up, repeats until narrow ----------------
+
+def _burn(seconds: float) -> None:
+    """Spend this much CPU time (the CPU timer's unit of account)."""
+    import time
+
+    t0 = time.process_time()
+    while time.process_time() - t0 < seconds:
+        pass
+
+
+def test_speculators_are_built_outside_the_timed_call_unless_building_is_serving(env):
+    from specdraft.pipelines.evaluate.run import TimingPolicy
+
+    p = prompts()[0]
+
+    def slow_build(done):
+        _burn(0.3)
+        return Built(None)
+
+    plan = [Run(MethodKey("ar"), p, slow_build), Run(MethodKey("router", router="x"), p, slow_build, timed_build=True)]
+    records = execute(plan, env.target, 2, MODES, None, "cpu", 1, progress=False, policy=TimingPolicy(1))
+    built_first, routed = records
+    assert built_first.times[0].time < 0.2 <= 0.3 <= routed.times[0].time  # routing is the method's own cost
+
+
+def test_one_warmup_per_method_and_prompt_length_class(env):
+    from specdraft.pipelines.evaluate.run import TimingPolicy, shape
+
+    calls = []
+    short = prompts()  # two 6-token prompts: one length class
+    longer = Prompt("test", "x", "long", tuple(range(1, 20)), 2)
+
+    def build(done):
+        calls.append(1)
+        return Built(None)
+
+    plan = [Run(MethodKey("ar"), q, build) for q in [*short, longer]]
+    warmed: set = set()
+    execute(plan, env.target, 2, MODES, None, "cpu", 2, progress=False,
+            policy=TimingPolicy(2, warmup=True), warmed=warmed)
+    assert len(calls) == 3 * 2 + 2  # two timed passes per prompt, a warm-up per length class (8 and 32)
+    assert warmed == {shape(plan[0]), shape(plan[2])} and shape(plan[0]) == shape(plan[1])
+    execute(plan[:1], env.target, 2, MODES, None, "cpu", 2, progress=False, policy=TimingPolicy(2, warmup=True),
+            warmed=warmed)
+    assert len(calls) == 8 + 2  # a shape warmed in an earlier call (an earlier unit) is not warmed again
+
+
+def test_repeats_go_on_until_the_interval_is_narrow_or_the_cap(env, monkeypatch):
+    import specdraft.pipelines.evaluate.run as run_mod
+    from specdraft.decoding.timing import Timing
+    from specdraft.pipelines.evaluate.run import TimingPolicy, relative_half_width
+
+    p = prompts()[0]
+    noisy = iter([1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0, 2.0])  # never within +-5%
+    steady = iter([1.0, 1.001, 1.0, 1.0, 1.0])
+
+    def fake_timed_call(fn, device):
+        out = fn()
+        t = next(noisy if out[0].drafter == "noisy" else steady)
+        return out, Timing(time=t, wall=t, cpu=t)
+
+    monkeypatch.setattr(run_mod, "timed_call", fake_timed_call)
+    plan = [Run(MethodKey("ar"), p, lambda done: Built(None, drafter="steady")),
+            Run(MethodKey("ar", mode="sampling"), p, lambda done: Built(None, drafter="noisy"), seed=1)]
+    records = execute(plan, env.target, 2, MODES, None, "cpu", 2, progress=False,
+                      policy=TimingPolicy(2, repeats_max=5, repeat_ci=0.05))
+    steady_rec, noisy_rec = records
+    assert len(steady_rec.times) == 2 and relative_half_width([t.time for t in steady_rec.times]) <= 0.05
+    assert len(noisy_rec.times) == 5  # the cap
+    assert relative_half_width([1.0]) == float("inf")
+
+
+def test_timed_and_counted_disagreement_is_said_next_to_the_numbers():
+    from specdraft.pipelines.evaluate.aggregate import intervals_disagree
+    from specdraft.pipelines.evaluate.render import timing_lines
+
+    row = {"speedup": 0.6, "speedup_lo": 0.5, "speedup_hi": 0.7,
+           "counted_speedup": 1.5, "counted_speedup_lo": 1.3, "counted_speedup_hi": 1.7}
+    assert intervals_disagree(row, "speedup", "counted_speedup")
+    assert not intervals_disagree({**row, "speedup_hi": 1.4}, "speedup", "counted_speedup")
+    assert not intervals_disagree({**row, "speedup_lo": None}, "speedup", "counted_speedup")
+    metrics = {"rows": [{**row, "timed_counted_disagree": True}],
+               "timing": {"timer": "cuda events", "warmup": True, "repeats": 2, "repeats_max": 6, "repeat_ci": 0.05,
+                          "runs": 10, "passes_mean": 3.2, "passes_max": 6, "narrow_share": 0.8}}
+    text = " ".join(timing_lines(metrics))
+    assert "cuda events" in text and "up to 6" in text and "+-5%" in text and "1 rows' timed and counted" in text

@@ -237,21 +237,30 @@ def _report_counts(root: Path) -> dict:
 
 
 def test_chain_equals_specdraft_run(slurm, job_env, distilled, tmp_path):
-    """slurm/chain.sh submits every stage as dependent jobs (distill-data as a 2-task array + merge job);
-    its drafters, heads, bundle.json and report counts equal `specdraft run` on the same config."""
+    """slurm/chain.sh submits every stage as dependent jobs (distill-data and evaluate each as a 2-task array
+    + merge job); its drafters, heads, bundle.json and report counts equal `specdraft run` on the same config."""
     root, cfg_file = _copy(None, tmp_path, "chain", **CHAIN)
-    out = slurm.run(str(SLURM / "chain.sh"), str(cfg_file), "2", cwd=root.parent, env=job_env)
+    out = slurm.run(str(SLURM / "chain.sh"), str(cfg_file), "2", "2", cwd=root.parent, env=job_env)
     jobs = out.split()
-    assert len(jobs) == 10 and all(j.isdigit() for j in jobs), out
+    assert len(jobs) == 11 and all(j.isdigit() for j in jobs), out
+    arrays = (jobs[2], jobs[9])  # distill-data's and evaluate's
     states = slurm.wait(jobs, timeout=900)
-    states.update({f"{jobs[2]}_{i}": slurm.job_state(f"{jobs[2]}_{i}") for i in range(2)})
-    del states[jobs[2]]
+    for a in arrays:
+        states.update({f"{a}_{i}": slurm.job_state(f"{a}_{i}") for i in range(2)})
+        del states[a]
     _completed(states)
-    # each job started after the one before it ended (the array: after its last task)
+    # each job started after the one before it ended (an array: after its last task)
     when = {j: (datetime.fromisoformat(s["StartTime"]), datetime.fromisoformat(s["EndTime"])) for j, s in states.items()}
     spans = [when[j] if j in when else (min(when[f"{j}_{i}"][0] for i in range(2)), max(when[f"{j}_{i}"][1] for i in range(2)))
              for j in jobs]
     assert all(spans[i][0] >= spans[i - 1][1] for i in range(1, len(spans))), spans
+    # evaluate: each array task ran its own share of the plan's units; one of them (or the merge job) merged
+    eval_logs = _log(root.parent, f"slurm-specdraft-evaluate-{jobs[9]}_*.out")
+    shares = {int(i): int(n) for i, n in re.findall(r"shard (\d)/2: \d+ of its (\d+) units to run", eval_logs)}
+    assert sorted(shares) == [0, 1] and all(shares.values()), eval_logs[-3000:]
+    merge_log = _log(root.parent, f"slurm-specdraft-{jobs[10]}.out")
+    assert ("[evaluate] done in" in eval_logs) != ("[evaluate] done in" in merge_log), merge_log[-3000:]
+    assert "[evaluate] cache hit" in merge_log or "[evaluate] done in" in merge_log, merge_log[-3000:]
 
     from specdraft.pipelines.cli import main
 
