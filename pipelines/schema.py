@@ -394,9 +394,9 @@ class EvaluateSection:
     # generation, timed (CUDA events on a GPU, synchronized; this process's CPU time on CPU), with its
     # speculator built before the call. `repeats` passes each, then further passes for a run whose 90%
     # interval of its mean time is wider than +-repeat_ci of it, up to `repeats_max` (null: repeats)
-    repeats: int = 2
+    repeats: int = 2  # timed passes per run, at least
     repeats_max: Optional[int] = None  # configs/gpu.yaml and reproduce.yaml: 6
-    repeat_ci: float = 0.05
+    repeat_ci: float = 0.05  # the half-width of the 90% interval, as a share of the mean, that ends the passes
     warmup: bool = True  # one untimed decode per method and prompt-length class (power of two) before its timed ones
     calibration_reps: int = 50  # interleaved passes over the target's / drafters' forward sizes (counted speedup)
     # torch CPU threads while evaluating (0: torch's default). 1 makes a run's process CPU time its own

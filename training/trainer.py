@@ -312,3 +312,17 @@ def fit(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDa
             print(f"[train] resuming from {ckpt_path}", flush=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    finish_wandb_run(trainer)
+
+
+def finish_wandb_run(trainer: L.Trainer) -> None:
+    """End the W&B run this fit logged to. Lightning leaves it open (for a later trainer.test), and
+    wandb.init hands an open run to the next WandbLogger in the same process: a second stage run in
+    one process (`specdraft run`, the tests) would log into the first stage's run and directory."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    if trainer.is_global_zero and any(isinstance(logger, WandbLogger) for logger in trainer.loggers):
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()

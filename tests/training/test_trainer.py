@@ -243,3 +243,11 @@ def test_requeue_signal_between_fits_requeues_at_the_next_fits_first_step(tmp_pa
     assert exit_info.value.code == 0 and calls == [["scontrol", "requeue", "7"]]
     ckpt = torch.load(tmp_path / "second" / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 1 and not training.requeue_requested()
+
+
+def test_each_fit_logs_to_its_own_wandb_run(tmp_path):
+    """Two stages in one process (`specdraft run`) each get their own W&B run under their own out_dir:
+    the first fit's run is finished, not handed to the second WandbLogger."""
+    for name in ("a", "b"):
+        _run(tmp_path / name, _cfg(max_steps=1, wandb=WandbConfig(mode="offline", project="p", run_name=name)))
+        assert list((tmp_path / name / "wandb").glob("offline-run-*")), name
