@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -139,7 +140,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key.path=value")
         path, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = yaml.load(raw, Loader=_StrictLoader) if raw != "" else ""
         node = data
         parts = path.strip().split(".")
         for part in parts[:-1]:
@@ -171,6 +172,11 @@ def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, d
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+# PyYAML reads YAML 1.1, whose floats need a dot: `lr: 1e-3` would be the string '1e-3' and fail the
+# schema's number check. Read exponent forms as numbers, as YAML 1.2 (and every user) does.
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def load_yaml(path: str | Path) -> dict:

@@ -50,6 +50,15 @@ def test_dotted_overrides_are_typed():
     assert cfg.pretrain_target.train.max_steps == 7 and cfg.run.root == "/x/y" and cfg.demo.domains == ["math", "code"]
 
 
+def test_exponent_numbers_read_as_numbers_in_files_and_overrides(tmp_path):
+    """YAML 1.1 (PyYAML) reads `1e-3` as a string; a learning rate written so must still be a number."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"run:\n  root: {tmp_path / 'run'}\ntrain_drafters:\n  finetune:\n    lr: 1e-3\n")
+    assert load_config(RunConfig, cfg).train_drafters.finetune.lr == 0.001
+    data = apply_overrides({}, ["train_drafters.finetune.lr=2E-4", "run.root=1e3x", "demo.domains=[1.5e2, .5e1]"])
+    assert data == {"train_drafters": {"finetune": {"lr": 2e-4}}, "run": {"root": "1e3x"}, "demo": {"domains": [150.0, 5.0]}}
+
+
 def test_cli_misspelled_key_exits_2_and_writes_nothing(tmp_path, capsys):
     root = tmp_path / "run"
     cfg = tmp_path / "bad.yaml"
