@@ -39,6 +39,7 @@ from specdraft.decoding.arms import ArmResources, build_arms  # noqa: E402
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
 from specdraft.decoding.bundle import load_bundle  # noqa: E402
 from specdraft.decoding.datastore import SuffixIndex, build_datastore  # noqa: E402
+from specdraft.decoding.defaults import DEFAULTS  # noqa: E402
 from specdraft.decoding.multi import MultiDrafterSpeculator  # noqa: E402
 from specdraft.decoding.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.selectors import make_selector  # noqa: E402
@@ -160,7 +161,7 @@ def main() -> None:
         target = bundle.load_target(device="cpu", dtype="float32")
         drafter = bundle.load_drafter(args.drafter, device="cpu", dtype="float32", target=target)
         index, ds_note = get_datastore(bundle, root, target, tok, args.distill_prompts, args.tokens)
-        k = int(bundle.decoding.get("k", 4))
+        k = bundle.defaults.k
     else:  # a run stopped before export: its stages' outputs directly (target/, drafters/, distill_data/)
         from specdraft.decoding.compat import check_pair
         from specdraft.decoding.loading import load_causal_lm, load_tokenizer
@@ -170,7 +171,7 @@ def main() -> None:
         drafter = load_causal_lm(root / "drafters" / args.drafter, "float32", "cpu")
         check_pair(target, drafter)
         index, ds_note = get_datastore(None, root, target, tok, args.distill_prompts, args.tokens)
-        k = 4
+        k = DEFAULTS.k  # no bundle: the library's default draft length
     eos = tok.eos_token_id
     prompts = load_prompts(root, tok, args.set, args.prompts, 384)
     domains = sorted({d for d, *_ in prompts})

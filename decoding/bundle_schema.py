@@ -126,10 +126,6 @@ class DatastoreEntry:
     source: str = ""
 
 
-# bundle.json's `decoding` object is the typed owner of the decoding defaults, with every number resolved
-DecodingEntry = DecodingDefaults
-
-
 @dataclass(frozen=True)
 class BundleSpec:
     target: TargetEntry

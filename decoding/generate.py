@@ -41,6 +41,7 @@ from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.chat import ChatFormat, end_of_turn_ids, format_prompt, user_turn
 from specdraft.decoding.compat import check_head, check_pair
 from specdraft.decoding.defaults import DEFAULTS, DecodingDefaults
+from specdraft.decoding.eagle_model import EagleDrafter  # loaded with the batched decoder anyway
 from specdraft.decoding.generate_args import bundle_of
 from specdraft.decoding.loading import load_causal_lm, load_tokenizer
 from specdraft.decoding.metrics import GenerationResult
@@ -104,8 +105,6 @@ def decode_batch(target, prompts: list[list[int]], max_new_tokens: int, plan: Pl
 def batched_plan(plan: Plan) -> bool:
     """Whether `decoding.batch_decode` decodes this plan: no drafter, or one chain drafter (a causal LM, or
     an EAGLE-1 drafter drafting a chain) with no SpecTr drafts and no cascade."""
-    from specdraft.decoding.eagle_model import EagleDrafter
-
     if plan.drafter is None:
         return True
     if plan.drafts != 1 or plan.cascade is not None:
@@ -118,7 +117,6 @@ def batched_plan(plan: Plan) -> bool:
 def decode_one(target, ids: list[int], max_new_tokens: int, plan: Plan, sampling: SamplingConfig, eos_token_id,
                generator: torch.Generator) -> GenerationResult:
     from specdraft.decoding.eagle import EagleSpeculator
-    from specdraft.decoding.eagle_model import EagleDrafter
 
     if plan.drafter is None:
         return generate_autoregressive(target, ids, max_new_tokens, sampling, eos_token_id, generator)
