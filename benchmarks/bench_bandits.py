@@ -25,13 +25,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from specdraft.decoding import kv  # noqa: E402
-from specdraft.decoding.multi import Arm, MultiDrafterSpeculator  # noqa: E402
-from specdraft.decoding.sampling import SamplingConfig, probs  # noqa: E402
-from specdraft.decoding.selectors import make_selector  # noqa: E402
+from specdraft.decoding.rounds import kv  # noqa: E402
+from specdraft.decoding.speculators.bandit import Arm, MultiDrafterSpeculator  # noqa: E402
+from specdraft.decoding.rounds.sampling import SamplingConfig, probs  # noqa: E402
+from specdraft.decoding.policies.selectors import make_selector  # noqa: E402
 from specdraft.decoding.speculative import generate_speculative  # noqa: E402
-from specdraft.decoding.speculator import DrafterSpeculator  # noqa: E402
-from specdraft.decoding.stopping import FixedK  # noqa: E402
+from specdraft.decoding.speculators.drafter import DrafterSpeculator  # noqa: E402
+from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 N_MAX = 5

@@ -1,4 +1,4 @@
-"""The batched, static-cache decoder (`decoding.batch_decode.generate_batch`): batch 1 against
+"""The batched, static-cache decoder (`decoding.batched.generate_batch`): batch 1 against
 transformers, and tokens/s over batch sizes.
 
     python benchmarks/bench_batch_decoder.py [--target DIR --drafter DIR [--head DIR --h 0.7]]
@@ -40,11 +40,11 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from specdraft.decoding.batch_bandit import LengthUCB  # noqa: E402
-from specdraft.decoding.batch_decode import generate_batch  # noqa: E402
-from specdraft.decoding.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
-from specdraft.decoding.sampling import SamplingConfig  # noqa: E402
-from specdraft.decoding.stopping import FixedK, SpecDecPP  # noqa: E402
+from specdraft.decoding.policies.batch_length_ucb import LengthUCB  # noqa: E402
+from specdraft.decoding.batched import generate_batch  # noqa: E402
+from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
+from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
+from specdraft.decoding.policies.stopping import FixedK, SpecDecPP  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
 from bench_decoder import ForwardCounter, _cpu_name, early_exit_pair, forward_time, interleaved, load, load_prompts  # noqa: E402
 from publish import publish  # noqa: E402
@@ -269,7 +269,7 @@ def main(argv=None) -> int:
         pair = (f"random demo-shaped pair (16 x 128 target, its first layer as drafter, deeper layers damped by "
                 f"{args.nudge}): acceptance reflects that construction, not a trained drafter")
     if args.head:
-        from specdraft.decoding.acceptance_head import load_head
+        from specdraft.decoding.policies.acceptance_head import load_head
 
         head = load_head(args.head, expected_hidden_size=drafter.config.hidden_size)[0].to(args.device)
     else:

@@ -37,14 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from specdraft.data.chat import row_messages  # noqa: E402
-from specdraft.decoding.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
+from specdraft.decoding.bundle.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
 from specdraft.data.prompts import load_prompt_sets  # noqa: E402
 from specdraft.data.quality import PRIMARY_METRIC, SCORED_DOMAINS, aggregate  # noqa: E402
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
-from specdraft.decoding.bundle import load_bundle  # noqa: E402
+from specdraft.decoding.bundle.directory import load_bundle  # noqa: E402
 from specdraft.decoding.cascades import DISPLAY_NAMES, canonical_rule, sweep  # noqa: E402
-from specdraft.decoding.cost_model import fit_costs  # noqa: E402
-from specdraft.decoding.sampling import SamplingConfig  # noqa: E402
+from specdraft.decoding.policies.cost_model import fit_costs  # noqa: E402
+from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 MAIN_RULES = ("seq_chow", "token_chow", "lossy", "bild", "chow", "diff", "opt", "token_v3")

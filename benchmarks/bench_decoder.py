@@ -38,15 +38,15 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from specdraft.data.chat import row_messages  # noqa: E402
-from specdraft.decoding.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
+from specdraft.decoding.bundle.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
-from specdraft.decoding import kv  # noqa: E402
-from specdraft.decoding.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
+from specdraft.decoding.rounds import kv  # noqa: E402
+from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
 from specdraft.decoding.metrics import aggregate  # noqa: E402
-from specdraft.decoding.sampling import SamplingConfig  # noqa: E402
-from specdraft.decoding.cost_model import fit_costs  # noqa: E402
+from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
+from specdraft.decoding.policies.cost_model import fit_costs  # noqa: E402
 from specdraft.decoding.speculative import hindsight_oracle, speculative_generate  # noqa: E402
-from specdraft.decoding.stopping import FixedK, SpecDecPP  # noqa: E402
+from specdraft.decoding.policies.stopping import FixedK, SpecDecPP  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
@@ -272,7 +272,7 @@ def policy_table(args, target, drafter, prompts) -> list[str]:
     greedy, n = SamplingConfig(0.0), args.max_new_tokens
     policies = [(f"fixed K={k}", lambda k=k: FixedK(k)) for k in (1, 2, 4, 6, 8)]
     if args.head:
-        from specdraft.decoding.acceptance_head import load_head
+        from specdraft.decoding.policies.acceptance_head import load_head
 
         head, _ = load_head(args.head, expected_hidden_size=drafter.config.hidden_size)
         head = head.to(next(drafter.parameters()).device)

@@ -4,7 +4,7 @@
         [--k 4] [--tree 4,4,16] [--reps 3] [--eagle DIR] [--no-append]
 
 RUN is a finished run root (prompts/, target/, distill_data/, bundle/; e.g. a copy of runs/demo). Steps:
-  1. train an EAGLE drafter (decoding/eagle_model.py, drafters/eagle.py: EAGLE-1 loss, target features
+  1. train an EAGLE drafter (decoding/speculators/eagle_model.py, drafters/eagle.py: EAGLE-1 loss, target features
      online) on distill_data's train rows of every domain (an OFA EAGLE drafter) through the shared trainer,
      for --steps optimizer steps; its wall time is the demo's budget question. --eagle DIR skips this.
      Teacher-forced alignment on the dev rows (1 - TV at T=1, greedy agreement), beside the bundle's
@@ -35,14 +35,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
-from specdraft.decoding.bundle import load_bundle  # noqa: E402
-from specdraft.decoding.eagle import EagleSpeculator, TreeShape  # noqa: E402
-from specdraft.decoding.eagle_model import EagleDrafter, load_eagle, save_eagle, target_dir_hash  # noqa: E402
+from specdraft.decoding.bundle.directory import load_bundle  # noqa: E402
+from specdraft.decoding.speculators.eagle import EagleSpeculator, TreeShape  # noqa: E402
+from specdraft.decoding.speculators.eagle_model import EagleDrafter, load_eagle, save_eagle, target_dir_hash  # noqa: E402
 from specdraft.decoding.metrics import aggregate  # noqa: E402
-from specdraft.decoding.sampling import SamplingConfig  # noqa: E402
+from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.speculative import generate_speculative  # noqa: E402
-from specdraft.decoding.speculator import DrafterSpeculator  # noqa: E402
-from specdraft.decoding.stopping import FixedK  # noqa: E402
+from specdraft.decoding.speculators.drafter import DrafterSpeculator  # noqa: E402
+from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 GREEDY = SamplingConfig(temperature=0.0)

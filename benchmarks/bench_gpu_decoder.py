@@ -32,10 +32,10 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from specdraft.data.chat import row_messages  # noqa: E402
-from specdraft.decoding.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
-from specdraft.decoding import kv  # noqa: E402
+from specdraft.decoding.bundle.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
+from specdraft.decoding.rounds import kv  # noqa: E402
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
-from specdraft.decoding.cost_model import acceptance_from_mat, analytic_speedup  # noqa: E402
+from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic_speedup  # noqa: E402
 from specdraft.decoding.metrics import aggregate  # noqa: E402
 from specdraft.decoding.speculative import speculative_generate  # noqa: E402
 from bench_decoder import ForwardCounter, early_exit_pair  # noqa: E402  (benchmarks/bench_decoder.py)
@@ -130,7 +130,7 @@ def profile_rounds(target, drafter, prompt, n, k, path: pathlib.Path | None) -> 
     saved = {name: getattr(sp, name) for name in ("verify", probs_name)}
     sp.verify = marked("round::verify", sp.verify)
     setattr(sp, probs_name, marked("round::target_probs", saved[probs_name]))
-    from specdraft.decoding.speculator import DrafterSpeculator
+    from specdraft.decoding.speculators.drafter import DrafterSpeculator
     saved_propose = DrafterSpeculator.propose
     DrafterSpeculator.propose = marked("round::propose", saved_propose)
     saved_forward = kv.forward

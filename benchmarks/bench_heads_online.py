@@ -17,8 +17,8 @@ from pathlib import Path
 from datasets import load_from_disk
 from torch.utils.data import DataLoader
 
-from specdraft.decoding.loading import load_tokenizer
-from specdraft.decoding.loading import load_causal_lm
+from specdraft.decoding.bundle.loading import load_tokenizer
+from specdraft.decoding.bundle.loading import load_causal_lm
 from specdraft.heads.lit_head import HeadTrainConfig, train_head_grid
 from specdraft.heads.online import OnlineFeatures
 from specdraft.pipelines.readers import load_features

@@ -14,7 +14,7 @@ Per domain of the test prompt set (greedy, K = N_max = the bundle's k):
            datastore) and what it reads (weights per forward, KV per forward, suffix-array bytes the
            retrieval touched), normalised to the parametric drafter arm as BanditSpec Table 2 does.
 The bandits use the throughput reward with each arm's measured cost per drafted token (BanditSpec §6.2;
-decoding.multi), and UCBSpec also with the accepted length Y (BanditSpec Table 1's reward).
+decoding.speculators.bandit), and UCBSpec also with the accepted length Y (BanditSpec Table 1's reward).
 
 The datastore comes from the bundle (export ships it); a bundle exported without one is given one built
 here from the run's distill_data (the build time is printed). Writes the tables as this script's section of benchmarks/RESULTS.md.
@@ -34,17 +34,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdraft.data.chat import row_messages  # noqa: E402
-from specdraft.decoding.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
-from specdraft.decoding.arms import ArmResources, build_arms  # noqa: E402
+from specdraft.decoding.bundle.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
+from specdraft.decoding.speculators.arms import ArmResources, build_arms  # noqa: E402
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
-from specdraft.decoding.bundle import load_bundle  # noqa: E402
-from specdraft.decoding.datastore import SuffixIndex, build_datastore  # noqa: E402
-from specdraft.decoding.defaults import DEFAULTS  # noqa: E402
-from specdraft.decoding.multi import MultiDrafterSpeculator  # noqa: E402
-from specdraft.decoding.sampling import SamplingConfig  # noqa: E402
-from specdraft.decoding.selectors import make_selector  # noqa: E402
+from specdraft.decoding.bundle.directory import load_bundle  # noqa: E402
+from specdraft.decoding.speculators.datastore import SuffixIndex, build_datastore  # noqa: E402
+from specdraft.decoding.bundle.defaults import DEFAULTS  # noqa: E402
+from specdraft.decoding.speculators.bandit import MultiDrafterSpeculator  # noqa: E402
+from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
+from specdraft.decoding.policies.selectors import make_selector  # noqa: E402
 from specdraft.decoding.speculative import generate_speculative  # noqa: E402
-from specdraft.decoding.suffix import SuffixSpeculator  # noqa: E402
+from specdraft.decoding.speculators.suffix import SuffixSpeculator  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -164,7 +164,7 @@ def main() -> None:
         k = bundle.defaults.k
     else:  # a run stopped before export: its stages' outputs directly (target/, drafters/, distill_data/)
         from specdraft.decoding.compat import check_pair
-        from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+        from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
 
         tok = load_tokenizer(root / "target")
         target = load_causal_lm(root / "target", "float32", "cpu")

@@ -47,12 +47,12 @@ def measure(args) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from specdraft.decoding import kv
+    from specdraft.decoding.rounds import kv
     from specdraft.decoding.autoregressive import generate_autoregressive
     from specdraft.decoding.metrics import aggregate
-    from specdraft.decoding.sampling import SamplingConfig
+    from specdraft.decoding.rounds.sampling import SamplingConfig
     from specdraft.decoding.speculative import hindsight_oracle, speculative_generate
-    from specdraft.decoding.stopping import SpecDecPP
+    from specdraft.decoding.policies.stopping import SpecDecPP
     from specdraft.heads.simulate import simulate_specdecpp
 
     torch.set_num_threads(1)

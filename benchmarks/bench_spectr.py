@@ -37,14 +37,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdraft.data.chat import row_messages  # noqa: E402
-from specdraft.decoding.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
-from specdraft.decoding import kv  # noqa: E402
+from specdraft.decoding.bundle.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
+from specdraft.decoding.rounds import kv  # noqa: E402
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
 from specdraft.decoding.metrics import aggregate  # noqa: E402
-from specdraft.decoding.multi_draft import drafter_speculator  # noqa: E402
-from specdraft.decoding.sampling import SamplingConfig  # noqa: E402
+from specdraft.decoding.speculators.spectr import drafter_speculator  # noqa: E402
+from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.speculative import generate_speculative  # noqa: E402
-from specdraft.decoding.stopping import FixedK  # noqa: E402
+from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
@@ -132,7 +132,7 @@ def truncated_drafter(target, n_layers: int):
 def load_models(args):
     """-> (tokenizer, target, {drafter set label: {domain or None: (drafter name, model)}}, prompt set)."""
     if args.target:
-        from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+        from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
 
         tok = load_tokenizer(args.target)
         target = load_causal_lm(args.target, "auto", args.device)
@@ -141,7 +141,7 @@ def load_models(args):
                 for n in (int(x) for x in args.drafter_layers.split(","))}
         prompt_set = args.prompt_set or str(Path(args.target).resolve().parent / "prompts" / "sets")
         return tok, target, sets, prompt_set
-    from specdraft.decoding.bundle import load_bundle
+    from specdraft.decoding.bundle.directory import load_bundle
 
     bundle = load_bundle(args.bundle, verify=False)
     tok = bundle.load_tokenizer()

@@ -159,9 +159,9 @@ def score_target(cfg_path: str, run_root: pathlib.Path, target: pathlib.Path, n_
     from specdraft.data.prompts import fit_prompt, load_prompt_sets
     from specdraft.data.quality import SCORED_DOMAINS, aggregate
     from specdraft.decoding.autoregressive import generate_autoregressive
-    from specdraft.decoding.chat import end_of_turn_ids, format_prompt
-    from specdraft.decoding.loading import load_causal_lm, load_tokenizer
-    from specdraft.decoding.sampling import SamplingConfig
+    from specdraft.decoding.bundle.chat import end_of_turn_ids, format_prompt
+    from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
+    from specdraft.decoding.rounds.sampling import SamplingConfig
 
     cfg = _load(cfg_path, [])
     tok = load_tokenizer(target)

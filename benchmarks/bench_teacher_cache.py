@@ -28,7 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from specdraft.decoding.loading import load_causal_lm, load_tokenizer  # noqa: E402
+from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer  # noqa: E402
 from specdraft.drafters.data import TEACHER_LOGITS  # noqa: E402
 from specdraft.pipelines.config import load_config  # noqa: E402
 from specdraft.pipelines.readers import load_distill_data  # noqa: E402

@@ -9,14 +9,14 @@ A record (a JSONL line or a `datasets` row) holds one of:
 A conversation that ends with an assistant turn is the question "answer the last user turn given the
 earlier ones": distill-data generates that last assistant turn, and its text becomes the reference
 `response`. One that ends with a user turn has no reference. The formatting itself (chat template or
-plain text) is decoding.chat.format_prompt.
+plain text) is decoding.bundle.chat.format_prompt.
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from specdraft.decoding.chat import ChatFormat, user_turn
+from specdraft.decoding.bundle.chat import ChatFormat, user_turn
 from specdraft.core.errors import InputError
 
 # ShareGPT speaker names -> OpenAI roles (the names ShareGPT dumps, SpecForge and FastChat use)

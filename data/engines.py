@@ -4,7 +4,7 @@ prompts on /v1/completions, and a vLLM server this process starts from vLLM's ow
 vLLM pins another transformers than the project, so it never imports here: it runs as a subprocess of
 the engine venv's python (`make vllm` builds .venv-vllm), and we talk to it over HTTP (stdlib urllib).
 
-Prompts go to the server as token ids, formatted once by the caller (decoding.chat.format_prompt): the
+Prompts go to the server as token ids, formatted once by the caller (decoding.bundle.chat.format_prompt): the
 server applies no chat template of its own. Responses come back as token ids (vLLM's `return_token_ids`;
 a server without it may give `logprobs` tokens as "token_id:N" under `return_tokens_as_token_ids`), cut at
 the first end-of-turn token with that token kept, as data.generation.generate_batch does for HF.

@@ -5,7 +5,7 @@ result is a `PreTrainedTokenizerFast` saved with `save_pretrained`, so `AutoToke
 loads it like any hub tokenizer.
 
 It carries a small chat template with one special token per role, so the demo run takes the exact
-path an instruct target takes (decoding/chat.py): every prompt is formatted by the template, and the
+path an instruct target takes (decoding/bundle/chat.py): every prompt is formatted by the template, and the
 pretraining documents are formatted the same way, so the target has seen the markers it is served with.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from specdraft.decoding.chat import ChatFormat, format_prompt, user_turn
+from specdraft.decoding.bundle.chat import ChatFormat, format_prompt, user_turn
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
@@ -53,7 +53,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
 
 
 def encode_document(tok, prompt: str, response: str, chat: ChatFormat = ChatFormat()) -> list[int]:
-    """The formatted prompt (decoding.chat.format_prompt) + response + EOS, prompt and response
+    """The formatted prompt (decoding.bundle.chat.format_prompt) + response + EOS, prompt and response
     tokenized separately, exactly as generation sees them."""
     return (format_prompt(tok, user_turn(prompt), chat) + tok(response, add_special_tokens=False)["input_ids"]
             + [tok.eos_token_id])

@@ -6,11 +6,11 @@ import time
 
 import torch
 
-from specdraft.decoding import kv
+from specdraft.decoding.rounds import kv
 from specdraft.decoding.compat import check_prompt
 from specdraft.core.errors import InputError
 from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
-from specdraft.decoding.sampling import SamplingConfig, probs_on_cpu, sample
+from specdraft.decoding.rounds.sampling import SamplingConfig, probs_on_cpu, sample
 
 
 def as_token_list(prompt_ids) -> list[int]:
@@ -45,7 +45,7 @@ def generate_autoregressive(
 ) -> GenerationResult:
     """Sample up to max_new_tokens tokens, one target forward each (the prompt prefill gives the first).
 
-    Sampling happens on CPU from `decoding.sampling.probs`, exactly as the speculative decoder does,
+    Sampling happens on CPU from `decoding.rounds.sampling.probs`, exactly as the speculative decoder does,
     so a seeded generator gives the same stream on any device. `generator` must be a CPU generator.
     """
     prompt = as_token_list(prompt_ids)

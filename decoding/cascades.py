@@ -4,7 +4,7 @@ distributions pi = T(q, p) that trade quality for speed, and the two sequential 
 Every rule is a pure function of the drafter's q and the verifier's p at one position, on (..., V)
 tensors of the same shape (a (V,) row or a (k, V) block). The speculative decoder turns any such pi into
 an output distribution with the generic rule of Algorithm 4 (GenSpecSample), implemented once in
-`decoding.verify.verify`: accept a draft token x when q(x) <= pi(x), else with probability pi(x)/q(x); on
+`decoding.rounds.verify.verify`: accept a draft token x when q(x) <= pi(x), else with probability pi(x)/q(x); on
 rejection sample norm(max(0, pi - q)).
 
 Rules (paper Table 1 / Table 3, section 4.4), each with the lenience alpha (larger = more drafter):
@@ -49,15 +49,15 @@ from typing import Callable
 
 import torch
 
-from specdraft.decoding import kv
+from specdraft.decoding.rounds import kv
 from specdraft.decoding.autoregressive import as_token_list, eos_set, generate_autoregressive
 from specdraft.decoding.compat import check_pair, check_prompt
 from specdraft.core.errors import InputError
 from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
-from specdraft.decoding.sampling import SamplingConfig, probs, sample
+from specdraft.decoding.rounds.sampling import SamplingConfig, probs, sample
 from specdraft.decoding.speculative import generate_speculative
-from specdraft.decoding.speculator import DrafterSpeculator
-from specdraft.decoding.stopping import FixedK
+from specdraft.decoding.speculators.drafter import DrafterSpeculator
+from specdraft.decoding.policies.stopping import FixedK
 
 SPECULATIVE_RULES = ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3", "lossy", "bild")
 SEQUENTIAL_RULES = ("token_chow", "seq_chow")

@@ -1,5 +1,5 @@
 """Checks that fail early, with one line naming the problem and the fix (`InputError`).
-(Sampling settings are validated by `decoding.sampling.SamplingConfig` itself.)
+(Sampling settings are validated by `decoding.rounds.sampling.SamplingConfig` itself.)
 
 Heads must read the drafter they were trained on; drafter and target must share the vocabulary and the
 tokenizer (`core.tokenizers`, the one definition).

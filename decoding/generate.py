@@ -12,9 +12,9 @@ decoding.threshold, else the head's chosen h); `--k` forces fixed-K drafting; wi
 drafts its best fixed K from the bundle. `--method ar` decodes with the target alone. `--drafts K`
 (K > 1) decodes with SpecTr; `--cascade RULE --alpha A` runs a speculative cascade (decoding/cascades.py;
 block size --k, 5 by default; needs temperature > 0); a bundle whose defaults name a cascade runs it when
-sampling unless `--cascade none`. Every option left out takes the bundle's default (decoding/defaults.py).
+sampling unless `--cascade none`. Every option left out takes the bundle's default (decoding/bundle/defaults.py).
 
-A prompt is one user turn (or a record's messages), formatted as the bundle was trained (decoding/chat.py:
+A prompt is one user turn (or a record's messages), formatted as the bundle was trained (decoding/bundle/chat.py:
 the target's chat template unless the run chose otherwise); `--raw-prompt` feeds the text as is and
 `--system-prompt TEXT` adds a system turn. One prompt prints its text and a line of metrics; with
 `--prompts` (or `--output`) every prompt becomes one JSON line: text, token ids, MAT and counts.
@@ -36,19 +36,19 @@ import torch
 
 from specdraft.core.errors import InputError
 from specdraft.core.tokenizers import check_same_vocabulary
-from specdraft.decoding.batch_decode import generate_batch
+from specdraft.decoding.batched import generate_batch
 from specdraft.decoding.autoregressive import generate_autoregressive
-from specdraft.decoding.chat import ChatFormat, end_of_turn_ids, format_prompt, user_turn
+from specdraft.decoding.bundle.chat import ChatFormat, end_of_turn_ids, format_prompt, user_turn
 from specdraft.decoding.compat import check_head, check_pair
-from specdraft.decoding.defaults import DEFAULTS, DecodingDefaults
-from specdraft.decoding.eagle_model import EagleDrafter  # loaded with the batched decoder anyway
+from specdraft.decoding.bundle.defaults import DEFAULTS, DecodingDefaults
+from specdraft.decoding.speculators.eagle_model import EagleDrafter  # loaded with the batched decoder anyway
 from specdraft.decoding.generate_args import bundle_of
-from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
 from specdraft.decoding.metrics import GenerationResult
-from specdraft.decoding.multi_draft import check_drafts, drafter_speculator
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculators.spectr import check_drafts, drafter_speculator
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import generate_speculative
-from specdraft.decoding.stopping import FixedK, SpecDecPP
+from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
 
 METRIC_KEYS = ("N", "N_target", "N_draft", "N_discarded", "rounds", "MAT", "discard_rate", "verification_rate",
                "tokens_per_s")
@@ -76,7 +76,7 @@ class Plan:
     drafts: int = 1
     cascade: Any = None  # a decoding.cascades.CascadeMethod
     cascade_k: int = 5
-    tree: Any = None  # an EAGLE drafter's decoding.eagle.TreeShape
+    tree: Any = None  # an EAGLE drafter's decoding.speculators.eagle.TreeShape
 
 
 # ---- decoding ----------------------------------------------------------------------------------------
@@ -87,7 +87,7 @@ def decode_batch(target, prompts: list[list[int]], max_new_tokens: int, plan: Pl
     """Decode a batch of prompts (token id lists) with one plan: the one place batches meet the decoder.
 
     Plans the batched decoder serves (the target alone, or one drafter drafting a chain under a stopping
-    policy: fixed K, SpecDec++, an EAGLE-1 chain) decode together in `decoding.batch_decode.generate_batch`,
+    policy: fixed K, SpecDec++, an EAGLE-1 chain) decode together in `decoding.batched.generate_batch`,
     sampling from one device generator seeded with `seed`. The rest (SpecTr drafts, cascades, EAGLE
     trees) decode one prompt after another with the single-sequence decoder, prompt i with seed + i;
     they cannot be compiled."""
@@ -103,7 +103,7 @@ def decode_batch(target, prompts: list[list[int]], max_new_tokens: int, plan: Pl
 
 
 def batched_plan(plan: Plan) -> bool:
-    """Whether `decoding.batch_decode` decodes this plan: no drafter, or one chain drafter (a causal LM, or
+    """Whether `decoding.batched` decodes this plan: no drafter, or one chain drafter (a causal LM, or
     an EAGLE-1 drafter drafting a chain) with no SpecTr drafts and no cascade."""
     if plan.drafter is None:
         return True
@@ -116,7 +116,7 @@ def batched_plan(plan: Plan) -> bool:
 
 def decode_one(target, ids: list[int], max_new_tokens: int, plan: Plan, sampling: SamplingConfig, eos_token_id,
                generator: torch.Generator) -> GenerationResult:
-    from specdraft.decoding.eagle import EagleSpeculator
+    from specdraft.decoding.speculators.eagle import EagleSpeculator
 
     if plan.drafter is None:
         return generate_autoregressive(target, ids, max_new_tokens, sampling, eos_token_id, generator)
@@ -148,7 +148,7 @@ def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = DEFAU
                   cascade=None, tree=None, chat: ChatFormat = ChatFormat()) -> tuple[str, dict]:
     """Decode one prompt -> (text, metrics summary). With `head` and no `k`: SpecDec++ at `threshold`
     (None: the paper's h); else fixed K (`k`, default the library's). drafts > 1: SpecTr; cascade: a
-    decoding.cascades.CascadeMethod; tree: an EAGLE drafter's decoding.eagle.TreeShape; chat: how the
+    decoding.cascades.CascadeMethod; tree: an EAGLE drafter's decoding.speculators.eagle.TreeShape; chat: how the
     prompt is formatted."""
     check_drafts(drafts)
     if method not in ("speculative", "ar"):
@@ -181,7 +181,7 @@ def load_pair(bundle: str | None = None, target: str | None = None, drafter: str
     sit on `drafter_device` (default: `device`)."""
     drafter_device = drafter_device or device
     if bundle is not None:
-        from specdraft.decoding.bundle import load_bundle
+        from specdraft.decoding.bundle.directory import load_bundle
 
         b = load_bundle(bundle)
         tok = b.load_tokenizer()
@@ -214,7 +214,7 @@ def load_bundle_drafter(b, name: str, target, head: str | None, sampling: Sampli
 
 def load_drafter_dir(drafter: str, target_dir: str, tok, target, head: str | None, dtype: str, device: str | None):
     """(drafter model, head module or None, head config or None) from model directories."""
-    from specdraft.decoding.eagle_model import is_eagle_dir, load_eagle, target_dir_hash
+    from specdraft.decoding.speculators.eagle_model import is_eagle_dir, load_eagle, target_dir_hash
 
     if is_eagle_dir(drafter):  # an EAGLE drafter speaks the target's tokenizer (its embedding and LM head)
         return load_eagle(drafter, target, target_dir_hash(target_dir), device), None, None
@@ -223,7 +223,7 @@ def load_drafter_dir(drafter: str, target_dir: str, tok, target, head: str | Non
     check_pair(target, dft)
     if head is None:
         return dft, None, None
-    from specdraft.decoding.acceptance_head import load_head
+    from specdraft.decoding.policies.acceptance_head import load_head
 
     h, hcfg = load_head(head, expected_hidden_size=dft.config.hidden_size)
     h = h.to(device)
@@ -354,7 +354,7 @@ def cascade_from(args, defaults: DecodingDefaults | None):
 
 def run(args, services: Services = Services()) -> None:
     """`specdraft generate` on parsed arguments (decoding/generate_args.py)."""
-    from specdraft.decoding.bundle import load_bundle
+    from specdraft.decoding.bundle.directory import load_bundle
 
     bundle_dir = bundle_of(args, warn=lambda msg: print(msg, file=sys.stderr))
     if bundle_dir is None and args.target is None:
@@ -505,7 +505,7 @@ def _is_eagle(drafter) -> bool:
 def eagle_tree(args, b, name: str):
     """--eagle-tree: "none" -> chain drafts; "D,K,M" -> that EAGLE-2 tree; "bundle" (default) -> the bundle's
     tree for its EAGLE drafter, else chain drafts."""
-    from specdraft.decoding.eagle import TreeShape
+    from specdraft.decoding.speculators.eagle import TreeShape
 
     spec = getattr(args, "eagle_tree", "bundle")
     if spec == "none":

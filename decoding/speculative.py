@@ -7,7 +7,7 @@ Per round:
     n, y' = verify(pi, q, y)                                accepted prefix + correction/bonus
     roll the target cache back to context + y_1..y_n; commit y_1..y_n, y'
 The target cache never holds the last committed token: it is fed, together with the next drafts, in
-the next round's single forward. The speculator rolls its own cache back (see `decoding.speculator`).
+the next round's single forward. The speculator rolls its own cache back (see `decoding.speculators.protocol`).
 
 A draft may instead be a tree (`Draft.tree`, e.g. SpecTr's K i.i.d. drafts merged into a trie): then the
 one target forward is tree-masked over all nodes, `verify_tree` selects the accepted path with the tree's
@@ -20,17 +20,18 @@ from typing import Callable
 
 import torch
 
-from specdraft.decoding.defaults import DEFAULTS
-from specdraft.decoding import kv
+from specdraft.decoding.bundle.defaults import DEFAULTS
+from specdraft.decoding.rounds import kv
 from specdraft.decoding.autoregressive import as_token_list, eos_set, generate_autoregressive
 from specdraft.decoding.compat import check_prompt
 from specdraft.core.errors import InputError
 from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
-from specdraft.decoding.sampling import SamplingConfig, probs_on_cpu
-from specdraft.decoding.speculator import DrafterSpeculator, RoundOutcome, Speculator
-from specdraft.decoding.stopping import FixedK, HindsightOracle, StoppingPolicy
-from specdraft.decoding.tree import verify_tree
-from specdraft.decoding.verify import Verification, verify
+from specdraft.decoding.rounds.sampling import SamplingConfig, probs_on_cpu
+from specdraft.decoding.speculators.drafter import DrafterSpeculator
+from specdraft.decoding.speculators.protocol import RoundOutcome, Speculator
+from specdraft.decoding.policies.stopping import FixedK, HindsightOracle, StoppingPolicy
+from specdraft.decoding.rounds.tree import verify_tree
+from specdraft.decoding.rounds.verify import Verification, verify
 
 # (p (k+1, V), q (k, V)) -> the distribution verification makes the output follow, (k+1, V)
 VerificationDistribution = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -1,6 +1,6 @@
 """Training an EAGLE drafter (EAGLE-1, Li et al. 2024, Sec. 3.2 "Training") on self-distilled data.
 
-The network is `decoding.eagle_model.EagleDrafter` (it lives in `decoding/` because the decoder loads
+The network is `decoding.speculators.eagle_model.EagleDrafter` (it lives in `decoding/` because the decoder loads
 it from a bundle). Per batch, the frozen target runs once (no gradients) and gives its features
 f (B, T, d) (final hidden states, what its LM head reads) and its next-token distribution p. Drafter
 input j is (f_j + noise, x_{j+1}), its output f^_{j+1} is regressed onto f_{j+1}, and its draft
@@ -22,7 +22,7 @@ combined for a real target (4096-d features: 8 KiB per token). The heads' online
 trade. A disk cache would pay off only for many epochs over a large target, on GPUs.
 
 EAGLE-3 (Li et al. 2025, arXiv 2503.01840, Sec. 3.1 "training-time test"), `variant="eagle3"`: the input
-features are the target's low / middle / high hidden states, fused by the drafter (decoding/eagle_model.py);
+features are the target's low / middle / high hidden states, fused by the drafter (decoding/speculators/eagle_model.py);
 the feature regression is dropped and only the token loss is kept; and the drafter is unrolled for
 `ttt_steps` steps on its own predictions, as at decode time: at step s the entry for position i reads the
 prediction that step s - 1 made at position i - 1 and attends to the real entries 0..i-s and to its own
@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
 
-from specdraft.decoding.eagle_model import EagleDrafter, fused_features
+from specdraft.decoding.speculators.eagle_model import EagleDrafter, fused_features
 from specdraft.core.errors import InputError
 from specdraft.drafters import losses
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.sampling import SamplingConfig, probs, sample
+from specdraft.decoding.rounds.sampling import SamplingConfig, probs, sample
 
 
 @dataclass

@@ -28,7 +28,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sequential
 
 from specdraft.core.errors import InputError
 from specdraft.training.trainer import TrainerConfig, build_trainer
-from specdraft.decoding.acceptance_head import AcceptanceHead
+from specdraft.decoding.policies.acceptance_head import AcceptanceHead
 from specdraft.heads.losses import weighted_bce_terms
 from specdraft.heads.metrics import binary_kl_terms, head_metrics
 

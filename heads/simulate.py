@@ -15,7 +15,7 @@ probabilities P_i = min(1, p_i(Y_i)/q_i(Y_i)) and head predictions sigma_i at th
   K - m drafts from j+m on, and the next round starts at j+m+1. If all K are accepted the target's
   bonus token is emitted and the next round starts at j+K+1 (a bonus past the end is not counted in N).
 - Every round costs one target forward (N_target += 1) and K drafter forwards (N_draft += K): the
-  count of `decoding.rounds.draft_forwards`, the forwards the decoder spends (Lemma 3.1).
+  count of `decoding.rounds.lengths.draft_forwards`, the forwards the decoder spends (Lemma 3.1).
 The expected N_target, N_draft, N_discarded are computed exactly by dynamic programming over the
 position where each round starts (the probability that a round starts at j, pushed forward), for
 many policies and sequences at once: no sampling, so no seed (a test checks it against Monte Carlo).
@@ -23,10 +23,10 @@ N is the response length. Totals are pooled over sequences (ratios of sums, i.e.
 decoding the whole dev set).
 
 Policies:
-- SpecDec++ (decoding/stopping.py's SpecDecPP, paper Alg. 1): after sampling y_k the head has read
+- SpecDec++ (decoding/policies/stopping.py's SpecDecPP, paper Alg. 1): after sampling y_k the head has read
   e_1..e_{k-1} (the forward on y_{k-1} yields q_k and e_{k-1}), so y_k rides along unpredicted:
   K(j) = min{k >= 1 : 1 - prod_{i=j}^{j+k-2} sigma_i > h}, capped at k_max (= 20) and N - j; every
-  uncapped round is >= 2 tokens. The decisions are `decoding.rounds.specdecpp_fires`, the rule the
+  uncapped round is >= 2 tokens. The decisions are `decoding.rounds.lengths.specdecpp_fires`, the rule the
   decoder runs, so the h chosen here is chosen under the cost the decoder pays (a test decodes
   teacher-forced greedy sequences and checks the counts equal).
 - Fixed K: K(j) = min(K, N - j).
@@ -44,11 +44,11 @@ from typing import Sequence
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.defaults import DEFAULTS
-from specdraft.decoding.rounds import draft_forwards, round_length, specdecpp_fires
+from specdraft.decoding.bundle.defaults import DEFAULTS
+from specdraft.decoding.rounds.lengths import draft_forwards, round_length, specdecpp_fires
 
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
-K_MAX = DEFAULTS.k_max  # the decoder's SpecDec++ cap (decoding/defaults.py)
+K_MAX = DEFAULTS.k_max  # the decoder's SpecDec++ cap (decoding/bundle/defaults.py)
 
 
 @dataclass(frozen=True)

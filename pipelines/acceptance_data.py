@@ -32,13 +32,13 @@ from tqdm.auto import tqdm
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.core.hashing import derive_seed
-from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
 from specdraft.drafters.alignment import response_hidden, response_logits
 from specdraft.drafters.data import CausalLMCollator
 from specdraft.core.tokenizers import check_same_vocabulary
-from specdraft.decoding.loading import load_causal_lm as load_drafter
+from specdraft.decoding.bundle.loading import load_causal_lm as load_drafter
 from specdraft.heads.labels import acceptance_labels, mix_tokens
-from specdraft.decoding.bundle import subdir_files
+from specdraft.decoding.bundle.directory import subdir_files
 from specdraft.core.hashing import drafter_hash
 from specdraft.pipelines.artifacts import read_json
 from specdraft.pipelines.readers import load_distill_data

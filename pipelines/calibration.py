@@ -4,7 +4,7 @@ decode with (SpecDec++ Eq. 3.1 with the measured v(K) and t_draft).
 Shared by two stages, so it sits below both: evaluate prices every run's counts with it (its passes spread
 through the run loop), and train-heads measures c = t_draft / t_target the same way, so the heads'
 thresholds are picked with the c their counted speedup is later priced with. It times models with the
-decoder's own cached forwards (decoding.kv) but is measurement for the pipelines, not decoding: the
+decoder's own cached forwards (decoding.rounds.kv) but is measurement for the pipelines, not decoding: the
 decoder never reads it.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from specdraft.decoding import kv
+from specdraft.decoding.rounds import kv
 from specdraft.decoding.metrics import GenerationMetrics
 from specdraft.decoding.timing import quantile, timed_call
 

@@ -96,7 +96,7 @@ def _config(args) -> None:
 
 
 def _inspect_bundle(args) -> None:
-    from specdraft.decoding.bundle import inspect_bundle
+    from specdraft.decoding.bundle.directory import inspect_bundle
 
     print(inspect_bundle(args.bundle))
 

@@ -1,7 +1,7 @@
 """Stage `distill-data`: the target answers every train/dev prompt at each configured temperature.
 
 MetaSD App. F.2: drafters are finetuned on the target's own responses at temperatures {0, 0.3, 0.7, 1}.
-Prompts are formatted as the target is served (its chat template, prompts.* keys; decoding/chat.py); a
+Prompts are formatted as the target is served (its chat template, prompts.* keys; decoding/bundle/chat.py); a
 conversation's earlier turns are context, and the target answers its last user turn.
 
 Work is cut into chunks of (prompt, temperature) jobs with a fixed order; chunk i belongs to shard
@@ -37,11 +37,11 @@ from specdraft.data.chat import chat_format, row_messages
 from specdraft.data.engines import CompletionsClient, VllmServer, engine_python
 from specdraft.data.generation import generate_batch
 from specdraft.data.prompts import fit_prompt, load_prompt_sets
-from specdraft.decoding.chat import ChatFormat, end_of_turn_ids, format_prompt
+from specdraft.decoding.bundle.chat import ChatFormat, end_of_turn_ids, format_prompt
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.core.hashing import derive_seed
-from specdraft.decoding.loading import load_causal_lm, load_tokenizer, resolve_dtype
+from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer, resolve_dtype
 from specdraft.pipelines.shards import claim_merge, shard_from_env, write_json_atomic
 from specdraft.pipelines.stage import Context, StageIncomplete
 

@@ -12,14 +12,14 @@
 4b. datastore (export.datastore, default on): a suffix array over distill-data's train responses
    (token ids, the target's own text), read by the REST and suffix-decoding arms; its size and build
    time go into the stage manifest's metrics. Without it the bundle still loads (no REST arm)
-5. bundle.json (decoding/bundle.py documents the format): the above, the decoding defaults, the prompt
+5. bundle.json (decoding/bundle/directory.py documents the format): the above, the decoding defaults, the prompt
    format (chat template settings, prompts.*), and the
    sha256 of every file. Files are copied from the lists in the input stages' manifests and checked
    against the hashes recorded there, so a bundle holds exactly what the stages produced.
 
 Weights are safetensors only: a pickle-based file anywhere in the inputs fails the stage.
 
-Writes bundle/ (layout in decoding/bundle.py); `specdraft inspect-bundle runs/<run>/bundle` summarises it.
+Writes bundle/ (layout in decoding/bundle/directory.py); `specdraft inspect-bundle runs/<run>/bundle` summarises it.
 """
 from __future__ import annotations
 
@@ -29,19 +29,19 @@ from dataclasses import replace
 from pathlib import Path
 
 from specdraft.data.chat import chat_format
-from specdraft.decoding.bundle import BUNDLE_JSON, check_safe_weights, drafter_hash, load_bundle, subdir_files, summarize, write_bundle
-from specdraft.decoding.bundle_schema import (BundleSpec, DatastoreEntry, DrafterEntry, EagleEntry, HeadEntry,
+from specdraft.decoding.bundle.directory import BUNDLE_JSON, check_safe_weights, drafter_hash, load_bundle, subdir_files, summarize, write_bundle
+from specdraft.decoding.bundle.schema import (BundleSpec, DatastoreEntry, DrafterEntry, EagleEntry, HeadEntry,
                                     RouterEntry, TargetEntry)
 from specdraft.core.hashing import content_hash, file_sha256
 from specdraft.decoding.cascades import method_from_spec
-from specdraft.decoding.defaults import DecodingDefaults
+from specdraft.decoding.bundle.defaults import DecodingDefaults
 from specdraft.core.tokenizers import tokenizer_fingerprint
-from specdraft.decoding.datastore import build_datastore
+from specdraft.decoding.speculators.datastore import build_datastore
 from specdraft.core.errors import InputError
-from specdraft.decoding.loading import load_tokenizer
-from specdraft.decoding.sampling import SamplingConfig
-from specdraft.decoding.selectors import SELECTORS
-from specdraft.decoding.acceptance_head import CONFIG_NAME as HEAD_CONFIG
+from specdraft.decoding.bundle.loading import load_tokenizer
+from specdraft.decoding.rounds.sampling import SamplingConfig
+from specdraft.decoding.policies.selectors import SELECTORS
+from specdraft.decoding.policies.acceptance_head import CONFIG_NAME as HEAD_CONFIG
 from specdraft.pipelines.artifacts import MANIFEST, Manifest
 from specdraft.pipelines.config import to_dict
 from specdraft.pipelines.stage import Context
@@ -71,7 +71,7 @@ def copy_listed(src: Path, manifest: Manifest, sub: str | None, dst: Path) -> di
 
 
 def build_datastore_dir(distill_dir: Path, dst: Path) -> dict:
-    """Suffix array over distill-data's train responses (decoding/datastore.py) written into dst;
+    """Suffix array over distill-data's train responses (decoding/speculators/datastore.py) written into dst;
     returns its datastore.json (tokens, sequences, bytes, source) and the build time in seconds."""
     from specdraft.pipelines.readers import load_distill_data
 
@@ -109,7 +109,7 @@ def export_eagle(ctx: Context, drafters_dir: Path, manifest: Manifest, out: Path
                  target: TargetEntry, add) -> dict[str, EagleEntry]:
     """Copy train-drafters' eagle/<name>/ dirs into eagle/<name>/ and describe them for bundle.json; each
     must have been trained on this target (its recorded target content hash, when both are known)."""
-    from specdraft.decoding.eagle_model import read_eagle_config, target_dir_hash, target_hash_from_files
+    from specdraft.decoding.speculators.eagle_model import read_eagle_config, target_dir_hash, target_hash_from_files
 
     names = sorted({rel.split("/")[1] for rel in manifest.files
                     if rel.startswith("eagle/") and rel.endswith("/eagle_config.json")})
@@ -285,7 +285,7 @@ def build(ctx: Context) -> dict:
 
     # 5. bundle.json, then load it back the way the decoder will (paths, tokenizers, every head)
     datastore = DatastoreEntry(path=out / "datastore", **datastore_meta) if datastore_meta else None
-    # the prompt format every stage used: the decoder formats requests the same way (decoding/chat.py)
+    # the prompt format every stage used: the decoder formats requests the same way (decoding/bundle/chat.py)
     write_bundle(out, BundleSpec(target=target, drafters=drafters, heads=heads, decoding=defaults, files=files,
                                  routers=routers, chat=chat_format(cfg.prompts), datastore=datastore, eagle=eagle))
     bundle = load_bundle(out, verify=False)  # the hashes were checked while copying

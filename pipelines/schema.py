@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 from specdraft.data.demo_world import DOMAINS, HELDOUT_DOMAINS
 from specdraft.core.errors import InputError, require_int
 from specdraft.decoding.compat import check_k
-from specdraft.decoding.defaults import DecodingDefaults
+from specdraft.decoding.bundle.defaults import DecodingDefaults
 from specdraft.drafters.model import CausalLMConfig, preset
 from specdraft.training.trainer import TrainerConfig
 
@@ -71,7 +71,7 @@ class PromptsSection:
     # User prompt sources for a real run: JSONL files (a `prompt` field; optional `domain`, `response`,
     # `split`, `id`) or `datasets` directories. Empty: the demo world's prompt sets.
     sources: list[str] = field(default_factory=list)
-    # How every stage formats a prompt for the target (decoding/chat.py; records may also be `messages` /
+    # How every stage formats a prompt for the target (decoding/bundle/chat.py; records may also be `messages` /
     # `conversations` lists, data/chat.py). null: the target tokenizer's chat template (plain text if it
     # has none); "none": plain text always; else a Jinja template string or a path to a .jinja file.
     chat_template: Optional[str] = None
@@ -185,7 +185,7 @@ class PhaseSection:
 
 @dataclass
 class EagleTreeSection:
-    """EAGLE-2's dynamic draft tree (decoding/eagle.py TreeShape); the paper's defaults are 6 / 10 / 60."""
+    """EAGLE-2's dynamic draft tree (decoding/speculators/eagle.py TreeShape); the paper's defaults are 6 / 10 / 60."""
     depth: int = 4  # levels drafted per round
     top_k: int = 4  # children per expanded node, and nodes expanded per level
     nodes: int = 16  # nodes kept (by cumulative draft confidence) and verified in one target forward
@@ -224,7 +224,7 @@ class EagleSection:
         if self.layers is not None and (self.variant != "eagle3" or len(self.layers) != 3):
             raise InputError("train_drafters.eagle.layers takes 3 hidden-state indices (low, middle, high) and only "
                              "with variant: eagle3; drop it for EAGLE-3's default or for eagle1")
-        from specdraft.decoding.eagle import TreeShape
+        from specdraft.decoding.speculators.eagle import TreeShape
 
         TreeShape(self.tree.depth, self.tree.top_k, self.tree.nodes)
 
@@ -260,7 +260,7 @@ class SamplingSection:
 
     def config(self):
         """The decoder's SamplingConfig (raises InputError on impossible values)."""
-        from specdraft.decoding.sampling import SamplingConfig
+        from specdraft.decoding.rounds.sampling import SamplingConfig
 
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
 
@@ -340,7 +340,7 @@ class ExportSection:
 
 
 SETS = ("test", "perturbed", "ood")
-# name -> (label, selector in decoding.selectors, reward in decoding.multi)
+# name -> (label, selector in decoding.policies.selectors, reward in decoding.speculators.bandit)
 BANDITS: dict[str, tuple[str, str, str]] = {
     "ucb-bd": ("MetaSD-UCB (BD)", "ucb", "bd"),
     "ucb-bd-argmax": ("MetaSD-UCB (BD argmax)", "ucb", "bd-argmax"),

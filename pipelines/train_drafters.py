@@ -33,12 +33,12 @@ from specdraft.data.tokenizer import encode_document, pack
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.pipelines.artifacts import load_dataset_dir
-from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
 from specdraft.drafters.alignment import alignment_by_domain, format_table, specialist_margins
 from specdraft.drafters.data import TEACHER_LOGITS, CausalLMCollator, CausalLMDataModule
 from specdraft.drafters.lit_lm import CausalLMModule, teacher_logits_per_example
 from specdraft.drafters.model import build_causal_lm, num_parameters
-from specdraft.decoding.loading import load_causal_lm as load_drafter
+from specdraft.decoding.bundle.loading import load_causal_lm as load_drafter
 from specdraft.core.tokenizers import check_same_vocabulary
 from specdraft.pipelines.readers import load_distill_data
 from specdraft.pipelines.readers import BASE

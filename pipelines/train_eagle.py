@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from specdraft.decoding.eagle_model import (EagleDrafter, count_parameters, fused_features, load_eagle, save_eagle,
+from specdraft.decoding.speculators.eagle_model import (EagleDrafter, count_parameters, fused_features, load_eagle, save_eagle,
                                   target_dir_hash)
 from specdraft.core.errors import InputError
 from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule

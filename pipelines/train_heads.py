@@ -27,9 +27,9 @@ from torch.utils.data import DataLoader
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.pipelines.artifacts import load_dataset_dir, read_json
-from specdraft.decoding.loading import load_causal_lm, load_tokenizer
-from specdraft.decoding.loading import load_causal_lm as load_drafter
-from specdraft.decoding.acceptance_head import save_head
+from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
+from specdraft.decoding.bundle.loading import load_causal_lm as load_drafter
+from specdraft.decoding.policies.acceptance_head import save_head
 from specdraft.heads.lit_head import HeadTrainConfig, predict_logits, train_head_grid
 from specdraft.heads.metrics import constant_baseline, overlap_reference
 from specdraft.heads.online import OnlineFeatures, compute_features

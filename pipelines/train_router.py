@@ -37,16 +37,16 @@ import torch
 
 from specdraft.data.chat import chat_format, row_messages
 from specdraft.data.prompts import load_prompt_sets
-from specdraft.decoding.chat import ChatFormat, end_of_turn_ids, format_prompt
+from specdraft.decoding.bundle.chat import ChatFormat, end_of_turn_ids, format_prompt
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.pipelines.artifacts import read_json
-from specdraft.decoding.loading import load_causal_lm, load_tokenizer
+from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
 from specdraft.drafters.alignment import position_acceptance
 from specdraft.drafters.data import CausalLMCollator
 from specdraft.drafters.roles import DrafterRoles, drafter_roles
-from specdraft.decoding.loading import load_causal_lm as load_drafter
+from specdraft.decoding.bundle.loading import load_causal_lm as load_drafter
 from specdraft.heads.lit_router import train_classifier
 from specdraft.heads.router import CentroidRouter, Router, mean_pooled, save_router
 from specdraft.data.prompts import fit_prompt

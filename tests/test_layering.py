@@ -10,7 +10,7 @@ ALLOWED = {
     "core": set(),
     "training": {"core"},
     "decoding": {"core"},
-    "data": {"core", "decoding"},  # the prompt formats the decoder serves with (decoding.chat)
+    "data": {"core", "decoding"},  # the prompt formats the decoder serves with (decoding.bundle.chat)
     "drafters": {"core", "decoding"},
     "heads": {"core", "decoding", "drafters", "training"},
     "pipelines": {"core", "training", "decoding", "data", "drafters", "heads"},
@@ -28,7 +28,7 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def project_package(module: str) -> str | None:
-    """`specdraft.decoding.kv` -> `decoding`; None for anything outside the project."""
+    """`specdraft.decoding.rounds.kv` -> `decoding`; None for anything outside the project."""
     parts = module.split(".")
     return parts[1] if parts[0] == "specdraft" and len(parts) > 1 and parts[1] in PACKAGES else None
 
@@ -66,8 +66,8 @@ def test_the_decoder_and_the_bottom_layer_do_not_import_lightning():
 
 def test_the_checker_sees_an_upward_import(tmp_path):
     bad = tmp_path / "x.py"
-    bad.write_text("from specdraft.pipelines.training import build_trainer\nimport specdraft.decoding.kv as kv\n")
-    assert imported_modules(bad) == {"specdraft.pipelines.training", "specdraft.decoding.kv"}
+    bad.write_text("from specdraft.pipelines.training import build_trainer\nimport specdraft.decoding.rounds.kv as kv\n")
+    assert imported_modules(bad) == {"specdraft.pipelines.training", "specdraft.decoding.rounds.kv"}
     assert [project_package(m) for m in sorted(imported_modules(bad))] == ["decoding", "pipelines"]
 
 

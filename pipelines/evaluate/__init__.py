@@ -72,11 +72,11 @@ from tqdm.auto import tqdm
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.data.quality import SCORED_DOMAINS, require_scorers
-from specdraft.decoding.bundle import Bundle, load_bundle
-from specdraft.decoding.chat import end_of_turn_ids
+from specdraft.decoding.bundle.directory import Bundle, load_bundle
+from specdraft.decoding.bundle.chat import end_of_turn_ids
 from specdraft.decoding.compat import check_k
-from specdraft.decoding.eagle import TreeShape
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculators.eagle import TreeShape
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.drafters.roles import drafter_roles
 from specdraft.pipelines.calibration import Calibrator
 from specdraft.pipelines.evaluate.aggregate import Setup, score_quality, summarize, target_quality

@@ -15,9 +15,9 @@ import torch
 
 from specdraft.core.hashing import derive_seed
 from specdraft.data.quality import PRIMARY_METRIC, SCORED_DOMAINS, aggregate as aggregate_quality, score
-from specdraft.decoding.cost_model import fit_costs
+from specdraft.decoding.policies.cost_model import fit_costs
 from specdraft.decoding.metrics import aggregate
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.timing import bootstrap_ratio
 from specdraft.pipelines.calibration import Calibration
 from specdraft.pipelines.evaluate.methods import MethodKey, key_of, label

@@ -8,9 +8,9 @@ from specdraft.core.errors import InputError
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.data.chat import row_messages
 from specdraft.data.prompts import fit_prompt, load_prompt_sets
-from specdraft.decoding.bundle import Bundle
-from specdraft.decoding.chat import ChatFormat, format_prompt
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.bundle.directory import Bundle
+from specdraft.decoding.bundle.chat import ChatFormat, format_prompt
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.heads.router import load_router
 from specdraft.pipelines.evaluate.plan import Head, Prompt
 from specdraft.pipelines.schema import EvaluateSection, TargetSection
@@ -18,7 +18,7 @@ from specdraft.pipelines.schema import EvaluateSection, TargetSection
 
 def load_target(bundle: Bundle, tcfg: TargetSection, device: str):
     """The target as the stages trained with it: the config's target.dtype, quantization and device_map,
-    through the one loader every stage uses (decoding.loading.load_causal_lm, behind Bundle.load_target);
+    through the one loader every stage uses (decoding.bundle.loading.load_causal_lm, behind Bundle.load_target);
     a device_map places it (over several GPUs), else it sits on the evaluation device."""
     return bundle.load_target(dtype=tcfg.dtype, device=None if tcfg.device_map is not None else device,
                               device_map=tcfg.device_map, quantization=tcfg.quantization,

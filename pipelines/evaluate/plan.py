@@ -10,17 +10,18 @@ import torch
 
 from specdraft.core.errors import InputError
 from specdraft.core.hashing import derive_seed
-from specdraft.decoding.arms import ArmResources, build_arm, build_arms
+from specdraft.decoding.speculators.arms import ArmResources, build_arm, build_arms
 from specdraft.decoding.cascades import cascade_method
-from specdraft.decoding.eagle import EagleSpeculator
+from specdraft.decoding.speculators.eagle import EagleSpeculator
 from specdraft.decoding.metrics import GenerationResult
-from specdraft.decoding.multi import Arm, MultiDrafterSpeculator
-from specdraft.decoding.multi_draft import drafter_speculator
-from specdraft.decoding.sampling import SamplingConfig
-from specdraft.decoding.selectors import make_selector
+from specdraft.decoding.speculators.bandit import Arm, MultiDrafterSpeculator
+from specdraft.decoding.speculators.spectr import drafter_speculator
+from specdraft.decoding.rounds.sampling import SamplingConfig
+from specdraft.decoding.policies.selectors import make_selector
 from specdraft.decoding.speculative import VerificationDistribution
-from specdraft.decoding.speculator import DrafterSpeculator, Speculator
-from specdraft.decoding.stopping import FixedK, HindsightOracle, SpecDecPP
+from specdraft.decoding.speculators.drafter import DrafterSpeculator
+from specdraft.decoding.speculators.protocol import Speculator
+from specdraft.decoding.policies.stopping import FixedK, HindsightOracle, SpecDecPP
 from specdraft.pipelines.evaluate.methods import CEILING, MethodKey, params
 from specdraft.pipelines.schema import BANDITS, EvaluateSection
 
@@ -85,9 +86,9 @@ class Env:
     heads: dict[str, dict[str, Head]]  # mode -> drafter -> the head labelled under that mode's transform
     sampling: dict[str, SamplingConfig]  # mode -> how it samples
     streams: dict[tuple, Any] = field(default_factory=dict)  # stream bandits' speculators, kept across prompts
-    datastore: Any = None  # the bundle's REST / suffix datastore (decoding.datastore.SuffixIndex), if shipped
+    datastore: Any = None  # the bundle's REST / suffix datastore (decoding.speculators.datastore.SuffixIndex), if shipped
     eagle: dict[str, Any] = field(default_factory=dict)  # EAGLE drafters of the bundle (attached to the target)
-    eagle_tree: dict[str, Any] = field(default_factory=dict)  # name -> its decoding.eagle.TreeShape
+    eagle_tree: dict[str, Any] = field(default_factory=dict)  # name -> its decoding.speculators.eagle.TreeShape
     eagle_ofa: str | None = None  # the EAGLE drafter trained on every domain: a baseline, not a MetaEagle arm
     # c = t_draft / t_target every bandit prices a drafted token with (the bundle's, `Bundle.defaults.cost_ratio`)
     cost_ratio: float | None = None

@@ -13,8 +13,8 @@ from tqdm.auto import tqdm
 
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
-from specdraft.decoding.multi import MultiDrafterSpeculator
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculators.bandit import MultiDrafterSpeculator
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import generate_speculative
 from specdraft.decoding.timing import Timing, timed_call
 from specdraft.pipelines.evaluate.methods import MethodKey

@@ -7,8 +7,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdraft.data.generation import generate_batch
 from specdraft.decoding.autoregressive import generate_autoregressive
-from specdraft.decoding.chat import end_of_turn_ids
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.bundle.chat import end_of_turn_ids
+from specdraft.decoding.rounds.sampling import SamplingConfig
 
 
 def test_a_turn_ends_at_any_end_of_turn_id():

@@ -111,7 +111,7 @@ def chi2_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
 def exact_distribution(table: torch.Tensor, cfg, prompt: list[int], n_tokens: int) -> torch.Tensor:
     """P(x_1..x_n | prompt) of autoregressive sampling from a TableLM (next token depends on the last two),
     enumerated over every sequence: (V ** n_tokens,), cells in itertools.product order."""
-    from specdraft.decoding.sampling import probs
+    from specdraft.decoding.rounds.sampling import probs
 
     vocab = table.shape[-1]
     out = torch.zeros(vocab**n_tokens, dtype=torch.float64)

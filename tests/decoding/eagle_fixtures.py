@@ -6,7 +6,7 @@ import copy
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from specdraft.decoding.eagle_model import EagleDrafter
+from specdraft.decoding.speculators.eagle_model import EagleDrafter
 
 FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.acceptance_head import AcceptanceHead, load_head, save_head
+from specdraft.decoding.policies.acceptance_head import AcceptanceHead, load_head, save_head
 
 
 @pytest.mark.parametrize("depth", [0, 1, 3])

@@ -1,20 +1,20 @@
-"""Bandit arms of any kind from config entries (decoding.arms) and the throughput reward with a cost per
+"""Bandit arms of any kind from config entries (decoding.speculators.arms) and the throughput reward with a cost per
 arm (BanditSpec §6.2): model-free and drafter arms behind one bandit stay lossless under greedy decoding."""
 import pytest
 
-from specdraft.decoding.arms import ArmResources, build_arms
+from specdraft.decoding.speculators.arms import ArmResources, build_arms
 from specdraft.decoding.autoregressive import generate_autoregressive
-from specdraft.decoding.datastore import SuffixIndex
+from specdraft.decoding.speculators.datastore import SuffixIndex
 from specdraft.core.errors import InputError
-from specdraft.decoding.multi import MultiDrafterSpeculator, NoDraftSpeculator
-from specdraft.decoding.prompt_lookup import PromptLookupSpeculator
-from specdraft.decoding.rest import RestSpeculator
-from specdraft.decoding.rewards import throughput_bounds, throughput_reward
-from specdraft.decoding.sampling import SamplingConfig
-from specdraft.decoding.selectors import make_selector
+from specdraft.decoding.speculators.bandit import MultiDrafterSpeculator, NoDraftSpeculator
+from specdraft.decoding.speculators.prompt_lookup import PromptLookupSpeculator
+from specdraft.decoding.speculators.rest import RestSpeculator
+from specdraft.decoding.policies.rewards import throughput_bounds, throughput_reward
+from specdraft.decoding.rounds.sampling import SamplingConfig
+from specdraft.decoding.policies.selectors import make_selector
 from specdraft.decoding.speculative import generate_speculative
-from specdraft.decoding.speculator import DrafterSpeculator
-from specdraft.decoding.suffix import SuffixSpeculator
+from specdraft.decoding.speculators.drafter import DrafterSpeculator
+from specdraft.decoding.speculators.suffix import SuffixSpeculator
 
 GREEDY = SamplingConfig(temperature=0.0)
 

@@ -1,4 +1,4 @@
-"""The per-row static KV cache (`decoding.static_cache`) against transformers' DynamicCache, and the
+"""The per-row static KV cache (`decoding.rounds.static_cache`) against transformers' DynamicCache, and the
 compiled forward against the eager one.
 
 Rows of different lengths are prefilled right-padded, rolled back to different lengths (rollback is
@@ -8,10 +8,10 @@ logits equal a DynamicCache fed that row's surviving tokens alone.
 import pytest
 import torch
 
-from specdraft.decoding import kv
-from specdraft.decoding.batch_decode import generate_batch, model_step
-from specdraft.decoding.static_cache import RowStaticCache, attention_mask, forward_rows
-from specdraft.decoding.stopping import FixedK, SpecDecPP
+from specdraft.decoding.rounds import kv
+from specdraft.decoding.batched import generate_batch, model_step
+from specdraft.decoding.rounds.static_cache import RowStaticCache, attention_mask, forward_rows
+from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
 from tests.decoding.test_greedy_equivalence import random_head
 
 
@@ -88,7 +88,7 @@ def test_compiled_forward_equals_eager(llama_pair):
 def test_compiled_autoregressive_bandit_and_eagle_equal_eager(llama_pair):
     """The other compiled paths: autoregressive (a width-1 verify), UCBSpec lengths (per-row caps under
     a padded verify) and an EAGLE-1 chain (its layer's step and the target's verify with features)."""
-    from specdraft.decoding.batch_bandit import LengthUCB
+    from specdraft.decoding.policies.batch_length_ucb import LengthUCB
     from tests.decoding.eagle_fixtures import mimic_drafter, tiny_target
 
     target, drafter = llama_pair

@@ -1,4 +1,4 @@
-"""The batched decoder (`decoding.batch_decode.generate_batch`) against the batch-1 reference.
+"""The batched decoder (`decoding.batched.generate_batch`) against the batch-1 reference.
 
 Greedy: every row of a ragged batch (prompt lengths 1..14, EOS in some rows, B = 5) equals that prompt
 decoded alone by `generate_autoregressive`, token for token, for autoregressive decoding, fixed K,
@@ -12,13 +12,13 @@ import torch
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.autoregressive import generate_autoregressive
-from specdraft.decoding.batch_bandit import LengthUCB
-from specdraft.decoding.batch_decode import generate_batch
-from specdraft.decoding.eagle_model import EagleDrafter
-from specdraft.decoding.rounds import lemma_3_1_gap
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.policies.batch_length_ucb import LengthUCB
+from specdraft.decoding.batched import generate_batch
+from specdraft.decoding.speculators.eagle_model import EagleDrafter
+from specdraft.decoding.rounds.lengths import lemma_3_1_gap
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import speculative_generate
-from specdraft.decoding.stopping import FixedK, HindsightOracle, SpecDecPP
+from specdraft.decoding.policies.stopping import FixedK, HindsightOracle, SpecDecPP
 from tests.decoding.test_greedy_equivalence import random_head
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -131,7 +131,7 @@ def test_fixed_k_synchronises_once_per_round(llama_pair, ragged, monkeypatch):
 def test_finished_rows_leave_the_batch(llama_pair, monkeypatch):
     """Once half the rows are done, an eager decode drops them (the caches shrink) and the rows left
     still decode exactly as alone."""
-    from specdraft.decoding.static_cache import RowStaticCache
+    from specdraft.decoding.rounds.static_cache import RowStaticCache
 
     target, drafter = llama_pair
     shrinks = []

@@ -13,10 +13,10 @@ import itertools
 import pytest
 import torch
 
-from specdraft.decoding.batch_bandit import LengthUCB
-from specdraft.decoding.batch_decode import generate_batch
-from specdraft.decoding.sampling import SamplingConfig, probs
-from specdraft.decoding.stopping import FixedK, SpecDecPP
+from specdraft.decoding.policies.batch_length_ucb import LengthUCB
+from specdraft.decoding.batched import generate_batch
+from specdraft.decoding.rounds.sampling import SamplingConfig, probs
+from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
 from tests.decoding.conftest import chi2_pvalue, noisy_copy, tiny_llama
 
 V, N_TOKENS, ROWS, BATCHES = 3, 3, 500, 10

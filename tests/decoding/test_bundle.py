@@ -1,4 +1,4 @@
-"""decoding/bundle.py on a hand-built bundle (tiny random models, no pipeline): it loads from anywhere,
+"""decoding/bundle/directory.py on a hand-built bundle (tiny random models, no pipeline): it loads from anywhere,
 and every kind of damage or escape attempt is refused with a one-line InputError before use."""
 import json
 import shutil
@@ -8,11 +8,11 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-import specdraft.decoding.bundle as bundle_module
-from specdraft.decoding.bundle import BUNDLE_JSON, bundle_files, inspect_bundle, inspect_main, load_bundle, write_bundle_json
+import specdraft.decoding.bundle.directory as bundle_module
+from specdraft.decoding.bundle.directory import BUNDLE_JSON, bundle_files, inspect_bundle, inspect_main, load_bundle, write_bundle_json
 from specdraft.core.hashing import content_hash
 from specdraft.core.errors import InputError
-from specdraft.decoding.acceptance_head import AcceptanceHead, save_head
+from specdraft.decoding.policies.acceptance_head import AcceptanceHead, save_head
 from tests.decoding.conftest import noisy_copy, tiny_llama
 
 V = 64
@@ -55,7 +55,7 @@ def template(tmp_path_factory):
     torch.manual_seed(0)
     save_head(AcceptanceHead(32, depth=1), root / "heads" / "d" / "D1_w6",
               {"drafter": "d", "drafter_hash": drafter_hash, "w_rej": 6.0, "threshold": 0.7})
-    from specdraft.decoding.loading import load_tokenizer
+    from specdraft.decoding.bundle.loading import load_tokenizer
 
     write_bundle_json(root, _meta(root, tokenizer_fingerprint(load_tokenizer(root / "target"))))
     return root
@@ -200,7 +200,7 @@ def test_inspect_summarises_and_counts_verified_files(bundle, capsys):
 
 def test_heads_are_matched_to_the_decoding_transform(bundle):
     from specdraft.decoding.generate import load_pair
-    from specdraft.decoding.sampling import SamplingConfig
+    from specdraft.decoding.rounds.sampling import SamplingConfig
 
     b = load_bundle(bundle)
     assert b.head_for("d", SamplingConfig(1.0)) == "D1_w6"  # labelled at T=1

@@ -1,4 +1,4 @@
-"""decoding/bundle_schema.py: bundle.json read through the dataclasses refuses every missing, unknown or
+"""decoding/bundle/schema.py: bundle.json read through the dataclasses refuses every missing, unknown or
 mistyped field and every escaping path with one line that names the field (the hand-built bundle of
 test_bundle.py; the round trip of an exported bundle is in tests/pipelines/test_export.py)."""
 import json
@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.bundle import BUNDLE_JSON, load_bundle, write_bundle
-from specdraft.decoding.bundle_schema import BundleSpec
+from specdraft.decoding.bundle.directory import BUNDLE_JSON, load_bundle, write_bundle
+from specdraft.decoding.bundle.schema import BundleSpec
 from tests.decoding.test_bundle import template  # noqa: F401  (the hand-built bundle fixture)
 
 

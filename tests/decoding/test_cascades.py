@@ -26,11 +26,11 @@ from specdraft.decoding.cascades import (
     verification_distribution,
 )
 from specdraft.core.errors import InputError
-from specdraft.decoding.sampling import SamplingConfig, probs, sample
+from specdraft.decoding.rounds.sampling import SamplingConfig, probs, sample
 from specdraft.decoding.speculative import generate_speculative
-from specdraft.decoding.speculator import DrafterSpeculator
-from specdraft.decoding.stopping import FixedK
-from specdraft.decoding.verify import verify
+from specdraft.decoding.speculators.drafter import DrafterSpeculator
+from specdraft.decoding.policies.stopping import FixedK
+from specdraft.decoding.rounds.verify import verify
 from tests.decoding.conftest import chi2_pvalue
 
 V, N_TOKENS, N_SAMPLES = 3, 2, 4_000

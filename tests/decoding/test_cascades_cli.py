@@ -6,7 +6,7 @@ import pytest
 from specdraft.decoding.cascades import cascade_method
 from specdraft.core.errors import InputError
 from specdraft.decoding.generate import generate_text, load_pair
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.pipelines.cli import main
 from tests.decoding.test_generate import pair  # noqa: F401  (the seeded tiny target/drafter pair)
 

@@ -8,10 +8,10 @@ from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.compat import check_head, check_pair
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.core.errors import InputError
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import speculative_generate
-from specdraft.decoding.speculator import DrafterSpeculator
-from specdraft.decoding.stopping import FixedK, SpecDecPP
+from specdraft.decoding.speculators.drafter import DrafterSpeculator
+from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
 
 
 def word_tokenizer(words, eos="</s>"):

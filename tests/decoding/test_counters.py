@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from specdraft.decoding.autoregressive import generate_autoregressive
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import speculative_generate
-from specdraft.decoding.stopping import SpecDecPP
+from specdraft.decoding.policies.stopping import SpecDecPP
 
 V, N = 5, 10
 PROMPT = [1, 2, 3]

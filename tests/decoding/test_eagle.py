@@ -6,17 +6,17 @@ import itertools
 import pytest
 import torch
 
-from specdraft.decoding import kv
-from specdraft.decoding.arms import Arm
+from specdraft.decoding.rounds import kv
+from specdraft.decoding.speculators.arms import Arm
 from specdraft.decoding.autoregressive import generate_autoregressive
-from specdraft.decoding.eagle import EagleSpeculator, StaticTree, TreeShape, topk_candidates_select
-from specdraft.decoding.eagle_model import EagleDrafter, load_eagle, save_eagle
+from specdraft.decoding.speculators.eagle import EagleSpeculator, StaticTree, TreeShape, topk_candidates_select
+from specdraft.decoding.speculators.eagle_model import EagleDrafter, load_eagle, save_eagle
 from specdraft.core.errors import InputError
-from specdraft.decoding.multi import MultiDrafterSpeculator
-from specdraft.decoding.sampling import SamplingConfig, probs
-from specdraft.decoding.selectors import make_selector
+from specdraft.decoding.speculators.bandit import MultiDrafterSpeculator
+from specdraft.decoding.rounds.sampling import SamplingConfig, probs
+from specdraft.decoding.policies.selectors import make_selector
 from specdraft.decoding.speculative import generate_speculative
-from specdraft.decoding.stopping import FixedK, SpecDecPP
+from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
 from tests.decoding.eagle_fixtures import mimic_drafter, tiny_target
 from tests.decoding.test_spectr import assert_fits_with_power, random_head
 
@@ -203,7 +203,7 @@ def test_bad_input_is_one_line(pair, tmp_path):
 
 
 def test_eagle_drafter_is_a_banditspec_arm_beside_model_free_ones(pair):
-    from specdraft.decoding.arms import ArmResources, build_arms
+    from specdraft.decoding.speculators.arms import ArmResources, build_arms
 
     target, drafter = pair
     arms = build_arms(["lookup", "suffix", "eagle"], ArmResources({"eagle": drafter}), n_max=3)

@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.arms import Arm
+from specdraft.decoding.speculators.arms import Arm
 from specdraft.decoding.autoregressive import generate_autoregressive
-from specdraft.decoding.eagle import EagleSpeculator, StaticTree, TreeShape
-from specdraft.decoding.eagle_model import EagleDrafter, eagle3_layers, fused_features, load_eagle, read_eagle_config, save_eagle
-from specdraft.decoding.multi import MultiDrafterSpeculator
-from specdraft.decoding.sampling import SamplingConfig
-from specdraft.decoding.selectors import make_selector
+from specdraft.decoding.speculators.eagle import EagleSpeculator, StaticTree, TreeShape
+from specdraft.decoding.speculators.eagle_model import EagleDrafter, eagle3_layers, fused_features, load_eagle, read_eagle_config, save_eagle
+from specdraft.decoding.speculators.bandit import MultiDrafterSpeculator
+from specdraft.decoding.rounds.sampling import SamplingConfig
+from specdraft.decoding.policies.selectors import make_selector
 from specdraft.decoding.speculative import generate_speculative
-from specdraft.decoding.stopping import FixedK
+from specdraft.decoding.policies.stopping import FixedK
 from tests.decoding.eagle_fixtures import mimic_drafter, tiny_target
 from tests.decoding.test_eagle import N_TOKENS, PROMPT, V, assert_samples_fit, exact_model_distribution, stoppings
 

@@ -65,7 +65,7 @@ def test_drafts_default_comes_from_the_bundle():
     """No --drafts: the bundle's decoding.drafts; --drafts overrides it; without a bundle 1."""
     import argparse
 
-    from specdraft.decoding.defaults import DecodingDefaults
+    from specdraft.decoding.bundle.defaults import DecodingDefaults
     from specdraft.decoding.generate import settings_from
     from specdraft.decoding.generate_args import add_arguments
 
@@ -81,7 +81,7 @@ def test_generate_formats_the_prompt_with_the_chat_template(pair, monkeypatch):
     """The prompt is one user turn through the target's chat template; --raw-prompt feeds the text as is
     and --system-prompt adds a system turn."""
     import specdraft.decoding.generate as g
-    from specdraft.decoding.chat import format_prompt, user_turn
+    from specdraft.decoding.bundle.chat import format_prompt, user_turn
 
     tok, tgt, dft, _, _ = load_pair(target=str(pair / "target"), drafter=str(pair / "drafter"))
     seen = []

@@ -7,12 +7,12 @@ import shutil
 import pytest
 import torch
 
-import specdraft.decoding.bundle as bundle_module
+import specdraft.decoding.bundle.directory as bundle_module
 import specdraft.decoding.generate as generate_module
-from specdraft.decoding.acceptance_head import AcceptanceHead, save_head
+from specdraft.decoding.policies.acceptance_head import AcceptanceHead, save_head
 from specdraft.decoding.autoregressive import generate_autoregressive
-from specdraft.decoding.bundle import BUNDLE_JSON, bundle_files, load_bundle, write_bundle_json
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.bundle.directory import BUNDLE_JSON, bundle_files, load_bundle, write_bundle_json
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.heads.router import CentroidRouter, mean_pooled, save_router
 from specdraft.pipelines.cli import main
 from tests.decoding.conftest import noisy_copy, tiny_llama
@@ -41,7 +41,7 @@ def _meta(tok_sha: str, threshold=None) -> dict:
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):
     from specdraft.core.tokenizers import tokenizer_fingerprint
-    from specdraft.decoding.loading import load_tokenizer
+    from specdraft.decoding.bundle.loading import load_tokenizer
 
     root = tmp_path_factory.mktemp("generate_bundle") / "bundle"
     tok = tiny_tokenizer()

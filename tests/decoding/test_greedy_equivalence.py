@@ -6,9 +6,9 @@ import torch
 
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.metrics import aggregate
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import hindsight_oracle, speculative_generate
-from specdraft.decoding.stopping import FixedK, SpecDecPP
+from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
 
 GREEDY = SamplingConfig(temperature=0.0)
 # (prompt length, max_new_tokens) pairs; prompts drawn with a fixed seed
@@ -146,7 +146,7 @@ class Alternating:
 
 def test_switching_drafters_catch_up_through_the_seam(llama_pair, references):
     from specdraft.decoding.speculative import generate_speculative
-    from specdraft.decoding.speculator import DrafterSpeculator
+    from specdraft.decoding.speculators.drafter import DrafterSpeculator
 
     target, drafter = llama_pair
     for prompt, n, ours, _ in references:
@@ -161,7 +161,7 @@ def test_switching_drafters_catch_up_through_the_seam(llama_pair, references):
 
 def test_verification_distribution_hook_reaches_verify(llama_pair, references):
     from specdraft.decoding.speculative import generate_speculative
-    from specdraft.decoding.speculator import DrafterSpeculator
+    from specdraft.decoding.speculators.drafter import DrafterSpeculator
 
     target, drafter = llama_pair
     prompt, n, ours, _ = references[2]

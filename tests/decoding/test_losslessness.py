@@ -11,9 +11,9 @@ be enough inside the test itself."""
 import pytest
 import torch
 
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import speculative_generate
-from specdraft.decoding.stopping import FixedK, SpecDecPP
+from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
 from tests.decoding.conftest import chi2_pvalue, exact_distribution
 
 V, N_TOKENS, N_SAMPLES = 3, 3, 5_000

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from specdraft.decoding.autoregressive import generate_autoregressive
-from specdraft.decoding.datastore import (SEPARATOR, SMALL, Continuations, SuffixIndex, build_datastore, most_frequent_chain,
+from specdraft.decoding.speculators.datastore import (SEPARATOR, SMALL, Continuations, SuffixIndex, build_datastore, most_frequent_chain,
                                 suffix_array)
 from specdraft.core.errors import InputError
-from specdraft.decoding.prompt_lookup import PromptLookupSpeculator
-from specdraft.decoding.rest import RestSpeculator
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculators.prompt_lookup import PromptLookupSpeculator
+from specdraft.decoding.speculators.rest import RestSpeculator
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import generate_speculative
-from specdraft.decoding.suffix import SuffixSpeculator
+from specdraft.decoding.speculators.suffix import SuffixSpeculator
 from tests.decoding.conftest import chi2_pvalue, exact_distribution, sample_sequences
 
 GREEDY = SamplingConfig(temperature=0.0)

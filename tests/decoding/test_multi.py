@@ -5,18 +5,18 @@ import torch
 
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.core.errors import InputError
-from specdraft.decoding.multi import (
+from specdraft.decoding.speculators.bandit import (
     Arm,
     MultiDrafterSpeculator,
     NoDraftSpeculator,
     gamma_arms,
 )
-from specdraft.decoding.prompt_lookup import PromptLookupSpeculator
-from specdraft.decoding.sampling import SamplingConfig
-from specdraft.decoding.selectors import make_selector
+from specdraft.decoding.speculators.prompt_lookup import PromptLookupSpeculator
+from specdraft.decoding.rounds.sampling import SamplingConfig
+from specdraft.decoding.policies.selectors import make_selector
 from specdraft.decoding.speculative import generate_speculative
-from specdraft.decoding.speculator import DrafterSpeculator
-from specdraft.decoding.stopping import FixedK
+from specdraft.decoding.speculators.drafter import DrafterSpeculator
+from specdraft.decoding.policies.stopping import FixedK
 
 GREEDY = SamplingConfig(temperature=0.0)
 VOCAB = 96
@@ -95,7 +95,7 @@ def test_ucb_with_bd_prefers_the_good_drafter(models):
 def test_greedy_bd_reads_the_models_own_distributions(models, monkeypatch):
     """Under greedy decoding p and q are one-hots; the BD reward is 1 - TV of the softmax distributions
     behind them (MetaSD Assumption 2), so it is dense rather than a count of argmax agreements."""
-    import specdraft.decoding.multi as multi
+    import specdraft.decoding.speculators.bandit as multi
 
     seen = []
     real = multi.block_divergence_reward
@@ -119,7 +119,7 @@ def test_greedy_bd_reads_the_models_own_distributions(models, monkeypatch):
 def test_greedy_bd_argmax_counts_argmax_agreements(models, monkeypatch):
     """reward="bd-argmax" keeps greedy verification's one-hots: the reward is the share of drafted
     positions where the drafter's and the target's argmax agree (also after the first rejection)."""
-    import specdraft.decoding.multi as multi
+    import specdraft.decoding.speculators.bandit as multi
 
     seen = []
     real = multi.block_divergence_reward

@@ -5,8 +5,8 @@ import torch
 
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.core.errors import InputError
-from specdraft.decoding.prompt_lookup import PromptLookupSpeculator, lookup
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculators.prompt_lookup import PromptLookupSpeculator, lookup
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import generate_speculative
 
 GREEDY = SamplingConfig(temperature=0.0)

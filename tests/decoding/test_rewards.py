@@ -3,13 +3,13 @@ import pytest
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.rewards import (
+from specdraft.decoding.policies.rewards import (
     accepted_length_reward,
     block_divergence_reward,
     block_efficiency_reward,
     tv_distance,
 )
-from specdraft.decoding.sampling import SamplingConfig, probs
+from specdraft.decoding.rounds.sampling import SamplingConfig, probs
 
 
 def test_tv_distance_by_hand():
@@ -82,7 +82,7 @@ def test_block_efficiency_and_accepted_length():
 
 
 def test_throughput_reward_is_tokens_per_unit_cost():
-    from specdraft.decoding.rewards import normalized_throughput, throughput_range, throughput_reward
+    from specdraft.decoding.policies.rewards import normalized_throughput, throughput_range, throughput_reward
 
     assert throughput_reward(0, 0, 0.3) == 1.0  # a plain target step
     assert throughput_reward(2, 4, 0.25) == pytest.approx(3 / 2)  # 3 tokens for 1 + 4 * 0.25

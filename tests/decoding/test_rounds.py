@@ -1,4 +1,4 @@
-"""One definition of round lengths and forward counts (decoding/rounds.py, SpecDec++ Alg. 1 and
+"""One definition of round lengths and forward counts (decoding/rounds/lengths.py, SpecDec++ Alg. 1 and
 Lemma 3.1), held by the decoder and by the offline simulator that picks a head's threshold:
 - the decoder's SpecDecPP decisions are the shared `specdecpp_fires`;
 - Lemma 3.1, N_draft + N_target = N + N_discarded, holds exactly on real decodes (greedy and sampled)
@@ -11,13 +11,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specdraft.decoding.multi import Arm, MultiDrafterSpeculator, gamma_arms
-from specdraft.decoding.rounds import lemma_3_1_gap, round_length, specdecpp_fires
-from specdraft.decoding.sampling import SamplingConfig
-from specdraft.decoding.selectors import make_selector
+from specdraft.decoding.speculators.bandit import Arm, MultiDrafterSpeculator, gamma_arms
+from specdraft.decoding.rounds.lengths import lemma_3_1_gap, round_length, specdecpp_fires
+from specdraft.decoding.rounds.sampling import SamplingConfig
+from specdraft.decoding.policies.selectors import make_selector
 from specdraft.decoding.speculative import generate_speculative, hindsight_oracle, speculative_generate
-from specdraft.decoding.speculator import DrafterSpeculator
-from specdraft.decoding.stopping import FixedK, HindsightOracle, SpecDecPP
+from specdraft.decoding.speculators.drafter import DrafterSpeculator
+from specdraft.decoding.policies.stopping import FixedK, HindsightOracle, SpecDecPP
 from specdraft.heads.simulate import greedy_oracle, simulate_fixed_k, simulate_specdecpp
 
 GREEDY, SAMPLED = SamplingConfig(temperature=0.0), SamplingConfig(temperature=1.0)

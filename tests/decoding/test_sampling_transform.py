@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.rounds.sampling import SamplingConfig
 
 
 def test_tags_name_the_transform():
@@ -22,7 +22,7 @@ def test_matching_a_recorded_transform():
 
 @pytest.mark.parametrize("cfg", [SamplingConfig(0.0), SamplingConfig(0.7, top_k=5, top_p=0.9)])
 def test_probs_on_cpu_is_probs_moved_to_cpu(cfg):
-    from specdraft.decoding.sampling import probs, probs_on_cpu
+    from specdraft.decoding.rounds.sampling import probs, probs_on_cpu
 
     logits = torch.randn(3, 4, 50, generator=torch.Generator().manual_seed(0))
     got = probs_on_cpu(logits, cfg)

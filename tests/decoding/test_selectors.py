@@ -8,7 +8,7 @@ import random
 import pytest
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.selectors import (
+from specdraft.decoding.policies.selectors import (
     EXP3,
     SELECTORS,
     EXP3Spec,

@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specdraft.decoding import kv
+from specdraft.decoding.rounds import kv
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.core.errors import InputError
-from specdraft.decoding.multi_draft import SpecTrSpeculator
-from specdraft.decoding.sampling import SamplingConfig
-from specdraft.decoding.spectr import (
+from specdraft.decoding.speculators.spectr import SpecTrSpeculator
+from specdraft.decoding.rounds.sampling import SamplingConfig
+from specdraft.decoding.rounds.draft_selection import (
     RHO_TOL,
     acceptance_probability,
     beta,
@@ -30,10 +30,11 @@ from specdraft.decoding.spectr import (
     recursive_rejection_select,
 )
 from specdraft.decoding.speculative import generate_speculative
-from specdraft.decoding.speculator import Draft, DrafterSpeculator
-from specdraft.decoding.stopping import FixedK, SpecDecPP
-from specdraft.decoding.tree import trie_from_sequences, verify_tree
-from specdraft.decoding.verify import residual
+from specdraft.decoding.speculators.drafter import DrafterSpeculator
+from specdraft.decoding.speculators.protocol import Draft
+from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
+from specdraft.decoding.rounds.tree import trie_from_sequences, verify_tree
+from specdraft.decoding.rounds.verify import residual
 from tests.decoding.conftest import chi2_pvalue, exact_distribution, sample_sequences
 from tests.decoding.test_losslessness import linear_head
 
@@ -408,7 +409,7 @@ def test_bad_draft_count_is_an_input_error(llama_pair):
 
 
 def test_factory_picks_the_speculator_by_draft_count(llama_pair):
-    from specdraft.decoding.multi_draft import drafter_speculator
+    from specdraft.decoding.speculators.spectr import drafter_speculator
 
     _, drafter = llama_pair
     assert type(drafter_speculator(drafter, FixedK(3))) is DrafterSpeculator

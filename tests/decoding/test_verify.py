@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specdraft.decoding.verify import residual, verify
+from specdraft.decoding.rounds.verify import residual, verify
 
 P = torch.tensor([0.5, 0.3, 0.2])
 Q = torch.tensor([0.2, 0.3, 0.5])

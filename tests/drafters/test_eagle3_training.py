@@ -2,8 +2,8 @@
 eagle3 run through the shared trainer raises accepted tokens per round."""
 import torch
 
-from specdraft.decoding import kv
-from specdraft.decoding.eagle_model import EagleDrafter, fused_features
+from specdraft.decoding.rounds import kv
+from specdraft.decoding.speculators.eagle_model import EagleDrafter, fused_features
 from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
 from specdraft.drafters.eagle import EagleModule, ttt_mask, ttt_predictions
 from specdraft.training.trainer import TrainerConfig, WandbConfig, build_trainer, fit

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from specdraft.decoding.autoregressive import generate_autoregressive
-from specdraft.decoding.eagle import EagleSpeculator
-from specdraft.decoding.eagle_model import EagleDrafter
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculators.eagle import EagleSpeculator
+from specdraft.decoding.speculators.eagle_model import EagleDrafter
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import generate_speculative
-from specdraft.decoding.stopping import FixedK
+from specdraft.decoding.policies.stopping import FixedK
 from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
 from specdraft.drafters.eagle import EagleModule, eagle_loss
 from specdraft.training.trainer import TrainerConfig, WandbConfig, build_trainer, fit

@@ -5,7 +5,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from specdraft.core.errors import InputError
 from specdraft.drafters.model import PRESETS, build_causal_lm, num_parameters, preset
-from specdraft.decoding.loading import load_causal_lm
+from specdraft.decoding.bundle.loading import load_causal_lm
 from specdraft.core.tokenizers import check_same_vocabulary, tokenizer_fingerprint
 
 

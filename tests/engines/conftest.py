@@ -15,9 +15,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.data import engines
-from specdraft.decoding.bundle import load_bundle, write_bundle_json
-from specdraft.decoding.defaults import DecodingDefaults
-from specdraft.decoding.loading import load_tokenizer
+from specdraft.decoding.bundle.directory import load_bundle, write_bundle_json
+from specdraft.decoding.bundle.defaults import DecodingDefaults
+from specdraft.decoding.bundle.loading import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 OFFLINE_SCRIPT = Path(engines.__file__).with_name("vllm_offline.py")

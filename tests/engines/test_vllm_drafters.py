@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from specdraft.decoding.autoregressive import generate_autoregressive
-from specdraft.decoding.loading import load_causal_lm
+from specdraft.decoding.bundle.loading import load_causal_lm
 from specdraft.decoding.speculative import generate_speculative, speculative_generate
-from specdraft.decoding.speculator import DrafterSpeculator
-from specdraft.decoding.stopping import FixedK
+from specdraft.decoding.speculators.drafter import DrafterSpeculator
+from specdraft.decoding.policies.stopping import FixedK
 from tests.engines.conftest import finish_offline, prompts, start_offline
 
 pytestmark = pytest.mark.vllm

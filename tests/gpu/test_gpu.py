@@ -65,7 +65,7 @@ def test_quantized_target_through_distill_data(tiny_target_run, tmp_path, monkey
 
     import specdraft.pipelines.distill_data as dd
     from specdraft.pipelines.readers import load_distill_data
-    from specdraft.decoding.loading import load_causal_lm
+    from specdraft.decoding.bundle.loading import load_causal_lm
     from specdraft.pipelines.stage import run_stage
 
     root = fresh_copy(tiny_target_run, tmp_path)
@@ -142,7 +142,7 @@ def test_greedy_speculative_in_bf16_equals_transformers_generate():
 
 
 def test_sampling_on_gpu_is_seeded_and_valid():
-    from specdraft.decoding.sampling import SamplingConfig
+    from specdraft.decoding.rounds.sampling import SamplingConfig
     from specdraft.decoding.speculative import speculative_generate
 
     target = _llama(0, layers=2).to("cuda", torch.bfloat16)
@@ -154,7 +154,7 @@ def test_sampling_on_gpu_is_seeded_and_valid():
 
 
 def test_device_map_auto_split_over_cpu_and_gpu_decodes_like_generate(tmp_path):
-    from specdraft.decoding.loading import load_causal_lm
+    from specdraft.decoding.bundle.loading import load_causal_lm
     from specdraft.decoding.speculative import speculative_generate
 
     _llama(0, layers=6).save_pretrained(tmp_path / "target", safe_serialization=True)
@@ -174,7 +174,7 @@ def test_device_map_auto_split_over_cpu_and_gpu_decodes_like_generate(tmp_path):
 
 
 def test_probs_on_cpu_from_gpu_logits_is_probs_moved_to_cpu():
-    from specdraft.decoding.sampling import SamplingConfig, probs, probs_on_cpu
+    from specdraft.decoding.rounds.sampling import SamplingConfig, probs, probs_on_cpu
 
     logits = torch.randn(5, 32000, device="cuda", dtype=torch.bfloat16)
     for cfg in (SamplingConfig(0.0), SamplingConfig(1.0)):
@@ -184,8 +184,8 @@ def test_probs_on_cpu_from_gpu_logits_is_probs_moved_to_cpu():
 # --- the batched static-cache decoder on the GPU --------------------------------------------------------
 
 def _batch_policies(hidden: int):
-    from specdraft.decoding.batch_bandit import LengthUCB
-    from specdraft.decoding.stopping import FixedK, SpecDecPP
+    from specdraft.decoding.policies.batch_length_ucb import LengthUCB
+    from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
     from tests.decoding.test_greedy_equivalence import random_head
 
     return {"autoregressive": None, "K3": FixedK(3), "specdecpp": SpecDecPP(random_head(hidden, 0).cuda(), 0.5, k_max=6),
@@ -196,7 +196,7 @@ def _batch_policies(hidden: int):
 def test_batched_greedy_in_bf16_equals_each_prompt_alone(compile):
     """Every row of a ragged bf16 batch equals transformers' greedy generate of that prompt alone, for
     every batched policy; with CUDA graphs (reduce-overhead) too."""
-    from specdraft.decoding.batch_decode import generate_batch
+    from specdraft.decoding.batched import generate_batch
 
     target = _llama(0, layers=4).to("cuda", torch.bfloat16)
     drafter = noisy_copy(_llama(0, layers=4), 0.05, seed=1).to("cuda", torch.bfloat16)
@@ -212,9 +212,9 @@ def test_batched_greedy_in_bf16_equals_each_prompt_alone(compile):
 
 
 def test_batched_sampling_on_gpu_is_seeded_and_valid():
-    from specdraft.decoding.batch_decode import generate_batch
-    from specdraft.decoding.sampling import SamplingConfig
-    from specdraft.decoding.stopping import FixedK
+    from specdraft.decoding.batched import generate_batch
+    from specdraft.decoding.rounds.sampling import SamplingConfig
+    from specdraft.decoding.policies.stopping import FixedK
 
     target = _llama(0, layers=2).to("cuda", torch.bfloat16)
     drafter = noisy_copy(_llama(0, layers=2), 0.05, seed=1).to("cuda", torch.bfloat16)
@@ -227,9 +227,9 @@ def test_batched_sampling_on_gpu_is_seeded_and_valid():
 def test_batched_decoder_on_a_target_split_over_cpu_and_gpu(tmp_path):
     """device_map="auto" with a budget that puts part of the target on the CPU: each cache layer sits
     on its layer's device, and every row still decodes like transformers' generate."""
-    from specdraft.decoding.batch_decode import generate_batch
-    from specdraft.decoding.loading import load_causal_lm
-    from specdraft.decoding.stopping import FixedK
+    from specdraft.decoding.batched import generate_batch
+    from specdraft.decoding.bundle.loading import load_causal_lm
+    from specdraft.decoding.policies.stopping import FixedK
 
     _llama(0, layers=6).save_pretrained(tmp_path / "target", safe_serialization=True)
     per_layer = sum(p.numel() for p in _llama(0, layers=1).model.layers[0].parameters()) * 2

@@ -58,10 +58,10 @@ def test_evaluate_timed_speedup_agrees_with_a_direct_benchmark_within_10_percent
     import statistics
 
     from specdraft.decoding.autoregressive import generate_autoregressive
-    from specdraft.decoding.sampling import SamplingConfig
+    from specdraft.decoding.rounds.sampling import SamplingConfig
     from specdraft.decoding.speculative import generate_speculative
-    from specdraft.decoding.speculator import DrafterSpeculator
-    from specdraft.decoding.stopping import FixedK
+    from specdraft.decoding.speculators.drafter import DrafterSpeculator
+    from specdraft.decoding.policies.stopping import FixedK
     from specdraft.decoding.timing import timed_call
     from specdraft.pipelines.evaluate.methods import MethodKey
     from specdraft.pipelines.evaluate.plan import Built, Prompt, Run

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.heads.labels import acceptance_labels, mix_tokens
 from specdraft.heads.losses import weighted_bce
 from specdraft.heads.metrics import (

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.acceptance_head import AcceptanceHead
+from specdraft.decoding.policies.acceptance_head import AcceptanceHead
 from specdraft.heads.lit_head import (
     AcceptanceHeadsModule,
     HeadSpec,

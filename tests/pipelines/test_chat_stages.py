@@ -1,8 +1,8 @@
 """Every stage formats prompts the same way: the target's chat template (the demo tokenizer has one)."""
 from specdraft.data.chat import row_messages
 from specdraft.data.prompts import load_prompt_sets
-from specdraft.decoding.chat import format_prompt
-from specdraft.decoding.loading import load_tokenizer
+from specdraft.decoding.bundle.chat import format_prompt
+from specdraft.decoding.bundle.loading import load_tokenizer
 from specdraft.pipelines.readers import load_distill_data
 from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import tiny_config as _tiny_config

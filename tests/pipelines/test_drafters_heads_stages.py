@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 import specdraft.pipelines.acceptance_data as ad
 from specdraft.pipelines.readers import load_features
 from specdraft.core.errors import InputError
-from specdraft.decoding.acceptance_head import load_head
+from specdraft.decoding.policies.acceptance_head import load_head
 from specdraft.pipelines.artifacts import read_manifest
 from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import FAST, tiny_config
@@ -140,8 +140,8 @@ def test_label_transforms_share_the_logits_and_get_their_own_heads(drafted_run, 
     _, config = load_head(heads / "math" / "greedy" / sweep["math"]["greedy"]["best_head"], expected_hidden_size=16)
     assert config["label_transform"]["temperature"] == 0.0
     bundle = run_stage(cfg, "export")
-    from specdraft.decoding.bundle import load_bundle
-    from specdraft.decoding.sampling import SamplingConfig
+    from specdraft.decoding.bundle.directory import load_bundle
+    from specdraft.decoding.rounds.sampling import SamplingConfig
 
     b = load_bundle(bundle)
     assert b.drafter("math").head == "greedy/" + sweep["math"]["greedy"]["best_head"]  # export.decoding is greedy
@@ -221,7 +221,7 @@ def test_heads_train_online_without_a_feature_cache(drafted_run):
     and still exports scored heads. The recomputed dev features equal what the cache would hold."""
     from specdraft.heads.online import compute_features
     from datasets import load_from_disk
-    from specdraft.decoding.loading import load_causal_lm
+    from specdraft.decoding.bundle.loading import load_causal_lm
 
     cached = tiny_config(drafted_run, **FAST)
     out = run_stage(cached, "acceptance-data")

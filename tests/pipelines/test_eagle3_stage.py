@@ -7,11 +7,11 @@ import pytest
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.autoregressive import generate_autoregressive
-from specdraft.decoding.eagle import EagleSpeculator
-from specdraft.decoding.eagle_model import eagle3_layers, load_eagle, read_eagle_config
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculators.eagle import EagleSpeculator
+from specdraft.decoding.speculators.eagle_model import eagle3_layers, load_eagle, read_eagle_config
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import generate_speculative
-from specdraft.decoding.stopping import FixedK
+from specdraft.decoding.policies.stopping import FixedK
 from specdraft.pipelines.artifacts import read_manifest
 from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import tiny_config

@@ -4,10 +4,10 @@ import shutil
 
 import pytest
 
-from specdraft.decoding.bundle import load_bundle
-from specdraft.decoding.eagle_model import read_eagle_config, target_dir_hash
+from specdraft.decoding.bundle.directory import load_bundle
+from specdraft.decoding.speculators.eagle_model import read_eagle_config, target_dir_hash
 from specdraft.core.errors import InputError
-from specdraft.decoding.eagle import TreeShape
+from specdraft.decoding.speculators.eagle import TreeShape
 from specdraft.decoding.generate import generate_text, load_pair
 from specdraft.pipelines.cli import main
 from specdraft.pipelines.artifacts import read_manifest

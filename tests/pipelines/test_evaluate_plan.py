@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from specdraft.decoding.metrics import GenerationMetrics
-from specdraft.decoding.prompt_lookup import PromptLookupSpeculator
-from specdraft.decoding.sampling import SamplingConfig
+from specdraft.decoding.speculators.prompt_lookup import PromptLookupSpeculator
+from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.pipelines.calibration import Calibration, calibrate
 from specdraft.pipelines.evaluate.aggregate import Setup, summarize
 from specdraft.pipelines.evaluate.methods import MethodKey, label, params

@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from specdraft.decoding.bundle import load_bundle
-from specdraft.decoding.bundle_schema import BundleSpec
+from specdraft.decoding.bundle.directory import load_bundle
+from specdraft.decoding.bundle.schema import BundleSpec
 from specdraft.pipelines.evaluate.load import load_target, target_placement
 from specdraft.pipelines.evaluate.render import target_line
 from specdraft.pipelines.schema import TargetSection

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specdraft.decoding.bundle import BUNDLE_JSON, bundle_files, drafter_hash, inspect_main, load_bundle, subdir_files
+from specdraft.decoding.bundle.directory import BUNDLE_JSON, bundle_files, drafter_hash, inspect_main, load_bundle, subdir_files
 from specdraft.core.hashing import content_hash
 from specdraft.core.errors import InputError
 from specdraft.pipelines.artifacts import StageOutput, read_manifest
@@ -153,7 +153,7 @@ def test_datastore_is_shipped_and_optional(run_root):
     records its size and build time in the manifest; without it the bundle loads and names what is missing."""
     from datasets import load_from_disk
 
-    from specdraft.decoding.datastore import SEPARATOR
+    from specdraft.decoding.speculators.datastore import SEPARATOR
 
     out = run_stage(_config(run_root), "export")
     ds_meta = read_manifest(out).metrics["datastore"]
@@ -165,7 +165,7 @@ def test_datastore_is_shipped_and_optional(run_root):
     index = b.load_datastore()
     assert index.tokens.tolist()[: len(responses[0]) + 1] == list(responses[0]) + [SEPARATOR]
     assert b.unavailable_arms() == {} and "datastore:" in inspect_bundle_text(out)
-    from specdraft.decoding.arms import ArmResources, build_arms
+    from specdraft.decoding.speculators.arms import ArmResources, build_arms
 
     arms = build_arms(["rest", "suffix"], ArmResources.from_bundle(b, {}), n_max=4)
     assert arms[0].speculator.index.n_sequences == len(responses)
@@ -177,7 +177,7 @@ def test_datastore_is_shipped_and_optional(run_root):
 
 
 def inspect_bundle_text(path) -> str:
-    from specdraft.decoding.bundle import inspect_bundle
+    from specdraft.decoding.bundle.directory import inspect_bundle
 
     return inspect_bundle(path)
 
@@ -189,7 +189,7 @@ def test_drafters_serve_as_transformers_assistant_models(run_root):
 
     from specdraft.data.chat import row_messages
     from specdraft.data.prompts import load_prompt_sets
-    from specdraft.decoding.chat import format_prompt
+    from specdraft.decoding.bundle.chat import format_prompt
 
     out = run_stage(_config(run_root), "export")
     meta = json.loads((out / BUNDLE_JSON).read_text())
@@ -215,9 +215,9 @@ def test_drafters_serve_as_transformers_assistant_models(run_root):
 
 
 def test_bundle_json_round_trips_through_the_schema(run_root):
-    """export writes decoding/bundle_schema.py's BundleSpec; reading it back and writing it again gives the
+    """export writes decoding/bundle/schema.py's BundleSpec; reading it back and writing it again gives the
     same bytes (target, drafters, heads, router, datastore and chat format all present)."""
-    from specdraft.decoding.bundle import write_bundle
+    from specdraft.decoding.bundle.directory import write_bundle
 
     _fake_router(run_root)
     out = run_stage(_config(run_root), "export")

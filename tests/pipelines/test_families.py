@@ -11,9 +11,9 @@ from transformers import (AutoModelForCausalLM, Gemma2Config, GemmaConfig, GPTNe
 
 from specdraft.data.chat import row_messages
 from specdraft.data.prompts import load_prompt_sets
-from specdraft.decoding.bundle import load_bundle
+from specdraft.decoding.bundle.directory import load_bundle
 from specdraft.decoding.generate import generate_text, load_pair
-from specdraft.decoding.loading import load_tokenizer
+from specdraft.decoding.bundle.loading import load_tokenizer
 from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import FAST, tiny_config
 
@@ -72,7 +72,7 @@ def run_pair(root, tmp_path, target_family: str, drafter_family: str):
         spec, _ = generate_text(tok, tgt, dft, prompt, 20, head=head, threshold=hcfg["threshold"], chat=bundle.chat)
         assert spec == ar
         # the exported drafter as transformers' assistant_model: the target's own greedy tokens
-        from specdraft.decoding.chat import format_prompt
+        from specdraft.decoding.bundle.chat import format_prompt
 
         ids = torch.tensor([format_prompt(tok, row_messages(row), bundle.chat)])
         assert ids.shape[1] > 24  # longer than the sliding windows below: the windowed path is exercised

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdraft.decoding.bundle import BUNDLE_JSON, load_bundle
+from specdraft.decoding.bundle.directory import BUNDLE_JSON, load_bundle
 from specdraft.core.errors import InputError
 from specdraft.pipelines.artifacts import MANIFEST, StageOutput, read_manifest
 from specdraft.pipelines.config import load_config

@@ -34,7 +34,7 @@ def block_divergence_reward(
 
     p: (..., n, V) the target's distributions at the n drafted positions (not the bonus position that
        the target also scores); q: (..., n, V) the drafter's distributions it sampled those tokens from.
-       Both must come out of the same sampling transform (`decoding.sampling.probs`) as verification,
+       Both must come out of the same sampling transform (`decoding.rounds.sampling.probs`) as verification,
        so that 1 - TV is the per-token acceptance probability of speculative sampling. Under greedy
        decoding `probs` gives one-hots and r_BD becomes the fraction of argmax agreements (sparse, like
        BE); MetaSD runs greedy yet reports BD "always nonzero" (Table 2), i.e. it compares the models'

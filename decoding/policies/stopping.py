@@ -14,7 +14,7 @@ This is SpecDec++ Alg. 1 and the §4.2 decision process as the paper writes them
 included: the head's prediction for y_k needs e_k, i.e. a forward on y_k, which only pays off if y_{k+1}
 is drafted. Deciding after y_k with e_k instead (as this module did before) wastes that forward on every
 stop: a round of k candidates then costs k + 1 drafter forwards and Lemma 3.1 no longer holds. Here a
-round of k candidates costs exactly k (see `decoding.rounds`, which `heads/simulate.py` shares, so the
+round of k candidates costs exactly k (see `decoding.rounds.lengths`, which `heads/simulate.py` shares, so the
 threshold chosen offline is chosen under the cost the decoder pays).
 """
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Callable, Protocol
 
 import torch
 
-from specdraft.decoding import kv
+from specdraft.decoding.rounds import kv
 from specdraft.decoding.compat import check_k, check_threshold
-from specdraft.decoding.defaults import DEFAULTS, SPECDECPP_PAPER_THRESHOLD
+from specdraft.decoding.bundle.defaults import DEFAULTS, SPECDECPP_PAPER_THRESHOLD
 from specdraft.core.errors import InputError
 
 
@@ -70,7 +70,7 @@ def _module_device_dtype(module: Callable) -> tuple[torch.device | None, torch.d
 class SpecDecPP:
     """SpecDec++ (§4.3, Alg. 1): after sampling y_k, stop when the predicted probability of at least one
     rejection among the predicted candidates, 1 - prod_{i < k} sigmoid(head(e_i)), exceeds h; or at
-    K_max. `head` maps hidden (..., H) -> logits (...). The decisions are `decoding.rounds.specdecpp_fires`
+    K_max. `head` maps hidden (..., H) -> logits (...). The decisions are `decoding.rounds.lengths.specdecpp_fires`
     (a test checks the two agree)."""
 
     needs_hidden = True

@@ -1,5 +1,5 @@
 """Batched speculative decoding on the model's device: B prompts, ragged acceptance, per-row static KV
-caches (`decoding.static_cache`), tensor verification (`decoding.batch_verify`) and one host transfer
+caches (`decoding.rounds.static_cache`), tensor verification (`decoding.rounds.batch_verify`) and one host transfer
 per round. The batch-1 loop in `decoding.speculative` stays the reference (and the home of trees,
 SpecTr, cascades and model-free speculators); this module reproduces it row by row.
 
@@ -7,7 +7,7 @@ State between rounds, per row b (all device tensors):
     committed tokens C_b = prompt + output so far; `last` / `prev` its last two tokens
     target cache length  C_b - 1   (the last committed token is fed with the next drafts)
     drafter cache length C_b       (after the end-of-round catch-up, which also gave q_1)
-A round (SpecDec++ Alg. 1 order, `decoding.rounds`):
+A round (SpecDec++ Alg. 1 order, `decoding.rounds.lengths`):
     1. draft: sample y_i ~ q_i, decision i (cap / EOS / head on e_{i-1}), feed y_i unless stopping;
        rows draft in lockstep, a row that stopped keeps the batch shape but is masked
     2. verify: one target forward over [last, y_1..y_W] (W = the round's width, K_max under compile)
@@ -21,7 +21,7 @@ A round (SpecDec++ Alg. 1 order, `decoding.rounds`):
        (its cache holds C - 1 entries; the prompt's come from the target's prefill)
     5. one `.cpu()` of per-row counts (k, n, dropped, active, done): the only host transfer
        (SpecDec++ adds one flag per draft step: whether any row still drafts, to end the round early)
-Counts per row follow `decoding.rounds` exactly (Lemma 3.1: N_draft + N_target = N + N_discarded); a
+Counts per row follow `decoding.rounds.lengths` exactly (Lemma 3.1: N_draft + N_target = N + N_discarded); a
 finished row is masked and not counted, and once half the rows are done an eager decode drops them
 (a copy of the caches; compiled steps keep their shapes). The prefills belong to the first round
 (the target's over prompt[:-1], the drafter's over the prompt: its q_1), as in batch 1.
@@ -35,15 +35,15 @@ from dataclasses import dataclass, field
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.batch_bandit import LengthUCB, RowBandits
-from specdraft.decoding.batch_verify import verify_greedy, verify_sampled
+from specdraft.decoding.policies.batch_length_ucb import LengthUCB, RowBandits
+from specdraft.decoding.rounds.batch_verify import verify_greedy, verify_sampled
 from specdraft.decoding.compat import check_head, check_pair, check_prompt
-from specdraft.decoding.kv import input_device
+from specdraft.decoding.rounds.kv import input_device
 from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
-from specdraft.decoding.eagle_model import EagleDrafter
-from specdraft.decoding.sampling import SamplingConfig, probs
-from specdraft.decoding.static_cache import RowStaticCache, eagle_rows, forward_rows
-from specdraft.decoding.stopping import FixedK, SpecDecPP
+from specdraft.decoding.speculators.eagle_model import EagleDrafter
+from specdraft.decoding.rounds.sampling import SamplingConfig, probs
+from specdraft.decoding.rounds.static_cache import RowStaticCache, eagle_rows, forward_rows
+from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
 
 COMPILE_MODES = ("none", "default", "reduce-overhead")
 _CACHE_ROUND = 64  # cache lengths are rounded up so that calls of similar length share a cache (and a compile)

@@ -58,7 +58,7 @@ def eagle3_layers(n_target_layers: int) -> tuple[int, int, int]:
 def fused_features(hidden_states: tuple[torch.Tensor, ...] | list[torch.Tensor], layers: tuple[int, ...]) -> torch.Tensor:
     """The target's features for an EAGLE drafter reading `layers`: hidden_states[i] for i in layers,
     concatenated on the last dimension ((..., d) for EAGLE-1's (-1,), (..., 3d) for EAGLE-3)."""
-    from specdraft.decoding.kv import layer_features
+    from specdraft.decoding.rounds.kv import layer_features
 
     return layer_features(hidden_states, layers)
 

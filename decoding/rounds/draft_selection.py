@@ -15,7 +15,7 @@ With k = 1, rho* = 1 and the rule is exactly speculative sampling's (accept min(
 norm((p - q)_+)).
 
 `kseq_select` and `recursive_rejection_select` share one signature (a `NodeRule`), so the tree verifier
-in `decoding.tree` can verify i.i.d. draft sets (SpecTr) and general draft trees (SpecInfer / EAGLE's
+in `decoding.rounds.tree` can verify i.i.d. draft sets (SpecTr) and general draft trees (SpecInfer / EAGLE's
 multi-candidate residual rule of SpecInfer / EAGLE) with the same walk.
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from specdraft.decoding.sampling import sample
-from specdraft.decoding.verify import residual
+from specdraft.decoding.rounds.sampling import sample
+from specdraft.decoding.rounds.verify import residual
 
 # Bisection stops when the bracket around rho* is narrower than this (absolute, in units of rho); we return
 # the upper end of the bracket, which always satisfies p_acc <= rho beta, so the plan stays valid.

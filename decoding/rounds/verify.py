@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdraft.decoding.sampling import sample
+from specdraft.decoding.rounds.sampling import sample
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,7 @@ def forward_eagle(
     allowed: torch.Tensor | None = None,
     device: torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One EAGLE drafter forward (`decoding.eagle_model.EagleDrafter`): inputs (f_j, x_{j+1}) for T
+    """One EAGLE drafter forward (`decoding.speculators.eagle_model.EagleDrafter`): inputs (f_j, x_{j+1}) for T
     positions, features (T, H), after what `cache` holds. `allowed` (T, cache length + T) bool: who
     attends to whom (a draft tree's ancestors); None: causal. Returns the predicted features (T, H) and
     their draft logits through the target's LM head (T, V). The cache grows by T."""

@@ -3,16 +3,16 @@
 BanditSpec Table 1 mixes arms of different kinds (PLD, REST, Suffix Tree beside Eagle-2); MetaSD mixes
 drafters. An arm entry is a string or a mapping (YAML lists read as either):
 
-    "lookup"                      prompt lookup (decoding.prompt_lookup)
-    "rest"                        REST over the bundle's datastore (decoding.rest)
-    "suffix"                      suffix decoding, global datastore + per request (decoding.suffix)
+    "lookup"                      prompt lookup (decoding.speculators.prompt_lookup)
+    "rest"                        REST over the bundle's datastore (decoding.speculators.rest)
+    "suffix"                      suffix decoding, global datastore + per request (decoding.speculators.suffix)
     "none"                        propose nothing: a plain target step (BanditSpec's gamma = 0)
     "math"  or "drafter:math"     the drafter named math, drafting up to n_max tokens (FixedK)
     {kind: drafter, drafter: math, k: 2, name: "math-k2", cost_ratio: 0.1}
     {kind: suffix, spec_factor: 2.0, min_prob: 0.05}  other keys go to the speculator
 
 `cost_ratio` is the arm's cost per drafted token in target forwards, read by the throughput reward
-(`decoding.multi.MultiDrafterSpeculator`, BanditSpec §6.2); left out, a drafter arm takes the bandit's
+(`decoding.speculators.bandit.MultiDrafterSpeculator`, BanditSpec §6.2); left out, a drafter arm takes the bandit's
 and a model-free arm 0. Arms over one drafter share its KV cache (drafter_key).
 
 `ArmResources` holds what arms are built from: drafter models by name and the datastore (None when the
@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 
-from specdraft.decoding.datastore import SuffixIndex
+from specdraft.decoding.speculators.datastore import SuffixIndex
 from specdraft.core.errors import InputError
-from specdraft.decoding.multi import Arm, NoDraftSpeculator
-from specdraft.decoding.prompt_lookup import PromptLookupSpeculator
-from specdraft.decoding.rest import RestSpeculator
-from specdraft.decoding.speculator import DrafterSpeculator
-from specdraft.decoding.stopping import FixedK
-from specdraft.decoding.suffix import SuffixSpeculator
+from specdraft.decoding.speculators.bandit import Arm, NoDraftSpeculator
+from specdraft.decoding.speculators.prompt_lookup import PromptLookupSpeculator
+from specdraft.decoding.speculators.rest import RestSpeculator
+from specdraft.decoding.speculators.drafter import DrafterSpeculator
+from specdraft.decoding.policies.stopping import FixedK
+from specdraft.decoding.speculators.suffix import SuffixSpeculator
 
 MODEL_FREE = ("lookup", "rest", "suffix")
 KINDS = ("drafter", "none") + MODEL_FREE
@@ -96,7 +96,7 @@ def _normalise(entry: Any, resources: ArmResources) -> dict[str, Any]:
 
 
 def build_arm(entry: Any, resources: ArmResources, n_max: int) -> Arm:
-    """One `decoding.multi.Arm` from a config entry (see the module docstring)."""
+    """One `decoding.speculators.bandit.Arm` from a config entry (see the module docstring)."""
     d = _normalise(entry, resources)
     kind = d.pop("kind")
     name = d.pop("name", None)
@@ -114,7 +114,7 @@ def build_arm(entry: Any, resources: ArmResources, n_max: int) -> Arm:
         name = name or (drafter if k == n_max else f"{drafter}:k={k}")
         model = resources.drafters[drafter]
         if getattr(model.config, "model_type", None) == "eagle":  # BanditSpec's parametric arm: an EAGLE drafter
-            from specdraft.decoding.eagle import EagleSpeculator
+            from specdraft.decoding.speculators.eagle import EagleSpeculator
 
             # its own feature store and layer cache (no hand-over between arms: each catches up alone)
             return Arm(name, EagleSpeculator(model, FixedK(k)), cost_ratio=cost)

@@ -133,7 +133,7 @@ def cache_kwarg(model_class: type) -> str:
 
 
 def eagle_rows(drafter: torch.nn.Module, cache: RowStaticCache, features: torch.Tensor, ids: torch.Tensor):
-    """An EAGLE drafter (`decoding.eagle_model.EagleDrafter`) over inputs (f_j, x_{j+1}), features (B, T, H)
+    """An EAGLE drafter (`decoding.speculators.eagle_model.EagleDrafter`) over inputs (f_j, x_{j+1}), features (B, T, H)
     and ids (B, T), at slots cache.lengths[b] + t (not advanced). Returns its draft logits (B, T, V) through
     the target's LM head and the predicted features f^ (B, T, H) (also the hidden state a SpecDec++ head
     reads)."""

@@ -1,6 +1,6 @@
 """REST: retrieval-based speculative decoding (He et al., 2024), a model-free drafter over a datastore.
 
-The datastore (`decoding.datastore.SuffixIndex`) holds the self-distilled training responses, i.e. text
+The datastore (`decoding.speculators.datastore.SuffixIndex`) holds the self-distilled training responses, i.e. text
 the target itself wrote. Each round (REST §3.2-3.3):
 
   1. retrieval: the longest suffix of the context, at most `max_match` tokens (REST: 16), that occurs in
@@ -11,17 +11,17 @@ the target itself wrote. Each round (REST §3.2-3.3):
      (`most_frequent_chain`); tree verification can take `Continuations.windows` directly.
 
 The draft is deterministic given the context: q is a point mass, so speculative sampling stays lossless
-(see `decoding.prompt_lookup`). No forward pass: n_forwards = 0.
+(see `decoding.speculators.prompt_lookup`). No forward pass: n_forwards = 0.
 """
 from __future__ import annotations
 
 import torch
 
-from specdraft.decoding.datastore import Continuations, SuffixIndex, most_frequent_chain
+from specdraft.decoding.speculators.datastore import Continuations, SuffixIndex, most_frequent_chain
 from specdraft.core.errors import InputError, require_int
-from specdraft.decoding.prompt_lookup import ModelFreeSpeculator
-from specdraft.decoding.sampling import SamplingConfig
-from specdraft.decoding.speculator import Draft
+from specdraft.decoding.speculators.prompt_lookup import ModelFreeSpeculator
+from specdraft.decoding.rounds.sampling import SamplingConfig
+from specdraft.decoding.speculators.protocol import Draft
 
 
 def check_positive(who: str, **values) -> None:
@@ -30,14 +30,14 @@ def check_positive(who: str, **values) -> None:
 
 
 class RestSpeculator(ModelFreeSpeculator):
-    """Implements `decoding.speculator.Speculator`: the most frequent continuation of the longest context
+    """Implements `decoding.speculators.protocol.Speculator`: the most frequent continuation of the longest context
     suffix found in the datastore, at most max_tokens tokens, cut after an EOS token."""
 
     who = "REST"
 
     def __init__(self, index: SuffixIndex, max_tokens: int = 8, max_match: int = 16, max_rows: int = 256):
         if not isinstance(index, SuffixIndex):
-            raise InputError("REST needs a datastore (decoding.datastore.SuffixIndex; bundle.load_datastore())")
+            raise InputError("REST needs a datastore (decoding.speculators.datastore.SuffixIndex; bundle.load_datastore())")
         check_positive("REST", max_tokens=max_tokens, max_match=max_match, max_rows=max_rows)
         self.index = index
         self.max_tokens = max_tokens

@@ -2,7 +2,7 @@
 
 An arm is any `Speculator` with a name: a drafter (optionally with its SpecDec++ head), a speculation
 length gamma over a drafter (gamma = 0: propose nothing, i.e. a plain target step), or a model-free
-speculator (prompt lookup, REST, suffix decoding: BanditSpec Table 1's arms). `decoding.arms` builds
+speculator (prompt lookup, REST, suffix decoding: BanditSpec Table 1's arms). `decoding.speculators.arms` builds
 the list from config entries. Arms of different cost compare by the throughput reward (BanditSpec §6.2)
 with each arm's own cost per drafted token (`Arm.cost_ratio`).
 One speculative-decoding round is one bandit round (MetaSD Alg. 2, BanditSpec Alg. 1):
@@ -15,7 +15,7 @@ One speculative-decoding round is one bandit round (MetaSD Alg. 2, BanditSpec Al
 Only one drafter is active per round. A drafter that sat out some rounds has not seen the tokens they
 committed; when it is chosen again its KV cache catches up on them (prefill) in the draft's first
 forward, the one that yields q_1 anyway, so a round of k candidates still costs k drafter forwards
-(Lemma 3.1, `decoding.rounds`). That forward is timed on its own (`switch_seconds`; `switch_forwards`
+(Lemma 3.1, `decoding.rounds.lengths`). That forward is timed on its own (`switch_seconds`; `switch_forwards`
 counts such catch-ups), so the cost of switching can be reported next to the draft time it is part of.
 """
 from __future__ import annotations
@@ -27,12 +27,13 @@ import torch
 
 from specdraft.decoding.compat import check_pair
 from specdraft.core.errors import InputError, require_int
-from specdraft.decoding.rewards import (accepted_length_reward, block_divergence_reward, block_efficiency_reward,
+from specdraft.decoding.policies.rewards import (accepted_length_reward, block_divergence_reward, block_efficiency_reward,
                               normalized_throughput, throughput_bounds)
-from specdraft.decoding.sampling import SamplingConfig
-from specdraft.decoding.selectors import EXP3, EXP3Spec, MetaSDUCB, SequentialHalving, UCBSpec
-from specdraft.decoding.speculator import Draft, DrafterSpeculator, RoundOutcome, Speculator, common_prefix
-from specdraft.decoding.stopping import FixedK
+from specdraft.decoding.rounds.sampling import SamplingConfig
+from specdraft.decoding.policies.selectors import EXP3, EXP3Spec, MetaSDUCB, SequentialHalving, UCBSpec
+from specdraft.decoding.speculators.drafter import DrafterSpeculator
+from specdraft.decoding.speculators.protocol import Draft, RoundOutcome, Speculator, common_prefix
+from specdraft.decoding.policies.stopping import FixedK
 
 REWARDS = ("bd", "bd-argmax", "be", "accepted", "throughput")
 
@@ -104,7 +105,7 @@ def _check_arms(arms: list[Arm]) -> None:
         raise InputError("the arm list is empty; give at least one drafter / speculation setting")
     for arm in arms:
         if not isinstance(arm, Arm):
-            raise InputError(f"arms must be decoding.multi.Arm(name, speculator, drafter_key), got {type(arm).__name__}")
+            raise InputError(f"arms must be decoding.speculators.bandit.Arm(name, speculator, drafter_key), got {type(arm).__name__}")
     names = [a.name for a in arms]
     if len(set(names)) != len(names):
         raise InputError(f"arm names must be unique, got {names}")
@@ -175,7 +176,7 @@ def bandit_reward(arms: list[Arm], selector, reward: str | None, n_max: int, cos
 
 
 class MultiDrafterSpeculator:
-    """A bandit over arms, one arm per round (implements `decoding.speculator.Speculator`).
+    """A bandit over arms, one arm per round (implements `decoding.speculators.protocol.Speculator`).
 
     reward: "bd"       MetaSD Eq. 4 block divergence, mean over drafted positions of 1 - TV(p, q), in [0, 1]
             "bd-argmax" the same, but under greedy decoding on the one-hot verification distributions:

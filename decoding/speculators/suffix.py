@@ -12,7 +12,7 @@ with the higher score (the sum of its nodes' probabilities, the expected number 
 the frequency model) is drafted; ties go to the per-request one (recent text). The paper grows a tree
 (top nodes by probability); the loop verifies chains, so the candidate here is the tree's greedy path.
 
-The structures are suffix arrays (`decoding.datastore.SuffixIndex`), not suffix trees: the same
+The structures are suffix arrays (`decoding.speculators.datastore.SuffixIndex`), not suffix trees: the same
 longest-match and continuation queries, built in C by libdivsufsort; the per-request one is rebuilt
 from scratch each round it grew (O(T log T) in C for a T-token context, microseconds at these sizes)
 instead of being extended online as the paper's tree is.
@@ -25,16 +25,16 @@ import math
 
 import torch
 
-from specdraft.decoding.datastore import SuffixIndex, most_frequent_chain
+from specdraft.decoding.speculators.datastore import SuffixIndex, most_frequent_chain
 from specdraft.core.errors import InputError
-from specdraft.decoding.prompt_lookup import ModelFreeSpeculator
-from specdraft.decoding.rest import check_positive
-from specdraft.decoding.sampling import SamplingConfig
-from specdraft.decoding.speculator import Draft
+from specdraft.decoding.speculators.prompt_lookup import ModelFreeSpeculator
+from specdraft.decoding.speculators.rest import check_positive
+from specdraft.decoding.rounds.sampling import SamplingConfig
+from specdraft.decoding.speculators.protocol import Draft
 
 
 class SuffixSpeculator(ModelFreeSpeculator):
-    """Implements `decoding.speculator.Speculator` (see the module docstring). index=None: the
+    """Implements `decoding.speculators.protocol.Speculator` (see the module docstring). index=None: the
     per-request structure only (a bundle without a datastore)."""
 
     who = "suffix decoding"
@@ -42,7 +42,7 @@ class SuffixSpeculator(ModelFreeSpeculator):
     def __init__(self, index: SuffixIndex | None = None, max_tokens: int = 8, max_match: int = 32,
                  spec_factor: float = 1.0, min_prob: float = 0.1, max_rows: int = 256):
         if index is not None and not isinstance(index, SuffixIndex):
-            raise InputError("suffix decoding's global structure must be a decoding.datastore.SuffixIndex or None")
+            raise InputError("suffix decoding's global structure must be a decoding.speculators.datastore.SuffixIndex or None")
         check_positive("suffix decoding", max_tokens=max_tokens, max_match=max_match, max_rows=max_rows)
         if not (isinstance(spec_factor, (int, float)) and spec_factor > 0):
             raise InputError(f"suffix decoding spec_factor must be > 0 (the paper's alpha), got {spec_factor!r}")

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdraft.decoding.sampling import sample
-from specdraft.decoding.spectr import NodeRule, greedy_select, kseq_select
+from specdraft.decoding.rounds.sampling import sample
+from specdraft.decoding.rounds.draft_selection import NodeRule, greedy_select, kseq_select
 
 
 @dataclass
@@ -34,7 +34,7 @@ class DraftTree:
     # rule in a uniformly random order, which has the law of the draws' own order (exchangeability)
     iid: bool = True
     # the token-level rule applied at each node: k-Seq for i.i.d. drafts (SpecTr Alg. 2), or
-    # `decoding.spectr.recursive_rejection_select` for general trees
+    # `decoding.rounds.draft_selection.recursive_rejection_select` for general trees
     rule: NodeRule = kseq_select
 
     def __len__(self) -> int:

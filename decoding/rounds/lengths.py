@@ -1,5 +1,5 @@
 """Round lengths and forward counts of a stopping policy: the one definition that the decoder
-(`decoding.speculator.DrafterSpeculator` with a `decoding.stopping` policy) and the offline simulator
+(`decoding.speculators.drafter.DrafterSpeculator` with a `decoding.policies.stopping` policy) and the offline simulator
 that picks a head's threshold (`heads/simulate.py`) share.
 
 A round is a sequence of per-position decisions (SpecDec++ §4.2, Alg. 1). Decision k (k = 0, 1, ...)

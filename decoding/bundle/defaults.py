@@ -2,11 +2,11 @@
 the sampling transform.
 
 `DecodingDefaults` is the config's `export.decoding` section (pipelines/schema.py), the `decoding`
-object of bundle.json (decoding/bundle_schema.py, written by export with every number resolved: the
+object of bundle.json (decoding/bundle/schema.py, written by export with every number resolved: the
 cost ratio is the c train-heads measured or pinned), and what a loaded bundle serves with
 (`Bundle.defaults`). Everything else that needs one of these numbers reads it from here, or from the
-bundle that carries them: `specdraft generate`, the bandits' throughput reward (decoding/multi.py),
-the stopping policies' library defaults (decoding/stopping.py), train-heads' simulation cap.
+bundle that carries them: `specdraft generate`, the bandits' throughput reward (decoding/speculators/bandit.py),
+the stopping policies' library defaults (decoding/policies/stopping.py), train-heads' simulation cap.
 """
 from __future__ import annotations
 
@@ -36,16 +36,16 @@ class DecodingDefaults:
     # c = t_draft / t_target, the bandits' throughput price of a drafted token; null: the c train-heads
     # measured (or pinned with train_heads.cost_ratio); a number: that c (e.g. timed on the serving machine)
     cost_ratio: Optional[float] = None
-    selector: str = "ucb"  # multi-drafter bandit (decoding/selectors.py)
+    selector: str = "ucb"  # multi-drafter bandit (decoding/policies/selectors.py)
     max_new_tokens: int = 64  # tokens per generation
-    drafts: int = 1  # i.i.d. drafts per round; > 1 decodes with SpecTr (decoding/multi_draft.py)
+    drafts: int = 1  # i.i.d. drafts per round; > 1 decodes with SpecTr (decoding/speculators/spectr.py)
     cascade: Optional[dict[str, Any]] = None  # {rule, alpha[, beta]}: serve a speculative cascade (decoding/cascades.py)
     compile: Literal["none", "default", "reduce-overhead"] = "none"  # torch.compile mode of the decoder's steps
 
     def check(self, where: str = "export.decoding") -> None:
         """Every value one that can work; InputError naming the key otherwise (the config loader calls it on
         the export.decoding section, the bundle reader on bundle.json's decoding object)."""
-        from specdraft.decoding.sampling import SamplingConfig
+        from specdraft.decoding.rounds.sampling import SamplingConfig
 
         try:
             SamplingConfig(self.temperature, self.top_k, self.top_p)
@@ -62,8 +62,8 @@ class DecodingDefaults:
             raise InputError(f"{where}.compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
 
     def sampling(self):
-        """The default sampling transform (decoding.sampling.SamplingConfig)."""
-        from specdraft.decoding.sampling import SamplingConfig
+        """The default sampling transform (decoding.rounds.sampling.SamplingConfig)."""
+        from specdraft.decoding.rounds.sampling import SamplingConfig
 
         return SamplingConfig(self.temperature, self.top_k, self.top_p)
 

@@ -1,5 +1,5 @@
 """Speculative-sampling verification of a whole batch as tensor operations on the model's device
-(the batched twin of `decoding.verify.verify`; SpecDec++ App. C, Alg. 2).
+(the batched twin of `decoding.rounds.verify.verify`; SpecDec++ App. C, Alg. 2).
 
 Row b drafted k[b] <= W tokens (the draft tensor is padded to the round's width W). Accept y_i with
 probability min(1, p_i(y_i) / q_i(y_i)) in order; the accepted prefix is the number of leading

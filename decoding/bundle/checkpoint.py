@@ -3,7 +3,7 @@
 The config holds the module's architecture (what rebuilds it) plus free-form metadata the stages add
 (metrics, hashes, transforms). Loading checks every file before use and fails with one InputError line
 that names the file and the stage to rerun; weights are never unpickled. Pure PyTorch + safetensors:
-the decoder imports this through decoding.acceptance_head.
+the decoder imports this through decoding.policies.acceptance_head.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Per round (SpecTr Sec. 7, draft set construction eq. (7)):
     catch up on the committed context in one batch-1 drafter forward      -> q at the context end
     K first tokens drawn from it; the cache is repeated into K rows
     then one batched drafter forward per position (K rows, one token each) -> K next-token q rows
-    the K sequences are merged into a trie (`decoding.tree`): the target scores each distinct prefix once
+    the K sequences are merged into a trie (`decoding.rounds.tree`): the target scores each distinct prefix once
 The loop in `decoding.speculative` verifies the tree with k-Seq (SpecTr Alg. 2 + 3) in one target forward.
 
 Stopping: each row keeps its own copy of the stopping policy (fixed L, SpecDec++, ...). A policy's
@@ -25,13 +25,13 @@ import copy
 
 import torch
 
-from specdraft.decoding import kv
+from specdraft.decoding.rounds import kv
 from specdraft.decoding.compat import check_head, check_pair
 from specdraft.core.errors import require_int
-from specdraft.decoding.sampling import SamplingConfig, probs_on_cpu, sample
-from specdraft.decoding.speculator import Draft, RoundOutcome, common_prefix
-from specdraft.decoding.stopping import StoppingPolicy
-from specdraft.decoding.tree import trie_from_sequences
+from specdraft.decoding.rounds.sampling import SamplingConfig, probs_on_cpu, sample
+from specdraft.decoding.speculators.protocol import Draft, RoundOutcome, common_prefix
+from specdraft.decoding.policies.stopping import StoppingPolicy
+from specdraft.decoding.rounds.tree import trie_from_sequences
 
 
 def check_drafts(n_drafts: int) -> None:
@@ -137,7 +137,7 @@ def drafter_speculator(drafter: torch.nn.Module, stopping: StoppingPolicy, n_dra
     and a stopping policy become a speculator (the CLI, evaluation plans, benchmarks)."""
     check_drafts(n_drafts)
     if n_drafts == 1:
-        from specdraft.decoding.speculator import DrafterSpeculator
+        from specdraft.decoding.speculators.drafter import DrafterSpeculator
 
         return DrafterSpeculator(drafter, stopping)
     return SpecTrSpeculator(drafter, stopping, n_drafts)

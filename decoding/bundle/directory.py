@@ -9,9 +9,9 @@ Written by the `export` stage (pipelines/export.py), read here:
     heads/<drafter>/<transform tag>/<head>/ head.safetensors + head_config.json (head name "<tag>/<head>")
     router/                 the routing baseline (optional)
     datastore/              datastore.safetensors + datastore.json: the distilled responses' suffix array,
-                            read by the REST and suffix-decoding arms (optional; decoding/datastore.py)
+                            read by the REST and suffix-decoding arms (optional; decoding/speculators/datastore.py)
 
-bundle.json is decoding/bundle_schema.py's BundleSpec, written with `to_json` and read with
+bundle.json is decoding/bundle/schema.py's BundleSpec, written with `to_json` and read with
 `from_json`: target, drafters, heads, routers, decoding defaults, chat (prompt format), datastore,
 eagle, and files (relative path -> sha256 of every file except bundle.json and the stage manifest).
 
@@ -32,7 +32,7 @@ from typing import Any
 
 from specdraft.core.errors import InputError
 from specdraft.core.hashing import content_hash, drafter_hash, file_sha256  # noqa: F401 (re-exported for callers)
-from specdraft.decoding.bundle_schema import (BUNDLE_JSON, FORMAT, BundleSpec, DrafterEntry, EagleEntry, HeadEntry,
+from specdraft.decoding.bundle.schema import (BUNDLE_JSON, FORMAT, BundleSpec, DrafterEntry, EagleEntry, HeadEntry,
                                     RouterEntry, resolve_inside)
 
 # Written by the pipeline's artifact store beside bundle.json; bookkeeping the decoder never reads.
@@ -105,7 +105,7 @@ class Bundle:
 
     @property
     def defaults(self):
-        """The decoding defaults the bundle serves with (decoding.defaults.DecodingDefaults; every number
+        """The decoding defaults the bundle serves with (decoding.bundle.defaults.DecodingDefaults; every number
         resolved, the cost ratio c included)."""
         return self.spec.decoding
 
@@ -157,7 +157,7 @@ class Bundle:
     def load_eagle(self, name: str, target, device: str | None = None):
         """An EAGLE drafter attached to `target` (eval mode). A bundled target must be the one it was
         trained on (content hash of its config and weights); a referenced one is checked by vocabulary."""
-        from specdraft.decoding.eagle_model import load_eagle, target_hash_from_files
+        from specdraft.decoding.speculators.eagle_model import load_eagle, target_hash_from_files
 
         if name not in self.eagle:
             raise InputError(f"the bundle has no EAGLE drafter '{name}'; it has {', '.join(self.eagle) or 'none'}")
@@ -176,18 +176,18 @@ class Bundle:
         return self.spec.files
 
     def sampling_config(self):
-        """The default sampling transform (decoding.sampling.SamplingConfig)."""
+        """The default sampling transform (decoding.rounds.sampling.SamplingConfig)."""
         return self.defaults.sampling()
 
     def load_datastore(self):
-        """The REST / suffix-decoding datastore (decoding.datastore.SuffixIndex), or None when the bundle
+        """The REST / suffix-decoding datastore (decoding.speculators.datastore.SuffixIndex), or None when the bundle
         has none (see `unavailable_arms`)."""
-        from specdraft.decoding.datastore import SuffixIndex
+        from specdraft.decoding.speculators.datastore import SuffixIndex
 
         return SuffixIndex.load(self.datastore) if self.datastore is not None else None
 
     def unavailable_arms(self) -> dict[str, str]:
-        """Bandit arm kinds (decoding.arms) this bundle cannot serve -> why; empty when all can."""
+        """Bandit arm kinds (decoding.speculators.arms) this bundle cannot serve -> why; empty when all can."""
         out = {}
         if self.datastore is None:
             out["rest"] = "the bundle has no datastore (export it with export.datastore: true)"
@@ -198,8 +198,8 @@ class Bundle:
 
     @property
     def chat(self):
-        """The prompt format the bundle was trained with (decoding.chat.ChatFormat)."""
-        from specdraft.decoding.chat import ChatFormat
+        """The prompt format the bundle was trained with (decoding.bundle.chat.ChatFormat)."""
+        from specdraft.decoding.bundle.chat import ChatFormat
 
         return self.spec.chat or ChatFormat()
 
@@ -211,7 +211,7 @@ class Bundle:
     def load_tokenizer(self, trust_remote_code: bool = False):
         """The target's tokenizer, checked against the fingerprint recorded at export."""
         from specdraft.core.tokenizers import tokenizer_fingerprint
-        from specdraft.decoding.loading import load_tokenizer
+        from specdraft.decoding.bundle.loading import load_tokenizer
 
         tok = load_tokenizer(self.target_path, trust_remote_code, self.spec.target.revision)
         got = tokenizer_fingerprint(tok)
@@ -223,7 +223,7 @@ class Bundle:
     def load_target(self, dtype: str | None = None, device: str | None = None, device_map=None,
                     quantization: str = "none", trust_remote_code: bool = False):
         """The target LM (eval mode); dtype defaults to the one recorded at export."""
-        from specdraft.decoding.loading import load_causal_lm
+        from specdraft.decoding.bundle.loading import load_causal_lm
 
         model = load_causal_lm(self.target_path, dtype or self.spec.target.dtype, device,
                                device_map, quantization, trust_remote_code, revision=self.spec.target.revision)
@@ -236,7 +236,7 @@ class Bundle:
     def load_drafter(self, name: str, device: str | None = None, dtype: str = "auto", target=None):
         """A drafter LM (eval mode). With `target` given, also checks the pair with decoding.compat."""
         from specdraft.decoding.compat import check_pair
-        from specdraft.decoding.loading import load_causal_lm
+        from specdraft.decoding.bundle.loading import load_causal_lm
 
         entry = self.drafter(name)
         model = load_causal_lm(entry.path, dtype, device)
@@ -259,7 +259,7 @@ class Bundle:
 
         The head must read this drafter's hidden size and have been trained on exactly this drafter's
         files (its recorded drafter_hash)."""
-        from specdraft.decoding.acceptance_head import load_head
+        from specdraft.decoding.policies.acceptance_head import load_head
 
         entry = self.drafter(drafter)
         available = self.heads.get(drafter, {})

@@ -1,6 +1,6 @@
 """EAGLE drafting as a `Speculator`: chain drafts (EAGLE-1 order, any stopping policy) and EAGLE-2's
 dynamic draft tree (Li et al. 2024, "EAGLE-2: Faster Inference of Language Models with Dynamic Draft
-Trees", Sec. 4), over an `EagleDrafter` (`decoding.eagle_model`).
+Trees", Sec. 4), over an `EagleDrafter` (`decoding.speculators.eagle_model`).
 
 Features. The drafter reads the target's feature f_j (final hidden state; for EAGLE-3 its low / middle /
 high hidden states concatenated, `target_feature_layers`, which the loop asks the target for) at every
@@ -23,7 +23,7 @@ cumulative draft confidence (sum of log q along the path) are expanded in ONE dr
 attention mask (each node sees the committed entries and its expanded ancestors), each offering its top-k
 children; after the last depth the top-m nodes of the whole tree (by cumulative confidence; a child never
 outscores its parent, so the set is closed under ancestors) go to the target in one tree-masked forward
-(`kv.forward_tree`) and `decoding.tree.verify_tree` walks them. The children of a node are the drafter's
+(`kv.forward_tree`) and `decoding.rounds.tree.verify_tree` walks them. The children of a node are the drafter's
 top-k tokens, a deterministic function of the context, i.e. candidates drawn from point masses; the
 multi-candidate rule of SpecInfer and EAGLE (recursive rejection over siblings) with q = delta_x accepts x with probability
 p(x) and otherwise removes x from p and renormalises (`topk_candidates_select`), so the emitted token is
@@ -38,13 +38,14 @@ from typing import Sequence
 
 import torch
 
-from specdraft.decoding import kv
+from specdraft.decoding.rounds import kv
 from specdraft.decoding.compat import check_head, check_pair
 from specdraft.core.errors import InputError
-from specdraft.decoding.sampling import SamplingConfig, probs_on_cpu, sample
-from specdraft.decoding.speculator import Draft, RoundOutcome, draft_chain
-from specdraft.decoding.stopping import StoppingPolicy
-from specdraft.decoding.tree import DraftTree
+from specdraft.decoding.rounds.sampling import SamplingConfig, probs_on_cpu, sample
+from specdraft.decoding.speculators.drafter import draft_chain
+from specdraft.decoding.speculators.protocol import Draft, RoundOutcome
+from specdraft.decoding.policies.stopping import StoppingPolicy
+from specdraft.decoding.rounds.tree import DraftTree
 
 
 def topk_candidates_select(

@@ -5,7 +5,7 @@ refuses, with one line naming the field and the fix, every missing, unknown or m
 path that is absolute or leaves the bundle. Paths are absolute `Path`s in the dataclasses and relative
 posix strings in the JSON, so a bundle copied elsewhere reads unchanged. A field whose metadata is
 `KEY` is the entry's name: the key it sits under in its JSON object, not a field of it.
-Checks that need the files themselves (hashes, tokenizers) stay with the loader (decoding/bundle.py).
+Checks that need the files themselves (hashes, tokenizers) stay with the loader (decoding/bundle/directory.py).
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.chat import ChatFormat
-from specdraft.decoding.defaults import DecodingDefaults
+from specdraft.decoding.bundle.chat import ChatFormat
+from specdraft.decoding.bundle.defaults import DecodingDefaults
 
 BUNDLE_JSON = "bundle.json"
 FORMAT = "specdraft-bundle/1"
@@ -47,7 +47,7 @@ class TargetEntry:
     vocab_size: int
     dtype: str = "auto"
     # how the stages loaded the target (the config's target section): evaluate loads it the same way
-    quantization: typing.Literal["none", "int8", "nf4"] = "none"  # bitsandbytes, as decoding.loading reads it
+    quantization: typing.Literal["none", "int8", "nf4"] = "none"  # bitsandbytes, as decoding.bundle.loading reads it
     device_map: Any = None  # "auto", an explicit {module: device} map, or null (one device)
     path: Path | None = field(default=None, metadata=OMIT)  # the target's HF dir inside the bundle, or
     reference: str | None = field(default=None, metadata=OMIT)  # an absolute dir or hub id outside it
@@ -93,7 +93,7 @@ class HeadEntry:
 
 @dataclass(frozen=True)
 class EagleEntry:
-    """An EAGLE drafter (decoding/eagle_model.py): the projection and decoder layer only; the embedding
+    """An EAGLE drafter (decoding/speculators/eagle_model.py): the projection and decoder layer only; the embedding
     and LM head are the target's, attached at load time."""
 
     name: str = field(metadata=KEY)
@@ -116,7 +116,7 @@ class RouterEntry:
 
 @dataclass(frozen=True)
 class DatastoreEntry:
-    """The REST / suffix-decoding datastore (decoding/datastore.py): its datastore.json, plus where."""
+    """The REST / suffix-decoding datastore (decoding/speculators/datastore.py): its datastore.json, plus where."""
 
     path: Path
     format: str

@@ -1,5 +1,5 @@
 """UCBSpec over speculation lengths, one bandit per batch row, kept on the model's device
-(BanditSpec Alg. 4 / Eq. 6, the same index as `decoding.selectors.UCBSpec`).
+(BanditSpec Alg. 4 / Eq. 6, the same index as `decoding.policies.selectors.UCBSpec`).
 
 Arms are draft lengths gamma in `lengths` (0 = a plain target step), L = max(lengths). Each row
 round-robins over the arms first, then picks argmax mu_i + cr_i with
@@ -7,7 +7,7 @@ round-robins over the arms first, then picks argmax mu_i + cr_i with
     cr_i = (L / 2) sqrt( (1 + n_i) / n_i^2 * (1 + 2 ln(A t^2 sqrt(1 + n_i) / delta)) )
 
 and observes the round's throughput (n_acc + 1) / (1 + c k) mapped onto [1, L + 1]
-(`decoding.rewards.throughput_reward` / `throughput_bounds`): with c = 0 that is exactly BanditSpec's
+(`decoding.policies.rewards.throughput_reward` / `throughput_bounds`): with c = 0 that is exactly BanditSpec's
 accepted length Y = n_acc + 1. Selection and update are tensor ops over all rows: no host round trip.
 Exact ties are broken uniformly at random through the decode's device generator (as the CPU selectors do
 with their own stream), by adding noise far below any reward difference.
@@ -20,12 +20,12 @@ from dataclasses import dataclass
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.rewards import throughput_bounds
+from specdraft.decoding.policies.rewards import throughput_bounds
 
 
 @dataclass(frozen=True)
 class LengthUCB:
-    """Policy for `decoding.batch_decode.generate_batch`: per-row UCBSpec over draft lengths."""
+    """Policy for `decoding.batched.generate_batch`: per-row UCBSpec over draft lengths."""
 
     lengths: tuple[int, ...] = (0, 1, 2, 3, 4)
     delta: float = 0.5

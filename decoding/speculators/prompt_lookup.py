@@ -15,8 +15,8 @@ import torch
 
 from specdraft.decoding.compat import vocab_size
 from specdraft.core.errors import InputError, require_int
-from specdraft.decoding.sampling import SamplingConfig
-from specdraft.decoding.speculator import Draft, RoundOutcome
+from specdraft.decoding.rounds.sampling import SamplingConfig
+from specdraft.decoding.speculators.protocol import Draft, RoundOutcome
 
 
 def lookup(context: list[int], ngram: int, max_tokens: int, min_ngram: int = 1) -> list[int]:
@@ -79,7 +79,7 @@ class ModelFreeSpeculator:
 
 
 class PromptLookupSpeculator(ModelFreeSpeculator):
-    """Implements `decoding.speculator.Speculator` without a model: propose the continuation of the last
+    """Implements `decoding.speculators.protocol.Speculator` without a model: propose the continuation of the last
     n-gram's previous occurrence (see `lookup`), at most `max_tokens` tokens, cut after an EOS token."""
 
     who = "prompt lookup"
