@@ -41,7 +41,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB  # noqa: E402
-from specdraft.decoding.batched import generate_batch  # noqa: E402
+from specdraft.decoding.batched import generate_batch, model_cache, model_step  # noqa: E402
+from specdraft.decoding.rounds.static_cache import forward_rows  # noqa: E402
 from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK, SpecDecPP  # noqa: E402
@@ -100,11 +101,30 @@ def compile_times(methods: dict, device: str) -> dict[str, float]:
     return {name: timed_call(fn, device)[1].wall for name, fn in methods.items()}
 
 
+@torch.inference_mode()
+def step_time(target, width: int, compile: str, device: str, context: int = 64, reps: int = 40) -> float:
+    """The decoder's own verify step alone (no round around it): median robust seconds of one `width`-token
+    forward over its static cache after `context` tokens, in `compile` mode (compiled once, untimed)."""
+    cache = model_cache(target, 1, 128)
+    step = model_step(target, compile)
+    forward_rows(target, cache, torch.randint(3, target.config.vocab_size, (1, context), device=device))
+    ids = torch.randint(3, target.config.vocab_size, (1, width), device=device)
+    times = []
+    for i in range(reps + 5):  # the first 5 (and the compilation) are warm-up
+        cache.rollback(torch.full((1,), context, device=device))
+        _, t = timed_call(lambda: step(cache, ids), device)
+        if i >= 5:
+            times.append(t.time)
+    return statistics.median(times)
+
+
 def batch1_table(args, target, drafter, prompts) -> list[str]:
     n, k, dev = args.max_new_tokens, args.k, args.device
     counter = ForwardCounter(target)
-    # the target alone, outside any decoder: its (K+1)-token cached forward in units of its 1-token forward
+    # the target alone, outside any decoder: its (K+1)-token cached forward in units of its 1-token forward,
+    # under transformers (dynamic cache, eager) and as the decoder's own step (static cache, this compile mode)
     v = forward_time(target, k + 1, device=dev) / forward_time(target, 1, device=dev)
+    v_step = step_time(target, k + 1, args.compile, dev) / step_time(target, 1, args.compile, dev)
     rows = []
     compile_s = {}
     costs = {}
@@ -145,22 +165,23 @@ def batch1_table(args, target, drafter, prompts) -> list[str]:
         rows.append(f"| {mode} | {tps['ar']:.1f} | {tps['hf']:.1f} | {tps['ar'] / tps['hf']:.2f} | {tps['spec']:.1f} | "
                     f"{mat['spec']:.2f} | {tps['hf_k']:.1f} | {mat['hf_k']:.2f} | {tps['spec'] / tps['hf_k']:.2f} | "
                     f"{c:.3f} | {a:.3f} | {speedup:.2f} | {analytic_speedup(a, k, c):.2f} | "
-                    f"{implementation_efficiency(speedup, a, k, c):.2f} | {v:.2f} | "
-                    f"{implementation_efficiency(speedup, a, k, c, v):.2f} |")
+                    f"{implementation_efficiency(speedup, a, k, c):.2f} | {v:.2f} | {v_step:.2f} | "
+                    f"{implementation_efficiency(speedup, a, k, c, v_step):.2f} |")
     lines = [
         f"#### (a) Batch 1: ours vs transformers, K = {k}, {len(prompts)} prompts x {n} tokens, median of {args.runs} "
         "interleaved runs per prompt",
         "",
         "| mode | ours AR tok/s | HF greedy/sample tok/s | ours AR / HF | ours K tok/s | ours MAT | HF assisted K tok/s "
-        "| HF MAT | ours K / HF assisted | c | a | speedup | analytic | efficiency | model-only v | efficiency at v |",
-        "| --- " + "| ---: " * 15 + "|",
+        "| HF MAT | ours K / HF assisted | c | a | speedup | analytic | efficiency | HF v | step v | efficiency at step v |",
+        "| --- " + "| ---: " * 16 + "|",
         *rows,
         "",
         "c = t_draft / t_target from ours-AR per-token times; a = the per-token acceptance whose fixed-K expected "
         "round equals our MAT; speedup = ours K / ours AR; efficiency = speedup / analytic (analytic assumes a "
-        "(K+1)-token verify costs one 1-token forward); v = the target alone (no decoder, transformers' dynamic cache): "
-        "median (K+1)-token cached forward / median 1-token cached forward, and 'efficiency at v' puts v in place of "
-        "1, leaving only the decoder's own overhead.",
+        "(K+1)-token verify costs one 1-token forward); v = the target alone, no decoder around it: median (K+1)-token "
+        "cached forward / median 1-token cached forward, under transformers (HF v: eager, dynamic cache) and as the "
+        "decoder's own step (step v: its static cache, in this compile mode); 'efficiency at step v' puts step v in "
+        "place of 1, leaving only the cost of the rounds around the model's forwards.",
     ]
     if compile_s:
         lines += ["", "Compile (first call, wall s, not in the times above): "

@@ -116,3 +116,22 @@ def test_sliding_windows_shorter_than_the_decode_are_refused():
     RowStaticCache(cfg, 2, 16, torch.float32, torch.device("cpu"))  # the window covers the cache: full attention
     with pytest.raises(InputError, match="sliding-window"):
         RowStaticCache(cfg, 2, 64, torch.float32, torch.device("cpu"))
+
+
+def test_compiled_steps_keep_only_the_guards_on_their_arguments():
+    """The guard filter of compiled steps: guards on the call's arguments (which pick the graph for a width,
+    a batch size or the `hidden` flag) stay; those on the model, on library globals and Python identity
+    lambdas go (they cost more than a small model's forward; the step is keyed by its model)."""
+    from torch._dynamo.types import GuardFilterEntry
+
+    from specdraft.decoding.batched import argument_guards
+
+    def entry(name, guard_type="TENSOR_MATCH", is_global=False):
+        return GuardFilterEntry(name=name, has_value=False, value=None, guard_type=guard_type,
+                                derived_guard_types=(), is_global=is_global, orig_guard=None)
+
+    kept = {"ids": True, "hidden": True, "cache.layers[0].keys": True, "cache.lengths": True,
+            "model._modules['model']._modules['layers']": False, "model.config": False,
+            "dict(type(model.config).__mro__[1])": False, "G['torch'].nn": False, "cache is owner": False}
+    entries = [entry(n, "LAMBDA_GUARD" if n == "cache is owner" else "TENSOR_MATCH", n.startswith("G[")) for n in kept]
+    assert argument_guards(entries) == list(kept.values())
