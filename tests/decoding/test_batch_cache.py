@@ -135,3 +135,11 @@ def test_compiled_steps_keep_only_the_guards_on_their_arguments():
             "dict(type(model.config).__mro__[1])": False, "G['torch'].nn": False, "cache is owner": False}
     entries = [entry(n, "LAMBDA_GUARD" if n == "cache is owner" else "TENSOR_MATCH", n.startswith("G[")) for n in kept]
     assert argument_guards(entries) == list(kept.values())
+
+
+def test_compiled_rounds_verify_a_few_widths_and_never_fewer_than_drafted():
+    from specdraft.decoding.batched import verify_width
+
+    widths = {s: verify_width(s, 8) for s in range(9)}
+    assert widths == {0: 0, 1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 6: 8, 7: 8, 8: 8}
+    assert all(verify_width(s, 5) == min(5, widths[s]) for s in range(6))  # never past the policy's width
