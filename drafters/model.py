@@ -29,6 +29,11 @@ class CausalLMConfig:
     n_kv_heads: int | None = None  # None = n_heads (plain multi-head attention)
     rope_theta: float = 10000.0  # RoPE base
 
+    @classmethod
+    def from_preset(cls, name: str) -> "CausalLMConfig":
+        """A config may name a preset instead of writing its fields (`train_drafters.model: metasd-68m`)."""
+        return preset(name)
+
     def __post_init__(self):
         for name in ("n_layers", "hidden", "n_heads", "intermediate", "max_positions"):
             if getattr(self, name) < 1:

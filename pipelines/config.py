@@ -58,6 +58,11 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"config field '{where}' must be one of {choices}, got {value!r} (did you mean {hint!r}?)")
         return value
     if dataclasses.is_dataclass(tp):
+        if isinstance(value, str) and hasattr(tp, "from_preset"):  # a section named by its preset
+            try:
+                return tp.from_preset(value)
+            except InputError as e:
+                raise ConfigError(f"config field '{where}': {e}") from None
         return from_dict(tp, value, where)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):

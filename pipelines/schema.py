@@ -231,7 +231,7 @@ class EagleSection:
 
 @dataclass
 class TrainDraftersSection:
-    model: CausalLMConfig = field(default_factory=lambda: preset("demo-drafter"))  # preset metasd-68m for real runs
+    model: CausalLMConfig = field(default_factory=lambda: preset("demo-drafter"))  # a preset name (metasd-68m for real runs) or the fields
     init_from: Optional[str] = None  # a drafter checkpoint dir to start from instead of random init
     drafters: Optional[list[DrafterSpec]] = None  # null: one per training domain + "ofa" on all of them
     general: PhaseSection = field(default_factory=lambda: PhaseSection(lr=1e-3, train=TrainerConfig(max_steps=200, batch_size=16)))  # phase 1 on the demo corpus (held-out domains excluded); needs the demo world

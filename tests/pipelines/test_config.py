@@ -117,3 +117,17 @@ def test_base_cycle_and_bad_evaluate_out_are_one_line_errors(tmp_path):
     for bad in ("bundle", "../x", ""):
         with pytest.raises(InputError, match="evaluate.out"):
             load_config(RunConfig, None, [f"evaluate.out={bad}"])
+
+
+def test_a_model_section_takes_a_preset_name(tmp_path):
+    """`train_drafters.model: metasd-68m` is the preset (file and override); an unknown name is a one-line
+    error naming the field and the presets; a mapping still gives the fields."""
+    from specdraft.drafters.model import PRESETS
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"run:\n  root: {tmp_path / 'run'}\ntrain_drafters:\n  model: metasd-68m\n")
+    assert load_config(RunConfig, cfg).train_drafters.model == PRESETS["metasd-68m"]
+    assert load_config(RunConfig, cfg, ["pretrain_target.model=demo-target"]).pretrain_target.model == PRESETS["demo-target"]
+    with pytest.raises(ConfigError, match=r"'train_drafters\.model': unknown model preset 'metasd-86m'; choose one of .*metasd-68m"):
+        from_dict(RunConfig, {"train_drafters": {"model": "metasd-86m"}})
+    assert from_dict(RunConfig, {"train_drafters": {"model": {"n_layers": 3}}}).train_drafters.model.n_layers == 3
