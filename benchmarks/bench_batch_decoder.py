@@ -17,9 +17,9 @@ side (forwards, overheads, batching) carries over. Prompts are random token ids 
     Efficiency = measured (ours K / ours AR) over the analytic fixed-K speedup at the acceptance implied
     by our MAT and c = t_draft / t_target from ours-AR per-token times of each model.
 (b) Batch curve: for each B, the first B prompts decoded together by every method (AR, fixed K for
-    --ks, SpecDec++ with --head or an untrained random head, UCBSpec over lengths 0..4), interleaved,
-    --runs times; tokens/s = generated tokens / median time, with the spread (min-max over runs) and
-    the speedup over batched AR at the same B.
+    --ks, SpecDec++ with --head or an untrained random head, per row and lockstep (the batch stops
+    together), UCBSpec over lengths 0..4), interleaved, --runs times; tokens/s = generated tokens /
+    median time, with the spread (min-max over runs) and the speedup over batched AR at the same B.
 --compile none,default measures both in one run (one RESULTS.md section); a compiled mode reports its
 compile time (the first call of each method) apart from decode time, and runs part (b) at
 --compiled-batch-sizes / --compiled-ks only (each batch size and width compiles its own graphs).
@@ -45,7 +45,7 @@ from specdraft.decoding.batched import generate_batch, model_cache, model_step  
 from specdraft.decoding.rounds.static_cache import forward_rows  # noqa: E402
 from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
-from specdraft.decoding.policies.stopping import FixedK, SpecDecPP  # noqa: E402
+from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
 from bench_decoder import ForwardCounter, _cpu_name, early_exit_pair, forward_time, interleaved, load, load_prompts  # noqa: E402
 from publish import publish  # noqa: E402
@@ -195,6 +195,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     greedy = SamplingConfig(0.0)
     policies = {"AR": None, **{f"K={k}": FixedK(k) for k in args.ks}}
     policies["SpecDec++"] = SpecDecPP(head, threshold=args.h, k_max=args.k_max)
+    policies["SpecDec++ lockstep"] = LockstepSpecDecPP(head, threshold=args.h, k_max=args.k_max)
     policies["UCBSpec 0..4"] = LengthUCB((0, 1, 2, 3, 4), cost_ratio=args.cost_ratio)
     lines = [
         f"#### (b) Batch curve: greedy, {n} tokens per row, median of {args.runs} interleaved runs (spread: min-max)",
@@ -231,7 +232,8 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
         lines.append(f"| {B} | " + " | ".join(cells + ratios + mat_cells) + " |")
         print(lines[-1], flush=True)
     lines += ["", f"SpecDec++: {'head ' + args.head if args.head else 'an untrained random head (its stops mean nothing)'}"
-              f", h = {args.h}, K_max = {args.k_max}. UCBSpec: per-row bandit over draft lengths 0..4, reward = "
+              f", h = {args.h}, K_max = {args.k_max}; each row stops alone (the paper's rule), or, lockstep, the batch "
+              "stops together when its drafting rows' mean predicted rejection probability exceeds h. UCBSpec: per-row bandit over draft lengths 0..4, reward = "
               f"the round's throughput (n_acc + 1) / (1 + c k) at c = {args.cost_ratio:.3f} (BanditSpec §6.2; "
               "from (a) when it ran). MAT = tokens per target forward (bonus counted), summed over rows."]
     if compile_s:

@@ -44,7 +44,7 @@ from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
 from specdraft.decoding.speculators.eagle_model import EagleDrafter
 from specdraft.decoding.rounds.sampling import SamplingConfig, probs
 from specdraft.decoding.rounds.static_cache import RowStaticCache, eagle_rows, forward_rows
-from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
+from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP
 
 COMPILE_MODES = ("none", "default", "reduce-overhead")
 _CACHE_ROUND = 64  # cache lengths are rounded up so that calls of similar length share a cache (and a compile)
@@ -160,6 +160,7 @@ class Plan:
     threshold: float = 0.0
     bandit: LengthUCB | None = None
     eagle: bool = False  # the drafter is an EAGLE layer reading the target's features
+    lockstep: bool = False  # SpecDec++ stops the whole batch on its rows' mean risk (LockstepSpecDecPP)
     eos: list[int] = field(default_factory=list)
 
 
@@ -194,7 +195,8 @@ def check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eo
     if isinstance(policy, SpecDecPP):
         if isinstance(policy.head, torch.nn.Module):
             check_head(policy.head, drafter)
-        return Plan(width=policy.max_tokens, head=policy.head, threshold=policy.threshold, eos=eos, eagle=eagle)
+        return Plan(width=policy.max_tokens, head=policy.head, threshold=policy.threshold, eos=eos, eagle=eagle,
+                    lockstep=isinstance(policy, LockstepSpecDecPP))
     if isinstance(policy, LengthUCB):
         return Plan(width=policy.max_tokens, bandit=policy, eos=eos, eagle=eagle)
     raise InputError(f"the batched decoder supports FixedK, SpecDecPP and LengthUCB policies, not {policy!r}; "
@@ -261,7 +263,10 @@ def draft_round(step, cache: RowStaticCache, q_logits: torch.Tensor, cap: torch.
             go_on &= ~torch.isin(y, eos)  # drafting past EOS is wasted work
         if plan.head is not None and hidden is not None:  # decision i + 1 reads e_i
             p_hat = p_hat * head_sigma(plan.head, hidden).double()
-            go_on &= ~((1.0 - p_hat) > plan.threshold)
+            risk = 1.0 - p_hat
+            if plan.lockstep:  # the mean risk of the rows that would go on decides for all of them
+                risk = (risk * go_on).sum() / go_on.sum().clamp_min(1)
+            go_on &= ~(risk > plan.threshold)
         drafting = go_on
         if i == W - 1:
             break  # y_W is never fed in its own round
@@ -389,12 +394,12 @@ def generate_batch(
     compile: str = "none",
 ) -> list[GenerationResult]:
     """Decode every prompt; one GenerationResult per prompt, in order. policy: FixedK(k),
-    SpecDecPP(head, threshold, k_max), LengthUCB(lengths) (needs `drafter`), or None for batched
-    autoregressive decoding. Greedy output equals each prompt decoded alone; sampled output follows the
-    target distribution under `sampling`. Sampling draws from a generator on the target's device seeded
-    with `seed`. compile: "default" / "reduce-overhead" wrap the drafter step and the verify forward with
-    torch.compile (the verify is then padded to a power of two up to K_max + 1, a few fixed shapes); the first call
-    pays the compilation. Times in the metrics are the batch's wall time, shared by its rows."""
+    SpecDecPP(head, threshold, k_max) (each row stops alone), LockstepSpecDecPP (the same arguments; the
+    batch stops together), LengthUCB(lengths) (needs `drafter`), or None for batched autoregressive
+    decoding. Greedy output equals each prompt decoded alone; sampled output follows the target
+    distribution under `sampling`. Sampling draws from a generator on the target's device seeded with `seed`. compile: "default" / "reduce-overhead" wrap the drafter step and the verify forward with
+    torch.compile (the drafts verified padded to a power of two up to K_max: a few fixed shapes); the
+    first call pays the compilation. Times in the metrics are the batch's wall time, shared by its rows."""
     plan = check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eos_token_id, compile)
     start = time.perf_counter()
     device = input_device(target)

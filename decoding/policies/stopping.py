@@ -102,6 +102,20 @@ class SpecDecPP:
         return f"SpecDecPP(h={self.threshold}, K_max={self.max_tokens})"
 
 
+class LockstepSpecDecPP(SpecDecPP):
+    """SpecDec++ for a batch that drafts in lockstep (`decoding.batched`). There a round verifies the
+    longest row's drafts for every row, so a row that stops alone saves no work and forgoes drafts that
+    would be verified anyway; with per-row stops the round's width is the most optimistic row's, which
+    in a large batch is nearly always K_max. Here the batch stops drafting together: after sampling y_k,
+    when the mean over the rows still drafting of the predicted probability of a rejection,
+    1 - prod_{i < k} sigmoid(head(e_i)), exceeds h. Rows still stop alone at their cap and after EOS. At
+    batch 1 this is SpecDecPP decision for decision; like any stopping rule that reads only the drafts, it
+    keeps decoding lossless. On the one-prompt loop it is SpecDecPP."""
+
+    def __repr__(self) -> str:
+        return f"LockstepSpecDecPP(h={self.threshold}, K_max={self.max_tokens})"
+
+
 class HindsightOracle:
     """Greedy-only analysis mode (SpecDec++ Theorem 4.1): knowing the target's greedy continuation and
     where the drafter's greedy tokens, conditioned on it, disagree with it (S), stop every round right

@@ -18,7 +18,7 @@ from specdraft.decoding.speculators.eagle_model import EagleDrafter
 from specdraft.decoding.rounds.lengths import lemma_3_1_gap
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import speculative_generate
-from specdraft.decoding.policies.stopping import FixedK, HindsightOracle, SpecDecPP
+from specdraft.decoding.policies.stopping import FixedK, HindsightOracle, LockstepSpecDecPP, SpecDecPP
 from tests.decoding.test_greedy_equivalence import random_head
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -46,6 +46,7 @@ POLICIES = {
     "specdecpp-h0.5": lambda h: SpecDecPP(random_head(h, 0), threshold=0.5),
     "specdecpp-h0.9-kmax6": lambda h: SpecDecPP(random_head(h, 1), threshold=0.9, k_max=6),
     "ucb-lengths": lambda h: LengthUCB((0, 1, 2, 4)),
+    "lockstep-specdecpp-h0.5": lambda h: LockstepSpecDecPP(random_head(h, 0), threshold=0.5),
 }
 
 
@@ -77,6 +78,8 @@ def test_every_row_equals_its_prompt_decoded_alone(llama_pair, ragged, name):
         chosen = {k for r in results for k in r.metrics.drafted}
         assert 0 in chosen and len(chosen) >= 3  # round-robin over the arms, plain steps included
         return
+    if isinstance(policy, LockstepSpecDecPP):
+        return  # its rounds depend on the batch (test_lockstep_specdecpp_rows_draft_together)
     # the same rounds as the batch-1 speculative decoder, row by row
     for prompt, result in zip(prompts, results):
         fresh = POLICIES[name](hidden)
@@ -93,6 +96,40 @@ def test_specdecpp_rounds_vary_per_row(llama_pair, ragged):
     results = generate_batch(target, prompts, MAX_NEW, drafter=drafter, policy=policy, eos_token_id=eos)
     first_rounds = {r.metrics.drafted[0] for r in results}
     assert len({k for r in results for k in r.metrics.drafted}) >= 3 and len(first_rounds) >= 2
+
+
+def test_lockstep_specdecpp_rows_draft_together(llama_pair, ragged):
+    """LockstepSpecDecPP: in every round the rows that are not near their length limit draft the same
+    number of tokens (per-row SpecDec++ on the same batch does not), the batch's rounds are neither all K_max
+    nor all 1, and alone (batch 1) it makes SpecDecPP's decisions exactly."""
+    target, drafter = llama_pair
+    prompts, _, _ = ragged
+    hidden, k_max = drafter.config.hidden_size, 8
+
+    def head():  # sharper than random_head: its risk varies enough between contexts to move a batch's mean
+        h = random_head(hidden, 0)
+        with torch.no_grad():
+            h[2].weight.mul_(6.0)
+        return h
+
+    results = generate_batch(target, prompts, MAX_NEW, drafter=drafter,
+                             policy=LockstepSpecDecPP(head(), threshold=0.5, k_max=k_max))
+    per_round: dict[int, set] = {}
+    for r in results:
+        n_out = 0
+        for i, (k, n) in enumerate(zip(r.metrics.drafted, r.metrics.accepted)):
+            if MAX_NEW - n_out - 1 >= k_max:  # the length limit does not cap this row's round
+                per_round.setdefault(i, set()).add(k)
+            n_out += n + 1
+    assert len(per_round) >= 3 and all(len(ks) == 1 for ks in per_round.values())
+    assert len({k for ks in per_round.values() for k in ks}) >= 2
+    rowwise = generate_batch(target, prompts, MAX_NEW, drafter=drafter, policy=SpecDecPP(head(), threshold=0.5, k_max=k_max))
+    assert len({r.metrics.drafted[0] for r in rowwise}) > 1  # per-row stops differ in the first round
+    for prompt in prompts[:2]:
+        [lock] = generate_batch(target, [prompt], MAX_NEW, drafter=drafter,
+                                policy=LockstepSpecDecPP(head(), threshold=0.5, k_max=k_max))
+        [row] = generate_batch(target, [prompt], MAX_NEW, drafter=drafter, policy=SpecDecPP(head(), threshold=0.5, k_max=k_max))
+        assert (lock.tokens, lock.metrics.drafted, lock.metrics.accepted) == (row.tokens, row.metrics.drafted, row.metrics.accepted)
 
 
 def test_batch_of_one_and_repeated_prompts(llama_pair, ragged):

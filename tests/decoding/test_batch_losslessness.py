@@ -16,7 +16,7 @@ import torch
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB
 from specdraft.decoding.batched import generate_batch
 from specdraft.decoding.rounds.sampling import SamplingConfig, probs
-from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
+from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP
 from tests.decoding.conftest import chi2_pvalue, noisy_copy, tiny_llama
 
 V, N_TOKENS, ROWS, BATCHES = 3, 3, 500, 10
@@ -63,6 +63,10 @@ CASES = [
     pytest.param(SamplingConfig(temperature=1.0, top_p=0.9), lambda h: SpecDecPP(linear_head(h), 0.35, k_max=4), 4,
                  id="specdecpp-topp0.9"),
     pytest.param(SamplingConfig(temperature=0.8, top_k=2), lambda h: LengthUCB((0, 1, 3)), 4, id="ucb-lengths-T0.8-topk2"),
+    # the rows of a batch stop drafting together on their mean risk: each row's stops depend on the others' drafts
+    # (top-k 2: 8 cells, where T = 1's 27 left the power check short on one row at these sample sizes)
+    pytest.param(SamplingConfig(temperature=0.8, top_k=2), lambda h: LockstepSpecDecPP(linear_head(h), 0.35, k_max=4), 4,
+                 id="lockstep-specdecpp-T0.8-topk2"),
     pytest.param(SamplingConfig(temperature=1.0), lambda h: FixedK(2), 3, id="eagle-fixedK2-T1"),
 ]
 
