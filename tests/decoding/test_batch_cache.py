@@ -143,3 +143,16 @@ def test_compiled_rounds_verify_a_few_widths_and_never_fewer_than_drafted():
     widths = {s: verify_width(s, 8) for s in range(9)}
     assert widths == {0: 0, 1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 6: 8, 7: 8, 8: 8}
     assert all(verify_width(s, 5) == min(5, widths[s]) for s in range(6))  # never past the policy's width
+
+
+@pytest.mark.slow
+def test_compiled_steps_of_two_models_of_one_shape_stay_apart(make_llama):
+    """Two models of the same architecture: each compiled step gives its own model's logits (the steps keep
+    no guard on the model and hold its weights in the graph, so a graph of one must never serve the other)."""
+    a, b = make_llama(0), make_llama(1)
+    ids = torch.tensor([[3, 5, 7]])
+    with torch.inference_mode():
+        for model in (a, b, a):
+            cache = RowStaticCache(model.config, 1, 32, torch.float32, torch.device("cpu"))
+            want = forward_rows(model, cache, ids)[0]
+            torch.testing.assert_close(model_step(model, "default")(cache, ids)[0], want, atol=1e-5, rtol=1e-5)
