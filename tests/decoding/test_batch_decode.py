@@ -265,3 +265,20 @@ def test_another_family_qwen2(ragged):
     for prompt, result in zip(prompts, results):
         assert result.tokens == generate_autoregressive(target, prompt, 16, GREEDY).tokens
     assert sum(r.metrics.n_target for r in results) < 16 * len(prompts)
+
+
+def test_generate_decodes_a_batch_with_specdecpp_in_lockstep(llama_pair, ragged):
+    """`specdraft generate`'s batches (decoding.generate.decode_batch) turn the bundle's SpecDec++ head into
+    LockstepSpecDecPP for B > 1 (the same decisions at B = 1)."""
+    from specdraft.decoding.generate import Plan, decode_batch
+
+    target, drafter = llama_pair
+    prompts, eos, _ = ragged
+    head = random_head(drafter.config.hidden_size, 0)
+    plan = Plan("d", drafter, lambda: SpecDecPP(head, threshold=0.5))
+    got = decode_batch(target, prompts, MAX_NEW, plan, GREEDY, eos, seed=0)
+    want = generate_batch(target, prompts, MAX_NEW, drafter=drafter, policy=LockstepSpecDecPP(head, 0.5), eos_token_id=eos)
+    assert [(r.tokens, r.metrics.drafted) for r in got] == [(r.tokens, r.metrics.drafted) for r in want]
+    [one] = decode_batch(target, prompts[:1], MAX_NEW, plan, GREEDY, eos, seed=0)
+    [alone] = generate_batch(target, prompts[:1], MAX_NEW, drafter=drafter, policy=SpecDecPP(head, 0.5), eos_token_id=eos)
+    assert one.metrics.drafted == alone.metrics.drafted
