@@ -328,4 +328,5 @@ def test_two_shard_processes_and_a_merge_write_the_report(run_root):
     assert merge.returncode == 0, merge.stdout
     metrics = json.loads((run_root / "report" / "metrics.json").read_text())
     done = [(r["set"], r["prompt"], json.dumps(key_of(r), sort_keys=True)) for r in metrics["runs"]]
+    done += [("batches", r["batch"], json.dumps(key_of(r), sort_keys=True)) for r in metrics["throughput"]["runs"]]
     assert len(done) == len(set(done)) == metrics["plan_runs"]
