@@ -60,7 +60,7 @@ class Run:
     key: MethodKey
     prompt: Prompt
     build: Callable[[Mapping[MethodKey, GenerationResult]], Built]  # this prompt's earlier results -> Built
-    seed: int | None = None  # sampling mode: the CPU generator's seed (the same on every repeat)
+    seed: int | None = None  # sampling mode: the CPU generator's seed (the same on every repeat); a batch: generate_batch's
     repeatable: bool = True  # False: a run with state that outlives it (stream bandits) runs once
     # True: building is the method's own serving work (a router routing the prompt), timed with the generation;
     # else the speculator is built before the timed call
