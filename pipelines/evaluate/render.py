@@ -241,9 +241,10 @@ def throughput_section(metrics: dict) -> list[str]:
     for m in v["methods"]:
         cells = ", ".join(f"B={c['batch_size']}: {_said({'ratio': c['speedup'], **c})} {AGAINST_1[c['verdict']]}"
                           for c in m["by_b"])
+        top = m["pays_up_to"]
         lines.append(f"- **{label(m['key'])}** pays (speedup interval above 1) "
-                     + (f"up to B={m['pays_up_to']}" if m["pays_up_to"] is not None else "at no batch size")
-                     + f": {cells}.")
+                     + ("at no batch size" if top is None else f"up to B={top}, the largest measured"
+                        if top == max(v["batch_sizes"]) else f"up to B={top}") + f": {cells}.")
     if v["fixed_falls_at"]:
         said = [f"{label(a['key'])} at B={a['batch_size']}: over batched AR {_said({'ratio': a['speedup'], **a})} "
                 f"{AGAINST_1[a['verdict']]}, over the best fixed K={a['best_fixed_k']} there "
