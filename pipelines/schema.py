@@ -387,6 +387,14 @@ class EvaluateSection:
     # EAGLE drafters of the bundle (train_drafters.eagle): chain at K, EAGLE-2 tree, MetaEagle-UCB (BE, BD) on
     # these prompt sets (MetaSD Tables 4 / 7: test, perturbed, ood)
     eagle_sets: list[str] = field(default_factory=lambda: list(SETS))
+    # throughput rows (SPEC.md section 8): batch sizes B at which the batched decoder decodes the pooled test
+    # prompts in consecutive batches of B (the same prompts at every B), greedy: batched autoregressive, fixed K
+    # for each of `ks`, SpecDec++ and UCBSpec over lengths 0..k, tokens/s and speedup over batched AR at the
+    # same B; [] (default): no throughput rows
+    batch_sizes: list[int] = field(default_factory=list)
+    # test prompts (all domains pooled, taken round-robin over domains) that feed the batches, cut down to a
+    # multiple of every batch size; null: every test prompt the run loads (prompts_per_domain per domain)
+    throughput_prompts: Optional[int] = None
     beta: float = 0.01  # MetaSD-UCB exploration strength (paper)
     delta: float = 0.5  # UCBSpec confidence (BanditSpec Thm 4.3)
     device: str = "auto"  # auto: cuda if available, else cpu
@@ -453,6 +461,15 @@ class EvaluateSection:
         for b in self.stream_bandits:
             if b not in BANDITS:
                 raise InputError(f"evaluate.stream_bandits: unknown bandit '{b}'; use {', '.join(BANDITS)}")
+        for b in self.batch_sizes:
+            require_int(b, "evaluate.batch_sizes: a batch size", hint="e.g. [1, 2, 4, 8, 16]")
+        if len(set(self.batch_sizes)) != len(self.batch_sizes):
+            raise InputError(f"evaluate.batch_sizes lists a batch size twice ({self.batch_sizes}); name each once")
+        if self.batch_sizes and "test" not in self.sets:
+            raise InputError("evaluate.batch_sizes batches the test prompts; add test to evaluate.sets "
+                             "or set batch_sizes: []")
+        if self.throughput_prompts is not None:
+            require_int(self.throughput_prompts, "evaluate.throughput_prompts", hint="or null: every test prompt")
 
 
 

@@ -19,6 +19,10 @@ Five steps, one module each (this package's files are its jobs; each reads only 
      ceiling     one round-robin pass over the arms, then the prompt's hindsight-best arm
    and in sampling mode on the first `sampling_prompts` test prompts per domain: ar, fixed, specdecpp
    for the sweep drafters, each SpecDec++ row with the heads labelled under that mode's transform.
+   Throughput runs (`evaluate.batch_sizes`, `plan.plan_batches`): the pooled test prompts in consecutive
+   batches of B at each batch size B, decoded by the batched decoder (decoding.batched.generate_batch) as
+   batched AR, fixed K for each of `ks`, SpecDec++ and UCBSpec over lengths 0..k with the all-domain
+   drafter; a batch is a pseudo-prompt of set `plan.BATCH_SET` whose runs are timed whole, like a prompt's.
 2. **run** (`run.execute`): one loop. Per prompt, `repeats` passes over that prompt's runs, methods
    interleaved (a slow phase of a shared machine hits every method alike), then further passes for the
    runs whose 90% interval of the mean time is wider than +-`repeat_ci`, up to `repeats_max`
@@ -31,7 +35,7 @@ Five steps, one module each (this package's files are its jobs; each reads only 
    prompt, a few `Calibrator` passes (pipelines/calibration.py, shared with train-heads) time the
    target's n-token cached forward for every n a round can verify and each drafter's 1-token forward
    (interleaved; spread through the loop, so they see the same load phases as the runs they price).
-   The plan runs in units (`units`: a prompt, or a stream bandit's (set, domain)); N shards
+   The plan runs in units (`units`: a prompt, a batch, or a stream bandit's (set, domain)); N shards
    (`specdraft evaluate CONFIG --shard i/N`, Slurm array tasks, torchrun ranks) each run theirs and store
    each finished unit atomically; the last to finish (or `--merge`) reads all back in plan order and goes
    on as one process would.
@@ -42,7 +46,9 @@ Five steps, one module each (this package's files are its jobs; each reads only 
    and the decoder's own per-round work (sampling, verification, a SpecDec++ head) are not counted, so
    on a small model it sits above the timed one); each pooled over prompts as a ratio of totals with a
    bootstrap 90% interval (resampling prompts). The Eq. 3.1 fit over all greedy speculative runs
-   (non-negative least squares on counts and robust times) with its R^2.
+   (non-negative least squares on counts and robust times) with its R^2. The batch runs pool apart
+   (`aggregate.throughput`): per batch size and method, tokens/s, MAT and the speedup over batched AR at
+   the same B with its bootstrap 90% interval over batches.
 4. **claims** (`claims.judge`): the papers' effects and verdicts, as data read from that dict (each
    comparison a ratio over shared prompts with its bootstrap interval), stored in it.
 5. **render** (`render.write_report`): report.md and the plots, from the dict alone; every label and
@@ -181,6 +187,9 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
               eagle_ofa=eagle_ofa, cost_ratio=bundle.defaults.cost_ratio)
     if bundle.datastore is None and "rest" in ecfg.model_free_arms:
         notes.append("the bundle ships no datastore: the REST arm is left out (re-export with export.datastore: true)")
+    if ecfg.batch_sizes and ofa is None:
+        notes.append("the bundle has no all-domain drafter: the throughput rows (evaluate.batch_sizes) decode with "
+                     "batched AR only, as a batch mixing domains shares one drafter")
     plan = build_plan(env, prompts)
     max_k = max([k_main, *ecfg.ks] + [h.k_max for by in heads.values() for h in by.values()])
     # calibrate at a context like the runs' own: a median prompt, half way through its generation
@@ -193,9 +202,11 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     eos = end_of_turn_ids(tok, target)
     policy = TimingPolicy(ecfg.repeats, ecfg.repeats_max, ecfg.repeat_ci, ecfg.warmup)
     warmed: set = set()  # shapes warmed up in this process, over all of its units
+    # the calibration prices batch-1 rounds: its passes follow the prompts' units, not the batches'
     records = _run_shard(ctx, plan, lambda runs, bar: execute(
         runs, target, ecfg.max_new_tokens, modes, eos, device, ecfg.repeats,
-        between=lambda: calibrator.sample(per_prompt), bar=bar, policy=policy, warmed=warmed), calibrator)
+        between=None if runs[0].prompt.batch else lambda: calibrator.sample(per_prompt), bar=bar, policy=policy,
+        warmed=warmed), calibrator)
     calib = calibrator.result()
     score_quality(records, {(p.set, p.id): p.reference for p in prompts}, tok)
 

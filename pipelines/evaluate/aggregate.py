@@ -8,7 +8,7 @@ import dataclasses
 import json
 import statistics
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.timing import bootstrap_ratio
 from specdraft.pipelines.calibration import Calibration
 from specdraft.pipelines.evaluate.methods import MethodKey, key_of, label
-from specdraft.pipelines.evaluate.plan import Head, Prompt
+from specdraft.pipelines.evaluate.plan import BATCH_SET, Head, Prompt
 from specdraft.pipelines.evaluate.run import Record, relative_half_width
 from specdraft.pipelines.schema import EvaluateSection
 
@@ -175,6 +175,20 @@ def _mean_interval(xs: list[float], seed: int, n_boot: int = 1000) -> tuple[floa
     return _r(np.quantile(means, 0.05)), _r(np.quantile(means, 0.95))
 
 
+def _against(group: list[Record], base_of: Mapping[str, Record], measure: Callable[[Record], float]
+             ) -> list[tuple[float, float]]:
+    """Per run whose prompt (or batch) has a baseline run: (the baseline's measure scaled to the run's number
+    of tokens, the run's measure), the pairs a pooled speedup is the ratio of totals of."""
+    pairs = []
+    for r in group:
+        base = base_of.get(r.prompt)
+        if base is None or not r.metrics.n_generated or not base.metrics.n_generated:
+            continue
+        scale = r.metrics.n_generated / base.metrics.n_generated  # the baseline's cost of the run's number of tokens
+        pairs.append((measure(base) * scale, measure(r)))
+    return pairs
+
+
 def _row(group: list[Record], ar: dict[str, Record], calib: Calibration, seed: int) -> dict[str, Any]:
     """Counts pooled as ratios of totals; speedups against each prompt's own AR run (AR's time per token times
     the method's tokens), pooled as the ratio of totals over prompts with its bootstrap 90% interval."""
@@ -191,15 +205,9 @@ def _row(group: list[Record], ar: dict[str, Record], calib: Calibration, seed: i
     if scored:  # mean over prompts, with its bootstrap 90% interval
         row["quality"], row["quality_n"] = _r(statistics.fmean(scored)), len(scored)
         row["quality_lo"], row["quality_hi"] = _mean_interval(scored, seed)
-    timed, wall, counted = [], [], []
-    for r in group:
-        base = ar.get(r.prompt)
-        if base is None or not r.metrics.n_generated or not base.metrics.n_generated:
-            continue
-        scale = r.metrics.n_generated / base.metrics.n_generated  # AR's cost of the method's number of tokens
-        timed.append((base.time * scale, r.time))
-        wall.append((base.wall * scale, r.wall))
-        counted.append((calib.cost(base) * scale, calib.cost(r)))
+    timed = _against(group, ar, lambda r: r.time)
+    wall = _against(group, ar, lambda r: r.wall)
+    counted = _against(group, ar, calib.cost)
     row["speedup"], row["speedup_lo"], row["speedup_hi"] = _spread(timed, seed)
     row["counted_speedup"], row["counted_speedup_lo"], row["counted_speedup_hi"] = _spread(counted, seed)
     row["wall_speedup"], row["wall_speedup_lo"], row["wall_speedup_hi"] = _spread(wall, seed)
@@ -244,6 +252,8 @@ def summarize(records: list[Record], calib: Calibration, setup: Setup) -> dict[s
     """The measured part of the metrics dict report.md, metrics.json and the plots are made from (the
     claims are added to it by claims.judge)."""
     k_main = setup.k
+    batched = [r for r in records if r.set == BATCH_SET]  # throughput runs: their own rows (`throughput`)
+    records = [r for r in records if r.set != BATCH_SET]
     all_records = records + derived(records, k_main, setup.own, setup.n_drafters)
     groups: dict[tuple, list[Record]] = {}
     for r in all_records:
@@ -281,8 +291,48 @@ def summarize(records: list[Record], calib: Calibration, setup: Setup) -> dict[s
         "rows": rows, "cost_fit": cost_fit, "best_arm_ratio": best_arm_ratio(records, k_main, setup.arms),
         "switch_seconds": _switch_seconds(records), "notes": setup.notes,
         "runs": [_run_entry(r, calib) for r in records],
+        "throughput": throughput(batched, setup.seed),
     }
     return metrics
+
+
+def throughput(records: list[Record], seed: int) -> dict[str, Any] | None:
+    """The throughput rows (SPEC.md section 8): per batch size B and method, the batches' counts summed (MAT =
+    N / N_target per row, pooled), tokens/s (tokens over the batches' summed time, each batch's time the mean
+    over its passes) and the speedup over batched AR at the same B: the ratio of totals over the batches with
+    its bootstrap 90% interval (resampling batches), as the per-prompt rows pool prompts. None without
+    batch runs. `runs`: every batch run's per-row counts and every pass's times."""
+    if not records:
+        return None
+    groups: dict[MethodKey, list[Record]] = {}
+    for r in records:
+        groups.setdefault(r.key, []).append(r)
+    ar = {r.prompt: r for r in records if r.key.policy == "ar"}  # batch ids name their B: one AR run per batch
+    rows = []
+    for key, g in groups.items():
+        m = aggregate(r.metrics for r in g)
+        time_s, wall_s = sum(r.time for r in g), sum(r.wall for r in g)
+        row = {**key.fields(), "batch_size": dict(key.params)["batch"], "batches": len(g),
+               "prompts": sum(len(r.rows or ()) for r in g), "N": m.n_generated, "N_target": m.n_target,
+               "N_draft": m.n_draft, "N_discarded": m.n_discarded, "MAT": _r(m.mat), "time_s": _r(time_s),
+               "wall_s": _r(wall_s), "tokens_per_s": _r(m.n_generated / time_s) if time_s > 0 else None,
+               "wall_tokens_per_s": _r(m.n_generated / wall_s) if wall_s > 0 else None}
+        boot = derive_seed(seed, "bootstrap", "throughput", json.dumps(key.fields(), sort_keys=True))
+        row["speedup"], row["speedup_lo"], row["speedup_hi"] = _spread(_against(g, ar, lambda r: r.time), boot)
+        row["wall_speedup"], row["wall_speedup_lo"], row["wall_speedup_hi"] = _spread(
+            _against(g, ar, lambda r: r.wall), boot)
+        rows.append(row)
+    passes = [len(r.times) for r in records]
+    first = records[0].key.params  # every batch size decodes the same prompts: list them once, in row order
+    return {"batch_sizes": sorted({row["batch_size"] for row in rows}),
+            "prompt_ids": [p for r in records if r.key.policy == "ar" and r.key.params == first for p in r.row_prompts],
+            "passes_mean": _r(statistics.fmean(passes)), "rows": rows,
+            "runs": [{**r.key.fields(), "batch": r.prompt, "row_prompts": r.row_prompts, "seed": r.seed,
+                      "N": r.metrics.n_generated, "N_target": r.metrics.n_target, "N_draft": r.metrics.n_draft,
+                      "N_discarded": r.metrics.n_discarded, "time_s": r.time,
+                      "rows": [{"N": x.n_generated, "N_target": x.n_target, "N_draft": x.n_draft,
+                                "N_discarded": x.n_discarded} for x in r.rows or ()],
+                      "repeats": [t.as_dict() for t in r.times]} for r in records]}
 
 
 def _switch_seconds(records: Iterable[Record]) -> list[dict[str, Any]]:

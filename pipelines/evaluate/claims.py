@@ -20,6 +20,9 @@ the metrics dict of aggregate.summarize and nothing else. render.py turns them i
   BanditSpec (Table 1)                    each arm alone (prompt lookup, REST, suffix decoding, the domain
                                           drafter) and UCBSpec / EXP3Spec over them, per domain: MAT, counted and
                                           timed tokens/s, stopping-time regret; do the bandits beat the best arm
+  throughput (SPEC.md §8)                 per batched method, its speedup over batched AR at each batch size
+                                          against 1 and the largest B where it still pays; where fixed K stops
+                                          paying, do SpecDec++ and UCBSpec over lengths hold up
 
 `judge` returns all of them for metrics.json.
 """
@@ -427,9 +430,75 @@ def metaeagle(metrics: dict) -> dict | None:
     return {"drafters": chains, "per_domain": per}
 
 
+# --- throughput: where each policy stops paying as the batch grows (SPEC.md section 8) ---------------------
+
+ADAPTIVE = ("specdecpp", "ucbspec")  # per-row adaptive lengths: SpecDec++ heads, the length bandit
+
+
+def _policy_key(row: dict) -> tuple:
+    """A batched method across batch sizes: its key without the batch size."""
+    return row["policy"], row["drafter"], row["k"]
+
+
+def throughput(metrics: dict) -> dict | None:
+    """Per batched method, its speedup over batched AR at each B (interval over batches) against 1, and the
+    largest B at which that interval is above 1 (`pays_up_to`; None: at no B). `fixed_falls_at`: the batch
+    sizes at which no fixed K pays any more, though one did at a smaller B; at those, each adaptive policy's
+    own verdict against 1 and its speed over the best fixed K there (the fixed K's batch time per token over
+    its own, on the same batches, with its interval): whether it holds up where fixed K falls. Lists, not
+    dicts keyed by B, so metrics.json reads back as it was written."""
+    t = metrics.get("throughput")
+    if not t:
+        return None
+    methods: dict[tuple, dict] = {}
+    for r in t["rows"]:
+        if r["policy"] == "ar":
+            continue
+        m = methods.setdefault(_policy_key(r), {"key": {f: r[f] for f in ("family", "policy", "drafter", "k")},
+                                                 "by_b": []})
+        spread = Spread(r["speedup"], r["speedup_lo"], r["speedup_hi"]) if r["speedup"] is not None else None
+        m["by_b"].append({"batch_size": r["batch_size"], "speedup": r["speedup"], "lo": r["speedup_lo"],
+                          "hi": r["speedup_hi"], "batches": r["batches"],
+                          "verdict": None if spread is None else "too few batches" if r["batches"] < MIN_PROMPTS
+                          else verdict(spread, 1.0)})
+    for m in methods.values():
+        m["by_b"].sort(key=lambda c: c["batch_size"])
+        m["pays_up_to"] = max((c["batch_size"] for c in m["by_b"] if c["verdict"] == "above"), default=None)
+    sizes = t["batch_sizes"]
+    fixed = [m for m in methods.values() if m["key"]["policy"] == "fixed"]
+
+    def at(m: dict, b: int) -> dict:
+        return next((c for c in m["by_b"] if c["batch_size"] == b), {})
+
+    def fixed_pays(b: int) -> bool:
+        return any(at(m, b).get("verdict") == "above" for m in fixed)
+
+    falls = [b for i, b in enumerate(sizes) if not fixed_pays(b) and any(fixed_pays(a) for a in sizes[:i])]
+    runs: dict[tuple, dict[str, dict]] = {}  # (method, B) -> batch -> its run
+    for r in t["runs"]:
+        runs.setdefault((_policy_key(r), r["params"]["batch"]), {})[r["batch"]] = r
+    adaptive = []
+    for key, m in methods.items():
+        if m["key"]["policy"] not in ADAPTIVE:
+            continue
+        for b in falls:
+            best = max((f for f in fixed if at(f, b).get("speedup") is not None),
+                       key=lambda f: at(f, b)["speedup"], default=None)
+            vs = _compare(runs.get((key, b), {}), runs.get((_policy_key(best["key"]), b), {}), "time_s",
+                          _seed("v-throughput", key, b)) if best else None
+            if vs is not None and vs["prompts"] < MIN_PROMPTS:
+                vs["verdict"] = "too few batches"
+            adaptive.append({"key": m["key"], "batch_size": b, "verdict": at(m, b).get("verdict"),
+                             "speedup": at(m, b).get("speedup"), "lo": at(m, b).get("lo"), "hi": at(m, b).get("hi"),
+                             "best_fixed_k": best["key"]["k"] if best else None, "vs_best_fixed": vs})
+    return {"batch_sizes": sizes, "methods": list(methods.values()),
+            "fixed_paid": any(fixed_pays(b) for b in sizes), "fixed_falls_at": falls,
+            "adaptive_where_fixed_falls": adaptive}
+
+
 def paper_verdicts(metrics: dict) -> dict[str, Any]:
     return {"specdecpp": specdecpp(metrics), "spectr": spectr(metrics), "cascades": cascades(metrics),
-            "banditspec": banditspec(metrics), "metaeagle": metaeagle(metrics)}
+            "banditspec": banditspec(metrics), "metaeagle": metaeagle(metrics), "throughput": throughput(metrics)}
 
 
 def judge(metrics: dict) -> dict[str, Any]:

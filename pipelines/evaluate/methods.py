@@ -18,11 +18,12 @@ def params(**kw) -> tuple[tuple[str, Any], ...]:
 class MethodKey:
     """What a method is, as data. Two runs with equal keys are the same method (on different prompts)."""
 
-    family: str  # ar | fixed | specdecpp | oracle | router | bandit | ceiling | domain | hindsight | ...
+    family: str  # ar | fixed | specdecpp | oracle | router | bandit | ceiling | domain | hindsight | batched | ...
     mode: str = "greedy"  # greedy | sampling
     drafter: str | None = None  # the one drafter it decodes with, when fixed in advance
     k: int | None = None  # fixed K, or a bandit's N_max
-    policy: str | None = None  # a stopping policy named beside K (derived rows: "specdecpp")
+    # a stopping policy named beside K (derived rows: "specdecpp"; batched runs: ar | fixed | specdecpp | ucbspec)
+    policy: str | None = None
     router: str | None = None  # router kind
     bandit: str | None = None  # a key of pipelines.schema.BANDITS
     reward: str | None = None  # the bandit's reward (bd | bd-argmax | be | accepted)
@@ -90,6 +91,12 @@ def label(key: dict) -> str:
         if key.get("bandit"):
             return "MetaEagle-UCB (" + {"be": "BE", "bd": "BD"}.get(key.get("reward"), str(key.get("reward"))) + ")"
         return f"EAGLE {d} K={k}" if draft == "chain" else f"EAGLE {d} {draft}"
+    if fam == "batched":  # the batched decoder's throughput rows (the batch size is their table's column)
+        pol = key.get("policy")
+        if pol == "ucbspec":
+            return f"{d} UCBSpec lengths 0..{k}"
+        # fixed K and SpecDec++ are named as their batch-1 families are
+        return "batched AR" if pol == "ar" else label({**key, "family": pol, "policy": None, "params": {}})
     # a family this module has no name for (a new decoder): its key fields, so it still renders
     parts = [str(fam)] + ([d] if d else []) + ([f"K={k}"] if k is not None else [])
     parts += [f"{n}={v}" for n, v in sorted((key.get("params") or {}).items())]

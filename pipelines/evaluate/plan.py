@@ -3,6 +3,7 @@ a list of `Run`s, one per (prompt, method). A run carries a factory that builds 
 families that need one, the verification distribution) when the loop gets to it."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -21,6 +22,7 @@ from specdraft.decoding.policies.selectors import make_selector
 from specdraft.decoding.speculative import VerificationDistribution
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
 from specdraft.decoding.speculators.protocol import Speculator
+from specdraft.decoding.policies.batch_length_ucb import LengthUCB
 from specdraft.decoding.policies.stopping import FixedK, HindsightOracle, SpecDecPP
 from specdraft.pipelines.evaluate.methods import CEILING, MethodKey, params
 from specdraft.pipelines.schema import BANDITS, EvaluateSection
@@ -34,6 +36,8 @@ class Prompt:
     ids: tuple[int, ...]
     index: int  # its position among the (set, domain)'s prompts
     reference: str | None = None  # the prompt set's reference response (quality of lossy families)
+    # a batch (set BATCH_SET): the prompts the batched decoder decodes together, in row order; `ids` is then ()
+    batch: tuple["Prompt", ...] = ()
 
 
 @dataclass
@@ -43,6 +47,10 @@ class Built:
     speculator: Speculator | None  # None: the target decodes alone (autoregressive)
     drafter: str | None = None  # the drafter chosen at run time (a router's pick), for the record
     verification: VerificationDistribution | None = None  # None: verify against the target's own p
+    # a batch run (Prompt.batch): the drafter model and the stopping policy decoding.batched.generate_batch
+    # drafts with (FixedK, SpecDecPP, LengthUCB); both None for batched autoregressive decoding
+    draft_model: torch.nn.Module | None = None
+    policy: Any = None
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,7 @@ class Run:
     key: MethodKey
     prompt: Prompt
     build: Callable[[Mapping[MethodKey, GenerationResult]], Built]  # this prompt's earlier results -> Built
-    seed: int | None = None  # sampling mode: the CPU generator's seed (the same on every repeat)
+    seed: int | None = None  # sampling mode: the CPU generator's seed (the same on every repeat); a batch: generate_batch's
     repeatable: bool = True  # False: a run with state that outlives it (stream bandits) runs once
     # True: building is the method's own serving work (a router routing the prompt), timed with the generation;
     # else the speculator is built before the timed call
@@ -314,8 +322,77 @@ PLANNERS: list[Callable[[Env, Prompt], list[Run]]] = [plan_greedy_drafters, plan
                                                       plan_eagle]
 
 
+# --- throughput: the batched decoder at each batch size (SPEC.md section 8) -------------------------------
+
+BATCH_SET = "batches"  # the set name of a batch's pseudo-prompt: its runs are throughput runs, never per-prompt rows
+
+
+def batches(env: Env, prompts: list[Prompt]) -> dict[int, list[Prompt]]:
+    """Batch size -> its batches: the test prompts of every domain pooled, taken round-robin over domains
+    (prompt 0 of each domain, then prompt 1, ...) so every batch mixes domains as a server's queue does, cut
+    to `throughput_prompts` and then down to a multiple of every batch size (their lcm), so each B decodes the
+    same prompts in consecutive batches of B."""
+    sizes = env.cfg.batch_sizes
+    if not sizes:
+        return {}
+    pool = sorted((p for p in prompts if p.set == "test"), key=lambda p: (p.index, p.domain))
+    if env.cfg.throughput_prompts is not None:
+        pool = pool[:env.cfg.throughput_prompts]
+    lcm = math.lcm(*sizes)
+    if len(pool) < lcm:
+        raise InputError(f"evaluate.batch_sizes {sizes} take a multiple of {lcm} prompts (the batch sizes' lcm), but "
+                         f"{len(pool)} pooled test prompts are there; raise evaluate.prompts_per_domain (or "
+                         "throughput_prompts), or use smaller batch sizes")
+    pool = pool[:len(pool) // lcm * lcm]
+    out = {}
+    for b in sizes:
+        out[b] = [Prompt(BATCH_SET, "all", f"B={b} #{i}", (), i, batch=tuple(pool[j:j + b]))
+                  for i, j in enumerate(range(0, len(pool), b))]
+    return out
+
+
+def plan_batches(env: Env, prompts: list[Prompt]) -> list[Run]:
+    """The throughput runs (greedy): per batch size and batch, batched AR (each speedup's reference), fixed K for
+    each K of `ks`, SpecDec++ and UCBSpec over the lengths 0..k, all decoding with the all-domain (OFA)
+    drafter: a batch mixes domains and shares one drafter, so the drafter trained on every domain is the one a
+    server would batch with (and the one `specdraft generate` decodes with when nothing routes). SpecDec++
+    reads that drafter's greedy head at its threshold (the bundle's decoding.threshold, else the head's h) and
+    K_max; UCBSpec is one bandit per row (decoding.policies.batch_length_ucb) with the bandits' N_max = k,
+    delta and the bundle's c in its throughput reward (BanditSpec §6.2). A batch's seed (LengthUCB's tie
+    breaks) is the same for every method on it."""
+    by_size = batches(env, prompts)
+    if not by_size:
+        return []
+    n = env.ofa
+    head = env.heads["greedy"].get(n) if n is not None else None
+    lengths = tuple(range(env.k + 1))  # UCBSpec's arms: 0 (a plain target step) .. the bandits' N_max
+    runs = []
+    for b, group in by_size.items():
+        for batch in group:
+            seed = derive_seed(env.seed, "throughput", b, batch.index)
+            at_b = params(batch=b)
+            runs.append(Run(MethodKey("batched", policy="ar", params=at_b), batch, lambda done: Built(None), seed=seed))
+            if n is None:
+                continue
+            for k in env.cfg.ks:
+                runs.append(Run(MethodKey("batched", drafter=n, k=k, policy="fixed", params=at_b), batch,
+                                lambda done, k=k: Built(None, n, draft_model=env.drafters[n], policy=FixedK(k)),
+                                seed=seed))
+            if head is not None:
+                runs.append(Run(MethodKey("batched", drafter=n, policy="specdecpp", params=at_b), batch,
+                                lambda done: Built(None, n, draft_model=env.drafters[n],
+                                                   policy=SpecDecPP(head.module, head.threshold, head.k_max)),
+                                seed=seed))
+            runs.append(Run(MethodKey("batched", drafter=n, k=env.k, policy="ucbspec", params=at_b), batch,
+                            lambda done: Built(None, n, draft_model=env.drafters[n], policy=LengthUCB(
+                                lengths, delta=env.cfg.delta, cost_ratio=env.cost_ratio)), seed=seed))
+    return runs
+
+
 def build_plan(env: Env, prompts: list[Prompt], planners=None) -> list[Run]:
+    """Every prompt's runs (the planners', in order), then the throughput runs of the batches (`plan_batches`)."""
     plan = [run for p in prompts for planner in (planners or PLANNERS) for run in planner(env, p)]
+    plan += plan_batches(env, prompts)
     seen: set[tuple[str, MethodKey]] = set()
     for run in plan:
         if (run.prompt.id, run.key) in seen:

@@ -21,12 +21,13 @@ from typing import Any, Iterable
 from specdraft.decoding.cascades import DISPLAY_NAMES as CASCADE_NAMES
 from specdraft.decoding.timing import Spread, verdict
 from specdraft.pipelines.evaluate.aggregate import method_keys, one, select, set_domains
-from specdraft.pipelines.evaluate.claims import HEADLINE_SETS, NEAR_BEST, paper_verdicts
+from specdraft.pipelines.evaluate.claims import HEADLINE_SETS, MIN_PROMPTS, NEAR_BEST, paper_verdicts
 from specdraft.pipelines.evaluate.methods import key_of, label
 from specdraft.pipelines.schema import BANDITS
 
 PLOTS = ("pareto.png", "speedup.png", "best_arm_ratio.png", "robustness.png", "regret.png")
-WORD = {"above": "yes", "below": "NO", "within noise": "within noise", "too few prompts": "too few prompts", None: "-"}
+WORD = {"above": "yes", "below": "NO", "within noise": "within noise", "too few prompts": "too few prompts",
+        "too few batches": "too few batches", None: "-"}
 
 
 def _fmt(x: Any) -> str:
@@ -222,6 +223,55 @@ def _best_arm_table(metrics: dict) -> str | None:
     return table(["bandit"] + [f"round {t}" for t in ts], rows)
 
 
+# a speedup's interval against 1, in the throughput lines' words
+AGAINST_1 = {"above": "(above 1)", "below": "(below 1)", "within noise": "(within noise of 1)",
+             "too few batches": "(too few batches for a verdict)", None: ""}
+
+
+def throughput_section(metrics: dict) -> list[str]:
+    """Throughput by batch size (SPEC.md section 8): one table with B as a column, then where each method stops
+    paying and whether the adaptive policies hold up where fixed K falls (claims.throughput)."""
+    t = metrics.get("throughput")
+    if not t:
+        return []
+    rows = [[r["batch_size"], label(r), r["batches"], r["prompts"], r["N"], r["MAT"], r["tokens_per_s"],
+             _ci(r), _ci(r, "wall_speedup")] for r in t["rows"]]
+    v = (metrics.get("verdicts") or paper_verdicts(metrics))["throughput"]
+    lines = []
+    for m in v["methods"]:
+        cells = ", ".join(f"B={c['batch_size']}: {_said({'ratio': c['speedup'], **c})} {AGAINST_1[c['verdict']]}"
+                          for c in m["by_b"])
+        top = m["pays_up_to"]
+        lines.append(f"- **{label(m['key'])}** pays (speedup interval above 1) "
+                     + ("at no batch size" if top is None else f"up to B={top}, the largest measured"
+                        if top == max(v["batch_sizes"]) else f"up to B={top}") + f": {cells}.")
+    if v["fixed_falls_at"]:
+        said = [f"{label(a['key'])} at B={a['batch_size']}: over batched AR {_said({'ratio': a['speedup'], **a})} "
+                f"{AGAINST_1[a['verdict']]}, over the best fixed K={a['best_fixed_k']} there "
+                f"{_said(a['vs_best_fixed'])} {AGAINST_1[(a['vs_best_fixed'] or {}).get('verdict')]}"
+                for a in v["adaptive_where_fixed_falls"]]
+        lines.append("- **Does the adaptive length hold up where fixed K falls?** No fixed K pays at B="
+                     + ", ".join(map(str, v["fixed_falls_at"])) + " though one did at a smaller B. "
+                     + ("; ".join(said) if said else "No SpecDec++ or UCBSpec rows ran") + ".")
+    else:
+        lines.append("- **Does the adaptive length hold up where fixed K falls?** Not tested here: "
+                     + ("some fixed K pays at every batch size measured." if v["fixed_paid"] else
+                        "no fixed K pays at any batch size measured, so there is no point where it falls."))
+    ids = t["prompt_ids"]
+    return ["## Throughput by batch size (batched decoder, greedy)", "",
+            f"The same {len(ids)} test prompts (all domains pooled, round-robin over domains) at every batch size B, "
+            "decoded in consecutive batches of B by the batched decoder (decoding.batched; ragged acceptance, each "
+            "row its own accepted length and SpecDec++ stop), with the all-domain drafter: a batch mixes domains "
+            "and shares one drafter. Each batch is timed whole (a call's time is the batch's), the methods of a "
+            f"batch interleaved, after one untimed warm-up per method and B; {t['passes_mean']} passes per batch on "
+            "average. tokens/s = generated tokens / the batches' summed time; MAT = tokens per target forward per "
+            "row (bonus counted); speedup = over batched AR at the same B, the ratio of totals over batches with "
+            "its bootstrap 90% interval (resampling batches); a verdict needs at least "
+            f"{MIN_PROMPTS} batches.", "",
+            table(["B", "method", "batches", "prompts", "N", "MAT", "tokens/s", "speedup over batched AR [interval]",
+                   "wall-clock speedup [interval]"], rows), "", *lines, ""]
+
+
 def _said(c: dict | None) -> str:
     return f"{_fmt(c['ratio'])} [{_fmt(c['lo'])}, {_fmt(c['hi'])}]" if c else "-"
 
@@ -361,6 +411,7 @@ def render(metrics: dict) -> str:
         "## What the expected effects look like here", "", *_effect_lines(metrics), "",
         *render_verdicts(metrics),
         "## Speedup per method (greedy, test set, all domains pooled)", "", _speed_table(metrics), "",
+        *throughput_section(metrics),
         "## MAT / counted speedup / timed speedup per domain x method (greedy, test set; MetaSD Table 3 shape)", "",
         _per_domain_table(metrics), "",
         "## SpecDec++ vs fixed K vs the hindsight oracle (greedy, test set)", "", _stopping_table(metrics, "greedy"), "",

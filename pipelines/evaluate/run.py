@@ -12,7 +12,8 @@ import torch
 from tqdm.auto import tqdm
 
 from specdraft.decoding.autoregressive import generate_autoregressive
-from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
+from specdraft.decoding.batched import generate_batch
+from specdraft.decoding.metrics import GenerationMetrics, GenerationResult, aggregate
 from specdraft.decoding.speculators.bandit import MultiDrafterSpeculator
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import generate_speculative
@@ -36,6 +37,11 @@ class Record:
     switch_s: float = 0.0
     tokens: list[int] | None = None  # the generated tokens (first pass)
     quality: float | None = None  # sampling mode, scored domains: data/quality.py's primary metric vs the reference
+    # a batch run (Prompt.batch): each row's counts (`metrics` holds their sums, time_total the batch's), the
+    # rows' prompt ids in row order and the seed the batch decoded with
+    rows: list[GenerationMetrics] | None = None
+    row_prompts: list[str] | None = None
+    seed: int | None = None
 
     @property
     def time(self) -> float:
@@ -55,14 +61,18 @@ class Record:
         Quality is scored after the loop, on every record at once, so it is not kept."""
         return {"key": self.key.fields(), "prompt": self.prompt, "set": self.set, "domain": self.domain,
                 "metrics": dataclasses.asdict(self.metrics), "times": [t.as_dict() for t in self.times],
-                "drafter": self.drafter, "arms": self.arms, "switch_s": self.switch_s, "tokens": self.tokens}
+                "drafter": self.drafter, "arms": self.arms, "switch_s": self.switch_s, "tokens": self.tokens,
+                "rows": [dataclasses.asdict(m) for m in self.rows] if self.rows is not None else None,
+                "row_prompts": self.row_prompts, "seed": self.seed}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Record":
         return cls(MethodKey.from_fields(d["key"]), d["prompt"], d["set"], d["domain"],
                    GenerationMetrics(**d["metrics"]),
                    [Timing(time=t["time_s"], wall=t["wall_s"], cpu=t["cpu_s"]) for t in d["times"]],
-                   drafter=d["drafter"], arms=d["arms"], switch_s=d["switch_s"], tokens=d["tokens"])
+                   drafter=d["drafter"], arms=d["arms"], switch_s=d["switch_s"], tokens=d["tokens"],
+                   rows=[GenerationMetrics(**m) for m in d["rows"]] if d.get("rows") is not None else None,
+                   row_prompts=d.get("row_prompts"), seed=d.get("seed"))
 
 
 
@@ -96,7 +106,10 @@ def relative_half_width(times: list[float]) -> float:
 
 
 def shape(run: Run) -> tuple[MethodKey, int]:
-    """A method at a prompt-length class (the next power of two): what one warm-up covers."""
+    """A method at a prompt-length class (the next power of two): what one warm-up covers. A batch run's key
+    names its batch size, and one warm-up covers it (its rows' lengths vary within every batch)."""
+    if run.prompt.batch:
+        return run.key, 0
     return run.key, 1 << max(len(run.prompt.ids) - 1, 0).bit_length()
 
 
@@ -145,11 +158,16 @@ def execute(plan: list[Run], target: torch.nn.Module, max_new_tokens: int, sampl
                 if rep == 0:
                     spec = built.speculator
                     m = dataclasses.replace(res.metrics, time_cpu=t.cpu)
+                    batch = isinstance(res, BatchResult)
                     rec = Record(run.key, run.prompt.id, run.prompt.set, run.prompt.domain, m, [t],
                                  drafter=built.drafter or run.key.drafter,
                                  arms=[spec.arms[h["arm"]].name for h in spec.history]
                                  if isinstance(spec, MultiDrafterSpeculator) else None,
-                                 switch_s=float(getattr(spec, "switch_seconds", 0.0)), tokens=list(res.tokens))
+                                 switch_s=float(getattr(spec, "switch_seconds", 0.0)),
+                                 tokens=None if batch else list(res.tokens),
+                                 rows=[r.metrics for r in res.results] if batch else None,
+                                 row_prompts=[p.id for p in run.prompt.batch] if batch else None,
+                                 seed=run.seed if batch else None)
                     done[run.key], mine[run.key] = res, rec
                     records.append(rec)
                 else:
@@ -166,7 +184,24 @@ def calls(plan: list[Run], repeats: int) -> int:
     return sum(repeats if r.repeatable else 1 for r in plan)
 
 
+@dataclass
+class BatchResult:
+    """A batch decoded together (`decoding.batched.generate_batch`): each row's result, and their counts summed
+    with the batch's one wall time (every row's `time_total` is that same time)."""
+
+    results: list[GenerationResult]
+
+    @property
+    def metrics(self) -> GenerationMetrics:
+        return dataclasses.replace(aggregate(r.metrics for r in self.results),
+                                   time_total=self.results[0].metrics.time_total)
+
+
 def _decode(run: Run, built: Built, target, max_new_tokens: int, sampling: SamplingConfig, eos) -> tuple[Built, Any]:
+    if run.prompt.batch:  # every row of the batch in one call; the seed breaks LengthUCB's ties
+        return built, BatchResult(generate_batch(target, [list(p.ids) for p in run.prompt.batch], max_new_tokens,
+                                                 drafter=built.draft_model, policy=built.policy, sampling=sampling,
+                                                 eos_token_id=eos, seed=run.seed))
     gen = torch.Generator().manual_seed(run.seed) if run.seed is not None else None
     if built.speculator is None:
         return built, generate_autoregressive(target, run.prompt.ids, max_new_tokens, sampling, eos, gen)

@@ -2,13 +2,14 @@
 them read back for the merge.
 
 A unit is what must run in one process: a prompt's runs (the oracle and the ceiling read that prompt's
-earlier results), or, where a stream bandit keeps its state across the prompts of a (set, domain), all
-of those prompts' runs. Unit i belongs to shard i mod N, so N processes (`--shard i/N`, Slurm array tasks,
-torchrun ranks) split the plan without talking to each other. A finished unit is one JSON file in the
-stage's work dir, written atomically: its records and the calibration samples taken while it ran.
-"Done" is the set of files present, so a killed shard redoes only its own unfinished units. The merge
-reads every unit back and puts the records in plan order: the counts, and everything made from them,
-are those of one process running the whole plan.
+earlier results), a batch's runs (throughput: every method on one batch, interleaved), or, where a stream
+bandit keeps its state across the prompts of a (set, domain), all of those prompts' runs. Unit i belongs
+to shard i mod N, so N processes (`--shard i/N`, Slurm array tasks, torchrun ranks) split the plan
+without talking to each other. A finished unit is one JSON file in the stage's work dir, written
+atomically: its records and the calibration samples taken while it ran. "Done" is the set of files
+present, so a killed shard redoes only its own unfinished units. The merge reads every unit back and puts
+the records in plan order: the counts, and everything made from them, are those of one process running
+the whole plan.
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ from tests.pipelines.conftest import FAST, fresh_copy, run_template, tiny_config
 REPO = Path(__file__).resolve().parents[2]
 
 TINY_EVAL = {"prompts_per_domain": 2, "max_new_tokens": 8, "ks": [2], "k": 2, "sampling_prompts": 1,
-             "stream_bandits": ["ucb-bd"], "repeats": 2, "repeats_max": 2, "calibration_reps": 3}
+             "stream_bandits": ["ucb-bd"], "repeats": 2, "repeats_max": 2, "calibration_reps": 3,
+             "batch_sizes": [1, 2]}  # throughput rows: the 4 test prompts in batches of 1 and of 2
 # heads for greedy decoding and for the sampling rows, each labelled under its own transform
 TWO_TRANSFORMS = {**FAST["acceptance_data"], "label_transforms": [{"temperature": 0.0}, {"temperature": 1.0}]}
 
@@ -145,7 +146,52 @@ def test_report_numbers_come_from_metrics_json(run_root):
     bench = import_benchmark("bench_multi_drafter")
     for table in (bench.bandit_table(metrics), bench.best_arm_table(metrics), bench.robustness_table(metrics)):
         assert len(table) >= 3 and all(line.startswith("|") for line in table)
+    _throughput_counts_are_the_batched_decoders(run_root, metrics)
+    assert "## Throughput by batch size" in report_text and "adaptive length hold up" in report_text
     assert run_stage(_config(run_root), "evaluate") == out  # a rerun is a cache hit
+
+
+def _throughput_counts_are_the_batched_decoders(root: Path, metrics: dict) -> None:
+    """Every throughput run's per-row counts are those of decoding.batched.generate_batch called directly on its
+    batch's prompts with the bundle's all-domain drafter, its head at the evaluated threshold, fixed K or the
+    length bandit (N_max = k, the bundle's c), and the run's seed."""
+    from specdraft.decoding.batched import generate_batch
+    from specdraft.decoding.bundle.chat import end_of_turn_ids
+    from specdraft.decoding.bundle.directory import load_bundle
+    from specdraft.decoding.policies.batch_length_ucb import LengthUCB
+    from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
+    from specdraft.pipelines.evaluate.load import load_prompts, load_target
+
+    cfg = _config(root)
+    ecfg = cfg.evaluate
+    bundle = load_bundle(root / "bundle")
+    tok = bundle.load_tokenizer()
+    target = load_target(bundle, cfg.target, "cpu")
+    ofa = metrics["drafters"]["ofa"]
+    drafter = bundle.load_drafter(ofa, device="cpu", target=target)
+    h = metrics["heads"]["greedy"][ofa]
+    head, _ = bundle.load_head(ofa, h["name"], device="cpu")
+    max_prompt = min(ecfg.max_prompt_tokens, target.config.max_position_embeddings - ecfg.max_new_tokens - 1)
+    prompts = {p.id: p for p in load_prompts(root / "prompts", ecfg, tok, max_prompt, [], bundle.chat)
+               if p.set == "test"}
+    policies = {"ar": lambda k: None, "fixed": lambda k: FixedK(k),
+                "specdecpp": lambda k: SpecDecPP(head, h["threshold"], h["k_max"]),
+                "ucbspec": lambda k: LengthUCB(tuple(range(k + 1)), delta=ecfg.delta,
+                                               cost_ratio=bundle.defaults.cost_ratio)}
+    t = metrics["throughput"]
+    assert t["batch_sizes"] == [1, 2] and sorted(t["prompt_ids"]) == sorted(prompts)
+    assert {r["policy"] for r in t["runs"]} == {"ar", "fixed", "specdecpp", "ucbspec"}
+    for run in t["runs"]:
+        direct = generate_batch(target, [list(prompts[p].ids) for p in run["row_prompts"]], ecfg.max_new_tokens,
+                                drafter=None if run["policy"] == "ar" else drafter,
+                                policy=policies[run["policy"]](run["k"]), eos_token_id=end_of_turn_ids(tok, target),
+                                seed=run["seed"])
+        assert run["rows"] == [{"N": d.metrics.n_generated, "N_target": d.metrics.n_target,
+                                "N_draft": d.metrics.n_draft, "N_discarded": d.metrics.n_discarded}
+                               for d in direct], label(run)
+    for row in t["rows"]:  # pooled per batch size and method from exactly those runs
+        runs = [r for r in t["runs"] if key_of(r) == key_of(row)]
+        assert row["N"] == sum(r["N"] for r in runs) and row["batches"] == len(runs) == 4 // row["batch_size"]
 
 
 def test_stopping_time_regret_by_hand():
@@ -198,7 +244,13 @@ def _counts(metrics: dict) -> tuple[list, list]:
     rows = [(r["set"], r["domain"], json.dumps(key_of(r), sort_keys=True),
              [r.get(c) for c in ("prompts", "N", "N_target", "N_draft", "N_discarded", "MAT", "discard_rate",
                              "verification_rate", "quality")]) for r in metrics["rows"]]
-    return runs, rows
+    t = metrics["throughput"]  # the batch runs: each row's counts, and the rows pooled per batch size and method
+    batches = [(r["batch"], json.dumps(key_of(r), sort_keys=True), r["row_prompts"], r["seed"], r["rows"])
+               for r in t["runs"]]
+    pooled = [(r["batch_size"], json.dumps(key_of(r), sort_keys=True),
+               [r[c] for c in ("batches", "prompts", "N", "N_target", "N_draft", "N_discarded", "MAT")])
+              for r in t["rows"]]
+    return runs, rows, batches, pooled
 
 
 def test_shards_merge_to_the_counts_of_one_process(_exported, tmp_path, monkeypatch):
@@ -276,4 +328,5 @@ def test_two_shard_processes_and_a_merge_write_the_report(run_root):
     assert merge.returncode == 0, merge.stdout
     metrics = json.loads((run_root / "report" / "metrics.json").read_text())
     done = [(r["set"], r["prompt"], json.dumps(key_of(r), sort_keys=True)) for r in metrics["runs"]]
+    done += [("batches", r["batch"], json.dumps(key_of(r), sort_keys=True)) for r in metrics["throughput"]["runs"]]
     assert len(done) == len(set(done)) == metrics["plan_runs"]
