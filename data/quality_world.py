@@ -2,27 +2,35 @@
 
 The demo world (data/demo_world.py) is made of real text, and a tiny target pretrained for minutes stays at the
 floor of task quality on it (exact match 0, BLEU 2-3), so quality-for-speed trade-offs (speculative cascades)
-cannot be seen there. Here every answer follows from its prompt by a rule, so a deep target can learn the rules
-in minutes on a CPU while a one-layer drafter cannot fully (each rule needs copying from a position that moves
-with the example, which takes two attention layers composed: an induction head). Answers are 130-190 tokens,
-so a multi-drafter bandit's first pass over the drafters is a small part of a generation.
+cannot be seen there. Here every answer follows from its prompt by a local rule that a deep target learns in
+minutes on a CPU while a one-layer drafter, trained for fewer steps, does not fully: a counter that starts at a
+three-digit number and adds a one-digit step (7, 3 or 9: one per domain) 16 times, digits one token each, written three ways. Answers are
+140-220 tokens, so a multi-drafter bandit's first pass over the drafters is a small part of a generation.
 
-  math       a running total: "Start with 17. Step 1: add 5. Step 2: subtract 3. ..." -> a worked line per
-             step ("Step 1: 17 + 5 = 22.") and "Answer: N" (exact match of N)
-  translate  a long sentence of clauses over a closed English lexicon -> the same sentence in "Zorbic", a fixed
-             word-for-word cipher (BLEU)
-  summarize  a paragraph of event sentences -> each sentence's core, adjective and place dropped
-             ("Ava gave the red ball to Ben in the garden." -> "Ava gave the ball to Ben.") (ROUGE-2)
+  math       "Start at 3 8 4 and add 7, 16 times." -> a worked line per step ("Step 1: 3 8 4 + 7 = 3 9 1.")
+             and "Answer: 4 9 6" (exact match of the number)
+  translate  "Translate to Zorbic: count from 3 8 4 up by 3, 16 times =>" -> the step numbers and the values in
+             Zorbic digit words ("un es tri-ok-sep , du es tri-nau-nul , ...") (BLEU)
+  summarize  a paragraph describing the counter (step 9) -> its log ("at tick 1 the counter shows 3 9 3 ; ...") (ROUGE-2)
+
+Why these and not a word-for-word translation of the prompt or an extractive summary (tried first, git log):
+those need copying from a position that moves with the example (an induction head), and a 16 x 128 target
+stayed at the floor on them after 400-600 pretraining steps on one core (exact match 0, BLEU 3-5, ROUGE-2
+10-15): in-context retrieval forms only after far more tokens than a CPU run sees. Here every token follows
+from the few before it and from the start and step at fixed places in a fixed-length prompt. Adding with
+carries is still a composition (the hundreds digit depends on the tens digit and on the carry out of the
+ones), which depth makes easy and one layer does not.
 
 The prompts use the demo's templates (data/templates.py), so the perturbed set rewords them the same way and
-data/quality.py scores them unchanged. The world is a pure function of its seed: each split draws from its own
-seeded stream, and a candidate example is kept only when the stable hash of its prompt fields falls in the
-split's bucket (demo_world.stable_bucket: corpus and train share one pool; dev and test have their own), so no
+data/quality.py scores them. The world is a pure function of its seed: each split draws from its own seeded
+stream, and a candidate example is kept only when the stable hash of its prompt fields falls in the split's
+bucket (demo_world.stable_bucket: corpus and train share one pool; dev and test have their own), so no
 evaluation prompt is ever seen in pretraining or distillation.
 """
 from __future__ import annotations
 
 import random
+import re
 
 from specdraft.data.demo_world import Example, stable_bucket
 
@@ -30,106 +38,70 @@ DOMAINS = ("math", "translate", "summarize")
 HELDOUT_DOMAINS: tuple[str, ...] = ()
 ALL_DOMAINS = DOMAINS + HELDOUT_DOMAINS
 
-NAMES = ("Ava", "Ben", "Chloe", "Dev", "Ella", "Finn", "Grace", "Hugo", "Iris", "Jack", "Kai", "Lena")
+# --------------------------------------------------------------------------- a counter, three ways
 
-# --------------------------------------------------------------------------- math: a running total
+# (why local rules: the module docstring)
+STEPS = 16  # additions per answer (fixed: the answer's length, and so every offset, is the same every time)
+START = (100, 999 - 9 * STEPS)  # the start: three digits, and the last value stays below 1000 (at the largest step)
+# the step of each domain, fixed: the start is the answer's only input, so after the first line every token follows
+# from the few before it (a step read from the prompt again on every line is a retrieval from a moving
+# position). Three different steps make the domains differ for their drafters: each specialist learns its own.
+STEP = {"math": 7, "translate": 3, "summarize": 9}
+LANGUAGE = "Zorbic"
+# Zorbic digit words: the translate task writes each digit of the count as one of these
+ZORBIC_DIGITS = ("nul", "un", "du", "tri", "kvar", "kvin", "ses", "sep", "ok", "nau")
+EVENTS = ("tick", "tock")  # the summarize task's log alternates these two words
 
-MATH_STEPS = (14, 17)  # steps per problem (inclusive): about 9 tokens each, 130-160 tokens per answer
-MATH_RANGE = (0, 99)  # the running total stays here (numbers up to 99 are single tokens of the BPE)
+
+def spaced(n: int) -> str:
+    """A number with its digits separated by spaces ("4 8 2"): one BPE token per digit."""
+    return " ".join(str(n))
+
+
+def count(start: int, step: int) -> list[int]:
+    """The STEPS values after start, each the one before plus step."""
+    return [start + step * i for i in range(1, STEPS + 1)]
+
+
+def _start_and_step(rng: random.Random, domain: str) -> tuple[int, int]:
+    return rng.randint(*START), STEP[domain]
 
 
 def make_math(rng: random.Random) -> tuple[dict, str]:
-    total = rng.randint(10, 90)
-    question, lines = [f"Start with {total}."], []
-    for step in range(1, rng.randint(*MATH_STEPS) + 1):
-        n = rng.randint(2, 9)
-        # a step that would leave the range goes the other way, so every total stays a two-digit-or-less number
-        add = rng.random() < 0.5
-        if add and total + n > MATH_RANGE[1]:
-            add = False
-        elif not add and total - n < MATH_RANGE[0]:
-            add = True
-        new = total + n if add else total - n
-        question.append(f"Step {step}: {'add' if add else 'subtract'} {n}.")
-        lines.append(f"Step {step}: {total} {'+' if add else '-'} {n} = {new}.")
-        total = new
-    question.append("What number do you end with?")
-    return {"question": " ".join(question)}, " " + " ".join(lines) + f" We end with {total}.\nAnswer: {total}"
+    start, step = _start_and_step(rng, "math")
+    values, lines, prev = count(start, step), [], start
+    for i, v in enumerate(values, 1):
+        lines.append(f"Step {i}: {spaced(prev)} + {step} = {spaced(v)}.")
+        prev = v
+    question = f"Start at {spaced(start)} and add {step}, {STEPS} times. Where do you end?"
+    return {"question": question}, " " + " ".join(lines) + f" We end at {spaced(values[-1])}.\nAnswer: {spaced(values[-1])}"
 
 
-def running_total(question: str) -> int:
-    """The true result of a math question of this world, computed from its text alone (tests check the
-    worked answers against it)."""
-    words = question.replace(".", " ").split()
-    total = int(words[words.index("with") + 1])
-    for i, w in enumerate(words):
-        if w in ("add", "subtract"):
-            total += int(words[i + 1]) * (1 if w == "add" else -1)
-    return total
-
-
-# --------------------------------------------------------------------------- translate: a word cipher
-
-# English -> Zorbic, one word each way (a bijection: the cipher is invertible, every Zorbic word is distinct)
-LEXICON = {
-    "the": "lo", "a": "ka", "and": "su", "with": "mir", "near": "tavo", "under": "pesh",
-    "red": "vermo", "old": "grat", "small": "pik", "green": "zelu", "happy": "joba", "quiet": "mun",
-    "tall": "orso", "blue": "azun",
-    "fox": "rinka", "owl": "hupo", "cat": "mesh", "dog": "vaku", "bird": "pilo", "horse": "drava",
-    "farmer": "tolmi", "child": "bebo", "king": "rajo", "apple": "frutu", "river": "naba", "tree": "dendo",
-    "sees": "vidas", "finds": "trovas", "follows": "sekvas", "helps": "helpas", "watches": "gardas",
-    "likes": "amas", "carries": "portas", "calls": "vokas",
-}
-ADJECTIVES = ("red", "old", "small", "green", "happy", "quiet", "tall", "blue")
-NOUNS = ("fox", "owl", "cat", "dog", "bird", "horse", "farmer", "child", "king", "apple", "river", "tree")
-VERBS = ("sees", "finds", "follows", "helps", "watches", "likes", "carries", "calls")
-PREPOSITIONS = ("with", "near", "under")
-TRANSLATE_CLAUSES = (13, 16)  # clauses per sentence (inclusive): about 10 tokens each, 130-180 per answer
-LANGUAGE = "Zorbic"
-
-
-def _noun_phrase(rng: random.Random) -> list[str]:
-    return [rng.choice(("the", "a")), rng.choice(ADJECTIVES), rng.choice(NOUNS)]
-
-
-def _clause(rng: random.Random) -> list[str]:
-    words = _noun_phrase(rng) + [rng.choice(VERBS)] + _noun_phrase(rng)
-    if rng.random() < 0.5:
-        words += [rng.choice(PREPOSITIONS)] + _noun_phrase(rng)
-    return words
-
-
-def to_zorbic(sentence: str) -> str:
-    """Word-for-word through LEXICON; punctuation (a trailing comma or full stop) stays on its word."""
-    out = []
-    for word in sentence.split():
-        core = word.rstrip(",.")
-        out.append(LEXICON[core.lower()] + word[len(core):])
-    return " ".join(out)
+def to_zorbic(n: int) -> str:
+    """A number in Zorbic: its digits as Zorbic digit words, joined by hyphens."""
+    return "-".join(ZORBIC_DIGITS[int(d)] for d in str(n))
 
 
 def make_translate(rng: random.Random) -> tuple[dict, str]:
-    clauses = [" ".join(_clause(rng)) for _ in range(rng.randint(*TRANSLATE_CLAUSES))]
-    sentence = ", ".join(clauses) + "."
-    return {"lang": LANGUAGE, "sentence": sentence}, " " + to_zorbic(sentence)
-
-
-# --------------------------------------------------------------------------- summarize: each event's core
-
-GIVE_VERBS = ("gave", "sold", "showed", "sent", "threw", "lent")
-THINGS = ("ball", "book", "kite", "lamp", "coin", "drum", "map", "hat", "cup", "key")
-PLACES = ("in the garden", "at the market", "by the river", "in the kitchen", "on the hill", "at the school")
-SUMMARY_SENTENCES = (19, 23)  # sentences per paragraph (inclusive): 7 tokens of summary each, 130-160 per answer
+    start, step = _start_and_step(rng, "translate")
+    sentence = f"count from {spaced(start)} up by {step}, {STEPS} times"
+    pairs = [f"{to_zorbic(i)} es {to_zorbic(v)}" for i, v in enumerate(count(start, step), 1)]
+    return {"lang": LANGUAGE, "sentence": sentence}, " " + " , ".join(pairs) + " ."
 
 
 def make_summarize(rng: random.Random) -> tuple[dict, str]:
-    full, core = [], []
-    for _ in range(rng.randint(*SUMMARY_SENTENCES)):
-        giver, taker = rng.sample(NAMES, 2)
-        verb, thing = rng.choice(GIVE_VERBS), rng.choice(THINGS)
-        full.append(f"{giver} {verb} the {rng.choice(ADJECTIVES)} {thing} to {taker} {rng.choice(PLACES)}.")
-        core.append(f"{giver} {verb} the {thing} to {taker}.")
-    return {"paragraph": " ".join(full)}, " " + " ".join(core)
+    start, step = _start_and_step(rng, "summarize")
+    paragraph = (f"A counter shows {spaced(start)}. At every {EVENTS[0]} and every {EVENTS[1]} it goes up by {step}."
+                 f" It runs for {STEPS} beats, {EVENTS[0]} first.")
+    log = [f"at {EVENTS[(i - 1) % 2]} {i} the counter shows {spaced(v)} ;" for i, v in enumerate(count(start, step), 1)]
+    return {"paragraph": paragraph}, " " + " ".join(log)
+
+
+def final_value(question: str) -> int:
+    """The true end of a math question of this world, from its text alone (tests check the worked answers)."""
+    m = re.search(r"Start at ([\d ]+) and add (\d+), (\d+) times", question)
+    start, step, n = int(m.group(1).replace(" ", "")), int(m.group(2)), int(m.group(3))
+    return start + step * n
 
 
 # --------------------------------------------------------------------------- splits
@@ -137,18 +109,26 @@ def make_summarize(rng: random.Random) -> tuple[dict, str]:
 GENERATORS = {"math": make_math, "translate": make_translate, "summarize": make_summarize}
 
 
-def make_example(domain: str, rng: random.Random, bucket: str) -> tuple[dict, str]:
-    """One example of the domain whose prompt fields fall in `bucket` ('train', 'dev' or 'test')."""
-    if domain not in GENERATORS:
-        raise ValueError(f"unknown quality-world domain {domain!r}; choose from {', '.join(ALL_DOMAINS)}")
-    while True:  # rejection: ~84% of candidates are 'train', 8% each 'dev' / 'test'
-        fields, response = GENERATORS[domain](rng)
-        if stable_bucket(domain + "|" + "|".join(f"{k}={v}" for k, v in sorted(fields.items()))) == bucket:
-            return fields, response
+def _bucket_of(domain: str, fields: dict) -> str:
+    return stable_bucket(domain + "|" + "|".join(f"{k}={v}" for k, v in sorted(fields.items())))
 
 
 def build_split(domain: str, split: str, n: int, seed: int) -> list[Example]:
-    """n examples of one domain for one split ('corpus', 'train', 'dev', 'test'), deterministic in seed."""
+    """n distinct examples of one domain for one split ('corpus', 'train', 'dev', 'test'), deterministic in seed.
+    A candidate is kept when its prompt fields hash into the split's bucket (~84% 'train', which 'corpus' shares,
+    8% each 'dev' / 'test') and it is not already in the split."""
+    if domain not in GENERATORS:
+        raise ValueError(f"unknown quality-world domain {domain!r}; choose from {', '.join(ALL_DOMAINS)}")
     rng = random.Random(f"specdraft-quality/{seed}/{domain}/{split}")
     bucket = "train" if split == "corpus" else split
-    return [Example(f"{domain}/{split}/{i:06d}", domain, *make_example(domain, rng, bucket)) for i in range(n)]
+    out, seen = [], set()
+    for _ in range(200 * n + 1000):  # each domain has 756 distinct prompts (starts): ~60 in each of dev and test
+        fields, response = GENERATORS[domain](rng)
+        key = tuple(sorted(fields.items()))
+        if key not in seen and _bucket_of(domain, fields) == bucket:
+            seen.add(key)
+            out.append(Example(f"{domain}/{split}/{len(out):06d}", domain, fields, response))
+            if len(out) == n:
+                return out
+    raise ValueError(f"the quality world has fewer than {n} distinct {domain} prompts for split {split!r}; "
+                     "ask for fewer")

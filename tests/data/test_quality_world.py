@@ -24,53 +24,62 @@ def test_same_seed_same_examples_other_seed_other_examples(domain):
     assert _digest(a) == _digest(qw.build_split(domain, "train", 20, seed=3))
     other = qw.build_split(domain, "train", 20, seed=4)
     assert _digest(a) != _digest(other)
-    assert not {e.prompt for e in a} & {e.prompt for e in other}  # not a shuffle of the same prompts either
+    assert {e.prompt for e in a} != {e.prompt for e in other}  # not a shuffle of the same prompts either
 
 
 @pytest.mark.parametrize("domain", qw.DOMAINS)
 def test_splits_are_disjoint(domain):
     seen = {s: {e.prompt for e in qw.build_split(domain, s, n, 0)}
-            for s, n in (("corpus", 600), ("train", 200), ("dev", 60), ("test", 60))}
+            for s, n in (("corpus", 600), ("train", 200), ("dev", 40), ("test", 20))}
     training = seen["corpus"] | seen["train"]
     assert not training & seen["dev"] and not training & seen["test"] and not seen["dev"] & seen["test"]
-    assert len(seen["test"]) == 60  # and no duplicate evaluation prompts
+    assert len(seen["test"]) == 20  # and no duplicate evaluation prompts
+    with pytest.raises(ValueError, match="fewer than 500 distinct"):  # each split's pool is finite: said, not looped
+        qw.build_split(domain, "test", 500, 0)
 
 
 def test_worked_arithmetic_reaches_the_true_total():
     for seed in range(5):
         for e in qw.build_split("math", "train", 60, seed):
             q = e.fields["question"]
-            answer = int(e.response.rsplit("Answer: ", 1)[1])
-            assert answer == qw.running_total(q)
-            steps = re.findall(r"Step (\d+): (\d+) ([+-]) (\d+) = (\d+)\.", e.response)
-            assert len(steps) == len(re.findall(r"Step \d+: (?:add|subtract)", q)) >= qw.MATH_STEPS[0]
-            total = int(re.search(r"Start with (\d+)", q).group(1))
-            for i, (n, a, op, b, r) in enumerate(steps, 1):  # every worked line is right and chains on
-                assert (int(n), int(a)) == (i, total)
-                total = int(a) + int(b) if op == "+" else int(a) - int(b)
-                assert int(r) == total and qw.MATH_RANGE[0] <= total <= qw.MATH_RANGE[1]
+            answer = int(e.response.rsplit("Answer: ", 1)[1].replace(" ", ""))
+            assert answer == qw.final_value(q)
+            steps = re.findall(r"Step (\d+): ([\d ]+) \+ (\d) = ([\d ]+)\.", e.response)
+            assert len(steps) == qw.STEPS
+            total = int(re.search(r"Start at ([\d ]+) and", q).group(1).replace(" ", ""))
+            for i, (n, a, b, r) in enumerate(steps, 1):  # every worked line is right and chains on
+                assert (int(n), int(a.replace(" ", ""))) == (i, total)
+                total += int(b)
+                assert r == " ".join(str(total)) and 100 <= total <= 999  # one token per digit, three digits
             assert total == answer
 
 
-def test_running_total_by_hand():
-    assert qw.running_total("Start with 17. Step 1: add 5. Step 2: subtract 3. Step 3: add 9. What?") == 28
+def test_final_value_by_hand():
+    assert qw.final_value("Start at 3 8 4 and add 7, 16 times. Where do you end?") == 384 + 7 * 16 == 496
 
 
-def test_translation_is_the_word_cipher():
-    assert qw.to_zorbic("the red fox sees a old owl, a bird helps the king.") == \
-        "lo vermo rinka vidas ka grat hupo, ka pilo helpas lo rajo."
-    assert len(set(qw.LEXICON.values())) == len(qw.LEXICON)  # invertible: no two words share a cipher word
-    inverse = {v: k for k, v in qw.LEXICON.items()}
-    for e in qw.build_split("translate", "dev", 20, 0):
-        back = " ".join(inverse[w.rstrip(",.")] + w[len(w.rstrip(",.")):] for w in e.response.split())
-        assert back == e.fields["sentence"] and "\n" not in e.response  # one line: the scorer reads the first
+def test_translation_writes_the_count_in_zorbic_digits():
+    assert qw.to_zorbic(391) == "tri-nau-un" and qw.to_zorbic(16) == "un-ses"
+    (e,) = qw.build_split("translate", "dev", 1, 0)
+    start, step = re.search(r"count from ([\d ]+) up by (\d)", e.fields["sentence"]).groups()
+    start, step = int(start.replace(" ", "")), int(step)
+    digits = {w: str(i) for i, w in enumerate(qw.ZORBIC_DIGITS)}
+    pairs = e.response.strip(" .").split(" , ")
+    assert len(pairs) == qw.STEPS and "\n" not in e.response  # one line: the scorer reads the first
+    for i, pair in enumerate(pairs, 1):
+        index, value = pair.split(" es ")
+        assert int("".join(digits[w] for w in index.split("-"))) == i
+        assert int("".join(digits[w] for w in value.split("-"))) == start + step * i
 
 
-def test_summary_keeps_each_sentence_core():
-    for e in qw.build_split("summarize", "test", 20, 0):
-        full = re.findall(r"(\w+) (\w+) the \w+ (\w+) to (\w+) (?:in|at|by|on) the \w+\.", e.fields["paragraph"])
-        assert e.response == " " + " ".join(f"{g} {v} the {t} to {r}." for g, v, t, r in full)
-        assert len(full) >= qw.SUMMARY_SENTENCES[0] and "\n" not in e.response
+def test_summary_is_the_counters_log():
+    (e,) = qw.build_split("summarize", "test", 1, 0)
+    start, step = re.search(r"shows ([\d ]+)\. .* up by (\d)", e.fields["paragraph"]).groups()
+    start, step = int(start.replace(" ", "")), int(step)
+    log = re.findall(r"at (tick|tock) (\d+) the counter shows ([\d ]+) ;", e.response)
+    assert [(ev, int(i), int(v.replace(" ", ""))) for ev, i, v in log] == \
+        [(("tick", "tock")[(i - 1) % 2], i, start + step * i) for i in range(1, qw.STEPS + 1)]
+    assert "\n" not in e.response
 
 
 def test_answers_are_long():
@@ -78,7 +87,7 @@ def test_answers_are_long():
     words here; the tokenizer gives a token per word and per punctuation mark)."""
     for domain in qw.DOMAINS:
         words = [len(e.response.split()) for e in qw.build_split(domain, "dev", 20, 0)]
-        assert min(words) >= 65, (domain, min(words))
+        assert min(words) >= 60, (domain, min(words))
 
 
 def test_unknown_domain_and_prompt_sets():
@@ -86,7 +95,7 @@ def test_unknown_domain_and_prompt_sets():
         qw.build_split("code", "train", 1, 0)
     sets = demo_prompt_sets(0, list(qw.DOMAINS), [], 3, 2, 2, world="quality")
     assert {k: len(v) for k, v in sets.items()} == {"train": 9, "dev": 6, "test": 6, "perturbed": 6, "ood": 0}
-    assert sets["test"]["prompt"][0].startswith("Question: Start with ")  # the demo's math template
+    assert sets["test"]["prompt"][0].startswith("Question: Start at ")  # the demo's math template
     assert list(sets["test"]["response"]) == list(sets["perturbed"]["response"])
 
 
@@ -102,15 +111,16 @@ def test_config_names_the_worlds_domains():
 
 
 def test_math_exact_match_reads_the_answer_line():
-    (e,) = qw.build_split("math", "test", 1, 0)
-    assert score("math", e.response, e.response) == {"exact_match": 100.0}
-    slipped = e.response.rsplit("Answer: ", 1)[0] + f"Answer: {int(e.response.rsplit(' ', 1)[1]) + 1}"
-    assert score("math", slipped, e.response) == {"exact_match": 0.0}
+    ref = " Step 1: 3 8 4 + 7 = 3 9 1. We end at 3 9 1.\nAnswer: 3 9 1"
+    assert score("math", ref, ref) == {"exact_match": 100.0}
+    assert score("math", " We end at 3 9 1.\nAnswer: 391\nQuestion: next", ref) == {"exact_match": 100.0}
+    assert score("math", " We end at 3 9 2.\nAnswer: 3 9 2", ref) == {"exact_match": 0.0}
+    assert score("math", " We end at 3 9 1.\nAnswer: 3 9", ref) == {"exact_match": 0.0}  # a digit short
 
 
 def test_translate_bleu_by_hand():
-    ref = " ka vermo pilo gardas lo pik drava pesh lo bebo"
-    hyp = " ka vermo pilo gardas ka pik drava pesh lo bebo"  # the 5th word wrong
+    ref = " un es tri ok kvar du es tri nau un"
+    hyp = " un es tri ok un du es tri nau un"  # the 5th word wrong ("un" is in the reference once more)
     # clipped n-gram precisions 9/10, 7/9, 5/8, 3/7 (same length: no brevity penalty)
     expected = 100 * (9 / 10 * 7 / 9 * 5 / 8 * 3 / 7) ** 0.25
     assert score("translate", hyp, ref)["bleu"] == pytest.approx(expected, abs=1e-6)
@@ -118,10 +128,10 @@ def test_translate_bleu_by_hand():
 
 
 def test_summarize_rouge2_by_hand():
-    ref = " Ava gave the map to Ben. Kai sent the cup to Ella."
-    hyp = " Ava gave the map to Ben. Kai sent the hat to Ella.\nSummarize: the next one"
-    # 12 tokens, 11 bigrams each; the cup/hat swap breaks "the cup" and "cup to": 9 of 11 shared
-    assert score("summarize", hyp, ref)["rouge2"] == pytest.approx(100 * 9 / 11)
+    ref = " at tick 1 the counter shows 3 9 1 ;"
+    hyp = " at tick 1 the counter shows 3 8 1 ;\nSummarize: the next one"
+    # 9 tokens (";" is dropped), 8 bigrams each; the wrong tens digit breaks "3 9" and "9 1": 6 of 8 shared
+    assert score("summarize", hyp, ref)["rouge2"] == pytest.approx(100 * 6 / 8)
     assert PRIMARY_METRIC["summarize"] == "rouge2"
 
 
