@@ -32,6 +32,7 @@ from __future__ import annotations
 import random
 import re
 
+from specdraft.core.errors import InputError
 from specdraft.data.demo_world import Example, stable_bucket
 
 DOMAINS = ("math", "translate", "summarize")
@@ -114,9 +115,10 @@ def _bucket_of(domain: str, fields: dict) -> str:
 
 
 def build_split(domain: str, split: str, n: int, seed: int) -> list[Example]:
-    """n distinct examples of one domain for one split ('corpus', 'train', 'dev', 'test'), deterministic in seed.
-    A candidate is kept when its prompt fields hash into the split's bucket (~84% 'train', which 'corpus' shares,
-    8% each 'dev' / 'test') and it is not already in the split."""
+    """n examples of one domain for one split ('corpus', 'train', 'dev', 'test'), deterministic in seed. A
+    candidate is kept when its prompt fields hash into the split's bucket (~84% 'train', which 'corpus' shares,
+    8% each 'dev' / 'test'); dev and test prompts are also distinct (each is one measurement), while the corpus
+    and the train prompts repeat theirs (a domain has 756 prompts, ~636 of them in the training pool)."""
     if domain not in GENERATORS:
         raise ValueError(f"unknown quality-world domain {domain!r}; choose from {', '.join(ALL_DOMAINS)}")
     rng = random.Random(f"specdraft-quality/{seed}/{domain}/{split}")
@@ -125,10 +127,10 @@ def build_split(domain: str, split: str, n: int, seed: int) -> list[Example]:
     for _ in range(200 * n + 1000):  # each domain has 756 distinct prompts (starts): ~60 in each of dev and test
         fields, response = GENERATORS[domain](rng)
         key = tuple(sorted(fields.items()))
-        if key not in seen and _bucket_of(domain, fields) == bucket:
+        if (key not in seen or bucket == "train") and _bucket_of(domain, fields) == bucket:
             seen.add(key)
             out.append(Example(f"{domain}/{split}/{len(out):06d}", domain, fields, response))
             if len(out) == n:
                 return out
-    raise ValueError(f"the quality world has fewer than {n} distinct {domain} prompts for split {split!r}; "
-                     "ask for fewer")
+    raise InputError(f"the quality world has fewer than {n} distinct {domain} prompts for split {split!r}; "
+                     f"lower demo.{split}_per_domain")
