@@ -7,17 +7,20 @@ minutes on a CPU while a one-layer drafter, trained for fewer steps, does not fu
 three-digit number and adds a one-digit step (7, 3 or 9: one per domain) 16 times, digits one token each, written three ways. Answers are
 140-220 tokens, so a multi-drafter bandit's first pass over the drafters is a small part of a generation.
 
-  math       "Start at 3 8 4 and add 7, 16 times." -> a worked line per step ("Step 1: 3 8 4 + 7 = 3 9 1.")
-             and "Answer: 4 9 6" (exact match of the number)
-  translate  "Translate to Zorbic: count from 3 8 4 up by 3, 16 times =>" -> the step numbers and the values in
-             Zorbic digit words ("un es tri-ok-sep , du es tri-nau-nul , ...") (BLEU)
-  summarize  a paragraph describing the counter (step 9) -> its log ("at tick 1 the counter shows 3 9 3 ; ...") (ROUGE-2)
+  math       "Add 7, 16 times. Where do you end, starting at 3 8 4?" -> a worked line per step
+             ("Step 1: 3 8 4 + 7 = 3 9 1.") and "Answer: 4 9 6" (exact match of the number)
+  translate  "Translate to Zorbic: count up by 3, 16 times, from 3 8 4 =>" -> the step numbers and the values in
+             Zorbic digit words ("nul es tri-ok-kvar , un es tri-ok-sep , ...") (BLEU)
+  summarize  a paragraph describing the counter (step 9, its start last) -> its log ("at start the counter shows
+             3 8 4 ; at tick 1 the counter shows 3 9 3 ; ...") (ROUGE-2)
 
 Why these and not a word-for-word translation of the prompt or an extractive summary (tried first, git log):
 those need copying from a position that moves with the example (an induction head), and a 16 x 128 target
 stayed at the floor on them after 400-600 pretraining steps on one core (exact match 0, BLEU 3-5, ROUGE-2
 10-15): in-context retrieval forms only after far more tokens than a CPU run sees. Here every token follows
-from the few before it and from the start and step at fixed places in a fixed-length prompt. Adding with
+from the few before it: the step is fixed per domain and the start ends the prompt, so the answer copies it
+from a few tokens back (a first version put the start mid-prompt: the target learnt the counting, carries
+included, but not to copy a start 20 tokens back, and began every answer at a start of its own). Adding with
 carries is still a composition (the hundreds digit depends on the tens digit and on the carry out of the
 ones), which depth makes easy and one layer does not.
 
@@ -74,7 +77,8 @@ def make_math(rng: random.Random) -> tuple[dict, str]:
     for i, v in enumerate(values, 1):
         lines.append(f"Step {i}: {spaced(prev)} + {step} = {spaced(v)}.")
         prev = v
-    question = f"Start at {spaced(start)} and add {step}, {STEPS} times. Where do you end?"
+    # the start ends the prompt: the answer's first tokens copy it from a few tokens back
+    question = f"Add {step}, {STEPS} times. Where do you end, starting at {spaced(start)}?"
     return {"question": question}, " " + " ".join(lines) + f" We end at {spaced(values[-1])}.\nAnswer: {spaced(values[-1])}"
 
 
@@ -85,23 +89,25 @@ def to_zorbic(n: int) -> str:
 
 def make_translate(rng: random.Random) -> tuple[dict, str]:
     start, step = _start_and_step(rng, "translate")
-    sentence = f"count from {spaced(start)} up by {step}, {STEPS} times"
-    pairs = [f"{to_zorbic(i)} es {to_zorbic(v)}" for i, v in enumerate(count(start, step), 1)]
+    sentence = f"count up by {step}, {STEPS} times, from {spaced(start)}"
+    # pair 0 is the start, copied from the end of the prompt; each later value follows from the one before
+    pairs = [f"{to_zorbic(i)} es {to_zorbic(v)}" for i, v in enumerate([start] + count(start, step))]
     return {"lang": LANGUAGE, "sentence": sentence}, " " + " , ".join(pairs) + " ."
 
 
 def make_summarize(rng: random.Random) -> tuple[dict, str]:
     start, step = _start_and_step(rng, "summarize")
-    paragraph = (f"A counter shows {spaced(start)}. At every {EVENTS[0]} and every {EVENTS[1]} it goes up by {step}."
-                 f" It runs for {STEPS} beats, {EVENTS[0]} first.")
-    log = [f"at {EVENTS[(i - 1) % 2]} {i} the counter shows {spaced(v)} ;" for i, v in enumerate(count(start, step), 1)]
+    paragraph = (f"A counter goes up by {step} at every {EVENTS[0]} and every {EVENTS[1]}. It runs for {STEPS} beats, "
+                 f"{EVENTS[0]} first. It starts at {spaced(start)}.")
+    log = [f"at start the counter shows {spaced(start)} ;"]  # copied from the end of the prompt
+    log += [f"at {EVENTS[(i - 1) % 2]} {i} the counter shows {spaced(v)} ;" for i, v in enumerate(count(start, step), 1)]
     return {"paragraph": paragraph}, " " + " ".join(log)
 
 
 def final_value(question: str) -> int:
     """The true end of a math question of this world, from its text alone (tests check the worked answers)."""
-    m = re.search(r"Start at ([\d ]+) and add (\d+), (\d+) times", question)
-    start, step, n = int(m.group(1).replace(" ", "")), int(m.group(2)), int(m.group(3))
+    m = re.search(r"Add (\d+), (\d+) times\. Where do you end, starting at ([\d ]+)\?", question)
+    step, n, start = int(m.group(1)), int(m.group(2)), int(m.group(3).replace(" ", ""))
     return start + step * n
 
 

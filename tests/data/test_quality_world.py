@@ -47,7 +47,7 @@ def test_worked_arithmetic_reaches_the_true_total():
             assert answer == qw.final_value(q)
             steps = re.findall(r"Step (\d+): ([\d ]+) \+ (\d) = ([\d ]+)\.", e.response)
             assert len(steps) == qw.STEPS
-            total = int(re.search(r"Start at ([\d ]+) and", q).group(1).replace(" ", ""))
+            total = int(re.search(r"starting at ([\d ]+)\?$", q).group(1).replace(" ", ""))
             for i, (n, a, b, r) in enumerate(steps, 1):  # every worked line is right and chains on
                 assert (int(n), int(a.replace(" ", ""))) == (i, total)
                 total += int(b)
@@ -56,18 +56,18 @@ def test_worked_arithmetic_reaches_the_true_total():
 
 
 def test_final_value_by_hand():
-    assert qw.final_value("Start at 3 8 4 and add 7, 16 times. Where do you end?") == 384 + 7 * 16 == 496
+    assert qw.final_value("Add 7, 16 times. Where do you end, starting at 3 8 4?") == 384 + 7 * 16 == 496
 
 
 def test_translation_writes_the_count_in_zorbic_digits():
     assert qw.to_zorbic(391) == "tri-nau-un" and qw.to_zorbic(16) == "un-ses"
     (e,) = qw.build_split("translate", "dev", 1, 0)
-    start, step = re.search(r"count from ([\d ]+) up by (\d)", e.fields["sentence"]).groups()
+    step, start = re.search(r"count up by (\d), \d+ times, from ([\d ]+)$", e.fields["sentence"]).groups()
     start, step = int(start.replace(" ", "")), int(step)
     digits = {w: str(i) for i, w in enumerate(qw.ZORBIC_DIGITS)}
     pairs = e.response.strip(" .").split(" , ")
-    assert len(pairs) == qw.STEPS and "\n" not in e.response  # one line: the scorer reads the first
-    for i, pair in enumerate(pairs, 1):
+    assert len(pairs) == qw.STEPS + 1 and "\n" not in e.response  # one line: the scorer reads the first
+    for i, pair in enumerate(pairs):  # pair 0: the start
         index, value = pair.split(" es ")
         assert int("".join(digits[w] for w in index.split("-"))) == i
         assert int("".join(digits[w] for w in value.split("-"))) == start + step * i
@@ -75,8 +75,9 @@ def test_translation_writes_the_count_in_zorbic_digits():
 
 def test_summary_is_the_counters_log():
     (e,) = qw.build_split("summarize", "test", 1, 0)
-    start, step = re.search(r"shows ([\d ]+)\. .* up by (\d)", e.fields["paragraph"]).groups()
+    step, start = re.search(r"up by (\d) .* starts at ([\d ]+)\.$", e.fields["paragraph"]).groups()
     start, step = int(start.replace(" ", "")), int(step)
+    assert e.response.startswith(f" at start the counter shows {qw.spaced(start)} ;")
     log = re.findall(r"at (tick|tock) (\d+) the counter shows ([\d ]+) ;", e.response)
     assert [(ev, int(i), int(v.replace(" ", ""))) for ev, i, v in log] == \
         [(("tick", "tock")[(i - 1) % 2], i, start + step * i) for i in range(1, qw.STEPS + 1)]
@@ -96,7 +97,7 @@ def test_unknown_domain_and_prompt_sets():
         qw.build_split("code", "train", 1, 0)
     sets = demo_prompt_sets(0, list(qw.DOMAINS), [], 3, 2, 2, world="quality")
     assert {k: len(v) for k, v in sets.items()} == {"train": 9, "dev": 6, "test": 6, "perturbed": 6, "ood": 0}
-    assert sets["test"]["prompt"][0].startswith("Question: Start at ")  # the demo's math template
+    assert sets["test"]["prompt"][0].startswith("Question: Add 7, ")  # the demo's math template
     assert list(sets["test"]["response"]) == list(sets["perturbed"]["response"])
 
 
