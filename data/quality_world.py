@@ -2,9 +2,10 @@
 
 The demo world (data/demo_world.py) is made of real text, and a tiny target pretrained for minutes stays at the
 floor of task quality on it (exact match 0, BLEU 2-3), so quality-for-speed trade-offs (speculative cascades)
-cannot be seen there. Here every answer follows from its prompt by a local rule that a deep target learns in
-minutes on a CPU while a one-layer drafter, trained for fewer steps, does not fully: a counter that starts at a
-three-digit number and adds a one-digit step (7, 3 or 9: one per domain) 16 times, digits one token each, written three ways. Answers are
+cannot be seen there. Here every answer follows from its prompt by a local rule, meant for a deep target to
+learn on a CPU while a one-layer drafter, trained for fewer steps, does not fully (README, Quality world: one
+800-step run learnt the counting, another not yet): a counter that starts at a three-digit number and adds a
+one-digit step (7, 3 or 9: one per domain) 16 times, digits one token each, written three ways. Answers are
 140-220 tokens, so a multi-drafter bandit's first pass over the drafters is a small part of a generation.
 
   math       "Add 7, 16 times. Where do you end, starting at 3 8 4?" -> a worked line per step
