@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   the whole pipeline on the built-in demo world (writes runs/demo/)
 #   make reproduce  the papers' tables: the demo with a bigger evaluation (runs/demo/reproduce/, ~48 min on 2 cores)
+#   make quality  the whole pipeline on the quality world, whose target beats its drafters on task quality (runs/quality/)
 #   make test   the test suite (slow and gpu tests are off by default: make test-slow / test-gpu)
 #   make test-slurm  the sbatch templates on a throwaway local Slurm cluster (installs Debian's slurm + munge)
 #   make test-vllm   exported drafters and the distill-data engine backends inside vLLM (its own venv, ~3 min to build)
@@ -10,7 +11,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo reproduce test test-slow test-gpu test-slurm test-vllm vllm install clean-runs
+.PHONY: demo reproduce quality test test-slow test-gpu test-slurm test-vllm vllm install clean-runs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +34,10 @@ demo: $(STAMP)
 # the demo's trained stages (cache hits after `make demo`, else run first) and a bigger evaluation beside its report
 reproduce: $(STAMP)
 	$(VENV)/bin/specdraft run configs/reproduce.yaml
+
+# the quality world (data/quality_world.py): rule tasks a small target learns and its drafters do not, long answers
+quality: $(STAMP)
+	$(VENV)/bin/specdraft run configs/quality.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -48,7 +48,7 @@ class Example:
 # --------------------------------------------------------------------------- source text
 
 
-def _bucket(key: str) -> str:
+def stable_bucket(key: str) -> str:
     """Stable split of source items: 84% 'train' (corpus and train prompts), 8% 'dev', 8% 'test'."""
     u = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
     return "dev" if u < 0.08 else "test" if u < 0.16 else "train"
@@ -270,7 +270,7 @@ def _function_key(x):
 @lru_cache(maxsize=None)
 def _pool(items: tuple, key, bucket: str) -> list:
     """The part of `items` whose stable bucket is `bucket` ('train', 'dev' or 'test')."""
-    return [x for x in items if _bucket(key(x)) == bucket]
+    return [x for x in items if stable_bucket(key(x)) == bucket]
 
 
 def make_example(domain: str, rng: random.Random, bucket: str) -> tuple[dict, str]:

@@ -16,12 +16,14 @@ from pathlib import Path
 
 import datasets
 
-from specdraft.data import demo_world
+from specdraft.data import demo_world, quality_world
 from specdraft.data.chat import encode_messages, record_messages
 from specdraft.data.templates import REPHRASINGS, render
 from specdraft.core.errors import InputError
 
 COLUMNS = ("id", "domain", "prompt", "messages", "response", "split")
+# the built-in worlds (`demo.world`): each a module with DOMAINS, HELDOUT_DOMAINS and build_split(domain, split, n, seed)
+WORLDS = {"demo": demo_world, "quality": quality_world}
 SPLITS = ("train", "dev", "test")
 
 
@@ -30,29 +32,32 @@ def _rows(examples: list[demo_world.Example], split: str) -> list[dict]:
              "split": split} for e in examples]
 
 
-def demo_prompt_sets(seed: int, domains, heldout, n_train: int, n_dev: int, n_test: int) -> datasets.DatasetDict:
+def demo_prompt_sets(seed: int, domains, heldout, n_train: int, n_dev: int, n_test: int,
+                     world: str = "demo") -> datasets.DatasetDict:
     """train/dev/test per in-domain task, plus `perturbed` (test prompts reworded by fixed rephrasing
-    templates) and `ood` (test prompts of held-out domains no drafter is trained on)."""
+    templates) and `ood` (test prompts of held-out domains no drafter is trained on), from the built-in
+    world named `world` (WORLDS)."""
+    build_split = WORLDS[world].build_split
     rows = {s: [] for s in (*SPLITS, "perturbed", "ood")}
     for domain in domains:
         for split, n in zip(SPLITS, (n_train, n_dev, n_test)):
-            rows[split] += _rows(demo_world.build_split(domain, split, n, seed), split)
-        for i, e in enumerate(demo_world.build_split(domain, "test", n_test, seed)):
+            rows[split] += _rows(build_split(domain, split, n, seed), split)
+        for i, e in enumerate(build_split(domain, "test", n_test, seed)):
             rows["perturbed"].append({"id": f"{domain}/perturbed/{i:06d}", "domain": domain,
                                       "prompt": render(domain, e.fields, rephrasing=i % len(REPHRASINGS[domain])),
                                       "messages": "",
                                       "response": e.response, "split": "perturbed"})
     for domain in heldout:
         rows["ood"] += [dict(r, id=r["id"].replace("/test/", "/ood/"), split="ood")
-                        for r in _rows(demo_world.build_split(domain, "test", n_test, seed), "ood")]
+                        for r in _rows(build_split(domain, "test", n_test, seed), "ood")]
     return datasets.DatasetDict({s: datasets.Dataset.from_list(r) if r else _empty() for s, r in rows.items()})
 
 
-def demo_corpus(seed: int, domains, n_per_domain: int) -> datasets.Dataset:
+def demo_corpus(seed: int, domains, n_per_domain: int, world: str = "demo") -> datasets.Dataset:
     """Pretraining documents (prompt + reference response) for every domain, held-out ones included:
     the target is the general model and knows every domain; drafters never see the held-out ones."""
     rows = [{"domain": d, "prompt": e.prompt, "response": e.response}
-            for d in domains for e in demo_world.build_split(d, "corpus", n_per_domain, seed)]
+            for d in domains for e in WORLDS[world].build_split(d, "corpus", n_per_domain, seed)]
     return datasets.Dataset.from_list(rows)
 
 

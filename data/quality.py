@@ -3,7 +3,7 @@
 Cascades trade quality for speed (Faster Cascades via Speculative Decoding, Sec. 6: BLEU for WMT,
 ROUGE-2 for XSum / CNNDM), so every decoding method is scored the same way, the target alone included:
 
-  math       exact match of the number on the first `Answer: N` line
+  math       exact match of the number on the first `Answer: N` line (N may be written "4 8 2")
   translate  exact match of the first line, and sentence / corpus BLEU (sacrebleu)
   summarize  exact match of the first line, and ROUGE-2 F1 (rouge-score, Porter stemming)
   code       exact match of the first non-empty line (indentation kept), and BLEU of the prediction cut
@@ -27,7 +27,9 @@ from specdraft.core.errors import InputError
 PRIMARY_METRIC = {"math": "exact_match", "translate": "bleu", "summarize": "rouge2", "code": "bleu"}
 SCORED_DOMAINS = tuple(PRIMARY_METRIC)
 
-_ANSWER = re.compile(r"Answer:\s*(-?[\d,]*\.?\d+)")
+# a number: digits, optionally with commas ("1,234") and single spaces ("4 8 2": the quality world writes its digits
+# one token each) between them, and a decimal part; or a bare decimal (".5")
+_ANSWER = re.compile(r"Answer:\s*(-?\d[\d,]*(?: \d+)*(?:\.\d+)?|-?\.\d+)")
 
 
 def _check_domain(domain: str) -> None:
@@ -56,9 +58,9 @@ def require_scorers() -> None:
 
 
 def math_answer(text: str) -> str | None:
-    """The number on the first `Answer:` line (commas dropped), None when there is none."""
+    """The number on the first `Answer:` line (commas and the spaces between digits dropped), None when there is none."""
     m = _ANSWER.search(text)
-    return m.group(1).replace(",", "") if m else None
+    return m.group(1).replace(",", "").replace(" ", "") if m else None
 
 
 @lru_cache(maxsize=1)

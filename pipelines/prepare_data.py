@@ -1,7 +1,7 @@
 """Stage `prepare-data`: the prompt sets every later stage reads, plus the demo pretraining corpus.
 
-Demo run (no `prompts.sources`): builds the demo world offline from the interpreter's standard library
-(data/demo_world.py). Real run: converts the user's JSONL files / datasets directories (records with a
+Demo run (no `prompts.sources`): builds the built-in world `demo.world` offline: the demo world from the
+interpreter's standard library (data/demo_world.py), or the quality world's rule tasks (data/quality_world.py). Real run: converts the user's JSONL files / datasets directories (records with a
 `prompt`, OpenAI `messages` or ShareGPT `conversations`; data/chat.py).
 
 Writes prompts/
@@ -25,13 +25,15 @@ def build(ctx: Context) -> dict:
                                  for s in cfg.prompts.sources})
     else:
         d = cfg.demo
-        print(f"[prepare-data] building the demo world (seed {d.seed}): {', '.join(d.domains)}"
+        print(f"[prepare-data] building the {d.world} world (seed {d.seed}): {', '.join(d.domains)}"
               f" + held out {', '.join(d.heldout_domains) or 'none'}")
         sets = demo_prompt_sets(d.seed, d.domains, d.heldout_domains, d.train_per_domain, d.dev_per_domain,
-                                d.test_per_domain)
-        corpus = demo_corpus(d.seed, [*d.domains, *d.heldout_domains], d.corpus_per_domain)
+                                d.test_per_domain, d.world)
+        corpus = demo_corpus(d.seed, [*d.domains, *d.heldout_domains], d.corpus_per_domain, d.world)
         corpus.save_to_disk(str(ctx.out / "corpus"))
-    sets.save_to_disk(str(ctx.out / "sets"))
+    # one shard per split: datasets writes an empty split (a world without held-out domains has no ood
+    # prompts, a user's sources may have no test ones) as zero shards, which load_from_disk cannot read back
+    sets.save_to_disk(str(ctx.out / "sets"), num_shards={split: 1 for split in sets})
     counts = {split: {dom: ds["domain"].count(dom) for dom in domains_of(ds)} for split, ds in sets.items()}
     print("[prepare-data] prompts per split and domain: " + json.dumps(counts))
     return {"prompts": counts, "domains": domains_of(sets["train"])}

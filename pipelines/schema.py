@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
+from specdraft.data import quality_world
 from specdraft.data.demo_world import DOMAINS, HELDOUT_DOMAINS
 from specdraft.core.errors import InputError, require_int
 from specdraft.decoding.compat import check_k
@@ -43,7 +44,11 @@ class TargetSection:
 
 @dataclass
 class DemoSection:
-    seed: int = 0  # the demo world is a pure function of this seed (and the interpreter's stdlib)
+    # which built-in world: demo (stdlib text: code, math, translate, summarize, chat; spell held out) or
+    # quality (rule tasks a small target learns and a one-layer drafter does not: math, translate, summarize;
+    # data/quality_world.py); domains / heldout_domains must name the chosen world's domains
+    world: Literal["demo", "quality"] = "demo"
+    seed: int = 0  # the world is a pure function of this seed (the demo world's also of the interpreter's stdlib)
     domains: list[str] = field(default_factory=lambda: list(DOMAINS))  # domains with a drafter each
     heldout_domains: list[str] = field(default_factory=lambda: list(HELDOUT_DOMAINS))  # OOD: no drafter
     corpus_per_domain: int = 3000  # pretraining documents per domain (target and general drafter phase)
@@ -52,15 +57,16 @@ class DemoSection:
     test_per_domain: int = 20  # prompts per domain: evaluation (also the perturbed and OOD sets)
 
     def check(self) -> None:
-        known = set(DOMAINS) | set(HELDOUT_DOMAINS)
+        world_domains = quality_world.ALL_DOMAINS if self.world == "quality" else DOMAINS + HELDOUT_DOMAINS
         for d in self.domains + self.heldout_domains:
-            if d not in known:
+            if d not in world_domains:
                 import difflib
 
-                hint = difflib.get_close_matches(d, sorted(known), n=1, cutoff=0.0)
-                raise InputError(f"demo domain '{d}' does not exist; did you mean '{hint[0]}'?")
+                hint = difflib.get_close_matches(d, sorted(world_domains), n=1, cutoff=0.0)
+                raise InputError(f"demo domain '{d}' does not exist in the {self.world} world; did you mean "
+                                 f"'{hint[0]}'? (its domains: {', '.join(world_domains)})")
         if not self.domains:
-            raise InputError("demo.domains is empty; name at least one of " + ", ".join(DOMAINS))
+            raise InputError("demo.domains is empty; name at least one of " + ", ".join(world_domains))
         for name in ("corpus_per_domain", "train_per_domain", "dev_per_domain", "test_per_domain"):
             if getattr(self, name) < 1:
                 raise InputError(f"demo.{name} must be >= 1, got {getattr(self, name)}")
@@ -395,6 +401,9 @@ class EvaluateSection:
     # test prompts (all domains pooled, taken round-robin over domains) that feed the batches, cut down to a
     # multiple of every batch size; null: every test prompt the run loads (prompts_per_domain per domain)
     throughput_prompts: Optional[int] = None
+    # every drafter also decodes alone (greedy, untimed) on the test prompts of the scored domains, and the report
+    # sets its quality beside the target's with the paired gap's 90% interval (claims.quality_gap)
+    drafter_quality: bool = False
     beta: float = 0.01  # MetaSD-UCB exploration strength (paper)
     delta: float = 0.5  # UCBSpec confidence (BanditSpec Thm 4.3)
     device: str = "auto"  # auto: cuda if available, else cpu

@@ -78,6 +78,7 @@ from tqdm.auto import tqdm
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.data.quality import SCORED_DOMAINS, require_scorers
+from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.bundle.directory import Bundle, load_bundle
 from specdraft.decoding.bundle.chat import end_of_turn_ids
 from specdraft.decoding.compat import check_k
@@ -85,7 +86,7 @@ from specdraft.decoding.speculators.eagle import TreeShape
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.drafters.roles import drafter_roles
 from specdraft.pipelines.calibration import Calibrator
-from specdraft.pipelines.evaluate.aggregate import Setup, score_quality, summarize, target_quality
+from specdraft.pipelines.evaluate.aggregate import Setup, quality_scores, score_quality, summarize, target_quality
 from specdraft.pipelines.evaluate.claims import judge
 from specdraft.pipelines.evaluate.load import load_heads, load_prompts, load_routers, load_target, target_placement
 from specdraft.pipelines.evaluate.plan import Env, Run, build_plan
@@ -213,6 +214,10 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     metrics = summarize(records, calib, Setup(ecfg, k_main, own, ofa, heads, modes["sampling"], device, len(prompts),
                                               len(drafters), arm_names, notes, cfg.run.seed, len(plan),
                                               bundle.defaults.cost_ratio))
+    if ecfg.drafter_quality:
+        metrics["quality_scores"] = quality_scores(records, prompts, tok, _drafters_alone(
+            drafters, [p for p in prompts if p.set == "test" and p.domain in SCORED_DOMAINS and p.reference],
+            ecfg.max_new_tokens, modes["greedy"], eos))
     metrics.update(judge(metrics))
     metrics["target_quality"] = target_quality(records, prompts, tok)
     metrics["target_load"] = target_placement(target, cfg.target, bundle)
@@ -221,3 +226,11 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     metrics["drafter_alignment"] = {n: dict(e.alignment) for n, e in sorted(bundle.drafters.items()) if e.alignment}
     write_report(metrics, ctx.out)
     return {"headline": metrics["headline"], "cost_fit": metrics["cost_fit"], "runs": len(records)}
+
+
+def _drafters_alone(drafters: dict, prompts: list, max_new_tokens: int, greedy: SamplingConfig,
+                    eos) -> dict[str, dict[str, list[int]]]:
+    """Each drafter decoding alone (greedy, untimed) on the given prompts: what a reader compares the target's
+    quality with (a cascade's lenience moves its quality from the target's towards its drafter's)."""
+    return {n: {p.id: generate_autoregressive(m, list(p.ids), max_new_tokens, greedy, eos).tokens for p in prompts}
+            for n, m in drafters.items()}

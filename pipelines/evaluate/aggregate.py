@@ -61,6 +61,30 @@ def target_quality(records: list[Record], prompts: list[Prompt], tok, example_ch
     return out
 
 
+def quality_scores(records: list[Record], prompts: list[Prompt], tok,
+                   alone: Mapping[str, Mapping[str, list[int]]]) -> dict[str, dict]:
+    """Per scored domain, each test prompt's primary quality (data/quality.py, 0-100) of the target's greedy
+    output (the `ar` run) and of each drafter decoding alone (greedy; `alone`: drafter -> prompt id -> tokens):
+    {domain: {"target": {prompt id: score}, "drafters": {name: {prompt id: score}}}}, the per-prompt data
+    claims.quality_gap pairs up. Only prompts every one of them decoded."""
+    test = {p.id: p for p in prompts if p.set == "test" and p.domain in PRIMARY_METRIC and p.reference}
+    ar = {r.prompt: r.tokens for r in records if r.key.family == "ar" and r.key.mode == "greedy"
+          and r.set == "test" and r.prompt in test and r.tokens is not None}
+
+    def primary(pid: str, tokens: list[int]) -> float:
+        p = test[pid]
+        return _r(score(p.domain, tok.decode(tokens, skip_special_tokens=True), p.reference)[PRIMARY_METRIC[p.domain]])
+
+    out: dict[str, dict] = {}
+    for domain in sorted({p.domain for p in test.values()}):
+        ids = [i for i, p in test.items() if p.domain == domain and i in ar
+               and all(i in by for by in alone.values())]
+        if ids:
+            out[domain] = {"target": {i: primary(i, ar[i]) for i in ids},
+                           "drafters": {n: {i: primary(i, by[i]) for i in ids} for n, by in sorted(alone.items())}}
+    return out
+
+
 def _r(x: float | None) -> float | None:
     """Every number of the report is rounded once, here, so report.md and metrics.json agree."""
     return None if x is None else round(float(x), 3)
@@ -167,7 +191,7 @@ def _spread(pairs: list[tuple[float, float]], seed: int) -> tuple[float | None, 
     return _r(s.median), _r(s.lo), _r(s.hi)
 
 
-def _mean_interval(xs: list[float], seed: int, n_boot: int = 1000) -> tuple[float, float]:
+def mean_interval(xs: list[float], seed: int, n_boot: int = 1000) -> tuple[float, float]:
     """Bootstrap 90% interval of a mean (quality scores are often 0/100: a median would hide the rate)."""
     rng = np.random.default_rng(seed)
     a = np.asarray(xs, dtype=float)
@@ -204,7 +228,7 @@ def _row(group: list[Record], ar: dict[str, Record], calib: Calibration, seed: i
     scored = [r.quality for r in group if r.quality is not None]
     if scored:  # mean over prompts, with its bootstrap 90% interval
         row["quality"], row["quality_n"] = _r(statistics.fmean(scored)), len(scored)
-        row["quality_lo"], row["quality_hi"] = _mean_interval(scored, seed)
+        row["quality_lo"], row["quality_hi"] = mean_interval(scored, seed)
     timed = _against(group, ar, lambda r: r.time)
     wall = _against(group, ar, lambda r: r.wall)
     counted = _against(group, ar, calib.cost)

@@ -12,6 +12,8 @@ the metrics dict of aggregate.summarize and nothing else. render.py turns them i
                                           cost per token (Eq. 3.1 with the calibrated v(K))
   SpecTr (Table 1)                        block efficiency (MAT) vs the number of drafts K, K = 1 being plain
                                           speculative sampling; does it rise with K, as in the paper
+  quality gap                             the target's task quality against each drafter decoding alone (per
+                                          domain, paired over prompts): the room a cascade trades in
   Faster Cascades (Table 2 / Figure 2)    quality (data/quality.py) vs counted speedup per deferral rule and
                                           alpha; the latency reduction at the target's quality, the best quality
                                           within the target's latency, and the rules' ordering
@@ -33,7 +35,7 @@ from typing import Any, Callable
 
 from specdraft.core.hashing import derive_seed
 from specdraft.decoding.timing import Spread, bootstrap_rate_ratio, verdict
-from specdraft.pipelines.evaluate.aggregate import method_keys, one, select, set_domains
+from specdraft.pipelines.evaluate.aggregate import mean_interval, method_keys, one, select, set_domains
 from specdraft.pipelines.evaluate.methods import key_of
 
 
@@ -286,6 +288,35 @@ def spectr(metrics: dict) -> dict | None:
     return {"L": length, "ks": sweep, "per_domain": per}
 
 
+# --- the quality a cascade trades: the target against its drafters -----------------------------------------
+
+def quality_gap(metrics: dict) -> dict | None:
+    """Per scored domain (metrics["quality_scores"], evaluate.drafter_quality): the target's greedy quality and
+    each drafter's alone, means with bootstrap 90% intervals over prompts, and the paired gap target - drafter
+    with its interval and verdict against 0 ("above": the target is better beyond the interval)."""
+    scores = metrics.get("quality_scores")
+    if not scores:
+        return None
+    per = {}
+    for d, e in scores.items():
+        ids = sorted(e["target"])
+        t = [e["target"][i] for i in ids]
+        lo, hi = mean_interval(t, _seed("v-quality", d, "target"))
+        row = {"prompts": len(ids), "target": {"mean": round(statistics.fmean(t), 3), "lo": lo, "hi": hi},
+               "drafters": {}}
+        for n, by in e["drafters"].items():
+            q = [by[i] for i in ids]
+            q_lo, q_hi = mean_interval(q, _seed("v-quality", d, n))
+            gap = [a - b for a, b in zip(t, q)]
+            g_lo, g_hi = mean_interval(gap, _seed("v-quality-gap", d, n))
+            mean_gap = statistics.fmean(gap)
+            row["drafters"][n] = {"mean": round(statistics.fmean(q), 3), "lo": q_lo, "hi": q_hi,
+                                  "gap": round(mean_gap, 3), "gap_lo": g_lo, "gap_hi": g_hi,
+                                  "verdict": "above" if g_lo > 0 else "below" if g_hi < 0 else "within noise"}
+        per[d] = row
+    return {"per_domain": per}
+
+
 # --- Faster Cascades: quality vs latency -------------------------------------------------------------------
 
 def cascades(metrics: dict) -> dict | None:
@@ -497,8 +528,9 @@ def throughput(metrics: dict) -> dict | None:
 
 
 def paper_verdicts(metrics: dict) -> dict[str, Any]:
-    return {"specdecpp": specdecpp(metrics), "spectr": spectr(metrics), "cascades": cascades(metrics),
-            "banditspec": banditspec(metrics), "metaeagle": metaeagle(metrics), "throughput": throughput(metrics)}
+    return {"specdecpp": specdecpp(metrics), "spectr": spectr(metrics), "quality_gap": quality_gap(metrics),
+            "cascades": cascades(metrics), "banditspec": banditspec(metrics), "metaeagle": metaeagle(metrics),
+            "throughput": throughput(metrics)}
 
 
 def judge(metrics: dict) -> dict[str, Any]:

@@ -26,6 +26,8 @@ from specdraft.pipelines.evaluate.methods import key_of, label
 from specdraft.pipelines.schema import BANDITS
 
 PLOTS = ("pareto.png", "speedup.png", "best_arm_ratio.png", "robustness.png", "regret.png")
+# written when the run has them: the cascades' quality-latency trade-off (Faster Cascades Figure 2)
+OPTIONAL_PLOTS = ("cascades.png",)
 WORD = {"above": "yes", "below": "NO", "within noise": "within noise", "too few prompts": "too few prompts",
         "too few batches": "too few batches", None: "-"}
 
@@ -561,6 +563,38 @@ def _plots(metrics: dict, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "regret.png", dpi=110)
     plt.close(fig)
+    verdicts = metrics.get("verdicts") or {}
+    if verdicts.get("cascades"):
+        _cascades_plot(plt, verdicts["cascades"], verdicts.get("quality_gap"), out / "cascades.png")
+
+
+def _cascades_plot(plt, v: dict, gap: dict | None, path: Path) -> None:
+    """Faster Cascades Figure 2: per scored domain, quality vs counted latency relative to the target sampling
+    alone (1 / counted speedup), one line per rule over its alphas (annotated), the target at (1, its quality)
+    and, where evaluate.drafter_quality ran, each drafter's greedy quality alone as a dotted line."""
+    domains = list(v["per_domain"])
+    fig, axes = plt.subplots(1, len(domains), figsize=(4.6 * len(domains), 4.2), squeeze=False)
+    for ax, d in zip(axes[0], domains):
+        e = v["per_domain"][d]
+        for rule in v["rules"]:
+            pts = sorted((p for p in e["points"] if p["rule"] == rule and p["counted"]), key=lambda p: p["alpha"])
+            if not pts:
+                continue
+            xs, ys = [1.0 / p["counted"]["ratio"] for p in pts], [p["quality"] for p in pts]
+            ax.plot(xs, ys, marker="o", ms=4, label=CASCADE_NAMES.get(rule, rule))
+            for p, x, y in zip(pts, xs, ys):
+                ax.annotate(f"{p['alpha']:g}", (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points")
+        ax.scatter([1.0], [e["target_quality"]], marker="*", s=120, color="black", zorder=5, label="target (sampled)")
+        for name, q in (((gap or {}).get("per_domain", {}).get(d) or {}).get("drafters") or {}).items():
+            ax.axhline(q["mean"], ls=":", lw=1, color="grey")
+            ax.annotate(f"{name} alone (greedy)", (ax.get_xlim()[0], q["mean"]), fontsize=6, color="grey")
+        ax.set_title(d)
+        ax.set_xlabel("counted latency relative to the target (1 / speedup)")
+        ax.set_ylabel("quality (0-100)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _err(cell: dict, name: str) -> tuple[float, float]:
@@ -653,6 +687,27 @@ def _render_spectr(v: dict) -> list[str]:
             + ". Per domain: " + _verdict_counts([(d, c) for d, c in verdicts if d != "all"]) + ".", ""]
 
 
+def _render_quality_gap(v: dict) -> list[str]:
+    rows, lines = [], []
+    for d, e in v["per_domain"].items():
+        t = e["target"]
+        rows.append([d, e["prompts"], "target", f"{_fmt(t['mean'])} [{_fmt(t['lo'])}, {_fmt(t['hi'])}]", "-", "-"])
+        for n, q in e["drafters"].items():
+            rows.append([d, e["prompts"], f"{n} alone", f"{_fmt(q['mean'])} [{_fmt(q['lo'])}, {_fmt(q['hi'])}]",
+                         f"{_fmt(q['gap'])} [{_fmt(q['gap_lo'])}, {_fmt(q['gap_hi'])}]", WORD[q["verdict"]]])
+        lines.append((d, [(n, q) for n, q in e["drafters"].items()]))
+    all_above = all(q["verdict"] == "above" for _, qs in lines for _, q in qs)
+    return ["### What a cascade trades: the target's quality against its drafters alone (greedy, test set)", "",
+            "Quality: data/quality.py's primary metric per domain (0-100), mean over prompts [bootstrap 90% interval]; "
+            "gap: target - drafter paired per prompt [90% interval]; target better beyond the interval: yes / NO / "
+            "within noise.", "",
+            table(["domain", "prompts", "decoder", "quality [interval]", "gap [interval]", "target better"], rows), "",
+            "- **The target beats every drafter on measured quality:** "
+            + ("yes, in every domain, beyond the interval" if all_above else "not everywhere: "
+               + "; ".join(f"{d}: " + ", ".join(f"{n} {WORD[q['verdict']]}" for n, q in qs) for d, qs in lines))
+            + ". A lossy cascade can only trade quality where this gap exists.", ""]
+
+
 def _render_cascades(v: dict) -> list[str]:
     out = ["### Speculative cascades: quality vs counted speedup (Faster Cascades Figure 2 / Table 2)", "",
            "Quality: data/quality.py's primary metric (0-100) of the sampled text against the test reference, mean "
@@ -739,6 +794,8 @@ def render_verdicts(metrics: dict) -> list[str]:
         parts += _render_specdecpp(v["specdecpp"])
     if v.get("spectr"):
         parts += _render_spectr(v["spectr"])
+    if v.get("quality_gap"):
+        parts += _render_quality_gap(v["quality_gap"])
     if v.get("cascades"):
         parts += _render_cascades(v["cascades"])
     if v.get("banditspec"):

@@ -106,6 +106,25 @@ def test_reproduce_is_the_demo_with_another_evaluation():
     assert stage_dir(rep, "export") == stage_dir(demo, "export")
 
 
+def test_quality_config_is_its_own_world_and_root():
+    """configs/quality.yaml (make quality): the quality world with its three scored domains under its own run root,
+    long generations, the cascades with several lenience values and every drafter's quality alone; the demo stays
+    the default world."""
+    from specdraft.data import quality_world
+    from specdraft.data.quality import PRIMARY_METRIC
+    from specdraft.pipelines.stage import stage_dir
+
+    q = load_config(RunConfig, CONFIGS / "quality.yaml")
+    demo = load_config(RunConfig, CONFIGS / "demo.yaml")
+    assert q.demo.world == "quality" and demo.demo.world == RunConfig().demo.world == "demo"
+    assert set(q.demo.domains) == set(quality_world.DOMAINS) <= set(PRIMARY_METRIC) and not q.demo.heldout_domains
+    assert stage_dir(q, "prepare-data").parent != stage_dir(demo, "prepare-data").parent
+    assert q.evaluate.max_new_tokens >= 128 and q.distill_data.max_new_tokens >= q.evaluate.max_new_tokens
+    assert {"chow", "diff", "opt", "token_v3"} <= set(q.evaluate.cascades) and len(q.evaluate.cascade_alphas) > 2
+    assert q.evaluate.drafter_quality and {"ucb-bd", "ucb-be"} <= set(q.evaluate.bandits)
+    assert q.train_drafters.model.n_layers == 1 < q.pretrain_target.model.n_layers
+
+
 def test_base_cycle_and_bad_evaluate_out_are_one_line_errors(tmp_path):
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")

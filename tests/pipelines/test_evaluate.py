@@ -194,6 +194,29 @@ def _throughput_counts_are_the_batched_decoders(root: Path, metrics: dict) -> No
         assert row["N"] == sum(r["N"] for r in runs) and row["batches"] == len(runs) == 4 // row["batch_size"]
 
 
+def test_drafter_quality_beside_the_targets_and_the_cascades_plot(run_root):
+    """evaluate.drafter_quality: every drafter decodes alone on the scored test prompts; the report sets its quality
+    beside the target's with the paired gap; the cascades' quality-latency plot is written when cascades ran."""
+    cfg = tiny_config(run_root, **{**FAST, "acceptance_data": TWO_TRANSFORMS},
+                      evaluate={**TINY_EVAL, "bandits": [], "stream_bandits": [], "spectr_drafts": [],
+                                "model_free_arms": [], "drafter_quality": True})
+    out = run_stage(cfg, "evaluate")
+    metrics = json.loads((out / "metrics.json").read_text())
+    scores, gap = metrics["quality_scores"], metrics["verdicts"]["quality_gap"]["per_domain"]
+    assert set(scores) == set(gap) == {"math", "translate"}  # the tiny world's scored domains
+    for d, e in scores.items():
+        assert set(e["drafters"]) >= set(metrics["drafters"]["own"].values()) | {metrics["drafters"]["ofa"]}
+        assert len(e["target"]) == 2  # the 2 test prompts
+        for n, by in e["drafters"].items():
+            row = gap[d]["drafters"][n]
+            diffs = [e["target"][i] - by[i] for i in e["target"]]
+            assert row["gap"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-3)
+            assert row["gap_lo"] <= row["gap"] <= row["gap_hi"]
+            assert row["verdict"] == ("above" if row["gap_lo"] > 0 else "below" if row["gap_hi"] < 0 else "within noise")
+    assert "What a cascade trades: the target's quality against its drafters alone" in (out / "report.md").read_text()
+    assert (out / "cascades.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_stopping_time_regret_by_hand():
     from specdraft.decoding.metrics import GenerationMetrics
     from specdraft.pipelines.evaluate.aggregate import stopping_time_regret
