@@ -395,8 +395,8 @@ class EvaluateSection:
     eagle_sets: list[str] = field(default_factory=lambda: list(SETS))
     # throughput rows (SPEC.md section 8): batch sizes B at which the batched decoder decodes the pooled test
     # prompts in consecutive batches of B (the same prompts at every B), greedy: batched autoregressive, fixed K
-    # for each of `ks`, SpecDec++ and UCBSpec over lengths 0..k, tokens/s and speedup over batched AR at the
-    # same B; [] (default): no throughput rows
+    # for each of `ks`, SpecDec++ (per row and lockstep) and UCBSpec over lengths 0..k, tokens/s and speedup
+    # over batched AR at the same B; [] (default): no throughput rows
     batch_sizes: list[int] = field(default_factory=list)
     # test prompts (all domains pooled, taken round-robin over domains) that feed the batches, cut down to a
     # multiple of every batch size; null: every test prompt the run loads (prompts_per_domain per domain)

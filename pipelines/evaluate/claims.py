@@ -463,7 +463,7 @@ def metaeagle(metrics: dict) -> dict | None:
 
 # --- throughput: where each policy stops paying as the batch grows (SPEC.md section 8) ---------------------
 
-ADAPTIVE = ("specdecpp", "ucbspec")  # per-row adaptive lengths: SpecDec++ heads, the length bandit
+ADAPTIVE = ("specdecpp", "specdecpp-lockstep", "ucbspec")  # adaptive lengths: SpecDec++ heads, the length bandit
 
 
 def _policy_key(row: dict) -> tuple:

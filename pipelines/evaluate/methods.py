@@ -22,7 +22,8 @@ class MethodKey:
     mode: str = "greedy"  # greedy | sampling
     drafter: str | None = None  # the one drafter it decodes with, when fixed in advance
     k: int | None = None  # fixed K, or a bandit's N_max
-    # a stopping policy named beside K (derived rows: "specdecpp"; batched runs: ar | fixed | specdecpp | ucbspec)
+    # a stopping policy named beside K (derived rows: "specdecpp"; batched runs: ar | fixed | specdecpp |
+    # specdecpp-lockstep | ucbspec)
     policy: str | None = None
     router: str | None = None  # router kind
     bandit: str | None = None  # a key of pipelines.schema.BANDITS
@@ -95,6 +96,8 @@ def label(key: dict) -> str:
         pol = key.get("policy")
         if pol == "ucbspec":
             return f"{d} UCBSpec lengths 0..{k}"
+        if pol == "specdecpp-lockstep":
+            return f"{d} SpecDec++ lockstep"
         # fixed K and SpecDec++ are named as their batch-1 families are
         return "batched AR" if pol == "ar" else label({**key, "family": pol, "policy": None, "params": {}})
     # a family this module has no name for (a new decoder): its key fields, so it still renders

@@ -23,7 +23,7 @@ from specdraft.decoding.speculative import VerificationDistribution
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
 from specdraft.decoding.speculators.protocol import Speculator
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB
-from specdraft.decoding.policies.stopping import FixedK, HindsightOracle, SpecDecPP
+from specdraft.decoding.policies.stopping import FixedK, HindsightOracle, LockstepSpecDecPP, SpecDecPP
 from specdraft.pipelines.evaluate.methods import CEILING, MethodKey, params
 from specdraft.pipelines.schema import BANDITS, EvaluateSection
 
@@ -353,7 +353,8 @@ def batches(env: Env, prompts: list[Prompt]) -> dict[int, list[Prompt]]:
 
 def plan_batches(env: Env, prompts: list[Prompt]) -> list[Run]:
     """The throughput runs (greedy): per batch size and batch, batched AR (each speedup's reference), fixed K for
-    each K of `ks`, SpecDec++ and UCBSpec over the lengths 0..k, all decoding with the all-domain (OFA)
+    each K of `ks`, SpecDec++ (each row stopping alone, and the batch stopping together: LockstepSpecDecPP) and
+    UCBSpec over the lengths 0..k, all decoding with the all-domain (OFA)
     drafter: a batch mixes domains and shares one drafter, so the drafter trained on every domain is the one a
     server would batch with (and the one `specdraft generate` decodes with when nothing routes). SpecDec++
     reads that drafter's greedy head at its threshold (the bundle's decoding.threshold, else the head's h) and
@@ -378,11 +379,12 @@ def plan_batches(env: Env, prompts: list[Prompt]) -> list[Run]:
                 runs.append(Run(MethodKey("batched", drafter=n, k=k, policy="fixed", params=at_b), batch,
                                 lambda done, k=k: Built(None, n, draft_model=env.drafters[n], policy=FixedK(k)),
                                 seed=seed))
-            if head is not None:
-                runs.append(Run(MethodKey("batched", drafter=n, policy="specdecpp", params=at_b), batch,
-                                lambda done: Built(None, n, draft_model=env.drafters[n],
-                                                   policy=SpecDecPP(head.module, head.threshold, head.k_max)),
-                                seed=seed))
+            if head is not None:  # the paper's per-row stops, and the batch stopping together (decoding.batched)
+                for name, rule in (("specdecpp", SpecDecPP), ("specdecpp-lockstep", LockstepSpecDecPP)):
+                    runs.append(Run(MethodKey("batched", drafter=n, policy=name, params=at_b), batch,
+                                    lambda done, rule=rule: Built(None, n, draft_model=env.drafters[n],
+                                                                  policy=rule(head.module, head.threshold, head.k_max)),
+                                    seed=seed))
             runs.append(Run(MethodKey("batched", drafter=n, k=env.k, policy="ucbspec", params=at_b), batch,
                             lambda done: Built(None, n, draft_model=env.drafters[n], policy=LengthUCB(
                                 lengths, delta=env.cfg.delta, cost_ratio=env.cost_ratio)), seed=seed))

@@ -263,7 +263,8 @@ def throughput_section(metrics: dict) -> list[str]:
     return ["## Throughput by batch size (batched decoder, greedy)", "",
             f"The same {len(ids)} test prompts (all domains pooled, round-robin over domains) at every batch size B, "
             "decoded in consecutive batches of B by the batched decoder (decoding.batched; ragged acceptance, each "
-            "row its own accepted length and SpecDec++ stop), with the all-domain drafter: a batch mixes domains "
+            "row its own accepted length; SpecDec++ stops each row alone, or, lockstep, the whole batch when its rows' "
+            "mean predicted rejection probability exceeds h), with the all-domain drafter: a batch mixes domains "
             "and shares one drafter. Each batch is timed whole (a call's time is the batch's), the methods of a "
             f"batch interleaved, after one untimed warm-up per method and B; {t['passes_mean']} passes per batch on "
             "average. tokens/s = generated tokens / the batches' summed time; MAT = tokens per target forward per "

@@ -159,7 +159,7 @@ def _throughput_counts_are_the_batched_decoders(root: Path, metrics: dict) -> No
     from specdraft.decoding.bundle.chat import end_of_turn_ids
     from specdraft.decoding.bundle.directory import load_bundle
     from specdraft.decoding.policies.batch_length_ucb import LengthUCB
-    from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
+    from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP
     from specdraft.pipelines.evaluate.load import load_prompts, load_target
 
     cfg = _config(root)
@@ -176,11 +176,12 @@ def _throughput_counts_are_the_batched_decoders(root: Path, metrics: dict) -> No
                if p.set == "test"}
     policies = {"ar": lambda k: None, "fixed": lambda k: FixedK(k),
                 "specdecpp": lambda k: SpecDecPP(head, h["threshold"], h["k_max"]),
+                "specdecpp-lockstep": lambda k: LockstepSpecDecPP(head, h["threshold"], h["k_max"]),
                 "ucbspec": lambda k: LengthUCB(tuple(range(k + 1)), delta=ecfg.delta,
                                                cost_ratio=bundle.defaults.cost_ratio)}
     t = metrics["throughput"]
     assert t["batch_sizes"] == [1, 2] and sorted(t["prompt_ids"]) == sorted(prompts)
-    assert {r["policy"] for r in t["runs"]} == {"ar", "fixed", "specdecpp", "ucbspec"}
+    assert {r["policy"] for r in t["runs"]} == {"ar", "fixed", "specdecpp", "specdecpp-lockstep", "ucbspec"}
     for run in t["runs"]:
         direct = generate_batch(target, [list(prompts[p].ids) for p in run["row_prompts"]], ecfg.max_new_tokens,
                                 drafter=None if run["policy"] == "ar" else drafter,

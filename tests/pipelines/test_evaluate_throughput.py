@@ -8,7 +8,7 @@ import torch
 from specdraft.core.errors import InputError
 from specdraft.decoding.batched import generate_batch
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB
-from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
+from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.pipelines.calibration import calibrate
 from specdraft.pipelines.evaluate.aggregate import Setup, summarize
@@ -88,10 +88,12 @@ def test_batch_runs_count_as_the_batched_decoder_and_render(models):
     env = _env(models, batch_sizes=[1, 2])
     plan = [r for r in build_plan(env, _prompts(2)) if r.prompt.set == BATCH_SET]
     records = execute(plan, target, MAX_NEW, MODES, None, "cpu", repeats=2, progress=False)
-    assert len(records) == len(plan) == (4 + 2) * 5  # (B=1: 4 batches, B=2: 2) x (AR, K=1, K=3, SpecDec++, UCBSpec)
+    # (B=1: 4 batches, B=2: 2) x (AR, K=1, K=3, SpecDec++ per row and lockstep, UCBSpec)
+    assert len(records) == len(plan) == (4 + 2) * 6
     prompts = {p.id: p for p in _prompts(2)}
     policies = {"ar": lambda k: None, "fixed": lambda k: FixedK(k),
                 "specdecpp": lambda k: SpecDecPP(head.module, head.threshold, head.k_max),
+                "specdecpp-lockstep": lambda k: LockstepSpecDecPP(head.module, head.threshold, head.k_max),
                 "ucbspec": lambda k: LengthUCB(tuple(range(k + 1)), delta=env.cfg.delta, cost_ratio=env.cost_ratio)}
     for rec in records:
         assert len(rec.times) == 2 and rec.tokens is None
@@ -108,7 +110,7 @@ def test_batch_runs_count_as_the_batched_decoder_and_render(models):
     t = metrics["throughput"]
     assert t["batch_sizes"] == [1, 2] and t["prompt_ids"] == ["x0", "y0", "x1", "y1"]
     rows = {(r["batch_size"], r["policy"], r["k"]): r for r in t["rows"]}
-    assert len(rows) == 10
+    assert len(rows) == 12
     for (b, policy, k), r in rows.items():
         runs = [x for x in records if x.key.policy == policy and x.key.k == k and dict(x.key.params)["batch"] == b]
         assert r["batches"] == len(runs) == 4 // b and r["prompts"] == 4
@@ -120,7 +122,7 @@ def test_batch_runs_count_as_the_batched_decoder_and_render(models):
     assert all(r["speedup"] == 1.0 for r in t["rows"] if r["policy"] == "ar")
     metrics.update(judge(metrics))
     v = metrics["verdicts"]["throughput"]
-    assert {m["key"]["policy"] for m in v["methods"]} == {"fixed", "specdecpp", "ucbspec"}
+    assert {m["key"]["policy"] for m in v["methods"]} == {"fixed", "specdecpp", "specdecpp-lockstep", "ucbspec"}
     for m in v["methods"]:
         paying = [c["batch_size"] for c in m["by_b"] if c["verdict"] == "above"]
         assert m["pays_up_to"] == (max(paying) if paying else None)
