@@ -47,7 +47,8 @@ from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
-from bench_decoder import ForwardCounter, _cpu_name, early_exit_pair, forward_time, interleaved, load, load_prompts  # noqa: E402
+from bench_decoder import (ForwardCounter, _cpu_name, early_exit_pair, forward_time, interleaved, load,  # noqa: E402
+                           load_prompts, median_time)
 from publish import publish  # noqa: E402
 
 
@@ -109,13 +110,8 @@ def step_time(target, width: int, compile: str, device: str, context: int = 64, 
     step = model_step(target, compile)
     forward_rows(target, cache, torch.randint(3, target.config.vocab_size, (1, context), device=device))
     ids = torch.randint(3, target.config.vocab_size, (1, width), device=device)
-    times = []
-    for i in range(reps + 5):  # the first 5 (and the compilation) are warm-up
-        cache.rollback(torch.full((1,), context, device=device))
-        _, t = timed_call(lambda: step(cache, ids), device)
-        if i >= 5:
-            times.append(t.time)
-    return statistics.median(times)
+    at_context = torch.full((1,), context, device=device)
+    return median_time(lambda: step(cache, ids), lambda: cache.rollback(at_context), reps, device)  # warm-up: compiles
 
 
 def batch1_table(args, target, drafter, prompts) -> list[str]:
@@ -233,7 +229,8 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
         print(lines[-1], flush=True)
     lines += ["", f"SpecDec++: {'head ' + args.head if args.head else 'an untrained random head (its stops mean nothing)'}"
               f", h = {args.h}, K_max = {args.k_max}; each row stops alone (the paper's rule), or, lockstep, the batch "
-              "stops together when its drafting rows' mean predicted rejection probability exceeds h. UCBSpec: per-row bandit over draft lengths 0..4, reward = "
+              "stops together when its drafting rows' mean predicted rejection probability exceeds h. UCBSpec: "
+              "per-row bandit over draft lengths 0..4, reward = "
               f"the round's throughput (n_acc + 1) / (1 + c k) at c = {args.cost_ratio:.3f} (BanditSpec §6.2; "
               "from (a) when it ran). MAT = tokens per target forward (bonus counted), summed over rows."]
     if compile_s:

@@ -137,18 +137,25 @@ def interleaved(fns: dict, runs: int, device: str) -> dict:
             for name, ts in times.items()}
 
 
+def median_time(call, reset, reps: int, device: str, warmup: int = 5) -> float:
+    """Median robust seconds of `call()` over `reps` calls after `warmup` untimed ones, `reset()` (the cache
+    back to its context) before each."""
+    times = []
+    for i in range(reps + warmup):
+        reset()
+        _, t = timed_call(call, device)
+        if i >= warmup:
+            times.append(t.time)
+    return statistics.median(times)
+
+
 @torch.inference_mode()
 def forward_time(model, n_tokens: int, context: int = 64, reps: int = 60, device: str = "cpu") -> float:
     """The model alone (no decoder around it): median robust seconds of one n-token cached forward."""
     cache = kv.new_cache()
     kv.forward(model, cache, torch.randint(3, model.config.vocab_size, (context,)).tolist())
-    times = []
-    for i in range(reps + 5):  # the first 5 are warm-up
-        _, t = timed_call(lambda: kv.forward(model, cache, list(range(3, 3 + n_tokens)), last=n_tokens), device)
-        if i >= 5:
-            times.append(t.time)
-        kv.crop(cache, context)
-    return statistics.median(times)
+    return median_time(lambda: kv.forward(model, cache, list(range(3, 3 + n_tokens)), last=n_tokens),
+                       lambda: kv.crop(cache, context), reps, device)
 
 
 def bench(args) -> str:

@@ -10,7 +10,8 @@ State between rounds, per row b (all device tensors):
 A round (SpecDec++ Alg. 1 order, `decoding.rounds.lengths`):
     1. draft: sample y_i ~ q_i, decision i (cap / EOS / head on e_{i-1}), feed y_i unless stopping;
        rows draft in lockstep, a row that stopped keeps the batch shape but is masked
-    2. verify: one target forward over [last, y_1..y_W] (W = the round's width; under compile rounded up to a power of two, at most K_max)
+    2. verify: one target forward over [last, y_1..y_W] (W = the round's width; under compile rounded up
+       to a power of two, at most K_max)
     3. accept per row (`verify_greedy` / `verify_sampled`), write the n + 1 emitted tokens into the
        output buffer with one scatter, truncate at EOS, advance the cache lengths (= rollback)
     4. catch-up: the drafter re-feeds the last two committed tokens at slots C - 2, C - 1 (a fixed
@@ -121,9 +122,9 @@ def compile_options(compile: str, device: torch.device) -> dict:
 
 def argument_guards(entries) -> list[bool]:
     """Dynamo's guards a compiled step keeps: those on its arguments (the cache's tensors and buffers, the
-    input's shape, the `hidden` flag), which pick the graph for a width or a batch size. Dropped: the ~20k
-    guards on the model (thousands: parameters, config, module attributes; the step's closure variable `model`) and on
-    library globals, and the Python-level identity checks (a cache's layers point back at it), which cost
+    input's shape, the `hidden` flag), which pick the graph for a width or a batch size. Dropped: the
+    thousands of guards on the model (parameters, config, module attributes; the step's closure variable
+    `model`) and on library globals, and the Python-level identity checks (a cache's layers point back at it), which cost
     more to evaluate than a small model's forward. Sound because a compiled step belongs to one model
     (`_steps` is keyed by it, and its code object is its own) that is not changed while it decodes."""
     return [not e.is_global and e.guard_type != "LAMBDA_GUARD" and re.search(r"\bmodel\b", e.name) is None
@@ -416,7 +417,8 @@ def generate_batch(
     SpecDecPP(head, threshold, k_max) (each row stops alone), LockstepSpecDecPP (the same arguments; the
     batch stops together), LengthUCB(lengths) (needs `drafter`), or None for batched autoregressive
     decoding. Greedy output equals each prompt decoded alone; sampled output follows the target
-    distribution under `sampling`. Sampling draws from a generator on the target's device seeded with `seed`. compile: "default" / "reduce-overhead" wrap the drafter step and the verify forward with
+    distribution under `sampling`. Sampling draws from a generator on the target's device seeded with
+    `seed`. compile: "default" / "reduce-overhead" wrap the drafter step and the verify forward with
     torch.compile (the drafts verified padded to a power of two up to K_max: a few fixed shapes); the
     first call pays the compilation. Times in the metrics are the batch's wall time, shared by its rows."""
     plan = check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eos_token_id, compile)

@@ -312,7 +312,7 @@ def quality_gap(metrics: dict) -> dict | None:
             mean_gap = statistics.fmean(gap)
             row["drafters"][n] = {"mean": round(statistics.fmean(q), 3), "lo": q_lo, "hi": q_hi,
                                   "gap": round(mean_gap, 3), "gap_lo": g_lo, "gap_hi": g_hi,
-                                  "verdict": "above" if g_lo > 0 else "below" if g_hi < 0 else "within noise"}
+                                  "verdict": verdict(Spread(mean_gap, g_lo, g_hi), 0.0)}
         per[d] = row
     return {"per_domain": per}
 

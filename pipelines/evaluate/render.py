@@ -26,8 +26,6 @@ from specdraft.pipelines.evaluate.methods import key_of, label
 from specdraft.pipelines.schema import BANDITS
 
 PLOTS = ("pareto.png", "speedup.png", "best_arm_ratio.png", "robustness.png", "regret.png")
-# written when the run has them: the cascades' quality-latency trade-off (Faster Cascades Figure 2)
-OPTIONAL_PLOTS = ("cascades.png",)
 WORD = {"above": "yes", "below": "NO", "within noise": "within noise", "too few prompts": "too few prompts",
         "too few batches": "too few batches", None: "-"}
 
