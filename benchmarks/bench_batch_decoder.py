@@ -48,7 +48,7 @@ from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
 from bench_decoder import (ForwardCounter, _cpu_name, early_exit_pair, forward_time, interleaved, load,  # noqa: E402
-                           load_prompts, median_time)
+                           load_prompts, median_times)
 from publish import publish  # noqa: E402
 
 
@@ -103,15 +103,19 @@ def compile_times(methods: dict, device: str) -> dict[str, float]:
 
 
 @torch.inference_mode()
-def step_time(target, width: int, compile: str, device: str, context: int = 64, reps: int = 40) -> float:
+def step_v(target, width: int, compile: str, device: str, context: int = 64, reps: int = 60, warmup: int = 5) -> float:
     """The decoder's own verify step alone (no round around it): median robust seconds of one `width`-token
-    forward over its static cache after `context` tokens, in `compile` mode (compiled once, untimed)."""
+    forward over its static cache after `context` tokens over the median of a 1-token one, in `compile` mode
+    (compiled in the untimed warm-up). The two widths alternate call by call, so a load phase or a clock
+    change hits both alike (timed in blocks, one after the other, the ratio moved 1.13-1.47 between runs)."""
     cache = model_cache(target, 1, 128)
     step = model_step(target, compile)
     forward_rows(target, cache, torch.randint(3, target.config.vocab_size, (1, context), device=device))
-    ids = torch.randint(3, target.config.vocab_size, (1, width), device=device)
     at_context = torch.full((1,), context, device=device)
-    return median_time(lambda: step(cache, ids), lambda: cache.rollback(at_context), reps, device)  # warm-up: compiles
+    ids = {w: torch.randint(3, target.config.vocab_size, (1, w), device=device) for w in (1, width)}
+    times = median_times({w: (lambda w=w: step(cache, ids[w])) for w in (1, width)},
+                         lambda: cache.rollback(at_context), reps, device, warmup)
+    return times[width] / times[1]
 
 
 def batch1_table(args, target, drafter, prompts) -> list[str]:
@@ -120,7 +124,7 @@ def batch1_table(args, target, drafter, prompts) -> list[str]:
     # the target alone, outside any decoder: its (K+1)-token cached forward in units of its 1-token forward,
     # under transformers (dynamic cache, eager) and as the decoder's own step (static cache, this compile mode)
     v = forward_time(target, k + 1, device=dev) / forward_time(target, 1, device=dev)
-    v_step = step_time(target, k + 1, args.compile, dev) / step_time(target, 1, args.compile, dev)
+    v_step = step_v(target, k + 1, args.compile, dev)
     rows = []
     compile_s = {}
     costs = {}

@@ -137,16 +137,18 @@ def interleaved(fns: dict, runs: int, device: str) -> dict:
             for name, ts in times.items()}
 
 
-def median_time(call, reset, reps: int, device: str, warmup: int = 5) -> float:
-    """Median robust seconds of `call()` over `reps` calls after `warmup` untimed ones, `reset()` (the cache
-    back to its context) before each."""
-    times = []
+def median_times(calls: dict, reset, reps: int, device: str, warmup: int = 5) -> dict:
+    """name -> median robust seconds of `call()` over `reps` calls after `warmup` untimed ones, the calls
+    alternating one by one (a load phase hits all alike), `reset()` (the cache back to its context) before
+    each."""
+    times: dict = {name: [] for name in calls}
     for i in range(reps + warmup):
-        reset()
-        _, t = timed_call(call, device)
-        if i >= warmup:
-            times.append(t.time)
-    return statistics.median(times)
+        for name, call in calls.items():
+            reset()
+            _, t = timed_call(call, device)
+            if i >= warmup:
+                times[name].append(t.time)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 @torch.inference_mode()
@@ -154,8 +156,8 @@ def forward_time(model, n_tokens: int, context: int = 64, reps: int = 60, device
     """The model alone (no decoder around it): median robust seconds of one n-token cached forward."""
     cache = kv.new_cache()
     kv.forward(model, cache, torch.randint(3, model.config.vocab_size, (context,)).tolist())
-    return median_time(lambda: kv.forward(model, cache, list(range(3, 3 + n_tokens)), last=n_tokens),
-                       lambda: kv.crop(cache, context), reps, device)
+    call = lambda: kv.forward(model, cache, list(range(3, 3 + n_tokens)), last=n_tokens)  # noqa: E731
+    return median_times({"forward": call}, lambda: kv.crop(cache, context), reps, device)["forward"]
 
 
 def bench(args) -> str:

@@ -49,6 +49,7 @@ from specdraft.decoding.rounds.static_cache import RowStaticCache, eagle_rows, f
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP
 
 COMPILE_MODES = ("none", "default", "reduce-overhead")
+GREEDY = SamplingConfig(temperature=0.0)
 _CACHE_ROUND = 64  # cache lengths are rounded up so that calls of similar length share a cache (and a compile)
 
 
@@ -86,6 +87,29 @@ def model_step(model: torch.nn.Module, compile: str):
         compiled = weights_in_graph(torch.compile(step, dynamic=False, options=compile_options(compile, device)))
         table[compile] = fresh_outputs(compiled) if compile == "reduce-overhead" else compiled
     return table[compile]
+
+
+def model_draft(model: torch.nn.Module):
+    """`draft_round` with greedy picks and no stopping head (fixed K, length bandits), compiled per model
+    into one graph per (width, batch size): the W - 1 drafter forwards and the picks and bookkeeping between
+    them, which run eagerly as ~10 small ops per drafted token otherwise (no host transfer happens inside:
+    only a head's stop check reads a flag). Called as draft(cache, q_logits, cap, plan, eos) -> (tokens, k).
+    Always inductor's default mode, as the round's tails: its outputs are the round's state, which a CUDA
+    graph's next replay would overwrite. Why: on the demo pair (batch 1, K = 4, compiled) a round made 6
+    compiled calls (verify, tail, catch-up and 3 drafter steps), and the calls' own overhead and the eager
+    ops between them were ~10% of its time (benchmarks/RESULTS.md, bench_batch_decoder)."""
+    table = _steps.setdefault(model, {})
+    if "draft" not in table:
+        def draft(cache, q_logits, cap, plan, eos):
+            def step(cache, ids, hidden=False):
+                return forward_rows(model, cache, ids, hidden)
+            drafts = draft_round(step, cache, q_logits, cap, plan, GREEDY, None, eos)
+            return drafts.tokens, drafts.k
+        # a code object of its own per model, as in `model_step`
+        draft = types.FunctionType(draft.__code__.replace(), draft.__globals__, draft.__name__, None, draft.__closure__)
+        device = model.get_input_embeddings().weight.device
+        table["draft"] = weights_in_graph(torch.compile(draft, dynamic=False, options=compile_options("default", device)))
+    return table["draft"]
 
 
 def weights_in_graph(compiled):
@@ -351,6 +375,14 @@ def round_tails(compile: str) -> tuple:
     return _tails["compiled"]
 
 
+def prefill_width(length: int) -> int:
+    """The width a compiled prefill runs at for prompts of at most `length` tokens: the next power of two,
+    at least 16, so a few graphs serve every prompt length (each width compiles once). Measured on the demo
+    target (batch 1, one thread, 48-token decodes of ~40-token prompts): its eager prefill was ~10 of
+    ~130 ms per compiled autoregressive decode."""
+    return max(16, 1 << (length - 1).bit_length())
+
+
 def verify_width(steps: int, width: int) -> int:
     """The drafts a compiled round verifies: the positions drafted (`steps`, the longest row's) rounded up
     to a power of two, at most the policy's `width`. A few fixed shapes (0, 1, 2, 4, ..., W) instead of
@@ -419,13 +451,17 @@ def generate_batch(
     decoding. Greedy output equals each prompt decoded alone; sampled output follows the target
     distribution under `sampling`. Sampling draws from a generator on the target's device seeded with
     `seed`. compile: "default" / "reduce-overhead" wrap the drafter step and the verify forward with
-    torch.compile (the drafts verified padded to a power of two up to K_max: a few fixed shapes); the
-    first call pays the compilation. Times in the metrics are the batch's wall time, shared by its rows."""
+    torch.compile (the drafts verified padded to a power of two up to K_max, the prompts prefilled padded
+    to a power of two: a few fixed shapes); the first call of each shape pays its compilation. Times in
+    the metrics are the batch's wall time, shared by its rows."""
     plan = check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eos_token_id, compile)
     start = time.perf_counter()
     device = input_device(target)
     B, W = len(prompts), plan.width
     ids, plens = right_pad(prompts, device)
+    longest = ids.shape[1]
+    if compile != "none":  # the prefills run compiled too, at a few padded widths (`prefill_width`)
+        ids = torch.nn.functional.pad(ids, (0, prefill_width(longest) - longest))
     max_len = -(-(ids.shape[1] + max_new_tokens + W + 2) // _CACHE_ROUND) * _CACHE_ROUND
     generator = torch.Generator(device=device).manual_seed(seed)
     eos = torch.tensor(plan.eos, dtype=torch.long, device=device) if plan.eos else None
@@ -433,8 +469,10 @@ def generate_batch(
     tcache = model_cache(target, B, max_len)
     target_step = model_step(target, compile)
     features = None
-    if ids.shape[1] > 1:  # the target never holds the last committed token (it goes out with the drafts)
-        features = forward_rows(target, tcache, ids[:, :-1], hidden=plan.eagle)[1]
+    if longest > 1:  # the target never holds the last committed token (it goes out with the drafts)
+        # eager: the prompt less its last token; compiled: the padded width (what it writes past a row's
+        # length is rolled back below and overwritten before any query can see it)
+        features = target_step(tcache, ids if compile != "none" else ids[:, :-1], plan.eagle)[1]
     tcache.rollback(plens - 1)
     last = gather_row(ids, plens - 1)
     prev = gather_row(ids, (plens - 2).clamp_min(0))
@@ -450,7 +488,7 @@ def generate_batch(
             eagle_step = EagleChainStep(drafter_step)
             hidden = drafter.config.hidden_size
             if features is not None:
-                logits, pred = eagle_rows(drafter, dcache, features, ids[:, 1:])
+                logits, pred = drafter_step(dcache, features[:, : ids.shape[1] - 1], ids[:, 1:])
                 at = (plens - 2).clamp_min(0)
                 q_logits = logits.gather(1, at[:, None, None].expand(-1, 1, logits.shape[-1])).squeeze(1)
                 feature = pred.gather(1, at[:, None, None].expand(-1, 1, hidden)).squeeze(1)
@@ -459,9 +497,12 @@ def generate_batch(
                 feature = torch.zeros(B, hidden, device=device, dtype=drafter.fc.weight.dtype)
             dcache.rollback(plens - 1)
         else:
-            prefill = forward_rows(drafter, dcache, ids)[0]  # (B, L_max, V)
+            prefill = drafter_step(dcache, ids)[0]  # (B, L_max, V)
             q_logits = prefill.gather(1, (plens - 1)[:, None, None].expand(-1, 1, prefill.shape[-1])).squeeze(1)
             dcache.rollback(plens)
+    # compiled greedy drafting without a head: the whole draft loop is one graph (`model_draft`)
+    fused = compile != "none" and drafter is not None and sampling.greedy and plan.head is None and not plan.eagle
+    fused_draft = model_draft(drafter) if fused else None
     bandits = RowBandits(plan.bandit, B, device) if plan.bandit is not None else None
     commit, greedy_tail = round_tails(compile)
 
@@ -485,7 +526,10 @@ def generate_batch(
         if plan.eagle:  # no EAGLE entries before the first committed position: no draft
             cap = torch.where(state.plens + state.n_out >= 2, cap, 0)
             eagle_step.feature = state.feature
-        if W:
+        if W and fused_draft is not None:
+            tokens, k = fused_draft(dcache, state.q_logits, cap, plan, eos)
+            drafts = Drafts(tokens=tokens, q=None, k=k, steps=W)
+        elif W:
             drafts = draft_round(eagle_step or drafter_step, dcache, state.q_logits, cap, plan, sampling, generator, eos)
         else:
             drafts = Drafts(tokens=torch.zeros(rows, 0, dtype=torch.long, device=device), q=None,

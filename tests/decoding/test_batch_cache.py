@@ -145,6 +145,14 @@ def test_compiled_rounds_verify_a_few_widths_and_never_fewer_than_drafted():
     assert all(verify_width(s, 5) == min(5, widths[s]) for s in range(6))  # never past the policy's width
 
 
+def test_compiled_prefills_run_at_a_few_widths_never_shorter_than_the_prompt():
+    from specdraft.decoding.batched import prefill_width
+
+    widths = [prefill_width(n) for n in range(1, 300)]
+    assert set(widths) == {16, 32, 64, 128, 256, 512}
+    assert all(w >= n for n, w in zip(range(1, 300), widths))
+
+
 @pytest.mark.slow
 def test_compiled_steps_of_two_models_of_one_shape_stay_apart(make_llama):
     """Two models of the same architecture: each compiled step gives its own model's logits (the steps keep
