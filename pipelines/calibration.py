@@ -55,7 +55,10 @@ class Calibration:
         if rec.key.family == "ar":
             return m.n_target * self.target(1)
         t_draft = self.drafter_s.get(rec.drafter, statistics.mean(self.drafter_s.values()))
-        return sum(self.target(k + 1) for k in m.drafted) + m.n_draft * t_draft
+        # target forwards outside speculative rounds (the sequential cascades' deferrals) as one-token forwards:
+        # TokenCascade's catch-up covers the tokens since its last deferral, so its count is priced low
+        outside = max(0, m.n_target - len(m.drafted))
+        return sum(self.target(k + 1) for k in m.drafted) + outside * self.target(1) + m.n_draft * t_draft
 
     def as_dict(self) -> dict[str, Any]:
         return {"target_ms": {str(n): round(t * 1e3, 3) for n, t in sorted(self.target_s.items())},

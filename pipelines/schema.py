@@ -379,7 +379,9 @@ class EvaluateSection:
     bandit_arms: Literal["specialists", "all"] = "specialists"
     # further families, on the first `sampling_prompts` test prompts per domain (0: none of them):
     spectr_drafts: list[int] = field(default_factory=lambda: [2, 4])  # SpecTr: K drafts per round (sampling mode)
-    cascades: list[str] = field(default_factory=lambda: ["token", "opt"])  # speculative cascade rules (sampling mode)
+    # cascade rules (sampling mode): speculative (chow, diff, opt, token, lossy, ...) or the sequential baselines
+    # token_chow / seq_chow (decoding/cascades.py)
+    cascades: list[str] = field(default_factory=lambda: ["token", "opt"])
     cascade_alpha: float = 0.3  # the cascades' lenience
     # several lenience values (Faster Cascades Figure 2 / Table 2: the quality-latency trade-off); null: [cascade_alpha]
     cascade_alphas: Optional[list[float]] = None

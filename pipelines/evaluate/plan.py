@@ -51,6 +51,9 @@ class Built:
     # drafts with (FixedK, SpecDecPP, LengthUCB); both None for batched autoregressive decoding
     draft_model: torch.nn.Module | None = None
     policy: Any = None
+    # a method with a decode loop of its own (the sequential cascades): decode(target, prompt ids, max_new_tokens,
+    # sampling, eos, generator) -> GenerationResult, in place of the speculative loop
+    decode: Callable[..., Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -238,24 +241,29 @@ def plan_spectr(env: Env, p: Prompt) -> list[Run]:
 
 
 def plan_cascades(env: Env, p: Prompt) -> list[Run]:
-    """Speculative cascades (sampling mode): the domain drafter at gamma = k, verified towards the rule's
-    pi = T(q, p) at each lenience of `cascade_alphas` (default [cascade_alpha]; lossy: the output follows pi,
-    not the target)."""
+    """Cascades (sampling mode) with the domain drafter, at each lenience of `cascade_alphas` (default
+    [cascade_alpha]). A speculative rule drafts gamma = k tokens verified towards its pi = T(q, p) (lossy:
+    the output follows pi, not the target); a sequential baseline (token_chow, seq_chow) runs its own loop,
+    seq_chow with the per-token mean confidence (the joint probability of a long answer is ~0: it would
+    always defer)."""
     if not _first_test_prompts(env, p):
         return []
     n = _domain_drafter(env, p)
     runs = []
     alphas = env.cfg.cascade_alphas if env.cfg.cascade_alphas is not None else [env.cfg.cascade_alpha]
     for rule, alpha in ((r, a) for r in env.cfg.cascades for a in alphas):
-        method = cascade_method(rule, alpha)
-        if not method.speculative:
-            raise InputError(f"evaluate.cascades: '{rule}' is a sequential baseline, not a speculative rule; "
-                             f"benchmarks/bench_cascades.py runs it")
+        method = cascade_method(rule, alpha, seq_confidence="mean")
         key = MethodKey("cascade", mode="sampling", drafter=n, k=env.k,
                         params=params(rule=method.rule, alpha=method.alpha))
-        runs.append(Run(key, p, lambda done, m=method: Built(
-            DrafterSpeculator(env.drafters[n], FixedK(env.k)), drafter=n, verification=m.verification_distribution()),
-            seed=derive_seed(env.seed, p.id, "cascade", method.rule)))  # one seed for all alphas: common random numbers
+        if method.speculative:
+            build = (lambda done, m=method: Built(DrafterSpeculator(env.drafters[n], FixedK(env.k)), drafter=n,
+                                                  verification=m.verification_distribution()))
+        else:
+            build = (lambda done, m=method: Built(None, drafter=n, decode=lambda target, ids, max_new, sampling, eos, gen:
+                                                  m.generate(target, env.drafters[n], ids, max_new, sampling,
+                                                             eos_token_id=eos, generator=gen)))
+        # one seed for all alphas: common random numbers
+        runs.append(Run(key, p, build, seed=derive_seed(env.seed, p.id, "cascade", method.rule)))
     return runs
 
 

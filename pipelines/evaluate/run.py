@@ -203,6 +203,8 @@ def _decode(run: Run, built: Built, target, max_new_tokens: int, sampling: Sampl
                                                  drafter=built.draft_model, policy=built.policy, sampling=sampling,
                                                  eos_token_id=eos, seed=run.seed))
     gen = torch.Generator().manual_seed(run.seed) if run.seed is not None else None
+    if built.decode is not None:
+        return built, built.decode(target, run.prompt.ids, max_new_tokens, sampling, eos, gen)
     if built.speculator is None:
         return built, generate_autoregressive(target, run.prompt.ids, max_new_tokens, sampling, eos, gen)
     return built, generate_speculative(target, built.speculator, run.prompt.ids, max_new_tokens, sampling, eos, gen,

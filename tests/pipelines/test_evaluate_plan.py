@@ -122,6 +122,36 @@ def test_counted_cost_by_hand():
     assert calib.cost(spec) == pytest.approx((1.4 + 1.3 + 1.0 + 7 * 0.3) * 1e-3)
     ar = Record(MethodKey("ar"), "p", "test", "x", GenerationMetrics(n_generated=9, n_target=9))
     assert calib.cost(ar) == pytest.approx(9e-3)
+    # a sequential cascade: 9 drafter tokens, 2 deferrals outside any speculative round (one-token forwards)
+    seq = Record(MethodKey("cascade", drafter="a"), "p", "test", "x",
+                 GenerationMetrics(n_generated=9, n_target=2, n_draft=9), drafter="a")
+    assert calib.cost(seq) == pytest.approx((2 * 1.0 + 9 * 0.3) * 1e-3)
+
+
+def test_sequential_cascades_decode_with_their_own_loop(env):
+    """token_chow / seq_chow beside the speculative rules: same key family and seeds, their own decode loop
+    (no speculator), the drafter writing every token at the most lenient alpha and the target deferred to
+    at alpha = 0 (a confidence below 1 always defers)."""
+    import dataclasses
+
+    from specdraft.pipelines.evaluate.plan import plan_cascades
+
+    cfg = dataclasses.replace(env.cfg, cascades=["token_chow", "seq_chow", "opt"], cascade_alphas=[0.0, 0.99])
+    wide = dataclasses.replace(env, cfg=cfg)
+    runs = plan_cascades(wide, prompts()[0])
+    assert sorted((dict(r.key.params)["rule"], dict(r.key.params)["alpha"]) for r in runs) == \
+        sorted((rule, a) for rule in ("token_chow", "seq_chow", "opt") for a in (0.0, 0.99))
+    for r in runs:
+        built = r.build({})
+        rule, alpha = dict(r.key.params)["rule"], dict(r.key.params)["alpha"]
+        assert (built.decode is None) == (rule == "opt") and (built.speculator is None) == (rule != "opt")
+        if built.decode is None:
+            continue
+        res = built.decode(env.target, list(r.prompt.ids), 12, MODES["sampling"], None,
+                           torch.Generator().manual_seed(r.seed))
+        assert res.metrics.n_generated == len(res.tokens) == 12
+        assert res.metrics.n_draft >= 12  # the drafter proposes every token (or, seq_chow, a whole answer first)
+        assert (res.metrics.n_target > 0) == (alpha == 0.0), (rule, alpha)
 
 
 def test_cascades_sweep_alphas_on_further_prompts_and_score_quality(env):
