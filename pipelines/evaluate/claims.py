@@ -363,8 +363,31 @@ def cascades(metrics: dict) -> dict | None:
                             "alpha_best_quality": good and good["alpha"]}
         ranking = sorted(rules, key=lambda r: -(table2[r]["speedup_at_target_quality"] or 0.0))
         per[d] = {"target_quality": target_q, "target_prompts": len(ar), "points": points, "table2": table2,
-                  "ranking": ranking}
+                  "ranking": ranking, **quality_latency_frontier(points, PAPER_TOKEN_RULE if PAPER_TOKEN_RULE in rules else None)}
     return {"rules": rules, "per_domain": per} if per else None
+
+
+PAPER_TOKEN_RULE = "token_v3"  # the paper's SpecCascade [Token] (decoding/cascades.py: `token` is its alias)
+
+
+def _dominates(a: dict, b: dict) -> bool:
+    qa, sa, qb, sb = a["quality"], a["counted"]["ratio"], b["quality"], b["counted"]["ratio"]
+    return qa >= qb and sa >= sb and (qa > qb or sa > sb)
+
+
+def quality_latency_frontier(points: list[dict], token: str | None) -> dict:
+    """Figure 2's reading by the means: the (rule, alpha) points no other point beats on both mean quality and
+    counted speedup (the quality-latency frontier), and, per other rule, how many of its points a point of
+    the Token rule beats on both (a rule 'dominated' by Token has all of them)."""
+    pts = [p for p in points if p["counted"]]
+    frontier = [[p["rule"], p["alpha"]] for p in pts if not any(_dominates(o, p) for o in pts)]
+    beaten = {}
+    if token is not None:
+        mine = [p for p in pts if p["rule"] == token]
+        for rule in sorted({p["rule"] for p in pts} - {token}):
+            theirs = [p for p in pts if p["rule"] == rule]
+            beaten[rule] = [sum(any(_dominates(t, p) for t in mine) for p in theirs), len(theirs)]
+    return {"frontier": frontier, "beaten_by_token": beaten}
 
 
 # --- BanditSpec Table 1: model-free arms, the drafter, and bandits over them ---------------------------

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 from specdraft.decoding.cascades import DISPLAY_NAMES as CASCADE_NAMES
 from specdraft.decoding.timing import Spread, verdict
 from specdraft.pipelines.evaluate.aggregate import method_keys, one, select, set_domains
-from specdraft.pipelines.evaluate.claims import HEADLINE_SETS, MIN_PROMPTS, NEAR_BEST, paper_verdicts
+from specdraft.pipelines.evaluate.claims import HEADLINE_SETS, MIN_PROMPTS, NEAR_BEST, PAPER_TOKEN_RULE, paper_verdicts
 from specdraft.pipelines.evaluate.methods import key_of, label
 from specdraft.pipelines.schema import BANDITS
 
@@ -729,7 +729,7 @@ def _render_cascades(v: dict) -> list[str]:
     leads = {r: sum(e["ranking"][0] == r for e in v["per_domain"].values()) for r in rules}
     second = {r: sum(len(e["ranking"]) > 1 and e["ranking"][1] == r for e in v["per_domain"].values()) for r in rules}
     n = len(v["per_domain"])
-    token = next((r for r in rules if r.startswith("token")), None)
+    token = PAPER_TOKEN_RULE if PAPER_TOKEN_RULE in rules else None
     shows = token is not None and "opt" in rules and leads[token] == n and second["opt"] == n
     floor = max(e["target_quality"] for e in v["per_domain"].values())
     out += ["- **The paper's ordering (SpecCascade [Token] first, [OPT] second at the target's quality):** "
@@ -741,6 +741,15 @@ def _render_cascades(v: dict) -> list[str]:
             + (f" The target alone scores at most {_fmt(floor)} of 100 in any domain: quality is at its floor and "
                "cannot separate the rules, so the table ranks them by speed alone and the paper's claim is not "
                "tested here." if floor < 5.0 else ""), ""]
+    if token is not None:
+        name = CASCADE_NAMES[token]
+        out += [f"- **{name} dominates the others' quality-latency trade-off (Figure 2; by the means: a point is "
+                f"beaten where a {name} point has at least its quality and its counted speedup, one of them "
+                "higher):** " + "; ".join(
+                    f"{d}: frontier " + ", ".join(f"{CASCADE_NAMES.get(r, r)} a={a:g}" for r, a in e["frontier"])
+                    + "; beaten by it " + ", ".join(f"{CASCADE_NAMES.get(r, r)} {k}/{m}"
+                                                     for r, (k, m) in e["beaten_by_token"].items())
+                    for d, e in v["per_domain"].items()) + ".", ""]
     return out
 
 

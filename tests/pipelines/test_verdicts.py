@@ -71,17 +71,25 @@ def test_cascades_table2_and_ordering():
                  run(p, "cascade", 3, mode="sampling", drafter="dx", quality=40.0,
                      params={"rule": "opt", "alpha": 0.5}),
                  run(p, "cascade", 6, mode="sampling", drafter="dx", quality=50.0,
-                     params={"rule": "opt", "alpha": 0.0})]
+                     params={"rule": "opt", "alpha": 0.0}),
+                 # a sequential baseline whose name also starts with "token": not the paper's Token rule
+                 run(p, "cascade", 6, mode="sampling", drafter="dx", quality=30.0,
+                     params={"rule": "token_chow", "alpha": 0.5})]
     v = cascades(metrics(runs))
     x = v["per_domain"]["x"]
+    # the frontier by the means: Token (60, 3x) and OPT a=0.5 (40, 4x); Token beats OPT a=0 (50, 2x) and the baseline
+    assert x["frontier"] == [["opt", 0.5], ["token_v3", 0.5]]
+    assert x["beaten_by_token"] == {"opt": [1, 2], "token_chow": [1, 1]}
     assert x["target_quality"] == 50.0
     assert x["table2"]["token_v3"]["speedup_at_target_quality"] == 3.0  # 12 / 4 target calls
     assert x["table2"]["opt"]["alpha_at_target_quality"] == 0.0  # alpha 0.5 loses quality
     assert x["table2"]["opt"]["best_quality_within_target_latency"] == 50.0
-    assert x["ranking"] == ["token_v3", "opt"]
+    assert x["ranking"] == ["token_v3", "opt", "token_chow"]
     text = "\n".join(render_verdicts(metrics(runs, verdicts=paper_verdicts(metrics(runs)))))
     assert "ordering (SpecCascade [Token] first, [OPT] second at the target's quality):** shows" in text
     assert "SpecCascade [Token]" in text and "floor" not in text  # the target scores 50: quality can tell rules apart
+    assert "frontier SpecCascade [OPT] a=0.5, SpecCascade [Token] a=0.5; beaten by it SpecCascade [OPT] 1/2, " \
+           "TokenCascade [Chow] 1/1" in text
 
 
 def test_metaeagle_own_drafter_ucb_near_best_and_bd_vs_be():
