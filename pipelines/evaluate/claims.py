@@ -362,8 +362,9 @@ def cascades(metrics: dict) -> dict | None:
                             "best_quality_within_target_latency": good and good["quality"],
                             "alpha_best_quality": good and good["alpha"]}
         ranking = sorted(rules, key=lambda r: -(table2[r]["speedup_at_target_quality"] or 0.0))
+        token = PAPER_TOKEN_RULE if PAPER_TOKEN_RULE in rules else None
         per[d] = {"target_quality": target_q, "target_prompts": len(ar), "points": points, "table2": table2,
-                  "ranking": ranking, **quality_latency_frontier(points, PAPER_TOKEN_RULE if PAPER_TOKEN_RULE in rules else None)}
+                  "ranking": ranking, **quality_latency_frontier(points, token)}
     return {"rules": rules, "per_domain": per} if per else None
 
 
