@@ -371,23 +371,28 @@ def cascades(metrics: dict) -> dict | None:
 PAPER_TOKEN_RULE = "token_v3"  # the paper's SpecCascade [Token] (decoding/cascades.py: `token` is its alias)
 
 
-def _dominates(a: dict, b: dict) -> bool:
-    qa, sa, qb, sb = a["quality"], a["counted"]["ratio"], b["quality"], b["counted"]["ratio"]
-    return qa >= qb and sa >= sb and (qa > qb or sa > sb)
+def _beats(a: dict, b: dict) -> bool:
+    """Point a beats point b: at least b's mean quality, not slower beyond the counted speedups' intervals
+    (they overlap, or a is faster), and better in one of them: a higher mean quality, or faster beyond the
+    intervals. Speedups within noise are ties: lossless points (alpha = 0) differ only by their random draws."""
+    qa, qb, sa, sb = a["quality"], b["quality"], a["counted"], b["counted"]
+    not_slower = sa["hi"] >= sb["lo"]
+    faster = sa["lo"] > sb["hi"]
+    return qa >= qb and not_slower and (qa > qb or faster)
 
 
 def quality_latency_frontier(points: list[dict], token: str | None) -> dict:
-    """Figure 2's reading by the means: the (rule, alpha) points no other point beats on both mean quality and
-    counted speedup (the quality-latency frontier), and, per other rule, how many of its points a point of
-    the Token rule beats on both (a rule 'dominated' by Token has all of them)."""
+    """Figure 2's reading: the (rule, alpha) points no other point beats (`_beats`: quality by the means,
+    counted speedup beyond its interval), and, per other rule, how many of its points a point of the Token
+    rule beats (a rule 'dominated' by Token has all of them)."""
     pts = [p for p in points if p["counted"]]
-    frontier = [[p["rule"], p["alpha"]] for p in pts if not any(_dominates(o, p) for o in pts)]
+    frontier = [[p["rule"], p["alpha"]] for p in pts if not any(_beats(o, p) for o in pts)]
     beaten = {}
     if token is not None:
         mine = [p for p in pts if p["rule"] == token]
         for rule in sorted({p["rule"] for p in pts} - {token}):
             theirs = [p for p in pts if p["rule"] == rule]
-            beaten[rule] = [sum(any(_dominates(t, p) for t in mine) for p in theirs), len(theirs)]
+            beaten[rule] = [sum(any(_beats(t, p) for t in mine) for p in theirs), len(theirs)]
     return {"frontier": frontier, "beaten_by_token": beaten}
 
 

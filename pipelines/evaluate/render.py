@@ -743,9 +743,10 @@ def _render_cascades(v: dict) -> list[str]:
                "tested here." if floor < 5.0 else ""), ""]
     if token is not None:
         name = CASCADE_NAMES[token]
-        out += [f"- **{name} dominates the others' quality-latency trade-off (Figure 2; by the means: a point is "
-                f"beaten where a {name} point has at least its quality and its counted speedup, one of them "
-                "higher):** " + "; ".join(
+        out += [f"- **{name} dominates the others' quality-latency trade-off (Figure 2):** a point is beaten where "
+                "another has at least its mean quality, is not slower beyond the counted speedups' intervals, and is "
+                "better in one (higher mean quality, or faster beyond the intervals); the frontier is the points "
+                "nothing beats. " + "; ".join(
                     f"{d}: frontier " + ", ".join(f"{CASCADE_NAMES.get(r, r)} a={a:g}" for r, a in e["frontier"])
                     + "; beaten by it " + ", ".join(f"{CASCADE_NAMES.get(r, r)} {k}/{m}"
                                                      for r, (k, m) in e["beaten_by_token"].items())
