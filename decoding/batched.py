@@ -75,18 +75,23 @@ def model_step(model: torch.nn.Module, compile: str):
         return step
     table = _steps.setdefault(model, {})
     if compile not in table:
-        import torch._dynamo.config as dynamo_config
-        # one graph per (width, batch size): the benchmark sweeps B, so allow more than the default 8
-        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
-        dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
-        device = model.get_input_embeddings().weight.device
-        # dynamo keeps its graphs with the function's code object, which every closure of `step` shares, and the
-        # guards kept (`argument_guards`) do not tell models apart: each model's step gets a code object of its own
-        step = types.FunctionType(step.__code__.replace(), step.__globals__, step.__name__, step.__defaults__,
-                                  step.__closure__)
-        compiled = weights_in_graph(torch.compile(step, dynamic=False, options=compile_options(compile, device)))
+        compiled = compile_for_model(step, model, compile)
         table[compile] = fresh_outputs(compiled) if compile == "reduce-overhead" else compiled
     return table[compile]
+
+
+def compile_for_model(fn, model: torch.nn.Module, mode: str):
+    """torch.compile of `fn`, a closure over `model` alone, with `compile_options` and the weights in the
+    graph. dynamo keeps its graphs with the function's code object, which every closure of `fn` shares, and
+    the guards kept (`argument_guards`) do not tell models apart: each model's function gets a code object
+    of its own."""
+    import torch._dynamo.config as dynamo_config
+    # one graph per (width, batch size): the benchmark sweeps B, so allow more than the default 8
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+    dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
+    fn = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    device = model.get_input_embeddings().weight.device
+    return weights_in_graph(torch.compile(fn, dynamic=False, options=compile_options(mode, device)))
 
 
 def model_draft(model: torch.nn.Module):
@@ -105,10 +110,7 @@ def model_draft(model: torch.nn.Module):
                 return forward_rows(model, cache, ids, hidden)
             drafts = draft_round(step, cache, q_logits, cap, plan, GREEDY, None, eos)
             return drafts.tokens, drafts.k
-        # a code object of its own per model, as in `model_step`
-        draft = types.FunctionType(draft.__code__.replace(), draft.__globals__, draft.__name__, None, draft.__closure__)
-        device = model.get_input_embeddings().weight.device
-        table["draft"] = weights_in_graph(torch.compile(draft, dynamic=False, options=compile_options("default", device)))
+        table["draft"] = compile_for_model(draft, model, "default")
     return table["draft"]
 
 

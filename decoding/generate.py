@@ -95,8 +95,8 @@ def decode_batch(target, prompts: list[list[int]], max_new_tokens: int, plan: Pl
         policy = plan.policy() if plan.drafter is not None else None
         if type(policy) is SpecDecPP and len(prompts) > 1:
             # the batch stops drafting together (the same decisions at batch 1): per-row stops save no verify
-            # work in a lockstep batch (RESULTS.md bench_batch_decoder, demo pair, h = 0.7: lockstep 1.24 / 1.02 /
-            # 0.93 / 0.90 of batched AR at B = 4 / 8 / 16 / 32 against 1.13 / 0.88 / 0.79 / 0.76 per row)
+            # work in a lockstep batch (RESULTS.md bench_batch_decoder, demo pair, h = 0.7: lockstep 1.17 / 1.00 /
+            # 0.90 / 0.88 of batched AR at B = 4 / 8 / 16 / 32 against 1.07 / 0.87 / 0.78 / 0.72 per row)
             policy = LockstepSpecDecPP(policy.head, policy.threshold, policy.max_tokens)
         return generate_batch(target, prompts, max_new_tokens, drafter=plan.drafter, policy=policy, sampling=sampling,
                               eos_token_id=eos_token_id, seed=seed, compile=compile)

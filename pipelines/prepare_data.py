@@ -1,7 +1,8 @@
 """Stage `prepare-data`: the prompt sets every later stage reads, plus the demo pretraining corpus.
 
 Demo run (no `prompts.sources`): builds the built-in world `demo.world` offline: the demo world from the
-interpreter's standard library (data/demo_world.py), or the quality world's rule tasks (data/quality_world.py). Real run: converts the user's JSONL files / datasets directories (records with a
+interpreter's standard library (data/demo_world.py), or the quality world's rule tasks
+(data/quality_world.py). Real run: converts the user's JSONL files / datasets directories (records with a
 `prompt`, OpenAI `messages` or ShareGPT `conversations`; data/chat.py).
 
 Writes prompts/

@@ -319,6 +319,9 @@ def quality_gap(metrics: dict) -> dict | None:
 
 # --- Faster Cascades: quality vs latency -------------------------------------------------------------------
 
+PAPER_TOKEN_RULE = "token_v3"  # the paper's SpecCascade [Token] (decoding/cascades.py: `token` is its alias)
+
+
 def cascades(metrics: dict) -> dict | None:
     """Per scored domain: the target's quality (T as the sampling mode) and, per rule and alpha, quality (mean
     over prompts, bootstrap 90% interval from the rows) and counted / timed speedup over the target on the
@@ -329,6 +332,7 @@ def cascades(metrics: dict) -> dict | None:
     if not runs:
         return None
     rules = sorted({_param(r, "rule") for r in runs})
+    token = PAPER_TOKEN_RULE if PAPER_TOKEN_RULE in rules else None
     per: dict[str, Any] = {}
     for d in sorted({r["domain"] for r in runs}):
         ar = _runs(metrics, d, lambda r: r["family"] == "ar" and r["mode"] == "sampling"
@@ -362,13 +366,9 @@ def cascades(metrics: dict) -> dict | None:
                             "best_quality_within_target_latency": good and good["quality"],
                             "alpha_best_quality": good and good["alpha"]}
         ranking = sorted(rules, key=lambda r: -(table2[r]["speedup_at_target_quality"] or 0.0))
-        token = PAPER_TOKEN_RULE if PAPER_TOKEN_RULE in rules else None
         per[d] = {"target_quality": target_q, "target_prompts": len(ar), "points": points, "table2": table2,
                   "ranking": ranking, **quality_latency_frontier(points, token)}
-    return {"rules": rules, "per_domain": per} if per else None
-
-
-PAPER_TOKEN_RULE = "token_v3"  # the paper's SpecCascade [Token] (decoding/cascades.py: `token` is its alias)
+    return {"rules": rules, "token": token, "per_domain": per} if per else None
 
 
 def _beats(a: dict, b: dict) -> bool:

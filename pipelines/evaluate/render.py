@@ -21,7 +21,7 @@ from typing import Any, Iterable
 from specdraft.decoding.cascades import DISPLAY_NAMES as CASCADE_NAMES
 from specdraft.decoding.timing import Spread, verdict
 from specdraft.pipelines.evaluate.aggregate import method_keys, one, select, set_domains
-from specdraft.pipelines.evaluate.claims import HEADLINE_SETS, MIN_PROMPTS, NEAR_BEST, PAPER_TOKEN_RULE, paper_verdicts
+from specdraft.pipelines.evaluate.claims import HEADLINE_SETS, MIN_PROMPTS, NEAR_BEST, paper_verdicts
 from specdraft.pipelines.evaluate.methods import key_of, label
 from specdraft.pipelines.schema import BANDITS
 
@@ -729,7 +729,7 @@ def _render_cascades(v: dict) -> list[str]:
     leads = {r: sum(e["ranking"][0] == r for e in v["per_domain"].values()) for r in rules}
     second = {r: sum(len(e["ranking"]) > 1 and e["ranking"][1] == r for e in v["per_domain"].values()) for r in rules}
     n = len(v["per_domain"])
-    token = PAPER_TOKEN_RULE if PAPER_TOKEN_RULE in rules else None
+    token = v.get("token")
     shows = token is not None and "opt" in rules and leads[token] == n and second["opt"] == n
     floor = max(e["target_quality"] for e in v["per_domain"].values())
     out += ["- **The paper's ordering (SpecCascade [Token] first, [OPT] second at the target's quality):** "
