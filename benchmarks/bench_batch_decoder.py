@@ -41,7 +41,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB  # noqa: E402
-from specdraft.decoding.batched import generate_batch, model_cache, model_step  # noqa: E402
+from specdraft.decoding.batched import forward_step, generate_batch  # noqa: E402
+from specdraft.decoding.compilation import StepCompiler  # noqa: E402
 from specdraft.decoding.rounds.static_cache import forward_rows  # noqa: E402
 from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
@@ -103,13 +104,13 @@ def compile_times(methods: dict, device: str) -> dict[str, float]:
 
 
 @torch.inference_mode()
-def step_v(target, width: int, compile: str, device: str, context: int = 64, reps: int = 60, warmup: int = 5) -> float:
+def step_v(target, width: int, compile: StepCompiler, device: str, context: int = 64, reps: int = 60, warmup: int = 5) -> float:
     """The decoder's own verify step alone (no round around it): median robust seconds of one `width`-token
     forward over its static cache after `context` tokens over the median of a 1-token one, in `compile` mode
     (compiled in the untimed warm-up). The two widths alternate call by call, so a load phase or a clock
     change hits both alike (timed in blocks, one after the other, the ratio moved 1.13-1.47 between runs)."""
-    cache = model_cache(target, 1, 128)
-    step = model_step(target, compile)
+    cache = compile.cache(target, 1, 128)
+    step = forward_step(compile, target)
     forward_rows(target, cache, torch.randint(3, target.config.vocab_size, (1, context), device=device))
     at_context = torch.full((1,), context, device=device)
     ids = {w: torch.randint(3, target.config.vocab_size, (1, w), device=device) for w in (1, width)}
@@ -124,7 +125,7 @@ def batch1_table(args, target, drafter, prompts) -> list[str]:
     # the target alone, outside any decoder: its (K+1)-token cached forward in units of its 1-token forward,
     # under transformers (dynamic cache, eager) and as the decoder's own step (static cache, this compile mode)
     v = forward_time(target, k + 1, device=dev) / forward_time(target, 1, device=dev)
-    v_step = step_v(target, k + 1, args.compile, dev)
+    v_step = step_v(target, k + 1, args.compiler, dev)
     rows = []
     compile_s = {}
     costs = {}
@@ -133,9 +134,9 @@ def batch1_table(args, target, drafter, prompts) -> list[str]:
         mats = {key: [0, 0] for key in ("spec", "hf_k")}
         for i, prompt in enumerate(prompts):
             fns = {
-                "ar": lambda: ours(target, [prompt], n, sampling, i, args.compile),
-                "ar_d": lambda: ours(drafter, [prompt], n, sampling, i, args.compile),
-                "spec": lambda: ours(target, [prompt], n, sampling, i, args.compile, drafter, FixedK(k)),
+                "ar": lambda: ours(target, [prompt], n, sampling, i, args.compiler),
+                "ar_d": lambda: ours(drafter, [prompt], n, sampling, i, args.compiler),
+                "spec": lambda: ours(target, [prompt], n, sampling, i, args.compiler, drafter, FixedK(k)),
                 "hf": lambda: hf_generate(target, drafter, counter, prompt, n, sampling, None, i),
                 "hf_k": lambda: hf_generate(target, drafter, counter, prompt, n, sampling, k, i),
             }
@@ -208,7 +209,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     compile_s = {}
     for B in args.batch_sizes:
         batch = prompts[:B]
-        fns = {name: (lambda p=p: ours(target, batch, n, greedy, 0, args.compile, drafter if p else None, p))
+        fns = {name: (lambda p=p: ours(target, batch, n, greedy, 0, args.compiler, drafter if p else None, p))
                for name, p in policies.items()}
         if args.compile != "none":
             compile_s[B] = sum(compile_times(fns, dev).values())
@@ -314,6 +315,7 @@ def main(argv=None) -> int:
     ]
     for mode in modes:
         args.compile = mode
+        args.compiler = StepCompiler(mode)  # one per mode for the whole run: each graph compiles once
         compiled = mode != "none"
         args.batch_sizes = [int(b) for b in args.compiled_batch_sizes.split(",")] if compiled else eager_sizes
         args.ks = [int(k) for k in args.compiled_ks.split(",")] if compiled else eager_ks

@@ -39,7 +39,7 @@ import torch  # noqa: E402
 from specdraft.data.chat import row_messages  # noqa: E402
 from specdraft.decoding.bundle.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
 from specdraft.data.prompts import load_prompt_sets  # noqa: E402
-from specdraft.data.quality import PRIMARY_METRIC, SCORED_DOMAINS, aggregate  # noqa: E402
+from specdraft.data.quality import PRIMARY_METRIC, SCORED_DOMAINS, score_set  # noqa: E402
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
 from specdraft.decoding.bundle.directory import load_bundle  # noqa: E402
 from specdraft.decoding.cascades import DISPLAY_NAMES, canonical_rule, sweep  # noqa: E402
@@ -121,7 +121,7 @@ def summarise(rows: list[dict]) -> tuple[list[dict], object]:
     points = []
     for (t, domain, method, rule, alpha), rs in groups.items():
         bs = [base[(t, domain, r["prompt"])] for r in rs]
-        q = aggregate(domain, [r["text"] for r in rs], [r["reference"] for r in rs])
+        q = score_set(domain, [r["text"] for r in rs], [r["reference"] for r in rs])
         # per generated token: methods stop at EOS at different lengths, and a longer output is not slower decoding
         per_tok = lambda r, v: v / max(1, r["N"])  # noqa: E731
         ratios = sorted(per_tok(r, r["cpu_s"]) / per_tok(b, b["cpu_s"]) for r, b in zip(rs, bs))

@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdraft.data.engines import CompletionsClient, VllmServer, engine_python  # noqa: E402
-from specdraft.data.generation import generate_batch  # noqa: E402
+from specdraft.data.generation import generate_responses  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 VOCAB = 2048
@@ -71,7 +71,7 @@ def random_prompts(n: int, seed: int = 0) -> list[list[int]]:
 def run_hf(model, prompts, batch: int, temperature: float, tokens: int) -> tuple[list[list[int]], float]:
     start, out = time.perf_counter(), []
     for b in range(0, len(prompts), batch):
-        out += [r for r, _ in generate_batch(model, prompts[b:b + batch], 0, [EOS], temperature, 0, 1.0, tokens, b)]
+        out += [r for r, _ in generate_responses(model, prompts[b:b + batch], 0, [EOS], temperature, 0, 1.0, tokens, b)]
     return out, time.perf_counter() - start
 
 

@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from specdraft.decoding.policies.selectors import SELECTORS, make_selector  # noqa: E402
+from specdraft.decoding.bandits.selectors import SELECTORS, make_selector  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 MAX_LEN = 4  # L for the BanditSpec selectors

@@ -157,7 +157,7 @@ def score_target(cfg_path: str, run_root: pathlib.Path, target: pathlib.Path, n_
     """Greedy output of the target on the first n test prompts per scored domain, scored per domain."""
     from specdraft.data.chat import chat_format, row_messages
     from specdraft.data.prompts import fit_prompt, load_prompt_sets
-    from specdraft.data.quality import SCORED_DOMAINS, aggregate
+    from specdraft.data.quality import SCORED_DOMAINS, score_set
     from specdraft.decoding.autoregressive import generate_autoregressive
     from specdraft.decoding.bundle.chat import end_of_turn_ids, format_prompt
     from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
@@ -180,7 +180,7 @@ def score_target(cfg_path: str, run_root: pathlib.Path, target: pathlib.Path, n_
             res = generate_autoregressive(model, ids, max_new_tokens, SamplingConfig(temperature=0.0), eos)
             texts.append(tok.decode(res.tokens, skip_special_tokens=True))
             refs.append(row["response"])
-        out[domain] = {**aggregate(domain, texts, refs), "example": texts[0], "reference": refs[0]}
+        out[domain] = {**score_set(domain, texts, refs), "example": texts[0], "reference": refs[0]}
     out["decode_cpu_s"] = time.process_time() - t0
     return out
 

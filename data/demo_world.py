@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from specdraft.data.templates import render
+from specdraft.data.templates import render_prompt
 
 DOMAINS = ("code", "math", "translate", "summarize", "chat")
 HELDOUT_DOMAINS = ("spell",)
@@ -42,7 +42,7 @@ class Example:
 
     @property
     def prompt(self) -> str:
-        return render(self.domain, self.fields)
+        return render_prompt(self.domain, self.fields)
 
 
 # --------------------------------------------------------------------------- source text

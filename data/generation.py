@@ -6,7 +6,7 @@ import torch
 
 
 @torch.no_grad()
-def generate_batch(model, prompts: list[list[int]], pad_id: int, eos_id: int | list[int], temperature: float,
+def generate_responses(model, prompts: list[list[int]], pad_id: int, eos_id: int | list[int], temperature: float,
                    top_k: int, top_p: float, max_new_tokens: int, seed: int) -> list[tuple[list[int], str]]:
     """Left-padded batched generation with the KV cache; each row stops at its first end-of-turn token
     (`eos_id`: one id or several, e.g. decoding.bundle.chat.end_of_turn_ids)."""

@@ -18,7 +18,7 @@ import datasets
 
 from specdraft.data import demo_world, quality_world
 from specdraft.data.chat import encode_messages, record_messages
-from specdraft.data.templates import REPHRASINGS, render
+from specdraft.data.templates import REPHRASINGS, render_prompt
 from specdraft.core.errors import InputError
 
 COLUMNS = ("id", "domain", "prompt", "messages", "response", "split")
@@ -44,7 +44,7 @@ def demo_prompt_sets(seed: int, domains, heldout, n_train: int, n_dev: int, n_te
             rows[split] += _rows(build_split(domain, split, n, seed), split)
         for i, e in enumerate(build_split(domain, "test", n_test, seed)):
             rows["perturbed"].append({"id": f"{domain}/perturbed/{i:06d}", "domain": domain,
-                                      "prompt": render(domain, e.fields, rephrasing=i % len(REPHRASINGS[domain])),
+                                      "prompt": render_prompt(domain, e.fields, rephrasing=i % len(REPHRASINGS[domain])),
                                       "messages": "",
                                       "response": e.response, "split": "perturbed"})
     for domain in heldout:

@@ -13,7 +13,7 @@ A model keeps writing after the answer until EOS or the token limit (often a nex
 scorer cuts the prediction to the span the reference covers before comparing. All numbers are 0-100.
 
     score("translate", prediction, reference)       -> {"exact_match": 100.0, "bleu": 100.0}
-    aggregate("translate", predictions, references) -> means, with corpus BLEU instead of the mean
+    score_set("translate", predictions, references) -> means, with corpus BLEU instead of the mean
     PRIMARY_METRIC[domain]                          -> the one number a quality-latency plot uses
 """
 from __future__ import annotations
@@ -113,7 +113,7 @@ def score(domain: str, prediction: str, reference: str) -> dict[str, float]:
     return out
 
 
-def aggregate(domain: str, predictions: list[str], references: list[str]) -> dict[str, float]:
+def score_set(domain: str, predictions: list[str], references: list[str]) -> dict[str, float]:
     """Mean of `score` over a set (plus n), with BLEU as corpus BLEU over the clipped texts."""
     if len(predictions) != len(references):
         raise InputError(f"{len(predictions)} predictions but {len(references)} references; pass one of each")

@@ -44,6 +44,6 @@ REPHRASINGS: dict[str, list[str]] = {
 }
 
 
-def render(domain: str, fields: dict[str, str], rephrasing: int | None = None) -> str:
+def render_prompt(domain: str, fields: dict[str, str], rephrasing: int | None = None) -> str:
     template = TEMPLATES[domain] if rephrasing is None else REPHRASINGS[domain][rephrasing % len(REPHRASINGS[domain])]
     return template.format(**fields)

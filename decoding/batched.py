@@ -29,188 +29,37 @@ finished row is masked and not counted, and once half the rows are done an eager
 """
 from __future__ import annotations
 
-import re
 import time
-import types
-import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.policies.batch_length_ucb import LengthUCB, RowBandits
-from specdraft.decoding.rounds.batch_verify import verify_greedy, verify_sampled
 from specdraft.decoding.compat import check_head, check_pair, check_prompt
-from specdraft.decoding.rounds.kv import input_device
+from specdraft.decoding.compilation import StepCompiler, prefill_width, static_length, verify_width
 from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
-from specdraft.decoding.speculators.eagle_model import EagleDrafter
+from specdraft.decoding.policies.batch_length_ucb import LengthUCB, RowBandits
+from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
+from specdraft.decoding.rounds.batch_verify import verify_greedy, verify_sampled
+from specdraft.decoding.rounds.kv import input_device
 from specdraft.decoding.rounds.sampling import SamplingConfig, probs
-from specdraft.decoding.rounds.static_cache import RowStaticCache, eagle_rows, forward_rows
-from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP
+from specdraft.decoding.rounds.static_cache import eagle_rows, forward_rows
+from specdraft.decoding.speculators.eagle_model import EagleDrafter
 
-COMPILE_MODES = ("none", "default", "reduce-overhead")
 GREEDY = SamplingConfig(temperature=0.0)
-_CACHE_ROUND = 64  # cache lengths are rounded up so that calls of similar length share a cache (and a compile)
-
-
-# ----------------------------------------------------------------------------------------------------
-# compiled steps and reusable caches (gpt-fast style: compile the forward from outside, fixed shapes)
-
-_steps: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
-_caches: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
-
-
-def model_step(model: torch.nn.Module, compile: str):
-    """forward_rows bound to `model` (for an EAGLE drafter: `eagle_rows`, called with (cache, features,
-    ids)), compiled once per (model, mode) and reused across calls. Each distinct width (1 and 2 for the
-    drafter, W + 1 for the verify) is one graph. A compiled step holds its model for the life of the
-    process (the point is compiling once); an eager one is made per call and holds nothing."""
-    if isinstance(model, EagleDrafter):
-        def step(cache, features, ids):
-            return eagle_rows(model, cache, features, ids)
-    else:
-        def step(cache, ids, hidden=False):
-            return forward_rows(model, cache, ids, hidden)
-    if compile == "none":
-        return step
-    table = _steps.setdefault(model, {})
-    if compile not in table:
-        compiled = compile_for_model(step, model, compile)
-        table[compile] = fresh_outputs(compiled) if compile == "reduce-overhead" else compiled
-    return table[compile]
-
-
-def compile_for_model(fn, model: torch.nn.Module, mode: str):
-    """torch.compile of `fn`, a closure over `model` alone, with `compile_options` and the weights in the
-    graph. dynamo keeps its graphs with the function's code object, which every closure of `fn` shares, and
-    the guards kept (`argument_guards`) do not tell models apart: each model's function gets a code object
-    of its own."""
-    import torch._dynamo.config as dynamo_config
-    # one graph per (width, batch size): the benchmark sweeps B, so allow more than the default 8
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
-    dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
-    fn = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    device = model.get_input_embeddings().weight.device
-    return weights_in_graph(torch.compile(fn, dynamic=False, options=compile_options(mode, device)))
-
-
-def model_draft(model: torch.nn.Module):
-    """`draft_round` with greedy picks and no stopping head (fixed K, length bandits), compiled per model
-    into one graph per (width, batch size): the W - 1 drafter forwards and the picks and bookkeeping between
-    them, which run eagerly as ~10 small ops per drafted token otherwise (no host transfer happens inside:
-    only a head's stop check reads a flag). Called as draft(cache, q_logits, cap, plan, eos) -> (tokens, k).
-    Always inductor's default mode, as the round's tails: its outputs are the round's state, which a CUDA
-    graph's next replay would overwrite. Why: on the demo pair (batch 1, K = 4, compiled) a round made 6
-    compiled calls (verify, tail, catch-up and 3 drafter steps), and the calls' own overhead and the eager
-    ops between them were ~10% of its time (benchmarks/RESULTS.md, bench_batch_decoder)."""
-    table = _steps.setdefault(model, {})
-    if "draft" not in table:
-        def draft(cache, q_logits, cap, plan, eos):
-            def step(cache, ids, hidden=False):
-                return forward_rows(model, cache, ids, hidden)
-            drafts = draft_round(step, cache, q_logits, cap, plan, GREEDY, None, eos)
-            return drafts.tokens, drafts.k
-        table["draft"] = compile_for_model(draft, model, "default")
-    return table["draft"]
-
-
-def weights_in_graph(compiled):
-    """Trace with the model's weights as constants of the graph (dynamo's `install_free_tensors`) rather
-    than graph inputs that dynamo's code before each call gathers from the modules (~150 tensors for the
-    demo target: 0.1-0.2 ms a call, 5% of its compiled one-token step). A config patch around the call,
-    not a process-wide setting: dynamo reads it when it traces (the first call of each shape), and other
-    compiles in the process keep their defaults."""
-    import torch._dynamo.config as dynamo_config
-
-    def step(*args):
-        with dynamo_config.patch(install_free_tensors=True):
-            return compiled(*args)
-    return step
-
-
-def compile_options(compile: str, device: torch.device) -> dict:
-    """Inductor's options for `compile` (the mode's own settings), plus what keeps a small step's call
-    overhead small. On the demo-shaped target's one-token step (16 x 128, CPU, 1 thread, variants
-    interleaved in one process; eager 4.3 ms): the mode's defaults 2.76 ms, keeping only the guards on the
-    step's arguments 2.30 ms, with the C++ wrapper as well 1.79-1.93 ms (a second run: 2.99 -> 2.25 ms).
-    The C++ wrapper adds ~30-60 s to a first compile (inductor's cache keeps it for later processes).
-      - guards: only those on the step's arguments (`argument_guards`)
-      - cpp_wrapper on CPU: the generated code calls its kernels from C++ instead of Python. On a GPU,
-        reduce-overhead's CUDA graphs already replay the kernels without the wrapper.
-    Tried and left out (no gain beyond the spread here): inductor's freezing (with and without mkldnn
-    weight prepacking) and max_autotune's CPU GEMM templates."""
-    options = dict(torch._inductor.list_mode_options(compile))
-    options["guard_filter_fn"] = argument_guards
-    if device.type == "cpu":
-        options["cpp_wrapper"] = True
-    return options
-
-
-def argument_guards(entries) -> list[bool]:
-    """Dynamo's guards a compiled step keeps: those on its arguments (the cache's tensors and buffers, the
-    input's shape, the `hidden` flag), which pick the graph for a width or a batch size. Dropped: the
-    thousands of guards on the model (parameters, config, module attributes; the step's closure variable
-    `model`) and on library globals, and the Python-level identity checks (a cache's layers point back at it), which cost
-    more to evaluate than a small model's forward. Sound because a compiled step belongs to one model
-    (`_steps` is keyed by it, and its code object is its own) that is not changed while it decodes."""
-    return [not e.is_global and e.guard_type != "LAMBDA_GUARD" and re.search(r"\bmodel\b", e.name) is None
-            for e in entries]
-
-
-def fresh_outputs(compiled):
-    """A CUDA-graph step: each call starts a new graph iteration, and its outputs are copied out of the
-    graph's memory pool, which the next replay overwrites (the round reads q_1 from the catch-up after
-    other steps ran). The copies are (B, T, V) and (B, T, H): small next to the forward."""
-    def step(*args):
-        torch.compiler.cudagraph_mark_step_begin()
-        logits, states = compiled(*args)
-        return logits.clone(), (states.clone() if states is not None else None)
-    return step
-
-
-def model_cache(model: torch.nn.Module, batch: int, max_len: int) -> RowStaticCache:
-    """A RowStaticCache for (model, batch, max_len), reused across calls: its buffers keep their addresses
-    (what compiled graphs and CUDA graphs were built against). A few shapes are kept per model."""
-    table = _caches.setdefault(model, {})
-    key = (batch, max_len)
-    if key not in table:
-        if len(table) >= 4:
-            table.pop(next(iter(table)))
-        weight = model.get_input_embeddings().weight
-        config = model.body.config if isinstance(model, EagleDrafter) else model.config  # EAGLE: its own layers
-        table[key] = RowStaticCache(config, batch, max_len, weight.dtype, weight.device, layer_devices(model))
-    cache = table[key]
-    cache.lengths.zero_()
-    return cache
-
-
-def layer_devices(model: torch.nn.Module) -> list[torch.device] | None:
-    """The device of each decoder layer (a model placed by device_map spans several); None when the
-    layers cannot be found (then every cache layer sits with the input embedding)."""
-    base = model.body if isinstance(model, EagleDrafter) else (
-        model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None))
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        return None
-    devices = [next(layer.parameters()).device for layer in layers]
-    return devices if len(devices) == len(layers) else None
+# Compiled drafting under a stopping head runs a round in segments of this many positions, one graph each,
+# with one host read after each segment (whether any row still drafts, and the longest row's drafts): the
+# head's stop is a tensor inside the graph, the round ends at the first segment after which no row drafts.
+# A stop inside a segment wastes the drafter forwards left in it (masked; never counted).
+HEAD_SEGMENT = 2
 
 
 # ----------------------------------------------------------------------------------------------------
 # request checks
 
-@dataclass
-class Plan:
-    width: int  # drafts per round at most (K, K_max, max length arm; 0 = autoregressive)
-    head: torch.nn.Module | None = None
-    threshold: float = 0.0
-    bandit: LengthUCB | None = None
-    eagle: bool = False  # the drafter is an EAGLE layer reading the target's features
-    lockstep: bool = False  # SpecDec++ stops the whole batch on its rows' mean risk (LockstepSpecDecPP)
-    eos: list[int] = field(default_factory=list)
-
-
-def check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eos_token_id, compile) -> Plan:
+def check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eos_token_id) -> list[int]:
+    """Every argument one that can work (InputError naming it otherwise); returns the EOS ids."""
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise InputError("prompts must be a non-empty list of token-id lists; give at least one prompt")
     for i, prompt in enumerate(prompts):
@@ -219,34 +68,33 @@ def check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eo
         check_prompt(list(prompt), max_new_tokens, target, *([drafter] if drafter is not None else []))
     if not isinstance(sampling, SamplingConfig):
         raise InputError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
-    if compile not in COMPILE_MODES:
-        raise InputError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {compile!r}")
     eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
     if policy is None:
         if drafter is not None:
             raise InputError("a drafter was given without a policy; pass policy=FixedK(k), SpecDecPP(...) or LengthUCB(...)")
-        return Plan(width=0, eos=eos)
+        return eos
     if drafter is None:
         raise InputError(f"policy {policy!r} needs a drafter; pass drafter=... or policy=None for autoregressive decoding")
-    eagle = isinstance(drafter, EagleDrafter)
-    if eagle and drafter.variant != "eagle1":
+    if isinstance(drafter, EagleDrafter) and drafter.variant != "eagle1":
         raise InputError(f"the batched decoder drafts with EAGLE-1 chains; decode this {drafter.variant} drafter one "
                          "prompt at a time with generate_speculative (EagleSpeculator)")
-    if not eagle and (not hasattr(drafter, "get_output_embeddings") or getattr(drafter, "config", None) is None):
+    if not isinstance(drafter, EagleDrafter) and (not hasattr(drafter, "get_output_embeddings")
+                                                  or getattr(drafter, "config", None) is None):
         raise InputError(f"the batched decoder drafts with a causal LM or an EAGLE drafter, not {type(drafter).__name__}; "
                          "decode model-free speculators one prompt at a time with generate_speculative")
     check_pair(target, drafter)
-    if isinstance(policy, FixedK):
-        return Plan(width=policy.max_tokens, eos=eos, eagle=eagle)
-    if isinstance(policy, SpecDecPP):
-        if isinstance(policy.head, torch.nn.Module):
-            check_head(policy.head, drafter)
-        return Plan(width=policy.max_tokens, head=policy.head, threshold=policy.threshold, eos=eos, eagle=eagle,
-                    lockstep=isinstance(policy, LockstepSpecDecPP))
-    if isinstance(policy, LengthUCB):
-        return Plan(width=policy.max_tokens, bandit=policy, eos=eos, eagle=eagle)
-    raise InputError(f"the batched decoder supports FixedK, SpecDecPP and LengthUCB policies, not {policy!r}; "
-                     "decode other speculators one prompt at a time with generate_speculative")
+    if not hasattr(policy, "stop_rows"):
+        raise InputError(f"the batched decoder supports FixedK, SpecDecPP and LengthUCB policies, not {policy!r}; "
+                         "decode other speculators one prompt at a time with generate_speculative")
+    if isinstance(getattr(policy, "head", None), torch.nn.Module):
+        check_head(policy.head, drafter)
+    return eos
+
+
+def rule_key(policy) -> tuple:
+    """What tells one policy's compiled draft graphs from another's: its kind and numbers (repr) and its
+    head (the graph holds the head's weights)."""
+    return type(policy).__name__, repr(policy), id(getattr(policy, "head", None))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -270,10 +118,11 @@ def pick(logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[tor
 
 
 def head_sigma(head, hidden: torch.Tensor) -> torch.Tensor:
+    """sigmoid(head(e)) per row, (B,) float64: the predicted acceptance a stopping rule reads."""
     param = next(head.parameters(), None) if isinstance(head, torch.nn.Module) else None
     if param is not None:
         hidden = hidden.to(device=param.device, dtype=param.dtype)
-    return torch.sigmoid(head(hidden).float()).reshape(hidden.shape[0]).to(hidden.device)
+    return torch.sigmoid(head(hidden).float()).reshape(hidden.shape[0]).to(hidden.device).double()
 
 
 @dataclass
@@ -281,46 +130,60 @@ class Drafts:
     tokens: torch.Tensor  # (B, W) long, zero past k
     q: torch.Tensor | None  # (B, W, V) sampled-from distributions (None under greedy)
     k: torch.Tensor  # (B,) candidates drafted per row
-    steps: int  # positions drafted by the batch (max k; W when no early exit)
+    steps: int  # positions drafted by the batch (at least max k; W when no early exit)
 
 
-def draft_round(step, cache: RowStaticCache, q_logits: torch.Tensor, cap: torch.Tensor, plan: Plan,
-                sampling: SamplingConfig, generator, eos: torch.Tensor | None) -> Drafts:
-    """Draft up to cap[b] tokens per row in SpecDec++ Alg. 1 order. q_logits (B, V): the logits behind
-    q_1 (from the catch-up). The drafter cache advances by the tokens fed (y_1..y_{k-1})."""
-    B, W = cap.shape[0], plan.width
-    tokens = torch.zeros(B, W, dtype=torch.long, device=cap.device)
-    qs = None if sampling.greedy else torch.zeros(B, W, q_logits.shape[-1], device=cap.device)
-    k = torch.zeros(B, dtype=torch.long, device=cap.device)
-    drafting = cap > 0
-    p_hat = torch.ones(B, dtype=torch.float64, device=cap.device)
-    logits, hidden, steps = q_logits, None, 0
-    for i in range(W):
-        if plan.head is not None and i > 0 and not bool(drafting.any()):
-            break  # every row stopped: end the round early (one flag to the host per step)
+def draft_positions(step, policy, cache, cap, eos, sampling: SamplingConfig, generator, carry: tuple,
+                    positions: range, width: int) -> tuple:
+    """Draft positions `positions` of a round in SpecDec++ Alg. 1 order, every row in lockstep: sample y_i
+    from the logits behind q_i, then decision i + 1 (the cap, EOS, and the policy's tensor rule reading
+    e_i), then feed y_i unless it is the round's last position. A row that stopped keeps the batch shape
+    but is masked: its drafts are zero, its cache length does not move. carry = (tokens (B, W), q (B, W, V)
+    or None, k, drafting, logits behind the next q, e of the last fed token or None, the rule's state);
+    returns the carry advanced. No host read: a compiled segment is one graph."""
+    tokens, qs, k, drafting, logits, hidden, rule = carry
+    for i in positions:
         y, q = pick(logits, sampling, generator)
-        tokens[:, i] = torch.where(drafting, y, 0)
+        # functional, not an indexed store into the carried tensor: a graph that mutates its inputs hit an
+        # inductor CPU codegen error (KeyError in outer-loop fusion, torch 2.13)
+        column = torch.arange(tokens.shape[1], device=tokens.device) == i
+        tokens = torch.where(column[None], torch.where(drafting, y, 0)[:, None], tokens)
         if qs is not None:
             qs[:, i] = q
-        k += drafting
-        steps = i + 1
+        k = k + drafting
         go_on = drafting & (k < cap)
         if eos is not None:
             go_on &= ~torch.isin(y, eos)  # drafting past EOS is wasted work
-        if plan.head is not None and hidden is not None:  # decision i + 1 reads e_i
-            p_hat = p_hat * head_sigma(plan.head, hidden).double()
-            risk = 1.0 - p_hat
-            if plan.lockstep:  # the mean risk of the rows that would go on decides for all of them
-                risk = (risk * go_on).sum() / go_on.sum().clamp_min(1)
-            go_on &= ~(risk > plan.threshold)
-        drafting = go_on
-        if i == W - 1:
+        sigma = head_sigma(policy.head, hidden) if policy.needs_hidden and hidden is not None else None
+        rule, stop = policy.stop_rows(rule, i + 1, sigma, go_on)
+        drafting = go_on & ~stop
+        if i == width - 1:
             break  # y_W is never fed in its own round
-        out, states = step(cache, y[:, None], plan.head is not None)
+        out, states = step(cache, y[:, None], policy.needs_hidden)
         logits = out[:, -1]
         hidden = states[:, -1] if states is not None else None
         cache.lengths += drafting  # rows that stopped keep their length: the slot just written is stale
-    return Drafts(tokens=tokens, q=qs, k=k, steps=steps)
+    return tokens, qs, k, drafting, logits, hidden, rule
+
+
+def segments(width: int, policy) -> list[tuple[int, int]]:
+    """A compiled round's draft graphs: one over all positions for a rule without a head (it never ends a
+    round early for the whole batch), else `HEAD_SEGMENT` positions each."""
+    size = HEAD_SEGMENT if policy.needs_hidden else width
+    return [(i, min(i + size, width)) for i in range(0, width, size)]
+
+
+def compiled_segment(compiler: StepCompiler, model: torch.nn.Module, policy, bounds: tuple[int, int], width: int):
+    """`draft_positions` over positions bounds[0]..bounds[1] - 1 with greedy picks, as one graph per
+    (model, policy, bounds, batch size). Always inductor's default mode: its outputs are the round's
+    state, which a CUDA graph's next replay would overwrite. Why: on the demo pair (batch 1, K = 4,
+    compiled) a round made 6 compiled calls (verify, tail, catch-up and 3 drafter steps), and the calls'
+    own overhead and the eager ops between them were ~10% of its time (benchmarks/RESULTS.md)."""
+    def segment(cache, cap, eos, carry):
+        def step(cache, ids, hidden=False):
+            return forward_rows(model, cache, ids, hidden)
+        return draft_positions(step, policy, cache, cap, eos, GREEDY, None, carry, range(*bounds), width)
+    return compiler.apply(segment, model, ("draft", rule_key(policy), bounds, width))
 
 
 def commit_round(tokens, k, n, extra, n_out, done, last, prev, target_lengths, out, origin, eos, max_new: int):
@@ -361,41 +224,14 @@ def verify_commit_greedy(logits, tokens, k, *rest):
     return (n, *commit_round(tokens, k, n, extra, *rest))
 
 
-_tails: dict[str, tuple] = {}
-
-
-def round_tails(compile: str) -> tuple:
-    """(commit_round, verify_commit_greedy), compiled unless compile is "none"; always in inductor's
-    default mode: their outputs are the decode's state, which no CUDA graph may own (a replay would
-    overwrite it)."""
-    if compile == "none":
-        return commit_round, verify_commit_greedy
-    if "compiled" not in _tails:
-        options = {"guard_filter_fn": argument_guards}
-        _tails["compiled"] = (torch.compile(commit_round, dynamic=False, options=options),
-                              torch.compile(verify_commit_greedy, dynamic=False, options=options))
-    return _tails["compiled"]
-
-
-def prefill_width(length: int) -> int:
-    """The width a compiled prefill runs at for prompts of at most `length` tokens: the next power of two,
-    at least 16, so a few graphs serve every prompt length (each width compiles once). Measured on the demo
-    target (batch 1, one thread, 48-token decodes of ~40-token prompts): its eager prefill was ~10 of
-    ~130 ms per compiled autoregressive decode."""
-    return max(16, 1 << (length - 1).bit_length())
-
-
-def verify_width(steps: int, width: int) -> int:
-    """The drafts a compiled round verifies: the positions drafted (`steps`, the longest row's) rounded up
-    to a power of two, at most the policy's `width`. A few fixed shapes (0, 1, 2, 4, ..., W) instead of
-    one per length, and a round whose rows all stopped early (SpecDec++, short length arms) does not pay
-    for W + 1 positions (measured on the demo pair before: compiled SpecDec++ at K_max = 8 ran at 0.87x
-    autoregressive at batch 1, verifying 9 positions per round for rounds of 2.7 tokens)."""
-    return 0 if steps == 0 else min(width, 1 << (steps - 1).bit_length())
+def verify_commit_greedy(logits, tokens, k, *rest):
+    """Greedy verification and the commit in one function (one graph when compiled): (n, *commit_round)."""
+    n, extra = verify_greedy(logits, tokens, k)
+    return (n, *commit_round(tokens, k, n, extra, *rest))
 
 
 class EagleChainStep:
-    """The drafting step of an EAGLE chain in `draft_round`'s shape, step(cache, y (B, 1), hidden): input
+    """The drafting step of an EAGLE chain in `draft_positions`' shape, step(cache, y (B, 1), hidden): input
     (f^ of the previous position, y_k); its output f^ gives q_{k+1} and is the hidden state e_k a SpecDec++
     head reads. `feature` is set to f^ at the last committed token before each round."""
 
@@ -431,6 +267,228 @@ def gather_row(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.gather(1, index[:, None]).squeeze(1)
 
 
+def gather_at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x (B, T, D), index (B,) -> x[b, index[b]] (B, D)."""
+    return x.gather(1, index[:, None, None].expand(-1, 1, x.shape[-1])).squeeze(1)
+
+
+@dataclass
+class Decode:
+    """What one `generate_batch` call fixes: the models and their (possibly compiled) steps, the caches,
+    the policy, the sampling, and the output buffer. The rounds change only `RowState` and the caches."""
+
+    target: torch.nn.Module
+    drafter: torch.nn.Module | None
+    policy: object  # a length rule (`decoding.policies.stopping.LengthRule`); None: autoregressive
+    sampling: SamplingConfig
+    generator: torch.Generator
+    eos: torch.Tensor | None
+    max_new: int
+    compiler: StepCompiler
+    tcache: object
+    target_step: Callable
+    out: torch.Tensor
+    dcache: object = None
+    drafter_step: Callable | None = None
+    eagle_step: EagleChainStep | None = None
+    bandits: RowBandits | None = None
+
+    @property
+    def width(self) -> int:
+        return self.policy.max_tokens if self.policy is not None else 0
+
+    @property
+    def eagle(self) -> bool:
+        return self.eagle_step is not None
+
+    @property
+    def fused(self) -> bool:
+        """Drafting runs as compiled segments (`compiled_segment`): greedy causal-LM drafters."""
+        return not self.compiler.eager and self.drafter is not None and self.sampling.greedy and not self.eagle
+
+
+def prefill(d: Decode, ids: torch.Tensor, plens: torch.Tensor) -> RowState:
+    """The first round's prefills: the target's over each prompt less its last token (compiled: the padded
+    width; what it writes past a row's length is rolled back and overwritten before any query sees it),
+    the drafter's over the prompt (its q_1); an EAGLE drafter's entries from the target's features."""
+    B, device = ids.shape[0], ids.device
+    features = None
+    if ids.shape[1] > 1:  # the target never holds the last committed token (it goes out with the drafts)
+        features = d.target_step(d.tcache, ids if not d.compiler.eager else ids[:, :-1], d.eagle)[1]
+    d.tcache.rollback(plens - 1)
+    state = RowState(origin=torch.arange(B, device=device), last=gather_row(ids, plens - 1),
+                     prev=gather_row(ids, (plens - 2).clamp_min(0)), plens=plens,
+                     n_out=torch.zeros(B, dtype=torch.long, device=device),
+                     done=torch.zeros(B, dtype=torch.bool, device=device), q_logits=None)
+    if d.eagle:
+        # EAGLE entry j is (f_j, x_{j+1}) at position j: the prompt's entries 0..L-2 from the target's
+        # prefill features; a one-token prompt has none yet and drafts nothing in its first round
+        if features is not None:
+            logits, pred = d.drafter_step(d.dcache, features[:, : ids.shape[1] - 1], ids[:, 1:])
+            at = (plens - 2).clamp_min(0)
+            state.q_logits, state.feature = gather_at(logits, at), gather_at(pred, at)
+        else:
+            state.q_logits = torch.zeros(B, d.target.config.vocab_size, device=device)
+            state.feature = torch.zeros(B, d.drafter.config.hidden_size, device=device, dtype=d.drafter.fc.weight.dtype)
+        d.dcache.rollback(plens - 1)
+    elif d.drafter is not None:
+        state.q_logits = gather_at(d.drafter_step(d.dcache, ids)[0], plens - 1)
+        d.dcache.rollback(plens)
+    return state
+
+
+def draft(d: Decode, state: RowState) -> Drafts:
+    """This round's drafts for every row: each row's cap (the length limit, the policy's K or its bandit's
+    arm; 0 once done), decision 0 of the policy, then the draft loop (eager: one position at a time, ending
+    when no row drafts; compiled: `segments`, one host read after each)."""
+    rows, W, device = state.last.shape[0], d.width, state.last.device
+    if W == 0:
+        return Drafts(tokens=torch.zeros(rows, 0, dtype=torch.long, device=device), q=None,
+                      k=torch.zeros(rows, dtype=torch.long, device=device), steps=0)
+    cap = (d.max_new - state.n_out - 1).clamp_min(0)  # leave room for the token every round emits
+    cap = torch.minimum(cap, d.bandits.select(d.generator)) if d.bandits is not None else cap.clamp_max(W)
+    cap = torch.where(state.done, 0, cap)
+    if d.eagle:  # no EAGLE entries before the first committed position: no draft
+        cap = torch.where(state.plens + state.n_out >= 2, cap, 0)
+        d.eagle_step.feature = state.feature
+    rule, stop = d.policy.stop_rows(d.policy.round_state(rows, device), 0, None, cap > 0)
+    qs = None if d.sampling.greedy else torch.zeros(rows, W, state.q_logits.shape[-1], device=device)
+    carry = (torch.zeros(rows, W, dtype=torch.long, device=device), qs, torch.zeros(rows, dtype=torch.long, device=device),
+             (cap > 0) & ~stop, state.q_logits, None, rule)
+    if d.fused:
+        parts = [(bounds, compiled_segment(d.compiler, d.drafter, d.policy, bounds, W)) for bounds in segments(W, d.policy)]
+    else:
+        step = d.eagle_step or d.drafter_step
+        parts = [((i, i + 1), lambda cache, cap, eos, carry, i=i: draft_positions(
+            step, d.policy, cache, cap, eos, d.sampling, d.generator, carry, range(i, i + 1), W)) for i in range(W)]
+    steps = 0
+    # a rule that may stop rows before any draft (decision 0) ends a round with no drafter step when it
+    # stops them all; other rules read the flag only between segments
+    first = getattr(d.policy, "decides_at_zero", False)
+    for (start, end), part in parts:
+        if (start or first) and (d.policy.needs_hidden or first) and not bool(carry[3].any()):
+            break  # no row drafts on: the round ends (the one host read of a segment)
+        carry = part(d.dcache, cap, d.eos, carry)
+        steps = end
+    tokens, qs, k = carry[:3]
+    widths = getattr(d.policy, "widths", None)
+    if widths is not None:  # a rule that decides after drafting (a global verify budget): each row keeps a prefix
+        k = torch.minimum(k, widths(carry[6]))
+        tokens = torch.where(torch.arange(W, device=device)[None] < k[:, None], tokens, 0)
+        steps = int(k.max())  # one more host read: the verify shrinks to the longest prefix kept
+    return Drafts(tokens=tokens, q=qs, k=k, steps=steps)
+
+
+def verify_and_commit(d: Decode, state: RowState, drafts: Drafts):
+    """One target forward over [last, y_1..y_W] (compiled: W rounded up, `verify_width`), acceptance per
+    row, and the commit (`commit_round`); the row state advanced in place. Returns (emitted, count,
+    stats, the verify's hidden states, each row's committed length before the round)."""
+    width = verify_width(drafts.steps, d.width) if not d.compiler.eager else drafts.steps
+    tokens = drafts.tokens[:, :width]
+    logits, verified = d.target_step(d.tcache, torch.cat([state.last[:, None], tokens], dim=1), d.eagle)
+    committed_before = state.plens + state.n_out
+    rest = (state.n_out, state.done, state.last, state.prev, d.tcache.lengths, d.out, state.origin, d.eos, d.max_new)
+    commit, greedy_tail = d.compiler.apply(commit_round, None, "commit"), d.compiler.apply(verify_commit_greedy, None, "verify")
+    if d.sampling.greedy:
+        n, emitted, count, active, *advanced, stats = greedy_tail(logits, tokens, drafts.k, *rest)
+    else:
+        q = drafts.q[:, :width] if drafts.q is not None else logits.new_zeros(tokens.shape[0], 0, logits.shape[-1])
+        n, extra = verify_sampled(probs(logits, d.sampling), q.float(), tokens, drafts.k, d.generator)
+        emitted, count, active, *advanced, stats = commit(tokens, drafts.k, n, extra, *rest)
+    state.n_out, state.done, state.last, state.prev, d.tcache.lengths = advanced
+    if d.bandits is not None:
+        d.bandits.update(n, drafts.k, active)
+    return emitted, count, stats, verified, committed_before
+
+
+def catch_up(d: Decode, state: RowState, emitted, count, verified, committed_before) -> None:
+    """The drafter's catch-up, which yields next round's q_1 (launched before the round's host read, so the
+    device keeps working): a causal LM re-feeds the last two committed tokens; an EAGLE drafter writes its
+    entries (f_j, x_{j+1}) for the positions this round committed, from the verify's features."""
+    if d.eagle:
+        d.dcache.rollback(committed_before - 1)
+        logits, pred = d.drafter_step(d.dcache, verified, emitted)
+        at = (count - 1).clamp_min(0)
+        state.q_logits, state.feature = gather_at(logits, at), gather_at(pred, at)
+        d.dcache.lengths += count
+    elif d.drafter is not None:
+        d.dcache.rollback(state.plens + state.n_out - 2)
+        state.q_logits = d.drafter_step(d.dcache, torch.stack([state.prev, state.last], dim=1))[0][:, -1]
+        d.dcache.lengths += 2
+
+
+def record_round(metrics: list[GenerationMetrics], finished: list[bool], row_ids: list[int], stats: list[list[int]]) -> None:
+    """The round's counts per row (read from `stats`, the round's one host transfer), as batch 1 counts
+    them (`decoding.rounds.lengths`); finished rows are not counted."""
+    for i, b in enumerate(row_ids):
+        if not stats[3][i]:
+            continue
+        k_b, n_b, dropped_b = stats[0][i], stats[1][i], stats[2][i]
+        m = metrics[b]
+        m.n_target += 1
+        m.n_draft += k_b
+        m.n_discarded += k_b - n_b + dropped_b
+        m.n_generated += n_b + 1 - dropped_b
+        m.drafted.append(k_b)
+        m.accepted.append(n_b)
+        finished[b] = bool(stats[4][i])
+
+
+def drop_finished(d: Decode, state: RowState, row_ids: list[int], finished: list[bool]) -> tuple[RowState, list[int]]:
+    """Once half the rows are done, an eager decode drops them (a copy of the caches), so they stop costing
+    work; compiled steps keep the batch (a new batch size would be a new graph)."""
+    live = [i for i, b in enumerate(row_ids) if not finished[b]]
+    if not d.compiler.eager or len(live) > len(row_ids) // 2:
+        return state, row_ids
+    keep = torch.tensor(live, device=state.last.device)
+    d.tcache = d.tcache.select_rows(keep)
+    if d.drafter is not None:
+        d.dcache = d.dcache.select_rows(keep)
+    if d.bandits is not None:
+        d.bandits.select_rows(keep)
+    return state.select(keep), [row_ids[i] for i in live]
+
+
+def forward_step(compiler: StepCompiler, model: torch.nn.Module) -> Callable:
+    """`model`'s forward over a RowStaticCache, step(cache, ids, hidden=False) -> (logits, hidden states or
+    None) (an EAGLE drafter: step(cache, features, ids)), compiled by `compiler` once per model; each
+    distinct width (1 and 2 for the drafter, W + 1 for the verify) is one graph."""
+    if isinstance(model, EagleDrafter):
+        def step(cache, features, ids):
+            return eagle_rows(model, cache, features, ids)
+    else:
+        def step(cache, ids, hidden=False):
+            return forward_rows(model, cache, ids, hidden)
+    return compiler.apply(step, model, "forward", graphs=True)
+
+
+def start(target, prompts, max_new_tokens, drafter, policy, sampling, eos, seed, compiler: StepCompiler):
+    """The Decode of a call and its right-padded prompts (compiled: padded to `prefill_width`)."""
+    device = input_device(target)
+    B, W = len(prompts), (policy.max_tokens if policy is not None else 0)
+    ids, plens = right_pad(prompts, device)
+    if not compiler.eager:  # the prefills run compiled too, at a few padded widths
+        ids = torch.nn.functional.pad(ids, (0, prefill_width(ids.shape[1]) - ids.shape[1]))
+    max_len = static_length(ids.shape[1] + max_new_tokens + W + 2)
+
+    d = Decode(target=target, drafter=drafter, policy=policy, sampling=sampling,
+               generator=torch.Generator(device=device).manual_seed(seed),
+               eos=torch.tensor(eos, dtype=torch.long, device=device) if eos else None, max_new=max_new_tokens,
+               compiler=compiler, tcache=compiler.cache(target, B, max_len),
+               target_step=forward_step(compiler, target),
+               out=torch.zeros(B, max_new_tokens + W + 2, dtype=torch.long, device=device))
+    if drafter is not None:
+        d.dcache = compiler.cache(drafter, B, max_len)
+        if isinstance(drafter, EagleDrafter):
+            drafter.attach_target(target)
+        d.drafter_step = forward_step(compiler, drafter)
+        if isinstance(drafter, EagleDrafter):
+            d.eagle_step = EagleChainStep(d.drafter_step)
+    if isinstance(policy, LengthUCB):
+        d.bandits = RowBandits(policy, B, device)
+    return d, ids, plens
+
+
 # ----------------------------------------------------------------------------------------------------
 # the public API
 
@@ -445,156 +503,37 @@ def generate_batch(
     sampling: SamplingConfig = SamplingConfig(temperature=0.0),
     eos_token_id: int | list[int] | None = None,
     seed: int = 0,
-    compile: str = "none",
+    compile: str | StepCompiler = "none",
 ) -> list[GenerationResult]:
     """Decode every prompt; one GenerationResult per prompt, in order. policy: FixedK(k),
     SpecDecPP(head, threshold, k_max) (each row stops alone), LockstepSpecDecPP (the same arguments; the
     batch stops together), LengthUCB(lengths) (needs `drafter`), or None for batched autoregressive
     decoding. Greedy output equals each prompt decoded alone; sampled output follows the target
     distribution under `sampling`. Sampling draws from a generator on the target's device seeded with
-    `seed`. compile: "default" / "reduce-overhead" wrap the drafter step and the verify forward with
-    torch.compile (the drafts verified padded to a power of two up to K_max, the prompts prefilled padded
-    to a power of two: a few fixed shapes); the first call of each shape pays its compilation. Times in
-    the metrics are the batch's wall time, shared by its rows."""
-    plan = check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eos_token_id, compile)
-    start = time.perf_counter()
-    device = input_device(target)
-    B, W = len(prompts), plan.width
-    ids, plens = right_pad(prompts, device)
-    longest = ids.shape[1]
-    if compile != "none":  # the prefills run compiled too, at a few padded widths (`prefill_width`)
-        ids = torch.nn.functional.pad(ids, (0, prefill_width(longest) - longest))
-    max_len = -(-(ids.shape[1] + max_new_tokens + W + 2) // _CACHE_ROUND) * _CACHE_ROUND
-    generator = torch.Generator(device=device).manual_seed(seed)
-    eos = torch.tensor(plan.eos, dtype=torch.long, device=device) if plan.eos else None
-
-    tcache = model_cache(target, B, max_len)
-    target_step = model_step(target, compile)
-    features = None
-    if longest > 1:  # the target never holds the last committed token (it goes out with the drafts)
-        # eager: the prompt less its last token; compiled: the padded width (what it writes past a row's
-        # length is rolled back below and overwritten before any query can see it)
-        features = target_step(tcache, ids if compile != "none" else ids[:, :-1], plan.eagle)[1]
-    tcache.rollback(plens - 1)
-    last = gather_row(ids, plens - 1)
-    prev = gather_row(ids, (plens - 2).clamp_min(0))
-    q_logits = feature = eagle_step = None
-    if drafter is not None:
-        if plan.eagle:
-            drafter.attach_target(target)
-        dcache = model_cache(drafter, B, max_len)
-        drafter_step = model_step(drafter, compile)
-        if plan.eagle:
-            # EAGLE entry j is (f_j, x_{j+1}) at position j: the prompt's entries 0..L-2 from the target's
-            # prefill features; a one-token prompt has none yet and drafts nothing in its first round
-            eagle_step = EagleChainStep(drafter_step)
-            hidden = drafter.config.hidden_size
-            if features is not None:
-                logits, pred = drafter_step(dcache, features[:, : ids.shape[1] - 1], ids[:, 1:])
-                at = (plens - 2).clamp_min(0)
-                q_logits = logits.gather(1, at[:, None, None].expand(-1, 1, logits.shape[-1])).squeeze(1)
-                feature = pred.gather(1, at[:, None, None].expand(-1, 1, hidden)).squeeze(1)
-            else:
-                q_logits = torch.zeros(B, target.config.vocab_size, device=device)
-                feature = torch.zeros(B, hidden, device=device, dtype=drafter.fc.weight.dtype)
-            dcache.rollback(plens - 1)
-        else:
-            prefill = drafter_step(dcache, ids)[0]  # (B, L_max, V)
-            q_logits = prefill.gather(1, (plens - 1)[:, None, None].expand(-1, 1, prefill.shape[-1])).squeeze(1)
-            dcache.rollback(plens)
-    # compiled greedy drafting without a head: the whole draft loop is one graph (`model_draft`)
-    fused = compile != "none" and drafter is not None and sampling.greedy and plan.head is None and not plan.eagle
-    fused_draft = model_draft(drafter) if fused else None
-    bandits = RowBandits(plan.bandit, B, device) if plan.bandit is not None else None
-    commit, greedy_tail = round_tails(compile)
-
-    out = torch.zeros(B, max_new_tokens + W + 2, dtype=torch.long, device=device)
-    state = RowState(origin=torch.arange(B, device=device), last=last, prev=prev, plens=plens,
-                     n_out=torch.zeros(B, dtype=torch.long, device=device),
-                     done=torch.zeros(B, dtype=torch.bool, device=device),
-                     q_logits=q_logits, feature=feature)
+    `seed`. compile: a `StepCompiler` (kept by a caller that decodes many times: it compiles once), or a
+    mode name ("none", "default", "reduce-overhead": a compiler of its own for this call). Compiled, the
+    drafts are verified padded to a power of two up to K_max and the prompts prefilled padded to a power of
+    two: a few fixed shapes; the first call of each shape pays its compilation. Times in the metrics are
+    the batch's wall time, shared by its rows."""
+    compiler = compile if isinstance(compile, StepCompiler) else StepCompiler(compile)
+    eos = check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eos_token_id)
+    began = time.perf_counter()
+    d, ids, plens = start(target, prompts, max_new_tokens, drafter, policy, sampling, eos, seed, compiler)
+    state = prefill(d, ids, plens)
+    B = len(prompts)
     row_ids = list(range(B))  # the original index of each current row (finished rows may be dropped)
     metrics = [GenerationMetrics() for _ in range(B)]
     finished = [False] * B
     while True:
-        rows = len(row_ids)
-        # -- draft
-        cap = (max_new_tokens - state.n_out - 1).clamp_min(0)  # leave room for the token every round emits
-        if bandits is not None:
-            cap = torch.minimum(cap, bandits.select(generator))
-        else:
-            cap = cap.clamp_max(W)
-        cap = torch.where(state.done, 0, cap)
-        if plan.eagle:  # no EAGLE entries before the first committed position: no draft
-            cap = torch.where(state.plens + state.n_out >= 2, cap, 0)
-            eagle_step.feature = state.feature
-        if W and fused_draft is not None:
-            tokens, k = fused_draft(dcache, state.q_logits, cap, plan, eos)
-            drafts = Drafts(tokens=tokens, q=None, k=k, steps=W)
-        elif W:
-            drafts = draft_round(eagle_step or drafter_step, dcache, state.q_logits, cap, plan, sampling, generator, eos)
-        else:
-            drafts = Drafts(tokens=torch.zeros(rows, 0, dtype=torch.long, device=device), q=None,
-                            k=torch.zeros(rows, dtype=torch.long, device=device), steps=0)
-        width = verify_width(drafts.steps, W) if compile != "none" else drafts.steps
-        tokens = drafts.tokens[:, :width]
-        # -- verify and commit
-        logits, verified = target_step(tcache, torch.cat([state.last[:, None], tokens], dim=1), plan.eagle)  # (rows, width + 1, V)
-        committed_before = state.plens + state.n_out
-        rest = (state.n_out, state.done, state.last, state.prev, tcache.lengths, out, state.origin, eos, max_new_tokens)
-        if sampling.greedy:
-            n, emitted, count, active, *advanced, stats = greedy_tail(logits, tokens, drafts.k, *rest)
-        else:
-            q = drafts.q[:, :width] if drafts.q is not None else logits.new_zeros(rows, 0, logits.shape[-1])
-            n, extra = verify_sampled(probs(logits, sampling), q.float(), tokens, drafts.k, generator)
-            emitted, count, active, *advanced, stats = commit(tokens, drafts.k, n, extra, *rest)
-        state.n_out, state.done, state.last, state.prev, tcache.lengths = advanced
-        if bandits is not None:
-            bandits.update(n, drafts.k, active)
-        if plan.eagle:  # entries (f_j, x_{j+1}) for the positions this round committed, from the verify's features
-            dcache.rollback(committed_before - 1)
-            logits, pred = drafter_step(dcache, verified, emitted)
-            at = (count - 1).clamp_min(0)
-            state.q_logits = logits.gather(1, at[:, None, None].expand(-1, 1, logits.shape[-1])).squeeze(1)
-            state.feature = pred.gather(1, at[:, None, None].expand(-1, 1, pred.shape[-1])).squeeze(1)
-            dcache.lengths += count
-        elif drafter is not None:  # launched before the host transfer so the device keeps working
-            dcache.rollback(state.plens + state.n_out - 2)
-            state.q_logits = drafter_step(dcache, torch.stack([state.prev, state.last], dim=1))[0][:, -1]
-            dcache.lengths += 2
-        # -- the one host transfer of the round
-        stats = stats.cpu().tolist()
-        for i, b in enumerate(row_ids):
-            if not stats[3][i]:
-                continue
-            k_b, n_b, dropped_b = stats[0][i], stats[1][i], stats[2][i]
-            m = metrics[b]
-            m.n_target += 1
-            m.n_draft += k_b
-            m.n_discarded += k_b - n_b + dropped_b
-            m.n_generated += n_b + 1 - dropped_b
-            m.drafted.append(k_b)
-            m.accepted.append(n_b)
-            finished[b] = bool(stats[4][i])
+        drafts = draft(d, state)
+        emitted, count, stats, verified, committed_before = verify_and_commit(d, state, drafts)
+        catch_up(d, state, emitted, count, verified, committed_before)
+        record_round(metrics, finished, row_ids, stats.cpu().tolist())  # the one host transfer of the round
         if all(finished):
             break
-        live = [i for i, b in enumerate(row_ids) if not finished[b]]
-        if compile == "none" and len(live) <= rows // 2:
-            # half the rows are done: drop them (a copy of the caches), so they stop costing work; compiled
-            # steps keep the batch (a new batch size would be a new graph)
-            keep = torch.tensor(live, device=device)
-            row_ids = [row_ids[i] for i in live]
-            state = state.select(keep)
-            tcache = tcache.select_rows(keep)
-            if drafter is not None:
-                dcache = dcache.select_rows(keep)
-            if bandits is not None:
-                bandits.select_rows(keep)
-    tokens_out = out.cpu().tolist()
-    elapsed = time.perf_counter() - start
-    results = []
-    for b in range(B):
-        m = metrics[b]
+        state, row_ids = drop_finished(d, state, row_ids, finished)
+    tokens_out = d.out.cpu().tolist()
+    elapsed = time.perf_counter() - began
+    for m in metrics:
         m.time_total = elapsed
-        results.append(GenerationResult(tokens=tokens_out[b][: m.n_generated], metrics=m))
-    return results
+    return [GenerationResult(tokens=tokens_out[b][: metrics[b].n_generated], metrics=metrics[b]) for b in range(B)]

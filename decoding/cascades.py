@@ -58,6 +58,7 @@ from specdraft.decoding.rounds.sampling import SamplingConfig, probs, sample
 from specdraft.decoding.speculative import generate_speculative
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
 from specdraft.decoding.policies.stopping import FixedK
+from specdraft.decoding.bandits.rewards import tv_distance
 
 SPECULATIVE_RULES = ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3", "lossy", "bild")
 SEQUENTIAL_RULES = ("token_chow", "seq_chow")
@@ -94,11 +95,6 @@ def canonical_rule(rule: str) -> str:
 
 
 # --- deferral decisions delta(q, p) in {0, 1}: (..., V) -> (...,) bool -------------------------------
-
-
-def tv_distance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Total variation 0.5 sum |p - q| over the last axis."""
-    return 0.5 * (p - q).abs().sum(-1)
 
 
 def chow_defers(q: torch.Tensor, p: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -363,10 +359,11 @@ class CascadeMethod:
         return verification_distribution(self.rule, self.alpha, self.beta)
 
     def generate(self, target, drafter, prompt_ids, max_new_tokens: int,
-                 sampling: SamplingConfig = SamplingConfig(temperature=1.0), k: int = 5,
+                 sampling: SamplingConfig = SamplingConfig(temperature=1.0), k: int | None = None,
                  eos_token_id=None, generator: torch.Generator | None = None) -> GenerationResult:
-        """Decode one prompt; k is the block size gamma of the speculative rules (paper: 5)."""
+        """Decode one prompt; k is the block size gamma of the speculative rules (None: `DEFAULT_BLOCK`)."""
         check_sampling(sampling)
+        k = DEFAULT_BLOCK if k is None else k
         if self.rule == "token_chow":
             return generate_token_cascade(target, drafter, prompt_ids, max_new_tokens, self.alpha, sampling,
                                           eos_token_id, generator)
@@ -375,6 +372,10 @@ class CascadeMethod:
                                         eos_token_id, generator, self.seq_confidence)
         return generate_speculative(target, DrafterSpeculator(drafter, FixedK(k)), prompt_ids, max_new_tokens,
                                     sampling, eos_token_id, generator, self.verification_distribution())
+
+
+# the block size gamma a speculative cascade drafts per round when the caller names no K (the paper's 5)
+DEFAULT_BLOCK = 5
 
 
 def cascade_method(rule: str, alpha: float, beta: float = 1.0, seq_confidence: str = "joint") -> CascadeMethod:

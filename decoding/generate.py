@@ -37,10 +37,12 @@ import torch
 from specdraft.core.errors import InputError
 from specdraft.core.tokenizers import check_same_vocabulary
 from specdraft.decoding.batched import generate_batch
+from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.bundle.chat import ChatFormat, end_of_turn_ids, format_prompt, user_turn
 from specdraft.decoding.compat import check_head, check_pair
 from specdraft.decoding.bundle.defaults import DEFAULTS, DecodingDefaults
+from specdraft.decoding.cascades import DEFAULT_BLOCK as CASCADE_BLOCK
 from specdraft.decoding.speculators.eagle_model import EagleDrafter  # loaded with the batched decoder anyway
 from specdraft.decoding.generate_args import bundle_of
 from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
@@ -75,7 +77,7 @@ class Plan:
     head: str | None = None  # the SpecDec++ head's name, if one drafts
     drafts: int = 1
     cascade: Any = None  # a decoding.cascades.CascadeMethod
-    cascade_k: int = 5
+    cascade_k: int = CASCADE_BLOCK
     tree: Any = None  # an EAGLE drafter's decoding.speculators.eagle.TreeShape
 
 
@@ -83,14 +85,15 @@ class Plan:
 
 
 def decode_batch(target, prompts: list[list[int]], max_new_tokens: int, plan: Plan, sampling: SamplingConfig,
-                 eos_token_id, seed: int, compile: str = "none") -> list[GenerationResult]:
+                 eos_token_id, seed: int, compile: str | StepCompiler = "none") -> list[GenerationResult]:
     """Decode a batch of prompts (token id lists) with one plan: the one place batches meet the decoder.
 
     Plans the batched decoder serves (the target alone, or one drafter drafting a chain under a stopping
     policy: fixed K, SpecDec++, an EAGLE-1 chain) decode together in `decoding.batched.generate_batch`,
     sampling from one device generator seeded with `seed`. The rest (SpecTr drafts, cascades, EAGLE
     trees) decode one prompt after another with the single-sequence decoder, prompt i with seed + i;
-    they cannot be compiled."""
+    they cannot be compiled. compile: a mode, or the `StepCompiler` a caller keeps over many batches."""
+    compiler = compile if isinstance(compile, StepCompiler) else StepCompiler(compile)
     if batched_plan(plan):
         policy = plan.policy() if plan.drafter is not None else None
         if type(policy) is SpecDecPP and len(prompts) > 1:
@@ -99,9 +102,9 @@ def decode_batch(target, prompts: list[list[int]], max_new_tokens: int, plan: Pl
             # 0.90 / 0.88 of batched AR at B = 4 / 8 / 16 / 32 against 1.07 / 0.87 / 0.78 / 0.72 per row)
             policy = LockstepSpecDecPP(policy.head, policy.threshold, policy.max_tokens)
         return generate_batch(target, prompts, max_new_tokens, drafter=plan.drafter, policy=policy, sampling=sampling,
-                              eos_token_id=eos_token_id, seed=seed, compile=compile)
-    if compile != "none":
-        raise InputError(f"--compile {compile} applies to the batched decoder (the target alone, fixed K, SpecDec++, "
+                              eos_token_id=eos_token_id, seed=seed, compile=compiler)
+    if not compiler.eager:
+        raise InputError(f"--compile {compiler.mode} applies to the batched decoder (the target alone, fixed K, SpecDec++, "
                          "EAGLE-1 chains); SpecTr drafts, cascades and EAGLE trees decode uncompiled: use --compile none")
     return [decode_one(target, ids, max_new_tokens, plan, sampling, eos_token_id,
                        torch.Generator().manual_seed(seed + i)) for i, ids in enumerate(prompts)]
@@ -139,7 +142,8 @@ def decode_one(target, ids: list[int], max_new_tokens: int, plan: Plan, sampling
 
 
 def head_policy(head, threshold: float | None, head_config: dict | None, k_max: int) -> Callable[[], SpecDecPP]:
-    """SpecDec++ with `head` at `threshold` (None: the h recorded with the head), capped at the head's K_max."""
+    """SpecDec++ with a head loaded from its own directory (no bundle): at `threshold`, else the h recorded
+    with the head, capped at the head's K_max, else `k_max`. A bundle's heads go through `Bundle.policy_for`."""
     h = threshold if threshold is not None else (head_config or {}).get("threshold")
     if h is None:
         raise InputError("the head records no threshold; pass --threshold H (SpecDec++ h in (0, 1))")
@@ -149,10 +153,12 @@ def head_policy(head, threshold: float | None, head_config: dict | None, k_max: 
 
 def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = DEFAULTS.max_new_tokens,
                   sampling=SamplingConfig(0.0), head=None, threshold: float | None = None, k: int | None = None,
+                  head_config: dict | None = None,
                   k_max: int = DEFAULTS.k_max, method: str = "speculative", seed: int = 0, drafts: int = 1,
                   cascade=None, tree=None, chat: ChatFormat = ChatFormat()) -> tuple[str, dict]:
     """Decode one prompt -> (text, metrics summary). With `head` and no `k`: SpecDec++ at `threshold`
-    (None: the paper's h); else fixed K (`k`, default the library's). drafts > 1: SpecTr; cascade: a
+    (None: the h recorded in `head_config`, the head's own; without one, an InputError); else fixed K (`k`,
+    default the library's). drafts > 1: SpecTr; cascade: a
     decoding.cascades.CascadeMethod; tree: an EAGLE drafter's decoding.speculators.eagle.TreeShape; chat: how the
     prompt is formatted."""
     check_drafts(drafts)
@@ -161,12 +167,12 @@ def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = DEFAU
     if method == "ar":
         plan = Plan("target")
     elif head is not None and k is None:
-        plan = Plan("drafter", drafter, (lambda: SpecDecPP(head, threshold, k_max)) if threshold is not None
-                    else (lambda: SpecDecPP(head, k_max=k_max)), drafts=drafts, cascade=cascade, tree=tree)
+        plan = Plan("drafter", drafter, head_policy(head, threshold, head_config, k_max), drafts=drafts,
+                    cascade=cascade, tree=tree)
     else:
         kk = k if k is not None else DEFAULTS.k
-        plan = Plan("drafter", drafter, lambda: FixedK(kk), drafts=drafts, cascade=cascade, cascade_k=k or 5,
-                    tree=tree)
+        plan = Plan("drafter", drafter, lambda: FixedK(kk), drafts=drafts, cascade=cascade,
+                    cascade_k=k or CASCADE_BLOCK, tree=tree)
     ids = format_prompt(tok, user_turn(prompt), chat)
     res = decode_batch(target, [ids], max_new_tokens, plan, sampling, end_of_turn_ids(tok, target), seed)[0]
     return tok.decode(res.tokens, skip_special_tokens=True), res.metrics.summary()
@@ -389,6 +395,7 @@ def run(args, services: Services = Services()) -> None:
     plans: dict[str, Plan] = {}
     results: dict[int, tuple[GenerationResult, Plan]] = {}
     eos = end_of_turn_ids(tok, target)
+    compiler = StepCompiler(settings.compile)  # one for the command: each graph compiles once
     from tqdm import tqdm
 
     with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr,
@@ -402,7 +409,7 @@ def run(args, services: Services = Services()) -> None:
                 batch = group[start:start + args.batch_size]
                 # a batch samples from seed + its first prompt's index (one prompt per batch: seed + i)
                 decoded = decode_batch(target, [r.ids for r in batch], settings.max_new_tokens, plans[name],
-                                       settings.sampling, eos, args.seed + batch[0].index, settings.compile)
+                                       settings.sampling, eos, args.seed + batch[0].index, compiler)
                 for r, res in zip(batch, decoded):
                     results[r.index] = (res, plans[name])
                 bar.update(len(batch))
@@ -478,10 +485,8 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
     device = args.drafter_device or args.device
     if b is not None:
         dft, head, hcfg = load_bundle_drafter(b, name, target, args.head, settings.sampling, device)
-        defaults, fixed = b.defaults, b.fixed_k(name) if name in b.drafters else b.defaults.k
     else:
         dft, head, hcfg = load_drafter_dir(name, args.target, tok, target, args.head, args.dtype, device)
-        defaults, fixed = DEFAULTS, DEFAULTS.k
     head_name = None
     if head is not None and hcfg is not None:
         lt = hcfg.get("label_transform", {})
@@ -493,14 +498,17 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
     if args.threshold is not None and head is None:
         raise InputError(f"--threshold sets a SpecDec++ head's h, but drafter '{name}' has none; "
                          "give --head, or --k for fixed K")
-    if args.k is None and head is not None:
-        policy = head_policy(head, args.threshold if args.threshold is not None else defaults.threshold,
-                             hcfg, defaults.k_max)
+    if b is not None:
+        policy = b.policy_for(name, head if args.k is None else None, head_name, args.k, args.threshold)
+    elif args.k is None and head is not None:
+        policy = head_policy(head, args.threshold, hcfg, DEFAULTS.k_max)
     else:
-        k = args.k if args.k is not None else fixed
-        policy, head_name = (lambda: FixedK(k)), None
+        k = args.k if args.k is not None else DEFAULTS.k
+        policy = lambda: FixedK(k)  # noqa: E731
+    if args.k is not None:
+        head_name = None
     tree = eagle_tree(args, b, name) if _is_eagle(dft) else None
-    return Plan(name, dft, policy, head_name, settings.drafts, settings.cascade, args.k or 5, tree)
+    return Plan(name, dft, policy, head_name, settings.drafts, settings.cascade, args.k or CASCADE_BLOCK, tree)
 
 
 def _is_eagle(drafter) -> bool:

@@ -26,7 +26,7 @@ Policies:
 - SpecDec++ (decoding/policies/stopping.py's SpecDecPP, paper Alg. 1): after sampling y_k the head has read
   e_1..e_{k-1} (the forward on y_{k-1} yields q_k and e_{k-1}), so y_k rides along unpredicted:
   K(j) = min{k >= 1 : 1 - prod_{i=j}^{j+k-2} sigma_i > h}, capped at k_max (= 20) and N - j; every
-  uncapped round is >= 2 tokens. The decisions are `decoding.rounds.lengths.specdecpp_fires`, the rule the
+  uncapped round is >= 2 tokens. The decisions are SpecDecPP.stop_rows (via `decoding.rounds.lengths.decisions`), the rule the
   decoder runs, so the h chosen here is chosen under the cost the decoder pays (a test decodes
   teacher-forced greedy sequences and checks the counts equal).
 - Fixed K: K(j) = min(K, N - j).
@@ -45,7 +45,8 @@ import torch
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.bundle.defaults import DEFAULTS
-from specdraft.decoding.rounds.lengths import draft_forwards, round_length, specdecpp_fires
+from specdraft.decoding.policies.stopping import SpecDecPP
+from specdraft.decoding.rounds.lengths import decisions, draft_forwards, round_length
 
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
 K_MAX = DEFAULTS.k_max  # the decoder's SpecDec++ cap (decoding/bundle/defaults.py)
@@ -103,10 +104,10 @@ def specdecpp_round_lengths(
 ) -> torch.Tensor:
     """(B, T) predicted acceptance probabilities -> (S, B, T) drafts per round started at j, one row per h."""
     B, T = sigma.shape
-    h = torch.tensor(thresholds, dtype=torch.float64)[:, None, None, None]
     padded = torch.cat([sigma.double(), torch.ones(B, k_max, dtype=torch.float64)], dim=1)
     windows = padded.unfold(1, k_max, 1)[:, :T]  # (B, T, k_max): sigma_j .. sigma_{j+k_max-1}
-    fires = specdecpp_fires(windows[None], h)  # (S, B, T, k_max + 1)
+    # the decoder's own rule (SpecDecPP.stop_rows), one policy per threshold of the sweep
+    fires = torch.stack([decisions(SpecDecPP(None, h, k_max), windows) for h in thresholds])  # (S, B, T, k_max + 1)
     return _cap_to_end(round_length(fires, k_max), lengths)
 
 

@@ -104,7 +104,7 @@ def _inspect_bundle(args) -> None:
 def _generate(args) -> None:
     from specdraft.data.chat import record_messages
     from specdraft.decoding.generate import Services, run
-    from specdraft.heads.router import load_router
+    from specdraft.routers.router import load_router
 
     # the decoder sits below data and heads: the CLI hands it the prompt-record reader the stages use and
     # the bundle's router loader

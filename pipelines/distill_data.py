@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from specdraft.data.chat import chat_format, row_messages
 from specdraft.data.engines import CompletionsClient, VllmServer, engine_python
-from specdraft.data.generation import generate_batch
+from specdraft.data.generation import generate_responses
 from specdraft.data.prompts import fit_prompt, load_prompt_sets
 from specdraft.decoding.bundle.chat import ChatFormat, end_of_turn_ids, format_prompt
 from specdraft.core.devices import resolve_device
@@ -81,7 +81,7 @@ def hf_backend(model, tok, dcfg):
     stops = end_of_turn_ids(tok, model)
 
     def generate(prompts, temperature, batch_seed, request_seeds):
-        return generate_batch(model, prompts, tok.pad_token_id, stops, temperature, dcfg.top_k, dcfg.top_p,
+        return generate_responses(model, prompts, tok.pad_token_id, stops, temperature, dcfg.top_k, dcfg.top_p,
                               dcfg.max_new_tokens, batch_seed)
     return generate
 

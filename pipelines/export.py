@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from specdraft.data.chat import chat_format
-from specdraft.decoding.bundle.directory import BUNDLE_JSON, check_safe_weights, drafter_hash, load_bundle, subdir_files, summarize, write_bundle
+from specdraft.decoding.bundle.directory import BUNDLE_JSON, check_safe_weights, drafter_hash, load_bundle, subdir_files, describe, write_bundle
 from specdraft.decoding.bundle.schema import (BundleSpec, DatastoreEntry, DrafterEntry, EagleEntry, HeadEntry,
                                     RouterEntry, TargetEntry)
 from specdraft.core.hashing import content_hash, file_sha256
@@ -40,7 +40,7 @@ from specdraft.decoding.speculators.datastore import build_datastore
 from specdraft.core.errors import InputError
 from specdraft.decoding.bundle.loading import load_tokenizer
 from specdraft.decoding.rounds.sampling import SamplingConfig
-from specdraft.decoding.policies.selectors import SELECTORS
+from specdraft.decoding.bandits.selectors import SELECTORS
 from specdraft.decoding.policies.acceptance_head import CONFIG_NAME as HEAD_CONFIG
 from specdraft.pipelines.artifacts import MANIFEST, Manifest
 from specdraft.pipelines.config import to_dict
@@ -292,7 +292,7 @@ def build(ctx: Context) -> dict:
     for name, by_head in bundle.heads.items():
         for head in by_head:
             bundle.load_head(name, head)
-    print("[export] " + summarize(bundle).split("\n", 1)[1])
+    print("[export] " + describe(bundle).split("\n", 1)[1])
     size = sum((out / rel).stat().st_size for rel in files)
     return {"target": "bundled" if target.path is not None else "referenced", "drafters": names, "eagle": sorted(eagle),
             "heads": {n: sorted(h) for n, h in heads.items()}, "routers": {n: r.kind for n, r in routers.items()},

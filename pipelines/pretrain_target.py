@@ -1,6 +1,6 @@
 """Stage `pretrain-target` (demo only): a BPE tokenizer and a small LlamaForCausalLM target.
 
-1. train a byte-level BPE tokenizer on the demo corpus; it carries the demo chat template (data/tokenizer.py)
+1. train a byte-level BPE tokenizer on the demo corpus; it carries the demo chat template (data/demo_tokenizer.py)
 2. tokenize documents as the chat-formatted prompt + response + EOS (prompt and response encoded
    separately, the way generation sees them) and pack them into blocks of seq_len tokens
 3. pretrain with the shared causal-LM LightningModule (plain next-token cross-entropy)
@@ -19,7 +19,7 @@ import torch
 
 from specdraft.data.chat import chat_format
 from specdraft.data.prompts import load_prompt_sets
-from specdraft.data.tokenizer import encode_document, pack, train_bpe
+from specdraft.data.demo_tokenizer import encode_document, pack, train_bpe
 from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
 from specdraft.drafters.lit_lm import CausalLMModule
 from specdraft.drafters.model import build_causal_lm, num_parameters

@@ -346,7 +346,7 @@ class ExportSection:
 
 
 SETS = ("test", "perturbed", "ood")
-# name -> (label, selector in decoding.policies.selectors, reward in decoding.speculators.bandit)
+# name -> (label, selector in decoding.bandits.selectors, reward in decoding.bandits.multi_drafter)
 BANDITS: dict[str, tuple[str, str, str]] = {
     "ucb-bd": ("MetaSD-UCB (BD)", "ucb", "bd"),
     "ucb-bd-argmax": ("MetaSD-UCB (BD argmax)", "ucb", "bd-argmax"),

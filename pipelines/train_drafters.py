@@ -29,12 +29,12 @@ from pathlib import Path
 import torch
 
 from specdraft.data.chat import chat_format
-from specdraft.data.tokenizer import encode_document, pack
+from specdraft.data.demo_tokenizer import encode_document, pack
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.pipelines.artifacts import load_dataset_dir
 from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
-from specdraft.drafters.alignment import alignment_by_domain, format_table, specialist_margins
+from specdraft.drafters.alignment import alignment_by_domain, alignment_table, specialist_margins
 from specdraft.drafters.data import TEACHER_LOGITS, CausalLMCollator, CausalLMDataModule
 from specdraft.drafters.lit_lm import CausalLMModule, teacher_logits_per_example
 from specdraft.drafters.model import build_causal_lm, num_parameters
@@ -260,8 +260,8 @@ def build(ctx: Context) -> dict:
                                            tcfg.finetune.max_length)
     specialist_margins(table, by_domain, rivals=[n for n, _ in specs], seed=seed)
     print("[train-drafters] acceptance 1 - TV(p, q) at T=1 (rows: drafters, columns: dev domain)\n"
-          + format_table(table, "acceptance"))
-    print("[train-drafters] greedy agreement\n" + format_table(table, "agreement"))
+          + alignment_table(table, "acceptance"))
+    print("[train-drafters] greedy agreement\n" + alignment_table(table, "agreement"))
     margins = [f"{d} {row[d]['agreement_vs_best_other']:.3f} [{row[d]['agreement_vs_best_other_lo']:.3f}, "
                f"{row[d]['agreement_vs_best_other_hi']:.3f}]" for d, row in table.items() if "agreement_vs_best_other"
                in row.get(d, {})]

@@ -1,6 +1,6 @@
 """Stage `train-router`: the routing baselines of MetaSD §4.3, which pick one drafter per prompt.
 
-Both routers read the target's input embeddings mean-pooled over the prompt (heads/router.py says why).
+Both routers read the target's input embeddings mean-pooled over the prompt (routers/router.py says why).
 
 Which drafters a router chooses among: the *specialised* drafters only (a non-empty strict subset of
 the training domains). MetaSD's MoE-routing baseline routes among the domain experts; the OFA drafter
@@ -14,7 +14,7 @@ no longer be a routing baseline. The OFA drafter's acceptance is reported beside
      once per batch, shared by all drafters)
   2. labels: `acceptance` = the drafter with the highest measured acceptance on the prompt;
      `domain` = the prompt's domain drafter (the specialised drafter with the fewest domains covering it)
-  3. the classifier (heads/lit_router.py) trains on pooled embeddings; the centroid router fits one
+  3. the classifier (routers/lit_router.py) trains on pooled embeddings; the centroid router fits one
      centroid per domain that has a drafter
   4. evaluation per prompt set: dev (distill_data dev responses), perturbed and ood (when present;
      they have no self-distilled responses, so the target answers them here, greedily, with
@@ -47,10 +47,10 @@ from specdraft.drafters.alignment import position_acceptance
 from specdraft.drafters.data import CausalLMCollator
 from specdraft.drafters.roles import DrafterRoles, drafter_roles
 from specdraft.decoding.bundle.loading import load_causal_lm as load_drafter
-from specdraft.heads.lit_router import train_classifier
-from specdraft.heads.router import CentroidRouter, Router, mean_pooled, save_router
+from specdraft.routers.lit_router import train_classifier
+from specdraft.routers.router import CentroidRouter, Router, mean_pooled, save_router
 from specdraft.data.prompts import fit_prompt
-from specdraft.data.generation import generate_batch
+from specdraft.data.generation import generate_responses
 from specdraft.pipelines.readers import load_distill_data
 from specdraft.pipelines.stage import Context
 from specdraft.pipelines.readers import BASE
@@ -104,7 +104,7 @@ def greedy_rows(target, tok, prompts, dcfg, seed: int, chat: ChatFormat = ChatFo
         batch = prompts[b:b + dcfg.batch_size]
         ids = [fit_prompt(format_prompt(tok, row_messages(r), chat), dcfg.max_prompt_tokens, "truncate", r["id"])[0]
                for r in batch]
-        gens = generate_batch(target, ids, tok.pad_token_id, end_of_turn_ids(tok, target), 0.0, 0, 1.0, dcfg.max_new_tokens, seed)
+        gens = generate_responses(target, ids, tok.pad_token_id, end_of_turn_ids(tok, target), 0.0, 0, 1.0, dcfg.max_new_tokens, seed)
         rows += [{"prompt_id": r["id"], "domain": r["domain"], "prompt_ids": p, "response_ids": resp}
                  for r, p, (resp, _) in zip(batch, ids, gens)]
     return rows
@@ -230,13 +230,13 @@ def build(ctx: Context) -> dict:
                                              "pooling": POOLING, "metrics": metrics,
                                              **({"train": train_stats} if kind == "classifier" else {})})
     print("[train-router] routing on prompt sets (acceptance = mean 1 - TV of the chosen drafter at T=1)\n"
-          + format_table(results))
+          + router_table(results))
     return {"label_kind": rcfg.labels, "drafters": special, "label_counts": label_counts, "classifier": train_stats,
             "eval": {s: {k: {m: v for m, v in r.items() if m != "routed_counts"} for k, r in res["routers"].items()}
                      for s, res in results.items()}}
 
 
-def format_table(results: dict[str, dict]) -> str:
+def router_table(results: dict[str, dict]) -> str:
     def f(x):
         return f"{x:.4f}" if x is not None else "-"
 

@@ -17,7 +17,7 @@ class _RefuseBareProjectImports:
     `import pipelines` would also resolve (to a second copy of every module, whose monkeypatches and
     registries the installed one never sees). Refuse such imports, so any that remain fail a test."""
 
-    BARE = {"core", "training", "decoding", "data", "drafters", "heads", "pipelines"}
+    BARE = {"core", "training", "decoding", "data", "drafters", "heads", "routers", "pipelines"}
 
     def find_spec(self, name, path=None, target=None):
         if path is None and name in self.BARE:

@@ -4,7 +4,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "training", "decoding", "data", "drafters", "heads", "pipelines")
+PACKAGES = ("core", "training", "decoding", "data", "drafters", "heads", "routers", "pipelines")
 # package -> the project packages it may import
 ALLOWED = {
     "core": set(),
@@ -13,7 +13,8 @@ ALLOWED = {
     "data": {"core", "decoding"},  # the prompt formats the decoder serves with (decoding.bundle.chat)
     "drafters": {"core", "decoding"},
     "heads": {"core", "decoding", "drafters", "training"},
-    "pipelines": {"core", "training", "decoding", "data", "drafters", "heads"},
+    "routers": {"core", "decoding", "drafters", "heads", "training"},
+    "pipelines": {"core", "training", "decoding", "data", "drafters", "heads", "routers"},
 }
 
 

@@ -5,7 +5,7 @@ the sampling transform.
 object of bundle.json (decoding/bundle/schema.py, written by export with every number resolved: the
 cost ratio is the c train-heads measured or pinned), and what a loaded bundle serves with
 (`Bundle.defaults`). Everything else that needs one of these numbers reads it from here, or from the
-bundle that carries them: `specdraft generate`, the bandits' throughput reward (decoding/speculators/bandit.py),
+bundle that carries them: `specdraft generate`, the bandits' throughput reward (decoding/bandits/multi_drafter.py),
 the stopping policies' library defaults (decoding/policies/stopping.py), train-heads' simulation cap.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ class DecodingDefaults:
     # c = t_draft / t_target, the bandits' throughput price of a drafted token; null: the c train-heads
     # measured (or pinned with train_heads.cost_ratio); a number: that c (e.g. timed on the serving machine)
     cost_ratio: Optional[float] = None
-    selector: str = "ucb"  # multi-drafter bandit (decoding/policies/selectors.py)
+    selector: str = "ucb"  # multi-drafter bandit (decoding/bandits/selectors.py)
     max_new_tokens: int = 64  # tokens per generation
     drafts: int = 1  # i.i.d. drafts per round; > 1 decodes with SpecTr (decoding/speculators/spectr.py)
     cascade: Optional[dict[str, Any]] = None  # {rule, alpha[, beta]}: serve a speculative cascade (decoding/cascades.py)

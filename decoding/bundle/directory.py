@@ -116,9 +116,34 @@ class Bundle:
 
     def fixed_k(self, drafter: str) -> int:
         """The draft length of fixed-K decoding with `drafter`: train-heads' best fixed K for it at the
-        serving transform, else the bundle's decoding.k."""
-        k = self.drafter(drafter).fixed_k
+        serving transform, else the bundle's decoding.k (an EAGLE drafter: decoding.k)."""
+        k = self.drafters[drafter].fixed_k if drafter in self.drafters else None
         return k if k is not None else self.defaults.k
+
+    def head_rule(self, drafter: str, head: str, threshold: float | None = None) -> tuple[float, int]:
+        """(h, K_max) a head serves at: `threshold` when the caller gives one, else the bundle's pinned
+        decoding.threshold, else the head's own h (train-heads' choice by simulation); K_max the head's,
+        else decoding.k_max. The one place these are defaulted."""
+        entry = self.heads[drafter][head]
+        h = threshold if threshold is not None else (
+            self.defaults.threshold if self.defaults.threshold is not None else entry.threshold)
+        return h, entry.k_max or self.defaults.k_max
+
+    def policy_for(self, drafter: str, head=None, head_name: str | None = None,
+                   k: int | None = None, threshold: float | None = None):
+        """How `drafter` drafts, as a factory of fresh stopping policies: `k` given -> fixed K; a head (its
+        module and its name in the bundle) -> SpecDec++ at `head_rule`; else fixed K at `fixed_k`. Used by
+        `specdraft generate`, evaluate and `generate_text`, so a value reaches every decode the same way."""
+        from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
+
+        if k is not None or head is None:
+            if threshold is not None:
+                raise InputError(f"a threshold sets a SpecDec++ head's h, but drafter '{drafter}' decodes with "
+                                 "fixed K here; give a head, or leave the threshold out")
+            kk = k if k is not None else self.fixed_k(drafter)
+            return lambda: FixedK(kk)
+        h, k_max = self.head_rule(drafter, head_name, threshold)
+        return lambda: SpecDecPP(head, h, k_max)
 
     def general_drafter(self) -> str:
         """The bundle's all-domain (OFA) drafter: the one whose domains cover every other drafter's (an
@@ -344,7 +369,7 @@ def _fmt_params(n: int) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1e5 else f"{n / 1e3:.1f}k"
 
 
-def summarize(b: Bundle) -> str:
+def describe(b: Bundle) -> str:
     """A readable summary: target, drafters (domains, size, alignment), heads, router, decoding defaults."""
     t = b.spec.target
     where = "in the bundle (target/)" if b.target_in_bundle else f"referenced: {b.target_path}"
@@ -404,7 +429,7 @@ def _export_metrics(root: Path) -> dict:
 
 def inspect_bundle(path: str | os.PathLike) -> str:
     """Verify every file of a bundle (InputError otherwise) and summarise it."""
-    return summarize(load_bundle(path, verify=True))
+    return describe(load_bundle(path, verify=True))
 
 
 def inspect_main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """UCBSpec over speculation lengths, one bandit per batch row, kept on the model's device
-(BanditSpec Alg. 4 / Eq. 6, the same index as `decoding.policies.selectors.UCBSpec`).
+(BanditSpec Alg. 4 / Eq. 6, the same index as `decoding.bandits.selectors.UCBSpec`).
 
 Arms are draft lengths gamma in `lengths` (0 = a plain target step), L = max(lengths). Each row
 round-robins over the arms first, then picks argmax mu_i + cr_i with
@@ -7,7 +7,7 @@ round-robins over the arms first, then picks argmax mu_i + cr_i with
     cr_i = (L / 2) sqrt( (1 + n_i) / n_i^2 * (1 + 2 ln(A t^2 sqrt(1 + n_i) / delta)) )
 
 and observes the round's throughput (n_acc + 1) / (1 + c k) mapped onto [1, L + 1]
-(`decoding.policies.rewards.throughput_reward` / `throughput_bounds`): with c = 0 that is exactly BanditSpec's
+(`decoding.bandits.rewards.throughput_reward` / `throughput_bounds`): with c = 0 that is exactly BanditSpec's
 accepted length Y = n_acc + 1. Selection and update are tensor ops over all rows: no host round trip.
 Exact ties are broken uniformly at random through the decode's device generator (as the CPU selectors do
 with their own stream), by adding noise far below any reward difference.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.policies.rewards import throughput_bounds
+from specdraft.decoding.bandits.rewards import throughput_bounds
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,17 @@ class LengthUCB:
     @property
     def max_tokens(self) -> int:
         return max(self.lengths)
+
+    # the length rule (`decoding.policies.stopping.LengthRule`): each row's arm is its cap, chosen before the
+    # round (`RowBandits.select`); within the round nothing stops a row early
+    needs_hidden = False
+    head = None
+
+    def round_state(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        return ()
+
+    def stop_rows(self, state, k: int, sigma, drafting: torch.Tensor):
+        return state, torch.zeros_like(drafting)
 
 
 class RowBandits:

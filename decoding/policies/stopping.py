@@ -30,6 +30,11 @@ from specdraft.core.errors import InputError
 
 
 class StoppingPolicy(Protocol):
+    """A length policy. The rule itself is the tensor method `stop_rows`, over the rows of a batch: the
+    batched decoder calls it inside its draft graph, the one-prompt loop calls it through `stop` on a batch
+    of one, and the offline simulator (`heads/simulate.py`, via `decoding.rounds.lengths.decisions`) over
+    every start position of its dev sequences at once: one definition, three callers."""
+
     max_tokens: int  # hard cap on draft tokens per round
     needs_hidden: bool  # whether `stop` reads e_{k-1} (costs output_hidden_states on draft forwards)
 
@@ -40,14 +45,41 @@ class StoppingPolicy(Protocol):
     def stop(self, k: int, hidden: torch.Tensor | None) -> bool: ...
 
 
+class LengthRule(Protocol):
+    """The tensor form of a stopping policy (what `stop_rows` callers need).
+
+    round_state(rows, device): the per-round tensor state the rule keeps, fresh at each round's start.
+    stop_rows(state, k, sigma, drafting) -> (state, stop): decision k, y_1..y_k drafted (k = 0: none yet,
+        asked before any drafter forward). sigma (rows,) float64 = sigmoid(head(e_{k-1})) for k >= 2, else
+        None (no prediction exists before e_1: SpecDec++'s one-token lag). drafting (rows,) bool: the rows
+        still drafting (their cap and EOS applied). stop (rows,) bool: True where the row verifies y_1..y_k
+        now. Pure tensor ops, no host reads: it runs inside a compiled draft graph."""
+
+    max_tokens: int
+    needs_hidden: bool
+    head: Callable[[torch.Tensor], torch.Tensor] | None
+
+    def round_state(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]: ...
+
+    def stop_rows(self, state: tuple[torch.Tensor, ...], k: int, sigma: torch.Tensor | None,
+                  drafting: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]: ...
+
+
 class FixedK:
     """Always draft K tokens (fewer only at EOS or the length limit)."""
 
     needs_hidden = False
+    head = None
 
     def __init__(self, k: int):
         check_k(k)
         self.max_tokens = k
+
+    def round_state(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        return ()
+
+    def stop_rows(self, state, k: int, sigma, drafting: torch.Tensor):
+        return state, torch.zeros_like(drafting)  # the cap max_tokens = K ends the round
 
     def start(self, drafter: torch.nn.Module) -> None:
         pass
@@ -70,33 +102,49 @@ def _module_device_dtype(module: Callable) -> tuple[torch.device | None, torch.d
 class SpecDecPP:
     """SpecDec++ (§4.3, Alg. 1): after sampling y_k, stop when the predicted probability of at least one
     rejection among the predicted candidates, 1 - prod_{i < k} sigmoid(head(e_i)), exceeds h; or at
-    K_max. `head` maps hidden (..., H) -> logits (...). The decisions are `decoding.rounds.lengths.specdecpp_fires`
-    (a test checks the two agree)."""
+    K_max. `head` maps hidden (..., H) -> logits (...); it may be None for the offline simulator, which
+    brings its own sigmas. The rule is `stop_rows`; `stop` runs it on a batch of one."""
 
     needs_hidden = True
 
-    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor], threshold: float = SPECDECPP_PAPER_THRESHOLD,
-                 k_max: int = DEFAULTS.k_max):
+    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None,
+                 threshold: float = SPECDECPP_PAPER_THRESHOLD, k_max: int = DEFAULTS.k_max):
         check_threshold(threshold)
         check_k(k_max, "K_max")
         self.head = head
         self.threshold = threshold
         self.max_tokens = k_max
         self._device, self._dtype = _module_device_dtype(head)
-        self.p_all_accepted = 1.0
+        self._state: tuple[torch.Tensor, ...] = self.round_state(1, torch.device("cpu"))
+
+    def round_state(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        # p_hat: predicted P(the candidates read so far are all accepted)
+        return (torch.ones(rows, dtype=torch.float64, device=device),)
+
+    def risk(self, p_hat: torch.Tensor, drafting: torch.Tensor) -> torch.Tensor:
+        """The predicted probability of a rejection each row's decision compares with h."""
+        return 1.0 - p_hat
+
+    def stop_rows(self, state, k: int, sigma, drafting: torch.Tensor):
+        (p_hat,) = state
+        if k <= 1 or sigma is None:
+            return state, torch.zeros_like(drafting)  # no prediction exists before e_1 (y_1 always goes out)
+        p_hat = p_hat * sigma
+        return (p_hat,), drafting & (self.risk(p_hat, drafting) > self.threshold)
 
     def start(self, drafter: torch.nn.Module) -> None:
         pass
 
     def start_round(self, context: list[int]) -> None:
-        self.p_all_accepted = 1.0  # p_hat: predicted P(the candidates read so far are all accepted)
+        self._state = self.round_state(1, torch.device("cpu"))
 
     def stop(self, k: int, hidden: torch.Tensor | None) -> bool:
-        if k <= 1:
-            return False  # no prediction exists before e_1 (y_1 always goes out)
-        e = hidden.to(device=self._device or hidden.device, dtype=self._dtype or hidden.dtype)
-        self.p_all_accepted *= float(torch.sigmoid(self.head(e).float()).reshape(()))
-        return 1.0 - self.p_all_accepted > self.threshold
+        sigma = None
+        if k >= 2:
+            e = hidden.to(device=self._device or hidden.device, dtype=self._dtype or hidden.dtype)
+            sigma = torch.sigmoid(self.head(e).float()).reshape(1).double().cpu()
+        self._state, stop = self.stop_rows(self._state, k, sigma, torch.ones(1, dtype=torch.bool))
+        return bool(stop[0])
 
     def __repr__(self) -> str:
         return f"SpecDecPP(h={self.threshold}, K_max={self.max_tokens})"
@@ -110,7 +158,11 @@ class LockstepSpecDecPP(SpecDecPP):
     when the mean over the rows still drafting of the predicted probability of a rejection,
     1 - prod_{i < k} sigmoid(head(e_i)), exceeds h. Rows still stop alone at their cap and after EOS. At
     batch 1 this is SpecDecPP decision for decision; like any stopping rule that reads only the drafts, it
-    keeps decoding lossless. On the one-prompt loop it is SpecDecPP."""
+    keeps decoding lossless."""
+
+    def risk(self, p_hat: torch.Tensor, drafting: torch.Tensor) -> torch.Tensor:
+        mean = ((1.0 - p_hat) * drafting).sum() / drafting.sum().clamp_min(1)
+        return mean.expand_as(p_hat)
 
     def __repr__(self) -> str:
         return f"LockstepSpecDecPP(h={self.threshold}, K_max={self.max_tokens})"

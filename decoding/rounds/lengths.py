@@ -1,6 +1,6 @@
 """Round lengths and forward counts of a stopping policy: the one definition that the decoder
 (`decoding.speculators.drafter.DrafterSpeculator` with a `decoding.policies.stopping` policy) and the offline simulator
-that picks a head's threshold (`heads/simulate.py`) share.
+that picks a head's threshold (`heads/simulate.py`) share; `decisions` runs a policy's own rule over whole rounds.
 
 A round is a sequence of per-position decisions (SpecDec++ §4.2, Alg. 1). Decision k (k = 0, 1, ...)
 is taken once k candidates y_1..y_k are drafted: stop and verify y_1..y_k, or draft y_{k+1}.
@@ -44,18 +44,21 @@ def round_length(fires: torch.Tensor, cap: int | torch.Tensor) -> torch.Tensor:
     return torch.minimum(k, torch.as_tensor(cap, dtype=k.dtype))
 
 
-def specdecpp_fires(sigma: torch.Tensor, threshold: float | torch.Tensor) -> torch.Tensor:
-    """SpecDec++ Alg. 1 decisions of one round. sigma (..., W): sigmoid(f(e_i)) at the round's draft
-    tokens y_1..y_W in order; threshold h (float, or a tensor broadcasting against (..., W + 1)).
-    Returns (..., W + 1) bool: decision 0 never fires (nothing is drafted yet), decision k >= 1 fires
-    when 1 - prod_{i < k} sigma_i > h (the product over e_1..e_{k-1}: e_k is not computed yet)."""
-    shape = sigma.shape[:-1] + (1,)
-    ones = torch.ones(shape, dtype=torch.float64, device=sigma.device)
-    # p_hat after decision k, k = 0..W: 1, 1, sigma_1, sigma_1 sigma_2, ..., prod_{i < W} sigma_i
-    p_hat = torch.cat([ones, ones, sigma.double()[..., :-1].cumprod(-1)], dim=-1)
-    fires = (1.0 - p_hat) > torch.as_tensor(threshold, dtype=torch.float64)
-    fires[..., 0] = False
-    return fires
+def decisions(policy, sigma: torch.Tensor) -> torch.Tensor:
+    """A length policy's decisions over whole rounds, from its own tensor rule (`stop_rows`, the one the
+    decoders run). sigma (..., W): sigmoid(f(e_i)) at the round's draft tokens y_1..y_W in order. Returns
+    (..., W + 1) bool, decision k at index k: decision k reads sigma_1..sigma_{k-1} (e_k is not computed
+    yet when y_k is drafted). Every row is taken as drafting throughout: the caps (K_max, EOS, the
+    length limit) are `round_length`'s."""
+    lead, W = sigma.shape[:-1], sigma.shape[-1]
+    flat = sigma.reshape(-1, W).double()
+    drafting = torch.ones(flat.shape[0], dtype=torch.bool, device=sigma.device)
+    state = policy.round_state(flat.shape[0], sigma.device)
+    fires = []
+    for k in range(W + 1):
+        state, stop = policy.stop_rows(state, k, flat[:, k - 2] if k >= 2 else None, drafting)
+        fires.append(stop)
+    return torch.stack(fires, dim=-1).reshape(*lead, W + 1)
 
 
 def lemma_3_1_gap(n_draft: int, n_target: int, n_generated: int, n_discarded: int) -> int:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from specdraft.core.hashing import derive_seed
-from specdraft.data.quality import PRIMARY_METRIC, SCORED_DOMAINS, aggregate as aggregate_quality, score
+from specdraft.data.quality import PRIMARY_METRIC, SCORED_DOMAINS, score, score_set
 from specdraft.decoding.policies.cost_model import fit_costs
 from specdraft.decoding.metrics import aggregate
 from specdraft.decoding.rounds.sampling import SamplingConfig
@@ -55,7 +55,7 @@ def target_quality(records: list[Record], prompts: list[Prompt], tok, example_ch
         refs = [test[r.prompt].reference for r in runs]
         prompt_text = tok.decode(list(test[runs[0].prompt].ids), skip_special_tokens=True)
         out[domain] = {"prompts": len(runs),
-                       **{k: _r(v) for k, v in aggregate_quality(domain, texts, refs).items() if k != "n"},
+                       **{k: _r(v) for k, v in score_set(domain, texts, refs).items() if k != "n"},
                        "example": {"prompt": prompt_text[-example_chars:], "output": texts[0][:example_chars],
                                    "reference": refs[0][:example_chars]}}
     return out

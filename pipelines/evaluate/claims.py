@@ -500,7 +500,7 @@ def _policy_key(row: dict) -> tuple:
     return row["policy"], row["drafter"], row["k"]
 
 
-def throughput(metrics: dict) -> dict | None:
+def throughput_verdict(metrics: dict) -> dict | None:
     """Per batched method, its speedup over batched AR at each B (interval over batches) against 1, and the
     largest B at which that interval is above 1 (`pays_up_to`; None: at no B). `fixed_falls_at`: the batch
     sizes at which no fixed K pays any more, though one did at a smaller B; at those, each adaptive policy's
@@ -559,7 +559,7 @@ def throughput(metrics: dict) -> dict | None:
 def paper_verdicts(metrics: dict) -> dict[str, Any]:
     return {"specdecpp": specdecpp(metrics), "spectr": spectr(metrics), "quality_gap": quality_gap(metrics),
             "cascades": cascades(metrics), "banditspec": banditspec(metrics), "metaeagle": metaeagle(metrics),
-            "throughput": throughput(metrics)}
+            "throughput": throughput_verdict(metrics)}
 
 
 def judge(metrics: dict) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from specdraft.data.prompts import fit_prompt, load_prompt_sets
 from specdraft.decoding.bundle.directory import Bundle
 from specdraft.decoding.bundle.chat import ChatFormat, format_prompt
 from specdraft.decoding.rounds.sampling import SamplingConfig
-from specdraft.heads.router import load_router
+from specdraft.routers.router import load_router
 from specdraft.pipelines.evaluate.plan import Head, Prompt
 from specdraft.pipelines.schema import EvaluateSection, TargetSection
 
@@ -57,10 +57,8 @@ def load_heads(bundle: Bundle, drafters, modes: dict[str, SamplingConfig], devic
             name = bundle.head_for(n, transform)
             if name is not None:
                 module, _ = bundle.load_head(n, name, device=device)
-                entry = bundle.heads[n][name]
-                # a threshold pinned in the bundle's decoding defaults serves every head; else each head's own h
-                h = bundle.defaults.threshold if bundle.defaults.threshold is not None else entry.threshold
-                heads[mode][n] = Head(module, h, entry.k_max or bundle.defaults.k_max, entry.name)
+                h, k_max = bundle.head_rule(n, name)  # as `specdraft generate` serves it (Bundle.policy_for)
+                heads[mode][n] = Head(module, h, k_max, name)
         lacking = sorted(n for n in drafters if n not in heads[mode] and bundle.heads.get(n))
         if lacking:
             notes.append(f"no head labelled under {transform.tag} for {', '.join(lacking)}: their {mode} SpecDec++ "

@@ -15,10 +15,10 @@ from specdraft.decoding.speculators.arms import ArmResources, build_arm, build_a
 from specdraft.decoding.cascades import cascade_method
 from specdraft.decoding.speculators.eagle import EagleSpeculator
 from specdraft.decoding.metrics import GenerationResult
-from specdraft.decoding.speculators.bandit import Arm, MultiDrafterSpeculator
+from specdraft.decoding.bandits.multi_drafter import Arm, MultiDrafterSpeculator
 from specdraft.decoding.speculators.spectr import drafter_speculator
 from specdraft.decoding.rounds.sampling import SamplingConfig
-from specdraft.decoding.policies.selectors import make_selector
+from specdraft.decoding.bandits.selectors import make_selector
 from specdraft.decoding.speculative import VerificationDistribution
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
 from specdraft.decoding.speculators.protocol import Speculator
@@ -44,11 +44,13 @@ class Prompt:
 class Built:
     """What a run's factory hands the loop."""
 
-    speculator: Speculator | None  # None: the target decodes alone (autoregressive)
+    # the one-prompt loop's speculator (bandits, trees, SpecTr, model-free, oracle, cascades); None: the product
+    # loop (`decoding.batched.generate_batch`) decodes, with `draft_model` and `policy` (both None: the target alone)
+    speculator: Speculator | None
     drafter: str | None = None  # the drafter chosen at run time (a router's pick), for the record
     verification: VerificationDistribution | None = None  # None: verify against the target's own p
-    # a batch run (Prompt.batch): the drafter model and the stopping policy decoding.batched.generate_batch
-    # drafts with (FixedK, SpecDecPP, LengthUCB); both None for batched autoregressive decoding
+    # the drafter model and the stopping policy decoding.batched.generate_batch drafts with (FixedK, SpecDecPP,
+    # LengthUCB; an EAGLE-1 drafter); both None for autoregressive decoding
     draft_model: torch.nn.Module | None = None
     policy: Any = None
     # a method with a decode loop of its own (the sequential cascades): decode(target, prompt ids, max_new_tokens,
@@ -116,7 +118,8 @@ class Env:
 
 
 def _drafter(env: Env, name: str, stopping_factory: Callable[[], Any]) -> Callable[..., Built]:
-    return lambda done: Built(DrafterSpeculator(env.drafters[name], stopping_factory()), drafter=name)
+    """A chain run: the drafter and a fresh policy, decoded by the product loop (`generate_batch`, a batch of one)."""
+    return lambda done: Built(None, drafter=name, draft_model=env.drafters[name], policy=stopping_factory())
 
 
 # --- planners: one per family group; each returns the runs of one prompt --------------------------------
@@ -144,7 +147,7 @@ def plan_routers(env: Env, p: Prompt) -> list[Run]:
     def build(router) -> Callable[..., Built]:
         def make(done) -> Built:
             name = router.route(list(p.ids))  # inside the timed call: routing is part of the method's cost
-            return Built(DrafterSpeculator(env.drafters[name], FixedK(env.k)), drafter=name)
+            return Built(None, drafter=name, draft_model=env.drafters[name], policy=FixedK(env.k))
         return make
 
     return [Run(MethodKey("router", k=env.k, router=kind), p, build(r), timed_build=True)
@@ -292,6 +295,15 @@ def plan_model_free(env: Env, p: Prompt) -> list[Run]:
     return runs
 
 
+def eagle_chain(env: Env, name: str) -> Callable[..., Built]:
+    """An EAGLE chain at fixed K: an EAGLE-1 drafter through the product loop (`generate_batch`); other
+    variants through the one-prompt loop (the batched decoder drafts EAGLE-1 chains only)."""
+    drafter = env.eagle[name]
+    if drafter.variant == "eagle1":
+        return lambda done: Built(None, drafter=name, draft_model=drafter, policy=FixedK(env.k))
+    return lambda done: Built(EagleSpeculator(drafter, FixedK(env.k)), drafter=name)
+
+
 def plan_eagle(env: Env, p: Prompt) -> list[Run]:
     """MetaSD's MetaEagle rows (Tables 4 / 7, greedy, every prompt): each EAGLE drafter at fixed K as a chain
     and as its EAGLE-2 tree, and with more than one specialised EAGLE drafter MetaEagle-UCB (BE and BD) over
@@ -300,8 +312,7 @@ def plan_eagle(env: Env, p: Prompt) -> list[Run]:
         return []
     runs = []
     for n in env.eagle:
-        runs.append(Run(MethodKey("eagle", drafter=n, k=env.k, params=params(draft="chain")), p,
-                        lambda done, n=n: Built(EagleSpeculator(env.eagle[n], FixedK(env.k)), drafter=n)))
+        runs.append(Run(MethodKey("eagle", drafter=n, k=env.k, params=params(draft="chain")), p, eagle_chain(env, n)))
         tree = env.eagle_tree.get(n)
         if tree is not None:
             shape = f"tree {tree.depth}x{tree.top_k}x{tree.nodes}"

@@ -11,10 +11,9 @@ from typing import Any, Callable, Mapping
 import torch
 from tqdm.auto import tqdm
 
-from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.batched import generate_batch
 from specdraft.decoding.metrics import GenerationMetrics, GenerationResult, aggregate
-from specdraft.decoding.speculators.bandit import MultiDrafterSpeculator
+from specdraft.decoding.bandits.multi_drafter import MultiDrafterSpeculator
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import generate_speculative
 from specdraft.decoding.timing import Timing, timed_call
@@ -198,15 +197,17 @@ class BatchResult:
 
 
 def _decode(run: Run, built: Built, target, max_new_tokens: int, sampling: SamplingConfig, eos) -> tuple[Built, Any]:
-    if run.prompt.batch:  # every row of the batch in one call; the seed breaks LengthUCB's ties
-        return built, BatchResult(generate_batch(target, [list(p.ids) for p in run.prompt.batch], max_new_tokens,
-                                                 drafter=built.draft_model, policy=built.policy, sampling=sampling,
-                                                 eos_token_id=eos, seed=run.seed))
-    gen = torch.Generator().manual_seed(run.seed) if run.seed is not None else None
+    """One generation (or a batch's). Chains and the target alone decode in the product loop, the one
+    `specdraft generate` runs (`generate_batch`; a prompt is a batch of one, its seed the run's); methods
+    that need the one-prompt loop (bandits, trees, SpecTr, model-free, oracle, cascades) in it."""
     if built.decode is not None:
+        gen = torch.Generator().manual_seed(run.seed) if run.seed is not None else None
         return built, built.decode(target, run.prompt.ids, max_new_tokens, sampling, eos, gen)
-    if built.speculator is None:
-        return built, generate_autoregressive(target, run.prompt.ids, max_new_tokens, sampling, eos, gen)
+    if built.speculator is None and built.verification is None:
+        rows = [list(p.ids) for p in run.prompt.batch] if run.prompt.batch else [list(run.prompt.ids)]
+        results = generate_batch(target, rows, max_new_tokens, drafter=built.draft_model, policy=built.policy,
+                                 sampling=sampling, eos_token_id=eos, seed=run.seed if run.seed is not None else 0)
+        return built, BatchResult(results) if run.prompt.batch else results[0]
+    gen = torch.Generator().manual_seed(run.seed) if run.seed is not None else None
     return built, generate_speculative(target, built.speculator, run.prompt.ids, max_new_tokens, sampling, eos, gen,
                                        built.verification)
-

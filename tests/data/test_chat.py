@@ -7,7 +7,7 @@ import pytest
 
 from specdraft.data.chat import chat_format, row_messages
 from specdraft.data.prompts import load_user_prompts, user_prompt_sets
-from specdraft.data.tokenizer import DEMO_CHAT_TEMPLATE, encode_document, train_bpe
+from specdraft.data.demo_tokenizer import DEMO_CHAT_TEMPLATE, encode_document, train_bpe
 from specdraft.decoding.bundle.chat import ChatFormat, format_prompt, user_turn
 from specdraft.core.errors import InputError
 from specdraft.pipelines.schema import PromptsSection

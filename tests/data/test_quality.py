@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from specdraft.data.quality import PRIMARY_METRIC, aggregate, math_answer, score
+from specdraft.data.quality import PRIMARY_METRIC, math_answer, score, score_set
 from specdraft.core.errors import InputError
 
 
@@ -44,10 +44,10 @@ def test_code_first_line_keeps_indentation_and_bleu_clips_to_the_reference_lengt
 def test_aggregate_uses_corpus_bleu_and_means():
     refs = [" Isthay isway away entencesay.", " Anotherway entencesay erehay."]
     preds = [refs[0], " Anotherway ordway erehay."]
-    agg = aggregate("translate", preds, refs)
+    agg = score_set("translate", preds, refs)
     assert agg["exact_match"] == 50.0 and agg["n"] == 2.0 and 0.0 < agg["bleu"] < 100.0
     with pytest.raises(InputError, match="predictions but"):
-        aggregate("translate", preds, refs[:1])
+        score_set("translate", preds, refs[:1])
 
 
 def test_unknown_domain_is_one_line_input_error():

@@ -6,12 +6,12 @@ from specdraft.decoding.speculators.arms import ArmResources, build_arms
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.speculators.datastore import SuffixIndex
 from specdraft.core.errors import InputError
-from specdraft.decoding.speculators.bandit import MultiDrafterSpeculator, NoDraftSpeculator
+from specdraft.decoding.bandits.multi_drafter import MultiDrafterSpeculator, NoDraftSpeculator
 from specdraft.decoding.speculators.prompt_lookup import PromptLookupSpeculator
 from specdraft.decoding.speculators.rest import RestSpeculator
-from specdraft.decoding.policies.rewards import throughput_bounds, throughput_reward
+from specdraft.decoding.bandits.rewards import throughput_bounds, throughput_reward
 from specdraft.decoding.rounds.sampling import SamplingConfig
-from specdraft.decoding.policies.selectors import make_selector
+from specdraft.decoding.bandits.selectors import make_selector
 from specdraft.decoding.speculative import generate_speculative
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
 from specdraft.decoding.speculators.suffix import SuffixSpeculator

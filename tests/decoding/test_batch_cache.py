@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from specdraft.decoding.rounds import kv
-from specdraft.decoding.batched import generate_batch, model_step
+from specdraft.decoding.batched import forward_step, generate_batch
+from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.rounds.static_cache import RowStaticCache, attention_mask, forward_rows
-from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
+from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP
 from tests.decoding.test_greedy_equivalence import random_head
 
 
@@ -62,7 +63,7 @@ def test_compiled_forward_equals_eager(llama_pair):
     """Inductor-compiled verify/draft steps give the eager logits (1e-5) at ragged lengths, and a compiled
     batched decode (fixed K and SpecDec++) gives the eager tokens and rounds."""
     target, drafter = llama_pair
-    compiled = model_step(target, "default")
+    compiled = forward_step(StepCompiler("default"), target)
     gen = torch.Generator().manual_seed(1)
     with torch.inference_mode():
         for width in (1, 5):
@@ -76,9 +77,11 @@ def test_compiled_forward_equals_eager(llama_pair):
                 got = compiled(comp_cache, ids)[0]
                 torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
-    for policy in (FixedK(3), SpecDecPP(random_head(drafter.config.hidden_size, 0), 0.5, k_max=5)):
+    head = random_head(drafter.config.hidden_size, 0)
+    compiler = StepCompiler("default")  # one compiler for every call: each graph compiles once
+    for policy in (FixedK(3), SpecDecPP(head, 0.5, k_max=5), LockstepSpecDecPP(head, 0.5, k_max=5)):
         eager = generate_batch(target, prompts, 20, drafter=drafter, policy=policy)
-        comp = generate_batch(target, prompts, 20, drafter=drafter, policy=policy, compile="default")
+        comp = generate_batch(target, prompts, 20, drafter=drafter, policy=policy, compile=compiler)
         for e, c in zip(eager, comp):
             assert c.tokens == e.tokens
             assert (c.metrics.drafted, c.metrics.accepted) == (e.metrics.drafted, e.metrics.accepted)
@@ -124,7 +127,7 @@ def test_compiled_steps_keep_only_the_guards_on_their_arguments():
     lambdas go (they cost more than a small model's forward; the step is keyed by its model)."""
     from torch._dynamo.types import GuardFilterEntry
 
-    from specdraft.decoding.batched import argument_guards
+    from specdraft.decoding.compilation import argument_guards
 
     def entry(name, guard_type="TENSOR_MATCH", is_global=False):
         return GuardFilterEntry(name=name, has_value=False, value=None, guard_type=guard_type,
@@ -138,7 +141,7 @@ def test_compiled_steps_keep_only_the_guards_on_their_arguments():
 
 
 def test_compiled_rounds_verify_a_few_widths_and_never_fewer_than_drafted():
-    from specdraft.decoding.batched import verify_width
+    from specdraft.decoding.compilation import verify_width
 
     widths = {s: verify_width(s, 8) for s in range(9)}
     assert widths == {0: 0, 1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 6: 8, 7: 8, 8: 8}
@@ -146,7 +149,7 @@ def test_compiled_rounds_verify_a_few_widths_and_never_fewer_than_drafted():
 
 
 def test_compiled_prefills_run_at_a_few_widths_never_shorter_than_the_prompt():
-    from specdraft.decoding.batched import prefill_width
+    from specdraft.decoding.compilation import prefill_width
 
     widths = [prefill_width(n) for n in range(1, 300)]
     assert set(widths) == {16, 32, 64, 128, 256, 512}
@@ -159,8 +162,9 @@ def test_compiled_steps_of_two_models_of_one_shape_stay_apart(make_llama):
     no guard on the model and hold its weights in the graph, so a graph of one must never serve the other)."""
     a, b = make_llama(0), make_llama(1)
     ids = torch.tensor([[3, 5, 7]])
+    compiler = StepCompiler("default")
     with torch.inference_mode():
         for model in (a, b, a):
             cache = RowStaticCache(model.config, 1, 32, torch.float32, torch.device("cpu"))
             want = forward_rows(model, cache, ids)[0]
-            torch.testing.assert_close(model_step(model, "default")(cache, ids)[0], want, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(forward_step(compiler, model)(cache, ids)[0], want, atol=1e-5, rtol=1e-5)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from specdraft.data.tokenizer import train_bpe
+from specdraft.data.demo_tokenizer import train_bpe
 from specdraft.decoding.generate import generate_text, load_pair
 from specdraft.core.errors import InputError
 from specdraft.pipelines.cli import main

@@ -13,7 +13,7 @@ from specdraft.decoding.policies.acceptance_head import AcceptanceHead, save_hea
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.bundle.directory import BUNDLE_JSON, bundle_files, load_bundle, write_bundle_json
 from specdraft.decoding.rounds.sampling import SamplingConfig
-from specdraft.heads.router import CentroidRouter, mean_pooled, save_router
+from specdraft.routers.router import CentroidRouter, mean_pooled, save_router
 from specdraft.pipelines.cli import main
 from tests.decoding.conftest import noisy_copy, tiny_llama
 from tests.decoding.test_bundle import V, bundle, tiny_tokenizer  # noqa: F401 (bundle: a copy of this module's template)
@@ -118,8 +118,9 @@ def test_prompt_file_to_jsonl_with_the_bundles_router_and_batches(bundle, tmp_pa
 
 def test_without_a_router_the_all_domain_drafter_serves_not_the_first(bundle, tmp_path, capsys, monkeypatch):
     seen = []
-    real = generate_module.FixedK
-    monkeypatch.setattr(generate_module, "FixedK", lambda k: seen.append(k) or real(k))
+    real = generate_module.decode_batch
+    monkeypatch.setattr(generate_module, "decode_batch", lambda target, prompts, n, plan, *a: seen.append(
+        plan.policy().max_tokens) or real(target, prompts, n, plan, *a))
     out = tmp_path / "o.jsonl"
     assert main(["generate", str(bundle), "--prompts", _prompts(tmp_path, [{"prompt": MATH}]), "--router", "none",
                  "--output", str(out)]) == 0
@@ -139,8 +140,9 @@ def test_specdecpp_runs_at_the_bundles_threshold_else_the_heads(bundle, tmp_path
                                                                 threshold, want):
     _set_decoding(bundle, threshold=threshold)
     seen = []
-    real = generate_module.SpecDecPP
-    monkeypatch.setattr(generate_module, "SpecDecPP", lambda head, h, k_max: seen.append((h, k_max)) or real(head, h, k_max))
+    real = generate_module.decode_batch
+    monkeypatch.setattr(generate_module, "decode_batch", lambda target, prompts, n, plan, *a: seen.append(
+        (plan.policy().threshold, plan.policy().max_tokens)) or real(target, prompts, n, plan, *a))
     assert main(["generate", str(bundle), "--prompt", MATH, "--drafter", "math"]) == 0
     assert seen and set(seen) == {(want, 6)}  # k_max: the head's own cap
     assert main(["generate", str(bundle), "--prompt", MATH, "--drafter", "math", "--threshold", "0.2"]) == 0
@@ -249,3 +251,38 @@ def test_compiled_batches_give_the_eager_tokens(bundle, tmp_path, capsys):
     capsys.readouterr()
     assert [r["token_ids"] for r in outs["default"]] == [r["token_ids"] for r in outs["none"]]
     assert [r["N_target"] for r in outs["default"]] == [r["N_target"] for r in outs["none"]]
+
+
+def test_each_decoding_value_walks_from_the_cli_and_the_bundle_to_the_policy(bundle, monkeypatch, capsys):
+    """K, K_max and h: given on the command line they decide; left out, the bundle decides, each defaulted in
+    one place (`Bundle.policy_for`: K -> the drafter's fixed_k; h -> the pinned decoding.threshold, else the
+    head's own; K_max -> the head's). Evaluate's heads serve at the same (h, K_max) (`Bundle.head_rule`)."""
+    from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
+    from specdraft.pipelines.evaluate.load import load_heads
+
+    seen = []
+    real = generate_module.decode_batch
+    monkeypatch.setattr(generate_module, "decode_batch", lambda target, prompts, n, plan, *a: seen.append(
+        plan.policy() if plan.policy is not None else None) or real(target, prompts, n, plan, *a))
+
+    def policy(*argv):
+        assert main(["generate", str(bundle), "--prompt", MATH, *argv]) == 0, capsys.readouterr().err
+        return seen[-1]
+
+    for name, fixed in (("code", 2), ("ofa", 5)):  # no head: the drafter's own fixed K
+        p = policy("--drafter", name)
+        assert type(p) is FixedK and p.max_tokens == fixed
+    assert policy("--drafter", "code", "--k", "3").max_tokens == 3
+    p = policy("--drafter", "math")  # its head, at the head's h and K_max
+    assert type(p) is SpecDecPP and (p.threshold, p.max_tokens) == (0.7, 6)
+    p = policy("--drafter", "math", "--threshold", "0.4")
+    assert (p.threshold, p.max_tokens) == (0.4, 6)
+    assert type(policy("--drafter", "math", "--k", "2")) is FixedK
+    _set_decoding(bundle, threshold=0.55)  # pinned in the bundle: every head serves at it, unless the CLI says
+    assert policy("--drafter", "math").threshold == 0.55
+    assert policy("--drafter", "math", "--threshold", "0.4").threshold == 0.4
+    b = load_bundle(bundle)
+    heads = load_heads(b, ["math", "code"], {"greedy": SamplingConfig(0.0)}, "cpu", [])
+    assert (heads["greedy"]["math"].threshold, heads["greedy"]["math"].k_max) == (0.55, 6)
+    assert "code" not in heads["greedy"]
+    capsys.readouterr()

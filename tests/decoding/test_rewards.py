@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.policies.rewards import (
+from specdraft.decoding.bandits.rewards import (
     accepted_length_reward,
     block_divergence_reward,
     block_efficiency_reward,
@@ -82,7 +82,7 @@ def test_block_efficiency_and_accepted_length():
 
 
 def test_throughput_reward_is_tokens_per_unit_cost():
-    from specdraft.decoding.policies.rewards import normalized_throughput, throughput_range, throughput_reward
+    from specdraft.decoding.bandits.rewards import normalized_throughput, throughput_range, throughput_reward
 
     assert throughput_reward(0, 0, 0.3) == 1.0  # a plain target step
     assert throughput_reward(2, 4, 0.25) == pytest.approx(3 / 2)  # 3 tokens for 1 + 4 * 0.25

@@ -1,6 +1,7 @@
 """One definition of round lengths and forward counts (decoding/rounds/lengths.py, SpecDec++ Alg. 1 and
 Lemma 3.1), held by the decoder and by the offline simulator that picks a head's threshold:
-- the decoder's SpecDecPP decisions are the shared `specdecpp_fires`;
+- the one-prompt loop's SpecDecPP decisions (`stop`) are its tensor rule `stop_rows`, run over whole rounds by
+  `decisions` (what the simulator runs);
 - Lemma 3.1, N_draft + N_target = N + N_discarded, holds exactly on real decodes (greedy and sampled)
   for fixed K, SpecDec++, the hindsight oracle and the bandits, and N_draft is the number of drafter
   calls actually made, also when a generation ends on an accepted drafted EOS (the bonus token after
@@ -11,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specdraft.decoding.speculators.bandit import Arm, MultiDrafterSpeculator, gamma_arms
-from specdraft.decoding.rounds.lengths import lemma_3_1_gap, round_length, specdecpp_fires
+from specdraft.decoding.bandits.multi_drafter import Arm, MultiDrafterSpeculator, gamma_arms
+from specdraft.decoding.rounds.lengths import decisions, lemma_3_1_gap, round_length
 from specdraft.decoding.rounds.sampling import SamplingConfig
-from specdraft.decoding.policies.selectors import make_selector
+from specdraft.decoding.bandits.selectors import make_selector
 from specdraft.decoding.speculative import generate_speculative, hindsight_oracle, speculative_generate
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
 from specdraft.decoding.policies.stopping import FixedK, HindsightOracle, SpecDecPP
@@ -28,6 +29,9 @@ def logit(p: torch.Tensor) -> torch.Tensor:
 
 
 def test_specdecpp_stop_is_the_shared_decision_rule():
+    def specdecpp_fires(sigma, h):
+        return decisions(SpecDecPP(None, h, k_max=sigma.shape[-1]), sigma)
+
     gen = torch.Generator().manual_seed(0)
     identity = torch.nn.Linear(1, 1).requires_grad_(False)
     with torch.no_grad():
@@ -49,6 +53,30 @@ def test_specdecpp_stop_is_the_shared_decision_rule():
             assert k == int(round_length(fires, 8))
     # y_1 always goes out: no decision before e_1 exists, whatever h
     assert not specdecpp_fires(torch.zeros(5), 0.01)[:2].any()
+    # the rule by hand: decision k fires when 1 - prod_{i < k} sigma_i > h
+    sigma = torch.tensor([0.9, 0.8, 0.5, 0.9])
+    assert specdecpp_fires(sigma, 0.3).tolist() == [False, False, False, False, True]  # 1 - 0.72 = 0.28, then 0.64
+
+
+def test_lockstep_rule_stops_the_batch_on_its_drafting_rows_mean_risk():
+    from specdraft.decoding.policies.stopping import LockstepSpecDecPP
+    rule = LockstepSpecDecPP(None, 0.5, k_max=4)
+    state = rule.round_state(3, torch.device("cpu"))
+    drafting = torch.tensor([True, True, False])
+    state, stop = rule.stop_rows(state, 1, None, drafting)
+    assert not stop.any()
+    # risks 0.1, 0.8 (and 0.95 on a row that no longer drafts): the drafting rows' mean 0.45 <= h
+    state, stop = rule.stop_rows(state, 2, torch.tensor([0.9, 0.2, 0.05], dtype=torch.float64), drafting)
+    assert not stop.any()
+    # next: 1 - 0.81 = 0.19, 1 - 0.02 = 0.98: mean 0.585 > h stops every drafting row, and only those
+    state, stop = rule.stop_rows(state, 3, torch.tensor([0.9, 0.1, 1.0], dtype=torch.float64), drafting)
+    assert stop.tolist() == [True, True, False]
+    # per row, the same sigmas stop only the second row
+    per_row = SpecDecPP(None, 0.5, k_max=4)
+    state = per_row.round_state(3, torch.device("cpu"))
+    for k, sigma in ((1, None), (2, torch.tensor([0.9, 0.2, 0.05], dtype=torch.float64))):
+        state, stop = per_row.stop_rows(state, k, sigma, drafting)
+    assert stop.tolist() == [False, True, False]
 
 
 def random_head(hidden: int, seed: int) -> torch.nn.Module:

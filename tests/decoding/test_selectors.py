@@ -8,7 +8,7 @@ import random
 import pytest
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.policies.selectors import (
+from specdraft.decoding.bandits.selectors import (
     EXP3,
     SELECTORS,
     EXP3Spec,

@@ -331,3 +331,36 @@ def test_timed_and_counted_disagreement_is_said_next_to_the_numbers():
                           "runs": 10, "passes_mean": 3.2, "passes_max": 6, "narrow_share": 0.8}}
     text = " ".join(timing_lines(metrics))
     assert "cuda events" in text and "up to 6" in text and "+-5%" in text and "1 rows' timed and counted" in text
+
+
+def test_chain_rows_decode_in_the_loop_specdraft_generate_runs(env, monkeypatch):
+    """One product decode loop for chains: evaluate's per-prompt AR, fixed-K and SpecDec++ rows call
+    `generate_batch` (a batch of one), the function `specdraft generate` decodes with; the rows that need the
+    one-prompt loop (the oracle) do not."""
+    import specdraft.decoding.batched as batched
+    import specdraft.decoding.generate as generate
+    import specdraft.pipelines.evaluate.run as run_module
+    from specdraft.pipelines.evaluate.plan import Head
+    from tests.decoding.test_greedy_equivalence import random_head
+
+    assert run_module.generate_batch is batched.generate_batch is generate.generate_batch
+    calls = []
+
+    def spy(target, prompts, *args, **kwargs):
+        calls.append((len(prompts), type(kwargs.get("policy")).__name__))
+        return batched.generate_batch(target, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "generate_batch", spy)
+    head = Head(random_head(env.drafters["a"].config.hidden_size, 0), 0.5, 6, "h")
+    with_head = Env(**{**vars(env), "heads": {"greedy": {"a": head}, "sampling": {}}})
+    plan = [r for r in build_plan(with_head, prompts()[:1]) if r.key.mode == "greedy"]
+    records = execute(plan, env.target, 10, MODES, None, "cpu", repeats=1, progress=False)
+    by_family = {}
+    for r in records:
+        by_family.setdefault(r.key.family, []).append(r)
+    assert {"ar", "fixed", "specdecpp", "oracle"} <= set(by_family)
+    chain_rows = len(by_family["ar"]) + len(by_family["fixed"]) + len(by_family["specdecpp"])
+    assert len(calls) == chain_rows and all(b == 1 for b, _ in calls)
+    assert {name for _, name in calls} == {"NoneType", "FixedK", "SpecDecPP"}
+    tokens = {tuple(r.tokens) for r in records}
+    assert len(tokens) == 1  # greedy: every row, product loop or one-prompt loop, emits AR's tokens

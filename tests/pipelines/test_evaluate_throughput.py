@@ -12,7 +12,7 @@ from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, Spec
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.pipelines.calibration import calibrate
 from specdraft.pipelines.evaluate.aggregate import Setup, summarize
-from specdraft.pipelines.evaluate.claims import judge, throughput as claims_throughput
+from specdraft.pipelines.evaluate.claims import judge, throughput_verdict as claims_throughput
 from specdraft.pipelines.evaluate.plan import BATCH_SET, Env, Head, Prompt, batches, build_plan
 from specdraft.pipelines.evaluate.render import render, throughput_section
 from specdraft.pipelines.evaluate.run import execute

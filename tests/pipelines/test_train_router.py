@@ -9,7 +9,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.core.errors import InputError
 from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
-from specdraft.heads.router import load_router
+from specdraft.routers.router import load_router
 from specdraft.pipelines.stage import run_stage
 from specdraft.pipelines.train_router import prompt_acceptance, routing_roles
 from tests.pipelines.conftest import FAST, tiny_config

@@ -3,7 +3,7 @@
 One speculative-decoding round is one bandit round. Every selector has the same small protocol:
 
     arm = selector.select()          # which drafter / speculation setting to use this round
-    ... run one round with that arm, compute its reward (decoding.policies.rewards) ...
+    ... run one round with that arm, compute its reward (decoding.bandits.rewards) ...
     selector.update(arm, reward)     # arm must be the one select() just returned
 
 plus `reset()` (forget everything), `start_query()` (call at the start of every prompt: resets unless
@@ -15,7 +15,7 @@ MetaSD re-initialises per query, the default) and inspectable state: `t` (rounds
 Arms are numbered 0..K-1 here; the papers number them 1..K. Rewards:
 - MetaSD-UCB, EXP3, Sequential Halving: rewards in [0, 1] (block divergence or block efficiency).
 - UCBSpec, EXP3Spec: accepted length Y in [1, L + 1] (bonus counted), L = `max_len`; or, for
-  speculation-length arms, the round's throughput mapped onto [1, L + 1] (`decoding.policies.rewards`).
+  speculation-length arms, the round's throughput mapped onto [1, L + 1] (`decoding.bandits.rewards`).
 
 Every random choice (EXP3 sampling, uniform arms, breaking exact ties) draws from a `random.Random`
 seeded by the `seed` argument, so runs repeat exactly. Exact ties in an argmax are broken uniformly at

@@ -19,7 +19,7 @@ from torch.utils.data import TensorDataset
 from specdraft.core.errors import InputError
 from specdraft.drafters.data import ResumableBatchSampler, ResumableDataLoader
 from specdraft.heads.lit_head import cpu_threads
-from specdraft.heads.router import PromptClassifierRouter
+from specdraft.routers.router import PromptClassifierRouter
 from specdraft.training.trainer import TrainerConfig, build_trainer, fit
 
 

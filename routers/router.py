@@ -12,7 +12,7 @@ tokens*, (H,) per prompt. Why not a small transformer encoder trained from scrat
 The price: a bag-of-embeddings ignores word order, so prompts that differ only in structure look alike.
 
   PromptClassifierRouter  standardise -> Linear(H, hidden) -> GELU -> Linear(hidden, n_drafters); trained
-                          with cross-entropy on per-prompt labels (heads/lit_router.py)
+                          with cross-entropy on per-prompt labels (routers/lit_router.py)
   CentroidRouter          nearest domain centroid by cosine similarity (no training); a domain maps to
                           its specialised drafter
 

@@ -27,10 +27,10 @@ import torch
 
 from specdraft.decoding.compat import check_pair
 from specdraft.core.errors import InputError, require_int
-from specdraft.decoding.policies.rewards import (accepted_length_reward, block_divergence_reward, block_efficiency_reward,
+from specdraft.decoding.bandits.rewards import (accepted_length_reward, block_divergence_reward, block_efficiency_reward,
                               normalized_throughput, throughput_bounds)
 from specdraft.decoding.rounds.sampling import SamplingConfig
-from specdraft.decoding.policies.selectors import EXP3, EXP3Spec, MetaSDUCB, SequentialHalving, UCBSpec
+from specdraft.decoding.bandits.selectors import EXP3, EXP3Spec, MetaSDUCB, SequentialHalving, UCBSpec
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
 from specdraft.decoding.speculators.protocol import Draft, RoundOutcome, Speculator, common_prefix
 from specdraft.decoding.policies.stopping import FixedK
@@ -105,7 +105,7 @@ def _check_arms(arms: list[Arm]) -> None:
         raise InputError("the arm list is empty; give at least one drafter / speculation setting")
     for arm in arms:
         if not isinstance(arm, Arm):
-            raise InputError(f"arms must be decoding.speculators.bandit.Arm(name, speculator, drafter_key), got {type(arm).__name__}")
+            raise InputError(f"arms must be decoding.bandits.multi_drafter.Arm(name, speculator, drafter_key), got {type(arm).__name__}")
     names = [a.name for a in arms]
     if len(set(names)) != len(names):
         raise InputError(f"arm names must be unique, got {names}")

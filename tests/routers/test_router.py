@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.heads.lit_router import train_classifier
-from specdraft.heads.router import (CentroidRouter, PromptClassifierRouter, load_router, mean_pooled, save_router)
+from specdraft.routers.lit_router import train_classifier
+from specdraft.routers.router import (CentroidRouter, PromptClassifierRouter, load_router, mean_pooled, save_router)
 from specdraft.training.trainer import TrainerConfig, WandbConfig
 
 H, PER_DOMAIN, COMMON = 16, 20, 20

@@ -1,0 +1,183 @@
+"""torch.compile applied from outside to the decoder's named step functions (gpt-fast's shape), and the
+fixed shapes that make a few graphs serve every call.
+
+`decoding.batched` writes its steps as plain functions (the target's forward, a segment of the draft loop,
+verify-and-commit); a `StepCompiler` turns each into a graph per model and keeps what it compiled, and
+the static caches those graphs were built against, for its own life: the caller that decodes many times
+(`specdraft generate`, evaluate, a benchmark) keeps one compiler, so compilation is paid once. No state
+lives at module level. Mode "none" returns the functions as they are.
+"""
+from __future__ import annotations
+
+import re
+import types
+import weakref
+from typing import Callable, Hashable
+
+import torch
+
+from specdraft.core.errors import InputError
+from specdraft.decoding.bundle.defaults import COMPILE_MODES
+from specdraft.decoding.rounds.static_cache import RowStaticCache
+from specdraft.decoding.speculators.eagle_model import EagleDrafter
+
+CACHE_ROUND = 64  # cache lengths are rounded up so that calls of similar length share a cache (and a compile)
+
+
+class StepCompiler:
+    """What a decode compiles, per model: `apply(fn, model, name)` is `fn` compiled once per (model, name)
+    (each distinct input shape is one graph), `cache(model, batch, max_len)` a RowStaticCache reused across
+    calls (its buffers keep the addresses the graphs, and CUDA graphs, were built against). A compiled step
+    holds its model for the life of the compiler."""
+
+    def __init__(self, mode: str = "none"):
+        if mode not in COMPILE_MODES:
+            raise InputError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+        self.mode = mode
+        self._steps: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+        self._caches: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+        self._free: dict[Hashable, Callable] = {}  # functions of no model (the round's tails)
+
+    @property
+    def eager(self) -> bool:
+        return self.mode == "none"
+
+    def apply(self, fn: Callable, model: torch.nn.Module | None, name: Hashable, graphs: bool = False) -> Callable:
+        """`fn` compiled (eager mode: `fn` itself), kept under (model, name): `name` must tell apart every
+        function a caller compiles for one model (e.g. a draft segment's bounds and its policy). graphs:
+        the function's outputs may live in a CUDA graph's pool (reduce-overhead), i.e. nothing reads them
+        after the next call of a graph; otherwise inductor's default mode (outputs that are the decode's
+        state)."""
+        if self.eager:
+            return fn
+        table = self._free if model is None else self._steps.setdefault(model, {})
+        if name not in table:
+            mode = self.mode if graphs else "default"
+            compiled = compile_for_model(fn, model, mode)
+            table[name] = fresh_outputs(compiled) if mode == "reduce-overhead" else compiled
+        return table[name]
+
+    def cache(self, model: torch.nn.Module, batch: int, max_len: int) -> RowStaticCache:
+        """A zero-length RowStaticCache for (model, batch, max_len); compiled: reused across calls (a few
+        shapes per model). Eager: a new one (no graph depends on its addresses)."""
+        if self.eager:
+            return row_cache(model, batch, max_len)
+        table = self._caches.setdefault(model, {})
+        key = (batch, max_len)
+        if key not in table:
+            if len(table) >= 4:
+                table.pop(next(iter(table)))
+            table[key] = row_cache(model, batch, max_len)
+        cache = table[key]
+        cache.lengths.zero_()
+        return cache
+
+
+def row_cache(model: torch.nn.Module, batch: int, max_len: int) -> RowStaticCache:
+    weight = model.get_input_embeddings().weight
+    config = model.body.config if isinstance(model, EagleDrafter) else model.config  # EAGLE: its own layers
+    return RowStaticCache(config, batch, max_len, weight.dtype, weight.device, layer_devices(model))
+
+
+def layer_devices(model: torch.nn.Module) -> list[torch.device] | None:
+    """The device of each decoder layer (a model placed by device_map spans several); None when the
+    layers cannot be found (then every cache layer sits with the input embedding)."""
+    base = model.body if isinstance(model, EagleDrafter) else (
+        model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None))
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        return None
+    devices = [next(layer.parameters()).device for layer in layers]
+    return devices if len(devices) == len(layers) else None
+
+
+def compile_for_model(fn: Callable, model: torch.nn.Module | None, mode: str) -> Callable:
+    """torch.compile of `fn`, a closure over `model` alone, with `compile_options` and the weights in the
+    graph. dynamo keeps its graphs with the function's code object, which every closure of `fn` shares, and
+    the guards kept (`argument_guards`) do not tell models (nor policies) apart: each compiled function
+    gets a code object of its own."""
+    import torch._dynamo.config as dynamo_config
+    # one graph per (width, batch size): the benchmark sweeps B, so allow more than the default 8
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+    dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
+    fn = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    device = model.get_input_embeddings().weight.device if model is not None else torch.device("cpu")
+    options = compile_options(mode, device) if model is not None else {"guard_filter_fn": argument_guards}
+    return weights_in_graph(torch.compile(fn, dynamic=False, options=options))
+
+
+def weights_in_graph(compiled: Callable) -> Callable:
+    """Trace with the model's weights as constants of the graph (dynamo's `install_free_tensors`) rather
+    than graph inputs that dynamo's code before each call gathers from the modules (~150 tensors for the
+    demo target: 0.1-0.2 ms a call, 5% of its compiled one-token step). A config patch around the call,
+    not a process-wide setting: dynamo reads it when it traces (the first call of each shape), and other
+    compiles in the process keep their defaults."""
+    import torch._dynamo.config as dynamo_config
+
+    def step(*args):
+        with dynamo_config.patch(install_free_tensors=True):
+            return compiled(*args)
+    return step
+
+
+def compile_options(compile: str, device: torch.device) -> dict:
+    """Inductor's options for `compile` (the mode's own settings), plus what keeps a small step's call
+    overhead small. On the demo-shaped target's one-token step (16 x 128, CPU, 1 thread, variants
+    interleaved in one process; eager 4.3 ms): the mode's defaults 2.76 ms, keeping only the guards on the
+    step's arguments 2.30 ms, with the C++ wrapper as well 1.79-1.93 ms (a second run: 2.99 -> 2.25 ms).
+    The C++ wrapper adds ~30-60 s to a first compile (inductor's cache keeps it for later processes).
+      - guards: only those on the step's arguments (`argument_guards`)
+      - cpp_wrapper on CPU: the generated code calls its kernels from C++ instead of Python. On a GPU,
+        reduce-overhead's CUDA graphs already replay the kernels without the wrapper.
+    Tried and left out (no gain beyond the spread here): inductor's freezing (with and without mkldnn
+    weight prepacking) and max_autotune's CPU GEMM templates."""
+    options = dict(torch._inductor.list_mode_options(compile))
+    options["guard_filter_fn"] = argument_guards
+    if device.type == "cpu":
+        options["cpp_wrapper"] = True
+    return options
+
+
+def argument_guards(entries) -> list[bool]:
+    """Dynamo's guards a compiled step keeps: those on its arguments (the cache's tensors and buffers, the
+    input's shape, the `hidden` flag), which pick the graph for a width or a batch size. Dropped: the
+    thousands of guards on the model (parameters, config, module attributes; the step's closure variable
+    `model`) and on library globals, and the Python-level identity checks (a cache's layers point back at
+    it), which cost more to evaluate than a small model's forward. Sound because a compiled step belongs
+    to one model and one name (`StepCompiler.apply`; its code object is its own) that is not changed while
+    it decodes."""
+    return [not e.is_global and e.guard_type != "LAMBDA_GUARD" and re.search(r"\bmodel\b", e.name) is None
+            for e in entries]
+
+
+def fresh_outputs(compiled: Callable) -> Callable:
+    """A CUDA-graph step: each call starts a new graph iteration, and its outputs are copied out of the
+    graph's memory pool, which the next replay overwrites (the round reads q_1 from the catch-up after
+    other steps ran). The copies are (B, T, V) and (B, T, H): small next to the forward."""
+    def step(*args):
+        torch.compiler.cudagraph_mark_step_begin()
+        logits, states = compiled(*args)
+        return logits.clone(), (states.clone() if states is not None else None)
+    return step
+
+
+def prefill_width(length: int) -> int:
+    """The width a compiled prefill runs at for prompts of at most `length` tokens: the next power of two,
+    at least 16, so a few graphs serve every prompt length (each width compiles once). Measured on the demo
+    target (batch 1, one thread, 48-token decodes of ~40-token prompts): its eager prefill was ~10 of
+    ~130 ms per compiled autoregressive decode."""
+    return max(16, 1 << (length - 1).bit_length())
+
+
+def verify_width(steps: int, width: int) -> int:
+    """The drafts a compiled round verifies: the positions drafted (`steps`, the longest row's) rounded up
+    to a power of two, at most the policy's `width`. A few fixed shapes (0, 1, 2, 4, ..., W) instead of
+    one per length, and a round whose rows all stopped early (SpecDec++, short length arms) does not pay
+    for W + 1 positions (measured on the demo pair before: compiled SpecDec++ at K_max = 8 ran at 0.87x
+    autoregressive at batch 1, verifying 9 positions per round for rounds of 2.7 tokens)."""
+    return 0 if steps == 0 else min(width, 1 << (steps - 1).bit_length())
+
+
+def static_length(tokens: int) -> int:
+    """A static cache's length for `tokens` slots, rounded up (`CACHE_ROUND`)."""
+    return -(-tokens // CACHE_ROUND) * CACHE_ROUND
