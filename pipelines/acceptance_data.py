@@ -69,17 +69,8 @@ def build(ctx: Context) -> dict:
                             cfg.target.trust_remote_code)
     drafters_dir = ctx.input("train-drafters")
     drafter_manifest = ctx.manifests["train-drafters"]
-    names = sorted(p.name for p in drafters_dir.iterdir() if (p / "drafter.json").is_file() and p.name != BASE)
-    if acfg.drafters is not None:
-        missing = sorted(set(acfg.drafters) - set(names))
-        if missing:
-            raise InputError(f"acceptance_data.drafters names {missing}, not in {drafters_dir}; choose from {names}")
-        names = [n for n in names if n in acfg.drafters]
-    drafters, infos = {}, {}
-    for n in names:
-        drafters[n] = load_drafter(drafters_dir / n, "float32").to(device).eval()
-        check_same_vocabulary(drafters[n].config.vocab_size, target.config.vocab_size, name=f"drafter '{n}'")
-        infos[n] = read_json(drafters_dir / n / "drafter.json", "drafter info", "rerun stage 'train-drafters' with --force")
+    drafters, infos = load_drafters_to_label(drafters_dir, acfg.drafters, target, device)
+    names = list(drafters)
     distill = load_distill_data(ctx.input("distill-data"))
     collate = CausalLMCollator(pad_token_id=tok.pad_token_id, max_length=acfg.max_length)
 
@@ -87,8 +78,47 @@ def build(ctx: Context) -> dict:
     plan = {n: {s: select_rows([dict(r) for r in distill[s]], infos[n]["domains"],
                                acfg.max_sequences[s] if s in acfg.max_sequences else 10 ** 9, cfg.run.seed, f"{n}/{s}")
                 for s in ("train", "dev")} for n in names}
-    counters = {"target_forwards": 0, "draft_label_forwards": 0, "draft_feature_forwards": 0, "sequences": 0}
     t0 = time.time()
+    results, counters = label_sequences(target, drafters, plan, transforms, collate, acfg, cfg.run.seed)
+    seconds = time.time() - t0
+
+    summary = {}
+    for n in names:
+        for sampling in transforms:
+            counts = write_drafter_data(ctx.out / n / sampling.tag, results[n, sampling.tag], n, sampling,
+                                        drafters[n], drafter_manifest, acfg)
+            summary.setdefault(n, {})[sampling.tag] = counts
+            print(f"[acceptance-data] {n} ({sampling.tag}): " + ", ".join(
+                f"{s} {c['sequences']} seqs / {c['y_positions']} Y positions (mean P {c['mean_label']:.3f})"
+                for s, c in counts.items()))
+    return {"drafters": summary, "forwards": counters, "seconds": round(seconds, 1),
+            "sequences_per_s": round(counters["sequences"] / max(seconds, 1e-9), 2),
+            "label_transforms": {t.tag: t.as_dict() for t in transforms}}
+
+
+def load_drafters_to_label(drafters_dir, chosen: list[str] | None, target, device) -> tuple[dict, dict[str, dict]]:
+    """The serving drafters (all but `base`, or the ones acceptance_data.drafters names), by name in sorted
+    order, and their drafter.json; each checked against the target's vocabulary."""
+    names = sorted(p.name for p in drafters_dir.iterdir() if (p / "drafter.json").is_file() and p.name != BASE)
+    if chosen is not None:
+        missing = sorted(set(chosen) - set(names))
+        if missing:
+            raise InputError(f"acceptance_data.drafters names {missing}, not in {drafters_dir}; choose from {names}")
+        names = [n for n in names if n in chosen]
+    drafters, infos = {}, {}
+    for n in names:
+        drafters[n] = load_drafter(drafters_dir / n, "float32").to(device).eval()
+        check_same_vocabulary(drafters[n].config.vocab_size, target.config.vocab_size, name=f"drafter '{n}'")
+        infos[n] = read_json(drafters_dir / n / "drafter.json", "drafter info", "rerun stage 'train-drafters' with --force")
+    return drafters, infos
+
+
+def label_sequences(target, drafters: dict, plan: dict, transforms: list, collate, acfg, seed: int
+                    ) -> tuple[dict, dict[str, int]]:
+    """Steps 1-4 over every planned sequence, in batches: -> ((drafter, transform tag) -> split ->
+    {"rows", "feats"}, forward and sequence counters)."""
+    names = list(drafters)
+    counters = {"target_forwards": 0, "draft_label_forwards": 0, "draft_feature_forwards": 0, "sequences": 0}
     results = {(n, t.tag): {s: {"rows": [], "feats": []} for s in ("train", "dev")} for n in names for t in transforms}
     for split in ("train", "dev"):
         # each sequence needs one target forward, shared by every drafter that uses it
@@ -110,44 +140,37 @@ def build(ctx: Context) -> dict:
                 counters["draft_label_forwards"] += 1
                 for sampling in transforms:  # the logits are shared; Y, Z and so the features are not
                     _label_and_cache(n, sampling, chunk, rows, sub, lengths, p_logits, q_logits, drafters[n],
-                                     collate, acfg, cfg.run.seed, results[n, sampling.tag][split], counters)
-    seconds = time.time() - t0
+                                     collate, acfg, seed, results[n, sampling.tag][split], counters)
+    return results, counters
 
-    summary = {}
-    for n in names:
-        for sampling in transforms:
-            out = ctx.out / n / sampling.tag
-            out.mkdir(parents=True)
-            res = results[n, sampling.tag]
-            datasets.DatasetDict({s: datasets.Dataset.from_list(res[s]["rows"]) for s in ("train", "dev")}
-                                 ).save_to_disk(str(out / "sequences"))
-            counts = {}
-            for s in ("train", "dev"):
-                feats = res[s]["feats"]
-                if not feats:
-                    raise InputError(f"drafter '{n}' has no {s} sequences for acceptance data; check distill_data.splits")
-                tensors = {"labels": torch.cat([f[1] for f in feats]),
-                           "one_minus_tv": torch.cat([f[2] for f in feats]),
-                           "sequence": torch.cat([torch.full((len(f[3]),), k) for k, f in enumerate(feats)]),
-                           "position": torch.cat([f[3] for f in feats])}
-                if acfg.cache_features:
-                    tensors["features"] = torch.cat([f[0] for f in feats])
-                save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / f"features_{s}.safetensors"))
-                counts[s] = {"sequences": len(feats), "y_positions": int(tensors["labels"].numel()),
-                             "mean_label": round(float(tensors["labels"].mean()), 4)}
-            info = {"drafter": n, "drafter_hash": drafter_hash(subdir_files(drafter_manifest.files, n)),
-                    "hidden_size": drafters[n].config.hidden_size,
-                    "label_transform": sampling.as_dict(), "transform_tag": sampling.tag,
-                    "mix_rate": acfg.mix_rate, "cached_features": acfg.cache_features, "max_length": acfg.max_length,
-                    "counts": counts}
-            (out / "info.json").write_text(json.dumps(info, indent=2) + "\n")
-            summary.setdefault(n, {})[sampling.tag] = counts
-            print(f"[acceptance-data] {n} ({sampling.tag}): " + ", ".join(
-                f"{s} {c['sequences']} seqs / {c['y_positions']} Y positions (mean P {c['mean_label']:.3f})"
-                for s, c in counts.items()))
-    return {"drafters": summary, "forwards": counters, "seconds": round(seconds, 1),
-            "sequences_per_s": round(counters["sequences"] / max(seconds, 1e-9), 2),
-            "label_transforms": {t.tag: t.as_dict() for t in transforms}}
+
+def write_drafter_data(out, res: dict, n: str, sampling, drafter, drafter_manifest, acfg) -> dict[str, dict]:
+    """One drafter's acceptance data under one label transform: sequences/, features_{train,dev}.safetensors
+    and info.json in `out`; -> its counts per split."""
+    out.mkdir(parents=True)
+    datasets.DatasetDict({s: datasets.Dataset.from_list(res[s]["rows"]) for s in ("train", "dev")}
+                         ).save_to_disk(str(out / "sequences"))
+    counts = {}
+    for s in ("train", "dev"):
+        feats = res[s]["feats"]
+        if not feats:
+            raise InputError(f"drafter '{n}' has no {s} sequences for acceptance data; check distill_data.splits")
+        tensors = {"labels": torch.cat([f[1] for f in feats]),
+                   "one_minus_tv": torch.cat([f[2] for f in feats]),
+                   "sequence": torch.cat([torch.full((len(f[3]),), k) for k, f in enumerate(feats)]),
+                   "position": torch.cat([f[3] for f in feats])}
+        if acfg.cache_features:
+            tensors["features"] = torch.cat([f[0] for f in feats])
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / f"features_{s}.safetensors"))
+        counts[s] = {"sequences": len(feats), "y_positions": int(tensors["labels"].numel()),
+                     "mean_label": round(float(tensors["labels"].mean()), 4)}
+    info = {"drafter": n, "drafter_hash": drafter_hash(subdir_files(drafter_manifest.files, n)),
+            "hidden_size": drafter.config.hidden_size,
+            "label_transform": sampling.as_dict(), "transform_tag": sampling.tag,
+            "mix_rate": acfg.mix_rate, "cached_features": acfg.cache_features, "max_length": acfg.max_length,
+            "counts": counts}
+    (out / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+    return counts
 
 
 def _label_and_cache(n, sampling, chunk, rows, sub, lengths, p_logits, q_logits, drafter, collate, acfg, seed,

@@ -171,46 +171,90 @@ def build(ctx: Context) -> dict:
         train_rows = reference_rows(ctx, tok, train_rows)
     train_domains = sorted({r["domain"] for r in train_rows})
     specs = drafter_specs(cfg, train_domains)
-    vocab = len(tok)
     device = resolve_device(tcfg.device)
 
     timings: dict[str, dict] = {}  # wall clock of the fits run by this process (not of resumed-over ones)
-
-    # phase 1: the general base drafter
-    base_dir = ctx.work / BASE / "model"
-    if not base_dir.is_dir():
-        if tcfg.init_from is not None:
-            model = load_drafter(tcfg.init_from, "float32")
-            check_same_vocabulary(model.config.vocab_size, vocab, name=f"init_from {tcfg.init_from}")
-        else:
-            model = build_causal_lm(tcfg.model, vocab, seed=seed, bos_token_id=tok.bos_token_id,
-                                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        info = {"name": BASE, "domains": [], "parameters": num_parameters(model), "phase": "general"}
-        if tcfg.general.enabled:
-            corpus_dir = ctx.input("prepare-data") / "corpus"
-            if not corpus_dir.is_dir():
-                raise InputError("train_drafters.general.enabled needs a pretraining corpus, which only the demo "
-                                 "world provides; set train_drafters.general.enabled: false or give init_from")
-            corpus = load_dataset_dir(corpus_dir, "prepare-data")
-            held = set(cfg.demo.heldout_domains)
-            chat = chat_format(cfg.prompts)  # the corpus formatted as pretrain-target formatted it
-            docs = [encode_document(tok, r["prompt"], r["response"], chat) for r in corpus if r["domain"] not in held]
-            perm = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
-            blocks = [{"input_ids": b} for b in pack([docs[i] for i in perm], tcfg.general.max_length)]
-            print(f"[train-drafters] general phase: {len(blocks)} blocks of {tcfg.general.max_length} tokens")
-            trainer, info["general"], timings[BASE] = _train(model, blocks, tcfg.general, tok.pad_token_id, seed,
-                                                             ctx.work / BASE)
-            on_rank_zero(trainer, lambda: _export(model, tok, base_dir, info))
-        elif global_rank() == 0:
-            _export(model, tok, base_dir, info)
-        else:
-            _wait_for(base_dir)  # no process group yet to wait on: rank 0 writes the untrained base
-
-    # phase 2: self-distillation finetuning, one drafter at a time (finished ones are skipped on rerun)
-    teacher, cached = None, None
+    base_dir = train_base(ctx, tok, timings)  # phase 1
+    teacher = None
     if tcfg.finetune.loss != "ce":
         teacher = load_causal_lm(target_path, cfg.target.dtype, device, cfg.target.device_map,
                                  cfg.target.quantization, cfg.target.trust_remote_code)
+    finetune(ctx, tok, specs, train_rows, base_dir, teacher, timings)  # phase 2
+    if tcfg.eagle.enabled:  # EAGLE twins of the drafters, over the target's features (pipelines/train_eagle.py)
+        from specdraft.pipelines import train_eagle
+
+        eagle_target = teacher if teacher is not None else load_causal_lm(
+            target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
+            cfg.target.trust_remote_code)
+        timings.update(train_eagle.train_eagle(ctx, eagle_target, specs, train_rows, tok.pad_token_id, seed,
+                                               target_path))
+    if global_rank() != 0:
+        raise StageIncomplete(f"rank {global_rank()} finished training; rank 0 writes the stage output")
+
+    # alignment on held-out dev responses, with the target already loaded for distillation or EAGLE if any
+    target = teacher if teacher is not None else eagle_target if tcfg.eagle.enabled else load_causal_lm(
+        target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
+        cfg.target.trust_remote_code)
+    names = [n for n, _ in specs] + [BASE]
+    drafters = {n: load_drafter(ctx.work / n / "model", "float32").to(device).eval() for n in names}
+    dev_rows = [dict(r) for r in distill["dev"]]
+    if not dev_rows:
+        raise InputError("distill_data has no dev rows; keep 'dev' in distill_data.splits for the alignment table")
+    table = alignment_table(target, drafters, dev_rows, tok.pad_token_id, tcfg, [n for n, _ in specs], seed)
+
+    metrics = write_drafters(ctx, names, table, timings)
+    if tcfg.eagle.enabled:
+        from specdraft.pipelines import train_eagle
+
+        metrics["eagle"] = train_eagle.finish(ctx, target, specs, dev_rows, tok.pad_token_id)
+        for name in metrics["eagle"]["drafters"]:
+            metrics["eagle"]["drafters"][name].update(timings.get(name, {}))
+    return metrics
+
+
+def train_base(ctx: Context, tok, timings: dict[str, dict]) -> Path:
+    """Phase 1: the general base drafter every drafter starts from (trained on the demo corpus, or untrained,
+    or `init_from`), in the work dir unless a resumed run finds it there; -> its directory."""
+    cfg, tcfg = ctx.cfg, ctx.cfg.train_drafters
+    seed = cfg.run.seed
+    base_dir = ctx.work / BASE / "model"
+    if base_dir.is_dir():
+        return base_dir
+    if tcfg.init_from is not None:
+        model = load_drafter(tcfg.init_from, "float32")
+        check_same_vocabulary(model.config.vocab_size, len(tok), name=f"init_from {tcfg.init_from}")
+    else:
+        model = build_causal_lm(tcfg.model, len(tok), seed=seed, bos_token_id=tok.bos_token_id,
+                                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    info = {"name": BASE, "domains": [], "parameters": num_parameters(model), "phase": "general"}
+    if tcfg.general.enabled:
+        corpus_dir = ctx.input("prepare-data") / "corpus"
+        if not corpus_dir.is_dir():
+            raise InputError("train_drafters.general.enabled needs a pretraining corpus, which only the demo "
+                             "world provides; set train_drafters.general.enabled: false or give init_from")
+        corpus = load_dataset_dir(corpus_dir, "prepare-data")
+        held = set(cfg.demo.heldout_domains)
+        chat = chat_format(cfg.prompts)  # the corpus formatted as pretrain-target formatted it
+        docs = [encode_document(tok, r["prompt"], r["response"], chat) for r in corpus if r["domain"] not in held]
+        perm = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
+        blocks = [{"input_ids": b} for b in pack([docs[i] for i in perm], tcfg.general.max_length)]
+        print(f"[train-drafters] general phase: {len(blocks)} blocks of {tcfg.general.max_length} tokens")
+        trainer, info["general"], timings[BASE] = _train(model, blocks, tcfg.general, tok.pad_token_id, seed,
+                                                         ctx.work / BASE)
+        on_rank_zero(trainer, lambda: _export(model, tok, base_dir, info))
+    elif global_rank() == 0:
+        _export(model, tok, base_dir, info)
+    else:
+        _wait_for(base_dir)  # no process group yet to wait on: rank 0 writes the untrained base
+    return base_dir
+
+
+def finetune(ctx: Context, tok, specs, train_rows: list[dict], base_dir: Path, teacher,
+             timings: dict[str, dict]) -> None:
+    """Phase 2: self-distillation finetuning from the base drafter, one drafter at a time (finished ones are
+    skipped on rerun); against `teacher`'s logits (cached once when they fit) unless the loss is ce."""
+    tcfg, seed = ctx.cfg.train_drafters, ctx.cfg.run.seed
+    cached = None
     for name, domains in specs:
         done = ctx.work / name / "model"
         if done.is_dir():
@@ -234,31 +278,16 @@ def build(ctx: Context) -> dict:
         info = {"name": name, "domains": domains, "parameters": num_parameters(model), "phase": "finetune",
                 "data_hash": _data_hash(rows), "finetune": stats, "loss": tcfg.finetune.loss}
         on_rank_zero(trainer, lambda: _export(model, tok, done, info))
-    if tcfg.eagle.enabled:  # EAGLE twins of the drafters, over the target's features (pipelines/train_eagle.py)
-        from specdraft.pipelines import train_eagle
 
-        eagle_target = teacher if teacher is not None else load_causal_lm(
-            target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
-            cfg.target.trust_remote_code)
-        timings.update(train_eagle.train_eagle(ctx, eagle_target, specs, train_rows, tok.pad_token_id, seed,
-                                               target_path))
-    if global_rank() != 0:
-        raise StageIncomplete(f"rank {global_rank()} finished training; rank 0 writes the stage output")
 
-    # alignment on held-out dev responses, with the target already loaded for distillation or EAGLE if any
-    cached = None  # the finetuning's logits are not needed any more
-    target = teacher if teacher is not None else eagle_target if tcfg.eagle.enabled else load_causal_lm(
-        target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
-        cfg.target.trust_remote_code)
-    names = [n for n, _ in specs] + [BASE]
-    drafters = {n: load_drafter(ctx.work / n / "model", "float32").to(device).eval() for n in names}
-    dev_rows = [dict(r) for r in distill["dev"]]
-    if not dev_rows:
-        raise InputError("distill_data has no dev rows; keep 'dev' in distill_data.splits for the alignment table")
+def alignment_table(target, drafters: dict, dev_rows: list[dict], pad_id: int, tcfg, rivals: list[str],
+                    seed: int) -> dict:
+    """The alignment table on the dev responses (drafter -> domain -> acceptance, agreement and each
+    specialist's margin over its rivals), printed."""
     print(f"[train-drafters] alignment on {len(dev_rows)} dev responses")
-    table, by_domain = alignment_by_domain(target, drafters, dev_rows, tok.pad_token_id, tcfg.alignment_batch_size,
+    table, by_domain = alignment_by_domain(target, drafters, dev_rows, pad_id, tcfg.alignment_batch_size,
                                            tcfg.finetune.max_length)
-    specialist_margins(table, by_domain, rivals=[n for n, _ in specs], seed=seed)
+    specialist_margins(table, by_domain, rivals=rivals, seed=seed)
     print("[train-drafters] acceptance 1 - TV(p, q) at T=1 (rows: drafters, columns: dev domain)\n"
           + alignment_table(table, "acceptance"))
     print("[train-drafters] greedy agreement\n" + alignment_table(table, "agreement"))
@@ -268,22 +297,19 @@ def build(ctx: Context) -> dict:
     if margins:
         print("[train-drafters] own-domain agreement over the best other drafter's there [90% interval over "
               "responses]: " + ", ".join(margins))
+    return table
 
+
+def write_drafters(ctx: Context, names: list[str], table: dict, timings: dict[str, dict]) -> dict:
+    """The drafters and alignment.json into the stage output; -> the stage metrics."""
     for n in names:
         shutil.copytree(ctx.work / n / "model", ctx.out / n)
     (ctx.out / "alignment.json").write_text(json.dumps(table, indent=2) + "\n")
     infos = {n: json.loads((ctx.out / n / "drafter.json").read_text()) for n in names}
-    metrics = {"drafters": {n: {"domains": i["domains"], "parameters": i["parameters"]} for n, i in infos.items()},
-               "alignment": table,
-               "training": {n: {**(i.get("finetune") or i.get("general") or {}), **timings.get(n, {})}
-                            for n, i in infos.items()}}
-    if tcfg.eagle.enabled:
-        from specdraft.pipelines import train_eagle
-
-        metrics["eagle"] = train_eagle.finish(ctx, target, specs, dev_rows, tok.pad_token_id)
-        for name in metrics["eagle"]["drafters"]:
-            metrics["eagle"]["drafters"][name].update(timings.get(name, {}))
-    return metrics
+    return {"drafters": {n: {"domains": i["domains"], "parameters": i["parameters"]} for n, i in infos.items()},
+            "alignment": table,
+            "training": {n: {**(i.get("finetune") or i.get("general") or {}), **timings.get(n, {})}
+                         for n, i in infos.items()}}
 
 
 if __name__ == "__main__":

@@ -91,19 +91,8 @@ def build(ctx: Context) -> dict:
     for data_dir in sets:
         name, tag = data_dir.parent.name, data_dir.name
         info = read_json(data_dir / "info.json", "acceptance data info", "rerun stage 'acceptance-data' with --force")
-        tr, dev = load_features(data_dir, "train"), load_features(data_dir, "dev")
-        seqs_ds = load_dataset_dir(data_dir / "sequences", "acceptance-data")
-        online = "features" not in tr  # acceptance_data.cache_features was off: recompute every epoch
-        loader = None
-        if online:
-            drafter = load_drafter(ctx.input("train-drafters") / info["drafter"], "float32").to(device).eval()
-            pad = tok.pad_token_id
-            loader = DataLoader(OnlineFeatures(drafter, [dict(r) for r in seqs_ds["train"]], pad, hcfg.batch_size,
-                                               max_length=info["max_length"], seed=cfg.run.seed), batch_size=None)
-            dev["features"] = compute_features(drafter, [dict(r) for r in seqs_ds["dev"]], pad, info["max_length"])
-        else:
-            check_cache(tr, list(seqs_ds["train"]["id"]), f"acceptance_data/{name}/{tag} train")
-        check_cache(dev, list(seqs_ds["dev"]["id"]), f"acceptance_data/{name}/{tag} dev")
+        tr, dev, seqs_ds, loader = load_acceptance_data(ctx, data_dir, info, tok, device)
+        online = loader is not None  # acceptance_data.cache_features was off: features recomputed every epoch
         if hcfg.cost_ratio is not None:
             cost = {"cost_ratio": hcfg.cost_ratio, "source": "config"}
         elif cost is None:  # drafters share one architecture: measure once, carefully, and reuse
@@ -121,48 +110,88 @@ def build(ctx: Context) -> dict:
 
         seqs = dev_sequences(dev)
         accept = [dev["labels"][i] for i in seqs]
-        ks = list(range(1, k_max + 1))
-        fixed = simulate_fixed_k(accept, c, ks)
-        best_fixed = best(fixed)
-        dev_rows = seqs_ds["dev"]
-        agree = [torch.tensor(a)[torch.tensor(f)] for a, f in zip(dev_rows["greedy_agree"], dev_rows["from_y"])]
-        oracle = greedy_oracle(agree, c)
-        fixed_greedy = simulate_fixed_k([a.double() for a in agree], c, ks)
-        best_fixed_greedy = best(fixed_greedy)
-
-        heads_out = []
-        for th in trained:
-            sigma = torch.sigmoid(predict_logits(th.head, dev["features"]).double())
-            sims = simulate_specdecpp(accept, [sigma[i] for i in seqs], c, hcfg.thresholds, k_max)
-            chosen = best(sims)  # the threshold with the lowest simulated cost (ties: the smaller h)
-            h = float(hcfg.thresholds[sims.index(chosen)])
-            meta = {"drafter": name, "drafter_path": f"drafters/{name}", "drafter_hash": info["drafter_hash"],
-                    "w_rej": th.spec.w_rej, "w_acc": 1.0, "label_transform": info["label_transform"],
-                    "threshold": h, "k_max": k_max, "train_metrics": th.train_metrics,
-                    "eval_metrics": th.eval_metrics, "simulated": chosen.as_dict()}
-            save_head(th.head, ctx.out / name / tag / th.spec.name, meta)
-            heads_out.append({"head": th.spec.name, "depth": th.spec.depth, "w_rej": th.spec.w_rej,
-                              "train": th.train_metrics, "eval": th.eval_metrics, "threshold": h,
-                              "by_threshold": {f"{t:g}": s.as_dict() for t, s in zip(hcfg.thresholds, sims)}})
-        best_head = min(heads_out, key=lambda r: r["by_threshold"][f"{r['threshold']:g}"]["cost"])
-        sweep.setdefault(name, {})[tag] = {"label_transform": info["label_transform"], "cost": cost,
-                       "constant_predictor": {"train": constant_baseline(tr["labels"]),
-                                              "eval": constant_baseline(dev["labels"], float(tr["labels"].mean()))},
-                       # under greedy labels 1 - TV of one-hots *is* the label: no reference there
-                       "overlap_reference": (None if info["label_transform"]["temperature"] == 0
-                                             else overlap_reference(dev["labels"], dev["one_minus_tv"])),
-                       "heads": heads_out, "best_head": best_head["head"],
-                       "fixed_k": {r.policy: r.as_dict() for r in fixed}, "best_fixed_k": best_fixed.as_dict(),
-                       "oracle": oracle.as_dict(), "best_fixed_k_greedy": best_fixed_greedy.as_dict(), "dev_sequences": len(seqs),
-                       # the best fixed K as numbers (export writes them into the bundle): under the label
-                       # transform, and under greedy agreement for greedy serving
-                       "best_k": ks[fixed.index(best_fixed)], "best_k_greedy": ks[fixed_greedy.index(best_fixed_greedy)]}
+        refs = fixed_k_references(seqs_ds["dev"], accept, c, k_max)
+        heads_out = choose_thresholds(ctx, name, tag, info, trained, dev, seqs, accept, c, k_max)
+        sweep.setdefault(name, {})[tag] = sweep_entry(info, cost, tr, dev, heads_out, refs)
         printed.append(_table(f"{name} ({tag} labels)", sweep[name][tag]))
         print(printed[-1])
     (ctx.out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
     return {"drafters": {n: {tag: {"best_head": s["best_head"], "best_fixed_k": s["best_fixed_k"]["policy"],
                                    "train_seconds": seconds[n][tag]} for tag, s in by_tag.items()}
                          for n, by_tag in sweep.items()}}
+
+
+def load_acceptance_data(ctx: Context, data_dir, info: dict, tok,
+                         device) -> tuple[dict, dict, object, DataLoader | None]:
+    """One drafter's acceptance data under one label transform, checked: (train features, dev features, its
+    sequences, and the loader that recomputes the train features every epoch when none were cached, else None)."""
+    hcfg, seed = ctx.cfg.train_heads, ctx.cfg.run.seed
+    name, tag = data_dir.parent.name, data_dir.name
+    tr, dev = load_features(data_dir, "train"), load_features(data_dir, "dev")
+    seqs_ds = load_dataset_dir(data_dir / "sequences", "acceptance-data")
+    loader = None
+    if "features" not in tr:  # acceptance_data.cache_features was off: recompute every epoch
+        drafter = load_drafter(ctx.input("train-drafters") / info["drafter"], "float32").to(device).eval()
+        pad = tok.pad_token_id
+        loader = DataLoader(OnlineFeatures(drafter, [dict(r) for r in seqs_ds["train"]], pad, hcfg.batch_size,
+                                           max_length=info["max_length"], seed=seed), batch_size=None)
+        dev["features"] = compute_features(drafter, [dict(r) for r in seqs_ds["dev"]], pad, info["max_length"])
+    else:
+        check_cache(tr, list(seqs_ds["train"]["id"]), f"acceptance_data/{name}/{tag} train")
+    check_cache(dev, list(seqs_ds["dev"]["id"]), f"acceptance_data/{name}/{tag} dev")
+    return tr, dev, seqs_ds, loader
+
+
+def fixed_k_references(dev_rows, accept: list[torch.Tensor], c: float, k_max: int) -> dict:
+    """Step 4 on the dev sequences: every fixed K and the best one, under the label transform and under
+    greedy agreement, and the greedy oracle of Theorem 4.1 (sweep.json's fields, in its order)."""
+    ks = list(range(1, k_max + 1))
+    fixed = simulate_fixed_k(accept, c, ks)
+    best_fixed = best(fixed)
+    agree = [torch.tensor(a)[torch.tensor(f)] for a, f in zip(dev_rows["greedy_agree"], dev_rows["from_y"])]
+    oracle = greedy_oracle(agree, c)
+    fixed_greedy = simulate_fixed_k([a.double() for a in agree], c, ks)
+    best_fixed_greedy = best(fixed_greedy)
+    return {"fixed_k": {r.policy: r.as_dict() for r in fixed}, "best_fixed_k": best_fixed.as_dict(),
+            "oracle": oracle.as_dict(), "best_fixed_k_greedy": best_fixed_greedy.as_dict(), "dev_sequences": len(accept),
+            # the best fixed K as numbers (export writes them into the bundle): under the label
+            # transform, and under greedy agreement for greedy serving
+            "best_k": ks[fixed.index(best_fixed)], "best_k_greedy": ks[fixed_greedy.index(best_fixed_greedy)]}
+
+
+def choose_thresholds(ctx: Context, name: str, tag: str, info: dict, trained, dev: dict, seqs: list[torch.Tensor],
+                      accept: list[torch.Tensor], c: float, k_max: int) -> list[dict]:
+    """Step 3: each head's threshold h by simulating its stopping rule on the dev sequences; each head saved
+    with its h and metrics; -> one row per head with its simulation at every threshold."""
+    hcfg = ctx.cfg.train_heads
+    heads_out = []
+    for th in trained:
+        sigma = torch.sigmoid(predict_logits(th.head, dev["features"]).double())
+        sims = simulate_specdecpp(accept, [sigma[i] for i in seqs], c, hcfg.thresholds, k_max)
+        chosen = best(sims)  # the threshold with the lowest simulated cost (ties: the smaller h)
+        h = float(hcfg.thresholds[sims.index(chosen)])
+        meta = {"drafter": name, "drafter_path": f"drafters/{name}", "drafter_hash": info["drafter_hash"],
+                "w_rej": th.spec.w_rej, "w_acc": 1.0, "label_transform": info["label_transform"],
+                "threshold": h, "k_max": k_max, "train_metrics": th.train_metrics,
+                "eval_metrics": th.eval_metrics, "simulated": chosen.as_dict()}
+        save_head(th.head, ctx.out / name / tag / th.spec.name, meta)
+        heads_out.append({"head": th.spec.name, "depth": th.spec.depth, "w_rej": th.spec.w_rej,
+                          "train": th.train_metrics, "eval": th.eval_metrics, "threshold": h,
+                          "by_threshold": {f"{t:g}": s.as_dict() for t, s in zip(hcfg.thresholds, sims)}})
+    return heads_out
+
+
+def sweep_entry(info: dict, cost: dict, tr: dict, dev: dict, heads_out: list[dict], refs: dict) -> dict:
+    """sweep.json's entry for one drafter and label transform: the baselines, every head, the best one and
+    the references."""
+    best_head = min(heads_out, key=lambda r: r["by_threshold"][f"{r['threshold']:g}"]["cost"])
+    return {"label_transform": info["label_transform"], "cost": cost,
+            "constant_predictor": {"train": constant_baseline(tr["labels"]),
+                                   "eval": constant_baseline(dev["labels"], float(tr["labels"].mean()))},
+            # under greedy labels 1 - TV of one-hots *is* the label: no reference there
+            "overlap_reference": (None if info["label_transform"]["temperature"] == 0
+                                  else overlap_reference(dev["labels"], dev["one_minus_tv"])),
+            "heads": heads_out, "best_head": best_head["head"], **refs}
 
 
 def _table(name: str, s: dict) -> str:

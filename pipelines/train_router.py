@@ -144,7 +144,6 @@ def evaluate(routers: dict[str, Router], pooled: torch.Tensor, prompts: list[dic
 
 def build(ctx: Context) -> dict:
     cfg, rcfg = ctx.cfg, ctx.cfg.train_router
-    seed = cfg.run.seed
     target_path = ctx.target_path()
     tok = load_tokenizer(target_path, cfg.target.trust_remote_code)
     device = resolve_device(rcfg.device)
@@ -157,13 +156,9 @@ def build(ctx: Context) -> dict:
     if not train_rows:
         raise InputError("distill_data has no train rows; the router needs labelled training prompts")
     train_domains = sorted({r["domain"] for r in train_rows})
-    drafters_dir = ctx.input("train-drafters")
-    infos = {p.name: read_json(p / "drafter.json", "drafter info", "rerun stage 'train-drafters' with --force")
-             for p in sorted(drafters_dir.iterdir()) if (p / "drafter.json").is_file()}
-    roles = routing_roles(infos, train_domains)
+    roles, models = load_routing_drafters(ctx.input("train-drafters"), train_domains, device)
     special, general, by_domain = roles.special, roles.general, roles.own
     names = special + general
-    models = {n: load_drafter(drafters_dir / n, "float32").to(device).eval() for n in names}
     measure = dict(pad_token_id=tok.pad_token_id, batch_size=rcfg.label_batch_size,
                    max_length=cfg.train_drafters.finetune.max_length)
 
@@ -171,46 +166,25 @@ def build(ctx: Context) -> dict:
     print(f"[train-router] measuring {len(names)} drafters on {len(train_rows)} train responses "
           f"(routing among {', '.join(special)}; labels: {rcfg.labels})")
     train_prompts, train_acc = prompt_acceptance(target, models, train_rows, **measure)
-    best_train = train_acc[:, :len(special)].argmax(-1)
-    if rcfg.labels == "acceptance":
-        keep = list(range(len(train_prompts)))
-        labels = best_train
-    else:
-        keep = [i for i, p in enumerate(train_prompts) if p["domain"] in by_domain]
-        labels = torch.tensor([special.index(by_domain[train_prompts[i]["domain"]]) for i in keep])
+    keep, labels = train_labels(train_prompts, train_acc, special, by_domain, rcfg.labels)
     train_pooled = mean_pooled(embeddings, [p["prompt_ids"] for p in train_prompts])
     label_counts = dict(sorted(Counter(special[i] for i in labels.tolist()).items()))
     print(f"[train-router] {len(keep)} labelled train prompts: {label_counts}")
 
-    # evaluation sets: dev from distill_data, perturbed / ood answered here
-    sets: dict[str, tuple[list[dict], torch.Tensor]] = {}
-    if "dev" in distill and len(distill["dev"]):
-        sets["dev"] = prompt_acceptance(target, models, [dict(r) for r in distill["dev"]], **measure)
-    prompt_sets = load_prompt_sets(ctx.input("prepare-data"))
-    for split in ("perturbed", "ood"):
-        if split in prompt_sets and len(prompt_sets[split]):
-            rows = greedy_rows(target, tok, [dict(r) for r in prompt_sets[split]], cfg.distill_data, seed,
-                                   chat_format(cfg.prompts))
-            sets[split] = prompt_acceptance(target, models, rows, **measure)
+    sets = evaluation_sets(ctx, target, tok, models, distill, measure)
     pooled = {s: mean_pooled(embeddings, [p["prompt_ids"] for p in ps]) for s, (ps, _) in sets.items()}
 
     # 3. the two routers
     val = None
     if "dev" in sets:
         dev_prompts, dev_acc = sets["dev"]
-        if rcfg.labels == "acceptance":
-            val = (pooled["dev"], dev_acc[:, :len(special)].argmax(-1))
-        else:
-            rows_d = [i for i, p in enumerate(dev_prompts) if p["domain"] in by_domain]
-            val = (pooled["dev"][rows_d], torch.tensor([special.index(by_domain[dev_prompts[i]["domain"]])
-                                                        for i in rows_d], dtype=torch.long))
+        dev_keep, dev_labels = train_labels(dev_prompts, dev_acc, special, by_domain, rcfg.labels)
+        val = (pooled["dev"][dev_keep], dev_labels)
     classifier, train_stats = train_classifier(train_pooled[keep], labels, special, ctx.work / "classifier",
-                                               rcfg.train, rcfg.hidden, rcfg.lr, val=val, seed=seed)
-    domains = sorted(d for d in by_domain if d in train_domains)
-    centroid_rows = [i for i, p in enumerate(train_prompts) if p["domain"] in by_domain]
-    centroid = CentroidRouter(embeddings.shape[1], domains, [by_domain[d] for d in domains]).fit(
-        train_pooled[centroid_rows], [train_prompts[i]["domain"] for i in centroid_rows])
-    routers: dict[str, Router] = {"classifier": classifier, "centroid": centroid}
+                                               rcfg.train, rcfg.hidden, rcfg.lr, val=val, seed=cfg.run.seed)
+    routers: dict[str, Router] = {"classifier": classifier,
+                                  "centroid": fit_centroid(embeddings, train_pooled, train_prompts, by_domain,
+                                                           train_domains)}
 
     # 4. evaluation
     results = {s: evaluate(routers, pooled[s], ps, acc, names, special, general, by_domain)
@@ -222,18 +196,70 @@ def build(ctx: Context) -> dict:
                         "classifier": train_stats, **{k: train_eval[k] for k in ("oracle_acceptance", "best_fixed")},
                         "routers": train_eval["routers"]},
               "sets": results}
-    (ctx.out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
-    fingerprint = tokenizer_fingerprint(tok)
-    for kind, router in routers.items():
-        metrics = {s: r["routers"][kind] for s, r in results.items()}
-        save_router(router, ctx.out / kind, {"label_kind": rcfg.labels, "tokenizer_fingerprint": fingerprint,
-                                             "pooling": POOLING, "metrics": metrics,
-                                             **({"train": train_stats} if kind == "classifier" else {})})
+    write_routers(ctx, tok, routers, report, train_stats)
     print("[train-router] routing on prompt sets (acceptance = mean 1 - TV of the chosen drafter at T=1)\n"
           + router_table(results))
     return {"label_kind": rcfg.labels, "drafters": special, "label_counts": label_counts, "classifier": train_stats,
             "eval": {s: {k: {m: v for m, v in r.items() if m != "routed_counts"} for k, r in res["routers"].items()}
                      for s, res in results.items()}}
+
+
+def load_routing_drafters(drafters_dir, train_domains: list[str],
+                          device) -> tuple[DrafterRoles, dict[str, torch.nn.Module]]:
+    """The serving drafters' roles, and the specialised and general drafters themselves (in that order)."""
+    infos = {p.name: read_json(p / "drafter.json", "drafter info", "rerun stage 'train-drafters' with --force")
+             for p in sorted(drafters_dir.iterdir()) if (p / "drafter.json").is_file()}
+    roles = routing_roles(infos, train_domains)
+    names = roles.special + roles.general
+    return roles, {n: load_drafter(drafters_dir / n, "float32").to(device).eval() for n in names}
+
+
+def train_labels(prompts: list[dict], acceptance: torch.Tensor, special: list[str], by_domain: dict[str, str],
+                 kind: str) -> tuple[list[int], torch.Tensor]:
+    """(the prompts that get a label, their labels as indices into `special`): with `acceptance` labels every
+    prompt's most accepted specialised drafter; with `domain` labels the domain drafter of each prompt whose
+    domain has one."""
+    if kind == "acceptance":
+        return list(range(len(prompts))), acceptance[:, :len(special)].argmax(-1)
+    keep = [i for i, p in enumerate(prompts) if p["domain"] in by_domain]
+    return keep, torch.tensor([special.index(by_domain[prompts[i]["domain"]]) for i in keep], dtype=torch.long)
+
+
+def evaluation_sets(ctx: Context, target, tok, models: dict[str, torch.nn.Module], distill,
+                    measure: dict) -> dict[str, tuple[list[dict], torch.Tensor]]:
+    """Set -> (prompts, acceptance per prompt and drafter): dev from distill_data's responses; perturbed and
+    ood answered here by the target, greedily."""
+    cfg = ctx.cfg
+    sets: dict[str, tuple[list[dict], torch.Tensor]] = {}
+    if "dev" in distill and len(distill["dev"]):
+        sets["dev"] = prompt_acceptance(target, models, [dict(r) for r in distill["dev"]], **measure)
+    prompt_sets = load_prompt_sets(ctx.input("prepare-data"))
+    for split in ("perturbed", "ood"):
+        if split in prompt_sets and len(prompt_sets[split]):
+            rows = greedy_rows(target, tok, [dict(r) for r in prompt_sets[split]], cfg.distill_data, cfg.run.seed,
+                               chat_format(cfg.prompts))
+            sets[split] = prompt_acceptance(target, models, rows, **measure)
+    return sets
+
+
+def fit_centroid(embeddings: torch.Tensor, train_pooled: torch.Tensor, train_prompts: list[dict],
+                 by_domain: dict[str, str], train_domains: list[str]) -> CentroidRouter:
+    """One centroid per training domain that has a drafter, over its prompts' pooled embeddings."""
+    domains = sorted(d for d in by_domain if d in train_domains)
+    rows = [i for i, p in enumerate(train_prompts) if p["domain"] in by_domain]
+    return CentroidRouter(embeddings.shape[1], domains, [by_domain[d] for d in domains]).fit(
+        train_pooled[rows], [train_prompts[i]["domain"] for i in rows])
+
+
+def write_routers(ctx: Context, tok, routers: dict[str, Router], report: dict, train_stats: dict) -> None:
+    """eval.json, and each router with its config (label kind, tokenizer fingerprint, its metrics per set)."""
+    (ctx.out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    fingerprint = tokenizer_fingerprint(tok)
+    for kind, router in routers.items():
+        metrics = {s: r["routers"][kind] for s, r in report["sets"].items()}
+        save_router(router, ctx.out / kind, {"label_kind": report["label_kind"], "tokenizer_fingerprint": fingerprint,
+                                             "pooling": POOLING, "metrics": metrics,
+                                             **({"train": train_stats} if kind == "classifier" else {})})
 
 
 def router_table(results: dict[str, dict]) -> str:

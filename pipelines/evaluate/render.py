@@ -390,8 +390,24 @@ def target_line(metrics: dict) -> list[str]:
 
 
 def render(metrics: dict) -> str:
-    k, fit = metrics["k"], metrics["cost_fit"]
-    cfg, cal = metrics["config"], metrics["calibration"]
+    """report.md: the run and how to read it, then one section per kind of result."""
+    parts = _opening(metrics)
+    parts += _bandit_sections(metrics)
+    parts += _further_sections(metrics)
+    parts += _target_quality_section(metrics.get("target_quality") or {})
+    parts += _calibration_section(metrics)
+    parts += _cost_fit_section(metrics["cost_fit"])
+    parts += ["## Plots", "", "![discard vs verification](pareto.png)", "", "![speedup](speedup.png)", ""]
+    if metrics["notes"]:
+        parts += ["## Notes", ""] + [f"- {n}" for n in metrics["notes"]] + [""]
+    return "\n".join(parts)
+
+
+def _opening(metrics: dict) -> list[str]:
+    """The run, how its speedups are measured, the expected effects and verdicts, the speedup tables and
+    SpecDec++ against fixed K and the oracle."""
+    k = metrics["k"]
+    cfg = metrics["config"]
     parts = [
         "# specdraft evaluation report", "",
         f"{metrics['prompts']} prompts ({', '.join(cfg['sets'])}; up to {cfg['prompts_per_domain']} per domain and set), "
@@ -421,8 +437,13 @@ def render(metrics: dict) -> str:
         s = metrics["sampling"]
         parts += [f"## The same in sampling mode (T={s['temperature']}, top-k {s['top_k']}, top-p {s['top_p']}: "
                   "the heads' label transform; fewer prompts)", "", _stopping_table(metrics, "sampling"), ""]
-    parts += ["## Bandits vs routers vs OFA on in-domain / perturbed / OOD prompts (MetaSD Table 6 shape)", "",
-              _robustness_table(metrics), ""]
+    return parts
+
+
+def _bandit_sections(metrics: dict) -> list[str]:
+    """Bandits against routers and OFA across prompt sets, BD vs BE, stopping-time regret, best-arm ratio."""
+    parts = ["## Bandits vs routers vs OFA on in-domain / perturbed / OOD prompts (MetaSD Table 6 shape)", "",
+             _robustness_table(metrics), ""]
     parts += ["![robustness](robustness.png)", ""]
     bdbe = _bd_be_table(metrics)
     if bdbe:
@@ -438,6 +459,12 @@ def render(metrics: dict) -> str:
         parts += ["## Best-arm ratio over rounds (MetaSD Figure 3; test set)", "",
                   "Fraction of prompts whose bandit picked the prompt's hindsight-best drafter in that round.", "",
                   arms, "", "![best-arm ratio](best_arm_ratio.png)", ""]
+    return parts
+
+
+def _further_sections(metrics: dict) -> list[str]:
+    """SpecTr, cascades and model-free arms; EAGLE drafters against independent drafters."""
+    parts: list[str] = []
     further = _further_table(metrics)
     if further:
         parts += ["## SpecTr, speculative cascades and model-free arms (first test prompts per domain)", "",
@@ -447,7 +474,7 @@ def render(metrics: dict) -> str:
                   "Sampling-mode rows are compared with the target sampling alone.", "", further, ""]
     eagle = _eagle_table(metrics)
     if eagle:
-        ms = cal.get("drafter_ms", {})
+        ms = metrics["calibration"].get("drafter_ms", {})
         costs = ", ".join(f"{n} {t:.3f} ms" for n, t in sorted(ms.items()))
         parts += ["## EAGLE drafters vs independent drafters (MetaSD Tables 4 / 7 shape; greedy)", "",
                   "EAGLE: one decoder layer of the target's architecture over the target's features (its own "
@@ -455,35 +482,41 @@ def render(metrics: dict) -> str:
                   "target forward (its counted cost prices the verification by tree depth, as for SpecTr, so it "
                   "flatters the tree: read its MAT and timed speedup). The domain drafter row is the independent "
                   f"(SpS) drafter at K. One draft forward per drafter on this machine: {costs}.", "", eagle, ""]
-    parts += _target_quality_section(metrics.get("target_quality") or {})
+    return parts
+
+
+def _calibration_section(metrics: dict) -> list[str]:
+    """The costs the counted speedup is priced with, as calibrated on this machine."""
+    k, cfg, cal = metrics["k"], metrics["config"], metrics["calibration"]
     vk = cal["v"]
-    parts += ["## Calibration (this machine: the counted speedup's costs)", "",
-              f"10% quantile of {cal['reps']} interleaved passes at a {cal['context']}-token context (load only adds "
-              "time). v(K) = the target's (K+1)-token cached forward over its 1-token forward; t_draft = a drafter's "
-              f"cost per drafted token, timed over {cal.get('draft_run', 1)} forwards in a row right after a target "
-              "forward, as a round drafts.", "",
-              "c = t_draft / t_target: calibrated here; the bundle's c is the one train-heads measured (or "
-              "export pinned), the price of a drafted token in every bandit's throughput reward.", "",
-              table(["t_target 1 token (ms)", "mean t_draft (ms)", "c = t_draft / t_target", "bundle's c"]
-                    + [f"v({kk})" for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k],
-                    [[cal["target_ms"]["1"], cal["drafter_mean_ms"], cal.get("cost_ratio"),
-                      metrics.get("bundle_cost_ratio")]
-                     + [vk[str(kk)] for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k]]), ""]
-    if fit:
-        parts += ["## Cost model fit (SpecDec++ Eq. 3.1, all greedy speculative runs, each run's mean time over "
-                  "its passes)", "",
-                  "T = t_draft N_draft + t_target N_target + a_prompt: Eq. 3.1 counts the decode's forwards, and "
-                  "what every method pays alike on a prompt (the prefill of both models, the context its forwards "
-                  "attend over) is that prompt's constant. R^2 is the whole model's; R^2 within prompts is the "
-                  "counts' share of the variation between the methods of a prompt, the stricter number.", "",
-                  table(["t_draft (ms)", "t_target (ms)", "t_draft / t_target", "R^2", "R^2 within prompts",
-                         "R^2 on wall time", "runs", "prompts"],
-                        [[fit["t_draft_ms"], fit["t_target_ms"], fit["cost_ratio"], fit["r2"], fit.get("r2_within"),
-                          fit["wall_r2"], fit["runs"], fit.get("prompts")]]), ""]
-    parts += ["## Plots", "", "![discard vs verification](pareto.png)", "", "![speedup](speedup.png)", ""]
-    if metrics["notes"]:
-        parts += ["## Notes", ""] + [f"- {n}" for n in metrics["notes"]] + [""]
-    return "\n".join(parts)
+    return ["## Calibration (this machine: the counted speedup's costs)", "",
+            f"10% quantile of {cal['reps']} interleaved passes at a {cal['context']}-token context (load only adds "
+            "time). v(K) = the target's (K+1)-token cached forward over its 1-token forward; t_draft = a drafter's "
+            f"cost per drafted token, timed over {cal.get('draft_run', 1)} forwards in a row right after a target "
+            "forward, as a round drafts.", "",
+            "c = t_draft / t_target: calibrated here; the bundle's c is the one train-heads measured (or "
+            "export pinned), the price of a drafted token in every bandit's throughput reward.", "",
+            table(["t_target 1 token (ms)", "mean t_draft (ms)", "c = t_draft / t_target", "bundle's c"]
+                  + [f"v({kk})" for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k],
+                  [[cal["target_ms"]["1"], cal["drafter_mean_ms"], cal.get("cost_ratio"),
+                    metrics.get("bundle_cost_ratio")]
+                   + [vk[str(kk)] for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k]]), ""]
+
+
+def _cost_fit_section(fit: dict | None) -> list[str]:
+    """The Eq. 3.1 fit of the runs' times to their counts (none when nothing was fitted)."""
+    if not fit:
+        return []
+    return ["## Cost model fit (SpecDec++ Eq. 3.1, all greedy speculative runs, each run's mean time over "
+            "its passes)", "",
+            "T = t_draft N_draft + t_target N_target + a_prompt: Eq. 3.1 counts the decode's forwards, and "
+            "what every method pays alike on a prompt (the prefill of both models, the context its forwards "
+            "attend over) is that prompt's constant. R^2 is the whole model's; R^2 within prompts is the "
+            "counts' share of the variation between the methods of a prompt, the stricter number.", "",
+            table(["t_draft (ms)", "t_target (ms)", "t_draft / t_target", "R^2", "R^2 within prompts",
+                   "R^2 on wall time", "runs", "prompts"],
+                  [[fit["t_draft_ms"], fit["t_target_ms"], fit["cost_ratio"], fit["r2"], fit.get("r2_within"),
+                    fit["wall_r2"], fit["runs"], fit.get("prompts")]]), ""]
 
 
 # --- plots ---
