@@ -107,7 +107,7 @@ def specialist_margins(table: dict[str, dict[str, dict]], by_domain: dict[str, n
                                 f"{metric}_vs_best_other_hi": round(spread.hi, 4)})
 
 
-def alignment_table(table: dict[str, dict[str, dict]], metric: str) -> str:
+def format_alignment(table: dict[str, dict[str, dict]], metric: str) -> str:
     domains = sorted({d for row in table.values() for d in row})
     lines = [f"{metric:<12}" + "".join(f"{d:>11}" for d in domains) + f"{'mean':>9}"]
     for name, row in table.items():

@@ -34,7 +34,7 @@ from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.pipelines.artifacts import load_dataset_dir
 from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
-from specdraft.drafters.alignment import alignment_by_domain, alignment_table, specialist_margins
+from specdraft.drafters.alignment import alignment_by_domain, format_alignment, specialist_margins
 from specdraft.drafters.data import TEACHER_LOGITS, CausalLMCollator, CausalLMDataModule
 from specdraft.drafters.lit_lm import CausalLMModule, teacher_logits_per_example
 from specdraft.drafters.model import build_causal_lm, num_parameters
@@ -289,8 +289,8 @@ def alignment_table(target, drafters: dict, dev_rows: list[dict], pad_id: int, t
                                            tcfg.finetune.max_length)
     specialist_margins(table, by_domain, rivals=rivals, seed=seed)
     print("[train-drafters] acceptance 1 - TV(p, q) at T=1 (rows: drafters, columns: dev domain)\n"
-          + alignment_table(table, "acceptance"))
-    print("[train-drafters] greedy agreement\n" + alignment_table(table, "agreement"))
+          + format_alignment(table, "acceptance"))
+    print("[train-drafters] greedy agreement\n" + format_alignment(table, "agreement"))
     margins = [f"{d} {row[d]['agreement_vs_best_other']:.3f} [{row[d]['agreement_vs_best_other_lo']:.3f}, "
                f"{row[d]['agreement_vs_best_other_hi']:.3f}]" for d, row in table.items() if "agreement_vs_best_other"
                in row.get(d, {})]
