@@ -85,7 +85,7 @@ def heads(root: Path) -> list[str]:
         for tag, s in by_tag.items():
             best = next(h for h in s["heads"] if h["head"] == s["best_head"])
             low = min(s["heads"], key=lambda h: h["eval"]["kl"])
-            sim = best["by_threshold"][f"{best['threshold']:g}"]
+            sim = best["simulated"]
             fk = s["best_fixed_k"]
             ref = s.get("overlap_reference")  # none for greedy labels: 1 - TV of one-hots is the label itself
             overlap = f"{ref['kl']:.4f}" if ref and tag != "greedy" else "-"

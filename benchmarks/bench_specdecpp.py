@@ -177,7 +177,7 @@ def run_tables(run: pathlib.Path, label: str, report: str = "report") -> str:
     for name, by_tag in sorted(sweep.items()):
         for tag, s in sorted(by_tag.items()):
             head = next(h for h in s["heads"] if h["head"] == s["best_head"])
-            sim = head["by_threshold"][f"{head['threshold']:g}"]
+            sim = head["simulated"]
             fixed = s["best_fixed_k"]
             lines.append(f"| {name} | {tag} | {head['head']} | {head['threshold']:g} | {sim['cost']:.1f} "
                          f"| {fixed['cost']:.1f} ({fixed['policy']}) | {fixed['cost'] / sim['cost']:.3f}x "

@@ -144,12 +144,12 @@ def export_eagle(ctx: Context, drafters_dir: Path, manifest: Manifest, out: Path
     return eagle
 
 
-def best_fixed_k(by_tag: dict, default_head: str | None, serving: SamplingConfig) -> int | None:
-    """The best fixed K train-heads found for a drafter, under the transform it is served with: the
-    tag of its default head (labels at the serving transform when there are such), greedy agreement for
-    greedy serving. None when the drafter has no heads."""
-    tag = default_head.split("/")[0] if default_head else None
-    s = by_tag.get(tag) if tag else None
+def best_fixed_k(by_tag: dict, default_head: HeadEntry | None, serving: SamplingConfig) -> int | None:
+    """The best fixed K train-heads found for a drafter, under the transform it is served with: that of the
+    sweep whose labels its default head was trained on (labels at the serving transform when there are
+    such), greedy agreement for greedy serving. None when the drafter has no heads."""
+    s = next((s for s in by_tag.values() if default_head is not None
+              and s.get("label_transform") == default_head.label_transform), None)
     if not s:
         return None
     key = "best_k_greedy" if serving.greedy else "best_k"
@@ -259,7 +259,8 @@ def build(ctx: Context) -> dict:
     # 3b. each drafter's best fixed K, as a number in bundle.json and in its generation_config, where
     # transformers' assistant_model reads it
     for name in names:
-        k = best_fixed_k(sweep.get(name, {}), drafters[name].head, serving)
+        default = heads.get(name, {}).get(drafters[name].head) if drafters[name].head else None
+        k = best_fixed_k(sweep.get(name, {}), default, serving)
         drafters[name] = replace(drafters[name], fixed_k=k)
         rel = f"drafters/{name}/generation_config.json"
         files[rel] = write_assistant_config(out / rel, k if k is not None else defaults.k)

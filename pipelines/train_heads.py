@@ -177,14 +177,15 @@ def choose_thresholds(ctx: Context, name: str, tag: str, info: dict, trained, de
         save_head(th.head, ctx.out / name / tag / th.spec.name, meta)
         heads_out.append({"head": th.spec.name, "depth": th.spec.depth, "w_rej": th.spec.w_rej,
                           "train": th.train_metrics, "eval": th.eval_metrics, "threshold": h,
-                          "by_threshold": {f"{t:g}": s.as_dict() for t, s in zip(hcfg.thresholds, sims)}})
+                          "simulated": chosen.as_dict(),  # at the chosen h; every h of the sweep below
+                          "by_threshold": [{"threshold": t, **s.as_dict()} for t, s in zip(hcfg.thresholds, sims)]})
     return heads_out
 
 
 def sweep_entry(info: dict, cost: dict, tr: dict, dev: dict, heads_out: list[dict], refs: dict) -> dict:
     """sweep.json's entry for one drafter and label transform: the baselines, every head, the best one and
     the references."""
-    best_head = min(heads_out, key=lambda r: r["by_threshold"][f"{r['threshold']:g}"]["cost"])
+    best_head = min(heads_out, key=lambda r: r["simulated"]["cost"])
     return {"label_transform": info["label_transform"], "cost": cost,
             "constant_predictor": {"train": constant_baseline(tr["labels"]),
                                    "eval": constant_baseline(dev["labels"], float(tr["labels"].mean()))},
@@ -201,7 +202,7 @@ def _table(name: str, s: dict) -> str:
              + (f"; predicting 1 - TV(p, q): KL {overlap['kl']:.4f})" if overlap else ")"),
              f"{'head':<10}{'KL train':>10}{'KL dev':>9}{'AUROC':>8}{'ECE':>7}{'h':>5}{'ver.rate':>10}{'disc.rate':>10}{'speedup':>9}"]
     for r in s["heads"]:
-        sim = r["by_threshold"][f"{r['threshold']:g}"]
+        sim = r["simulated"]
         lines.append(f"{r['head']:<10}{r['train']['kl']:>10.4f}{r['eval']['kl']:>9.4f}{r['eval']['auroc_reject']:>8.3f}"
                      f"{r['eval']['ece']:>7.3f}{r['threshold']:>5.1f}{sim['verification_rate']:>10.3f}"
                      f"{sim['discard_rate']:>10.3f}{sim['speedup']:>9.3f}")
