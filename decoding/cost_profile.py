@@ -1,0 +1,149 @@
+"""Profiling the decoder's own costs into a `CostTable` (decoding/policies/cost_model.py): the one module
+that runs models to price rounds.
+
+    table = profile_cost_table(target, drafter, batch_sizes=(1, 2, 4, 8), max_width=9, compile="none")
+
+What is timed is exactly what a round of `decoding.batched.generate_batch` calls: the compiled (or eager)
+step of `model_step` over a `model_cache` static cache, at batch B,
+    verify    the target's step over w positions per row, w = 1 (a plain autoregressive step) .. max_width
+    draft     the drafter's step over 1 position (y_i fed to get q_{i+1})
+    catch-up  the drafter's step over 2 positions (the end-of-round re-feed that yields next round's q_1)
+each over a cache already holding `context` tokens, rolled back after every call (so every call sees the
+same context). Per batch size: one untimed warm-up call of every shape (which is also each shape's
+compilation), then `repeats` passes in which the shapes take turns call by call, so a load phase on a
+shared machine hits them alike; the table keeps the median of each. Under a compile mode only the widths
+the compiled decoder runs are timed (1 and 2^j + 1, `cost_model.padded_width`): a width is a graph.
+
+A table is cached on disk per (device, torch version, compile mode, models, batch sizes, widths,
+context): a second decoder start on the same machine reads it in milliseconds instead of re-timing
+(`cached_cost_table`). The directory: `cache_dir`, else $SPECDRAFT_COST_CACHE, else
+~/.cache/specdraft/cost_tables.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from specdraft.core.devices import device_name
+from specdraft.core.errors import InputError
+from specdraft.decoding.batched import COMPILE_MODES, model_cache, model_step
+from specdraft.decoding.policies.cost_model import CostTable, padded_width
+from specdraft.decoding.rounds.static_cache import forward_rows
+from specdraft.decoding.timing import timed_call
+
+
+def model_identity(model: torch.nn.Module) -> str:
+    """A model's identity for its costs: the sha256 of its config (architecture, sizes) and dtype. The
+    weights' values do not change a step's time, so a retrained drafter of the same shape shares a table."""
+    config = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(vars(model.config))
+    for volatile in ("_name_or_path", "transformers_version", "_commit_hash"):
+        config.pop(volatile, None)
+    dtype = str(model.get_input_embeddings().weight.dtype)
+    blob = json.dumps({"config": config, "dtype": dtype, "class": type(model).__name__}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def profiled_widths(max_width: int, compile: str) -> tuple[int, ...]:
+    """The verify widths a table measures: every w in 1..max_width eagerly; under compile the widths the
+    compiled decoder runs, 1 and padded_width(k) + 1 for k = 1..max_width - 1."""
+    if compile == "none":
+        return tuple(range(1, max_width + 1))
+    return tuple(sorted({1} | {padded_width(k, max_width - 1) + 1 for k in range(1, max_width)}))
+
+
+def _check(batch_sizes, max_width, compile, repeats, context) -> tuple[int, ...]:
+    sizes = tuple(batch_sizes)
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+        raise InputError(f"batch sizes must be integers >= 1, got {list(sizes)}")
+    if isinstance(max_width, bool) or not isinstance(max_width, int) or max_width < 2:
+        raise InputError(f"max_width (K_max + 1 verify positions) must be an integer >= 2, got {max_width!r}")
+    if compile not in COMPILE_MODES:
+        raise InputError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {compile!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise InputError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise InputError(f"context must be an integer >= 1, got {context!r}")
+    return tuple(sorted(set(sizes)))
+
+
+@torch.inference_mode()
+def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int],
+                       max_width: int, compile: str = "none", *, repeats: int = 5, context: int = 64,
+                       seed: int = 0) -> CostTable:
+    """Time the decoder's steps (module docstring) and return their medians as a CostTable. max_width:
+    the widest verify, K_max + 1. seed: the random token ids fed (their values do not change a step's
+    time; seeded so a profile is reproducible in everything but the clock)."""
+    sizes = _check(batch_sizes, max_width, compile, repeats, context)
+    widths = profiled_widths(max_width, compile)
+    device = target.get_input_embeddings().weight.device
+    vocab = min(target.config.vocab_size, drafter.config.vocab_size)
+    gen = torch.Generator().manual_seed(seed)
+    max_len = -(-(context + max_width + 2) // 64) * 64  # the decoder rounds its caches up to 64 slots too
+    target_step, drafter_step = model_step(target, compile), model_step(drafter, compile)
+    verify, draft, catchup = [], [], []
+    for batch in sizes:
+        tcache, dcache = model_cache(target, batch, max_len), model_cache(drafter, batch, max_len)
+        prompt = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
+        forward_rows(target, tcache, prompt)  # eager prefill: the compiled steps never see this width
+        forward_rows(drafter, dcache, prompt)
+        at = torch.full((batch,), context, dtype=torch.long, device=device)
+        ids = {w: torch.randint(0, vocab, (batch, w), generator=gen).to(device) for w in sorted(set(widths) | {2})}
+        calls = {("verify", w): (tcache, target_step, ids[w]) for w in widths}
+        calls[("draft", 1)] = (dcache, drafter_step, ids[1])
+        calls[("catchup", 2)] = (dcache, drafter_step, ids[2])
+        times: dict[tuple, list[float]] = {key: [] for key in calls}
+        for rep in range(repeats + 1):  # pass 0 is the warm-up (and each shape's compilation)
+            for key, (cache, step, x) in calls.items():
+                cache.rollback(at)
+                _, timing = timed_call(lambda: step(cache, x), device)
+                if rep:
+                    times[key].append(timing.time)
+        tcache.rollback(at * 0)
+        dcache.rollback(at * 0)
+        verify.append(tuple(statistics.median(times[("verify", w)]) for w in widths))
+        draft.append(statistics.median(times[("draft", 1)]))
+        catchup.append(statistics.median(times[("catchup", 2)]))
+    return CostTable(batch_sizes=sizes, widths=widths, verify=tuple(verify), draft=tuple(draft), catchup=tuple(catchup),
+                     device=device_name(device), torch_version=torch.__version__, compile=compile,
+                     target_id=model_identity(target), drafter_id=model_identity(drafter), context=context,
+                     repeats=repeats)
+
+
+def cache_dir(path: str | Path | None = None) -> Path:
+    if path is not None:
+        return Path(path)
+    env = os.environ.get("SPECDRAFT_COST_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "specdraft" / "cost_tables"
+
+
+def cache_key(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int], max_width: int,
+              compile: str, context: int) -> str:
+    """What a cached table must match: the device and torch version it was timed under, the compile mode,
+    both models' identities, and the grid it covers."""
+    device = target.get_input_embeddings().weight.device
+    blob = json.dumps([device_name(device), torch.__version__, compile, model_identity(target),
+                       model_identity(drafter), sorted(set(batch_sizes)), max_width, context])
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def cached_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int],
+                      max_width: int, compile: str = "none", *, repeats: int = 5, context: int = 64, seed: int = 0,
+                      directory: str | Path | None = None, refresh: bool = False) -> tuple[CostTable, Path, bool]:
+    """profile_cost_table through the on-disk cache: (table, its file, whether it was a cache hit).
+    refresh: re-time and overwrite. A cached file that no longer reads is re-profiled, not trusted."""
+    sizes = _check(batch_sizes, max_width, compile, repeats, context)
+    path = cache_dir(directory) / f"{cache_key(target, drafter, sizes, max_width, compile, context)}.json"
+    if path.is_file() and not refresh:
+        try:
+            return CostTable.load(path), path, True
+        except InputError:
+            pass  # a torn or foreign file: time again and overwrite it
+    table = profile_cost_table(target, drafter, sizes, max_width, compile, repeats=repeats, context=context, seed=seed)
+    table.save(path)
+    return table, path, False
