@@ -14,6 +14,8 @@ Per drafter and label transform (SpecDec++ §4.4, §5.1):
 Writes heads/
   <drafter>/<tag>/<D{d}_w{w}>/   head.safetensors + head_config.json (D, hidden size, tying, drafter path and
                            hash, w_rej, label transform, chosen h, metrics)
+  <drafter>/<tag>/acceptance_summary.json   the dev sequences' P_i and the best head's sigma_i (the first 64,
+                           decoding/throughput.py): export ships it, `specdraft predict` simulates from it
   sweep.json               drafter -> transform tag -> every metric, simulation and reference above
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ from specdraft.heads.lit_head import HeadTrainConfig, predict_logits, train_head
 from specdraft.heads.metrics import constant_baseline, overlap_reference
 from specdraft.heads.online import OnlineFeatures, compute_features
 from specdraft.heads.simulate import best, greedy_oracle, simulate_fixed_k, simulate_specdecpp
+from specdraft.decoding.throughput import ACCEPTANCE_FILE, summarize_acceptance
 from specdraft.pipelines.readers import load_features, transform_dirs
 from specdraft.pipelines.stage import Context
 
@@ -130,9 +133,10 @@ def build(ctx: Context) -> dict:
         fixed_greedy = simulate_fixed_k([a.double() for a in agree], c, ks)
         best_fixed_greedy = best(fixed_greedy)
 
-        heads_out = []
+        heads_out, sigmas = [], {}
         for th in trained:
             sigma = torch.sigmoid(predict_logits(th.head, dev["features"]).double())
+            sigmas[th.spec.name] = sigma
             sims = simulate_specdecpp(accept, [sigma[i] for i in seqs], c, hcfg.thresholds, k_max)
             chosen = best(sims)  # the threshold with the lowest simulated cost (ties: the smaller h)
             h = float(hcfg.thresholds[sims.index(chosen)])
@@ -145,6 +149,11 @@ def build(ctx: Context) -> dict:
                               "train": th.train_metrics, "eval": th.eval_metrics, "threshold": h,
                               "by_threshold": {f"{t:g}": s.as_dict() for t, s in zip(hcfg.thresholds, sims)}})
         best_head = min(heads_out, key=lambda r: r["by_threshold"][f"{r['threshold']:g}"]["cost"])
+        # what `specdraft predict` simulates from once exported (decoding/throughput.py documents it): the
+        # dev sequences' acceptance probabilities and the best head's predictions at the same positions
+        summarize_acceptance(accept, [sigmas[best_head["head"]][i] for i in seqs], head=best_head["head"],
+                             threshold=best_head["threshold"], k_max=k_max,
+                             label_transform=info["label_transform"]).save(ctx.out / name / tag / ACCEPTANCE_FILE)
         sweep.setdefault(name, {})[tag] = {"label_transform": info["label_transform"], "cost": cost,
                        "constant_predictor": {"train": constant_baseline(tr["labels"]),
                                               "eval": constant_baseline(dev["labels"], float(tr["labels"].mean()))},

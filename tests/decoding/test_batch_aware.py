@@ -10,6 +10,7 @@ from specdraft.decoding.policies.batch_aware import (BatchAwareSpecDec, GlobalVe
                                                      k_per_batch_size)
 from specdraft.decoding.policies.cost_model import CostTable
 from specdraft.decoding.rounds.lengths import round_length, specdecpp_fires
+from specdraft.decoding.throughput import decide_round
 
 
 def table(verify, draft, catchup=None, batch_sizes=(1, 256), k_max=4, compile="none") -> CostTable:
@@ -23,22 +24,8 @@ def table(verify, draft, catchup=None, batch_sizes=(1, 256), k_max=4, compile="n
 
 
 def run_round(policy, sigma: torch.Tensor, cap: int | None = None) -> torch.Tensor:
-    """Drive stop_rows as the batched loop does: sigma (rows, W) = sigmoid(head(e_j)) of each row's drafts.
-    Decision k reads sigma[:, k - 2] (e_{k-1}) for k >= 2. Returns (rows,) drafts per row."""
-    rows = sigma.shape[0]
-    cap = policy.max_tokens if cap is None else cap
-    state = policy.round_state(rows, torch.device("cpu"))
-    drafting = torch.ones(rows, dtype=torch.bool)
-    k_rows = torch.zeros(rows, dtype=torch.long)
-    for k in range(policy.max_tokens + 1):
-        drafting = drafting & (k < cap) if k else drafting
-        s = sigma[:, k - 2].double() if k >= 2 else None
-        state, stop = policy.stop_rows(state, k, s, drafting)
-        drafting = drafting & ~stop
-        if not bool(drafting.any()):
-            break
-        k_rows += drafting  # the row drafts y_{k+1}
-    return k_rows
+    """Drafts per row of one round, the policy driven as the batched loop drives it (decide_round)."""
+    return decide_round(policy, sigma.double(), cap)[0]
 
 
 FLAT = dict(verify=lambda b, w: 1.0, draft=lambda b: 0.1)  # memory-bound verify, drafts at c = 0.1
