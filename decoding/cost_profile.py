@@ -13,6 +13,10 @@ same context). Per batch size: one untimed warm-up call of every shape (which is
 compilation), then `repeats` passes in which the shapes take turns call by call, so a load phase on a
 shared machine hits them alike; the table keeps the median of each. Under a compile mode only the widths
 the compiled decoder runs are timed (1 and 2^j + 1, `cost_model.padded_width`): a width is a graph.
+Then (`calibrate`, default on) the loop's own work beyond these steps, per round and per draft step, is
+priced from short decodes of `generate_batch` itself (`calibrate_loop`): on a small model the round's
+verification, commit and host transfer are a measurable share of its time (bench_predict.py: without them
+predictions ran 1-45% above measured tokens/s on the demo-shaped pair).
 
 A table is cached on disk per (device, torch version, compile mode, models, batch sizes, widths,
 context): a second decoder start on the same machine reads it in milliseconds instead of re-timing
@@ -21,6 +25,7 @@ context): a second decoder start on the same machine reads it in milliseconds in
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -75,10 +80,11 @@ def _check(batch_sizes, max_width, compile, repeats, context) -> tuple[int, ...]
 @torch.inference_mode()
 def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int],
                        max_width: int, compile: str = "none", *, repeats: int = 5, context: int = 64,
-                       seed: int = 0) -> CostTable:
+                       seed: int = 0, calibrate: bool = True) -> CostTable:
     """Time the decoder's steps (module docstring) and return their medians as a CostTable. max_width:
     the widest verify, K_max + 1. seed: the random token ids fed (their values do not change a step's
-    time; seeded so a profile is reproducible in everything but the clock)."""
+    time; seeded so a profile is reproducible in everything but the clock). calibrate: also price the
+    loop's own work per round and per draft step (`calibrate_loop`)."""
     sizes = _check(batch_sizes, max_width, compile, repeats, context)
     widths = profiled_widths(max_width, compile)
     device = target.get_input_embeddings().weight.device
@@ -109,10 +115,61 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
         verify.append(tuple(statistics.median(times[("verify", w)]) for w in widths))
         draft.append(statistics.median(times[("draft", 1)]))
         catchup.append(statistics.median(times[("catchup", 2)]))
-    return CostTable(batch_sizes=sizes, widths=widths, verify=tuple(verify), draft=tuple(draft), catchup=tuple(catchup),
-                     device=device_name(device), torch_version=torch.__version__, compile=compile,
-                     target_id=model_identity(target), drafter_id=model_identity(drafter), context=context,
-                     repeats=repeats)
+    table = CostTable(batch_sizes=sizes, widths=widths, verify=tuple(verify), draft=tuple(draft), catchup=tuple(catchup),
+                      device=device_name(device), torch_version=torch.__version__, compile=compile,
+                      target_id=model_identity(target), drafter_id=model_identity(drafter), context=context,
+                      repeats=repeats)
+    return calibrate_loop(target, drafter, table, repeats=repeats, seed=seed) if calibrate else table
+
+
+LOOP_LENGTHS = (4, 20)  # new tokens of the two decodes whose difference prices the loop's rounds
+
+
+@torch.inference_mode()
+def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: CostTable, *, repeats: int = 3,
+                   seed: int = 0) -> CostTable:
+    """The table with the decode loop's own work per round (`loop`) and per draft step (`loop_draft`) filled
+    in, from `decoding.batched.generate_batch` itself: per batch size, an autoregressive decode and a fixed-K
+    decode (K = min(4, K_max)) of LOOP_LENGTHS new tokens each, interleaved, medians of `repeats` after a
+    warm-up. Every row decodes the same prompt (`context` random tokens): greedy rows then accept alike, so
+    the batch stays in lockstep and no row finishes early. The difference of the two lengths cancels the
+    prefills; what the steps the table prices do not explain, per round and per draft step, is the loop's:
+        loop       = (T_ar(n2) - T_ar(n1)) / (n2 - n1) - t_v(B, 1)
+        loop_draft = ((T_k(n2) - T_k(n1)) - (S(n2) - S(n1)) - loop (R(n2) - R(n1))) / (D(n2) - D(n1))
+    with S the table's step cost of the decode's rounds, R its rounds and D its drafts (both from its
+    counters). Clamped at 0: noise must not make a round cheaper than its steps."""
+    from specdraft.decoding.batched import generate_batch
+    from specdraft.decoding.policies.stopping import FixedK
+
+    device = target.get_input_embeddings().weight.device
+    vocab = min(target.config.vocab_size, drafter.config.vocab_size)
+    gen = torch.Generator().manual_seed(seed + 1)
+    k = min(4, table.max_drafts)
+    n1, n2 = LOOP_LENGTHS
+    loop, loop_draft = [], []
+    for batch in table.batch_sizes:
+        prompts = [torch.randint(0, vocab, (table.context,), generator=gen).tolist()] * batch
+        calls = {(policy, n): (lambda policy=policy, n=n: generate_batch(
+            target, prompts, n, drafter=drafter if policy else None, policy=FixedK(k) if policy else None,
+            compile=table.compile)) for policy in (False, True) for n in (n1, n2)}
+        times: dict[tuple, list[float]] = {key: [] for key in calls}
+        drafted: dict[int, list[int]] = {}
+        for rep in range(repeats + 1):  # pass 0 warms up (and compiles)
+            for key, call in calls.items():
+                out, timing = timed_call(call, device)
+                if rep:
+                    times[key].append(timing.time)
+                if key[0]:
+                    drafted[key[1]] = out[0].metrics.drafted  # per round, the drafts of every (identical) row
+        t = {key: statistics.median(v) for key, v in times.items()}
+        per_round = max(0.0, (t[(False, n2)] - t[(False, n1)]) / (n2 - n1) - table.t_verify(batch, 1))
+        steps = {n: sum(table.round_cost(batch, d) for d in drafted[n]) for n in (n1, n2)}
+        rounds = len(drafted[n2]) - len(drafted[n1])
+        drafts = sum(drafted[n2]) - sum(drafted[n1])
+        extra = (t[(True, n2)] - t[(True, n1)]) - (steps[n2] - steps[n1]) - per_round * rounds
+        loop.append(per_round)
+        loop_draft.append(max(0.0, extra / drafts) if drafts > 0 else 0.0)
+    return dataclasses.replace(table, loop=tuple(loop), loop_draft=tuple(loop_draft))
 
 
 def cache_dir(path: str | Path | None = None) -> Path:
@@ -123,27 +180,29 @@ def cache_dir(path: str | Path | None = None) -> Path:
 
 
 def cache_key(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int], max_width: int,
-              compile: str, context: int) -> str:
+              compile: str, context: int, calibrate: bool = True) -> str:
     """What a cached table must match: the device and torch version it was timed under, the compile mode,
     both models' identities, and the grid it covers."""
     device = target.get_input_embeddings().weight.device
     blob = json.dumps([device_name(device), torch.__version__, compile, model_identity(target),
-                       model_identity(drafter), sorted(set(batch_sizes)), max_width, context])
+                       model_identity(drafter), sorted(set(batch_sizes)), max_width, context, calibrate])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 def cached_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int],
                       max_width: int, compile: str = "none", *, repeats: int = 5, context: int = 64, seed: int = 0,
-                      directory: str | Path | None = None, refresh: bool = False) -> tuple[CostTable, Path, bool]:
+                      directory: str | Path | None = None, refresh: bool = False,
+                      calibrate: bool = True) -> tuple[CostTable, Path, bool]:
     """profile_cost_table through the on-disk cache: (table, its file, whether it was a cache hit).
     refresh: re-time and overwrite. A cached file that no longer reads is re-profiled, not trusted."""
     sizes = _check(batch_sizes, max_width, compile, repeats, context)
-    path = cache_dir(directory) / f"{cache_key(target, drafter, sizes, max_width, compile, context)}.json"
+    path = cache_dir(directory) / f"{cache_key(target, drafter, sizes, max_width, compile, context, calibrate)}.json"
     if path.is_file() and not refresh:
         try:
             return CostTable.load(path), path, True
         except InputError:
             pass  # a torn or foreign file: time again and overwrite it
-    table = profile_cost_table(target, drafter, sizes, max_width, compile, repeats=repeats, context=context, seed=seed)
+    table = profile_cost_table(target, drafter, sizes, max_width, compile, repeats=repeats, context=context, seed=seed,
+                               calibrate=calibrate)
     table.save(path)
     return table, path, False

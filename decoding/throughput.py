@@ -18,7 +18,9 @@ policy's `stop_rows` exactly as the batched loop does (`decide_round`: decision 
 caps every row at its sequence's end, and draws each row's accepted prefix from its P_i (seeded); the round
 costs `CostTable.round_cost(B, longest row's k)` (rows draft in lockstep and verify at the longest width),
 and its tokens are counted in expectation, 1 + sum_{j <= k} prod_{i <= j} P_i per row (less variance than
-the draw, the same mean). tokens/s = sum of tokens / sum of round costs; batched AR = B / t_verify(B, 1).
+the draw, the same mean). tokens/s = sum of tokens / sum of round costs; batched AR = B / round_cost(B, 0)
+(a plain target step and the loop's own work per round). `new_tokens` simulates static batches instead, as
+`generate_batch` decodes them (`simulate_policy`): what bench_predict.py compares with measurement.
 """
 from __future__ import annotations
 
@@ -162,44 +164,78 @@ class Prediction:
 
 
 def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch: int, rounds: int,
-                    generator: torch.Generator, finish: Callable | None = None) -> tuple[float, float, float]:
+                    generator: torch.Generator, finish: Callable | None = None, new_tokens: int | None = None,
+                    drop_half: bool | None = None) -> tuple[float, float, float]:
     """(tokens/s, mean drafts per row-round, tokens per row-round) of `policy` at `batch` (module docstring).
-    finish(state, steps) -> (rows,) drafts: a rule that decides after drafting (the global verify budget)."""
+    finish(state, steps) -> (rows,) drafts: a rule that decides after drafting (the global verify budget).
+
+    new_tokens None: a batch kept full (served), `rounds` rounds, tokens counted in expectation.
+    new_tokens n: static batches as `generate_batch` decodes them, `rounds` batches: each row decodes n
+    tokens from the start of a random dev sequence (a further one when it ends), the batch runs until every
+    row is done, finished rows are masked but keep costing compute until (drop_half; default: an eager
+    table) half the rows are done and the finished ones leave, as the eager decoder drops them; tokens are
+    the drawn ones."""
     k_max = policy.max_tokens
+    static = new_tokens is not None
+    drop_half = (table.compile == "none") if drop_half is None else drop_half
     accept = [torch.tensor(a, dtype=torch.float64) for a in summary.accept]
     sigma = [torch.tensor(s, dtype=torch.float64) for s in summary.sigma]
-    n_seq = len(accept)
-    seq = torch.randint(0, n_seq, (batch,), generator=generator)
-    pos = torch.tensor([int(torch.randint(0, len(accept[int(s)]), (1,), generator=generator)) for s in seq])
     width = max(k_max, 2)
-    tokens = cost = drafts = 0.0
-    for _ in range(rounds):
-        a_win = torch.zeros(batch, width, dtype=torch.float64)
-        s_win = torch.ones(batch, width, dtype=torch.float64)
-        left = torch.zeros(batch, dtype=torch.long)
-        for b in range(batch):
+
+    def draw_sequences(rows: int, anywhere: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        seq = torch.randint(0, len(accept), (rows,), generator=generator)
+        pos = torch.tensor([int(torch.randint(0, len(accept[int(s)]), (1,), generator=generator)) if anywhere else 0
+                            for s in seq], dtype=torch.long)
+        return seq, pos
+
+    seq, pos = draw_sequences(batch, anywhere=not static)
+    out = torch.zeros(batch, dtype=torch.long)
+    tokens = cost = drafts = row_rounds = 0.0
+    done_batches = done_rounds = 0
+    while (done_batches if static else done_rounds) < rounds:
+        rows = len(seq)
+        a_win = torch.zeros(rows, width, dtype=torch.float64)
+        s_win = torch.ones(rows, width, dtype=torch.float64)
+        left = torch.zeros(rows, dtype=torch.long)
+        for b in range(rows):
             a, s, j = accept[int(seq[b])], sigma[int(seq[b])], int(pos[b])
             n = min(width, len(a) - j)
             a_win[b, :n], s_win[b, :n] = a[j:j + n], s[j:j + n]
             left[b] = len(a) - j
-        cap = (left - 1).clamp(0, k_max)  # room for the drafts and the round's own token
-        k, state, steps = decide_round(policy, s_win, cap)
+        cap = left - 1  # room for the drafts and the round's own token
+        active = torch.ones(rows, dtype=torch.bool)
+        if static:
+            active = out < new_tokens
+            cap = torch.where(active, torch.minimum(cap, new_tokens - out - 1), 0)
+        k, state, steps = decide_round(policy, s_win, cap.clamp(0, k_max))
         if finish is not None:
             k = torch.minimum(finish(state, steps), k)
-        reach = a_win.cumprod(-1)
         inside = torch.arange(width)[None] < k[:, None]
-        tokens += float((1.0 + (reach * inside).sum(-1)).sum())
-        cost += table.round_cost(batch, int(k.max()))  # lockstep: the longest row's drafts and verify width
+        cost += table.round_cost(rows, int(k.max()))  # lockstep: the longest row's drafts and verify width
         drafts += float(k.sum())
+        row_rounds += float(active.sum())
+        done_rounds += 1
         # the draw that moves each row on: its accepted prefix, then the target's token
-        u = torch.rand(batch, width, generator=generator, dtype=torch.float64)
+        u = torch.rand(rows, width, generator=generator, dtype=torch.float64)
         accepted = ((u < a_win) & inside).to(torch.long).cumprod(-1).sum(-1)
+        if static:
+            emitted = torch.where(active, torch.minimum(accepted + 1, new_tokens - out), 0)
+            tokens += float(emitted.sum())
+            out = out + emitted
+        else:
+            tokens += float((1.0 + (a_win.cumprod(-1) * inside).sum(-1)).sum())
         pos = pos + accepted + 1
-        for b in range(batch):
+        for b in range(rows):
             if int(pos[b]) >= len(accept[int(seq[b])]):
-                seq[b] = int(torch.randint(0, n_seq, (1,), generator=generator))
-                pos[b] = 0
-    row_rounds = rounds * batch
+                seq[b], pos[b] = int(torch.randint(0, len(accept), (1,), generator=generator)), 0
+        if static:
+            live = out < new_tokens
+            if not bool(live.any()):
+                done_batches += 1
+                seq, pos = draw_sequences(batch, anywhere=False)
+                out = torch.zeros(batch, dtype=torch.long)
+            elif drop_half and int(live.sum()) <= rows // 2:
+                seq, pos, out = seq[live], pos[live], out[live]
     return tokens / cost, drafts / row_rounds, tokens / row_rounds
 
 
@@ -207,11 +243,13 @@ FIXED_KS = (1, 2, 4, 8)
 
 
 def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes: Sequence[int],
-                       k_max: int | None = None, rounds: int = 200, seed: int = 0) -> dict:
+                       k_max: int | None = None, rounds: int = 200, seed: int = 0,
+                       new_tokens: int | None = None) -> dict:
     """Predicted tokens/s and speedup over batched AR at each batch size for: AR, fixed K in FIXED_KS (those
     the table can price), SpecDec++ at the head's h, the batch-aware policy (per row and lockstep), the
     global verify budget, and the K per batch size the cost model recommends (also reported on its own).
-    Each (method, batch) runs `rounds` simulated rounds from its own seeded generator."""
+    Each (method, batch) runs `rounds` simulated rounds from its own seeded generator; with `new_tokens`,
+    `rounds` static batches of that many new tokens per row (`simulate_policy`)."""
     if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise InputError(f"batch sizes must be integers >= 1, got {list(batch_sizes)}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
@@ -240,15 +278,15 @@ def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes
     methods["K table"] = lambda b: (KPerBatchSize({b: ks[b]}), None)
     rows = []
     for b in batch_sizes:
-        ar = b / table.t_verify(b, 1)
+        ar = b / table.round_cost(b, 0)  # a plain target step and the loop's own work
         rows.append(Prediction("AR", b, ar, 1.0, 0.0, 1.0))
         for i, (name, build) in enumerate(methods.items()):
             policy, finish = build(b)
             gen = torch.Generator().manual_seed(seed * 1_000_003 + b * 101 + i)
-            rate, mean_k, mat = simulate_policy(policy, summary, table, b, rounds, gen, finish)
+            rate, mean_k, mat = simulate_policy(policy, summary, table, b, rounds, gen, finish, new_tokens)
             rows.append(Prediction(name, b, rate, rate / ar, mean_k, mat))
     return {"batch_sizes": list(batch_sizes), "k_per_batch_size": ks, "prior": prior, "k_max": k_max,
-            "rounds": rounds, "seed": seed, "acceptance_curve": curve, "predictions": [asdict(r) for r in rows]}
+            "rounds": rounds, "seed": seed, "new_tokens": new_tokens, "acceptance_curve": curve, "predictions": [asdict(r) for r in rows]}
 
 
 def acceptance_curve(summary: AcceptanceSummary, k_max: int) -> list[float]:

@@ -160,6 +160,9 @@ class CostTable:
                       autoregressive step; w = k + 1 verifies k drafts), w in `widths`
         draft[B]      one drafter step at batch B, width 1 (y_i fed to get q_{i+1})
         catchup[B]    the drafter's end-of-round catch-up at batch B, width 2 (it yields next round's q_1)
+        loop[B]       the decode loop's own work per round beyond those steps (verification and commit ops,
+                      the host transfer), from short decodes (`decoding.cost_profile`); () when not calibrated
+        loop_draft[B] the loop's own work per draft step (picks, masks) beyond the drafter's forward
     Medians of repeated, interleaved calls after a warm-up over a static cache holding `context` tokens.
     Under a compile mode only the widths the compiled decoder runs are measured (1 and 2^j + 1, see
     `padded_width`), and `round_cost` prices a round at its padded width."""
@@ -176,6 +179,8 @@ class CostTable:
     drafter_id: str
     context: int = 64  # tokens in the cache while timing
     repeats: int = 0
+    loop: tuple[float, ...] = ()  # [batch index], seconds per round; () = not calibrated (0)
+    loop_draft: tuple[float, ...] = ()  # [batch index], seconds per draft step; () = not calibrated (0)
 
     def __post_init__(self):
         if not self.batch_sizes or list(self.batch_sizes) != sorted(set(self.batch_sizes)) or self.batch_sizes[0] < 1:
@@ -189,6 +194,10 @@ class CostTable:
         values = [v for r in self.verify for v in r] + list(self.draft) + list(self.catchup)
         if not all(isinstance(v, (int, float)) and v > 0 and v == v and v != float("inf") for v in values):
             raise InputError("cost table times must be finite seconds > 0; re-profile it")
+        for extra in (self.loop, self.loop_draft):
+            if extra and (len(extra) != len(self.batch_sizes)
+                          or not all(isinstance(v, (int, float)) and 0 <= v < float("inf") for v in extra)):
+                raise InputError("cost table loop overheads must be one finite number >= 0 per batch size; re-profile it")
 
     @property
     def max_drafts(self) -> int:
@@ -211,13 +220,22 @@ class CostTable:
         """Seconds of one lockstep round at batch `batch` whose longest row drafts k (k = 0: a plain target
         step). A round of k >= 1 costs k drafter forwards (Lemma 3.1, `decoding.rounds.lengths`): the
         catch-up (width 2, which gave q_1) and k - 1 width-1 steps; then one verify over k + 1 positions,
-        padded as the compiled decoder pads it. A round of 0 drafts runs no drafter forward."""
+        padded as the compiled decoder pads it; plus the loop's own work, t_loop + k t_loop_draft (when
+        calibrated). A round of 0 drafts runs no drafter forward."""
         if k < 0 or k > self.max_drafts:
             raise InputError(f"the cost table prices rounds of 0..{self.max_drafts} drafts, not {k}; profile a "
                              "wider table (max_width)")
         w = padded_width(k, self.max_drafts) if self.compile != "none" else k
         drafting = 0.0 if k == 0 else self.t_catchup(batch) + (k - 1) * self.t_draft(batch)
-        return drafting + self.t_verify(batch, w + 1)
+        return drafting + self.t_verify(batch, w + 1) + self.t_loop(batch) + k * self.t_loop_draft(batch)
+
+    def t_loop(self, batch: float) -> float:
+        """The loop's own seconds per round at `batch` (0 when the table was not calibrated)."""
+        return _interpolate(self.batch_sizes, self.loop, batch, "batch size") if self.loop else 0.0
+
+    def t_loop_draft(self, batch: float) -> float:
+        """The loop's own seconds per draft step at `batch` (0 when the table was not calibrated)."""
+        return _interpolate(self.batch_sizes, self.loop_draft, batch, "batch size") if self.loop_draft else 0.0
 
     def round_costs(self, batch: float, k_max: int | None = None) -> list[float]:
         """[round_cost(batch, k) for k = 0..k_max] (k_max: the table's max_drafts)."""
@@ -229,7 +247,7 @@ class CostTable:
                 "compile": self.compile, "target_id": self.target_id, "drafter_id": self.drafter_id,
                 "context": self.context, "repeats": self.repeats, "batch_sizes": list(self.batch_sizes),
                 "widths": list(self.widths), "verify": [list(r) for r in self.verify], "draft": list(self.draft),
-                "catchup": list(self.catchup)}
+                "catchup": list(self.catchup), "loop": list(self.loop), "loop_draft": list(self.loop_draft)}
 
     @classmethod
     def from_dict(cls, data) -> "CostTable":
@@ -241,7 +259,9 @@ class CostTable:
                        draft=tuple(float(v) for v in data["draft"]), catchup=tuple(float(v) for v in data["catchup"]),
                        device=str(data["device"]), torch_version=str(data["torch_version"]), compile=str(data["compile"]),
                        target_id=str(data["target_id"]), drafter_id=str(data["drafter_id"]),
-                       context=int(data.get("context", 64)), repeats=int(data.get("repeats", 0)))
+                       context=int(data.get("context", 64)), repeats=int(data.get("repeats", 0)),
+                       loop=tuple(float(v) for v in data.get("loop", ())),
+                       loop_draft=tuple(float(v) for v in data.get("loop_draft", ())))
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"cost table is malformed ({type(e).__name__}: {e}); re-profile it") from None
 
@@ -271,8 +291,9 @@ class CostTable:
 
     def render(self) -> str:
         """The table as text: milliseconds per step, one row per batch size."""
-        head = "  B | draft  catch-up | " + " ".join(f"v(w={w})" for w in self.widths)
+        head = "  B | draft  catch-up | " + " ".join(f"v(w={w})" for w in self.widths) + " | loop/round loop/draft"
         rows = [f"{b:>3} | {d * 1e3:5.2f}  {c * 1e3:8.2f} | " + " ".join(f"{v * 1e3:{len(f'v(w={w})')}.2f}" for v, w in zip(r, self.widths))
+                + f" | {self.t_loop(b) * 1e3:10.2f} {self.t_loop_draft(b) * 1e3:10.2f}"
                 for b, d, c, r in zip(self.batch_sizes, self.draft, self.catchup, self.verify)]
         return "\n".join([f"cost table (ms per step; {self.device}, torch {self.torch_version}, compile {self.compile})",
                           head] + rows)

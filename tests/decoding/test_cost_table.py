@@ -20,7 +20,7 @@ def pair():
 
 @pytest.fixture(scope="module")
 def profiled(pair):
-    return profile_cost_table(*pair, batch_sizes=[16, 1, 4], max_width=5, compile="none", repeats=3)
+    return profile_cost_table(*pair, batch_sizes=[16, 1, 4], max_width=5, compile="none", repeats=2)
 
 
 def test_shape_identity_and_sanity(profiled, pair):
@@ -35,7 +35,16 @@ def test_shape_identity_and_sanity(profiled, pair):
     # pays the drafter on top of its verify
     assert t.t_verify(16, 5) > t.t_verify(1, 1)
     assert all(t.round_cost(b, k) > t.t_verify(b, k + 1) for b in t.batch_sizes for k in range(1, 5))
-    assert t.round_cost(4, 0) == t.t_verify(4, 1)
+    assert t.round_cost(4, 0) == t.t_verify(4, 1) + t.t_loop(4)
+
+
+def test_the_loop_is_calibrated_from_decodes(profiled):
+    t = profiled
+    assert len(t.loop) == len(t.loop_draft) == 3 and min(t.loop + t.loop_draft) >= 0
+    # the decode loop's own work is priced into every round: a plain step costs more than its forward
+    assert t.round_cost(4, 2) == pytest.approx(t.t_catchup(4) + t.t_draft(4) + t.t_verify(4, 3) + t.t_loop(4)
+                                               + 2 * t.t_loop_draft(4))
+    assert t.round_cost(1, 0) == t.t_verify(1, 1) + t.t_loop(1)
 
 
 def test_lookup_interpolates_and_never_extrapolates(profiled):
@@ -63,17 +72,17 @@ def test_compiled_tables_price_the_padded_width():
 
 
 def test_the_cache_is_hit_on_a_second_start(pair, tmp_path, monkeypatch):
-    first, path, hit = cached_cost_table(*pair, [1, 2], 3, repeats=1, directory=tmp_path)
+    first, path, hit = cached_cost_table(*pair, [1, 2], 3, repeats=1, directory=tmp_path, calibrate=False)
     assert not hit and path.is_file() and path.parent == tmp_path
     import specdraft.decoding.cost_profile as cp
 
     monkeypatch.setattr(cp, "profile_cost_table", lambda *a, **k: pytest.fail("re-profiled despite the cache"))
-    second, path2, hit2 = cached_cost_table(*pair, [2, 1], 3, repeats=1, directory=tmp_path)
+    second, path2, hit2 = cached_cost_table(*pair, [2, 1], 3, repeats=1, directory=tmp_path, calibrate=False)
     assert hit2 and path2 == path and second == first
     # another mode or grid is another entry; a torn file is re-profiled, not trusted
     monkeypatch.undo()
     path.write_text("{")
-    third, _, hit3 = cached_cost_table(*pair, [1, 2], 3, repeats=1, directory=tmp_path)
+    third, _, hit3 = cached_cost_table(*pair, [1, 2], 3, repeats=1, directory=tmp_path, calibrate=False)
     assert not hit3 and CostTable.load(path) == third
 
 

@@ -55,7 +55,7 @@ def test_predict_end_to_end(headed, tmp_path, capsys):
     for r in result["predictions"]:
         assert r["tokens_per_s"] > 0
         if r["method"] == "AR":  # batched AR is B over the measured one-position step, nothing simulated
-            assert r["tokens_per_s"] == pytest.approx(r["batch"] / table_.t_verify(r["batch"], 1)) and r["speedup"] == 1
+            assert r["tokens_per_s"] == pytest.approx(r["batch"] / table_.round_cost(r["batch"], 0)) and r["speedup"] == 1
     assert set(result["k_per_batch_size"]) == {"1", "4"}
     # a second start reads the cached table; a saved table with the same seed predicts the same numbers
     assert main(args) == 0
@@ -116,3 +116,18 @@ def test_prediction_shape_and_floor():
     with pytest.raises(Exception, match="batch sizes"):
         predict_throughput(summary, t, [0])
     assert AcceptanceSummary.from_dict(json.loads(json.dumps(summary.as_dict()))) == summary
+
+
+def test_static_batches_as_the_batched_decoder_runs_them():
+    """new_tokens: every row decodes that many tokens from a sequence's start and the batch runs until all
+    are done. Always accepted, K = 4, 10 tokens: rounds of 5 tokens (4 drafts + the bonus), then the cap
+    (10 - 5 - 1 = 4) allows 4 more: 2 rounds of C_B(4) for 10 tokens per row; K = 0 is batched AR."""
+    ones = [torch.ones(30, dtype=torch.float64) for _ in range(3)]
+    summary = summarize_acceptance(ones, ones)
+    t = table(verify=lambda b, w: 1e-3 * (1 + 0.1 * b * (w - 1)), draft=lambda b: 2e-4, batch_sizes=(1, 64), k_max=8)
+    gen = torch.Generator().manual_seed(0)
+    for b in (1, 5):
+        rate, mean_k, mat = simulate_policy(KPerBatchSize({1: 4}), summary, t, b, 3, gen, new_tokens=10)
+        assert rate == pytest.approx(b * 10 / (2 * t.round_cost(b, 4))) and mean_k == 4 and mat == 5
+        rate, _, _ = simulate_policy(KPerBatchSize({1: 0}), summary, t, b, 2, gen, new_tokens=10)
+        assert rate == pytest.approx(b / t.round_cost(b, 0))
