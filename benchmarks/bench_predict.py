@@ -66,27 +66,31 @@ def main(argv=None) -> int:
     prompts = [torch.randint(3, 2048, (args.prompt_length,), generator=gen).tolist() for _ in range(max(sizes))]
     n = args.max_new_tokens
     agree = greedy_agreement(target, drafter, prompts, n)
-    summary = summarize_acceptance(agree, agree, k_max=max(ks))
-    table, path, hit = cached_cost_table(target, drafter, sizes, max(8, max(ks)) + 1, args.compile, seed=args.seed)
+    table, path, hit = cached_cost_table(target, drafter, sizes, max(8, max(ks)) + 1, args.compile, seed=args.seed,
+                                         calibrate=True)
     print(table.render(), f"({'cached' if hit else 'profiled'}: {path})", sep="\n")
-    # static batches of n new tokens, as generate_batch decodes them (rounds = batches simulated)
-    pred = predict_throughput(summary, table, sizes, k_max=max(ks), rounds=args.rounds, seed=args.seed, new_tokens=n)
-    predicted = {(r["method"], r["batch"]): r["tokens_per_s"] for r in pred["predictions"]}
-    print(f"\nmean greedy agreement {summary.mean_accept:.3f}; {args.runs} runs, {n} new tokens, prompts of "
-          f"{args.prompt_length}, compile {args.compile}, {args.threads} thread(s)")
-    print("method | B | predicted tok/s | measured tok/s | error")
+    print(f"\nmean greedy agreement {float(torch.cat(agree).mean()):.3f}; {args.runs} runs, {n} new tokens, prompts "
+          f"of {args.prompt_length}, compile {args.compile}, {args.threads} thread(s)")
+    print("method | B | predicted tok/s | measured tok/s | error | predicted MAT | measured MAT")
     worst: dict[str, float] = {}
     for b in sizes:
         batch = prompts[:b]
+        # the acceptance of exactly the prompts decoded at this B; static batches of n new tokens, as
+        # generate_batch decodes them (rounds = batches simulated)
+        summary = summarize_acceptance(agree[:b], agree[:b], k_max=max(ks))
+        pred = predict_throughput(summary, table, [b], k_max=max(ks), rounds=args.rounds, seed=args.seed, new_tokens=n)
+        predicted = {r["method"]: r for r in pred["predictions"]}
         fns = {"AR": lambda: generate_batch(target, batch, n, compile=args.compile)}
         for k in ks:
             fns[f"K={k}"] = lambda k=k: generate_batch(target, batch, n, drafter=drafter, policy=FixedK(k),
                                                        compile=args.compile)
         for name, (t, _, out) in interleaved(fns, args.runs, "cpu").items():
             measured = sum(r.metrics.n_generated for r in out) / t
-            err = predicted[(name, b)] / measured - 1
+            mat = sum(r.metrics.n_generated for r in out) / sum(r.metrics.n_target for r in out)
+            err = predicted[name]["tokens_per_s"] / measured - 1
             worst[name] = max(worst.get(name, 0.0), abs(err))
-            print(f"{name} | {b} | {predicted[(name, b)]:.1f} | {measured:.1f} | {err:+.1%}")
+            print(f"{name} | {b} | {predicted[name]['tokens_per_s']:.1f} | {measured:.1f} | {err:+.1%} | "
+                  f"{predicted[name]['mat']:.2f} | {mat:.2f}")
     print("worst |error| per method: " + ", ".join(f"{m} {e:.1%}" for m, e in worst.items()))
     return 0
 

@@ -13,10 +13,12 @@ same context). Per batch size: one untimed warm-up call of every shape (which is
 compilation), then `repeats` passes in which the shapes take turns call by call, so a load phase on a
 shared machine hits them alike; the table keeps the median of each. Under a compile mode only the widths
 the compiled decoder runs are timed (1 and 2^j + 1, `cost_model.padded_width`): a width is a graph.
-Then (`calibrate`, default on) the loop's own work beyond these steps, per round and per draft step, is
-priced from short decodes of `generate_batch` itself (`calibrate_loop`): on a small model the round's
-verification, commit and host transfer are a measurable share of its time (bench_predict.py: without them
-predictions ran 1-45% above measured tokens/s on the demo-shaped pair).
+With `calibrate` (off by default: it decodes, minutes where the steps take seconds; `specdraft predict`
+turns it on) the loop's own work beyond these steps, per round and per draft step, is priced from short
+decodes of `generate_batch` itself (`calibrate_loop`): on a small model the round's verification, commit
+and host transfer are a measurable share of its time (bench_predict.py: without them predictions ran up
+to 45% above measured tokens/s on the demo-shaped pair). On the demo-shaped pair (eager, 1 thread, B = 1,
+2, 4, ..., 64, widths 1..9, 5 repeats) the steps took 23 s, with the calibration 168 s (a loaded box).
 
 A table is cached on disk per (device, torch version, compile mode, models, batch sizes, widths,
 context): a second decoder start on the same machine reads it in milliseconds instead of re-timing
@@ -80,7 +82,7 @@ def _check(batch_sizes, max_width, compile, repeats, context) -> tuple[int, ...]
 @torch.inference_mode()
 def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int],
                        max_width: int, compile: str = "none", *, repeats: int = 5, context: int = 64,
-                       seed: int = 0, calibrate: bool = True) -> CostTable:
+                       seed: int = 0, calibrate: bool = False) -> CostTable:
     """Time the decoder's steps (module docstring) and return their medians as a CostTable. max_width:
     the widest verify, K_max + 1. seed: the random token ids fed (their values do not change a step's
     time; seeded so a profile is reproducible in everything but the clock). calibrate: also price the
@@ -119,10 +121,11 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
                       device=device_name(device), torch_version=torch.__version__, compile=compile,
                       target_id=model_identity(target), drafter_id=model_identity(drafter), context=context,
                       repeats=repeats)
-    return calibrate_loop(target, drafter, table, repeats=repeats, seed=seed) if calibrate else table
+    # whole decodes cost far more than steps: at most 3 repeats (the difference of two lengths is robust)
+    return calibrate_loop(target, drafter, table, repeats=min(repeats, 3), seed=seed) if calibrate else table
 
 
-LOOP_LENGTHS = (4, 20)  # new tokens of the two decodes whose difference prices the loop's rounds
+LOOP_LENGTHS = (4, 36)  # new tokens of the two decodes whose difference prices the loop's rounds
 
 
 @torch.inference_mode()
@@ -180,7 +183,7 @@ def cache_dir(path: str | Path | None = None) -> Path:
 
 
 def cache_key(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int], max_width: int,
-              compile: str, context: int, calibrate: bool = True) -> str:
+              compile: str, context: int, calibrate: bool = False) -> str:
     """What a cached table must match: the device and torch version it was timed under, the compile mode,
     both models' identities, and the grid it covers."""
     device = target.get_input_embeddings().weight.device
@@ -192,7 +195,7 @@ def cache_key(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Se
 def cached_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int],
                       max_width: int, compile: str = "none", *, repeats: int = 5, context: int = 64, seed: int = 0,
                       directory: str | Path | None = None, refresh: bool = False,
-                      calibrate: bool = True) -> tuple[CostTable, Path, bool]:
+                      calibrate: bool = False) -> tuple[CostTable, Path, bool]:
     """profile_cost_table through the on-disk cache: (table, its file, whether it was a cache hit).
     refresh: re-time and overwrite. A cached file that no longer reads is re-profiled, not trusted."""
     sizes = _check(batch_sizes, max_width, compile, repeats, context)

@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None, help="the cost-table cache (default $SPECDRAFT_COST_CACHE or "
                                                      "~/.cache/specdraft/cost_tables)")
     p.add_argument("--refresh", action="store_true", help="re-profile even when the cache holds a table")
+    p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                   help="time the model steps only, not the decode loop's own work per round (faster, less exact)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per step shape (median; default 5)")
     p.add_argument("--rounds", type=int, default=200, help="simulated rounds per (method, batch size) (default 200)")
     p.add_argument("--seed", type=int, default=0, help="seeds the simulated acceptance draws (default 0)")
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> dict:
         # the k_max the policies run at, and fixed K up to 8: the widest verify the prediction prices
         table, path, hit = cached_cost_table(target, drafter, sizes, max(k_max, 8) + 1, args.compile,
                                              repeats=args.repeats, seed=args.seed, directory=args.cache_dir,
-                                             refresh=args.refresh)
+                                             refresh=args.refresh, calibrate=args.calibrate)
         source = f"{'cached' if hit else 'profiled'}: {path}"
         del target, drafter
     result = predict_throughput(summary, table, sizes, min(k_max, table.max_drafts), args.rounds, args.seed)

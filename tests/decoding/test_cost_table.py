@@ -20,7 +20,7 @@ def pair():
 
 @pytest.fixture(scope="module")
 def profiled(pair):
-    return profile_cost_table(*pair, batch_sizes=[16, 1, 4], max_width=5, compile="none", repeats=2)
+    return profile_cost_table(*pair, batch_sizes=[16, 1, 4], max_width=5, compile="none", repeats=2, calibrate=True)
 
 
 def test_shape_identity_and_sanity(profiled, pair):
@@ -72,17 +72,17 @@ def test_compiled_tables_price_the_padded_width():
 
 
 def test_the_cache_is_hit_on_a_second_start(pair, tmp_path, monkeypatch):
-    first, path, hit = cached_cost_table(*pair, [1, 2], 3, repeats=1, directory=tmp_path, calibrate=False)
+    first, path, hit = cached_cost_table(*pair, [1, 2], 3, repeats=1, directory=tmp_path)
     assert not hit and path.is_file() and path.parent == tmp_path
     import specdraft.decoding.cost_profile as cp
 
     monkeypatch.setattr(cp, "profile_cost_table", lambda *a, **k: pytest.fail("re-profiled despite the cache"))
-    second, path2, hit2 = cached_cost_table(*pair, [2, 1], 3, repeats=1, directory=tmp_path, calibrate=False)
+    second, path2, hit2 = cached_cost_table(*pair, [2, 1], 3, repeats=1, directory=tmp_path)
     assert hit2 and path2 == path and second == first
     # another mode or grid is another entry; a torn file is re-profiled, not trusted
     monkeypatch.undo()
     path.write_text("{")
-    third, _, hit3 = cached_cost_table(*pair, [1, 2], 3, repeats=1, directory=tmp_path, calibrate=False)
+    third, _, hit3 = cached_cost_table(*pair, [1, 2], 3, repeats=1, directory=tmp_path)
     assert not hit3 and CostTable.load(path) == third
 
 
