@@ -37,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from specdraft.core.devices import device_name  # noqa: E402
 from specdraft.data.chat import row_messages  # noqa: E402
 from specdraft.decoding.bundle.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
@@ -317,13 +318,7 @@ def policy_table(args, target, drafter, prompts) -> list[str]:
 
 
 def _cpu_name() -> str:
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    return device_name("cpu").split(": ", 1)[1]
 
 
 def main(argv=None) -> int:

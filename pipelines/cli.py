@@ -4,6 +4,7 @@
   specdraft run FILE [--force] [--from STAGE] [key.path=value ...]
   specdraft validate FILE [key.path=value ...]
   specdraft generate BUNDLE (--prompt TEXT | --prompts FILE.jsonl) [...]      specdraft inspect-bundle BUNDLE
+  specdraft predict BUNDLE [--batch-sizes 1,2,...,64] [--device ...] [--compile ...]
 
 Building the parser imports nothing heavy (no torch, transformers or Lightning), so `--help` on any
 command answers at once; each command imports what it needs when it runs.
@@ -121,6 +122,24 @@ def _add_generate(sub) -> None:
     sp.set_defaults(func=_generate)
 
 
+def _predict(args) -> None:
+    from specdraft.pipelines.predict import run
+
+    run(args)
+
+
+def _add_predict(sub) -> None:
+    """`specdraft predict BUNDLE ...`: its options live in pipelines.predict.add_arguments."""
+    from specdraft.decoding.generate_args import one_line_errors
+    from specdraft.pipelines.predict import add_arguments
+
+    sp = sub.add_parser("predict", help="predict served tokens/s per batch size from the bundle's acceptance "
+                                        "statistics and this device's measured decoder costs")
+    add_arguments(sp)
+    one_line_errors(sp)
+    sp.set_defaults(func=_predict)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from specdraft.pipelines.stage import STAGE_NAMES
 
@@ -149,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("overrides", nargs="*")
     sp.set_defaults(func=_run_all)
     _add_generate(sub)
+    _add_predict(sub)
     sp = sub.add_parser("inspect-bundle", help="summarise a bundle and verify every file's sha256")
     sp.add_argument("bundle")
     sp.set_defaults(func=_inspect_bundle)

@@ -7,7 +7,8 @@
 3. heads: per drafter and label transform the head with the best simulated cost (sweep.json
    `best_head`), or all of them, named "<transform tag>/<head>"; the drafter's default head is the best
    one labelled under the serving transform (export.decoding). Each must have been trained on exactly
-   the exported drafter (its recorded drafter_hash)
+   the exported drafter (its recorded drafter_hash); beside them acceptance/<drafter>/acceptance_summary.json,
+   the default head's dev acceptance statistics (decoding/throughput.py), which `specdraft predict` reads
 4. router: train-router's output directory as is, when that stage has run
 4b. datastore (export.datastore, default on): a suffix array over distill-data's train responses
    (token ids, the target's own text), read by the REST and suffix-decoding arms; its size and build
@@ -37,6 +38,7 @@ from specdraft.decoding.cascades import method_from_spec
 from specdraft.decoding.bundle.defaults import DecodingDefaults
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.decoding.speculators.datastore import build_datastore
+from specdraft.decoding.throughput import ACCEPTANCE_FILE
 from specdraft.core.errors import InputError
 from specdraft.decoding.bundle.loading import load_tokenizer
 from specdraft.decoding.rounds.sampling import SamplingConfig
@@ -48,10 +50,13 @@ from specdraft.pipelines.stage import Context
 from specdraft.pipelines.readers import BASE
 
 
-def copy_listed(src: Path, manifest: Manifest, sub: str | None, dst: Path) -> dict[str, str]:
-    """Copy the files a finished stage's manifest lists (under `sub`/, or all) into dst, checking each
-    copy against the hash recorded there. Returns dst-relative path -> sha256."""
+def copy_listed(src: Path, manifest: Manifest, sub: str | None, dst: Path, only: set[str] | None = None) -> dict[str, str]:
+    """Copy the files a finished stage's manifest lists (under `sub`/, or all; of those only the relative
+    paths in `only` when given) into dst, checking each copy against the hash recorded there. Returns
+    dst-relative path -> sha256."""
     listed = dict(manifest.files) if sub is None else subdir_files(manifest.files, sub)
+    if only is not None:
+        listed = {rel: h for rel, h in listed.items() if rel in only}
     if not listed:
         raise InputError(f"'{src / (sub or '')}' lists no files in its {MANIFEST}; rerun stage '{manifest.stage}'")
     check_safe_weights(listed)
@@ -255,6 +260,12 @@ def build(ctx: Context) -> dict:
                     label_transform=hc["label_transform"], threshold=hc["threshold"], k_max=hc["k_max"],
                     best=head == s["best_head"], simulated=hc.get("simulated", {}))
         drafters[name] = replace(drafters[name], head=f"{tags[0]}/{by_tag[tags[0]]['best_head']}")
+        # 3a. the default head's acceptance summary (decoding/throughput.py), what `specdraft predict` reads;
+        # heads trained before train-heads wrote it have none (predict then asks for a re-run)
+        if f"{name}/{tags[0]}/{ACCEPTANCE_FILE}" in heads_manifest.files:
+            rel = f"acceptance/{name}"
+            add(rel, copy_listed(heads_dir, heads_manifest, f"{name}/{tags[0]}", out / rel, only={ACCEPTANCE_FILE}))
+            drafters[name] = replace(drafters[name], acceptance=out / rel)
 
     # 3b. each drafter's best fixed K, as a number in bundle.json and in its generation_config, where
     # transformers' assistant_model reads it

@@ -14,6 +14,8 @@ Per drafter and label transform (SpecDec++ §4.4, §5.1):
 Writes heads/
   <drafter>/<tag>/<D{d}_w{w}>/   head.safetensors + head_config.json (D, hidden size, tying, drafter path and
                            hash, w_rej, label transform, chosen h, metrics)
+  <drafter>/<tag>/acceptance_summary.json   the dev sequences' P_i and the best head's sigma_i (the first 64,
+                           decoding/throughput.py): export ships it, `specdraft predict` simulates from it
   sweep.json               drafter -> transform tag -> every metric, simulation and reference above
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ from specdraft.heads.lit_head import HeadTrainConfig, predict_logits, train_head
 from specdraft.heads.metrics import constant_baseline, overlap_reference
 from specdraft.heads.online import OnlineFeatures, compute_features
 from specdraft.heads.simulate import best, greedy_oracle, simulate_fixed_k, simulate_specdecpp
+from specdraft.decoding.throughput import ACCEPTANCE_FILE, summarize_acceptance
 from specdraft.pipelines.readers import load_features, transform_dirs
 from specdraft.pipelines.stage import Context
 
@@ -113,6 +116,13 @@ def build(ctx: Context) -> dict:
         refs = fixed_k_references(seqs_ds["dev"], accept, c, k_max)
         heads_out = choose_thresholds(ctx, name, tag, info, trained, dev, seqs, accept, c, k_max)
         sweep.setdefault(name, {})[tag] = sweep_entry(info, cost, tr, dev, heads_out, refs)
+        # what `specdraft predict` simulates from once exported (decoding/throughput.py documents it): the
+        # dev sequences' acceptance probabilities and the best head's predictions at the same positions
+        chosen = next(th for th in trained if th.spec.name == sweep[name][tag]["best_head"])
+        sigma = torch.sigmoid(predict_logits(chosen.head, dev["features"]).double())
+        summarize_acceptance(accept, [sigma[i] for i in seqs], head=chosen.spec.name,
+                             threshold=next(r["threshold"] for r in heads_out if r["head"] == chosen.spec.name),
+                             k_max=k_max, label_transform=info["label_transform"]).save(ctx.out / name / tag / ACCEPTANCE_FILE)
         printed.append(_table(f"{name} ({tag} labels)", sweep[name][tag]))
         print(printed[-1])
     (ctx.out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")

@@ -7,6 +7,8 @@ Written by the `export` stage (pipelines/export.py), read here:
     target/                 the target's HF dir (absent when bundle.json references a path or hub id)
     drafters/<name>/        HF dirs (safetensors + tokenizer + drafter.json)
     heads/<drafter>/<transform tag>/<head>/ head.safetensors + head_config.json (head name "<tag>/<head>")
+    acceptance/<drafter>/acceptance_summary.json  its default head's dev acceptance statistics, what
+                            `specdraft predict` simulates from (optional; decoding/throughput.py)
     router/                 the routing baseline (optional)
     datastore/              datastore.safetensors + datastore.json: the distilled responses' suffix array,
                             read by the REST and suffix-decoding arms (optional; decoding/speculators/datastore.py)

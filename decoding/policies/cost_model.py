@@ -125,3 +125,176 @@ def acceptance_from_mat(mat: float, k: int) -> float:
 def implementation_efficiency(measured_speedup: float, a: float, k: int, c: float, verify_cost: float = 1.0) -> float:
     """Measured speedup / analytic speedup: 1.0 means no overhead beyond the cost model."""
     return measured_speedup / analytic_speedup(a, k, c, verify_cost)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The decoder's own measured costs per batch size and width (SPEC.md section 11)
+
+COST_TABLE_FORMAT = "specdraft-cost-table/1"
+
+
+def padded_width(k: int, k_max: int) -> int:
+    """The drafts a compiled round verifies when its longest row drafted k: `decoding.compilation.verify_width`,
+    so the cost of a round is priced at the width the compiled decoder really runs."""
+    from specdraft.decoding.compilation import verify_width
+
+    return verify_width(k, k_max)
+
+
+def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float, what: str) -> float:
+    """Linear interpolation over measured points xs (ascending); InputError outside [xs[0], xs[-1]]: a
+    cost is never extrapolated silently."""
+    if not xs[0] <= x <= xs[-1]:
+        raise InputError(f"the cost table has no {what} = {x:g} (measured {xs[0]}..{xs[-1]}); profile it "
+                         f"with that {what} included")
+    for i in range(len(xs) - 1):
+        if xs[i] <= x <= xs[i + 1]:
+            f = (x - xs[i]) / (xs[i + 1] - xs[i])
+            return ys[i] + f * (ys[i + 1] - ys[i])
+    return ys[0]  # one measured point, x equal to it
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Seconds per decoder step on one device, one compile mode, one (target, drafter) pair:
+        verify[B][w]  the target's verify step at batch B over w positions per row (w = 1: a plain
+                      autoregressive step; w = k + 1 verifies k drafts), w in `widths`
+        draft[B]      one drafter step at batch B, width 1 (y_i fed to get q_{i+1})
+        catchup[B]    the drafter's end-of-round catch-up at batch B, width 2 (it yields next round's q_1)
+        loop[B]       the decode loop's own work per round beyond those steps (verification and commit ops,
+                      the host transfer), from short decodes (`decoding.cost_profile`); () when not calibrated
+        loop_draft[B] the loop's own work per draft step (picks, masks) beyond the drafter's forward
+    Medians of repeated, interleaved calls after a warm-up over a static cache holding `context` tokens.
+    Under a compile mode only the widths the compiled decoder runs are measured (1 and 2^j + 1, see
+    `padded_width`), and `round_cost` prices a round at its padded width."""
+
+    batch_sizes: tuple[int, ...]
+    widths: tuple[int, ...]
+    verify: tuple[tuple[float, ...], ...]  # [batch index][width index]
+    draft: tuple[float, ...]  # [batch index]
+    catchup: tuple[float, ...]  # [batch index]
+    device: str  # e.g. "cpu: AMD EPYC 7B13" or "cuda: NVIDIA H100 80GB HBM3"
+    torch_version: str
+    compile: str  # "none" | "default" | "reduce-overhead"
+    target_id: str  # the model's identity (config hash, see `decoding.cost_profile.model_identity`)
+    drafter_id: str
+    context: int = 64  # tokens in the cache while timing
+    repeats: int = 0
+    loop: tuple[float, ...] = ()  # [batch index], seconds per round; () = not calibrated (0)
+    loop_draft: tuple[float, ...] = ()  # [batch index], seconds per draft step; () = not calibrated (0)
+
+    def __post_init__(self):
+        if not self.batch_sizes or list(self.batch_sizes) != sorted(set(self.batch_sizes)) or self.batch_sizes[0] < 1:
+            raise InputError(f"cost table batch sizes must be distinct, ascending and >= 1, got {list(self.batch_sizes)}")
+        if not self.widths or list(self.widths) != sorted(set(self.widths)) or self.widths[0] != 1:
+            raise InputError(f"cost table widths must be distinct, ascending and start at 1, got {list(self.widths)}")
+        shape_ok = (len(self.verify) == len(self.batch_sizes) and all(len(r) == len(self.widths) for r in self.verify)
+                    and len(self.draft) == len(self.batch_sizes) == len(self.catchup))
+        if not shape_ok:
+            raise InputError("cost table rows do not match its batch sizes and widths; re-profile it")
+        values = [v for r in self.verify for v in r] + list(self.draft) + list(self.catchup)
+        if not all(isinstance(v, (int, float)) and v > 0 and v == v and v != float("inf") for v in values):
+            raise InputError("cost table times must be finite seconds > 0; re-profile it")
+        for extra in (self.loop, self.loop_draft):
+            if extra and (len(extra) != len(self.batch_sizes)
+                          or not all(isinstance(v, (int, float)) and 0 <= v < float("inf") for v in extra)):
+                raise InputError("cost table loop overheads must be one finite number >= 0 per batch size; re-profile it")
+
+    @property
+    def max_drafts(self) -> int:
+        """The longest round the table can price (K_max): its widest verify less the last committed token."""
+        return self.widths[-1] - 1
+
+    def t_verify(self, batch: float, width: int) -> float:
+        """Seconds of one verify step at batch `batch` over `width` positions per row; interpolated
+        linearly between measured batch sizes and widths, InputError outside them."""
+        per_b = [_interpolate(self.widths, row, width, "verify width") for row in self.verify]
+        return _interpolate(self.batch_sizes, per_b, batch, "batch size")
+
+    def t_draft(self, batch: float) -> float:
+        return _interpolate(self.batch_sizes, self.draft, batch, "batch size")
+
+    def t_catchup(self, batch: float) -> float:
+        return _interpolate(self.batch_sizes, self.catchup, batch, "batch size")
+
+    def round_cost(self, batch: float, k: int) -> float:
+        """Seconds of one lockstep round at batch `batch` whose longest row drafts k (k = 0: a plain target
+        step). A round of k >= 1 costs k drafter forwards (Lemma 3.1, `decoding.rounds.lengths`): the
+        catch-up (width 2, which gave q_1) and k - 1 width-1 steps; then one verify over k + 1 positions,
+        padded as the compiled decoder pads it; plus the loop's own work, t_loop + k t_loop_draft (when
+        calibrated). A round of 0 drafts runs no drafter forward."""
+        if k < 0 or k > self.max_drafts:
+            raise InputError(f"the cost table prices rounds of 0..{self.max_drafts} drafts, not {k}; profile a "
+                             "wider table (max_width)")
+        w = padded_width(k, self.max_drafts) if self.compile != "none" else k
+        drafting = 0.0 if k == 0 else self.t_catchup(batch) + (k - 1) * self.t_draft(batch)
+        return drafting + self.t_verify(batch, w + 1) + self.t_loop(batch) + k * self.t_loop_draft(batch)
+
+    def t_loop(self, batch: float) -> float:
+        """The loop's own seconds per round at `batch` (0 when the table was not calibrated)."""
+        return _interpolate(self.batch_sizes, self.loop, batch, "batch size") if self.loop else 0.0
+
+    def t_loop_draft(self, batch: float) -> float:
+        """The loop's own seconds per draft step at `batch` (0 when the table was not calibrated)."""
+        return _interpolate(self.batch_sizes, self.loop_draft, batch, "batch size") if self.loop_draft else 0.0
+
+    def round_costs(self, batch: float, k_max: int | None = None) -> list[float]:
+        """[round_cost(batch, k) for k = 0..k_max] (k_max: the table's max_drafts)."""
+        top = self.max_drafts if k_max is None else k_max
+        return [self.round_cost(batch, k) for k in range(top + 1)]
+
+    def as_dict(self) -> dict:
+        return {"format": COST_TABLE_FORMAT, "device": self.device, "torch_version": self.torch_version,
+                "compile": self.compile, "target_id": self.target_id, "drafter_id": self.drafter_id,
+                "context": self.context, "repeats": self.repeats, "batch_sizes": list(self.batch_sizes),
+                "widths": list(self.widths), "verify": [list(r) for r in self.verify], "draft": list(self.draft),
+                "catchup": list(self.catchup), "loop": list(self.loop), "loop_draft": list(self.loop_draft)}
+
+    @classmethod
+    def from_dict(cls, data) -> "CostTable":
+        if not isinstance(data, dict) or data.get("format") != COST_TABLE_FORMAT:
+            raise InputError(f"not a cost table (format {COST_TABLE_FORMAT!r} expected); re-profile it")
+        try:
+            return cls(batch_sizes=tuple(int(b) for b in data["batch_sizes"]), widths=tuple(int(w) for w in data["widths"]),
+                       verify=tuple(tuple(float(v) for v in r) for r in data["verify"]),
+                       draft=tuple(float(v) for v in data["draft"]), catchup=tuple(float(v) for v in data["catchup"]),
+                       device=str(data["device"]), torch_version=str(data["torch_version"]), compile=str(data["compile"]),
+                       target_id=str(data["target_id"]), drafter_id=str(data["drafter_id"]),
+                       context=int(data.get("context", 64)), repeats=int(data.get("repeats", 0)),
+                       loop=tuple(float(v) for v in data.get("loop", ())),
+                       loop_draft=tuple(float(v) for v in data.get("loop_draft", ())))
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"cost table is malformed ({type(e).__name__}: {e}); re-profile it") from None
+
+    def save(self, path) -> None:
+        import json
+        from pathlib import Path
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.as_dict(), indent=1) + "\n")
+        tmp.replace(path)  # atomic: a reader never sees half a table
+
+    @classmethod
+    def load(cls, path) -> "CostTable":
+        import json
+        from pathlib import Path
+
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise InputError(f"no cost table at {path}; profile one (specdraft predict profiles it)") from None
+        except (OSError, ValueError) as e:
+            raise InputError(f"cost table {path} is unreadable ({type(e).__name__}); delete it and re-profile") from None
+        return cls.from_dict(data)
+
+    def render(self) -> str:
+        """The table as text: milliseconds per step, one row per batch size."""
+        head = "  B | draft  catch-up | " + " ".join(f"v(w={w})" for w in self.widths) + " | loop/round loop/draft"
+        rows = [f"{b:>3} | {d * 1e3:5.2f}  {c * 1e3:8.2f} | " + " ".join(f"{v * 1e3:{len(f'v(w={w})')}.2f}" for v, w in zip(r, self.widths))
+                + f" | {self.t_loop(b) * 1e3:10.2f} {self.t_loop_draft(b) * 1e3:10.2f}"
+                for b, d, c, r in zip(self.batch_sizes, self.draft, self.catchup, self.verify)]
+        return "\n".join([f"cost table (ms per step; {self.device}, torch {self.torch_version}, compile {self.compile})",
+                          head] + rows)

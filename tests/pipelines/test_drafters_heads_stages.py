@@ -148,6 +148,13 @@ def test_label_transforms_share_the_logits_and_get_their_own_heads(drafted_run, 
     assert b.head_for("math", SamplingConfig(0.0)) == b.drafter("math").head
     assert b.head_for("math", SamplingConfig(0.7, 20)).startswith("T0.7_k20/")
     assert b.head_for("math", SamplingConfig(1.0)) is None
+    # the default head's acceptance summary ships with the bundle: greedy labels, the exported head's name
+    from specdraft.decoding.throughput import ACCEPTANCE_FILE, AcceptanceSummary
+
+    summary = AcceptanceSummary.load(b.drafter("math").acceptance / ACCEPTANCE_FILE)
+    assert b.drafter("math").head == "greedy/" + summary.head and summary.label_transform["temperature"] == 0.0
+    assert {x for seq in summary.accept for x in seq} <= {0.0, 1.0}
+    assert summary.dev_sequences == sweep["math"]["greedy"]["dev_sequences"] >= len(summary.accept) > 0
 
 
 def test_acceptance_data_is_reproducible(drafted, tmp_path):

@@ -1,0 +1,214 @@
+"""Profiling the decoder's own costs into a `CostTable` (decoding/policies/cost_model.py): the one module
+that runs models to price rounds.
+
+    table = profile_cost_table(target, drafter, batch_sizes=(1, 2, 4, 8), max_width=9, compile="none")
+
+What is timed is exactly what a round of `decoding.batched.generate_batch` calls: the compiled (or eager)
+step of `forward_step` over a `StepCompiler.cache` static cache, at batch B,
+    verify    the target's step over w positions per row, w = 1 (a plain autoregressive step) .. max_width
+    draft     the drafter's step over 1 position (y_i fed to get q_{i+1})
+    catch-up  the drafter's step over 2 positions (the end-of-round re-feed that yields next round's q_1)
+each over a cache already holding `context` tokens, rolled back after every call (so every call sees the
+same context). Per batch size: one untimed warm-up call of every shape (which is also each shape's
+compilation), then `repeats` passes in which the shapes take turns call by call, so a load phase on a
+shared machine hits them alike; the table keeps the median of each. Under a compile mode only the widths
+the compiled decoder runs are timed (1 and 2^j + 1, `cost_model.padded_width`): a width is a graph.
+With `calibrate` (off by default: it decodes, minutes where the steps take seconds; `specdraft predict`
+turns it on) the loop's own work beyond these steps, per round and per draft step, is priced from short
+decodes of `generate_batch` itself (`calibrate_loop`): on a small model the round's verification, commit
+and host transfer are a measurable share of its time (bench_predict.py: without them predictions ran up
+to 45% above measured tokens/s on the demo-shaped pair). On the demo-shaped pair (eager, 1 thread, B = 1,
+2, 4, ..., 64, widths 1..9, 5 repeats) the steps took 23 s, with the calibration 168 s (a loaded box).
+
+A table is cached on disk per (device, torch version, compile mode, models, batch sizes, widths,
+context): a second decoder start on the same machine reads it in milliseconds instead of re-timing
+(`cached_cost_table`). The directory: `cache_dir`, else $SPECDRAFT_COST_CACHE, else
+~/.cache/specdraft/cost_tables.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from specdraft.core.devices import device_name
+from specdraft.core.errors import InputError
+from specdraft.decoding.batched import forward_step
+from specdraft.decoding.bundle.defaults import COMPILE_MODES
+from specdraft.decoding.compilation import StepCompiler, static_length
+from specdraft.decoding.policies.cost_model import CostTable, padded_width
+from specdraft.decoding.rounds.static_cache import forward_rows
+from specdraft.decoding.timing import timed_call
+
+
+def model_identity(model: torch.nn.Module) -> str:
+    """A model's identity for its costs: the sha256 of its config (architecture, sizes) and dtype. The
+    weights' values do not change a step's time, so a retrained drafter of the same shape shares a table."""
+    config = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(vars(model.config))
+    for volatile in ("_name_or_path", "transformers_version", "_commit_hash"):
+        config.pop(volatile, None)
+    dtype = str(model.get_input_embeddings().weight.dtype)
+    blob = json.dumps({"config": config, "dtype": dtype, "class": type(model).__name__}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def profiled_widths(max_width: int, compile: str) -> tuple[int, ...]:
+    """The verify widths a table measures: every w in 1..max_width eagerly; under compile the widths the
+    compiled decoder runs, 1 and padded_width(k) + 1 for k = 1..max_width - 1."""
+    if compile == "none":
+        return tuple(range(1, max_width + 1))
+    return tuple(sorted({1} | {padded_width(k, max_width - 1) + 1 for k in range(1, max_width)}))
+
+
+def _check(batch_sizes, max_width, compile, repeats, context) -> tuple[int, ...]:
+    sizes = tuple(batch_sizes)
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+        raise InputError(f"batch sizes must be integers >= 1, got {list(sizes)}")
+    if isinstance(max_width, bool) or not isinstance(max_width, int) or max_width < 2:
+        raise InputError(f"max_width (K_max + 1 verify positions) must be an integer >= 2, got {max_width!r}")
+    if compile not in COMPILE_MODES:
+        raise InputError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {compile!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise InputError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise InputError(f"context must be an integer >= 1, got {context!r}")
+    return tuple(sorted(set(sizes)))
+
+
+@torch.inference_mode()
+def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int],
+                       max_width: int, compile: str = "none", *, repeats: int = 5, context: int = 64,
+                       seed: int = 0, calibrate: bool = False) -> CostTable:
+    """Time the decoder's steps (module docstring) and return their medians as a CostTable. max_width:
+    the widest verify, K_max + 1. seed: the random token ids fed (their values do not change a step's
+    time; seeded so a profile is reproducible in everything but the clock). calibrate: also price the
+    loop's own work per round and per draft step (`calibrate_loop`)."""
+    sizes = _check(batch_sizes, max_width, compile, repeats, context)
+    widths = profiled_widths(max_width, compile)
+    device = target.get_input_embeddings().weight.device
+    vocab = min(target.config.vocab_size, drafter.config.vocab_size)
+    gen = torch.Generator().manual_seed(seed)
+    max_len = static_length(context + max_width + 2)  # as the decoder sizes its caches
+    compiler = StepCompiler(compile)
+    target_step, drafter_step = forward_step(compiler, target), forward_step(compiler, drafter)
+    verify, draft, catchup = [], [], []
+    for batch in sizes:
+        tcache, dcache = compiler.cache(target, batch, max_len), compiler.cache(drafter, batch, max_len)
+        prompt = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
+        forward_rows(target, tcache, prompt)  # eager prefill: the compiled steps never see this width
+        forward_rows(drafter, dcache, prompt)
+        at = torch.full((batch,), context, dtype=torch.long, device=device)
+        ids = {w: torch.randint(0, vocab, (batch, w), generator=gen).to(device) for w in sorted(set(widths) | {2})}
+        calls = {("verify", w): (tcache, target_step, ids[w]) for w in widths}
+        calls[("draft", 1)] = (dcache, drafter_step, ids[1])
+        calls[("catchup", 2)] = (dcache, drafter_step, ids[2])
+        times: dict[tuple, list[float]] = {key: [] for key in calls}
+        for rep in range(repeats + 1):  # pass 0 is the warm-up (and each shape's compilation)
+            for key, (cache, step, x) in calls.items():
+                cache.rollback(at)
+                _, timing = timed_call(lambda: step(cache, x), device)
+                if rep:
+                    times[key].append(timing.time)
+        tcache.rollback(at * 0)
+        dcache.rollback(at * 0)
+        verify.append(tuple(statistics.median(times[("verify", w)]) for w in widths))
+        draft.append(statistics.median(times[("draft", 1)]))
+        catchup.append(statistics.median(times[("catchup", 2)]))
+    table = CostTable(batch_sizes=sizes, widths=widths, verify=tuple(verify), draft=tuple(draft), catchup=tuple(catchup),
+                      device=device_name(device), torch_version=torch.__version__, compile=compile,
+                      target_id=model_identity(target), drafter_id=model_identity(drafter), context=context,
+                      repeats=repeats)
+    # whole decodes cost far more than steps: at most 3 repeats (the difference of two lengths is robust)
+    return calibrate_loop(target, drafter, table, repeats=min(repeats, 3), seed=seed) if calibrate else table
+
+
+LOOP_LENGTHS = (4, 36)  # new tokens of the two decodes whose difference prices the loop's rounds
+
+
+@torch.inference_mode()
+def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: CostTable, *, repeats: int = 3,
+                   seed: int = 0) -> CostTable:
+    """The table with the decode loop's own work per round (`loop`) and per draft step (`loop_draft`) filled
+    in, from `decoding.batched.generate_batch` itself: per batch size, an autoregressive decode and a fixed-K
+    decode (K = min(4, K_max)) of LOOP_LENGTHS new tokens each, interleaved, medians of `repeats` after a
+    warm-up. Every row decodes the same prompt (`context` random tokens): greedy rows then accept alike, so
+    the batch stays in lockstep and no row finishes early. The difference of the two lengths cancels the
+    prefills; what the steps the table prices do not explain, per round and per draft step, is the loop's:
+        loop       = (T_ar(n2) - T_ar(n1)) / (n2 - n1) - t_v(B, 1)
+        loop_draft = ((T_k(n2) - T_k(n1)) - (S(n2) - S(n1)) - loop (R(n2) - R(n1))) / (D(n2) - D(n1))
+    with S the table's step cost of the decode's rounds, R its rounds and D its drafts (both from its
+    counters). Clamped at 0: noise must not make a round cheaper than its steps."""
+    from specdraft.decoding.batched import generate_batch
+    from specdraft.decoding.policies.stopping import FixedK
+
+    device = target.get_input_embeddings().weight.device
+    vocab = min(target.config.vocab_size, drafter.config.vocab_size)
+    gen = torch.Generator().manual_seed(seed + 1)
+    k = min(4, table.max_drafts)
+    n1, n2 = LOOP_LENGTHS
+    loop, loop_draft = [], []
+    for batch in table.batch_sizes:
+        prompts = [torch.randint(0, vocab, (table.context,), generator=gen).tolist()] * batch
+        calls = {(policy, n): (lambda policy=policy, n=n: generate_batch(
+            target, prompts, n, drafter=drafter if policy else None, policy=FixedK(k) if policy else None,
+            compile=table.compile)) for policy in (False, True) for n in (n1, n2)}
+        times: dict[tuple, list[float]] = {key: [] for key in calls}
+        drafted: dict[int, list[int]] = {}
+        for rep in range(repeats + 1):  # pass 0 warms up (and compiles)
+            for key, call in calls.items():
+                out, timing = timed_call(call, device)
+                if rep:
+                    times[key].append(timing.time)
+                if key[0]:
+                    drafted[key[1]] = out[0].metrics.drafted  # per round, the drafts of every (identical) row
+        t = {key: statistics.median(v) for key, v in times.items()}
+        per_round = max(0.0, (t[(False, n2)] - t[(False, n1)]) / (n2 - n1) - table.t_verify(batch, 1))
+        steps = {n: sum(table.round_cost(batch, d) for d in drafted[n]) for n in (n1, n2)}
+        rounds = len(drafted[n2]) - len(drafted[n1])
+        drafts = sum(drafted[n2]) - sum(drafted[n1])
+        extra = (t[(True, n2)] - t[(True, n1)]) - (steps[n2] - steps[n1]) - per_round * rounds
+        loop.append(per_round)
+        loop_draft.append(max(0.0, extra / drafts) if drafts > 0 else 0.0)
+    return dataclasses.replace(table, loop=tuple(loop), loop_draft=tuple(loop_draft))
+
+
+def cache_dir(path: str | Path | None = None) -> Path:
+    if path is not None:
+        return Path(path)
+    env = os.environ.get("SPECDRAFT_COST_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "specdraft" / "cost_tables"
+
+
+def cache_key(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int], max_width: int,
+              compile: str, context: int, calibrate: bool = False) -> str:
+    """What a cached table must match: the device and torch version it was timed under, the compile mode,
+    both models' identities, and the grid it covers."""
+    device = target.get_input_embeddings().weight.device
+    blob = json.dumps([device_name(device), torch.__version__, compile, model_identity(target),
+                       model_identity(drafter), sorted(set(batch_sizes)), max_width, context, calibrate])
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def cached_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int],
+                      max_width: int, compile: str = "none", *, repeats: int = 5, context: int = 64, seed: int = 0,
+                      directory: str | Path | None = None, refresh: bool = False,
+                      calibrate: bool = False) -> tuple[CostTable, Path, bool]:
+    """profile_cost_table through the on-disk cache: (table, its file, whether it was a cache hit).
+    refresh: re-time and overwrite. A cached file that no longer reads is re-profiled, not trusted."""
+    sizes = _check(batch_sizes, max_width, compile, repeats, context)
+    path = cache_dir(directory) / f"{cache_key(target, drafter, sizes, max_width, compile, context, calibrate)}.json"
+    if path.is_file() and not refresh:
+        try:
+            return CostTable.load(path), path, True
+        except InputError:
+            pass  # a torn or foreign file: time again and overwrite it
+    table = profile_cost_table(target, drafter, sizes, max_width, compile, repeats=repeats, context=context, seed=seed,
+                               calibrate=calibrate)
+    table.save(path)
+    return table, path, False

@@ -1,0 +1,274 @@
+"""Length policies that price a round with the decoder's measured cost at the batch in use
+(docs/decoder.md, "Batch-aware adaptive length", derives them; SPEC.md sections 2, 3 and 11):
+
+    BatchAwareSpecDec          per row: stop where the row's expected tokens per unit of round cost stop rising
+    LockstepBatchAwareSpecDec  the batch's expected tokens over the batch's round cost: all rows stop together
+    GlobalVerifyBudget         vLLM #47808's rule: draft to the cap, then verify the top-N drafts of the batch
+                               by survival, N maximising expected tokens / cost (`budget_widths`)
+    KPerBatchSize              vLLM #32374's rule: one K per batch size, the table filled from the cost model
+                               (`k_per_batch_size`)
+
+Every policy follows the tensor protocol of `decoding.policies.stopping` (max_tokens, needs_hidden, head,
+round_state(rows, device), stop_rows(state, k, sigma, drafting)): pure tensor ops, no host reads. The
+batch size a round is priced at is drafting.shape[0]: rows kept in the batch tensor cost compute.
+
+Survival (SpecDec++ section 4.3): s_j = prod_{i <= j} sigma_i, the predicted P(y_1..y_j all accepted); a
+round that verifies k candidates emits 1 + sum_{j <= k} s_j tokens in expectation. At decision k the head
+has read e_1..e_{k-1} (SpecDec++'s one-token lag), so sigma_k and everything past it is unknown: the
+policies price those with `prior`, the head's mean predicted acceptance over the dev set (the bundle's
+acceptance summary: `mean_sigma`), s_{k+m} ~ s_{k-1} prior^(m+1).
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from specdraft.core.errors import InputError
+from specdraft.decoding.compat import check_k
+from specdraft.decoding.policies.cost_model import CostTable, padded_width
+
+
+def _check_prior(prior: float) -> float:
+    if not isinstance(prior, (int, float)) or isinstance(prior, bool) or not 0.0 <= prior <= 1.0:
+        raise InputError(f"prior (the head's mean predicted acceptance) must be a probability in [0, 1], got {prior!r}")
+    return float(prior)
+
+
+def _check_k_max(k_max: int | None, table: CostTable) -> int:
+    if not isinstance(table, CostTable):
+        raise InputError(f"a batch-aware policy needs a CostTable, got {type(table).__name__}")
+    k_max = table.max_drafts if k_max is None else k_max
+    check_k(k_max, "K_max")
+    if k_max > table.max_drafts:
+        raise InputError(f"K_max = {k_max} is beyond the cost table's widest verify ({table.max_drafts} drafts); "
+                         "profile it with max_width = K_max + 1")
+    return k_max
+
+
+class BatchAwareSpecDec:
+    """Per row: after decision k, stop row b when no longer round is predicted to earn more tokens per
+    second than stopping now,
+
+        stop_b  iff  max_{k < k' <= K_max} [T_b(k') - lam C_B(k')] < T_b(k) - lam C_B(k)
+
+    with T_b(k) = 1 + sum_{j <= k} s_bj the row's expected tokens (unknown s priced with `prior`), C_B(k)
+    the cost table's round at batch B (`CostTable.round_cost`: k = 0 is a plain target step) and lam the
+    rate it must beat: the round's own T_b(k) / C_B(k) (`reference_rate` None, the default), or a fixed
+    number of tokens per second (the renewal-reward form; with costs linear in k it is SpecDec++'s fixed-h
+    rule, h = 1 - lam t_draft / prior^2: docs/decoder.md). Decision 0 is asked before any drafter forward,
+    so a row may verify no drafts: a plain target step whenever drafting is predicted not to pay at B."""
+
+    needs_hidden = True
+    lockstep = False
+    decides_at_zero = True  # decision 0 may stop rows before any draft (`decoding.batched.draft` reads it)
+
+    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None, table: CostTable, prior: float,
+                 k_max: int | None = None, reference_rate: float | None = None):
+        self.head = head
+        self.table = table
+        self.max_tokens = _check_k_max(k_max, table)
+        self.prior = _check_prior(prior)
+        if reference_rate is not None and not (isinstance(reference_rate, (int, float)) and reference_rate > 0):
+            raise InputError(f"reference_rate must be tokens per second > 0 (or None: the round's own), got {reference_rate!r}")
+        self.reference_rate = reference_rate
+        self._costs: dict[int, list[float]] = {}
+
+    def costs(self, batch: int) -> list[float]:
+        """C_B(k), k = 0..K_max: Python floats, constants of a compiled draft graph (one per batch size)."""
+        if batch not in self._costs:
+            self._costs[batch] = self.table.round_costs(batch, self.max_tokens)
+        return self._costs[batch]
+
+    def round_state(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """(p_hat, known, tokens, alive), float64 / bool (rows,): p_hat = s_{k-1}; known = 1 + sum_{j<k} s_j;
+        tokens = the row's T at its last decision (frozen once it stops); alive = it drafted y_k."""
+        ones = torch.ones(rows, dtype=torch.float64, device=device)
+        return ones, ones.clone(), ones.clone(), torch.ones(rows, dtype=torch.bool, device=device)
+
+    def _advance(self, state, k: int, sigma: torch.Tensor | None):
+        """Read sigma_{k-1} into the rows that drafted y_k; their T(k) = known + s_{k-1} prior."""
+        p_hat, known, tokens, alive = state
+        if k >= 2:
+            if sigma is None:
+                raise InputError(f"decision {k} needs sigma = sigmoid(head(e_{k - 1})); the loop passed None")
+            p_hat = torch.where(alive, p_hat * sigma.double(), p_hat)
+            known = torch.where(alive, known + p_hat, known)
+        if k >= 1:
+            tokens = torch.where(alive, known + p_hat * self.prior, tokens)
+        return p_hat, known, tokens, alive
+
+    def _gain(self, k: int, batch: int, tokens: torch.Tensor, p_hat: torch.Tensor) -> torch.Tensor:
+        """(..., M) predicted T(k') - T(k) - lam (C(k') - C(k)) for k' = k + 1..K_max (M = K_max - k)."""
+        costs = self.costs(batch)
+        lag = 1 if k >= 1 else 0  # at k >= 1 y_k is already priced in T(k): the next unknown is s_{k+1}
+        extra = [sum(self.prior ** (i + lag) for i in range(1, m + 1)) for m in range(1, self.max_tokens - k + 1)]
+        more = torch.tensor(extra, dtype=torch.float64, device=tokens.device)
+        dcost = torch.tensor([c - costs[k] for c in costs[k + 1:]], dtype=torch.float64, device=tokens.device)
+        rate = tokens / costs[k] if self.reference_rate is None else torch.full_like(tokens, self.reference_rate)
+        return p_hat[..., None] * more - rate[..., None] * dcost
+
+    def stop_rows(self, state, k: int, sigma: torch.Tensor | None, drafting: torch.Tensor):
+        p_hat, known, tokens, alive = self._advance(state, k, sigma)
+        if k >= self.max_tokens:
+            stop = drafting.clone()
+        else:
+            stop = drafting & (self._gain(k, drafting.shape[0], tokens, p_hat).amax(-1) < 0)
+        return (p_hat, known, tokens, drafting & ~stop), stop
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(prior={self.prior:.3g}, K_max={self.max_tokens}, {self.table.compile})"
+
+
+class LockstepBatchAwareSpecDec(BatchAwareSpecDec):
+    """The batch drafts in lockstep and pays for its longest row (`decoding.batched`): stop every drafting
+    row together when the batch's expected tokens, sum_b T_b(k) (rows that stopped keep their T), per
+    unit of the round's cost C_B(k) are predicted to fall with any longer round. At batch 1 it is
+    BatchAwareSpecDec decision for decision."""
+
+    lockstep = True
+
+    def stop_rows(self, state, k: int, sigma: torch.Tensor | None, drafting: torch.Tensor):
+        p_hat, known, tokens, alive = self._advance(state, k, sigma)
+        if k >= self.max_tokens:
+            stop = drafting.clone()
+        else:
+            batch_tokens = tokens.sum()
+            growth = (p_hat * drafting).sum()  # only rows still drafting earn from a longer round
+            gain = self._gain(k, drafting.shape[0], batch_tokens[None], growth[None])[0]
+            stop = drafting & (gain.amax() < 0)
+        return (p_hat, known, tokens, drafting & ~stop), stop
+
+
+def budget_widths(survival: torch.Tensor, table: CostTable, drafted: int | None = None) -> torch.Tensor:
+    """vLLM #47808's global verify budget in our decoder's terms. survival (rows, W) float: s_bj for the
+    drafts y_1..y_W of each row (0 where a row drafted no y_j), non-increasing along a row. The N drafts of
+    highest survival across the batch are verified (a row's are a prefix of it: ties go to the earlier
+    position), N = 0..rows W chosen to maximise expected tokens (rows + sum of their survival) over the
+    round's cost at batch `rows`: the drafting already done (`drafted` steps, default W: the loop drafted to
+    the cap) plus the verify at the width the chosen drafts need (the longest row's, padded as the compiled
+    decoder pads it; vLLM prices a flat token count instead, our verify is a (rows, w + 1) tensor).
+    Returns (rows,) long: the drafts each row verifies. Pure tensor ops."""
+    if survival.dim() != 2:
+        raise InputError(f"survival must be (rows, W), got shape {tuple(survival.shape)}")
+    rows, W = survival.shape
+    drafted = W if drafted is None else drafted
+    if W > table.max_drafts or drafted > table.max_drafts:
+        raise InputError(f"the cost table prices rounds of at most {table.max_drafts} drafts, not {max(W, drafted)}")
+    device = survival.device
+    s = survival.double().clamp(0.0, 1.0)
+    # flatten position-major so that a stable sort breaks ties toward earlier positions (prefixes)
+    flat = s.t().reshape(-1)
+    order = torch.sort(flat, descending=True, stable=True).indices
+    row_of = order % rows
+    counts = torch.nn.functional.one_hot(row_of, rows).to(torch.long).cumsum(0)  # (rows W, rows) after N = 1..
+    counts = torch.cat([torch.zeros(1, rows, dtype=torch.long, device=device), counts])  # N = 0..rows W
+    width = counts.amax(-1)
+    drafting = 0.0 if drafted == 0 else table.t_catchup(rows) + (drafted - 1) * table.t_draft(rows)
+    pad = table.compile != "none"
+    verify = torch.tensor([table.t_verify(rows, (padded_width(w, table.max_drafts) if pad else w) + 1)
+                           for w in range(W + 1)], dtype=torch.float64, device=device)
+    tokens = rows + torch.cat([torch.zeros(1, dtype=torch.float64, device=device), flat[order].cumsum(0)])
+    rate = tokens / (drafting + verify[width])
+    return counts[rate.argmax()]
+
+
+class GlobalVerifyBudget:
+    """vLLM #47808 (`enable_adaptive_verification`) on our heads and decoder: every row drafts to K (no
+    early stop), the survival of each draft is kept in the round state, and after drafting the loop calls
+    `widths(state)` (= `budget_widths`) for the drafts each row verifies. The last draft's survival, whose
+    sigma the lag leaves unread, is priced with `prior`."""
+
+    needs_hidden = True
+
+    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None, table: CostTable, prior: float,
+                 k: int | None = None):
+        self.head = head
+        self.table = table
+        self.max_tokens = _check_k_max(k, table)
+        self.prior = _check_prior(prior)
+
+    def round_state(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """(p_hat (rows,), survival (rows, K), alive (rows,) bool)."""
+        return (torch.ones(rows, dtype=torch.float64, device=device),
+                torch.zeros(rows, self.max_tokens, dtype=torch.float64, device=device),
+                torch.ones(rows, dtype=torch.bool, device=device))
+
+    def stop_rows(self, state, k: int, sigma: torch.Tensor | None, drafting: torch.Tensor):
+        p_hat, survival, alive = state
+        if k >= 1:
+            column = torch.arange(self.max_tokens, device=survival.device)[None]
+            if k >= 2:  # sigma_{k-1} makes s_{k-1} exact
+                p_hat = torch.where(alive, p_hat * sigma.double(), p_hat)
+                survival = torch.where(alive[:, None] & (column == k - 2), p_hat[:, None], survival)
+            # s_k until the next decision reads sigma_k
+            survival = torch.where(alive[:, None] & (column == k - 1), (p_hat * self.prior)[:, None], survival)
+        return (p_hat, survival, drafting), torch.zeros_like(drafting)
+
+    def widths(self, state, drafted: int | None = None) -> torch.Tensor:
+        return budget_widths(state[1], self.table, drafted)
+
+    def __repr__(self) -> str:
+        return f"GlobalVerifyBudget(K={self.max_tokens}, {self.table.compile})"
+
+
+def expected_round_tokens(acceptance: Sequence[float], k: int) -> float:
+    """1 + sum_{j <= k} prod_{i <= j} a_i: expected tokens of a round of k drafts whose j-th draft is
+    accepted with probability a_j given the earlier ones were (a_j past the list: its last value)."""
+    total, survive = 1.0, 1.0
+    for j in range(k):
+        survive *= acceptance[min(j, len(acceptance) - 1)]
+        total += survive
+    return total
+
+
+def k_per_batch_size(table: CostTable, acceptance: Sequence[float], batch_sizes: Sequence[int] | None = None,
+                     k_max: int | None = None) -> dict[int, int]:
+    """vLLM #32374's `num_speculative_tokens_per_batch_size`, filled from the cost model: per batch size B
+    the K in 0..K_max with the most expected tokens per second, expected_round_tokens(acceptance, K) /
+    round_cost(B, K). acceptance: the mean acceptance of the j-th draft of a round given the earlier ones
+    (a single value: i.i.d.). K = 0 is plain decoding."""
+    if not acceptance or not all(0.0 <= float(a) <= 1.0 for a in acceptance):
+        raise InputError(f"acceptance must be a non-empty list of probabilities, got {list(acceptance)!r}")
+    k_max = _check_k_max(k_max, table)
+    sizes = table.batch_sizes if batch_sizes is None else batch_sizes
+    out = {}
+    for b in sizes:
+        costs = table.round_costs(b, k_max)
+        rates = [expected_round_tokens(acceptance, k) / costs[k] for k in range(k_max + 1)]
+        out[int(b)] = max(range(k_max + 1), key=lambda k: (rates[k], -k))  # ties: the shorter round
+    return out
+
+
+class KPerBatchSize:
+    """A fixed K per batch size (vLLM #32374): a batch of B rows drafts the K of the largest listed batch
+    size <= B (the smallest listed one below it). Head-free."""
+
+    needs_hidden = False
+    head = None
+    decides_at_zero = True  # a batch size whose K is 0 drafts nothing
+
+    def __init__(self, ks: Mapping[int, int]):
+        if not ks:
+            raise InputError("KPerBatchSize needs at least one (batch size: K) entry")
+        for b, k in ks.items():
+            if isinstance(b, bool) or not isinstance(b, int) or b < 1 or isinstance(k, bool) or not isinstance(k, int) or k < 0:
+                raise InputError(f"KPerBatchSize entries must be batch size >= 1: K >= 0, got {b!r}: {k!r}")
+        self.ks = dict(sorted(ks.items()))
+        self.max_tokens = max(self.ks.values())
+
+    def k_for(self, batch: int) -> int:
+        chosen = next(iter(self.ks.values()))
+        for b, k in self.ks.items():
+            if b <= batch:
+                chosen = k
+        return chosen
+
+    def round_state(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        return ()
+
+    def stop_rows(self, state, k: int, sigma: torch.Tensor | None, drafting: torch.Tensor):
+        return state, drafting & (k >= self.k_for(drafting.shape[0]))
+
+    def __repr__(self) -> str:
+        return f"KPerBatchSize({self.ks})"

@@ -1,0 +1,296 @@
+"""Served throughput predicted before deployment (`specdraft predict`): a drafter's acceptance statistics
+(the bundle's acceptance summary) priced with the decoder's measured cost table (`CostTable`), per batch
+size and length policy. Pure tensor code: no model runs here.
+
+The acceptance summary (`acceptance/<drafter>/acceptance_summary.json` in a bundle, format ACCEPTANCE_FORMAT), written by
+train-heads for each drafter and label transform and copied by export for the drafter's default head:
+    sequences   up to MAX_SEQUENCES dev responses of acceptance-data, each {"accept": [P_i], "sigma": [s_i]}:
+                P_i = min(1, p(Y_i)/q(Y_i)) the acceptance probability of the drafter's token at position i
+                of the target's response, s_i = sigmoid(head(e_i)) the default head's prediction there
+                (what heads/simulate.py simulates from), rounded to 4 decimals, at most MAX_POSITIONS each
+    mean_accept, mean_sigma   over every dev position (mean_sigma is the prior the batch-aware policies
+                price unread drafts with)
+    head, threshold, k_max, label_transform, dev_sequences, positions: where the numbers come from
+
+The simulator (`simulate_policy`): B rows decode side by side, each walking through a dev sequence
+(random start, a new random sequence when one ends: a server whose batch stays full). A round asks the
+policy's `stop_rows` exactly as the batched loop does (`decide_round`: decision k reads sigma of e_{k-1}),
+caps every row at its sequence's end, and draws each row's accepted prefix from its P_i (seeded); the round
+costs `CostTable.round_cost(B, longest row's k)` (rows draft in lockstep and verify at the longest width),
+and its tokens are counted in expectation, 1 + sum_{j <= k} prod_{i <= j} P_i per row (less variance than
+the draw, the same mean). tokens/s = sum of tokens / sum of round costs; batched AR = B / round_cost(B, 0)
+(a plain target step and the loop's own work per round). `new_tokens` simulates static batches instead, as
+`generate_batch` decodes them (`simulate_policy`): what bench_predict.py compares with measurement.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from specdraft.core.errors import InputError
+from specdraft.decoding.policies.stopping import SpecDecPP
+from specdraft.decoding.policies.batch_aware import (BatchAwareSpecDec, GlobalVerifyBudget, KPerBatchSize,
+                                                     LockstepBatchAwareSpecDec, k_per_batch_size)
+from specdraft.decoding.policies.cost_model import CostTable
+
+ACCEPTANCE_FORMAT = "specdraft-acceptance-summary/1"
+ACCEPTANCE_FILE = "acceptance_summary.json"  # train-heads' name, beside a drafter's heads
+MAX_SEQUENCES = 64  # enough rounds for a prediction, small enough to ship (~100 kB)
+MAX_POSITIONS = 256
+
+
+@dataclass(frozen=True)
+class AcceptanceSummary:
+    accept: list[list[float]]  # per sequence, P_i
+    sigma: list[list[float]]  # per sequence, the head's sigmoid at the same positions
+    mean_accept: float
+    mean_sigma: float
+    head: str = ""
+    threshold: float = 0.7
+    k_max: int = 20
+    label_transform: dict = field(default_factory=dict)
+    dev_sequences: int = 0
+    positions: int = 0
+
+    def __post_init__(self):
+        if not self.accept or len(self.accept) != len(self.sigma):
+            raise InputError("acceptance summary: no sequences, or accept and sigma differ in count; re-run train-heads")
+        for a, s in zip(self.accept, self.sigma):
+            if not a or len(a) != len(s) or not all(0.0 <= x <= 1.0 for x in a + s):
+                raise InputError("acceptance summary: a sequence is empty, ragged or not probabilities; re-run train-heads")
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        return {"format": ACCEPTANCE_FORMAT, **{k: d[k] for k in d if k not in ("accept", "sigma")},
+                "sequences": [{"accept": a, "sigma": s} for a, s in zip(self.accept, self.sigma)]}
+
+    @classmethod
+    def from_dict(cls, data) -> "AcceptanceSummary":
+        if not isinstance(data, dict) or data.get("format") != ACCEPTANCE_FORMAT:
+            raise InputError(f"not an acceptance summary (format {ACCEPTANCE_FORMAT!r}); re-run train-heads and export")
+        try:
+            seqs = data["sequences"]
+            return cls(accept=[[float(x) for x in s["accept"]] for s in seqs],
+                       sigma=[[float(x) for x in s["sigma"]] for s in seqs],
+                       mean_accept=float(data["mean_accept"]), mean_sigma=float(data["mean_sigma"]),
+                       head=str(data.get("head", "")), threshold=float(data.get("threshold", 0.7)),
+                       k_max=int(data.get("k_max", 20)), label_transform=dict(data.get("label_transform", {})),
+                       dev_sequences=int(data.get("dev_sequences", len(seqs))), positions=int(data.get("positions", 0)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise InputError(f"acceptance summary is malformed ({type(e).__name__}: {e}); re-run train-heads and export") from None
+
+    @classmethod
+    def load(cls, path) -> "AcceptanceSummary":
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except FileNotFoundError:
+            raise InputError(f"no acceptance summary at {path}; re-run train-heads and export") from None
+        except ValueError:
+            raise InputError(f"acceptance summary {path} is not JSON; re-export the bundle") from None
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps(self.as_dict(), separators=(",", ":")) + "\n")
+
+
+def summarize_acceptance(accept: Sequence[torch.Tensor], sigma: Sequence[torch.Tensor], **info) -> AcceptanceSummary:
+    """The summary of dev sequences (per sequence P_i and sigma_i tensors): the means over every position,
+    the first MAX_SEQUENCES sequences (in dev order: deterministic) cut at MAX_POSITIONS, 4 decimals."""
+    if len(accept) == 0 or len(accept) != len(sigma):
+        raise InputError("summarize_acceptance needs as many sigma sequences as accept sequences, at least one")
+    keep = [i for i in range(len(accept)) if len(accept[i])][:MAX_SEQUENCES]
+    all_a, all_s = torch.cat([a.double() for a in accept]), torch.cat([s.double() for s in sigma])
+
+    def rounded(x: torch.Tensor) -> list[float]:
+        return [round(float(v), 4) for v in x[:MAX_POSITIONS]]
+    return AcceptanceSummary(accept=[rounded(accept[i]) for i in keep], sigma=[rounded(sigma[i]) for i in keep],
+                             mean_accept=round(float(all_a.mean()), 6), mean_sigma=round(float(all_s.mean()), 6),
+                             dev_sequences=len(accept), positions=int(all_a.numel()), **info)
+
+
+def decide_round(policy, sigma: torch.Tensor, cap: torch.Tensor | int | None = None):
+    """One round's decisions by `policy` (the tensor protocol), driven as the batched loop drives them:
+    sigma (rows, W >= K_max) float64, sigma[:, j - 1] = sigmoid(head(e_j)); decision k reads e_{k-1};
+    cap: drafts each row may make at most (its remaining room). Returns ((rows,) drafts, final state, steps:
+    the drafter steps the lockstep batch ran)."""
+    rows = sigma.shape[0]
+    cap = torch.as_tensor(policy.max_tokens if cap is None else cap, device=sigma.device).expand(rows)
+    state = policy.round_state(rows, sigma.device)
+    drafting = torch.ones(rows, dtype=torch.bool, device=sigma.device)
+    k_rows = torch.zeros(rows, dtype=torch.long, device=sigma.device)
+    steps = 0
+    for k in range(policy.max_tokens + 1):
+        drafting = drafting & (k < cap)
+        state, stop = policy.stop_rows(state, k, sigma[:, k - 2] if k >= 2 else None, drafting)
+        drafting = drafting & ~stop
+        if not bool(drafting.any()):  # the batched loop ends the round here too
+            break
+        k_rows += drafting  # the row drafts y_{k+1}
+        steps = k + 1
+    return k_rows, state, steps
+
+
+@dataclass(frozen=True)
+class Prediction:
+    method: str
+    batch: int
+    tokens_per_s: float
+    speedup: float  # over batched AR at the same batch size
+    mean_k: float  # drafts verified per row per round
+    mat: float  # tokens per row per round (= per target call)
+
+
+def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch: int, rounds: int,
+                    generator: torch.Generator, finish: Callable | None = None, new_tokens: int | None = None,
+                    drop_half: bool | None = None) -> tuple[float, float, float]:
+    """(tokens/s, mean drafts per row-round, tokens per row-round) of `policy` at `batch` (module docstring).
+    finish(state, steps) -> (rows,) drafts: a rule that decides after drafting (the global verify budget).
+
+    new_tokens None: a batch kept full (served), `rounds` rounds, tokens counted in expectation.
+    new_tokens n: static batches as `generate_batch` decodes them, `rounds` batches: each row decodes n
+    tokens from the start of a random dev sequence (a further one when it ends), the batch runs until every
+    row is done, finished rows are masked but keep costing compute until (drop_half; default: an eager
+    table) half the rows are done and the finished ones leave, as the eager decoder drops them; tokens are
+    the drawn ones."""
+    k_max = policy.max_tokens
+    static = new_tokens is not None
+    drop_half = (table.compile == "none") if drop_half is None else drop_half
+    accept = [torch.tensor(a, dtype=torch.float64) for a in summary.accept]
+    sigma = [torch.tensor(s, dtype=torch.float64) for s in summary.sigma]
+    width = max(k_max, 2)
+
+    def draw_sequences(rows: int, anywhere: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        seq = torch.randint(0, len(accept), (rows,), generator=generator)
+        pos = torch.tensor([int(torch.randint(0, len(accept[int(s)]), (1,), generator=generator)) if anywhere else 0
+                            for s in seq], dtype=torch.long)
+        return seq, pos
+
+    seq, pos = draw_sequences(batch, anywhere=not static)
+    out = torch.zeros(batch, dtype=torch.long)
+    tokens = cost = drafts = row_rounds = 0.0
+    done_batches = done_rounds = 0
+    while (done_batches if static else done_rounds) < rounds:
+        rows = len(seq)
+        a_win = torch.zeros(rows, width, dtype=torch.float64)
+        s_win = torch.ones(rows, width, dtype=torch.float64)
+        left = torch.zeros(rows, dtype=torch.long)
+        for b in range(rows):
+            a, s, j = accept[int(seq[b])], sigma[int(seq[b])], int(pos[b])
+            n = min(width, len(a) - j)
+            a_win[b, :n], s_win[b, :n] = a[j:j + n], s[j:j + n]
+            left[b] = len(a) - j
+        cap = left - 1  # room for the drafts and the round's own token
+        active = torch.ones(rows, dtype=torch.bool)
+        if static:
+            active = out < new_tokens
+            cap = torch.where(active, torch.minimum(cap, new_tokens - out - 1), 0)
+        k, state, steps = decide_round(policy, s_win, cap.clamp(0, k_max))
+        if finish is not None:
+            k = torch.minimum(finish(state, steps), k)
+        inside = torch.arange(width)[None] < k[:, None]
+        cost += table.round_cost(rows, int(k.max()))  # lockstep: the longest row's drafts and verify width
+        drafts += float(k.sum())
+        row_rounds += float(active.sum())
+        done_rounds += 1
+        # the draw that moves each row on: its accepted prefix, then the target's token
+        u = torch.rand(rows, width, generator=generator, dtype=torch.float64)
+        accepted = ((u < a_win) & inside).to(torch.long).cumprod(-1).sum(-1)
+        if static:
+            emitted = torch.where(active, torch.minimum(accepted + 1, new_tokens - out), 0)
+            tokens += float(emitted.sum())
+            out = out + emitted
+        else:
+            tokens += float((1.0 + (a_win.cumprod(-1) * inside).sum(-1)).sum())
+        pos = pos + accepted + 1
+        for b in range(rows):
+            if int(pos[b]) >= len(accept[int(seq[b])]):
+                seq[b], pos[b] = int(torch.randint(0, len(accept), (1,), generator=generator)), 0
+        if static:
+            live = out < new_tokens
+            if not bool(live.any()):
+                done_batches += 1
+                seq, pos = draw_sequences(batch, anywhere=False)
+                out = torch.zeros(batch, dtype=torch.long)
+            elif drop_half and int(live.sum()) <= rows // 2:
+                seq, pos, out = seq[live], pos[live], out[live]
+    return tokens / cost, drafts / row_rounds, tokens / row_rounds
+
+
+FIXED_KS = (1, 2, 4, 8)
+
+
+def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes: Sequence[int],
+                       k_max: int | None = None, rounds: int = 200, seed: int = 0,
+                       new_tokens: int | None = None) -> dict:
+    """Predicted tokens/s and speedup over batched AR at each batch size for: AR, fixed K in FIXED_KS (those
+    the table can price), SpecDec++ at the head's h, the batch-aware policy (per row and lockstep), the
+    global verify budget, and the K per batch size the cost model recommends (also reported on its own).
+    Each (method, batch) runs `rounds` simulated rounds from its own seeded generator; with `new_tokens`,
+    `rounds` static batches of that many new tokens per row (`simulate_policy`)."""
+    if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
+        raise InputError(f"batch sizes must be integers >= 1, got {list(batch_sizes)}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise InputError(f"rounds must be an integer >= 1, got {rounds!r}")
+    for b in batch_sizes:
+        if not table.batch_sizes[0] <= b <= table.batch_sizes[-1]:
+            raise InputError(f"batch size {b} is outside the cost table's {table.batch_sizes[0]}..{table.batch_sizes[-1]}; "
+                             "profile the table over every batch size to predict")
+    k_max = min(summary.k_max, table.max_drafts) if k_max is None else k_max
+    prior = summary.mean_sigma
+    # the j-th draft's acceptance given the earlier ones, from the dev sequences' windows (for the K table)
+    curve = acceptance_curve(summary, k_max)
+    ks = k_per_batch_size(table, curve, list(batch_sizes), k_max)
+    methods: dict[str, Callable[[int], tuple]] = {}
+    for k in FIXED_KS:
+        if k <= table.max_drafts:
+            methods[f"K={k}"] = lambda b, k=k: (KPerBatchSize({1: k}), None)
+    methods[f"SpecDec++ h={summary.threshold:g}"] = lambda b: (SpecDecPP(None, summary.threshold, k_max), None)
+    methods["batch-aware"] = lambda b: (BatchAwareSpecDec(None, table, prior, k_max), None)
+    methods["batch-aware lockstep"] = lambda b: (LockstepBatchAwareSpecDec(None, table, prior, k_max), None)
+
+    def budget(b):
+        policy = GlobalVerifyBudget(None, table, prior, k_max)
+        return policy, policy.widths
+    methods["global budget"] = budget
+    methods["K table"] = lambda b: (KPerBatchSize({b: ks[b]}), None)
+    rows = []
+    for b in batch_sizes:
+        ar = b / table.round_cost(b, 0)  # a plain target step and the loop's own work
+        rows.append(Prediction("AR", b, ar, 1.0, 0.0, 1.0))
+        for i, (name, build) in enumerate(methods.items()):
+            policy, finish = build(b)
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + b * 101 + i)
+            rate, mean_k, mat = simulate_policy(policy, summary, table, b, rounds, gen, finish, new_tokens)
+            rows.append(Prediction(name, b, rate, rate / ar, mean_k, mat))
+    return {"batch_sizes": list(batch_sizes), "k_per_batch_size": ks, "prior": prior, "k_max": k_max,
+            "rounds": rounds, "seed": seed, "new_tokens": new_tokens, "acceptance_curve": curve, "predictions": [asdict(r) for r in rows]}
+
+
+def acceptance_curve(summary: AcceptanceSummary, k_max: int) -> list[float]:
+    """a_j = E[prod_{i <= j} P] / E[prod_{i < j} P] over round starts at every dev position: the mean
+    acceptance of a round's j-th draft given the earlier ones, j = 1..k_max (1.0 where nothing survives)."""
+    reach = torch.zeros(k_max + 1, dtype=torch.float64)
+    for a in summary.accept:
+        p = torch.tensor(a, dtype=torch.float64)
+        padded = torch.cat([p, torch.zeros(k_max)])
+        windows = padded.unfold(0, k_max, 1)[: len(p)]
+        reach += torch.cat([torch.ones(len(p), 1, dtype=torch.float64), windows.cumprod(-1)], -1).sum(0)
+    return [float(reach[j] / reach[j - 1]) if reach[j - 1] > 0 else 1.0 for j in range(1, k_max + 1)]
+
+
+def render_prediction(result: dict, table: CostTable) -> str:
+    """The prediction as text: per batch size tokens/s and speedup over batched AR, and the K per batch size."""
+    by_b: dict[int, list[dict]] = {}
+    for r in result["predictions"]:
+        by_b.setdefault(r["batch"], []).append(r)
+    names = [r["method"] for r in next(iter(by_b.values()))]
+    lines = [f"predicted served throughput (tokens/s, speedup over batched AR) on {table.device}, compile {table.compile}; "
+             f"{result['rounds']} simulated rounds per cell, seed {result['seed']}, prior {result['prior']:.3f}",
+             "   B | " + " | ".join(f"{n:>20}" for n in names) + " | K per B"]
+    for b, rows in by_b.items():
+        cells = [f"{r['tokens_per_s']:9.1f} ({r['speedup']:5.2f}x)".rjust(20) for r in rows]
+        lines.append(f"{b:>4} | " + " | ".join(cells) + f" | {result['k_per_batch_size'][b]}")
+    return "\n".join(lines)

@@ -1,0 +1,163 @@
+"""Batch-aware length policies (decoding/policies/batch_aware.py) on hand-made cost tables: exact small
+decisions computed by hand, the regime where the rule is SpecDec++'s fixed-h rule, lockstep at batch 1,
+and the engines' two baselines (global verify budget, K per batch size)."""
+import pytest
+import torch
+
+from specdraft.core.errors import InputError
+from specdraft.decoding.policies.batch_aware import (BatchAwareSpecDec, GlobalVerifyBudget, KPerBatchSize,
+                                                     LockstepBatchAwareSpecDec, budget_widths, expected_round_tokens,
+                                                     k_per_batch_size)
+from specdraft.decoding.policies.cost_model import CostTable
+from specdraft.decoding.policies.stopping import SpecDecPP
+from specdraft.decoding.rounds.lengths import decisions, round_length
+from specdraft.decoding.throughput import decide_round
+
+
+def table(verify, draft, catchup=None, batch_sizes=(1, 256), k_max=4, compile="none") -> CostTable:
+    """A CostTable from functions: verify(B, w), draft(B), catchup(B) (default: draft)."""
+    catchup = catchup or draft
+    widths = tuple(range(1, k_max + 2))
+    return CostTable(batch_sizes=tuple(batch_sizes), widths=widths,
+                     verify=tuple(tuple(float(verify(b, w)) for w in widths) for b in batch_sizes),
+                     draft=tuple(float(draft(b)) for b in batch_sizes), catchup=tuple(float(catchup(b)) for b in batch_sizes),
+                     device="test", torch_version="test", compile=compile, target_id="t", drafter_id="d")
+
+
+def run_round(policy, sigma: torch.Tensor, cap: int | None = None) -> torch.Tensor:
+    """Drafts per row of one round, the policy driven as the batched loop drives it (decide_round)."""
+    return decide_round(policy, sigma.double(), cap)[0]
+
+
+FLAT = dict(verify=lambda b, w: 1.0, draft=lambda b: 0.1)  # memory-bound verify, drafts at c = 0.1
+
+
+def test_a_huge_cost_per_verified_position_gives_a_plain_target_step():
+    steep = table(verify=lambda b, w: 1.0 + 100.0 * (w - 1), draft=lambda b: 0.01)
+    for cls in (BatchAwareSpecDec, LockstepBatchAwareSpecDec):
+        k = run_round(cls(None, steep, prior=0.99), torch.full((3, 4), 0.99))
+        assert k.tolist() == [0, 0, 0]
+    # the same rows at a flat verify draft: the decision really reads the cost
+    assert run_round(BatchAwareSpecDec(None, table(**FLAT), prior=0.99), torch.full((3, 4), 0.99)).tolist() == [4, 4, 4]
+
+
+def test_hand_computed_decisions():
+    # C(k) = 1 + 0.5 k (verify flat 1.0, catch-up = draft = 0.5), prior 0.8, K_max = 4.
+    t = table(verify=lambda b, w: 1.0, draft=lambda b: 0.5)
+    policy = BatchAwareSpecDec(None, t, prior=0.8)
+    # decision 0: T = 1, rate 1/1; k' = 1: gain 0.8 - 0.5 = 0.3 > 0 -> draft
+    state = policy.round_state(1, torch.device("cpu"))
+    state, stop = policy.stop_rows(state, 0, None, torch.ones(1, dtype=torch.bool))
+    assert not stop.item()
+    # decision 1: T = 1.8, C = 1.5, rate 1.2; k' = 2: 0.64 - 0.6 = 0.04 > 0 -> draft
+    state, stop = policy.stop_rows(state, 1, None, torch.ones(1, dtype=torch.bool))
+    assert not stop.item()
+    assert state[2].item() == pytest.approx(1.8)
+    # decision 2 with sigma_1 = 0.5: s_1 = 0.5, T = 1 + 0.5 + 0.5 * 0.8 = 1.9, C = 2, rate 0.95;
+    # k' = 3: s_3 ~ 0.5 * 0.64 = 0.32 < 0.95 * 0.5 and every longer round less -> stop
+    state, stop = policy.stop_rows(state, 2, torch.tensor([0.5], dtype=torch.float64), torch.ones(1, dtype=torch.bool))
+    assert stop.item() and state[2].item() == pytest.approx(1.9)
+    # with sigma_1 = 0.99 instead: T = 2.782, rate 1.391; k' = 3: 0.99 * 0.64 = 0.6336 - 0.6955 < 0 as well,
+    # but k' = 4 adds 0.99 (0.64 + 0.512) = 1.14 against 1.391 * 1.0: 1.14 - 1.391 < 0 -> stop too
+    state = policy.round_state(1, torch.device("cpu"))
+    for k, s in ((0, None), (1, None), (2, torch.tensor([0.99], dtype=torch.float64))):
+        state, stop = policy.stop_rows(state, k, s, torch.ones(1, dtype=torch.bool))
+    assert stop.item()
+    # a cheaper drafter (0.1 per step) at the same sigmas goes on
+    cheap = BatchAwareSpecDec(None, table(**FLAT), prior=0.8)
+    assert run_round(cheap, torch.tensor([[0.99, 0.99, 0.99, 0.99]])).item() == 4
+
+
+def test_linear_costs_and_a_fixed_rate_give_specdecpp_with_its_threshold():
+    """Regime (docs/decoder.md): verify flat in w, every drafter forward t_d, a fixed reference rate lam:
+    stop iff s_{k-1} prior^2 < lam t_d, i.e. SpecDec++'s 1 - p_hat > h with h = 1 - lam t_d / prior^2."""
+    gen = torch.Generator().manual_seed(0)
+    t_d, prior, k_max = 0.1, 0.8, 6
+    t = table(verify=lambda b, w: 1.0, draft=lambda b: t_d, k_max=k_max)
+    sigma = torch.rand(200, k_max, generator=gen, dtype=torch.float64) * 0.5 + 0.5
+    for h in (0.3, 0.5, 0.7, 0.9):
+        lam = (1 - h) * prior**2 / t_d
+        ours = run_round(BatchAwareSpecDec(None, t, prior, reference_rate=lam), sigma)
+        paper = round_length(decisions(SpecDecPP(None, h, k_max=sigma.shape[-1]), sigma), k_max)
+        assert torch.equal(ours, paper), h
+        assert len(set(paper.tolist())) > 1  # the case is not trivial: rounds of several lengths
+
+
+def test_lockstep_at_batch_one_is_the_per_row_rule_and_differs_in_a_batch():
+    gen = torch.Generator().manual_seed(1)
+    t = table(verify=lambda b, w: 1.0 + 0.05 * b * w, draft=lambda b: 0.05 + 0.01 * b, batch_sizes=(1, 256), k_max=6)
+    sigma = torch.rand(300, 6, generator=gen, dtype=torch.float64)
+    for prior in (0.3, 0.6, 0.9):
+        per_row, lockstep = BatchAwareSpecDec(None, t, prior), LockstepBatchAwareSpecDec(None, t, prior)
+        one = [run_round(per_row, s[None]).item() for s in sigma]
+        assert one == [run_round(lockstep, s[None]).item() for s in sigma]
+    # in a batch of 4 the lockstep rows stop together: one length per batch
+    k = run_round(LockstepBatchAwareSpecDec(None, t, 0.6), sigma[:4])
+    assert len(set(k.tolist())) == 1
+
+
+def test_a_larger_batch_drafts_less_where_the_verify_grows_with_it():
+    t = table(verify=lambda b, w: 1.0 + 0.02 * b * (w - 1), draft=lambda b: 0.05, batch_sizes=(1, 256), k_max=8)
+    sigma = torch.full((64, 8), 0.85, dtype=torch.float64)
+    k1 = run_round(BatchAwareSpecDec(None, t, 0.85), sigma[:1]).item()
+    k64 = run_round(BatchAwareSpecDec(None, t, 0.85), sigma).tolist()
+    assert k1 > k64[0] == min(k64) == max(k64)
+
+
+def test_budget_widths_by_hand():
+    # 2 rows, 2 drafts each; verify at batch 2 costs 1.0 + 0.5 per draft position of the widest row,
+    # the two drafting steps 0.1 + 0.1 (sunk, but in the cost). Survival sorted: 0.9, 0.5, 0.2, 0.1
+    # N = 0: 2 / 1.2 = 1.667;  N = 1 (w 1): 2.9 / 1.7 = 1.706;  N = 2 (w 2): 3.4 / 2.2 = 1.545;
+    # N = 3 (w 2): 3.6 / 2.2;  N = 4: 3.7 / 2.2 -> N = 1: row 0 verifies 1 draft, row 1 none
+    t = table(verify=lambda b, w: 1.0 + 0.5 * (w - 1), draft=lambda b: 0.1, batch_sizes=(1, 256), k_max=2)
+    s = torch.tensor([[0.9, 0.5], [0.2, 0.1]])
+    assert budget_widths(s, t).tolist() == [1, 0]
+    # a cheaper verify position (0.05): N = 4 (3.7 / 1.25) beats N = 2 (3.4 / 1.25), both widths 2
+    cheap = table(verify=lambda b, w: 1.0 + 0.05 * (w - 1), draft=lambda b: 0.1, batch_sizes=(1, 256), k_max=2)
+    assert budget_widths(s, cheap).tolist() == [2, 2]
+    # ties keep prefixes: equal survival everywhere picks the earlier positions first
+    k = budget_widths(torch.full((3, 2), 0.5), cheap)
+    assert (k <= 2).all() and k.max() - k.min() <= 1
+
+
+def test_global_budget_policy_drafts_to_the_cap_and_tracks_survival():
+    t = table(verify=lambda b, w: 1.0 + 0.5 * (w - 1), draft=lambda b: 0.1, batch_sizes=(1, 256), k_max=2)
+    policy = GlobalVerifyBudget(None, t, prior=0.9)
+    sigma = torch.tensor([[0.5, 0.7], [0.2, 0.7]], dtype=torch.float64)
+    state = policy.round_state(2, torch.device("cpu"))
+    drafting = torch.ones(2, dtype=torch.bool)
+    for k in range(3):
+        state, stop = policy.stop_rows(state, k, sigma[:, k - 2] if k >= 2 else None, drafting)
+        assert not stop.any()
+    # s_1 = sigma_1 exact, s_2 = sigma_1 * prior (sigma_2 is never read: the lag)
+    assert torch.allclose(state[1], torch.tensor([[0.5, 0.45], [0.2, 0.18]], dtype=torch.float64))
+    assert policy.widths(state).tolist() == budget_widths(state[1], t).tolist()
+
+
+def test_k_per_batch_size_from_the_cost_model():
+    t = table(verify=lambda b, w: 1.0 + 0.02 * b * (w - 1), draft=lambda b: 0.05, batch_sizes=(1, 8, 64, 256), k_max=8)
+    ks = k_per_batch_size(t, [0.8])
+    assert ks[1] > ks[8] > ks[64] == 0  # cheaper verification at small B: longer rounds; none at 64
+    # the K chosen is the argmax of expected tokens per second (checked against every other K)
+    for b, k in ks.items():
+        rates = [expected_round_tokens([0.8], j) / t.round_cost(b, j) for j in range(9)]
+        assert rates[k] == max(rates)
+    policy = KPerBatchSize(ks)
+    assert [policy.k_for(b) for b in (1, 7, 8, 63, 64, 200)] == [ks[1], ks[1], ks[8], ks[8], ks[64], ks[64]]
+    assert run_round(policy, torch.zeros(8, 8)).tolist() == [ks[8]] * 8
+    assert run_round(policy, torch.zeros(64, 8)).tolist() == [0] * 64
+
+
+@pytest.mark.parametrize("build", [
+    lambda t: BatchAwareSpecDec(None, t, prior=1.5),
+    lambda t: BatchAwareSpecDec(None, t, prior=0.5, k_max=9),
+    lambda t: BatchAwareSpecDec(None, "table", prior=0.5),
+    lambda t: BatchAwareSpecDec(None, t, prior=0.5, reference_rate=-1.0),
+    lambda t: KPerBatchSize({0: 2}),
+    lambda t: k_per_batch_size(t, []),
+    lambda t: budget_widths(torch.zeros(3), t),
+])
+def test_bad_input_is_one_line(build):
+    with pytest.raises(InputError) as e:
+        build(table(**FLAT))
+    assert "\n" not in str(e.value)

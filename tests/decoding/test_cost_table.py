@@ -1,0 +1,112 @@
+"""The decoder's measured cost table (decoding/policies/cost_model.CostTable) and its profiler
+(decoding/cost_profile.py) on tiny random models: shape, the sanity that must hold, the on-disk cache,
+the JSON round trip, and one-line errors."""
+import json
+
+import pytest
+import torch
+
+from specdraft.core.errors import InputError
+from specdraft.decoding.cost_profile import cached_cost_table, model_identity, profile_cost_table, profiled_widths
+from specdraft.decoding.policies.cost_model import CostTable, padded_width
+from tests.decoding.conftest import tiny_llama
+
+
+@pytest.fixture(scope="module")
+def pair():
+    # deep enough that a (16 x 5)-token verify is clearly dearer than a 1-token step even on a busy box
+    return tiny_llama(0, layers=4), tiny_llama(1, layers=1)
+
+
+@pytest.fixture(scope="module")
+def profiled(pair):
+    return profile_cost_table(*pair, batch_sizes=[16, 1, 4], max_width=5, compile="none", repeats=3)
+
+
+def test_shape_identity_and_sanity(profiled, pair):
+    t = profiled
+    assert t.batch_sizes == (1, 4, 16) and t.widths == (1, 2, 3, 4, 5) and t.max_drafts == 4
+    assert len(t.verify) == 3 and all(len(r) == 5 for r in t.verify) and len(t.draft) == len(t.catchup) == 3
+    assert t.compile == "none" and t.torch_version == torch.__version__ and t.device.startswith("cpu")
+    assert t.target_id == model_identity(pair[0]) != t.drafter_id == model_identity(pair[1])
+    # the identity is the shape, not the weights: a retrained drafter of the same shape shares the table
+    assert model_identity(tiny_llama(7, layers=1)) == t.drafter_id
+    # what must hold whatever the load: 80 positions through 4 layers cost more than 1; a round that drafts
+    # pays the drafter on top of its verify
+    assert t.t_verify(16, 5) > t.t_verify(1, 1)
+    assert all(t.round_cost(b, k) > t.t_verify(b, k + 1) for b in t.batch_sizes for k in range(1, 5))
+    assert t.round_cost(4, 0) == t.t_verify(4, 1)
+
+
+def test_the_loop_is_calibrated_from_decodes(pair, profiled):
+    assert profiled.loop == profiled.loop_draft == ()  # off by default: a decoder start wants seconds
+    t = profile_cost_table(*pair, batch_sizes=[1, 4], max_width=3, compile="none", repeats=1, calibrate=True)
+    assert len(t.loop) == len(t.loop_draft) == 2 and min(t.loop + t.loop_draft) >= 0
+    # the decode loop's own work is priced into every round, on top of the steps
+    assert t.round_cost(4, 2) == pytest.approx(t.t_catchup(4) + t.t_draft(4) + t.t_verify(4, 3) + t.t_loop(4)
+                                               + 2 * t.t_loop_draft(4))
+    assert t.round_cost(1, 0) == t.t_verify(1, 1) + t.t_loop(1)
+    assert CostTable.from_dict(t.as_dict()) == t
+
+
+def test_lookup_interpolates_and_never_extrapolates(profiled):
+    t = profiled
+    mid = t.t_verify(10, 3)
+    assert mid == pytest.approx(t.t_verify(4, 3) + (t.t_verify(16, 3) - t.t_verify(4, 3)) / 2)
+    for bad in (lambda: t.t_verify(32, 1), lambda: t.t_verify(1, 6), lambda: t.t_draft(0.5), lambda: t.round_cost(1, 5)):
+        with pytest.raises(InputError, match="profile") as e:
+            bad()
+        assert "\n" not in str(e.value)
+
+
+def test_save_load_round_trip(profiled, tmp_path):
+    profiled.save(tmp_path / "t.json")
+    assert CostTable.load(tmp_path / "t.json") == profiled
+
+
+def test_compiled_tables_price_the_padded_width():
+    assert profiled_widths(9, "default") == (1, 2, 3, 5, 9)
+    assert profiled_widths(4, "none") == (1, 2, 3, 4)
+    assert [padded_width(k, 8) for k in range(9)] == [0, 1, 2, 4, 4, 8, 8, 8, 8]
+    t = CostTable(batch_sizes=(1,), widths=(1, 2, 3, 5, 9), verify=((1.0, 2.0, 3.0, 5.0, 9.0),), draft=(0.5,),
+                  catchup=(0.7,), device="x", torch_version="x", compile="default", target_id="t", drafter_id="d")
+    assert t.round_cost(1, 3) == pytest.approx(0.7 + 2 * 0.5 + 5.0)  # 3 drafts verify at width 4 + 1
+
+
+def test_the_cache_is_hit_on_a_second_start(pair, tmp_path, monkeypatch):
+    first, path, hit = cached_cost_table(*pair, [1, 2], 3, repeats=1, directory=tmp_path)
+    assert not hit and path.is_file() and path.parent == tmp_path
+    import specdraft.decoding.cost_profile as cp
+
+    monkeypatch.setattr(cp, "profile_cost_table", lambda *a, **k: pytest.fail("re-profiled despite the cache"))
+    second, path2, hit2 = cached_cost_table(*pair, [2, 1], 3, repeats=1, directory=tmp_path)
+    assert hit2 and path2 == path and second == first
+    # another mode or grid is another entry; a torn file is re-profiled, not trusted
+    monkeypatch.undo()
+    path.write_text("{")
+    third, _, hit3 = cached_cost_table(*pair, [1, 2], 3, repeats=1, directory=tmp_path)
+    assert not hit3 and CostTable.load(path) == third
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(batch_sizes=[], max_width=3), "batch sizes"),
+    (dict(batch_sizes=[0], max_width=3), "batch sizes"),
+    (dict(batch_sizes=[1], max_width=1), "max_width"),
+    (dict(batch_sizes=[1], max_width=3, compile="fast"), "compile"),
+    (dict(batch_sizes=[1], max_width=3, repeats=0), "repeats"),
+])
+def test_bad_profile_requests_are_one_line(pair, kwargs, message):
+    with pytest.raises(InputError, match=message) as e:
+        profile_cost_table(*pair, **kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_tables_are_refused(tmp_path, profiled):
+    data = profiled.as_dict()
+    for change in ({"format": "x"}, {"verify": [[1.0]]}, {"draft": [0.0, 1.0, 1.0]}, {"batch_sizes": [4, 1, 16]}):
+        (tmp_path / "bad.json").write_text(json.dumps({**data, **change}))
+        with pytest.raises(InputError) as e:
+            CostTable.load(tmp_path / "bad.json")
+        assert "\n" not in str(e.value)
+    with pytest.raises(InputError, match="no cost table"):
+        CostTable.load(tmp_path / "missing.json")

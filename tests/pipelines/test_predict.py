@@ -1,0 +1,133 @@
+"""`specdraft predict` end to end on a hand-built tiny bundle (the generate tests' template with an
+acceptance summary for its headed drafter): predicted tokens/s per method and batch size from a cost
+table profiled here, the on-disk cache on a second start, a saved table giving the same prediction, and
+one-line errors with exit code 2. Beside it the simulator against heads/simulate's exact expectation."""
+import json
+
+import pytest
+import torch
+
+from specdraft.decoding.bundle.directory import BUNDLE_JSON, write_bundle_json
+from specdraft.decoding.policies.batch_aware import KPerBatchSize
+from specdraft.decoding.policies.cost_model import CostTable
+from specdraft.decoding.throughput import (ACCEPTANCE_FILE, AcceptanceSummary, predict_throughput, simulate_policy,
+                                           summarize_acceptance)
+from specdraft.heads.simulate import simulate_fixed_k
+from specdraft.pipelines.cli import main
+from tests.decoding.test_batch_aware import table
+from tests.decoding.test_bundle import bundle  # noqa: F401 (a copy of the template below)
+from tests.decoding.test_generate_cli import template  # noqa: F401
+
+
+def dev_sequences(seed: int, n: int = 24, length: int = 60):
+    """Acceptance probabilities with runs of easy and hard tokens, and a head that sees them with noise."""
+    gen = torch.Generator().manual_seed(seed)
+    accept = [torch.where(torch.rand(length, generator=gen) < 0.7, 0.9, 0.2).double() for _ in range(n)]
+    sigma = [(a + 0.1 * torch.randn(length, generator=gen, dtype=torch.float64)).clamp(0, 1) for a in accept]
+    return accept, sigma
+
+
+@pytest.fixture
+def headed(bundle):  # noqa: F811
+    """The bundle with an acceptance summary for drafter 'math' (its head T1/D1)."""
+    summary = summarize_acceptance(*dev_sequences(0), head="D1", threshold=0.7, k_max=6)
+    (bundle / "acceptance" / "math").mkdir(parents=True)
+    summary.save(bundle / "acceptance" / "math" / ACCEPTANCE_FILE)
+    meta = json.loads((bundle / BUNDLE_JSON).read_text())
+    meta["drafters"]["math"]["acceptance"] = "acceptance/math"
+    meta.pop("files", None)
+    write_bundle_json(bundle, meta)
+    return bundle
+
+
+def test_predict_end_to_end(headed, tmp_path, capsys):
+    args = ["predict", str(headed), "--batch-sizes", "4,1", "--device", "cpu", "--rounds", "30", "--repeats", "1",
+            "--cache-dir", str(tmp_path / "cache"), "--json", str(tmp_path / "p.json")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "drafter math" in out and "profiled:" in out and "K per B" in out
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert result["drafter"] == "math" and result["batch_sizes"] == [1, 4]
+    methods = {r["method"] for r in result["predictions"]}
+    assert {"AR", "K=1", "K=2", "K=4", "K=8", "SpecDec++ h=0.7", "batch-aware", "batch-aware lockstep",
+            "global budget", "K table"} == methods
+    table_ = CostTable.from_dict(result["cost_table"])
+    for r in result["predictions"]:
+        assert r["tokens_per_s"] > 0
+        if r["method"] == "AR":  # batched AR is B over the measured one-position step, nothing simulated
+            assert r["tokens_per_s"] == pytest.approx(r["batch"] / table_.round_cost(r["batch"], 0)) and r["speedup"] == 1
+    assert set(result["k_per_batch_size"]) == {"1", "4"}
+    # a second start reads the cached table; a saved table with the same seed predicts the same numbers
+    assert main(args) == 0
+    assert "cached:" in capsys.readouterr().out
+    again = json.loads((tmp_path / "p.json").read_text())
+    assert again["predictions"] == result["predictions"]
+    (tmp_path / "t.json").write_text(json.dumps(result["cost_table"]))
+    assert main(["predict", str(headed), "--batch-sizes", "1,4", "--cost-table", str(tmp_path / "t.json"),
+                 "--rounds", "30", "--json", str(tmp_path / "q.json")]) == 0
+    assert json.loads((tmp_path / "q.json").read_text())["predictions"] == result["predictions"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--batch-sizes", "1,x"], "--batch-sizes"),
+    (["--batch-sizes", "0"], "--batch-sizes"),
+    (["--compile", "fast"], "--compile"),
+    (["--drafter", "code"], "no acceptance summary"),
+    (["--drafter", "nope"], "no drafter 'nope'"),
+    (["--cost-table", "missing.json"], "no cost table"),
+])
+def test_bad_input_is_one_line_and_exit_2(headed, capsys, extra, message):
+    assert main(["predict", str(headed), "--device", "cpu", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_a_batch_size_the_table_lacks_is_refused(headed, tmp_path, capsys):
+    t = table(verify=lambda b, w: 1e-3, draft=lambda b: 1e-4, batch_sizes=(1, 4), k_max=8)
+    t.save(tmp_path / "t.json")
+    assert main(["predict", str(headed), "--batch-sizes", "1,8", "--cost-table", str(tmp_path / "t.json")]) == 2
+    assert "batch size 8" in capsys.readouterr().err
+
+
+def test_simulated_rounds_match_the_exact_expectation_at_batch_one():
+    """Fixed K at B = 1: tokens per round of the simulator (random starts, a new sequence at each end)
+    against heads/simulate's exact dynamic programme over the same sequences."""
+    accept, sigma = dev_sequences(1, n=16, length=200)
+    summary = summarize_acceptance(accept, sigma)
+    t = table(verify=lambda b, w: 1.0, draft=lambda b: 0.1, k_max=8)
+    for k in (2, 4):
+        exact = simulate_fixed_k(accept, 0.1, [k])[0]
+        _, mean_k, mat = simulate_policy(KPerBatchSize({1: k}), summary, t, 1, 4000, torch.Generator().manual_seed(k))
+        assert mat == pytest.approx(exact.n / exact.n_target, rel=0.04)
+        assert mean_k == pytest.approx(exact.n_draft / exact.n_target, rel=0.04)
+
+
+def test_prediction_shape_and_floor():
+    """At a batch where every verified position costs a whole step, the batch-aware policies and the K
+    table fall back to plain target steps (speedup 1.0), while fixed K falls below batched AR."""
+    summary = summarize_acceptance(*dev_sequences(2), threshold=0.7, k_max=8)
+    t = table(verify=lambda b, w: 1e-3 * (1 + (b / 4) * (w - 1)), draft=lambda b: 1e-4, batch_sizes=(1, 64), k_max=8)
+    result = predict_throughput(summary, t, [1, 64], rounds=40, seed=3)
+    at = {(r["method"], r["batch"]): r for r in result["predictions"]}
+    assert result["k_per_batch_size"][64] == 0 < result["k_per_batch_size"][1]
+    for m in ("batch-aware", "batch-aware lockstep", "K table"):
+        assert at[(m, 64)]["speedup"] == pytest.approx(1.0) and at[(m, 64)]["mean_k"] == 0
+    assert at[("K=4", 64)]["speedup"] < 1.0 < at[("K=4", 1)]["speedup"]
+    with pytest.raises(Exception, match="batch sizes"):
+        predict_throughput(summary, t, [0])
+    assert AcceptanceSummary.from_dict(json.loads(json.dumps(summary.as_dict()))) == summary
+
+
+def test_static_batches_as_the_batched_decoder_runs_them():
+    """new_tokens: every row decodes that many tokens from a sequence's start and the batch runs until all
+    are done. Always accepted, K = 4, 10 tokens: rounds of 5 tokens (4 drafts + the bonus), then the cap
+    (10 - 5 - 1 = 4) allows 4 more: 2 rounds of C_B(4) for 10 tokens per row; K = 0 is batched AR."""
+    ones = [torch.ones(30, dtype=torch.float64) for _ in range(3)]
+    summary = summarize_acceptance(ones, ones)
+    t = table(verify=lambda b, w: 1e-3 * (1 + 0.1 * b * (w - 1)), draft=lambda b: 2e-4, batch_sizes=(1, 64), k_max=8)
+    gen = torch.Generator().manual_seed(0)
+    for b in (1, 5):
+        rate, mean_k, mat = simulate_policy(KPerBatchSize({1: 4}), summary, t, b, 3, gen, new_tokens=10)
+        assert rate == pytest.approx(b * 10 / (2 * t.round_cost(b, 4))) and mean_k == 4 and mat == 5
+        rate, _, _ = simulate_policy(KPerBatchSize({1: 0}), summary, t, b, 2, gen, new_tokens=10)
+        assert rate == pytest.approx(b / t.round_cost(b, 0))
