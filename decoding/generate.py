@@ -498,8 +498,14 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
     if args.threshold is not None and head is None:
         raise InputError(f"--threshold sets a SpecDec++ head's h, but drafter '{name}' has none; "
                          "give --head, or --k for fixed K")
+    table = None
+    if getattr(args, "stop_rule", "specdecpp") == "batch-aware" and head is not None and args.k is None:
+        if b is None:
+            raise InputError("--stop-rule batch-aware takes its prior from a bundle's acceptance summary; give a bundle")
+        b.prior_for(name)  # before any profiling: a bundle without the prior stops here
+        table = cost_table_for(args, target, dft, settings, hcfg, note)
     if b is not None:
-        policy = b.policy_for(name, head if args.k is None else None, head_name, args.k, args.threshold)
+        policy = b.policy_for(name, head if args.k is None else None, head_name, args.k, args.threshold, table)
     elif args.k is None and head is not None:
         policy = head_policy(head, args.threshold, hcfg, DEFAULTS.k_max)
     else:
@@ -509,6 +515,21 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
         head_name = None
     tree = eagle_tree(args, b, name) if _is_eagle(dft) else None
     return Plan(name, dft, policy, head_name, settings.drafts, settings.cascade, args.k or CASCADE_BLOCK, tree)
+
+
+def cost_table_for(args, target, drafter, settings: Settings, head_config: dict | None, note: Callable[[str], Any]):
+    """The decoder's own step times for the batch-aware rule: batch sizes 1..--batch-size, widths up to the
+    head's K_max + 1, in the command's compile mode, profiled once per device, models and mode and cached
+    (decoding/cost_profile.py)."""
+    from specdraft.decoding.cost_profile import cached_cost_table
+
+    k_max = int((head_config or {}).get("k_max") or DEFAULTS.k_max)
+    sizes = sorted({1, args.batch_size})
+    table, path, hit = cached_cost_table(target, drafter, sizes, k_max + 1, settings.compile)
+    note(f"cost table {'read from' if hit else 'profiled into'} {path}")
+    if args.verbose:
+        note(table.render())
+    return table
 
 
 def _is_eagle(drafter) -> bool:

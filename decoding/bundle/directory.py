@@ -131,11 +131,21 @@ class Bundle:
             self.defaults.threshold if self.defaults.threshold is not None else entry.threshold)
         return h, entry.k_max or self.defaults.k_max
 
+    def acceptance_summary(self, drafter: str):
+        """The drafter's default head's dev acceptance statistics (decoding.throughput.AcceptanceSummary), or
+        None when the bundle ships none (exported before train-heads wrote them)."""
+        from specdraft.decoding.throughput import ACCEPTANCE_FILE, AcceptanceSummary
+
+        entry = self.drafters.get(drafter)
+        return AcceptanceSummary.load(entry.acceptance / ACCEPTANCE_FILE) if entry and entry.acceptance else None
+
     def policy_for(self, drafter: str, head=None, head_name: str | None = None,
-                   k: int | None = None, threshold: float | None = None):
+                   k: int | None = None, threshold: float | None = None, cost_table=None):
         """How `drafter` drafts, as a factory of fresh stopping policies: `k` given -> fixed K; a head (its
-        module and its name in the bundle) -> SpecDec++ at `head_rule`; else fixed K at `fixed_k`. Used by
-        `specdraft generate`, evaluate and `generate_text`, so a value reaches every decode the same way."""
+        module and its name in the bundle) -> SpecDec++ at `head_rule`, or with `cost_table` (the decoder's
+        measured costs, decoding/cost_profile.py) the lockstep batch-aware rule priced with it, its prior the
+        drafter's acceptance summary; else fixed K at `fixed_k`. Used by `specdraft generate`, evaluate and
+        `generate_text`, so a value reaches every decode the same way."""
         from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
 
         if k is not None or head is None:
@@ -145,7 +155,22 @@ class Bundle:
             kk = k if k is not None else self.fixed_k(drafter)
             return lambda: FixedK(kk)
         h, k_max = self.head_rule(drafter, head_name, threshold)
-        return lambda: SpecDecPP(head, h, k_max)
+        if cost_table is None:
+            return lambda: SpecDecPP(head, h, k_max)
+        from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec
+
+        if threshold is not None:
+            raise InputError("--threshold sets SpecDec++'s fixed h; the batch-aware rule has none (leave one out)")
+        prior, k_max = self.prior_for(drafter), min(k_max, cost_table.max_drafts)
+        return lambda: LockstepBatchAwareSpecDec(head, cost_table, prior, k_max)
+
+    def prior_for(self, drafter: str) -> float:
+        """The batch-aware rule's prior: the drafter's head's mean predicted acceptance on the dev set."""
+        summary = self.acceptance_summary(drafter)
+        if summary is None:
+            raise InputError(f"drafter '{drafter}' has no acceptance summary in the bundle, which the batch-aware rule "
+                             "takes its prior from; re-export a run whose train-heads wrote one, or use --stop-rule specdecpp")
+        return summary.mean_sigma
 
     def general_drafter(self) -> str:
         """The bundle's all-domain (OFA) drafter: the one whose domains cover every other drafter's (an

@@ -27,6 +27,7 @@ import torch
 from specdraft.core.errors import InputError
 from specdraft.decoding.compat import check_k
 from specdraft.decoding.policies.cost_model import CostTable, padded_width
+from specdraft.decoding.policies.stopping import OnePromptRule
 
 
 def _check_prior(prior: float) -> float:
@@ -46,7 +47,7 @@ def _check_k_max(k_max: int | None, table: CostTable) -> int:
     return k_max
 
 
-class BatchAwareSpecDec:
+class BatchAwareSpecDec(OnePromptRule):
     """Per row: after decision k, stop row b when no longer round is predicted to earn more tokens per
     second than stopping now,
 
@@ -173,7 +174,7 @@ def budget_widths(survival: torch.Tensor, table: CostTable, drafted: int | None 
     return counts[rate.argmax()]
 
 
-class GlobalVerifyBudget:
+class GlobalVerifyBudget(OnePromptRule):
     """vLLM #47808 (`enable_adaptive_verification`) on our heads and decoder: every row drafts to K (no
     early stop), the survival of each draft is kept in the round state, and after drafting the loop calls
     `widths(state)` (= `budget_widths`) for the drafts each row verifies. The last draft's survival, whose
@@ -240,7 +241,7 @@ def k_per_batch_size(table: CostTable, acceptance: Sequence[float], batch_sizes:
     return out
 
 
-class KPerBatchSize:
+class KPerBatchSize(OnePromptRule):
     """A fixed K per batch size (vLLM #32374): a batch of B rows drafts the K of the largest listed batch
     size <= B (the smallest listed one below it). Head-free."""
 

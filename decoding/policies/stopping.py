@@ -65,7 +65,28 @@ class LengthRule(Protocol):
                   drafting: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]: ...
 
 
-class FixedK:
+class OnePromptRule:
+    """The one-prompt loop's side of a policy defined by its tensor rule (`LengthRule`): `stop` runs
+    `stop_rows` on a batch of one, so the loop that decodes one prompt and the batched loop take the same
+    decisions from the same code."""
+
+    def start(self, drafter: torch.nn.Module) -> None:
+        pass
+
+    def start_round(self, context: list[int]) -> None:
+        self._state = self.round_state(1, torch.device("cpu"))
+
+    def stop(self, k: int, hidden: torch.Tensor | None) -> bool:
+        sigma = None
+        if k >= 2 and self.needs_hidden:
+            device, dtype = _module_device_dtype(self.head)
+            e = hidden.to(device=device or hidden.device, dtype=dtype or hidden.dtype)
+            sigma = torch.sigmoid(self.head(e).float()).reshape(1).double().cpu()
+        self._state, stop = self.stop_rows(self._state, k, sigma, torch.ones(1, dtype=torch.bool))
+        return bool(stop[0])
+
+
+class FixedK(OnePromptRule):
     """Always draft K tokens (fewer only at EOS or the length limit)."""
 
     needs_hidden = False
@@ -81,14 +102,8 @@ class FixedK:
     def stop_rows(self, state, k: int, sigma, drafting: torch.Tensor):
         return state, torch.zeros_like(drafting)  # the cap max_tokens = K ends the round
 
-    def start(self, drafter: torch.nn.Module) -> None:
-        pass
-
-    def start_round(self, context: list[int]) -> None:
-        pass
-
     def stop(self, k: int, hidden: torch.Tensor | None) -> bool:
-        return False  # the cap max_tokens = K ends the round
+        return False  # the cap max_tokens = K ends the round (no tensor to build in the one-prompt loop)
 
     def __repr__(self) -> str:
         return f"FixedK({self.max_tokens})"
@@ -99,7 +114,7 @@ def _module_device_dtype(module: Callable) -> tuple[torch.device | None, torch.d
     return (param.device, param.dtype) if param is not None else (None, None)
 
 
-class SpecDecPP:
+class SpecDecPP(OnePromptRule):
     """SpecDec++ (§4.3, Alg. 1): after sampling y_k, stop when the predicted probability of at least one
     rejection among the predicted candidates, 1 - prod_{i < k} sigmoid(head(e_i)), exceeds h; or at
     K_max. `head` maps hidden (..., H) -> logits (...); it may be None for the offline simulator, which
@@ -114,8 +129,6 @@ class SpecDecPP:
         self.head = head
         self.threshold = threshold
         self.max_tokens = k_max
-        self._device, self._dtype = _module_device_dtype(head)
-        self._state: tuple[torch.Tensor, ...] = self.round_state(1, torch.device("cpu"))
 
     def round_state(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         # p_hat: predicted P(the candidates read so far are all accepted)
@@ -131,20 +144,6 @@ class SpecDecPP:
             return state, torch.zeros_like(drafting)  # no prediction exists before e_1 (y_1 always goes out)
         p_hat = p_hat * sigma
         return (p_hat,), drafting & (self.risk(p_hat, drafting) > self.threshold)
-
-    def start(self, drafter: torch.nn.Module) -> None:
-        pass
-
-    def start_round(self, context: list[int]) -> None:
-        self._state = self.round_state(1, torch.device("cpu"))
-
-    def stop(self, k: int, hidden: torch.Tensor | None) -> bool:
-        sigma = None
-        if k >= 2:
-            e = hidden.to(device=self._device or hidden.device, dtype=self._dtype or hidden.dtype)
-            sigma = torch.sigmoid(self.head(e).float()).reshape(1).double().cpu()
-        self._state, stop = self.stop_rows(self._state, k, sigma, torch.ones(1, dtype=torch.bool))
-        return bool(stop[0])
 
     def __repr__(self) -> str:
         return f"SpecDecPP(h={self.threshold}, K_max={self.max_tokens})"

@@ -88,7 +88,9 @@ from specdraft.drafters.roles import drafter_roles
 from specdraft.pipelines.calibration import Calibrator
 from specdraft.pipelines.evaluate.aggregate import Setup, quality_scores, score_quality, summarize, target_quality
 from specdraft.pipelines.evaluate.claims import judge
-from specdraft.pipelines.evaluate.load import load_heads, load_prompts, load_routers, load_target, target_placement
+from specdraft.decoding.throughput import predict_throughput
+from specdraft.pipelines.evaluate.load import (load_heads, load_prompts, load_routers, load_target, target_placement,
+                                               throughput_costs)
 from specdraft.pipelines.evaluate.plan import Env, Run, build_plan
 from specdraft.pipelines.evaluate.render import write_report
 from specdraft.pipelines.evaluate.run import Record, TimingPolicy, calls, execute
@@ -96,6 +98,9 @@ from specdraft.pipelines.evaluate.units import missing, read_back, run_units, sh
 from specdraft.pipelines.schema import EvaluateSection
 from specdraft.pipelines.shards import claim_merge, shard_from_env
 from specdraft.pipelines.stage import Context, StageIncomplete
+
+
+PREDICTED_BATCHES = 50  # simulated static batches per (method, B) behind the report's predicted throughput
 
 
 def build(ctx: Context) -> dict:
@@ -186,6 +191,8 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     env = Env(ecfg, cfg.run.seed, k_main, target, drafters, own, ofa, arm_names, routers, heads, modes,
               datastore=bundle.load_datastore() if ecfg.model_free_arms else None, eagle=eagle, eagle_tree=eagle_tree,
               eagle_ofa=eagle_ofa, cost_ratio=bundle.defaults.cost_ratio)
+    env.cost_table, summary = throughput_costs(bundle, target, drafters, heads, ofa, ecfg, cfg.run.seed, notes)
+    env.prior = summary.mean_sigma if summary is not None else None
     if bundle.datastore is None and "rest" in ecfg.model_free_arms:
         notes.append("the bundle ships no datastore: the REST arm is left out (re-export with export.datastore: true)")
     if ecfg.batch_sizes and ofa is None:
@@ -218,6 +225,12 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
         metrics["quality_scores"] = quality_scores(records, prompts, tok, _drafters_alone(
             drafters, [p for p in prompts if p.set == "test" and p.domain in SCORED_DOMAINS and p.reference],
             ecfg.max_new_tokens, modes["greedy"], eos))
+    if metrics.get("throughput") and env.cost_table is not None:
+        # what `specdraft predict` says of the same rows before decoding: static batches of the runs' length
+        metrics["throughput"]["predicted"] = predict_throughput(
+            summary, env.cost_table, metrics["throughput"]["batch_sizes"], k_max=heads["greedy"][ofa].k_max,
+            rounds=PREDICTED_BATCHES, seed=cfg.run.seed, new_tokens=ecfg.max_new_tokens)
+        metrics["throughput"]["cost_table"] = env.cost_table.as_dict()
     metrics.update(judge(metrics))
     metrics["target_quality"] = target_quality(records, prompts, tok)
     metrics["target_load"] = target_placement(target, cfg.target, bundle)

@@ -87,3 +87,25 @@ def load_prompts(prompts_dir: Path, ecfg: EvaluateSection, tok, max_prompt: int,
         raise InputError(f"no prompts in sets {ecfg.sets} of {prompts_dir}; check evaluate.sets")
     return prompts
 
+
+
+def throughput_costs(bundle: Bundle, target, drafters: dict, heads: dict, ofa: str | None, ecfg: EvaluateSection,
+                     seed: int, notes: list[str]):
+    """(cost table, acceptance summary) for the throughput rows' batch-aware policies, or (None, None) when they
+    cannot run: the all-domain drafter's greedy head and the bundle's acceptance summary for it are needed.
+    The table is the decoder's own steps timed here, eager as evaluate decodes, at every batch size of the rows
+    and every width up to the head's K_max + 1 (decoding/cost_profile.py)."""
+    from specdraft.decoding.cost_profile import profile_cost_table
+    from specdraft.decoding.throughput import ACCEPTANCE_FILE, AcceptanceSummary
+
+    head = heads["greedy"].get(ofa) if ofa is not None else None
+    if not ecfg.batch_sizes or head is None:
+        return None, None
+    entry = bundle.drafters[ofa]
+    if entry.acceptance is None:
+        notes.append(f"the bundle ships no acceptance summary for '{ofa}' (exported before train-heads wrote one): "
+                     "the batch-aware throughput rows and the predicted throughput are left out (re-export)")
+        return None, None
+    summary = AcceptanceSummary.load(entry.acceptance / ACCEPTANCE_FILE)
+    table = profile_cost_table(target, drafters[ofa], sorted({1, *ecfg.batch_sizes}), head.k_max + 1, "none", seed=seed)
+    return table, summary

@@ -23,7 +23,7 @@ class MethodKey:
     drafter: str | None = None  # the one drafter it decodes with, when fixed in advance
     k: int | None = None  # fixed K, or a bandit's N_max
     # a stopping policy named beside K (derived rows: "specdecpp"; batched runs: ar | fixed | specdecpp |
-    # specdecpp-lockstep | ucbspec)
+    # specdecpp-lockstep | batch-aware-lockstep | global-budget | ucbspec)
     policy: str | None = None
     router: str | None = None  # router kind
     bandit: str | None = None  # a key of pipelines.schema.BANDITS
@@ -98,6 +98,10 @@ def label(key: dict) -> str:
             return f"{d} UCBSpec lengths 0..{k}"
         if pol == "specdecpp-lockstep":
             return f"{d} SpecDec++ lockstep"
+        if pol == "batch-aware-lockstep":
+            return f"{d} batch-aware SpecDec++ (lockstep)"
+        if pol == "global-budget":
+            return f"{d} global verify budget K={k}"
         # fixed K and SpecDec++ are named as their batch-1 families are
         return "batched AR" if pol == "ar" else label({**key, "family": pol, "policy": None, "params": {}})
     # a family this module has no name for (a new decoder): its key fields, so it still renders

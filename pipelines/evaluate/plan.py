@@ -23,6 +23,7 @@ from specdraft.decoding.speculative import VerificationDistribution
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
 from specdraft.decoding.speculators.protocol import Speculator
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB
+from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec
 from specdraft.decoding.policies.stopping import FixedK, HindsightOracle, LockstepSpecDecPP, SpecDecPP
 from specdraft.pipelines.evaluate.methods import CEILING, MethodKey, params
 from specdraft.pipelines.schema import BANDITS, EvaluateSection
@@ -105,6 +106,10 @@ class Env:
     eagle_ofa: str | None = None  # the EAGLE drafter trained on every domain: a baseline, not a MetaEagle arm
     # c = t_draft / t_target every bandit prices a drafted token with (the bundle's, `Bundle.defaults.cost_ratio`)
     cost_ratio: float | None = None
+    # the throughput rows' batch-aware policies: the decoder's cost table on this device (profiled at the stage's
+    # start) and the all-domain drafter's head's mean predicted acceptance (the bundle's acceptance summary)
+    cost_table: Any = None
+    prior: float | None = None
 
     def sweep_for(self, domain: str) -> list[str]:
         if self.cfg.sweep_drafters == "all":
@@ -403,6 +408,15 @@ def plan_batches(env: Env, prompts: list[Prompt]) -> list[Run]:
                     runs.append(Run(MethodKey("batched", drafter=n, policy=name, params=at_b), batch,
                                     lambda done, rule=rule: Built(None, n, draft_model=env.drafters[n],
                                                                   policy=rule(head.module, head.threshold, head.k_max)),
+                                    seed=seed))
+            if head is not None and env.cost_table is not None:  # priced with the decoder's measured costs at B
+                for name, rule in (("batch-aware-lockstep", lambda: LockstepBatchAwareSpecDec(
+                                        head.module, env.cost_table, env.prior, head.k_max)),
+                                   ("global-budget", lambda: GlobalVerifyBudget(
+                                        head.module, env.cost_table, env.prior, env.k))):
+                    runs.append(Run(MethodKey("batched", drafter=n, k=env.k if name == "global-budget" else None,
+                                              policy=name, params=at_b), batch,
+                                    lambda done, rule=rule: Built(None, n, draft_model=env.drafters[n], policy=rule()),
                                     seed=seed))
             runs.append(Run(MethodKey("batched", drafter=n, k=env.k, policy="ucbspec", params=at_b), batch,
                             lambda done: Built(None, n, draft_model=env.drafters[n], policy=LengthUCB(

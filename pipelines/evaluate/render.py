@@ -270,7 +270,41 @@ def throughput_section(metrics: dict) -> list[str]:
             "its bootstrap 90% interval (resampling batches); a verdict needs at least "
             f"{MIN_PROMPTS} batches.", "",
             table(["B", "method", "batches", "prompts", "N", "MAT", "tokens/s", "speedup over batched AR [interval]",
-                   "wall-clock speedup [interval]"], rows), "", *lines, ""]
+                   "wall-clock speedup [interval]"], rows), "", *lines, "", *predicted_lines(t)]
+
+
+# the measured throughput rows' names in `specdraft predict`'s table (decoding/throughput.py)
+PREDICTED_NAME = {"ar": lambda k: "AR", "fixed": lambda k: f"K={k}", "batch-aware-lockstep": lambda k: "batch-aware lockstep",
+                  "global-budget": lambda k: "global budget"}
+
+
+def predicted_lines(t: dict) -> list[str]:
+    """The same batch sizes as `specdraft predict` sees them before decoding (the bundle's acceptance summary and
+    the cost table profiled at the stage's start), beside the measured tokens/s where a method is in both."""
+    p = t.get("predicted")
+    if not p:
+        return []
+    measured = {}
+    for r in t["rows"]:
+        name = PREDICTED_NAME.get(r["policy"], lambda k: None)(r["k"])
+        if r["policy"] == "specdecpp":
+            name = next((x["method"] for x in p["predictions"] if x["method"].startswith("SpecDec++")), None)
+        if name is not None:
+            measured[(r["batch_size"], name)] = r["tokens_per_s"]
+    rows = []
+    for x in p["predictions"]:
+        got = measured.get((x["batch"], x["method"]))
+        err = f"{100 * (x['tokens_per_s'] / got - 1):+.0f}%" if got else "-"
+        rows.append([x["batch"], x["method"], _fmt(x["tokens_per_s"]), _fmt(x["speedup"]), _fmt(x["mean_k"]),
+                     _fmt(got) if got else "-", err])
+    c = t.get("cost_table") or {}
+    return ["Predicted before decoding (`specdraft predict`'s model: the bundle's acceptance summary, "
+            f"{p['rounds']} simulated batches of {p['new_tokens']} new tokens per method and B, priced with the decoder's "
+            f"own step times profiled at this stage's start on {c.get('device', '?')}, compile {c.get('compile', '?')}; "
+            f"prior {_fmt(p['prior'])}; the K per batch size it recommends: "
+            + ", ".join(f"B={b}: {k}" for b, k in p["k_per_batch_size"].items()) + "):", "",
+            table(["B", "method", "predicted tokens/s", "predicted speedup", "drafts per row-round",
+                   "measured tokens/s", "predicted / measured - 1"], rows), ""]
 
 
 def _said(c: dict | None) -> str:

@@ -19,7 +19,23 @@ from specdraft.decoding.rounds.lengths import lemma_3_1_gap
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import speculative_generate
 from specdraft.decoding.policies.stopping import FixedK, HindsightOracle, LockstepSpecDecPP, SpecDecPP
+from specdraft.decoding.policies.batch_aware import (BatchAwareSpecDec, GlobalVerifyBudget, KPerBatchSize,
+                                                     LockstepBatchAwareSpecDec)
+from specdraft.decoding.policies.cost_model import CostTable
 from tests.decoding.test_greedy_equivalence import random_head
+
+
+def cost_table(verify=lambda b, w: 1.0 + 0.15 * (w - 1), draft=lambda b: 0.1, k_max=8, batch_sizes=(1, 4096)):
+    """A synthetic cost table (seconds per step) for the batch-aware policies: the decisions, not the clock."""
+    widths = tuple(range(1, k_max + 2))
+    return CostTable(batch_sizes=batch_sizes, widths=widths,
+                     verify=tuple(tuple(float(verify(b, w)) for w in widths) for b in batch_sizes),
+                     draft=tuple(float(draft(b)) for b in batch_sizes), catchup=tuple(float(draft(b)) for b in batch_sizes),
+                     device="test", torch_version="test", compile="none", target_id="t", drafter_id="d")
+
+
+# a verify whose cost per extra position rises with the batch: wide rounds at B = 1, plain target steps at B = 5
+STEEP = dict(verify=lambda b, w: 1.0 + 0.02 * b * b * (w - 1))
 
 GREEDY = SamplingConfig(temperature=0.0)
 LENGTHS = (1, 4, 9, 14, 2)
@@ -47,7 +63,16 @@ POLICIES = {
     "specdecpp-h0.9-kmax6": lambda h: SpecDecPP(random_head(h, 1), threshold=0.9, k_max=6),
     "ucb-lengths": lambda h: LengthUCB((0, 1, 2, 4)),
     "lockstep-specdecpp-h0.5": lambda h: LockstepSpecDecPP(random_head(h, 0), threshold=0.5),
+    "batch-aware": lambda h: BatchAwareSpecDec(random_head(h, 0), cost_table(), prior=0.7, k_max=6),
+    "batch-aware-lockstep": lambda h: LockstepBatchAwareSpecDec(random_head(h, 0), cost_table(), prior=0.7, k_max=6),
+    "global-verify-budget": lambda h: GlobalVerifyBudget(random_head(h, 0), cost_table(), prior=0.7, k=4),
+    "k-per-batch-size": lambda h: KPerBatchSize({1: 4, 4: 2, 8: 0}),
 }
+
+
+# rules whose decisions read the whole batch (its size, its other rows): no batch-1 rounds to compare with
+BATCH_DEPENDENT = {"lockstep-specdecpp-h0.5", "batch-aware-lockstep", "global-verify-budget",
+                   "k-per-batch-size"}
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
@@ -78,8 +103,8 @@ def test_every_row_equals_its_prompt_decoded_alone(llama_pair, ragged, name):
         chosen = {k for r in results for k in r.metrics.drafted}
         assert 0 in chosen and len(chosen) >= 3  # round-robin over the arms, plain steps included
         return
-    if isinstance(policy, LockstepSpecDecPP):
-        return  # its rounds depend on the batch (test_lockstep_specdecpp_rows_draft_together)
+    if name in BATCH_DEPENDENT:
+        return  # its rounds depend on the batch (test_lockstep_specdecpp_rows_draft_together, test_batch_aware_*)
     # the same rounds as the batch-1 speculative decoder, row by row
     for prompt, result in zip(prompts, results):
         fresh = POLICIES[name](hidden)
@@ -282,3 +307,18 @@ def test_generate_decodes_a_batch_with_specdecpp_in_lockstep(llama_pair, ragged)
     [one] = decode_batch(target, prompts[:1], MAX_NEW, plan, GREEDY, eos, seed=0)
     [alone] = generate_batch(target, prompts[:1], MAX_NEW, drafter=drafter, policy=SpecDecPP(head, 0.5), eos_token_id=eos)
     assert one.metrics.drafted == alone.metrics.drafted
+
+
+def test_batch_aware_rounds_shorten_as_the_batch_grows_down_to_plain_target_steps(llama_pair, ragged):
+    """Where a verified position costs more at B = 5 than it earns, the lockstep batch-aware rule stops at
+    decision 0: rounds with no draft (a plain target step), and the rows still equal each prompt alone; at
+    B = 1 the same table lets it draft."""
+    target, drafter = llama_pair
+    prompts, eos, refs = ragged
+    policy = LockstepBatchAwareSpecDec(random_head(drafter.config.hidden_size, 0), cost_table(**STEEP), prior=0.7, k_max=6)
+    batch = generate_batch(target, prompts, MAX_NEW, drafter=drafter, policy=policy, eos_token_id=eos)
+    assert [r.tokens for r in batch] == refs
+    zero = sum(d == 0 for r in batch for d in r.metrics.drafted)
+    assert zero > 0 and all(r.metrics.n_draft == sum(r.metrics.drafted) for r in batch)
+    [alone] = generate_batch(target, prompts[3:4], MAX_NEW, drafter=drafter, policy=policy, eos_token_id=eos)
+    assert alone.tokens == refs[3] and max(alone.metrics.drafted) >= 2

@@ -17,7 +17,9 @@ from specdraft.decoding.policies.batch_length_ucb import LengthUCB
 from specdraft.decoding.batched import generate_batch
 from specdraft.decoding.rounds.sampling import SamplingConfig, probs
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP
+from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec
 from tests.decoding.conftest import chi2_pvalue, noisy_copy, tiny_llama
+from tests.decoding.test_batch_decode import cost_table
 
 V, N_TOKENS, ROWS, BATCHES = 3, 3, 500, 10
 PROMPTS = [[1, 2], [0, 2, 1, 1, 0]]
@@ -68,6 +70,13 @@ CASES = [
     pytest.param(SamplingConfig(temperature=0.8, top_k=2), lambda h: LockstepSpecDecPP(linear_head(h), 0.35, k_max=4), 4,
                  id="lockstep-specdecpp-T0.8-topk2"),
     pytest.param(SamplingConfig(temperature=1.0), lambda h: FixedK(2), 3, id="eagle-fixedK2-T1"),
+    # the batch-aware rule and the global verify budget: each row's drafts depend on every row's survival
+    pytest.param(SamplingConfig(temperature=0.8, top_k=2),
+                 lambda h: LockstepBatchAwareSpecDec(linear_head(h), cost_table(), prior=0.7, k_max=4), 4,
+                 id="batch-aware-lockstep-T0.8-topk2"),
+    pytest.param(SamplingConfig(temperature=0.8, top_k=2),
+                 lambda h: GlobalVerifyBudget(linear_head(h), cost_table(), prior=0.7, k=3), 4,
+                 id="global-verify-budget-T0.8-topk2"),
 ]
 
 

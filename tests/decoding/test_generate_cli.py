@@ -286,3 +286,35 @@ def test_each_decoding_value_walks_from_the_cli_and_the_bundle_to_the_policy(bun
     assert (heads["greedy"]["math"].threshold, heads["greedy"]["math"].k_max) == (0.55, 6)
     assert "code" not in heads["greedy"]
     capsys.readouterr()
+
+
+def test_the_batch_aware_stop_rule_decodes_losslessly_with_the_decoders_own_cost_table(bundle, tmp_path, monkeypatch,
+                                                                                       capsys):
+    """--stop-rule batch-aware: the cost table is profiled once (then read from the cache), printed with
+    --verbose, and the greedy output is the target's own; without the bundle's acceptance summary (its
+    prior) it is one line and exit 2."""
+    from specdraft.decoding.throughput import ACCEPTANCE_FILE, summarize_acceptance
+
+    monkeypatch.setenv("SPECDRAFT_COST_CACHE", str(tmp_path / "costs"))
+    argv = ["generate", str(bundle), "--prompt", MATH, "--drafter", "math", "--stop-rule", "batch-aware"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no acceptance summary" in err and "\n" not in err
+    gen = torch.Generator().manual_seed(0)
+    accept = [torch.rand(12, generator=gen) for _ in range(3)]
+    (bundle / "acceptance" / "math").mkdir(parents=True)
+    summarize_acceptance(accept, accept, head="T1/D1", threshold=0.7, k_max=6,
+                         label_transform={"temperature": 0.0, "top_k": 0, "top_p": 1.0}).save(
+        bundle / "acceptance" / "math" / ACCEPTANCE_FILE)
+    meta = json.loads((bundle / BUNDLE_JSON).read_text())
+    meta["drafters"]["math"]["acceptance"] = "acceptance/math"
+    meta.pop("files")
+    write_bundle_json(bundle, meta)
+    assert main(argv + ["--verbose"]) == 0
+    captured = capsys.readouterr()
+    assert "profiled into" in captured.err and "cost table (ms per step" in captured.err
+    assert json.loads(captured.out.strip().splitlines()[-1])["N"] >= 1
+    out = tmp_path / "o.jsonl"
+    assert main(argv[:2] + ["--prompts", _prompts(tmp_path, [{"prompt": MATH}]), "--output", str(out)] + argv[4:]) == 0
+    assert "read from" in capsys.readouterr().err  # the second start reuses the table
+    assert _lines(out)[0]["token_ids"] == _greedy_reference(bundle, MATH, 6)

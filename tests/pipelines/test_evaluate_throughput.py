@@ -176,3 +176,46 @@ def test_where_fixed_k_stops_paying_and_whether_specdecpp_holds_up():
               else r for r in rows]
     v = claims_throughput({"throughput": {**metrics["throughput"], "rows": paying}})
     assert v["fixed_falls_at"] == [] and v["adaptive_where_fixed_falls"] == []
+
+
+def test_batch_aware_rows_decode_in_the_product_loop_and_the_report_sets_predicted_beside_measured(models):
+    """With a cost table and the head's prior, the throughput rows add the lockstep batch-aware rule and the
+    global verify budget (each equal to generate_batch called directly), and the report puts `specdraft
+    predict`'s numbers for the same batch sizes beside the measured tokens/s."""
+    from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec
+    from specdraft.decoding.throughput import predict_throughput, summarize_acceptance
+    from tests.decoding.test_batch_decode import cost_table
+
+    target, drafters, head = models
+    env = _env(models, batch_sizes=[1, 2])
+    env.cost_table, env.prior = cost_table(), 0.7
+    plan = [r for r in build_plan(env, _prompts(2)) if r.prompt.set == BATCH_SET]
+    assert len(plan) == (4 + 2) * 8
+    records = execute(plan, target, MAX_NEW, MODES, None, "cpu", repeats=1, progress=False)
+    prompts = {p.id: p for p in _prompts(2)}
+    rules = {"batch-aware-lockstep": lambda: LockstepBatchAwareSpecDec(head.module, env.cost_table, 0.7, head.k_max),
+             "global-budget": lambda: GlobalVerifyBudget(head.module, env.cost_table, 0.7, env.k)}
+    for rec in (r for r in records if r.key.policy in rules):
+        direct = generate_batch(target, [list(prompts[p].ids) for p in rec.row_prompts], MAX_NEW,
+                                drafter=drafters["all"], policy=rules[rec.key.policy](), seed=rec.seed)
+        assert [m.drafted for m in rec.rows] == [d.metrics.drafted for d in direct], rec.key
+    calib = calibrate(target, drafters, 4, 16, 2, "cpu", 0)
+    metrics = summarize(records, calib, Setup(env.cfg, 3, env.own, env.ofa, env.heads, MODES["sampling"], "cpu",
+                                              4, 2, env.arms, [], 0, len(plan)))
+    gen = torch.Generator().manual_seed(0)
+    accept = [torch.rand(20, generator=gen) for _ in range(4)]
+    summary = summarize_acceptance(accept, [a.clamp(0.05, 0.95) for a in accept], head="h", threshold=0.5, k_max=6,
+                                   label_transform={"temperature": 0.0, "top_k": 0, "top_p": 1.0})
+    metrics["throughput"]["predicted"] = predict_throughput(summary, env.cost_table, [1, 2], k_max=6, rounds=5,
+                                                            new_tokens=MAX_NEW)
+    metrics["throughput"]["cost_table"] = env.cost_table.as_dict()
+    metrics.update(judge(metrics))
+    text = render(metrics)
+    assert "all batch-aware SpecDec++ (lockstep)" in text and "all global verify budget K=3" in text
+    assert "Predicted before decoding" in text
+    predicted = text[text.index("Predicted before decoding"):]
+    measured_ar = next(r["tokens_per_s"] for r in metrics["throughput"]["rows"] if r["policy"] == "ar"
+                       and r["batch_size"] == 1)
+    from specdraft.pipelines.evaluate.render import _fmt
+    ar_line = predicted.split("| 1 | AR |")[1].split("\n")[0]  # the measured tokens/s sits beside the predicted
+    assert _fmt(measured_ar) in ar_line and "%" in ar_line
