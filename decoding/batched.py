@@ -53,6 +53,9 @@ GREEDY = SamplingConfig(temperature=0.0)
 # head's stop is a tensor inside the graph, the round ends at the first segment after which no row drafts.
 # A stop inside a segment wastes the drafter forwards left in it (masked; never counted).
 HEAD_SEGMENT = 2
+# rounds with no draft that may pass before the drafter catches up anyway (each pending round widens the catch-up
+# by one token: a compiled decode compiles one graph per width)
+MAX_BEHIND = 6
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -256,6 +259,7 @@ class RowState:
     n_out: torch.Tensor  # tokens emitted so far
     done: torch.Tensor  # EOS or the length limit reached
     q_logits: torch.Tensor | None  # (rows, V) the drafter's logits behind next round's q_1
+    prompt: torch.Tensor | None = None  # (rows, L) the prompt ids, right-padded (a deferred catch-up reads them)
     feature: torch.Tensor | None = None  # EAGLE: (rows, H) the predicted feature f^ at the last committed token
 
     def select(self, keep: torch.Tensor) -> "RowState":
@@ -292,6 +296,7 @@ class Decode:
     drafter_step: Callable | None = None
     eagle_step: EagleChainStep | None = None
     bandits: RowBandits | None = None
+    behind: int = 0  # rounds since the drafter's last catch-up (rounds with no draft defer it: `catch_up`)
 
     @property
     def width(self) -> int:
@@ -319,7 +324,7 @@ def prefill(d: Decode, ids: torch.Tensor, plens: torch.Tensor) -> RowState:
     state = RowState(origin=torch.arange(B, device=device), last=gather_row(ids, plens - 1),
                      prev=gather_row(ids, (plens - 2).clamp_min(0)), plens=plens,
                      n_out=torch.zeros(B, dtype=torch.long, device=device),
-                     done=torch.zeros(B, dtype=torch.bool, device=device), q_logits=None)
+                     done=torch.zeros(B, dtype=torch.bool, device=device), q_logits=None, prompt=ids)
     if d.eagle:
         # EAGLE entry j is (f_j, x_{j+1}) at position j: the prompt's entries 0..L-2 from the target's
         # prefill features; a one-token prompt has none yet and drafts nothing in its first round
@@ -352,6 +357,8 @@ def draft(d: Decode, state: RowState) -> Drafts:
         cap = torch.where(state.plens + state.n_out >= 2, cap, 0)
         d.eagle_step.feature = state.feature
     rule, stop = d.policy.stop_rows(d.policy.round_state(rows, device), 0, None, cap > 0)
+    if d.behind and bool(((cap > 0) & ~stop).any()):  # some row drafts: the drafter first sees what it missed
+        catch_up_behind(d, state, 2 + d.behind)
     qs = None if d.sampling.greedy else torch.zeros(rows, W, state.q_logits.shape[-1], device=device)
     carry = (torch.zeros(rows, W, dtype=torch.long, device=device), qs, torch.zeros(rows, dtype=torch.long, device=device),
              (cap > 0) & ~stop, state.q_logits, None, rule)
@@ -401,10 +408,12 @@ def verify_and_commit(d: Decode, state: RowState, drafts: Drafts):
     return emitted, count, stats, verified, committed_before
 
 
-def catch_up(d: Decode, state: RowState, emitted, count, verified, committed_before) -> None:
+def catch_up(d: Decode, state: RowState, emitted, count, verified, committed_before, drafted: int) -> None:
     """The drafter's catch-up, which yields next round's q_1 (launched before the round's host read, so the
     device keeps working): a causal LM re-feeds the last two committed tokens; an EAGLE drafter writes its
-    entries (f_j, x_{j+1}) for the positions this round committed, from the verify's features."""
+    entries (f_j, x_{j+1}) for the positions this round committed, from the verify's features. After a round
+    with no draft under a rule that decides before drafting (`decides_at_zero`), a causal LM's catch-up waits
+    for the next round that drafts (`catch_up_behind`): a plain target step then costs what batched AR costs."""
     if d.eagle:
         d.dcache.rollback(committed_before - 1)
         logits, pred = d.drafter_step(d.dcache, verified, emitted)
@@ -412,9 +421,37 @@ def catch_up(d: Decode, state: RowState, emitted, count, verified, committed_bef
         state.q_logits, state.feature = gather_at(logits, at), gather_at(pred, at)
         d.dcache.lengths += count
     elif d.drafter is not None:
+        if drafted == 0 and getattr(d.policy, "decides_at_zero", False) and d.behind < MAX_BEHIND:
+            d.behind += 1  # a plain target step: no drafter forward now; the next round that drafts catches up
+            return
+        if d.behind:
+            catch_up_behind(d, state, 2 + d.behind)
+            return
         d.dcache.rollback(state.plens + state.n_out - 2)
         state.q_logits = d.drafter_step(d.dcache, torch.stack([state.prev, state.last], dim=1))[0][:, -1]
         d.dcache.lengths += 2
+
+
+def committed_tokens(d: Decode, state: RowState, positions: torch.Tensor) -> torch.Tensor:
+    """The committed token at each of `positions` (rows, w) of each row: its prompt's, else its output's."""
+    in_prompt = positions < state.plens[:, None]
+    prompt = state.prompt.gather(1, positions.clamp(max=state.prompt.shape[1] - 1))
+    output = d.out[state.origin].gather(1, (positions - state.plens[:, None]).clamp_min(0))
+    return torch.where(in_prompt, prompt, output)
+
+
+def catch_up_behind(d: Decode, state: RowState, width: int) -> None:
+    """The deferred catch-up: the drafter re-feeds each row's last `width` committed tokens (2 + the rounds it
+    sat out), which yields q_1 at the last one; counted, as every catch-up, as the next drafted round's first
+    drafter forward (`decoding.rounds.lengths`: it feeds every committed token the drafter has not seen)."""
+    committed = state.plens + state.n_out
+    start = (committed - width).clamp_min(0)
+    positions = torch.minimum(start[:, None] + torch.arange(width, device=start.device), committed[:, None] - 1)
+    d.dcache.rollback(start)
+    logits = d.drafter_step(d.dcache, committed_tokens(d, state, positions))[0]
+    state.q_logits = gather_at(logits, committed - 1 - start)
+    d.dcache.rollback(committed)
+    d.behind = 0
 
 
 def record_round(metrics: list[GenerationMetrics], finished: list[bool], row_ids: list[int], stats: list[list[int]]) -> None:
@@ -527,7 +564,7 @@ def generate_batch(
     while True:
         drafts = draft(d, state)
         emitted, count, stats, verified, committed_before = verify_and_commit(d, state, drafts)
-        catch_up(d, state, emitted, count, verified, committed_before)
+        catch_up(d, state, emitted, count, verified, committed_before, drafts.steps)
         record_round(metrics, finished, row_ids, stats.cpu().tolist())  # the one host transfer of the round
         if all(finished):
             break

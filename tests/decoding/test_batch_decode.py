@@ -322,3 +322,36 @@ def test_batch_aware_rounds_shorten_as_the_batch_grows_down_to_plain_target_step
     assert zero > 0 and all(r.metrics.n_draft == sum(r.metrics.drafted) for r in batch)
     [alone] = generate_batch(target, prompts[3:4], MAX_NEW, drafter=drafter, policy=policy, eos_token_id=eos)
     assert alone.tokens == refs[3] and max(alone.metrics.drafted) >= 2
+
+
+class DraftEveryThirdRound(FixedK):
+    """A rule that stops every row before any draft (decision 0) in two rounds of three: the drafter sits out
+    those rounds and catches up, on every token it missed, when the next round drafts."""
+
+    decides_at_zero = True
+
+    def round_state(self, rows, device):
+        self.rounds = getattr(self, "rounds", -1) + 1
+        return ()
+
+    def stop_rows(self, state, k, sigma, drafting):
+        return state, drafting & (k == 0) & (self.rounds % 3 != 0)
+
+
+def test_rounds_with_no_draft_defer_the_drafters_catch_up_and_stay_exact(llama_pair, ragged, monkeypatch):
+    import specdraft.decoding.batched as batched
+
+    target, drafter = llama_pair
+    prompts, eos, refs = ragged
+    widths = []
+    real = batched.catch_up_behind
+    monkeypatch.setattr(batched, "catch_up_behind", lambda d, s, w: widths.append(w) or real(d, s, w))
+    results = generate_batch(target, prompts, MAX_NEW, drafter=drafter, policy=DraftEveryThirdRound(3), eos_token_id=eos)
+    assert [r.tokens for r in results] == refs
+    assert widths and set(widths) == {4}  # two rounds sat out: the last 4 committed tokens re-fed
+    drafted = [k for r in results for k in r.metrics.drafted]
+    assert 0 in drafted and max(drafted) == 3
+    for r in results:
+        m = r.metrics
+        assert m.n_draft == sum(m.drafted)  # a round of no draft costs no drafter forward
+        assert lemma_3_1_gap(m.n_draft, m.n_target, m.n_generated, m.n_discarded) == 0
