@@ -46,6 +46,8 @@ from specdraft.decoding.compilation import StepCompiler  # noqa: E402
 from specdraft.decoding.rounds.static_cache import forward_rows  # noqa: E402
 from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
+from specdraft.decoding.cost_profile import profile_cost_table  # noqa: E402
+from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
 from bench_decoder import (ForwardCounter, _cpu_name, early_exit_pair, forward_time, interleaved, load,  # noqa: E402
@@ -198,6 +200,11 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     policies["SpecDec++"] = SpecDecPP(head, threshold=args.h, k_max=args.k_max)
     policies["SpecDec++ lockstep"] = LockstepSpecDecPP(head, threshold=args.h, k_max=args.k_max)
     policies["UCBSpec 0..4"] = LengthUCB((0, 1, 2, 3, 4), cost_ratio=args.cost_ratio)
+    # the batch-aware rule and vLLM's global verify budget, priced with the decoder's own step times on this
+    # device and mode (profiled here, over the curve's batch sizes and widths up to K_max + 1)
+    table = profile_cost_table(target, drafter, sorted({1, *args.batch_sizes}), args.k_max + 1, args.compile)
+    policies["batch-aware lockstep"] = LockstepBatchAwareSpecDec(head, table, args.prior, args.k_max)
+    policies["global budget K=4"] = GlobalVerifyBudget(head, table, args.prior, min(4, args.k_max))
     lines = [
         f"#### (b) Batch curve: greedy, {n} tokens per row, median of {args.runs} interleaved runs (spread: min-max)",
         "",
@@ -237,7 +244,11 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
               "stops together when its drafting rows' mean predicted rejection probability exceeds h. UCBSpec: "
               "per-row bandit over draft lengths 0..4, reward = "
               f"the round's throughput (n_acc + 1) / (1 + c k) at c = {args.cost_ratio:.3f} (BanditSpec §6.2; "
-              "from (a) when it ran). MAT = tokens per target forward (bonus counted), summed over rows."]
+              "from (a) when it ran). Batch-aware lockstep: the batch stops drafting where its expected tokens per "
+              "second of the decoder's measured step times at B stop rising (prior = "
+              f"{args.prior}; docs/decoder.md); global budget: every row drafts 4, the top-N drafts of the batch by "
+              "survival are verified (vLLM #47808). MAT = tokens per target forward (bonus counted), summed over rows.",
+              "", "Cost table (this run):", "", "```", table.render(), "```"]
     if compile_s:
         lines += ["", "Compile + first decode per B (wall s, all methods): "
                   + ", ".join(f"B={b}: {s:.1f}" for b, s in compile_s.items())]
@@ -253,6 +264,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cost-ratio", type=float, default=0.2,
                         help="c = t_draft / t_target for the UCBSpec throughput reward when part (a) is skipped")
     parser.add_argument("--k-max", type=int, default=8)
+    parser.add_argument("--prior", type=float, default=0.7,
+                        help="the batch-aware rule's prior: the head's mean predicted acceptance (a bundle's "
+                             "acceptance summary holds it: specdraft predict prints it)")
     parser.add_argument("--vocab", type=int, default=2048, help="vocabulary of the random demo-shaped pair")
     parser.add_argument("--nudge", type=float, default=0.05, help="damping of the random pair's deeper layers")
     parser.add_argument("--prompt-set", help="a run's prompts/sets dir: use its test prompts of --domain")
