@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from specdraft.core.errors import InputError, require_int
+from specdraft.decoding.bundle.defaults import is_threshold
 from specdraft.core.tokenizers import check_same_vocabulary
 
 
@@ -57,7 +58,7 @@ def check_k(k: int, name: str = "K") -> None:
 
 
 def check_threshold(h: float) -> None:
-    if not (0.0 < h < 1.0):
+    if not is_threshold(h):
         raise InputError(f"stopping threshold h must be in (0, 1), got {h}; the paper's default is 0.7")
 
 

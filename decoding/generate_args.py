@@ -15,7 +15,7 @@ import argparse
 import math
 import sys
 
-from specdraft.decoding.bundle.defaults import COMPILE_MODES  # imports no torch: `--help` stays instant
+from specdraft.decoding.bundle.defaults import COMPILE_MODES, is_threshold  # imports no torch: `--help` stays instant
 
 
 def checked(kind: type, ok, what: str):
@@ -36,7 +36,7 @@ positive_int = checked(int, lambda v: v >= 1, "must be an integer >= 1")
 non_negative_int = checked(int, lambda v: v >= 0, "must be an integer >= 0 (0 disables it)")
 temperature = checked(float, lambda v: v >= 0, "must be a number >= 0 (0: greedy)")
 top_p = checked(float, lambda v: 0 < v <= 1, "must be a number in (0, 1] (1 disables it)")
-threshold = checked(float, lambda v: 0 < v < 1, "must be a number in (0, 1)")
+threshold = checked(float, is_threshold, "must be a number in (0, 1)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -14,7 +14,7 @@ from specdraft.data import quality_world
 from specdraft.data.demo_world import DOMAINS, HELDOUT_DOMAINS
 from specdraft.core.errors import InputError, require_int
 from specdraft.decoding.compat import check_k
-from specdraft.decoding.bundle.defaults import DecodingDefaults
+from specdraft.decoding.bundle.defaults import DecodingDefaults, is_threshold
 from specdraft.drafters.model import CausalLMConfig, preset
 from specdraft.training.trainer import TrainerConfig
 
@@ -317,7 +317,7 @@ class TrainHeadsSection:
             raise InputError(f"train_heads.depths must be a non-empty list of 0..8, got {self.depths}")
         if not self.w_rejs or any(w <= 0 for w in self.w_rejs):
             raise InputError(f"train_heads.w_rejs must be positive, got {self.w_rejs}")
-        if not self.thresholds or any(not 0 < h < 1 for h in self.thresholds):
+        if not self.thresholds or not all(is_threshold(h) for h in self.thresholds):
             raise InputError(f"train_heads.thresholds must lie in (0, 1), got {self.thresholds}")
         if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0:
             raise InputError("train_heads.epochs and batch_size must be >= 1 and lr > 0")

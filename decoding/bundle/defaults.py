@@ -22,6 +22,12 @@ COMPILE_MODES = ("none", "default", "reduce-overhead")
 SPECDECPP_PAPER_THRESHOLD = 0.7
 
 
+def is_threshold(h) -> bool:
+    """Whether `h` can be SpecDec++'s stop threshold: a number in (0, 1) (0 would stop after every first
+    draft, 1 never). The one definition every reader of a threshold checks with."""
+    return isinstance(h, (int, float)) and not isinstance(h, bool) and 0.0 < h < 1.0
+
+
 @dataclass(frozen=True)
 class DecodingDefaults:
     """What the decoder does when a request names nothing else; export writes it into bundle.json."""
@@ -53,7 +59,7 @@ class DecodingDefaults:
             raise InputError(f"{where}: {e}") from None
         for name in ("k", "k_max", "max_new_tokens", "drafts"):
             require_int(getattr(self, name), f"{where}.{name}")
-        if self.threshold is not None and not 0.0 < self.threshold < 1.0:
+        if self.threshold is not None and not is_threshold(self.threshold):
             raise InputError(f"{where}.threshold must be in (0, 1) or null (each head's own h), got {self.threshold}")
         if self.cost_ratio is not None and not (math.isfinite(self.cost_ratio) and self.cost_ratio >= 0):
             raise InputError(f"{where}.cost_ratio (c = t_draft / t_target) must be a finite number >= 0 or null, "

@@ -61,7 +61,8 @@ def test_mask_sees_exactly_the_row_prefix():
 @pytest.mark.slow
 def test_compiled_forward_equals_eager(llama_pair):
     """Inductor-compiled verify/draft steps give the eager logits (1e-5) at ragged lengths, and a compiled
-    batched decode (fixed K and SpecDec++) gives the eager tokens and rounds."""
+    batched decode (fixed K, SpecDec++ per row and lockstep, the batch-aware rule, the global verify budget)
+    gives the eager tokens and rounds."""
     target, drafter = llama_pair
     compiled = forward_step(StepCompiler("default"), target)
     gen = torch.Generator().manual_seed(1)
@@ -79,7 +80,12 @@ def test_compiled_forward_equals_eager(llama_pair):
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
     head = random_head(drafter.config.hidden_size, 0)
     compiler = StepCompiler("default")  # one compiler for every call: each graph compiles once
-    for policy in (FixedK(3), SpecDecPP(head, 0.5, k_max=5), LockstepSpecDecPP(head, 0.5, k_max=5)):
+    from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec
+    from tests.decoding.test_batch_decode import cost_table
+
+    table = cost_table(k_max=5)
+    for policy in (FixedK(3), SpecDecPP(head, 0.5, k_max=5), LockstepSpecDecPP(head, 0.5, k_max=5),
+                   LockstepBatchAwareSpecDec(head, table, 0.7, 5), GlobalVerifyBudget(head, table, 0.7, 3)):
         eager = generate_batch(target, prompts, 20, drafter=drafter, policy=policy)
         comp = generate_batch(target, prompts, 20, drafter=drafter, policy=policy, compile=compiler)
         for e, c in zip(eager, comp):
