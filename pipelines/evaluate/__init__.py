@@ -190,7 +190,8 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     eagle_ofa = next((n for n in eagle if len(bundle.eagle[n].domains) > 1), None)
     env = Env(ecfg, cfg.run.seed, k_main, target, drafters, own, ofa, arm_names, routers, heads, modes,
               datastore=bundle.load_datastore() if ecfg.model_free_arms else None, eagle=eagle, eagle_tree=eagle_tree,
-              eagle_ofa=eagle_ofa, cost_ratio=bundle.defaults.cost_ratio)
+              eagle_ofa=eagle_ofa, cost_ratio=bundle.defaults.cost_ratio,
+              served_k={n: bundle.fixed_k(n) for n in drafters})
     env.cost_table, summary = throughput_costs(bundle, target, drafters, heads, ofa, ecfg, cfg.run.seed, notes)
     env.prior = summary.mean_sigma if summary is not None else None
     if bundle.datastore is None and "rest" in ecfg.model_free_arms:

@@ -110,6 +110,8 @@ class Env:
     # start) and the all-domain drafter's head's mean predicted acceptance (the bundle's acceptance summary)
     cost_table: Any = None
     prior: float | None = None
+    # each drafter's fixed K as `specdraft generate` serves it (`Bundle.fixed_k`: train-heads' best K, else decoding.k)
+    served_k: dict[str, int] = field(default_factory=dict)
 
     def sweep_for(self, domain: str) -> list[str]:
         if self.cfg.sweep_drafters == "all":
@@ -135,7 +137,10 @@ AR_GREEDY = MethodKey("ar")
 def plan_greedy_drafters(env: Env, p: Prompt) -> list[Run]:
     """AR, fixed K (per drafter and the K sweep), SpecDec++ and the hindsight oracle."""
     runs = [Run(AR_GREEDY, p, lambda done: Built(None))]
-    fixed = list(dict.fromkeys([(n, env.k) for n in env.per_drafter_for(p.set, p.domain)]
+    # every drafter at the common K the papers' comparisons hold fixed, at the K it is served with, and the sweep
+    per_drafter = env.per_drafter_for(p.set, p.domain)
+    fixed = list(dict.fromkeys([(n, env.k) for n in per_drafter]
+                               + [(n, env.served_k[n]) for n in per_drafter if n in env.served_k]
                                + [(n, k) for n in env.sweep_for(p.domain) for k in env.cfg.ks]))
     runs += [Run(MethodKey("fixed", drafter=n, k=k), p, _drafter(env, n, lambda k=k: FixedK(k))) for n, k in fixed]
     for n in env.sweep_for(p.domain):

@@ -364,3 +364,11 @@ def test_chain_rows_decode_in_the_loop_specdraft_generate_runs(env, monkeypatch)
     assert {name for _, name in calls} == {"NoneType", "FixedK", "SpecDecPP"}
     tokens = {tuple(r.tokens) for r in records}
     assert len(tokens) == 1  # greedy: every row, product loop or one-prompt loop, emits AR's tokens
+
+
+def test_each_drafter_also_runs_at_the_fixed_k_generate_serves_it_with(env):
+    """Besides the common K and the sweep, a drafter's fixed-K row at its served K (`Bundle.fixed_k`)."""
+    served = Env(**{**vars(env), "served_k": {"a": 5, "b": 3}})
+    keys = {(r.key.drafter, r.key.k) for r in build_plan(served, prompts()[:1])
+            if r.key.family == "fixed" and r.key.mode == "greedy"}
+    assert keys == {("a", 3), ("b", 3), ("a", 1), ("b", 1), ("a", 5)}  # b's served K is the common K: once
