@@ -88,9 +88,13 @@ def test_compiled_forward_equals_eager(llama_pair):
                    LockstepBatchAwareSpecDec(head, table, 0.7, 5), GlobalVerifyBudget(head, table, 0.7, 3)):
         eager = generate_batch(target, prompts, 20, drafter=drafter, policy=policy)
         comp = generate_batch(target, prompts, 20, drafter=drafter, policy=policy, compile=compiler)
+        # a rule that reads the batch's size decides differently once an eager decode drops its finished rows
+        # (a compiled one keeps them): its tokens, not its rounds, must match
+        batch_dependent = isinstance(policy, (LockstepBatchAwareSpecDec, GlobalVerifyBudget))
         for e, c in zip(eager, comp):
             assert c.tokens == e.tokens
-            assert (c.metrics.drafted, c.metrics.accepted) == (e.metrics.drafted, e.metrics.accepted)
+            if not batch_dependent:
+                assert (c.metrics.drafted, c.metrics.accepted) == (e.metrics.drafted, e.metrics.accepted)
 
 
 @pytest.mark.slow
