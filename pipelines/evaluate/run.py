@@ -46,7 +46,7 @@ class Record:
     def time(self) -> float:
         """Seconds of the whole call: the mean over its passes. Pooled over prompts as a ratio of totals (aggregate.py),
         this is the total CPU time of every pass, the timed estimator that moved least between a quiet and a busy
-        run of the same plan (benchmarks/RESULTS.md, `bench_evaluate_load.py --estimators`: 63 of 89
+        run of the same plan (`bench_evaluate_load.py --estimators` on the earlier demo target: 63 of 89
         cells within 10%, against 58 for the fastest pass and 42 for the median of per-prompt ratios). The
         fastest of 2-3 passes is itself a noisy extreme; the mean averages the noise away."""
         return statistics.fmean(t.time for t in self.times) if self.times else self.metrics.time_total
