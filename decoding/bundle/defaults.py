@@ -56,8 +56,8 @@ class DecodingDefaults:
             raise InputError(f"{where}: {e}") from None
         for name in ("k", "k_max", "max_new_tokens", "drafts"):
             require_int(getattr(self, name), f"{where}.{name}")
-        # k_max caps every round (SpecDec++ and the bandits' N_max): a fixed K above it would draft rounds
-        # the cap says never happen, and train-heads would simulate fewer lengths than are served
+        # k_max is SpecDec++'s cap on a round and the longest round train-heads simulates: a default K above
+        # it is a length no head was simulated at, and a section saying both contradicts itself
         if self.k > self.k_max:
             raise InputError(f"{where}.k ({self.k}) exceeds its k_max ({self.k_max}); lower k or raise k_max")
         if self.threshold is not None and not 0.0 < self.threshold < 1.0:

@@ -191,8 +191,6 @@ class BundleSpec:
                 except (InputError, KeyError, TypeError) as e:
                     raise bad(f"{where}.label_transform {str(h.label_transform)[:60]} is not a sampling "
                               f"transform ({type(e).__name__})") from None
-            if sum(h.best for h in by_name.values()) > 1:
-                raise bad(f"heads['{drafter}'] marks more than one head best")
         for name, e in self.eagle.items():
             for attr in ("parameters", "hidden_size", "vocab_size"):
                 positive(getattr(e, attr), f"eagle['{name}'].{attr}")

@@ -45,7 +45,8 @@ def check_refusal(e: InputError, path: Path | str | None = None, line: int | Non
         assert str(Path(path).name) in msg, f"{msg!r} does not name {path}"
     if line is not None:
         assert re.search(rf":{line}\b", msg), f"{msg!r} does not name line {line}"
-    assert ";" in msg or "did you mean" in msg or " like " in msg, f"{msg!r} names no fix"
+    # the fix: after a semicolon, or the rule the value breaks ("must be ..."), or a suggestion
+    assert re.search(r";|did you mean| like | must | use |re-?run|re-export", msg), f"{msg!r} names no fix"
     return msg
 
 
@@ -55,3 +56,11 @@ json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), s
 json_values = st.recursive(json_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                                   st.dictionaries(st.text(max_size=5), inner, max_size=3)),
                            max_leaves=6)
+
+
+def fewer(divisor: int):
+    """The active profile's example count divided by `divisor`, for a property whose example costs a whole
+    config load or CLI call (the loaded profile still scales it: more under -m slow)."""
+    from hypothesis import settings
+
+    return settings(max_examples=max(10, settings().max_examples // divisor))
