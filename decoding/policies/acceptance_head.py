@@ -101,9 +101,11 @@ def load_head(
     """
     d = Path(head_dir)
     config = CHECKPOINT.read_config(d)
-    try:
-        hidden_size, depth, tie = int(config["hidden_size"]), int(config["depth"]), bool(config["tie_blocks"])
-    except (KeyError, TypeError, ValueError) as e:
+    try:  # as written: int("3") or bool("false") would build a head the weights were never trained as
+        hidden_size, depth, tie = config["hidden_size"], config["depth"], config["tie_blocks"]
+        if not (isinstance(tie, bool) and all(isinstance(v, int) and not isinstance(v, bool) for v in (hidden_size, depth))):
+            raise TypeError("hidden_size and depth must be integers, tie_blocks true or false")
+    except (KeyError, TypeError) as e:
         raise CHECKPOINT.corrupt_config(d, e) from None
     CHECKPOINT.check_format(d, config)
     if expected_hidden_size is not None and hidden_size != expected_hidden_size:

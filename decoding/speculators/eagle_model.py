@@ -194,7 +194,12 @@ def read_eagle_config(path: str | Path) -> dict:
     if not file.is_file():
         raise InputError(f"{path} is not an EAGLE drafter directory (no {EAGLE_CONFIG}); export one with "
                          "the train-drafters stage's eagle section")
-    meta = json.loads(file.read_text())
+    try:
+        meta = json.loads(file.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{file} is damaged ({type(e).__name__}); re-export the drafter (train-drafters)") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{file} must hold a JSON object; re-export the drafter (train-drafters)")
     if meta.get("format") != FORMAT:
         raise InputError(f"{file}: unknown format {meta.get('format')!r}; expected {FORMAT}")
     return meta
