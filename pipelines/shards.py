@@ -51,18 +51,14 @@ def read_piece(path: Path, what: str, check) -> Any:
     atomically by this code, so damage means a hand edit or a disk fault. `check(obj)` raises KeyError,
     TypeError or ValueError on a piece of the wrong shape. InputError names the file and the fix: the
     piece is redone by deleting it and rerunning the shard that owns it."""
+    from specdraft.pipelines.artifacts import read_json
+
     fix = f"delete it and rerun the stage (its shard redoes that {what} only)"
+    obj = read_json(path, what, fix)
     try:
-        obj = json.loads(path.read_bytes().decode("utf-8"))
         check(obj)
-    except FileNotFoundError:
-        raise InputError(f"{what} file {path} is missing; rerun the stage (its shard redoes it)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{what} file {path} is damaged ({type(e).__name__}); {fix}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise InputError(f"{what} file {path} has the wrong shape ({type(e).__name__}: {str(e)[:60]}); {fix}") from None
-    except RecursionError:
-        raise InputError(f"{what} file {path} nests too deeply; {fix}") from None
     return obj
 
 

@@ -67,16 +67,12 @@ class DecodingDefaults:
                              f"got {self.cost_ratio}")
         if self.compile not in COMPILE_MODES:
             raise InputError(f"{where}.compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
-        from specdraft.decoding.cascades import method_from_spec
         from specdraft.decoding.policies.selectors import SELECTORS
 
-        # the decoder builds both from these values: a bad one must stop here, not mid-evaluation
+        # the decoder builds a selector from this name: a bad one must stop here, not mid-evaluation (the
+        # cascade spec is checked by its readers, bundle.json's and the config's: decoding.cascades imports this)
         if self.selector not in SELECTORS:
             raise InputError(f"{where}.selector {self.selector!r} is not a selector; use one of {', '.join(SELECTORS)}")
-        try:
-            method_from_spec(self.cascade, f"{where}.cascade")
-        except InputError as e:
-            raise InputError(f"{where}: {e}") from None
 
     def sampling(self):
         """The default sampling transform (decoding.rounds.sampling.SamplingConfig)."""

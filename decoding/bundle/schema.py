@@ -158,6 +158,13 @@ class BundleSpec:
         def bad(what: str) -> InputError:
             return InputError(f"{BUNDLE_JSON}: {what}; re-export the bundle")
 
+        from specdraft.decoding.cascades import method_from_spec
+
+        try:  # the bundle's default cascade is built by generate and evaluate from this spec
+            method_from_spec(self.decoding.cascade, "decoding.cascade")
+        except InputError as e:
+            raise bad(str(e)) from None
+
         def positive(value, what: str) -> None:
             if value < 1:
                 raise bad(f"{what} must be >= 1, got {value}")

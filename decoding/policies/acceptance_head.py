@@ -101,12 +101,7 @@ def load_head(
     """
     d = Path(head_dir)
     config = CHECKPOINT.read_config(d)
-    try:  # as written: int("3") or bool("false") would build a head the weights were never trained as
-        hidden_size, depth, tie = config["hidden_size"], config["depth"], config["tie_blocks"]
-        if not (isinstance(tie, bool) and all(isinstance(v, int) and not isinstance(v, bool) for v in (hidden_size, depth))):
-            raise TypeError("hidden_size and depth must be integers, tie_blocks true or false")
-    except (KeyError, TypeError) as e:
-        raise CHECKPOINT.corrupt_config(d, e) from None
+    hidden_size, depth, tie = CHECKPOINT.arch(d, config, hidden_size="int", depth="int", tie_blocks="bool")
     CHECKPOINT.check_format(d, config)
     if expected_hidden_size is not None and hidden_size != expected_hidden_size:
         raise InputError(

@@ -215,10 +215,14 @@ def load_eagle(path: str | Path, target: torch.nn.Module | None = None, target_h
     if target_hash is not None and meta.get("target_hash") not in (None, target_hash):
         raise InputError(f"EAGLE drafter {path} was trained for target {str(meta['target_hash'])[:12]}, this "
                          f"target is {target_hash[:12]}; train an EAGLE drafter for this target")
-    tcfg = dict(meta["target_config"])
-    target_config = AutoConfig.for_model(tcfg.pop("model_type"), **tcfg)
     variant = meta.get("variant", "eagle1")  # drafters written before EAGLE-3 are EAGLE-1
-    drafter = EagleDrafter(target_config, n_layers=int(meta["n_layers"]), target_hash=meta.get("target_hash"),
+    try:
+        tcfg = dict(meta["target_config"])
+        target_config = AutoConfig.for_model(tcfg.pop("model_type"), **tcfg)
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"{path}/{EAGLE_CONFIG}: its target_config cannot be read ({type(e).__name__}); re-export "
+                         "the drafter (train-drafters)") from None
+    drafter = EagleDrafter(target_config, n_layers=meta.get("n_layers"), target_hash=meta.get("target_hash"),
                            variant=variant, feature_layers=meta.get("feature_layers") if variant == "eagle3" else None)
     state = load_file(str(Path(path) / EAGLE_WEIGHTS))
     missing, unexpected = drafter.load_state_dict(state, strict=False)
