@@ -225,7 +225,11 @@ def load_eagle(path: str | Path, target: torch.nn.Module | None = None, target_h
     drafter = EagleDrafter(target_config, n_layers=meta.get("n_layers"), target_hash=meta.get("target_hash"),
                            variant=variant, feature_layers=meta.get("feature_layers") if variant == "eagle3" else None)
     state = load_file(str(Path(path) / EAGLE_WEIGHTS))
-    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = drafter.load_state_dict(state, strict=False)
+    except RuntimeError:  # shapes: the config describes another drafter than the weights
+        raise InputError(f"{path}/{EAGLE_WEIGHTS} has weights of other shapes than its {EAGLE_CONFIG} describes; "
+                         "re-export the drafter") from None
     if missing or unexpected:
         raise InputError(f"{path}/{EAGLE_WEIGHTS} does not match its config (missing {missing[:3]}, unexpected "
                          f"{unexpected[:3]}); re-export the drafter")
