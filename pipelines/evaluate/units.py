@@ -13,7 +13,7 @@ the whole plan.
 """
 from __future__ import annotations
 
-import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -66,7 +66,6 @@ def missing(all_units: list[Unit], store: Path) -> list[Unit]:
 def read_back(plan: list[Run], all_units: list[Unit], store: Path) -> tuple[list[Record], list[dict[str, Any]]]:
     """Every unit's records in plan order (where one process running the plan puts them), and every
     unit's calibration samples."""
-    position = {(r.prompt.set, r.prompt.id, r.key): i for i, r in enumerate(plan)}
     records, samples = [], []
     for u in all_units:
         parsed: list[Record] = []
@@ -77,13 +76,15 @@ def read_back(plan: list[Run], all_units: list[Unit], store: Path) -> tuple[list
             if stored["unit"] != u.name:
                 raise ValueError(f"it holds unit '{stored['unit']}', the plan has '{u.name}' there")
             parsed.extend(Record.from_json(r) for r in stored["records"])
-            for rec in parsed:  # the merge puts each record where the plan has its run
-                if (rec.set, rec.prompt, rec.key) not in position:
-                    raise ValueError(f"a record of {rec.set}/{rec.prompt} that the plan has no run for")
+            # one record per run of the unit: a lost or extra record would change the report's counts silently
+            got = Counter((rec.set, rec.prompt, rec.key) for rec in parsed)
+            if got != Counter((r.prompt.set, r.prompt.id, r.key) for r in u.runs):
+                raise ValueError(f"its {len(parsed)} records are not those of the unit's {len(u.runs)} runs")
 
         stored = read_piece(u.path(store), "evaluate unit", check)
         records += parsed
         samples.append(stored["calibration"])
+    position = {(r.prompt.set, r.prompt.id, r.key): i for i, r in enumerate(plan)}
     return sorted(records, key=lambda rec: position[(rec.set, rec.prompt, rec.key)]), samples
 
 

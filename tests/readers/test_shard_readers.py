@@ -2,6 +2,7 @@
 merge reads back (distill-data chunk files, evaluate unit files; pipelines/shards.py read_piece): valid
 ones round-trip, damaged ones are refused with one line naming the variable or file and the fix."""
 import json
+import shutil
 
 import pytest
 from hypothesis import given
@@ -101,3 +102,72 @@ def test_wrong_rows_are_refused(tmp_path, chunk, key, value, drop):
 def test_a_missing_piece_names_the_rerun(tmp_path):
     with pytest.raises(InputError, match="is missing"):
         read_piece(tmp_path / "unit-00000.json", "evaluate unit", lambda obj: None)
+
+
+# ---- evaluate unit files, read back by the merge (pipelines/evaluate/units.py read_back) ------------------
+
+from tests.pipelines.test_evaluate_plan import MODES, env, prompts  # noqa: E402,F401  (tiny models, a small plan)
+
+
+@pytest.fixture(scope="module")
+def unit_store(env, tmp_path_factory):  # noqa: F811
+    from specdraft.pipelines.evaluate.plan import build_plan
+    from specdraft.pipelines.evaluate.run import execute
+    from specdraft.pipelines.evaluate.units import run_units, units
+
+    plan = [r for r in build_plan(env, prompts()) if r.key.family in ("ar", "fixed")]
+    store = tmp_path_factory.mktemp("units")
+    pieces = units(plan)
+    run_units(pieces, store, lambda runs: execute(runs, env.target, 4, MODES, None, "cpu", 1, progress=False),
+              lambda: {"target": {}, "drafters": {}, "passes": 0})
+    return plan, pieces, store
+
+
+def _read_back_copy(unit_store, tmp_path, edit):
+    from specdraft.pipelines.evaluate.units import read_back
+
+    plan, pieces, store = unit_store
+    copy = tmp_path / "units"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(store, copy)
+    target = pieces[0].path(copy)
+    edit(target)
+    return target, (lambda: read_back(plan, pieces, copy))
+
+
+@given(ops=edits)
+def test_damaged_unit_files_read_back_or_are_refused(unit_store, tmp_path, ops):
+    TRIED["distill chunk + evaluate unit files"] += 1
+    path, read = _read_back_copy(unit_store, tmp_path, lambda p: p.write_bytes(damage(p.read_bytes(), ops)))
+    try:
+        records, samples = read()
+    except InputError as e:
+        check_refusal(e, path)
+    else:
+        assert len(samples) == len(unit_store[1])
+
+
+@given(where=st.sampled_from(["unit", "records", "calibration", "record key", "record metrics", "record field"]),
+       value=json_values)
+def test_wrong_unit_contents_are_refused(unit_store, tmp_path, where, value):
+    TRIED["distill chunk + evaluate unit files"] += 1
+
+    def edit(p):
+        stored = json.loads(p.read_text())
+        if where in ("unit", "records", "calibration"):
+            if where == "unit" and value == stored["unit"] or where == "calibration" and isinstance(value, dict):
+                stored[where] = 0  # keep it wrong: another unit's name is refused too, a mapping is valid
+            else:
+                stored[where] = value if value != stored[where] else 0
+        elif where == "record key":
+            stored["records"][0]["key"] = {"family": "nope"} if isinstance(value, dict) else value
+        elif where == "record metrics":
+            stored["records"][0]["metrics"] = {**stored["records"][0]["metrics"], "nope": value}
+        else:
+            del stored["records"][0]["times"]
+        p.write_text(json.dumps(stored))
+
+    path, read = _read_back_copy(unit_store, tmp_path, edit)
+    with pytest.raises(InputError) as e:
+        read()
+    check_refusal(e.value, path)
