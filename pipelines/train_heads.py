@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
-from specdraft.pipelines.artifacts import load_dataset_dir, read_json
+from specdraft.pipelines.artifacts import load_dataset_dir
 from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
 from specdraft.decoding.bundle.loading import load_causal_lm as load_drafter
 from specdraft.decoding.policies.acceptance_head import save_head
@@ -34,7 +34,7 @@ from specdraft.heads.lit_head import HeadTrainConfig, predict_logits, train_head
 from specdraft.heads.metrics import constant_baseline, overlap_reference
 from specdraft.heads.online import OnlineFeatures, compute_features
 from specdraft.heads.simulate import best, greedy_oracle, simulate_fixed_k, simulate_specdecpp
-from specdraft.pipelines.readers import load_features, transform_dirs
+from specdraft.pipelines.readers import load_features, read_acceptance_info, transform_dirs
 from specdraft.pipelines.stage import Context
 
 
@@ -90,7 +90,7 @@ def build(ctx: Context) -> dict:
     sweep, printed, cost, seconds = {}, [], None, {}
     for data_dir in sets:
         name, tag = data_dir.parent.name, data_dir.name
-        info = read_json(data_dir / "info.json", "acceptance data info", "rerun stage 'acceptance-data' with --force")
+        info = read_acceptance_info(data_dir)
         tr, dev = load_features(data_dir, "train"), load_features(data_dir, "dev")
         seqs_ds = load_dataset_dir(data_dir / "sequences", "acceptance-data")
         online = "features" not in tr  # acceptance_data.cache_features was off: recompute every epoch

@@ -41,7 +41,6 @@ from specdraft.decoding.bundle.chat import ChatFormat, end_of_turn_ids, format_p
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
-from specdraft.pipelines.artifacts import read_json
 from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
 from specdraft.drafters.alignment import position_acceptance
 from specdraft.drafters.data import CausalLMCollator
@@ -51,7 +50,7 @@ from specdraft.heads.lit_router import train_classifier
 from specdraft.heads.router import CentroidRouter, Router, mean_pooled, save_router
 from specdraft.data.prompts import fit_prompt
 from specdraft.data.generation import generate_batch
-from specdraft.pipelines.readers import load_distill_data
+from specdraft.pipelines.readers import load_distill_data, read_drafter_info
 from specdraft.pipelines.stage import Context
 from specdraft.pipelines.readers import BASE
 
@@ -158,8 +157,7 @@ def build(ctx: Context) -> dict:
         raise InputError("distill_data has no train rows; the router needs labelled training prompts")
     train_domains = sorted({r["domain"] for r in train_rows})
     drafters_dir = ctx.input("train-drafters")
-    infos = {p.name: read_json(p / "drafter.json", "drafter info", "rerun stage 'train-drafters' with --force")
-             for p in sorted(drafters_dir.iterdir()) if (p / "drafter.json").is_file()}
+    infos = {p.name: read_drafter_info(p) for p in sorted(drafters_dir.iterdir()) if (p / "drafter.json").is_file()}
     roles = routing_roles(infos, train_domains)
     special, general, by_domain = roles.special, roles.general, roles.own
     names = special + general

@@ -12,7 +12,7 @@ from specdraft.data.chat import record_messages, row_messages
 from specdraft.data.prompts import load_user_prompts, user_prompt_sets
 from specdraft.decoding.generate import read_prompts
 from specdraft.pipelines.cli import main
-from tests.readers.fuzz import TRIED, check_refusal, damage, edits, json_values
+from tests.readers.fuzz import TRIED, check_refusal, damage, edits, fewer, json_values
 
 REPO = Path(__file__).resolve().parents[2]
 SPLITS = ("train", "dev", "test", "perturbed", "ood")
@@ -173,3 +173,35 @@ def test_prepare_data_stops_on_non_utf8_source_with_file_and_line(tmp_path, caps
     # and generate --prompts names the same line for the same bytes
     with pytest.raises(InputError, match=f"{source}:2 is not UTF-8 text"):
         read_prompts(str(source), record_messages)
+
+
+# ---- the other kind of prompt source: a `datasets` directory, read by the same record reader ---------------
+
+
+@fewer(8)  # each example saves an Arrow dataset
+@given(prompts=st.lists(text, min_size=1, max_size=4), domains=st.one_of(st.none(), st.lists(name, min_size=4, max_size=4)),
+       wrong=st.sampled_from([None, "domain", "split", "prompt"]))
+def test_datasets_directories_round_trip_or_name_the_record(tmp_path, prompts, domains, wrong):
+    import datasets
+
+    TRIED["prompt records"] += 1
+    columns = {"prompt": list(prompts)}
+    if domains is not None:
+        columns["domain"] = domains[:len(prompts)]
+    if wrong == "domain":
+        columns["domain"] = list(range(len(prompts)))  # an int column: str() would invent domain names
+    elif wrong == "split":
+        columns["split"] = ["holdout"] * len(prompts)
+    elif wrong == "prompt":
+        columns["prompt"][-1] = ""
+    d = tmp_path / "ds"
+    datasets.Dataset.from_dict(columns).save_to_disk(str(d))
+    if wrong is None:
+        rows = load_user_prompts(d)
+        assert [r["prompt"] for r in rows] == prompts
+        assert [r["domain"] for r in rows] == (columns.get("domain") or ["ds"] * len(prompts))
+        return
+    with pytest.raises(InputError) as e:
+        load_user_prompts(d)
+    msg = check_refusal(e.value, d)
+    assert "record" in msg
