@@ -39,7 +39,7 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoConfig, AutoModel, PretrainedConfig
 
-from specdraft.core.errors import InputError
+from specdraft.core.errors import InputError, require_int
 
 EAGLE_CONFIG = "eagle_config.json"
 EAGLE_WEIGHTS = "model.safetensors"
@@ -81,8 +81,7 @@ class EagleDrafter(torch.nn.Module):
     def __init__(self, target_config: PretrainedConfig, n_layers: int = 1, target_hash: str | None = None,
                  variant: str = "eagle1", feature_layers: list[int] | tuple[int, ...] | None = None):
         super().__init__()
-        if not isinstance(n_layers, int) or n_layers < 1:
-            raise InputError(f"eagle.n_layers must be an integer >= 1, got {n_layers!r}")
+        require_int(n_layers, "eagle.n_layers")  # True is an int to Python, and a layer count to nobody
         if variant not in VARIANTS:
             raise InputError(f"eagle.variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
         self.target_config = target_config
