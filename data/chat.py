@@ -27,11 +27,11 @@ ROLES = ("system", "user", "assistant")
 
 def _turns(raw: Any, key: str, where: str) -> list[dict[str, str]]:
     if not isinstance(raw, list) or not raw:
-        raise InputError(f"{where}: '{key}' must be a non-empty list of turns")
+        raise InputError(f"{where}: '{key}' must be a non-empty list of turns; give at least the user turn")
     turns = []
     for i, t in enumerate(raw):
         if not isinstance(t, dict):
-            raise InputError(f"{where}: {key}[{i}] is not an object")
+            raise InputError(f"{where}: {key}[{i}] is not an object; write each turn like {{\"role\": \"user\", \"content\": \"...\"}}")
         if "from" in t or "value" in t:  # ShareGPT
             role, content = SHAREGPT_ROLES.get(str(t.get("from", "")).lower()), t.get("value")
             if role is None:
@@ -42,7 +42,7 @@ def _turns(raw: Any, key: str, where: str) -> list[dict[str, str]]:
             if role not in ROLES:
                 raise InputError(f"{where}: {key}[{i}] has role {role!r}; use system, user or assistant")
         if not isinstance(content, str):
-            raise InputError(f"{where}: {key}[{i}] has no text content (a string is needed)")
+            raise InputError(f"{where}: {key}[{i}] has no text content; give its text as a string")
         turns.append({"role": role, "content": content})
     return turns
 
@@ -50,6 +50,11 @@ def _turns(raw: Any, key: str, where: str) -> list[dict[str, str]]:
 def record_messages(record: dict, where: str) -> tuple[list[dict[str, str]], str]:
     """(messages ending with the user turn to answer, reference response or "") of one record; `where`
     ("file:line" or "dir record n") names it in the one-line error a malformed record gets."""
+    given = [k for k in ("prompt", "messages", "conversations", "response") if record.get(k) is not None]
+    # two spellings of the question (or an answer beside a conversation) would leave one of them unread
+    if len(set(given) - {"response"}) > 1 or (given and given[0] != "prompt" and "response" in given):
+        raise InputError(f"{where} holds {' and '.join(repr(k) for k in given)}; give one of 'prompt' (with an "
+                         "optional 'response'), 'messages' or 'conversations' (the answer as its last assistant turn)")
     for key in ("messages", "conversations"):
         if record.get(key) is not None:
             turns = _turns(record[key], key, where)
@@ -59,15 +64,19 @@ def record_messages(record: dict, where: str) -> tuple[list[dict[str, str]], str
         if not isinstance(prompt, str) or not prompt:
             raise InputError(f"{where} has no non-empty 'prompt' string, 'messages' or 'conversations' list; "
                              "every record needs one")
-        return user_turn(prompt), str(record.get("response") or "")
+        response = record.get("response")
+        if response is not None and not isinstance(response, str):  # str() would invent a reference answer
+            raise InputError(f"{where} has response {str(response)[:40]!r} ({type(response).__name__}); give "
+                             "the reference answer as a string or leave 'response' out")
+        return user_turn(prompt), response or ""
     response = ""
     if turns[-1]["role"] == "assistant":
         response = turns.pop()["content"]
     if not turns or turns[-1]["role"] != "user":
         raise InputError(f"{where}: the conversation must end with a user turn (optionally followed by the "
-                         "assistant's answer to distill)")
+                         "assistant's answer to distill); end it with the user turn to answer")
     if any(t["role"] == "system" for t in turns[1:]):
-        raise InputError(f"{where}: a system turn may only come first")
+        raise InputError(f"{where}: a system turn may only come first; move it to the start or drop it")
     return turns, response
 
 

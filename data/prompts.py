@@ -20,6 +20,7 @@ from specdraft.data import demo_world, quality_world
 from specdraft.data.chat import encode_messages, record_messages
 from specdraft.data.templates import REPHRASINGS, render_prompt
 from specdraft.core.errors import InputError
+from specdraft.core.jsonl import jsonl_objects
 
 COLUMNS = ("id", "domain", "prompt", "messages", "response", "split")
 # the built-in worlds (`demo.world`): each a module with DOMAINS, HELDOUT_DOMAINS and build_split(domain, split, n, seed)
@@ -70,10 +71,43 @@ def _split_of(example_id: str, dev_frac: float = 0.1, test_frac: float = 0.1) ->
     return "dev" if u < dev_frac else "test" if u < dev_frac + test_frac else "train"
 
 
+# the keys a prompt record may carry; any other key is ignored (dumps from other tools carry their own)
+RECORD_KEYS = ("id", "domain", "prompt", "messages", "conversations", "response", "split")
+
+
 def load_user_prompts(path: str | Path) -> list[dict]:
     """A JSONL file (one object per line) or a `datasets` directory (Dataset or DatasetDict) of records
     with a `prompt` string, an OpenAI `messages` list or a ShareGPT `conversations` list (data/chat.py);
     optional `domain`, `response`, `split`, `id`. A malformed record is one line naming file and line."""
+    return [row for _, row in _user_records(path)]
+
+
+def _optional_text(r: dict, key: str, where: str) -> str | None:
+    """r[key] as given (None when absent or null); a value of another type is refused, not str()-ed into
+    a domain or id the user never wrote."""
+    value = r.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"{where} has {key} {str(value)[:40]!r} ({type(value).__name__}); give a non-empty "
+                         f"string or leave '{key}' out")
+    return value
+
+
+def _check_keys(r: dict, where: str) -> None:
+    # a misspelt optional key ('domian') would be ignored and its value replaced by the default: refuse
+    # keys that look like one of ours, keep the rest (other tools' dumps carry their own)
+    import difflib
+
+    for key in r:
+        if key not in RECORD_KEYS:
+            near = difflib.get_close_matches(str(key), RECORD_KEYS, n=1, cutoff=0.8)
+            if near:
+                raise InputError(f"{where} has key '{key}'; did you mean '{near[0]}'? (rename it, or drop it)")
+
+
+def _user_records(path: str | Path) -> list[tuple[str, dict]]:
+    """(where, prompt-set row) of every record of one prompt source."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"prompt source '{path}' does not exist; give a JSONL file or a datasets directory")
@@ -86,38 +120,32 @@ def load_user_prompts(path: str | Path) -> list[dict]:
         raw = [(f"{path} record {n}", dict(r, split=r.get("split") or split))
                for split, d in parts for n, r in enumerate(d)]
     else:
-        raw = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                raise InputError(f"{path}:{n} is not valid JSON; each line must be one JSON object") from None
-            if not isinstance(obj, dict):
-                raise InputError(f"{path}:{n} must be a JSON object with a 'prompt', 'messages' or 'conversations' field")
-            raw.append((f"{path}:{n}", obj))
+        raw = jsonl_objects(path, "prompt source", "{\"prompt\": \"...\"}")
     rows = []
     for n, (where, r) in enumerate(raw):
+        _check_keys(r, where)
         messages, reference = record_messages(r, where)
-        domain = str(r.get("domain") or path.stem)
-        ex_id = str(r.get("id") or f"{domain}/{path.stem}/{n:06d}")
-        split = r.get("split") or _split_of(ex_id)
+        domain = _optional_text(r, "domain", where) or path.stem
+        ex_id = _optional_text(r, "id", where) or f"{domain}/{path.stem}/{n:06d}"
+        split = _optional_text(r, "split", where) or _split_of(ex_id)
         if split not in (*SPLITS, "perturbed", "ood"):
             raise InputError(f"{where} has split {split!r}; use train, dev, test, perturbed or ood")
-        rows.append({"id": ex_id, "domain": domain, "prompt": messages[-1]["content"],
-                     "messages": encode_messages(messages), "response": reference, "split": split})
+        rows.append((where, {"id": ex_id, "domain": domain, "prompt": messages[-1]["content"],
+                             "messages": encode_messages(messages), "response": reference, "split": split}))
     if not rows:
-        raise InputError(f"prompt source '{path}' holds no prompts")
+        raise InputError(f"prompt source '{path}' holds no prompts; write one JSON record per line")
     return rows
 
 
 def user_prompt_sets(paths) -> datasets.DatasetDict:
-    rows = [r for p in paths for r in load_user_prompts(p)]
-    ids = [r["id"] for r in rows]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise InputError(f"prompt id {dup!r} appears twice across the prompt sources; ids must be unique")
+    records = [rec for p in paths for rec in _user_records(p)]
+    first: dict[str, str] = {}
+    for where, r in records:
+        if r["id"] in first:
+            raise InputError(f"prompt id {r['id']!r} appears twice ({first[r['id']]} and {where}); ids must be "
+                             "unique across the prompt sources")
+        first[r["id"]] = where
+    rows = [r for _, r in records]
     by_split = {s: [r for r in rows if r["split"] == s] for s in (*SPLITS, "perturbed", "ood")}
     return datasets.DatasetDict({s: datasets.Dataset.from_list(r) if r else _empty() for s, r in by_split.items()})
 

@@ -389,7 +389,12 @@ def method_from_spec(spec, where: str = "decoding.cascade") -> CascadeMethod | N
         return None
     if not isinstance(spec, dict) or "rule" not in spec or "alpha" not in spec or set(spec) - {"rule", "alpha", "beta"}:
         raise InputError(f"{where} must be {{rule, alpha[, beta]}}, got {spec!r}")
-    return cascade_method(str(spec["rule"]), spec["alpha"], spec.get("beta", 1.0))
+    for key in ("alpha", "beta"):  # float("0.3") would turn a quoted string into a lenience
+        if key in spec and (isinstance(spec[key], bool) or not isinstance(spec[key], (int, float))):
+            raise InputError(f"{where}.{key} must be a number, got {spec[key]!r}")
+    if not isinstance(spec["rule"], str):
+        raise InputError(f"{where}.rule must be a rule name (e.g. token), got {spec['rule']!r}")
+    return cascade_method(spec["rule"], spec["alpha"], spec.get("beta", 1.0))
 
 
 # A few lenience values per rule spanning "almost the large model" to "almost the small model" (the paper

@@ -35,6 +35,7 @@ from typing import Any, Callable
 import torch
 
 from specdraft.core.errors import InputError
+from specdraft.core.jsonl import jsonl_objects
 from specdraft.core.tokenizers import check_same_vocabulary
 from specdraft.decoding.batched import generate_batch
 from specdraft.decoding.compilation import StepCompiler
@@ -256,28 +257,10 @@ class Request:
 
 def read_prompts(path: str, messages_of: Callable | None) -> list[list[dict[str, str]]]:
     """The messages of every record of a JSONL file; InputError naming the file and line of a record that
-    cannot be read (encoding, JSON, missing field)."""
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise InputError(f"prompts file '{path}' cannot be read ({e.strerror or type(e).__name__}); "
-                         "give a JSONL file, one prompt record per line") from None
+    cannot be read (encoding, JSON, missing field). The lines are read by core.jsonl, as prepare-data's
+    prompt sources are."""
     out = []
-    for n, line in enumerate(raw.split(b"\n"), 1):
-        where = f"{path}:{n}"
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError:
-            raise InputError(f"{where} is not UTF-8 text; save the prompts file as UTF-8") from None
-        if not text.strip():
-            continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{where} is not valid JSON ({e.msg} at column {e.colno}); one JSON object per line") from None
-        if not isinstance(record, dict):
-            raise InputError(f"{where} is a JSON {type(record).__name__}, not an object like {{\"prompt\": \"...\"}}")
+    for where, record in jsonl_objects(path, "prompts file", '{"prompt": "..."}'):
         if messages_of is not None:
             messages, _ = messages_of(record, where)
         elif isinstance(record.get("prompt"), str) and record["prompt"]:

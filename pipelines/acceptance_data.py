@@ -40,8 +40,7 @@ from specdraft.decoding.bundle.loading import load_causal_lm as load_drafter
 from specdraft.heads.labels import acceptance_labels, mix_tokens
 from specdraft.decoding.bundle.directory import subdir_files
 from specdraft.core.hashing import drafter_hash
-from specdraft.pipelines.artifacts import read_json
-from specdraft.pipelines.readers import load_distill_data
+from specdraft.pipelines.readers import load_distill_data, read_drafter_info
 from specdraft.pipelines.stage import Context
 from specdraft.pipelines.readers import BASE
 
@@ -109,7 +108,7 @@ def load_drafters_to_label(drafters_dir, chosen: list[str] | None, target, devic
     for n in names:
         drafters[n] = load_drafter(drafters_dir / n, "float32").to(device).eval()
         check_same_vocabulary(drafters[n].config.vocab_size, target.config.vocab_size, name=f"drafter '{n}'")
-        infos[n] = read_json(drafters_dir / n / "drafter.json", "drafter info", "rerun stage 'train-drafters' with --force")
+        infos[n] = read_drafter_info(drafters_dir / n)
     return drafters, infos
 
 

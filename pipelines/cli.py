@@ -180,7 +180,25 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("config")
     sp.add_argument("overrides", nargs="*")
     sp.set_defaults(func=_validate)
+    from specdraft.decoding.generate_args import one_line_errors
+
+    for parser in (p, *sub.choices.values()):  # a refused argument is one line, as every other bad input
+        one_line_errors(parser)
     return p
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """argparse, except that dotted overrides may follow options (`specdraft evaluate C.yaml --force
+    evaluate.k=4`): argparse stops filling a positional list at the first option, and would refuse them."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and not any(a.startswith("-") for a in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        sub = getattr(args, "command", None)
+        print(f"specdraft{' ' + sub if sub else ''}: error: unrecognized arguments: {' '.join(extra)}; see "
+              f"`specdraft{' ' + sub if sub else ''} --help`", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("SPECDRAFT_DEBUG") == "1"
     argv = [a for a in argv if a != "--debug"]
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(build_parser(), argv)
     except SystemExit as e:  # argparse has printed --help (0) or the bad argument (2): main returns the code
         return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
     if "SLURM_JOB_ID" in os.environ:

@@ -32,6 +32,10 @@ def _closest(name: str, valid: list[str]) -> str:
     return match[0] if match else ""
 
 
+# the fix a wrong-typed value gets: where to look up the type the key takes
+_TYPE_FIX = "; write a value of that type (`specdraft config --defaults` lists every key's type)"
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -50,7 +54,7 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
                 return _coerce(arg, value, where)
             except ConfigError:
                 pass
-        raise ConfigError(f"config field '{where}' has the wrong type: expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"config field '{where}' has the wrong type: expected {_type_name(tp)}, got {value!r}{_TYPE_FIX}")
     if origin is Literal:
         if value not in args:
             choices = ", ".join(repr(a) for a in args)
@@ -66,30 +70,30 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         return from_dict(tp, value, where)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config field '{where}' has the wrong type: expected a list, got {value!r}")
+            raise ConfigError(f"config field '{where}' has the wrong type: expected a list, got {value!r}{_TYPE_FIX}")
         item = args[0] if args else Any
         out = [_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
         return tuple(out) if origin is tuple else out
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"config field '{where}' has the wrong type: expected a mapping, got {value!r}")
+            raise ConfigError(f"config field '{where}' has the wrong type: expected a mapping, got {value!r}{_TYPE_FIX}")
         vt = args[1] if len(args) == 2 else Any
         return {str(k): _coerce(vt, v, f"{where}.{k}") for k, v in value.items()}
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"config field '{where}' has the wrong type: expected true/false, got {value!r}")
+            raise ConfigError(f"config field '{where}' has the wrong type: expected true/false, got {value!r}{_TYPE_FIX}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"config field '{where}' has the wrong type: expected an integer, got {value!r}")
+            raise ConfigError(f"config field '{where}' has the wrong type: expected an integer, got {value!r}{_TYPE_FIX}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"config field '{where}' has the wrong type: expected a number, got {value!r}")
+            raise ConfigError(f"config field '{where}' has the wrong type: expected a number, got {value!r}{_TYPE_FIX}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"config field '{where}' has the wrong type: expected a string, got {value!r}")
+            raise ConfigError(f"config field '{where}' has the wrong type: expected a string, got {value!r}{_TYPE_FIX}")
         return value
     raise TypeError(f"unsupported config annotation {tp!r} at {where}")  # a bug in our dataclasses
 
@@ -117,7 +121,8 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config section '{where or '<root>'}' must be a mapping, got {data!r}")
+        raise ConfigError(f"config section '{where or '<root>'}' must be a mapping, got {data!r}; write it as "
+                          "indented key: value lines")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in data:
@@ -125,10 +130,12 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
             hint = _closest(str(key), list(fields))
             raise ConfigError(f"unknown config key '{prefix}{key}'; did you mean '{prefix}{hint}'?")
     kwargs = {k: _coerce(hints[k], _over_default(fields[k], v), f"{prefix}{k}") for k, v in data.items()}
-    try:
-        obj = cls(**kwargs)
-    except TypeError as e:  # a required field is missing
-        raise ConfigError(f"config section '{where or '<root>'}': {e}") from None
+    missing = [n for n, f in fields.items() if n not in kwargs and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"config section '{where or '<root>'}' lacks {', '.join(repr(m) for m in missing)}; "
+                          "give every one (`specdraft config --defaults` lists them)")
+    obj = cls(**kwargs)
     check = getattr(obj, "check", None)
     if callable(check):
         check()
@@ -143,11 +150,20 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """`a.b.c=value` pairs (value parsed as YAML) set into a nested mapping."""
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override '{item}' is not of the form key.path=value")
+            raise ConfigError(f"override '{item}' is not of the form key.path=value; write e.g. run.seed=1")
         path, raw = item.split("=", 1)
-        value = yaml.load(raw, Loader=_StrictLoader) if raw != "" else ""
+        try:
+            value = yaml.load(raw, Loader=_StrictLoader) if raw != "" else ""
+        except yaml.YAMLError:
+            raise ConfigError(f"override '{item}': the value is not valid YAML; quote it, e.g. "
+                              f"{path}='\"...\"'") from None
+        except RecursionError:
+            raise ConfigError(f"override '{item}': the value nests too deeply; give a flat value") from None
         node = data
         parts = path.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"override '{item}': '{path}' has an empty key; write key.path=value, e.g. "
+                              "run.seed=1")
         for part in parts[:-1]:
             nxt = node.get(part)
             if nxt is None:
@@ -239,4 +255,9 @@ def load_with_base(path: str | Path, seen: tuple[Path, ...] = ()) -> dict:
 
 def load_config(cls: type, path: str | Path | None, overrides: list[str] = ()) -> Any:
     data = load_with_base(path) if path is not None else {}
-    return from_dict(cls, apply_overrides(data, list(overrides)))
+    try:
+        return from_dict(cls, apply_overrides(data, list(overrides)))
+    except InputError as e:  # a key's problem is found in the mapping: say which file (or overrides) held it
+        if path is None or str(path) in str(e):
+            raise
+        raise ConfigError(f"{path}{' with its overrides' if overrides else ''}: {e}") from None

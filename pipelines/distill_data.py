@@ -42,7 +42,7 @@ from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.core.hashing import derive_seed
 from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer, resolve_dtype
-from specdraft.pipelines.shards import claim_merge, shard_from_env, write_json_atomic
+from specdraft.pipelines.shards import claim_merge, read_piece, shard_from_env, write_json_atomic
 from specdraft.pipelines.stage import Context, StageIncomplete
 
 
@@ -58,6 +58,26 @@ def plan_chunks(sets: datasets.DatasetDict, splits, temperatures, chunk_size: in
                 name = f"{split}-t{t:g}-{start // chunk_size:05d}"
                 chunks.append({"name": name, "split": split, "temperature": t, "rows": part})
     return chunks
+
+
+CHUNK_ROW_KEYS = ("id", "prompt_id", "domain", "temperature", "prompt_ids", "response_ids", "finish_reason",
+                  "prompt_truncated")
+
+
+def check_chunk(rows) -> None:
+    """A chunk file as run_chunk writes it: a list of rows with their keys, token ids as integer lists
+    (the merged dataset's columns would otherwise take whatever a damaged file holds)."""
+    if not isinstance(rows, list):
+        raise TypeError("a chunk is a list of rows")
+    for r in rows:
+        if not isinstance(r, dict):
+            raise TypeError("each row of a chunk is an object")
+        missing = [k for k in CHUNK_ROW_KEYS if k not in r]
+        if missing:
+            raise KeyError(missing[0])
+        for k in ("prompt_ids", "response_ids"):
+            if not isinstance(r[k], list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in r[k]):
+                raise TypeError(f"{k} must be a list of token ids")
 
 
 def run_chunk(chunk: dict, generate, tok, dcfg, seed: int, chat: ChatFormat = ChatFormat()) -> list[dict]:
@@ -167,7 +187,7 @@ def build(ctx: Context) -> dict:
 
     by_split: dict[str, list[dict]] = {s: [] for s in dcfg.splits}
     for c in chunks:
-        by_split[c["split"]] += json.loads((chunk_dir / f"{c['name']}.json").read_text())
+        by_split[c["split"]] += read_piece(chunk_dir / f"{c['name']}.json", "distill-data chunk", check_chunk)
     ds = datasets.DatasetDict({s: datasets.Dataset.from_list(sorted(rows, key=lambda r: r["id"]))
                                for s, rows in by_split.items()})
     ds.save_to_disk(str(ctx.out / "data"))

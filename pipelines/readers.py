@@ -10,7 +10,7 @@ import datasets
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.pipelines.artifacts import load_dataset_dir, load_safetensors
+from specdraft.pipelines.artifacts import load_dataset_dir, load_safetensors, read_json
 
 BASE = "base"  # the general-phase drafter: the "trained on the raw corpus, no target generations" reference
 
@@ -29,3 +29,55 @@ def load_features(drafter_dir, split: str) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise InputError(f"{path} is missing; rerun `specdraft acceptance-data --force`")
     return load_safetensors(path, "acceptance-data")
+
+
+def _names(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _text(v) -> bool:
+    return isinstance(v, str) and bool(v)
+
+
+def _checked(path: Path, what: str, fix: str, shape: dict) -> dict:
+    """read_json, then every key of `shape` present and passing its test: a stage reading another's JSON
+    would otherwise stop on a KeyError deep inside its work (reached when verify_inputs is off)."""
+    obj = read_json(path, what, fix)
+    if not isinstance(obj, dict):
+        raise InputError(f"'{path}' ({what}) is not a JSON object; {fix}")
+    for key, ok in shape.items():
+        if key not in obj or not ok(obj[key]):
+            raise InputError(f"'{path}' ({what}) has {key} {str(obj.get(key))[:40]!r}, not what the stage wrote; {fix}")
+    return obj
+
+
+def read_drafter_info(drafter_dir: Path) -> dict:
+    """A drafter's drafter.json (train-drafters): its domains and size."""
+    return _checked(Path(drafter_dir) / "drafter.json", "drafter info", "rerun stage 'train-drafters' with --force",
+                    {"domains": _names, "parameters": _count})
+
+
+def read_acceptance_info(data_dir: Path) -> dict:
+    """An acceptance-data set's info.json (<drafter>/<transform tag>/): the drafter it labels, as the
+    directory it sits in names it, and the transform, hidden size and length its features were made with."""
+    from specdraft.decoding.rounds.sampling import SamplingConfig
+
+    def transform(v) -> bool:
+        try:
+            SamplingConfig(v["temperature"], v["top_k"], v["top_p"])
+            return True
+        except (InputError, KeyError, TypeError):
+            return False
+
+    fix = "rerun stage 'acceptance-data' with --force"
+    path = Path(data_dir) / "info.json"
+    info = _checked(path, "acceptance data info", fix,
+                    {"drafter": _text, "drafter_hash": _text, "hidden_size": _count, "max_length": _count,
+                     "label_transform": transform})
+    if info["drafter"] != Path(data_dir).parent.name:  # heads are filed under the directory's drafter
+        raise InputError(f"'{path}' labels drafter '{info['drafter']}' but sits under '{Path(data_dir).parent.name}'; {fix}")
+    return info

@@ -344,6 +344,11 @@ class ExportSection:
     # ship the REST / suffix-decoding datastore (suffix array over distill-data's train responses)
     datastore: bool = True
 
+    def check(self) -> None:
+        from specdraft.decoding.cascades import method_from_spec
+
+        method_from_spec(self.decoding.cascade, "export.decoding.cascade")  # bundle.json's reader checks it again
+
 
 SETS = ("test", "perturbed", "ood")
 # name -> (label, selector in decoding.bandits.selectors, reward in decoding.bandits.multi_drafter)

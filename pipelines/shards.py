@@ -27,16 +27,39 @@ def shard_from_env() -> tuple[int, int]:
     `--shard` sets), a Slurm array task, or a torchrun / srun rank; (0, 1) alone."""
     if "SPECDRAFT_SHARD" in os.environ:
         return parse_shard(os.environ["SPECDRAFT_SHARD"])
+    def number(var: str, default: str | None = None) -> int:
+        text = os.environ.get(var, default)
+        try:
+            return int(text)
+        except ValueError:
+            raise InputError(f"{var}={text!r} is not an integer; fix or unset it (or give --shard i/N)") from None
+
     if "SLURM_ARRAY_TASK_ID" in os.environ and "SLURM_ARRAY_TASK_COUNT" in os.environ:
-        i = int(os.environ["SLURM_ARRAY_TASK_ID"]) - int(os.environ.get("SLURM_ARRAY_TASK_MIN", 0))
-        n = int(os.environ["SLURM_ARRAY_TASK_COUNT"])
+        i = number("SLURM_ARRAY_TASK_ID") - number("SLURM_ARRAY_TASK_MIN", "0")
+        n = number("SLURM_ARRAY_TASK_COUNT")
     elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        i, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        i, n = number("RANK"), number("WORLD_SIZE")
     else:
         i, n = 0, 1
     if not 0 <= i < n:
         raise InputError(f"shard index {i} is outside 0..{n - 1}; check SPECDRAFT_SHARD / the array range")
     return i, n
+
+
+def read_piece(path: Path, what: str, check) -> Any:
+    """One finished piece (a distill-data chunk, an evaluate unit) read back for the merge: written
+    atomically by this code, so damage means a hand edit or a disk fault. `check(obj)` raises KeyError,
+    TypeError or ValueError on a piece of the wrong shape. InputError names the file and the fix: the
+    piece is redone by deleting it and rerunning the shard that owns it."""
+    from specdraft.pipelines.artifacts import read_json
+
+    fix = f"delete it and rerun the stage (its shard redoes that {what} only)"
+    obj = read_json(path, what, fix)
+    try:
+        check(obj)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise InputError(f"{what} file {path} has the wrong shape ({type(e).__name__}: {str(e)[:60]}); {fix}") from None
+    return obj
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
-from specdraft.pipelines.artifacts import load_dataset_dir, read_json
+from specdraft.pipelines.artifacts import load_dataset_dir
 from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
 from specdraft.decoding.bundle.loading import load_causal_lm as load_drafter
 from specdraft.decoding.policies.acceptance_head import save_head
@@ -37,7 +37,7 @@ from specdraft.heads.metrics import constant_baseline, overlap_reference
 from specdraft.heads.online import OnlineFeatures, compute_features
 from specdraft.heads.simulate import best, greedy_oracle, simulate_fixed_k, simulate_specdecpp
 from specdraft.decoding.throughput import ACCEPTANCE_FILE, summarize_acceptance
-from specdraft.pipelines.readers import load_features, transform_dirs
+from specdraft.pipelines.readers import load_features, read_acceptance_info, transform_dirs
 from specdraft.pipelines.stage import Context
 
 
@@ -93,7 +93,7 @@ def build(ctx: Context) -> dict:
     sweep, printed, cost, seconds = {}, [], None, {}
     for data_dir in sets:
         name, tag = data_dir.parent.name, data_dir.name
-        info = read_json(data_dir / "info.json", "acceptance data info", "rerun stage 'acceptance-data' with --force")
+        info = read_acceptance_info(data_dir)
         tr, dev, seqs_ds, loader = load_acceptance_data(ctx, data_dir, info, tok, device)
         online = loader is not None  # acceptance_data.cache_features was off: features recomputed every epoch
         if hcfg.cost_ratio is not None:

@@ -41,7 +41,6 @@ from specdraft.decoding.bundle.chat import ChatFormat, end_of_turn_ids, format_p
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
-from specdraft.pipelines.artifacts import read_json
 from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
 from specdraft.drafters.alignment import position_acceptance
 from specdraft.drafters.data import CausalLMCollator
@@ -51,7 +50,7 @@ from specdraft.routers.lit_router import train_classifier
 from specdraft.routers.router import CentroidRouter, Router, mean_pooled, save_router
 from specdraft.data.prompts import fit_prompt
 from specdraft.data.generation import generate_responses
-from specdraft.pipelines.readers import load_distill_data
+from specdraft.pipelines.readers import load_distill_data, read_drafter_info
 from specdraft.pipelines.stage import Context
 from specdraft.pipelines.readers import BASE
 
@@ -207,8 +206,7 @@ def build(ctx: Context) -> dict:
 def load_routing_drafters(drafters_dir, train_domains: list[str],
                           device) -> tuple[DrafterRoles, dict[str, torch.nn.Module]]:
     """The serving drafters' roles, and the specialised and general drafters themselves (in that order)."""
-    infos = {p.name: read_json(p / "drafter.json", "drafter info", "rerun stage 'train-drafters' with --force")
-             for p in sorted(drafters_dir.iterdir()) if (p / "drafter.json").is_file()}
+    infos = {p.name: read_drafter_info(p) for p in sorted(drafters_dir.iterdir()) if (p / "drafter.json").is_file()}
     roles = routing_roles(infos, train_domains)
     names = roles.special + roles.general
     return roles, {n: load_drafter(drafters_dir / n, "float32").to(device).eval() for n in names}

@@ -229,18 +229,16 @@ def load_router(router_dir: str | os.PathLike, target_embeddings: torch.Tensor |
     """
     d = Path(router_dir)
     config = CHECKPOINT.read_config(d)
-    try:
-        kind, embed_dim, drafters = config["kind"], int(config["embed_dim"]), list(config["drafters"])
-        if kind == "classifier":
-            router: Router = PromptClassifierRouter(embed_dim, drafters, int(config["hidden"]))
-        elif kind == "centroid":
-            router = CentroidRouter(embed_dim, config["domains"], config["domain_drafters"])
-        else:
-            raise InputError(f"{d / CONFIG_NAME}: unknown router kind {kind!r}; expected one of {', '.join(KINDS)}")
-    except InputError:
-        raise
-    except (KeyError, TypeError, ValueError) as e:
-        raise CHECKPOINT.corrupt_config(d, e) from None
+    kind = config.get("kind")
+    embed_dim, drafters = CHECKPOINT.arch(d, config, embed_dim="int", drafters="names")
+    if kind == "classifier":
+        router: Router = PromptClassifierRouter(embed_dim, drafters, *CHECKPOINT.arch(d, config, hidden="int"))
+    elif kind == "centroid":
+        router = CentroidRouter(embed_dim, *CHECKPOINT.arch(d, config, domains="names", domain_drafters="names"))
+    else:
+        raise InputError(f"{d / CONFIG_NAME}: unknown router kind {kind!r}; expected one of {', '.join(KINDS)}")
+    if router.drafters != drafters:  # a centroid router's drafters are its domains' drafters
+        raise CHECKPOINT.corrupt_config(d, ValueError(f"'drafters' {drafters} disagree with 'domain_drafters'"))
     CHECKPOINT.check_format(d, config)
     saved_fp = config.get("tokenizer_fingerprint")
     if tokenizer_fingerprint is not None and saved_fp != tokenizer_fingerprint:

@@ -60,6 +60,22 @@ class CheckpointFormat:
         return InputError(f"{self.what} config {Path(directory) / self.config_name} is corrupt "
                           f"({type(e).__name__}: {e}); re-run {self.stage}")
 
+    def arch(self, directory, config: dict[str, Any], **kinds: str) -> list[Any]:
+        """The architecture values of `config` named by `kinds` (key=int | bool | names), as written:
+        int("3"), bool("false") or list("ab") would build a module its weights were never trained as."""
+        ok = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+              "bool": lambda v: isinstance(v, bool),
+              "names": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)}
+        want = {"int": "an integer >= 0", "bool": "true or false", "names": "a list of names"}
+        out = []
+        for key, kind in kinds.items():
+            if key not in config:
+                raise self.corrupt_config(directory, KeyError(key))
+            if not ok[kind](config[key]):
+                raise self.corrupt_config(directory, TypeError(f"'{key}' is {str(config[key])[:30]!r}, not {want[kind]}"))
+            out.append(config[key])
+        return out
+
     def check_format(self, directory, config: dict[str, Any]) -> None:
         if config.get("format") != self.format:
             raise InputError(f"{Path(directory) / self.config_name} has format {config.get('format')!r}, expected "

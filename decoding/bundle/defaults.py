@@ -53,12 +53,19 @@ class DecodingDefaults:
         the export.decoding section, the bundle reader on bundle.json's decoding object)."""
         from specdraft.decoding.rounds.sampling import SamplingConfig
 
+        if not (math.isfinite(self.temperature) and math.isfinite(self.top_p)):  # inf passes SamplingConfig's >= 0
+            raise InputError(f"{where}: temperature and top_p must be finite numbers, got {self.temperature} and "
+                             f"{self.top_p}")
         try:
             SamplingConfig(self.temperature, self.top_k, self.top_p)
         except InputError as e:
             raise InputError(f"{where}: {e}") from None
         for name in ("k", "k_max", "max_new_tokens", "drafts"):
             require_int(getattr(self, name), f"{where}.{name}")
+        # k_max is SpecDec++'s cap on a round and the longest round train-heads simulates: a default K above
+        # it is a length no head was simulated at, and a section saying both contradicts itself
+        if self.k > self.k_max:
+            raise InputError(f"{where}.k ({self.k}) exceeds its k_max ({self.k_max}); lower k or raise k_max")
         if self.threshold is not None and not is_threshold(self.threshold):
             raise InputError(f"{where}.threshold must be in (0, 1) or null (each head's own h), got {self.threshold}")
         if self.cost_ratio is not None and not (math.isfinite(self.cost_ratio) and self.cost_ratio >= 0):
@@ -66,6 +73,12 @@ class DecodingDefaults:
                              f"got {self.cost_ratio}")
         if self.compile not in COMPILE_MODES:
             raise InputError(f"{where}.compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
+        from specdraft.decoding.policies.selectors import SELECTORS
+
+        # the decoder builds a selector from this name: a bad one must stop here, not mid-evaluation (the
+        # cascade spec is checked by its readers, bundle.json's and the config's: decoding.cascades imports this)
+        if self.selector not in SELECTORS:
+            raise InputError(f"{where}.selector {self.selector!r} is not a selector; use one of {', '.join(SELECTORS)}")
 
     def sampling(self):
         """The default sampling transform (decoding.rounds.sampling.SamplingConfig)."""

@@ -153,6 +153,63 @@ class BundleSpec:
             self.decoding.check(f"{BUNDLE_JSON}: decoding")
         except InputError as e:
             raise InputError(f"{e}; re-export the bundle") from None
+        self._check_relations()
+
+    def _check_relations(self) -> None:
+        """What each value alone cannot say: every reader of bundle.json (export's write, load_bundle,
+        generate, evaluate) goes through here, so a contradictory bundle stops before anything runs."""
+        def bad(what: str) -> InputError:
+            return InputError(f"{BUNDLE_JSON}: {what}; re-export the bundle")
+
+        from specdraft.decoding.cascades import method_from_spec
+
+        try:  # the bundle's default cascade is built by generate and evaluate from this spec
+            method_from_spec(self.decoding.cascade, "decoding.cascade")
+        except InputError as e:
+            raise bad(str(e)) from None
+
+        def positive(value, what: str) -> None:
+            if value < 1:
+                raise bad(f"{what} must be >= 1, got {value}")
+
+        positive(self.target.vocab_size, "target.vocab_size")
+        for name, d in self.drafters.items():
+            for attr in ("parameters", "hidden_size", "vocab_size"):
+                positive(getattr(d, attr), f"drafters['{name}'].{attr}")
+            if d.fixed_k is not None and not 1 <= d.fixed_k <= self.decoding.k_max:
+                raise bad(f"drafters['{name}'].fixed_k ({d.fixed_k}) is outside 1..decoding.k_max "
+                          f"({self.decoding.k_max})")
+            if d.head is not None and d.head not in self.heads.get(name, {}):
+                raise bad(f"drafters['{name}'].head names head '{d.head}', which heads['{name}'] lacks")
+        for drafter, by_name in self.heads.items():
+            if drafter not in self.drafters:
+                raise bad(f"heads name drafter '{drafter}', which the bundle lacks")
+            for name, h in by_name.items():
+                where = f"heads['{drafter}']['{name}']"
+                if h.drafter != drafter:
+                    raise bad(f"{where}.drafter is '{h.drafter}' but it sits under drafter '{drafter}'")
+                if not 0.0 < h.threshold < 1.0:
+                    raise bad(f"{where}.threshold must be in (0, 1), got {h.threshold}")
+                if h.depth < 0 or h.k_max < 0 or not h.w_rej > 0:
+                    raise bad(f"{where} needs depth >= 0, k_max >= 0 and w_rej > 0, got depth {h.depth}, "
+                              f"k_max {h.k_max}, w_rej {h.w_rej}")
+                try:  # the transform its labels were made under; head_for compares the served one with it
+                    from specdraft.decoding.rounds.sampling import SamplingConfig
+
+                    lt = h.label_transform
+                    SamplingConfig(lt["temperature"], lt["top_k"], lt["top_p"])
+                except (InputError, KeyError, TypeError) as e:
+                    raise bad(f"{where}.label_transform {str(h.label_transform)[:60]} is not a sampling "
+                              f"transform ({type(e).__name__})") from None
+        for name, e in self.eagle.items():
+            for attr in ("parameters", "hidden_size", "vocab_size"):
+                positive(getattr(e, attr), f"eagle['{name}'].{attr}")
+            if e.tree and (set(e.tree) != {"depth", "top_k", "nodes"} or any(
+                    isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in e.tree.values())):
+                raise bad(f"eagle['{name}'].tree must be {{depth, top_k, nodes}} of integers >= 1, got {e.tree}")
+        if self.datastore is not None and min(self.datastore.tokens, self.datastore.sequences,
+                                              self.datastore.bytes) < 0:
+            raise bad("datastore counts (tokens, sequences, bytes) must be >= 0")
 
     def to_json(self, root: Path) -> dict[str, Any]:
         """The bundle.json object, paths relative to root (the bundle directory)."""

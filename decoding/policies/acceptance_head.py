@@ -101,10 +101,7 @@ def load_head(
     """
     d = Path(head_dir)
     config = CHECKPOINT.read_config(d)
-    try:
-        hidden_size, depth, tie = int(config["hidden_size"]), int(config["depth"]), bool(config["tie_blocks"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise CHECKPOINT.corrupt_config(d, e) from None
+    hidden_size, depth, tie = CHECKPOINT.arch(d, config, hidden_size="int", depth="int", tie_blocks="bool")
     CHECKPOINT.check_format(d, config)
     if expected_hidden_size is not None and hidden_size != expected_hidden_size:
         raise InputError(

@@ -39,7 +39,7 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoConfig, AutoModel, PretrainedConfig
 
-from specdraft.core.errors import InputError
+from specdraft.core.errors import InputError, require_int
 
 EAGLE_CONFIG = "eagle_config.json"
 EAGLE_WEIGHTS = "model.safetensors"
@@ -81,8 +81,7 @@ class EagleDrafter(torch.nn.Module):
     def __init__(self, target_config: PretrainedConfig, n_layers: int = 1, target_hash: str | None = None,
                  variant: str = "eagle1", feature_layers: list[int] | tuple[int, ...] | None = None):
         super().__init__()
-        if not isinstance(n_layers, int) or n_layers < 1:
-            raise InputError(f"eagle.n_layers must be an integer >= 1, got {n_layers!r}")
+        require_int(n_layers, "eagle.n_layers")  # True is an int to Python, and a layer count to nobody
         if variant not in VARIANTS:
             raise InputError(f"eagle.variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
         self.target_config = target_config
@@ -194,7 +193,12 @@ def read_eagle_config(path: str | Path) -> dict:
     if not file.is_file():
         raise InputError(f"{path} is not an EAGLE drafter directory (no {EAGLE_CONFIG}); export one with "
                          "the train-drafters stage's eagle section")
-    meta = json.loads(file.read_text())
+    try:
+        meta = json.loads(file.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{file} is damaged ({type(e).__name__}); re-export the drafter (train-drafters)") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{file} must hold a JSON object; re-export the drafter (train-drafters)")
     if meta.get("format") != FORMAT:
         raise InputError(f"{file}: unknown format {meta.get('format')!r}; expected {FORMAT}")
     return meta
@@ -210,13 +214,21 @@ def load_eagle(path: str | Path, target: torch.nn.Module | None = None, target_h
     if target_hash is not None and meta.get("target_hash") not in (None, target_hash):
         raise InputError(f"EAGLE drafter {path} was trained for target {str(meta['target_hash'])[:12]}, this "
                          f"target is {target_hash[:12]}; train an EAGLE drafter for this target")
-    tcfg = dict(meta["target_config"])
-    target_config = AutoConfig.for_model(tcfg.pop("model_type"), **tcfg)
     variant = meta.get("variant", "eagle1")  # drafters written before EAGLE-3 are EAGLE-1
-    drafter = EagleDrafter(target_config, n_layers=int(meta["n_layers"]), target_hash=meta.get("target_hash"),
+    try:
+        tcfg = dict(meta["target_config"])
+        target_config = AutoConfig.for_model(tcfg.pop("model_type"), **tcfg)
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"{path}/{EAGLE_CONFIG}: its target_config cannot be read ({type(e).__name__}); re-export "
+                         "the drafter (train-drafters)") from None
+    drafter = EagleDrafter(target_config, n_layers=meta.get("n_layers"), target_hash=meta.get("target_hash"),
                            variant=variant, feature_layers=meta.get("feature_layers") if variant == "eagle3" else None)
     state = load_file(str(Path(path) / EAGLE_WEIGHTS))
-    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = drafter.load_state_dict(state, strict=False)
+    except RuntimeError:  # shapes: the config describes another drafter than the weights
+        raise InputError(f"{path}/{EAGLE_WEIGHTS} has weights of other shapes than its {EAGLE_CONFIG} describes; "
+                         "re-export the drafter") from None
     if missing or unexpected:
         raise InputError(f"{path}/{EAGLE_WEIGHTS} does not match its config (missing {missing[:3]}, unexpected "
                          f"{unexpected[:3]}); re-export the drafter")

@@ -13,7 +13,7 @@ the whole plan.
 """
 from __future__ import annotations
 
-import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -21,7 +21,7 @@ from typing import Any, Callable
 from specdraft.core.errors import InputError
 from specdraft.pipelines.evaluate.plan import Run
 from specdraft.pipelines.evaluate.run import Record
-from specdraft.pipelines.shards import write_json_atomic
+from specdraft.pipelines.shards import read_piece, write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,21 @@ def read_back(plan: list[Run], all_units: list[Unit], store: Path) -> tuple[list
     unit's calibration samples."""
     records, samples = [], []
     for u in all_units:
-        stored = json.loads(u.path(store).read_text())
-        if stored["unit"] != u.name:  # the work dir is keyed by the config and inputs: a plan bug, not input
-            raise ValueError(f"{u.path(store)} holds unit '{stored['unit']}', the plan has '{u.name}' there")
-        records += [Record.from_json(r) for r in stored["records"]]
+        parsed: list[Record] = []
+
+        def check(stored, u=u, parsed=parsed):
+            if not isinstance(stored["unit"], str) or not isinstance(stored["calibration"], dict):
+                raise TypeError("'unit' must be a string and 'calibration' an object")
+            if stored["unit"] != u.name:
+                raise ValueError(f"it holds unit '{stored['unit']}', the plan has '{u.name}' there")
+            parsed.extend(Record.from_json(r) for r in stored["records"])
+            # one record per run of the unit: a lost or extra record would change the report's counts silently
+            got = Counter((rec.set, rec.prompt, rec.key) for rec in parsed)
+            if got != Counter((r.prompt.set, r.prompt.id, r.key) for r in u.runs):
+                raise ValueError(f"its {len(parsed)} records are not those of the unit's {len(u.runs)} runs")
+
+        stored = read_piece(u.path(store), "evaluate unit", check)
+        records += parsed
         samples.append(stored["calibration"])
     position = {(r.prompt.set, r.prompt.id, r.key): i for i, r in enumerate(plan)}
     return sorted(records, key=lambda rec: position[(rec.set, rec.prompt, rec.key)]), samples

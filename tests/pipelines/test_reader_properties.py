@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from specdraft.decoding.bundle.directory import BUNDLE_JSON, load_bundle
 from specdraft.core.errors import InputError
@@ -14,35 +13,12 @@ from specdraft.pipelines.artifacts import MANIFEST, StageOutput, read_manifest
 from specdraft.pipelines.config import load_config
 from specdraft.pipelines.schema import RunConfig
 from tests.decoding.test_bundle import template  # noqa: F401  (the hand-built bundle fixture)
+from tests.readers.fuzz import damage, edits  # the byte damage every reader's property tests share
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = (REPO / "configs" / "demo.yaml").read_bytes()
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
                     derandomize=True)
-
-# one edit: (kind, position as a fraction of the length, payload)
-edits = st.lists(st.tuples(st.sampled_from(["flip", "delete", "insert", "truncate"]),
-                           st.floats(0, 1, exclude_max=True), st.binary(min_size=1, max_size=8)),
-                 min_size=1, max_size=4)
-
-
-def damage(data: bytes, ops) -> bytes:
-    out = bytearray(data)
-    for kind, where, payload in ops:
-        if not out:
-            out += payload
-            continue
-        i = int(where * len(out))
-        if kind == "flip":
-            out[i] ^= payload[0] or 0x01
-        elif kind == "delete":
-            del out[i: i + len(payload)]
-        elif kind == "insert":
-            out[i:i] = payload
-        else:
-            del out[i:]
-    return bytes(out)
-
 
 def assert_one_line(e: InputError) -> None:
     assert str(e) and "\n" not in str(e)
