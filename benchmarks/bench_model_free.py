@@ -83,7 +83,7 @@ def distill_greedy(target, tok, root: Path, per_domain: int, max_new_tokens: int
     whose distill_data is gone): the target's own greedy responses, batched as the stage does."""
     from specdraft.data.prompts import load_prompt_sets
     from specdraft.data.prompts import fit_prompt
-    from specdraft.data.generation import generate_batch
+    from specdraft.data.generation import generate_responses
 
     taken, prompts = {}, []
     for row in load_prompt_sets(root / "prompts")["train"]:
@@ -92,7 +92,7 @@ def distill_greedy(target, tok, root: Path, per_domain: int, max_new_tokens: int
             prompts.append(fit_prompt(format_prompt(tok, row_messages(row)), 384, "truncate", row["id"])[0])
     out = []
     for b in range(0, len(prompts), 16):
-        out += [resp for resp, _ in generate_batch(target, prompts[b:b + 16], tok.pad_token_id, tok.eos_token_id,
+        out += [resp for resp, _ in generate_responses(target, prompts[b:b + 16], tok.pad_token_id, tok.eos_token_id,
                                                     0.0, 0, 1.0, max_new_tokens, 0)]
     return out
 

@@ -64,7 +64,7 @@ class Services:
 
     # (record, "file:line") -> (messages ending with the user turn, reference); data.chat.record_messages
     messages_of: Callable[[dict, str], tuple[list[dict], str]] | None = None
-    # (router dir, target input embeddings, tokenizer fingerprint) -> router; heads.router.load_router
+    # (router dir, target input embeddings, tokenizer fingerprint) -> router; routers.router.load_router
     load_router: Callable[..., Any] | None = None
 
 

@@ -1,7 +1,7 @@
 """Training the prompt-classifier router with Lightning (cross-entropy, Adam).
 
 The target's embedding table is frozen, so each prompt's pooled embedding is computed once
-(`heads.router.mean_pooled`) and the classifier trains on (features (N, H), labels (N,)), where a
+(`routers.router.mean_pooled`) and the classifier trains on (features (N, H), labels (N,)), where a
 label is an index into the router's drafter list. The Trainer comes from `training.trainer`
 (`build_trainer` + `fit`), like every other training stage: checkpoints, resume, loggers, Slurm.
 """

@@ -73,7 +73,7 @@ class DecodingDefaults:
                              f"got {self.cost_ratio}")
         if self.compile not in COMPILE_MODES:
             raise InputError(f"{where}.compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
-        from specdraft.decoding.policies.selectors import SELECTORS
+        from specdraft.decoding.bandits.selectors import SELECTORS
 
         # the decoder builds a selector from this name: a bad one must stop here, not mid-evaluation (the
         # cascade spec is checked by its readers, bundle.json's and the config's: decoding.cascades imports this)

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from specdraft.core.errors import InputError
 from specdraft.decoding.policies.acceptance_head import CONFIG_NAME, AcceptanceHead, load_head, save_head
 from specdraft.decoding.speculators.eagle_model import EAGLE_CONFIG, EagleDrafter, load_eagle, save_eagle
-from specdraft.heads.router import CONFIG_NAME as ROUTER_CONFIG
-from specdraft.heads.router import CentroidRouter, PromptClassifierRouter, load_router, save_router
+from specdraft.routers.router import CONFIG_NAME as ROUTER_CONFIG
+from specdraft.routers.router import CentroidRouter, PromptClassifierRouter, load_router, save_router
 from tests.decoding.eagle_fixtures import tiny_target
 from tests.readers.fuzz import TRIED, check_refusal, damage, edits, fewer, json_values
 
