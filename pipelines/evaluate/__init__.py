@@ -86,7 +86,8 @@ from specdraft.decoding.speculators.eagle import TreeShape
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.drafters.roles import drafter_roles
 from specdraft.pipelines.calibration import Calibrator
-from specdraft.pipelines.evaluate.aggregate import Setup, quality_scores, score_quality, summarize, target_quality
+from specdraft.pipelines.evaluate.aggregate import (Setup, beside_measured, quality_scores, score_quality, summarize,
+                                                   target_quality)
 from specdraft.pipelines.evaluate.claims import judge
 from specdraft.decoding.throughput import predict_throughput
 from specdraft.pipelines.evaluate.load import (load_heads, load_prompts, load_routers, load_target, target_placement,
@@ -228,9 +229,9 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
             ecfg.max_new_tokens, modes["greedy"], eos))
     if metrics.get("throughput") and env.cost_table is not None:
         # what `specdraft predict` says of the same rows before decoding: static batches of the runs' length
-        metrics["throughput"]["predicted"] = predict_throughput(
+        metrics["throughput"]["predicted"] = beside_measured(predict_throughput(
             summary, env.cost_table, metrics["throughput"]["batch_sizes"], k_max=heads["greedy"][ofa].k_max,
-            rounds=PREDICTED_BATCHES, seed=cfg.run.seed, new_tokens=ecfg.max_new_tokens)
+            rounds=PREDICTED_BATCHES, seed=cfg.run.seed, new_tokens=ecfg.max_new_tokens), metrics["throughput"])
         metrics["throughput"]["cost_table"] = env.cost_table.as_dict()
     metrics.update(judge(metrics))
     metrics["target_quality"] = target_quality(records, prompts, tok)

@@ -390,3 +390,24 @@ def method_keys(metrics: dict, families: tuple[str, ...], **where) -> list[dict]
             key = key_of(r)
             seen.setdefault(json.dumps(key, sort_keys=True), (families.index(r["family"]), key))
     return [key for _, key in sorted(seen.values(), key=lambda x: (x[0], label(x[1])))]
+
+
+# the measured throughput rows' names in `specdraft predict`'s table (decoding/throughput.py)
+PREDICTED_NAME = {"ar": lambda k: "AR", "fixed": lambda k: f"K={k}", "batch-aware-lockstep": lambda k: "batch-aware lockstep",
+                  "global-budget": lambda k: "global budget"}
+
+
+def beside_measured(predicted: dict, throughput: dict) -> dict:
+    """`predicted` (decoding.throughput.predict_throughput) with each prediction's measured tokens/s and the
+    relative error predicted / measured - 1, where the throughput rows ran the same method at that B."""
+    spec = next((x["method"] for x in predicted["predictions"] if x["method"].startswith("SpecDec++")), None)
+    measured = {}
+    for r in throughput["rows"]:
+        name = spec if r["policy"] == "specdecpp" else PREDICTED_NAME.get(r["policy"], lambda k: None)(r["k"])
+        if name is not None and r["tokens_per_s"]:
+            measured[(r["batch_size"], name)] = r["tokens_per_s"]
+    out = []
+    for x in predicted["predictions"]:
+        got = measured.get((x["batch"], x["method"]))
+        out.append({**x, "measured_tokens_per_s": got, "error": _r(x["tokens_per_s"] / got - 1) if got else None})
+    return {**predicted, "predictions": out}

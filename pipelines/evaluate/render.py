@@ -273,30 +273,14 @@ def throughput_section(metrics: dict) -> list[str]:
                    "wall-clock speedup [interval]"], rows), "", *lines, "", *predicted_lines(t)]
 
 
-# the measured throughput rows' names in `specdraft predict`'s table (decoding/throughput.py)
-PREDICTED_NAME = {"ar": lambda k: "AR", "fixed": lambda k: f"K={k}", "batch-aware-lockstep": lambda k: "batch-aware lockstep",
-                  "global-budget": lambda k: "global budget"}
-
-
 def predicted_lines(t: dict) -> list[str]:
     """The same batch sizes as `specdraft predict` sees them before decoding (the bundle's acceptance summary and
     the cost table profiled at the stage's start), beside the measured tokens/s where a method is in both."""
     p = t.get("predicted")
     if not p:
         return []
-    measured = {}
-    for r in t["rows"]:
-        name = PREDICTED_NAME.get(r["policy"], lambda k: None)(r["k"])
-        if r["policy"] == "specdecpp":
-            name = next((x["method"] for x in p["predictions"] if x["method"].startswith("SpecDec++")), None)
-        if name is not None:
-            measured[(r["batch_size"], name)] = r["tokens_per_s"]
-    rows = []
-    for x in p["predictions"]:
-        got = measured.get((x["batch"], x["method"]))
-        err = f"{100 * (x['tokens_per_s'] / got - 1):+.0f}%" if got else "-"
-        rows.append([x["batch"], x["method"], _fmt(x["tokens_per_s"]), _fmt(x["speedup"]), _fmt(x["mean_k"]),
-                     _fmt(got) if got else "-", err])
+    rows = [[x["batch"], x["method"], _fmt(x["tokens_per_s"]), _fmt(x["speedup"]), _fmt(x["mean_k"]),
+             _fmt(x.get("measured_tokens_per_s")), _fmt(x.get("error"))] for x in p["predictions"]]
     c = t.get("cost_table") or {}
     return ["Predicted before decoding (`specdraft predict`'s model: the bundle's acceptance summary, "
             f"{p['rounds']} simulated batches of {p['new_tokens']} new tokens per method and B, priced with the decoder's "

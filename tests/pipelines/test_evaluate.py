@@ -180,8 +180,18 @@ def _throughput_counts_are_the_batched_decoders(root: Path, metrics: dict) -> No
                 "ucbspec": lambda k: LengthUCB(tuple(range(k + 1)), delta=ecfg.delta,
                                                cost_ratio=bundle.defaults.cost_ratio)}
     t = metrics["throughput"]
+    # the batch-aware rows were priced with the cost table the stage profiled (in metrics.json) and the bundle's prior
+    from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec
+    from specdraft.decoding.policies.cost_model import CostTable
+
+    table, prior = CostTable.from_dict(t["cost_table"]), bundle.prior_for(ofa)
+    policies["batch-aware-lockstep"] = lambda k: LockstepBatchAwareSpecDec(head, table, prior, h["k_max"])
+    policies["global-budget"] = lambda k: GlobalVerifyBudget(head, table, prior, k)
     assert t["batch_sizes"] == [1, 2] and sorted(t["prompt_ids"]) == sorted(prompts)
-    assert {r["policy"] for r in t["runs"]} == {"ar", "fixed", "specdecpp", "specdecpp-lockstep", "ucbspec"}
+    assert {r["policy"] for r in t["runs"]} == {"ar", "fixed", "specdecpp", "specdecpp-lockstep", "ucbspec",
+                                                "batch-aware-lockstep", "global-budget"}
+    assert {x["batch"] for x in t["predicted"]["predictions"]} == {1, 2}
+    assert any(x["measured_tokens_per_s"] for x in t["predicted"]["predictions"])
     for run in t["runs"]:
         direct = generate_batch(target, [list(prompts[p].ids) for p in run["row_prompts"]], ecfg.max_new_tokens,
                                 drafter=None if run["policy"] == "ar" else drafter,
