@@ -46,10 +46,11 @@ def mimic_drafter(target, noise: float, seed: int, variant: str = "eagle1", feat
 
 
 def trained_eagle3(target, steps: int = 150, seed: int = 0, draft_ids=None, feature_layers=None, greedy: bool = False,
-                   n_rows: int = 32, length: int = 28, prompts: list[list[int]] | None = None):
+                   n_rows: int = 32, length: int = 28, prompts: list[list[int]] | None = None, ttt_steps: int = 1):
     """vLLM's EAGLE-3 layout (variant eagle3) fitted to `target` by teacher forcing on the target's own
     continuations (sampled, or greedy to serve greedy decoding) of `prompts` (equal lengths) and random
-    ones, forward KL at every position: its residual stream starts from the fused features, not from the
+    ones, forward KL at every position and at each of `ttt_steps` training-time-test steps
+    (drafters.eagle.ttt_predictions, so deeper drafts are trained too): its residual stream starts from the fused features, not from the
     token, so no hand-made copy of the target mimics it; a short fit does (a random target's continuations
     of unseen prompts it does not learn: self-distill on the prompts it will serve)."""
     from specdraft.decoding.speculators.eagle_model import fused_features, new_eagle_drafter
@@ -70,10 +71,15 @@ def trained_eagle3(target, steps: int = 150, seed: int = 0, draft_ids=None, feat
         out = target(input_ids=ids, output_hidden_states=True)
         feats = fused_features(out.hidden_states, drafter.feature_layers)[:, :-1]
     opt = torch.optim.Adam([p for p in drafter.parameters() if p.requires_grad], lr=3e-3)
+    from specdraft.drafters.eagle import ttt_predictions
+
+    valid = torch.ones_like(ids[:, 1:])
     for _ in range(steps):
-        logits, wanted = drafter.train_logits(drafter(feats, ids[:, 1:]), out.logits[:, 1:])
-        loss = torch.nn.functional.kl_div(logits.log_softmax(-1), wanted.log_softmax(-1), log_target=True,
-                                          reduction="batchmean")
+        loss = 0.0
+        for s, pred in enumerate(ttt_predictions(drafter, feats, ids[:, 1:], valid, ttt_steps)):
+            logits, wanted = drafter.train_logits(pred[:, s:], out.logits[:, 1 + s :])
+            loss = loss + torch.nn.functional.kl_div(logits.log_softmax(-1), wanted.log_softmax(-1), log_target=True,
+                                                     reduction="batchmean")
         opt.zero_grad()
         loss.backward()
         opt.step()
