@@ -291,13 +291,18 @@ def build(ctx: Context) -> dict:
                     best=head == s["best_head"], simulated=hc.get("simulated", {}))
         drafters[name] = replace(drafters[name], head=f"{tags[0]}/{by_tag[tags[0]]['best_head']}")
 
-    # 3b. each drafter's best fixed K, as a number in bundle.json and in its generation_config, where
-    # transformers' assistant_model reads it
+    # 3b. each drafter's best fixed K, as a number in bundle.json, in its generation_config, where
+    # transformers' assistant_model reads it, and in vLLM's speculative_config (method draft_model)
+    from specdraft.pipelines.vllm_export import write_speculative_config
+
     for name in names:
         k = best_fixed_k(sweep.get(name, {}), drafters[name].head, serving)
         drafters[name] = replace(drafters[name], fixed_k=k)
         rel = f"drafters/{name}/generation_config.json"
         files[rel] = write_assistant_config(out / rel, k if k is not None else defaults.k)
+        add(f"vllm/{name}", write_speculative_config(out / "vllm" / name, "draft_model",
+                                                     (ctx.root / ctx.spec.out / "drafters" / name).resolve(),
+                                                     k if k is not None else defaults.k))
     # the cost ratio the bandits price drafts with: pinned in export.decoding, else the one train-heads measured
     if defaults.cost_ratio is None:
         defaults = replace(defaults, cost_ratio=measured_cost_ratio(sweep))

@@ -12,7 +12,8 @@ directory is in speculators' format:
 - model.safetensors: `fc`, `layers.N.*`, `norm`, `lm_head`, and `d2t` (int64 offsets) only for a
   reduced draft vocabulary; no `embed_tokens` (vLLM shares the target's)
 - speculative_config.json: `{"method": "eagle3", "model": DIR, "num_speculative_tokens": K}` for
-  `LLM(speculative_config=...)` / `vllm serve TARGET --speculative-config ...`. No
+  `LLM(speculative_config=...)` / `vllm serve TARGET --speculative-config ...`; export writes one for each
+  independent drafter too (vllm/<name>/, `method: draft_model`, its best fixed K). No
   `num_speculative_tokens_per_batch_size`: the project has no batch-aware cost model yet to fill it.
 """
 from __future__ import annotations
@@ -92,6 +93,14 @@ def write_vllm_drafter(drafter, out: Path, k: int, verifier: str, served_at: Pat
     out.mkdir(parents=True, exist_ok=True)
     save_file(vllm_weights(drafter), str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(speculators_config(drafter, k, verifier), indent=2) + "\n")
-    spec = {"method": "eagle3", "model": str(served_at), "num_speculative_tokens": k}
-    (out / SPECULATIVE_CONFIG).write_text(json.dumps(spec, indent=2) + "\n")
+    write_speculative_config(out, "eagle3", served_at, k)
     return {p.name: file_sha256(p) for p in sorted(out.iterdir())}
+
+
+def write_speculative_config(out: Path, method: str, model: Path, k: int) -> dict[str, str]:
+    """out/speculative_config.json: vLLM's speculative_config for the drafter at `model` served at K.
+    -> relative path -> sha256."""
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {"method": method, "model": str(model), "num_speculative_tokens": k}
+    (out / SPECULATIVE_CONFIG).write_text(json.dumps(spec, indent=2) + "\n")
+    return {SPECULATIVE_CONFIG: file_sha256(out / SPECULATIVE_CONFIG)}

@@ -117,3 +117,13 @@ def test_layers_need_an_eagle3_variant(tmp_path):
         _config(tmp_path, {"eagle": dict(EAGLE["eagle"], layers=[1, 2, 3])}).train_drafters.eagle.check()
     with pytest.raises(InputError, match="draft_vocab"):
         _config(tmp_path, {"eagle": dict(EAGLE["eagle"], draft_vocab=100)}).train_drafters.eagle.check()
+
+
+def test_export_writes_a_draft_model_speculative_config_per_independent_drafter(_exported):
+    bundle = _exported / "bundle"
+    meta = json.loads((bundle / "bundle.json").read_text())
+    for name, entry in meta["drafters"].items():
+        spec = json.loads((bundle / "vllm" / name / "speculative_config.json").read_text())
+        k = entry.get("fixed_k") or meta["decoding"]["k"]
+        assert spec == {"method": "draft_model", "model": str((bundle / "drafters" / name).resolve()),
+                        "num_speculative_tokens": k}
