@@ -4,7 +4,7 @@
         [--k 4] [--tree 4,4,16] [--reps 3] [--eagle DIR] [--no-append]
 
 RUN is a finished run root (prompts/, target/, distill_data/, bundle/; e.g. a copy of runs/demo). Steps:
-  1. train an EAGLE drafter (decoding/speculators/eagle_model.py, drafters/eagle.py: EAGLE-1 loss, target features
+  1. train an EAGLE drafter of --variant (decoding/speculators/eagle_model.py, drafters/eagle.py; target features
      online) on distill_data's train rows of every domain (an OFA EAGLE drafter) through the shared trainer,
      for --steps optimizer steps; its wall time is the demo's budget question. --eagle DIR skips this.
      Teacher-forced alignment on the dev rows (1 - TV at T=1, greedy agreement), beside the bundle's
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
 from specdraft.decoding.bundle.directory import load_bundle  # noqa: E402
 from specdraft.decoding.speculators.eagle import EagleSpeculator, TreeShape  # noqa: E402
-from specdraft.decoding.speculators.eagle_model import EagleDrafter, load_eagle, save_eagle, target_dir_hash  # noqa: E402
+from specdraft.decoding.speculators.eagle_model import load_eagle, new_eagle_drafter, save_eagle, target_dir_hash  # noqa: E402
 from specdraft.decoding.metrics import aggregate  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.speculative import generate_speculative  # noqa: E402
@@ -48,7 +48,7 @@ from publish import publish  # noqa: E402  (benchmarks/publish.py)
 GREEDY = SamplingConfig(temperature=0.0)
 
 
-def train(run: Path, target, steps: int, batch_size: int, lr: float, out: Path, seed: int) -> dict:
+def train(run: Path, target, steps: int, batch_size: int, lr: float, out: Path, seed: int, variant: str = "eagle1") -> dict:
     from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
     from specdraft.drafters.eagle import EagleModule
     from specdraft.pipelines.readers import load_distill_data
@@ -57,7 +57,9 @@ def train(run: Path, target, steps: int, batch_size: int, lr: float, out: Path, 
     rows = load_distill_data(run / "distill_data")["train"]
     examples = [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in rows]
     torch.manual_seed(seed)
-    drafter = EagleDrafter(target.config, target_hash=target_dir_hash(run / "target"))
+    drafter = new_eagle_drafter(target.config, variant=variant, target_hash=target_dir_hash(run / "target"))
+    if hasattr(drafter, "init_from_target"):
+        drafter.init_from_target(target)
     module = EagleModule(drafter, target, lr=lr, seed=seed)
     cfg = TrainerConfig(max_steps=steps, batch_size=batch_size, checkpoint_every_n_steps=0, accelerator="cpu",
                         wandb=WandbConfig(mode="disabled"), seed=seed)
@@ -105,7 +107,7 @@ def run_bench(args) -> str:
     out = Path(args.workdir or run / "bench_eagle")
     info = None
     if args.eagle is None:
-        info = train(run, target, args.steps, args.batch_size, args.lr, out, args.seed)
+        info = train(run, target, args.steps, args.batch_size, args.lr, out, args.seed, args.variant)
         eagle_dir = out / "eagle-ofa"
     else:
         eagle_dir = Path(args.eagle)
@@ -154,7 +156,7 @@ def run_bench(args) -> str:
              f"{platform.machine()}, {args.threads} thread(s))", "",
              f"`python benchmarks/bench_eagle.py {' '.join(args.argv)}`", "",
              f"Target: {bundle.target_path} ({target.config.num_hidden_layers} layers, hidden "
-             f"{target.config.hidden_size}). EAGLE drafter: one {target.config.model_type} decoder layer + Linear(2d->d), "
+             f"{target.config.hidden_size}). EAGLE drafter ({meta.get('variant', 'eagle1')}): one decoder layer + its input projection, "
              f"{meta['parameters']:,} parameters of its own (the target's embedding and LM head are shared); "
              + (f"trained here for {info['steps']} steps (batch {args.batch_size}) on {info['examples']} self-distilled "
                 f"responses of every domain in **{info['seconds']} s** wall (features online; final loss "
@@ -206,6 +208,7 @@ OPTIONS = [
     ("--eagle", str, None, "a trained EAGLE drafter dir (skips training)"),
     ("--workdir", str, None, "where the trained drafter goes (default RUN/bench_eagle)"),
     ("--steps", int, 200, "EAGLE training steps"),
+    ("--variant", str, "eagle1", "EAGLE variant trained: eagle1, eagle3 (vLLM's layout) or eagle3-proj"),
     ("--batch-size", int, 16, "EAGLE training batch"),
     ("--lr", float, 3e-3, "EAGLE learning rate"),
     ("--prompts-per-domain", int, 3, "test prompts per domain"),

@@ -2,7 +2,8 @@
 prompts on /v1/completions, and a vLLM server this process starts from vLLM's own venv and stops.
 
 vLLM pins another transformers than the project, so it never imports here: it runs as a subprocess of
-the engine venv's python (`make vllm` builds .venv-vllm), and we talk to it over HTTP (stdlib urllib).
+the engine venv's python (`make vllm` builds .venv-vllm), and we talk to it over HTTP with httpx: one
+asyncio task per prompt on one connection pool, which caps how many requests are in flight.
 
 Prompts go to the server as token ids, formatted once by the caller (decoding.bundle.chat.format_prompt): the
 server applies no chat template of its own. Responses come back as token ids (vLLM's `return_token_ids`;
@@ -11,16 +12,15 @@ the first end-of-turn token with that token kept, as data.generation.generate_ba
 """
 from __future__ import annotations
 
-import json
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import httpx
 
 from specdraft.core.errors import InputError
 
@@ -51,24 +51,31 @@ def _one_line(text: str, limit: int = 200) -> str:
 
 class CompletionsClient:
     """/v1/completions of an OpenAI-compatible server, one request per prompt (the server batches
-    concurrent requests itself)."""
+    concurrent requests itself; at most `concurrency` are in flight)."""
 
     def __init__(self, url: str, model: str, timeout_s: float = 600.0, concurrency: int = 64):
         self.url, self.model, self.timeout_s, self.concurrency = url.rstrip("/"), model, timeout_s, concurrency
 
-    def _call(self, path: str, body: dict | None = None) -> dict:
-        req = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    def _answer(self, path: str, response: httpx.Response | Exception) -> dict:
+        """The JSON of a response, or the one line saying why there is none."""
+        if isinstance(response, httpx.Response) and response.is_error:
+            raise InputError(f"the server at {self.url} refused {path} (HTTP {response.status_code}: "
+                             f"{_one_line(response.text)})")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            detail = _one_line(e.read().decode(errors="replace"))
-            raise InputError(f"the server at {self.url} refused {path} (HTTP {e.code}: {detail})") from None
-        except (urllib.error.URLError, OSError, ValueError) as e:  # refused, reset, timed out, not JSON
-            reason = getattr(e, "reason", e)
-            raise InputError(f"the server at {self.url} did not answer {path} ({_one_line(str(reason), 120)}); "
+            if isinstance(response, Exception):
+                raise response
+            return response.json()
+        except (httpx.HTTPError, OSError, ValueError) as e:  # refused, reset, timed out, not JSON
+            raise InputError(f"the server at {self.url} did not answer {path} ({_one_line(str(e) or type(e).__name__, 120)}); "
                              "start it (or check distill_data.engine_url); finished chunks are kept and a rerun resumes") from None
+
+    def _call(self, path: str, body: dict | None = None) -> dict:
+        try:
+            with httpx.Client(base_url=self.url, timeout=self.timeout_s) as http:
+                response = http.get(path) if body is None else http.post(path, json=body)
+        except httpx.HTTPError as e:
+            response = e
+        return self._answer(path, response)
 
     def check_model(self) -> None:
         """Fail unless the server serves `model` (a server for another model would answer happily)."""
@@ -77,12 +84,14 @@ class CompletionsClient:
             raise InputError(f"the server at {self.url} serves {served}, not '{self.model}'; "
                              "point distill_data.engine_url at the target's server or fix distill_data.engine_model")
 
-    def complete(self, prompt: list[int], stops: list[int], temperature: float, top_k: int, top_p: float,
-                 max_new_tokens: int, seed: int) -> tuple[list[int], str]:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": temperature,
+    def _body(self, prompt: list[int], stops: list[int], temperature: float, top_k: int, top_p: float,
+              max_new_tokens: int, seed: int) -> dict:
+        return {"model": self.model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": temperature,
                 "top_p": top_p, "top_k": top_k if top_k > 0 else -1, "seed": seed % SEED_MOD,
                 "stop_token_ids": stops, "return_token_ids": True, "skip_special_tokens": False}
-        choice = self._call("/completions", body)["choices"][0]
+
+    def _response(self, answer: dict, stops: list[int]) -> tuple[list[int], str]:
+        choice = answer["choices"][0]
         ids = choice.get("token_ids")
         if ids is None:
             raise InputError(f"the server at {self.url} returned no response token ids; it needs vLLM's "
@@ -95,12 +104,37 @@ class CompletionsClient:
                              "use an engine that returns the stop token id (vLLM does)")
         return list(ids), "length"
 
+    def complete(self, prompt: list[int], stops: list[int], temperature: float, top_k: int, top_p: float,
+                 max_new_tokens: int, seed: int) -> tuple[list[int], str]:
+        body = self._body(prompt, stops, temperature, top_k, top_p, max_new_tokens, seed)
+        return self._response(self._call("/completions", body), stops)
+
     def generate(self, prompts: list[list[int]], stops: list[int], temperature: float, top_k: int, top_p: float,
                  max_new_tokens: int, seeds: list[int]) -> list[tuple[list[int], str]]:
-        """Every prompt as its own request with its own seed, sent concurrently; results in prompt order."""
-        with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(prompts)))) as pool:
-            return list(pool.map(lambda ps: self.complete(ps[0], stops, temperature, top_k, top_p, max_new_tokens,
-                                                          ps[1]), zip(prompts, seeds)))
+        """Every prompt as its own request with its own seed, sent concurrently; results in prompt order.
+        The first failure cancels the requests still out and is raised as its one line."""
+
+        async def one(http: httpx.AsyncClient, prompt: list[int], seed: int) -> tuple[list[int], str]:
+            body = self._body(prompt, stops, temperature, top_k, top_p, max_new_tokens, seed)
+            try:
+                response = await http.post("/completions", json=body)
+            except httpx.HTTPError as e:
+                response = e
+            return self._response(self._answer("/completions", response), stops)
+
+        async def run() -> list[tuple[list[int], str]]:
+            limits = httpx.Limits(max_connections=max(1, self.concurrency))
+            # no limit on waiting for a free connection: a long batch queues behind the first `concurrency`
+            timeout = httpx.Timeout(self.timeout_s, pool=None)
+            async with httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=limits) as http:
+                async with asyncio.TaskGroup() as group:
+                    tasks = [group.create_task(one(http, p, s)) for p, s in zip(prompts, seeds)]
+            return [t.result() for t in tasks]
+
+        try:
+            return asyncio.run(run())
+        except ExceptionGroup as group:  # a TaskGroup's failures: the first says what went wrong
+            raise group.exceptions[0] from None
 
 
 class VllmServer:

@@ -21,8 +21,9 @@ and a cache of d floats per token (T x d x 2 bytes per sequence) would exceed th
 combined for a real target (4096-d features: 8 KiB per token). The heads' online path makes the same
 trade. A disk cache would pay off only for many epochs over a large target, on GPUs.
 
-EAGLE-3 (Li et al. 2025, arXiv 2503.01840, Sec. 3.1 "training-time test"), `variant="eagle3"`: the input
-features are the target's low / middle / high hidden states, fused by the drafter (decoding/speculators/eagle_model.py);
+EAGLE-3 (Li et al. 2025, arXiv 2503.01840, Sec. 3.1 "training-time test"), `variant="eagle3"` (vLLM's
+layout, decoding/speculators/eagle_model.py) and `"eagle3-proj"` (specdraft's earlier one): the input
+features are the target's low / middle / high hidden states, fused by the drafter;
 the feature regression is dropped and only the token loss is kept; and the drafter is unrolled for
 `ttt_steps` steps on its own predictions, as at decode time: at step s the entry for position i reads the
 prediction that step s - 1 made at position i - 1 and attends to the real entries 0..i-s and to its own
@@ -90,11 +91,8 @@ def ttt_predictions(drafter: EagleDrafter, features: torch.Tensor, tokens: torch
     the real entries 0..i-s and s draft steps on the drafter's own predictions (what the decoder's s-th
     draft step computes; entries i < s are meaningless)."""
     B, T = tokens.shape
-    embed, _ = drafter._parts()
-    dtype = drafter.fc.weight.dtype
-    with torch.no_grad():
-        emb = embed(tokens).to(dtype)
-    z_steps = [drafter.fc(torch.cat([emb, drafter.fuse(features.to(dtype))], dim=-1))]  # step 0: real features
+    emb = drafter.embed(tokens)
+    z_steps = [drafter.layer_input(emb, features)]  # step 0: the real (fused) features
     positions = torch.arange(T, device=tokens.device)
     preds = []
     # step s needs step s - 1's outputs: one forward per step over the stack of steps 0..s (the earlier
@@ -109,7 +107,7 @@ def ttt_predictions(drafter: EagleDrafter, features: torch.Tensor, tokens: torch
         preds.append(pred)
         if s + 1 < steps:  # step s + 1 at index i reads step s's prediction at i - 1
             shifted = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1]], dim=1)
-            z_steps.append(drafter.fc(torch.cat([emb, shifted], dim=-1)))
+            z_steps.append(drafter.layer_input(emb, shifted))
     return preds
 
 
@@ -142,7 +140,7 @@ class EagleModule(L.LightningModule):
         self.target.to(self.device)
 
     def compute_loss(self, batch: dict[str, torch.Tensor], noise: bool = True) -> tuple[torch.Tensor, dict, int]:
-        if self.drafter.variant == "eagle3":
+        if self.drafter.variant != "eagle1":
             return self.compute_loss_eagle3(batch)
         ids, attn = batch["input_ids"], batch["attention_mask"]
         with torch.no_grad():
@@ -178,19 +176,19 @@ class EagleModule(L.LightningModule):
         preds = ttt_predictions(self.drafter, feats[:, :-1], tokens, valid, S)
         total, weights, parts = 0.0, 0.0, {}
         n = int(mask.sum())
-        target_p = target_logits[mask].float().softmax(-1)
         for s, pred in enumerate(preds):
             step_mask = mask.clone()
             step_mask[:, :s] = False  # no chain of s predictions before index s
             if not step_mask.any():
                 continue
-            logits = self.drafter.lm_logits(pred[step_mask])
-            token = losses.forward_kl(logits, target_logits[step_mask].float().softmax(-1))
+            # a reduced draft vocabulary (vLLM's eagle3 layout) learns the target renormalised over it
+            logits, wanted = self.drafter.train_logits(pred[step_mask], target_logits[step_mask])
+            token = losses.forward_kl(logits, wanted.float().softmax(-1))
             w = TTT_DECAY ** s
             total, weights = total + w * token, weights + w
             parts[f"token_step{s}"] = token.detach()
             if s == 0:
-                parts["agreement"] = (logits.argmax(-1) == target_p.argmax(-1)).float().mean().detach()
+                parts["agreement"] = (logits.argmax(-1) == wanted.argmax(-1)).float().mean().detach()
         return total / weights, parts, n
 
     def on_train_batch_start(self, batch, batch_idx) -> None:

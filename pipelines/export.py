@@ -110,19 +110,44 @@ def measured_cost_ratio(sweep: dict) -> float:
     return found.pop()
 
 
-def export_eagle(ctx: Context, drafters_dir: Path, manifest: Manifest, out: Path, files: dict[str, str],
-                 target: TargetEntry, add) -> dict[str, EagleEntry]:
-    """Copy train-drafters' eagle/<name>/ dirs into eagle/<name>/ and describe them for bundle.json; each
-    must have been trained on this target (its recorded target content hash, when both are known)."""
-    from specdraft.decoding.speculators.eagle_model import read_eagle_config, target_dir_hash, target_hash_from_files
+def eagle_names(manifest: Manifest) -> list[str]:
+    return sorted({rel.split("/")[1] for rel in manifest.files
+                   if rel.startswith("eagle/") and rel.endswith("/eagle_config.json")})
 
-    names = sorted({rel.split("/")[1] for rel in manifest.files
-                    if rel.startswith("eagle/") and rel.endswith("/eagle_config.json")})
+
+def check_eagle_sources(drafters_dir: Path, manifest: Manifest, target_config: dict) -> dict:
+    """Before anything is written: every EAGLE drafter's config agrees with its weights, and each eagle3
+    (vLLM layout) drafter is one vLLM can serve beside this target. -> {name: drafter}."""
+    from specdraft.decoding.speculators.eagle_model import drafter_from_config, eagle_state_and_config
+    from specdraft.pipelines.vllm_export import check_servable
+
+    drafters = {}
+    for name in eagle_names(manifest):
+        src = drafters_dir / "eagle" / name
+        meta, state = eagle_state_and_config(src)
+        drafters[name] = drafter_from_config(meta, state, src)
+        if meta.get("variant") == "eagle3":
+            check_servable(name, meta, target_config)
+    return drafters
+
+
+def export_eagle(ctx: Context, drafters_dir: Path, manifest: Manifest, out: Path, files: dict[str, str],
+                 target: TargetEntry, add, checked: dict) -> dict[str, EagleEntry]:
+    """Copy train-drafters' eagle/<name>/ dirs into eagle/<name>/ and describe them for bundle.json; each
+    must have been trained on this target (its recorded target content hash, when both are known). Each
+    eagle3 drafter (`checked`: the drafters check_eagle_sources built) also goes to vllm/<name>/ in the
+    layout vLLM's eagle3 method loads, with its speculative_config.json at the bundle's K."""
+    from specdraft.decoding.speculators.eagle_model import read_eagle_config, target_dir_hash, target_hash_from_files
+    from specdraft.pipelines.vllm_export import PROVEN_WITH, write_vllm_drafter
+
+    names = eagle_names(manifest)
     if not names:
         return {}
-    print(f"[export] EAGLE drafters {names} keep specdraft's layout, which vLLM's eagle/eagle3 methods cannot load "
-          "(a normed first layer and a final norm; EAGLE-3 projects [embedding; fused features] before a standard "
-          "layer and drafts the full vocabulary): serve them with specdraft's decoder")
+    others = [n for n in names if checked[n].variant != "eagle3"]
+    if others:
+        print(f"[export] EAGLE drafters {others} are of specdraft's own variants (eagle1, eagle3-proj), which vLLM cannot "
+              "load: serve them with specdraft's decoder; variant eagle3 exports for vLLM")
+    final = ctx.root / ctx.spec.out  # where the bundle will be once the stage commits
     if target.path is not None:
         want = target_hash_from_files(subdir_files(files, target.path.relative_to(out).as_posix()))
     else:
@@ -142,6 +167,13 @@ def export_eagle(ctx: Context, drafters_dir: Path, manifest: Manifest, out: Path
         if want is not None and meta.get("target_hash") not in (None, want):
             raise InputError(f"EAGLE drafter '{name}' was trained for another target (content hash "
                              f"{str(meta['target_hash'])[:12]}, this one {want[:12]}); rerun train-drafters")
+        if checked[name].variant == "eagle3":
+            k = ctx.cfg.export.decoding.k
+            verifier = str((final / "target").resolve()) if target.path is not None else target.reference
+            add(f"vllm/{name}", write_vllm_drafter(checked[name], out / "vllm" / name, k, verifier,
+                                                   (final / "vllm" / name).resolve()))
+            print(f"[export] {name}: vllm/{name}/ loads in vLLM as method eagle3 (proven with {PROVEN_WITH}); "
+                  f"its speculative_config.json serves it at K = {k}")
         eagle[name] = EagleEntry(name=name, path=out / rel, domains=meta.get("domains", []),
                                  parameters=meta["parameters"], hidden_size=meta["hidden_size"],
                                  vocab_size=meta["vocab_size"], target_hash=meta.get("target_hash"),
@@ -186,12 +218,18 @@ def build(ctx: Context) -> dict:
     out = ctx.out
     defaults = decoding_defaults(ctx)  # bad config fails before anything is copied
     files: dict[str, str] = {}
+    from transformers import AutoConfig
+
+    target_src = ctx.target_path()
+    target_config = AutoConfig.from_pretrained(target_src, trust_remote_code=cfg.target.trust_remote_code)
+    # EAGLE drafters vLLM could not serve, or whose config disagrees with their weights, fail before any copy
+    drafters_dir, drafters_manifest = ctx.input("train-drafters"), ctx.manifests["train-drafters"]
+    eagle_checked = check_eagle_sources(drafters_dir, drafters_manifest, target_config.to_dict())
 
     def add(prefix: str, copied: dict[str, str]) -> None:
         files.update({f"{prefix}/{rel}": h for rel, h in copied.items()})
 
     # 1. target
-    target_src = ctx.target_path()
     external = cfg.target.name_or_path is not None
     tok = load_tokenizer(target_src, cfg.target.trust_remote_code)
     where: dict = {}  # exactly one of path (copied in) and reference (+ revision)
@@ -204,14 +242,11 @@ def build(ctx: Context) -> dict:
     else:
         add("target", copy_listed(Path(target_src), ctx.manifests["pretrain-target"], None, out / "target"))
         where["path"] = out / "target"
-    from transformers import AutoConfig
-
-    vocab_size = AutoConfig.from_pretrained(target_src, trust_remote_code=cfg.target.trust_remote_code).vocab_size
+    vocab_size = target_config.vocab_size
     target = TargetEntry(tokenizer_sha256=tokenizer_fingerprint(tok), vocab_size=vocab_size, dtype=cfg.target.dtype,
                          quantization=cfg.target.quantization, device_map=cfg.target.device_map, **where)
 
     # 2. drafters
-    drafters_dir, drafters_manifest = ctx.input("train-drafters"), ctx.manifests["train-drafters"]
     names = sorted({rel.split("/")[0] for rel in drafters_manifest.files if rel.endswith("/drafter.json")} - {BASE})
     if not names:
         raise InputError(f"{drafters_dir} holds no serving drafters; rerun `specdraft train-drafters`")
@@ -232,7 +267,7 @@ def build(ctx: Context) -> dict:
             content_hash=drafter_hash(copied), alignment=alignment.get(name, {}))
 
     # 2b. EAGLE drafters (train_drafters.eagle): self-describing dirs pinned to this target by content hash
-    eagle = export_eagle(ctx, drafters_dir, drafters_manifest, out, files, target, add)
+    eagle = export_eagle(ctx, drafters_dir, drafters_manifest, out, files, target, add, eagle_checked)
 
     # 3. heads
     heads_dir, heads_manifest = ctx.input("train-heads"), ctx.manifests["train-heads"]
@@ -267,14 +302,19 @@ def build(ctx: Context) -> dict:
             add(rel, copy_listed(heads_dir, heads_manifest, f"{name}/{tags[0]}", out / rel, only={ACCEPTANCE_FILE}))
             drafters[name] = replace(drafters[name], acceptance=out / rel)
 
-    # 3b. each drafter's best fixed K, as a number in bundle.json and in its generation_config, where
-    # transformers' assistant_model reads it
+    # 3b. each drafter's best fixed K, as a number in bundle.json, in its generation_config, where
+    # transformers' assistant_model reads it, and in vLLM's speculative_config (method draft_model)
+    from specdraft.pipelines.vllm_export import write_speculative_config
+
     for name in names:
         default = heads.get(name, {}).get(drafters[name].head) if drafters[name].head else None
         k = best_fixed_k(sweep.get(name, {}), default, serving)
         drafters[name] = replace(drafters[name], fixed_k=k)
         rel = f"drafters/{name}/generation_config.json"
         files[rel] = write_assistant_config(out / rel, k if k is not None else defaults.k)
+        add(f"vllm/{name}", write_speculative_config(out / "vllm" / name, "draft_model",
+                                                     (ctx.root / ctx.spec.out / "drafters" / name).resolve(),
+                                                     k if k is not None else defaults.k))
     # the cost ratio the bandits price drafts with: pinned in export.decoding, else the one train-heads measured
     if defaults.cost_ratio is None:
         defaults = replace(defaults, cost_ratio=measured_cost_ratio(sweep))

@@ -206,10 +206,16 @@ class EagleSection:
     #                                       EAGLE twin "eagle-<name>" with the same domains; null: all of them
     n_layers: int = 1  # decoder layers of the target's architecture
     # eagle1: reads the target's final hidden state, SmoothL1 feature + token loss, feature noise;
-    # eagle3: fuses the target's low / middle / high hidden states (Linear 3d -> d), token loss only,
-    # trained with the training-time test (ttt_steps unrolled steps on its own predictions; no noise)
-    variant: Literal["eagle1", "eagle3"] = "eagle1"
-    layers: Optional[list[int]] = None  # eagle3: the 3 hidden-state indices fused; null: EAGLE-3's 2, L/2, L-3
+    # eagle3: vLLM's Llama EAGLE-3 drafter (fc over 3 target layers, [embedding ; hidden] into the layer, own
+    # lm_head over draft_vocab), token loss only, trained with the training-time test (ttt_steps unrolled
+    # steps on its own predictions; no noise); export writes it as a directory vLLM loads as method eagle3;
+    # eagle3-proj: specdraft's earlier EAGLE-3 ([embedding ; fused] projected to d, the target's head),
+    # the same training, served by specdraft's decoder only
+    variant: Literal["eagle1", "eagle3", "eagle3-proj"] = "eagle1"
+    # eagle3: 3 increasing target layer ids (id i = the input of layer i, hidden_states[i]); null: vLLM's
+    # 2, L/2, L-3. eagle3-proj: 3 hidden-state indices in [0, L]; null: EAGLE-3's 2, L/2, L-3
+    layers: Optional[list[int]] = None
+    draft_vocab: Optional[int] = None  # eagle3: draft in the N most frequent tokens of the self-distilled responses (d2t); null: the full vocabulary
     ttt_steps: int = 3  # eagle3: training-time test steps (1 = no unrolling)
     lr: float = 3e-4  # AdamW peak learning rate (cosine schedule with linear warmup)
     warmup_ratio: float = 0.03  # fraction of the steps spent warming up
@@ -227,9 +233,11 @@ class EagleSection:
             raise InputError("train_drafters.eagle: lr must be > 0, feature_noise and token_weight >= 0")
         if self.ttt_steps < 1:
             raise InputError("train_drafters.eagle.ttt_steps must be >= 1 (1 = no training-time test)")
-        if self.layers is not None and (self.variant != "eagle3" or len(self.layers) != 3):
+        if self.layers is not None and (self.variant == "eagle1" or len(self.layers) != 3):
             raise InputError("train_drafters.eagle.layers takes 3 hidden-state indices (low, middle, high) and only "
                              "with variant: eagle3; drop it for EAGLE-3's default or for eagle1")
+        if self.draft_vocab is not None and (self.variant != "eagle3" or self.draft_vocab < 1):
+            raise InputError("train_drafters.eagle.draft_vocab takes a size >= 1 and only with variant: eagle3")
         from specdraft.decoding.speculators.eagle import TreeShape
 
         TreeShape(self.tree.depth, self.tree.top_k, self.tree.nodes)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from specdraft.decoding.speculators.eagle_model import (EagleDrafter, count_parameters, fused_features, load_eagle, save_eagle,
-                                  target_dir_hash)
+from specdraft.decoding.speculators.eagle_model import (EagleDrafter, count_parameters, fused_features, load_eagle,
+                                                        new_eagle_drafter, save_eagle, target_dir_hash)
 from specdraft.core.errors import InputError
 from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
 from specdraft.drafters.eagle import EagleModule
@@ -55,10 +55,13 @@ def train_eagle(ctx, target, specs, train_rows: list[dict], pad_id: int, seed: i
             print(f"[train-drafters] {name}: already trained (resumed run)")
             continue
         rows = [r for r in train_rows if r["domain"] in domains]
+        draft_ids = None if ecfg.draft_vocab is None else frequent_tokens(rows, ecfg.draft_vocab, target.config.vocab_size)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            drafter = EagleDrafter(target.config, n_layers=ecfg.n_layers, target_hash=target_hash,
-                                   variant=ecfg.variant, feature_layers=ecfg.layers)
+            drafter = new_eagle_drafter(target.config, variant=ecfg.variant, n_layers=ecfg.n_layers,
+                                        target_hash=target_hash, feature_layers=ecfg.layers, draft_ids=draft_ids)
+        if hasattr(drafter, "init_from_target"):
+            drafter.init_from_target(target)
         drafter.to(dtype=next(target.parameters()).dtype)
         module = EagleModule(drafter, target, lr=ecfg.lr, warmup_ratio=ecfg.warmup_ratio,
                              weight_decay=ecfg.weight_decay, feature_noise=ecfg.feature_noise,
@@ -78,6 +81,18 @@ def train_eagle(ctx, target, specs, train_rows: list[dict], pad_id: int, seed: i
         timings[name] = {"seconds": round(seconds, 1)}
         on_rank_zero(trainer, lambda: _export(drafter, done, info))
     return timings
+
+
+def frequent_tokens(rows: list[dict], n: int, vocab_size: int) -> list[int]:
+    """The draft vocabulary: the `n` tokens most frequent in the rows' responses (what the drafter is
+    trained to predict), ties to the lower id, in id order."""
+    if n > vocab_size:
+        raise InputError(f"train_drafters.eagle.draft_vocab is {n}, the target's vocabulary only {vocab_size}")
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for r in rows:
+        counts += torch.bincount(torch.as_tensor(r["response_ids"], dtype=torch.long), minlength=vocab_size)
+    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))
+    return sorted(order[:n])
 
 
 def _export(drafter: EagleDrafter, out: Path, info: dict) -> None:

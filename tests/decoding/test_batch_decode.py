@@ -245,7 +245,7 @@ def test_bad_requests_raise_one_line(llama_pair, kwargs, message):
     if kwargs.get("drafter") == "D":
         kwargs["drafter"] = drafter
     if kwargs.get("drafter") == "EAGLE3":
-        kwargs["drafter"] = EagleDrafter(target.config, variant="eagle3")
+        kwargs["drafter"] = EagleDrafter(target.config, variant="eagle3-proj")
     prompts = kwargs.pop("prompts", [[1, 2, 3]])
     max_new = kwargs.pop("max_new", 4)
     with pytest.raises(InputError, match=message):

@@ -1,4 +1,5 @@
-"""EAGLE-3 drafters (multi-layer feature fusion) decode losslessly: greedy chain and trees equal plain
+"""EAGLE-3 drafters (multi-layer feature fusion; here specdraft's eagle3-proj variant, whose hand-made mimic
+agrees with a one-layer target; vLLM's layout is tests/decoding/test_eagle3_vllm_layout.py) decode losslessly: greedy chain and trees equal plain
 greedy decoding, the decoder hands the drafter exactly the target's fused low / middle / high features
 of every committed position, sampled chains emit the target's distribution (chi-square with a power
 check), EAGLE-1 and EAGLE-3 arms share one bandit, and the checkpoint records the variant and layers."""
@@ -26,7 +27,7 @@ LAYERS = (0, 0, 1)  # a one-layer target: the embeddings (twice) and the final s
 @pytest.fixture(scope="module")
 def pair():
     target = tiny_target("llama", 0)
-    return target, mimic_drafter(target, 0.1, seed=1, variant="eagle3", feature_layers=LAYERS)
+    return target, mimic_drafter(target, 0.1, seed=1, variant="eagle3-proj", feature_layers=LAYERS)
 
 
 TREES = [None, TreeShape(depth=4, top_k=3, nodes=10), StaticTree()]
@@ -80,7 +81,7 @@ def test_eagle1_and_eagle3_arms_share_a_bandit(pair):
 @pytest.fixture(scope="module")
 def small_pair():
     target = tiny_target("llama", 5, vocab=V, layers=2)
-    return target, mimic_drafter(target, 0.3, seed=6, variant="eagle3")
+    return target, mimic_drafter(target, 0.3, seed=6, variant="eagle3-proj")
 
 
 @pytest.mark.slow  # ~20 s on the shared CPU
@@ -96,9 +97,9 @@ def test_checkpoint_records_variant_and_layers(pair, tmp_path):
     target, drafter = pair
     out = save_eagle(drafter, tmp_path / "eagle3")
     meta = read_eagle_config(out)
-    assert meta["variant"] == "eagle3" and meta["feature_layers"] == list(LAYERS)
+    assert meta["variant"] == "eagle3-proj" and meta["feature_layers"] == list(LAYERS)
     loaded = load_eagle(out, target=target)
-    assert loaded.variant == "eagle3" and loaded.feature_layers == LAYERS
+    assert loaded.variant == "eagle3-proj" and loaded.feature_layers == LAYERS
     a = generate_speculative(target, EagleSpeculator(drafter, FixedK(3)), PROMPTS[0], 20, GREEDY)
     b = generate_speculative(target, EagleSpeculator(loaded, FixedK(3)), PROMPTS[0], 20, GREEDY)
     assert a.tokens == b.tokens and a.metrics.accepted == b.metrics.accepted
@@ -113,8 +114,10 @@ def test_eagle3_layers_and_bad_input():
     with pytest.raises(InputError, match="variant"):
         EagleDrafter(cfg, variant="eagle2")
     with pytest.raises(InputError, match="3 hidden-state indices"):
-        EagleDrafter(cfg, variant="eagle3", feature_layers=[0, 1])
+        EagleDrafter(cfg, variant="eagle3-proj", feature_layers=[0, 1])
     with pytest.raises(InputError, match="3 hidden-state indices"):
-        EagleDrafter(cfg, variant="eagle3", feature_layers=[0, 1, 3])
-    with pytest.raises(InputError, match="for variant eagle3"):
+        EagleDrafter(cfg, variant="eagle3-proj", feature_layers=[0, 1, 3])
+    with pytest.raises(InputError, match="new_eagle_drafter"):
+        EagleDrafter(cfg, variant="eagle3")
+    with pytest.raises(InputError, match="for the eagle3 variants"):
         EagleDrafter(cfg, feature_layers=[0, 1, 2])

@@ -1,9 +1,11 @@
-"""EAGLE-3's training-time test unrolls the drafter exactly as the decoder drafts with it, and a short
-eagle3 run through the shared trainer raises accepted tokens per round."""
+"""EAGLE-3's training-time test unrolls the drafter exactly as the decoder drafts with it (vLLM's layout and
+eagle3-proj), and a short eagle3 run (vLLM's layout, a reduced draft vocabulary) through the shared trainer
+raises accepted tokens per round."""
+import pytest
 import torch
 
 from specdraft.decoding.rounds import kv
-from specdraft.decoding.speculators.eagle_model import EagleDrafter, fused_features
+from specdraft.decoding.speculators.eagle_model import fused_features, new_eagle_drafter
 from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
 from specdraft.drafters.eagle import EagleModule, ttt_mask, ttt_predictions
 from specdraft.training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
@@ -22,10 +24,11 @@ def test_ttt_mask_sees_the_real_prefix_and_its_own_chain():
     assert not padded[0, 4, 0, 3] and padded[0, 4, 0, 4]  # pad keys hidden; a pad query sees itself
 
 
-def test_training_time_test_equals_cached_drafting():
+@pytest.mark.parametrize("variant", ["eagle3", "eagle3-proj"])
+def test_training_time_test_equals_cached_drafting(variant):
     torch.manual_seed(0)
     target = tiny_target("llama", 3, vocab=40, layers=3)
-    drafter = EagleDrafter(target.config, variant="eagle3").attach_target(target).eval()
+    drafter = new_eagle_drafter(target.config, variant=variant).attach_target(target).eval()
     ids = torch.randint(0, 40, (1, 9))
     with torch.no_grad():
         feats = fused_features(target(input_ids=ids, output_hidden_states=True).hidden_states, drafter.feature_layers)
@@ -43,9 +46,11 @@ def test_training_time_test_equals_cached_drafting():
 
 
 def test_eagle3_training_through_the_shared_trainer_raises_acceptance(tmp_path):
-    target, prompts, examples = self_distilled_world()
+    target, prompts, examples = self_distilled_world(layers=3)
     torch.manual_seed(0)
-    drafter = EagleDrafter(target.config, variant="eagle3")
+    used = sorted({t for e in examples for t in e["response_ids"]})
+    drafter = new_eagle_drafter(target.config, variant="eagle3", draft_ids=used).init_from_target(target)
+    assert len(used) < target.config.vocab_size  # a reduced draft vocabulary, trained through d2t
     before = accepted_per_round(target, drafter.attach_target(target), prompts[:4])
     module = EagleModule(drafter, target, lr=5e-3, seed=0, ttt_steps=3)
     cfg = TrainerConfig(max_steps=300, batch_size=8, checkpoint_every_n_steps=0, log_every_n_steps=1,

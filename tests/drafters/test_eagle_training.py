@@ -34,10 +34,10 @@ def accepted_per_round(target, drafter, prompts) -> float:
     return acc / rounds
 
 
-def self_distilled_world():
+def self_distilled_world(layers: int = 2):
     """A tiny target, 24 prompts and its own greedy continuations of them (the self-distilled rows)."""
     torch.set_num_threads(1)
-    target = tiny_target("llama", 0, vocab=48, layers=2)
+    target = tiny_target("llama", 0, vocab=48, layers=layers)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 48, (4,), generator=gen).tolist() for _ in range(24)]
     examples = [{"prompt_ids": p, "response_ids": generate_autoregressive(target, p, 24, GREEDY).tokens}

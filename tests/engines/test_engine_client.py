@@ -1,5 +1,6 @@
 """data/engines.py against a stub OpenAI-compatible server (stdlib http.server, no vLLM): what is sent,
-how responses are cut at the stop tokens, and the one-line errors. Runs in the default suite."""
+how responses are cut at the stop tokens, how many requests are in flight, and the one-line errors (a
+server refusing, absent or dying mid-run). Runs in the default suite."""
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -86,3 +87,35 @@ def test_config_refuses_an_openai_backend_without_a_server_and_a_missing_engine_
         from_dict(DistillDataSection, {"engine_timeout_s": 0}).check()
     with pytest.raises(InputError, match="make vllm"):
         engine_python(str(tmp_path / "nope" / "python"))
+
+
+def test_requests_in_flight_are_capped_and_results_keep_the_prompt_order(stub, monkeypatch):
+    import time
+
+    lock, state = threading.Lock(), {"now": 0, "most": 0}
+
+    def reply(body):
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(0.05 * (5 - body["prompt"][0] % 5))  # later prompts answer first
+        with lock:
+            state["now"] -= 1
+        return [body["prompt"][0], 7], "length"
+
+    monkeypatch.setattr(Stub, "reply", staticmethod(reply))
+    out = CompletionsClient(stub, "m", concurrency=2).generate([[i] for i in range(8)], [99], 0.0, 0, 1.0, 2, list(range(8)))
+    assert out == [([i, 7], "length") for i in range(8)]
+    assert state["most"] == 2
+
+
+def test_a_server_dying_mid_run_is_one_line(stub, monkeypatch):
+    def reply(body):
+        if body["prompt"][0] == 3:
+            raise ConnectionResetError  # the handler dies: the connection closes without an answer
+        return [5], "length"
+
+    monkeypatch.setattr(Stub, "reply", staticmethod(reply))
+    with pytest.raises(InputError, match="did not answer /completions .*a rerun resumes") as e:
+        CompletionsClient(stub, "m").generate([[i] for i in range(6)], [2], 0.0, 0, 1.0, 1, list(range(6)))
+    assert "\n" not in str(e.value)
