@@ -214,8 +214,7 @@ def _json(path: Path) -> dict:
 
 
 def build(ctx: Context) -> dict:
-    cfg, ecfg = ctx.cfg, ctx.cfg.export
-    out = ctx.out
+    cfg, ecfg, out = ctx.cfg, ctx.cfg.export, ctx.out
     defaults = decoding_defaults(ctx)  # bad config fails before anything is copied
     files: dict[str, str] = {}
     from transformers import AutoConfig
@@ -229,104 +228,18 @@ def build(ctx: Context) -> dict:
     def add(prefix: str, copied: dict[str, str]) -> None:
         files.update({f"{prefix}/{rel}": h for rel, h in copied.items()})
 
-    # 1. target
-    external = cfg.target.name_or_path is not None
-    tok = load_tokenizer(target_src, cfg.target.trust_remote_code)
-    where: dict = {}  # exactly one of path (copied in) and reference (+ revision)
-    revision = ctx.input_hashes.get("target", {}).get("revision")
-    if revision is not None:  # a hub id: named with its pinned commit, so the bundle loads on any machine
-        where.update(reference=cfg.target.name_or_path, revision=revision)
-    elif external or ecfg.target == "reference":
-        local = Path(target_src).expanduser()
-        where["reference"] = str(local.resolve()) if local.exists() else target_src  # a dir or a hub id
-    else:
-        add("target", copy_listed(Path(target_src), ctx.manifests["pretrain-target"], None, out / "target"))
-        where["path"] = out / "target"
-    vocab_size = target_config.vocab_size
-    target = TargetEntry(tokenizer_sha256=tokenizer_fingerprint(tok), vocab_size=vocab_size, dtype=cfg.target.dtype,
-                         quantization=cfg.target.quantization, device_map=cfg.target.device_map, **where)
-
-    # 2. drafters
-    names = sorted({rel.split("/")[0] for rel in drafters_manifest.files if rel.endswith("/drafter.json")} - {BASE})
-    if not names:
-        raise InputError(f"{drafters_dir} holds no serving drafters; rerun `specdraft train-drafters`")
-    alignment = _json(drafters_dir / "alignment.json")
-    drafters = {}
-    for name in names:
-        rel = f"drafters/{name}"
-        copied = copy_listed(drafters_dir, drafters_manifest, name, out / rel)
-        add(rel, copied)
-        info, config = _json(out / rel / "drafter.json"), _json(out / rel / "config.json")
-        fingerprint = tokenizer_fingerprint(load_tokenizer(out / rel))
-        if fingerprint != target.tokenizer_sha256 or config["vocab_size"] != target.vocab_size:
-            raise InputError(f"drafter '{name}' does not share the target's tokenizer and vocabulary "
-                             f"({config['vocab_size']} vs {target.vocab_size}); rerun train-drafters for this target")
-        drafters[name] = DrafterEntry(
-            name=name, path=out / rel, domains=info["domains"], parameters=info["parameters"],
-            hidden_size=config["hidden_size"], vocab_size=config["vocab_size"], tokenizer_sha256=fingerprint,
-            content_hash=drafter_hash(copied), alignment=alignment.get(name, {}))
-
+    target = export_target(ctx, target_src, target_config, add)  # 1.
+    drafters = export_drafters(ctx, drafters_dir, drafters_manifest, target, add)  # 2.
+    names = sorted(drafters)
     # 2b. EAGLE drafters (train_drafters.eagle): self-describing dirs pinned to this target by content hash
     eagle = export_eagle(ctx, drafters_dir, drafters_manifest, out, files, target, add, eagle_checked)
-
-    # 3. heads
-    heads_dir, heads_manifest = ctx.input("train-heads"), ctx.manifests["train-heads"]
-    sweep = _json(heads_dir / "sweep.json")
-    heads: dict[str, dict[str, HeadEntry]] = {}
     serving = SamplingConfig(defaults.temperature, defaults.top_k, defaults.top_p)
-    for name, by_tag in sorted(sweep.items()):
-        if name not in drafters:
-            raise InputError(f"train-heads has heads for drafter '{name}', which train-drafters lacks; rerun train-heads")
-        # the drafter's default head: the best one labelled under the serving transform, else the first tag's
-        tags = sorted(by_tag, key=lambda t: (not serving.matches(by_tag[t]["label_transform"]), t))
-        for tag in tags:
-            s = by_tag[tag]
-            chosen = [s["best_head"]] if ecfg.heads == "best" else [h["head"] for h in s["heads"]]
-            for head in chosen:
-                key = f"{tag}/{head}"
-                rel = f"heads/{name}/{key}"
-                add(rel, copy_listed(heads_dir, heads_manifest, f"{name}/{key}", out / rel))
-                hc = _json(out / rel / HEAD_CONFIG)
-                if hc.get("drafter_hash") != drafters[name].content_hash:
-                    raise InputError(f"head {name}/{key} was trained on another version of drafter '{name}'; "
-                                     "rerun acceptance-data and train-heads")
-                heads.setdefault(name, {})[key] = HeadEntry(
-                    name=key, path=out / rel, drafter=name, depth=hc["depth"], w_rej=hc["w_rej"],
-                    label_transform=hc["label_transform"], threshold=hc["threshold"], k_max=hc["k_max"],
-                    best=head == s["best_head"], simulated=hc.get("simulated", {}))
-        drafters[name] = replace(drafters[name], head=f"{tags[0]}/{by_tag[tags[0]]['best_head']}")
-        # 3a. the default head's acceptance summary (decoding/throughput.py), what `specdraft predict` reads;
-        # heads trained before train-heads wrote it have none (predict then asks for a re-run)
-        if f"{name}/{tags[0]}/{ACCEPTANCE_FILE}" in heads_manifest.files:
-            rel = f"acceptance/{name}"
-            add(rel, copy_listed(heads_dir, heads_manifest, f"{name}/{tags[0]}", out / rel, only={ACCEPTANCE_FILE}))
-            drafters[name] = replace(drafters[name], acceptance=out / rel)
-
-    # 3b. each drafter's best fixed K, as a number in bundle.json, in its generation_config, where
-    # transformers' assistant_model reads it, and in vLLM's speculative_config (method draft_model)
-    from specdraft.pipelines.vllm_export import write_speculative_config
-
-    for name in names:
-        default = heads.get(name, {}).get(drafters[name].head) if drafters[name].head else None
-        k = best_fixed_k(sweep.get(name, {}), default, serving)
-        drafters[name] = replace(drafters[name], fixed_k=k)
-        rel = f"drafters/{name}/generation_config.json"
-        files[rel] = write_assistant_config(out / rel, k if k is not None else defaults.k)
-        add(f"vllm/{name}", write_speculative_config(out / "vllm" / name, "draft_model",
-                                                     (ctx.root / ctx.spec.out / "drafters" / name).resolve(),
-                                                     k if k is not None else defaults.k))
+    heads, sweep = export_heads(ctx, drafters, serving, add)  # 3.
+    export_fixed_k(ctx, drafters, heads, sweep, serving, defaults, files, add)  # 3b.
     # the cost ratio the bandits price drafts with: pinned in export.decoding, else the one train-heads measured
     if defaults.cost_ratio is None:
         defaults = replace(defaults, cost_ratio=measured_cost_ratio(sweep))
-
-    # 4. routers: train-router writes one subdirectory per router (router_config.json inside)
-    routers = {}
-    if "train-router" in ctx.inputs:
-        add("router", copy_listed(ctx.input("train-router"), ctx.manifests["train-router"], None, out / "router"))
-        for rc_path in sorted((out / "router").glob("*/router_config.json")):
-            rc = _json(rc_path)
-            routers[rc_path.parent.name] = RouterEntry(path=rc_path.parent, kind=str(rc.get("kind", "unknown")))
-
+    routers = export_routers(ctx, add)  # 4.
     # 4b. datastore: the self-distilled responses, as REST's and suffix decoding's retrieval structure
     datastore_meta, datastore_metrics = None, {"datastore": None}
     if ecfg.datastore and "distill-data" in ctx.inputs:
@@ -349,6 +262,116 @@ def build(ctx: Context) -> dict:
     return {"target": "bundled" if target.path is not None else "referenced", "drafters": names, "eagle": sorted(eagle),
             "heads": {n: sorted(h) for n, h in heads.items()}, "routers": {n: r.kind for n, r in routers.items()},
             "files": len(files) + 1, "bytes": size + (out / BUNDLE_JSON).stat().st_size, **datastore_metrics}
+
+
+def export_target(ctx: Context, target_src, target_config, add) -> TargetEntry:
+    """Step 1: the target, copied in (a demo target) or referenced (a local directory or a pinned hub id)."""
+    cfg = ctx.cfg
+    external = cfg.target.name_or_path is not None
+    tok = load_tokenizer(target_src, cfg.target.trust_remote_code)
+    where: dict = {}  # exactly one of path (copied in) and reference (+ revision)
+    revision = ctx.input_hashes.get("target", {}).get("revision")
+    if revision is not None:  # a hub id: named with its pinned commit, so the bundle loads on any machine
+        where.update(reference=cfg.target.name_or_path, revision=revision)
+    elif external or cfg.export.target == "reference":
+        local = Path(target_src).expanduser()
+        where["reference"] = str(local.resolve()) if local.exists() else target_src  # a dir or a hub id
+    else:
+        add("target", copy_listed(Path(target_src), ctx.manifests["pretrain-target"], None, ctx.out / "target"))
+        where["path"] = ctx.out / "target"
+    return TargetEntry(tokenizer_sha256=tokenizer_fingerprint(tok), vocab_size=target_config.vocab_size,
+                       dtype=cfg.target.dtype, quantization=cfg.target.quantization, device_map=cfg.target.device_map,
+                       **where)
+
+
+def export_drafters(ctx: Context, drafters_dir, drafters_manifest, target: TargetEntry, add) -> dict[str, DrafterEntry]:
+    """Step 2: every serving drafter copied in, each checked to share the target's tokenizer and vocabulary."""
+    names = sorted({rel.split("/")[0] for rel in drafters_manifest.files if rel.endswith("/drafter.json")} - {BASE})
+    if not names:
+        raise InputError(f"{drafters_dir} holds no serving drafters; rerun `specdraft train-drafters`")
+    alignment = _json(drafters_dir / "alignment.json")
+    drafters = {}
+    for name in names:
+        rel = f"drafters/{name}"
+        copied = copy_listed(drafters_dir, drafters_manifest, name, ctx.out / rel)
+        add(rel, copied)
+        info, config = _json(ctx.out / rel / "drafter.json"), _json(ctx.out / rel / "config.json")
+        fingerprint = tokenizer_fingerprint(load_tokenizer(ctx.out / rel))
+        if fingerprint != target.tokenizer_sha256 or config["vocab_size"] != target.vocab_size:
+            raise InputError(f"drafter '{name}' does not share the target's tokenizer and vocabulary "
+                             f"({config['vocab_size']} vs {target.vocab_size}); rerun train-drafters for this target")
+        drafters[name] = DrafterEntry(
+            name=name, path=ctx.out / rel, domains=info["domains"], parameters=info["parameters"],
+            hidden_size=config["hidden_size"], vocab_size=config["vocab_size"], tokenizer_sha256=fingerprint,
+            content_hash=drafter_hash(copied), alignment=alignment.get(name, {}))
+    return drafters
+
+
+def export_heads(ctx: Context, drafters: dict[str, DrafterEntry], serving: SamplingConfig,
+                 add) -> tuple[dict[str, dict[str, HeadEntry]], dict]:
+    """Step 3: each drafter's heads (the best per label transform, or all), its default head (the best one
+    labelled under the serving transform, else the first tag's) and that head's acceptance summary; the
+    drafters' entries updated in place. -> (heads, train-heads' sweep)."""
+    out, ecfg = ctx.out, ctx.cfg.export
+    heads_dir, heads_manifest = ctx.input("train-heads"), ctx.manifests["train-heads"]
+    sweep = _json(heads_dir / "sweep.json")
+    heads: dict[str, dict[str, HeadEntry]] = {}
+    for name, by_tag in sorted(sweep.items()):
+        if name not in drafters:
+            raise InputError(f"train-heads has heads for drafter '{name}', which train-drafters lacks; rerun train-heads")
+        tags = sorted(by_tag, key=lambda t: (not serving.matches(by_tag[t]["label_transform"]), t))
+        for tag in tags:
+            s = by_tag[tag]
+            chosen = [s["best_head"]] if ecfg.heads == "best" else [h["head"] for h in s["heads"]]
+            for head in chosen:
+                key = f"{tag}/{head}"
+                rel = f"heads/{name}/{key}"
+                add(rel, copy_listed(heads_dir, heads_manifest, f"{name}/{key}", out / rel))
+                hc = _json(out / rel / HEAD_CONFIG)
+                if hc.get("drafter_hash") != drafters[name].content_hash:
+                    raise InputError(f"head {name}/{key} was trained on another version of drafter '{name}'; "
+                                     "rerun acceptance-data and train-heads")
+                heads.setdefault(name, {})[key] = HeadEntry(
+                    name=key, path=out / rel, drafter=name, depth=hc["depth"], w_rej=hc["w_rej"],
+                    label_transform=hc["label_transform"], threshold=hc["threshold"], k_max=hc["k_max"],
+                    best=head == s["best_head"], simulated=hc.get("simulated", {}))
+        drafters[name] = replace(drafters[name], head=f"{tags[0]}/{by_tag[tags[0]]['best_head']}")
+        # the default head's acceptance summary (decoding/throughput.py), what `specdraft predict` reads; heads
+        # trained before train-heads wrote it have none (predict then asks for a re-run)
+        if f"{name}/{tags[0]}/{ACCEPTANCE_FILE}" in heads_manifest.files:
+            rel = f"acceptance/{name}"
+            add(rel, copy_listed(heads_dir, heads_manifest, f"{name}/{tags[0]}", out / rel, only={ACCEPTANCE_FILE}))
+            drafters[name] = replace(drafters[name], acceptance=out / rel)
+    return heads, sweep
+
+
+def export_fixed_k(ctx: Context, drafters: dict[str, DrafterEntry], heads: dict, sweep: dict, serving: SamplingConfig,
+                   defaults, files: dict[str, str], add) -> None:
+    """Step 3b: each drafter's best fixed K, as a number in bundle.json (the entries updated in place), in its
+    generation_config, where transformers' assistant_model reads it, and in vLLM's speculative_config
+    (method draft_model)."""
+    from specdraft.pipelines.vllm_export import write_speculative_config
+
+    for name in sorted(drafters):
+        default = heads.get(name, {}).get(drafters[name].head) if drafters[name].head else None
+        k = best_fixed_k(sweep.get(name, {}), default, serving)
+        drafters[name] = replace(drafters[name], fixed_k=k)
+        rel = f"drafters/{name}/generation_config.json"
+        files[rel] = write_assistant_config(ctx.out / rel, k if k is not None else defaults.k)
+        add(f"vllm/{name}", write_speculative_config(ctx.out / "vllm" / name, "draft_model",
+                                                     (ctx.root / ctx.spec.out / "drafters" / name).resolve(),
+                                                     k if k is not None else defaults.k))
+
+
+def export_routers(ctx: Context, add) -> dict[str, RouterEntry]:
+    """Step 4: train-router's routers, one subdirectory each (router_config.json inside)."""
+    routers = {}
+    if "train-router" in ctx.inputs:
+        add("router", copy_listed(ctx.input("train-router"), ctx.manifests["train-router"], None, ctx.out / "router"))
+        for rc_path in sorted((ctx.out / "router").glob("*/router_config.json")):
+            rc = _json(rc_path)
+            routers[rc_path.parent.name] = RouterEntry(path=rc_path.parent, kind=str(rc.get("kind", "unknown")))
+    return routers
 
 
 if __name__ == "__main__":
