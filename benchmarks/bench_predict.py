@@ -19,6 +19,7 @@ prefills and the run's setup, which shows here as error.
 from __future__ import annotations
 
 import argparse
+import datetime
 import pathlib
 import sys
 
@@ -33,6 +34,7 @@ from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.throughput import predict_throughput, summarize_acceptance  # noqa: E402
 from bench_batch_decoder import demo_shaped_pair  # noqa: E402
 from bench_decoder import interleaved  # noqa: E402
+from publish import publish  # noqa: E402
 
 
 @torch.inference_mode()
@@ -57,6 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=40, help="static batches simulated per (method, B)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md as it is")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     sizes = [int(x) for x in args.batch_sizes.split(",")]
@@ -68,10 +71,14 @@ def main(argv=None) -> int:
     agree = greedy_agreement(target, drafter, prompts, n)
     table, path, hit = cached_cost_table(target, drafter, sizes, max(8, max(ks)) + 1, args.compile, seed=args.seed,
                                          calibrate=True)
-    print(table.render(), f"({'cached' if hit else 'profiled'}: {path})", sep="\n")
-    print(f"\nmean greedy agreement {float(torch.cat(agree).mean()):.3f}; {args.runs} runs, {n} new tokens, prompts "
-          f"of {args.prompt_length}, compile {args.compile}, {args.threads} thread(s)")
-    print("method | B | predicted tok/s | measured tok/s | error | predicted MAT | measured MAT")
+    lines = [f"## Predicted vs measured throughput ({datetime.date.today()}, {table.device}, torch {torch.__version__})", "",
+             f"`python benchmarks/bench_predict.py {' '.join(argv if argv is not None else sys.argv[1:])}`; random "
+             f"demo-shaped pair; mean greedy agreement {float(torch.cat(agree).mean()):.3f}; {args.runs} interleaved runs, "
+             f"{n} new tokens, prompts of {args.prompt_length}, compile {args.compile}, {args.threads} thread(s); "
+             f"cost table {'read from the cache' if hit else 'profiled in this run'}.", "",
+             "```", table.render(), "```", "",
+             "| method | B | predicted tok/s | measured tok/s | predicted / measured - 1 | predicted MAT | measured MAT |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     worst: dict[str, float] = {}
     for b in sizes:
         batch = prompts[:b]
@@ -89,9 +96,10 @@ def main(argv=None) -> int:
             mat = sum(r.metrics.n_generated for r in out) / sum(r.metrics.n_target for r in out)
             err = predicted[name]["tokens_per_s"] / measured - 1
             worst[name] = max(worst.get(name, 0.0), abs(err))
-            print(f"{name} | {b} | {predicted[name]['tokens_per_s']:.1f} | {measured:.1f} | {err:+.1%} | "
-                  f"{predicted[name]['mat']:.2f} | {mat:.2f}")
-    print("worst |error| per method: " + ", ".join(f"{m} {e:.1%}" for m, e in worst.items()))
+            lines.append(f"| {name} | {b} | {predicted[name]['tokens_per_s']:.1f} | {measured:.1f} | {err:+.1%} | "
+                         f"{predicted[name]['mat']:.2f} | {mat:.2f} |")
+    lines += ["", "Worst |error| per method: " + ", ".join(f"{m} {e:.1%}" for m, e in worst.items()) + "."]
+    publish("\n".join(lines), write=not args.no_append)
     return 0
 
 

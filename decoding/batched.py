@@ -40,7 +40,6 @@ from specdraft.decoding.compat import check_head, check_pair, check_prompt
 from specdraft.decoding.compilation import StepCompiler, prefill_width, static_length, verify_width
 from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB, RowBandits
-from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
 from specdraft.decoding.rounds.batch_verify import verify_greedy, verify_sampled
 from specdraft.decoding.rounds.kv import input_device
 from specdraft.decoding.rounds.sampling import SamplingConfig, probs
@@ -227,12 +226,6 @@ def verify_commit_greedy(logits, tokens, k, *rest):
     return (n, *commit_round(tokens, k, n, extra, *rest))
 
 
-def verify_commit_greedy(logits, tokens, k, *rest):
-    """Greedy verification and the commit in one function (one graph when compiled): (n, *commit_round)."""
-    n, extra = verify_greedy(logits, tokens, k)
-    return (n, *commit_round(tokens, k, n, extra, *rest))
-
-
 class EagleChainStep:
     """The drafting step of an EAGLE chain in `draft_positions`' shape, step(cache, y (B, 1), hidden): input
     (f^ of the previous position, y_k); its output f^ gives q_{k+1} and is the hidden state e_k a SpecDec++
@@ -296,6 +289,8 @@ class Decode:
     drafter_step: Callable | None = None
     eagle_step: EagleChainStep | None = None
     bandits: RowBandits | None = None
+    commit: Callable = commit_round  # the round's tails, compiled by `start` (their graphs hold no model)
+    greedy_tail: Callable = verify_commit_greedy
     behind: int = 0  # rounds since the drafter's last catch-up (rounds with no draft defer it: `catch_up`)
 
     @property
@@ -395,13 +390,12 @@ def verify_and_commit(d: Decode, state: RowState, drafts: Drafts):
     logits, verified = d.target_step(d.tcache, torch.cat([state.last[:, None], tokens], dim=1), d.eagle)
     committed_before = state.plens + state.n_out
     rest = (state.n_out, state.done, state.last, state.prev, d.tcache.lengths, d.out, state.origin, d.eos, d.max_new)
-    commit, greedy_tail = d.compiler.apply(commit_round, None, "commit"), d.compiler.apply(verify_commit_greedy, None, "verify")
     if d.sampling.greedy:
-        n, emitted, count, active, *advanced, stats = greedy_tail(logits, tokens, drafts.k, *rest)
+        n, emitted, count, active, *advanced, stats = d.greedy_tail(logits, tokens, drafts.k, *rest)
     else:
         q = drafts.q[:, :width] if drafts.q is not None else logits.new_zeros(tokens.shape[0], 0, logits.shape[-1])
         n, extra = verify_sampled(probs(logits, d.sampling), q.float(), tokens, drafts.k, d.generator)
-        emitted, count, active, *advanced, stats = commit(tokens, drafts.k, n, extra, *rest)
+        emitted, count, active, *advanced, stats = d.commit(tokens, drafts.k, n, extra, *rest)
     state.n_out, state.done, state.last, state.prev, d.tcache.lengths = advanced
     if d.bandits is not None:
         d.bandits.update(n, drafts.k, active)
@@ -514,6 +508,8 @@ def start(target, prompts, max_new_tokens, drafter, policy, sampling, eos, seed,
                compiler=compiler, tcache=compiler.cache(target, B, max_len),
                target_step=forward_step(compiler, target),
                out=torch.zeros(B, max_new_tokens + W + 2, dtype=torch.long, device=device))
+    d.commit = compiler.apply(commit_round, None, "commit")
+    d.greedy_tail = compiler.apply(verify_commit_greedy, None, "verify")
     if drafter is not None:
         d.dcache = compiler.cache(drafter, B, max_len)
         if isinstance(drafter, EagleDrafter):

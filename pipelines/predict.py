@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> dict:
     from specdraft.decoding.bundle.directory import load_bundle
     from specdraft.decoding.cost_profile import cached_cost_table
     from specdraft.decoding.policies.cost_model import CostTable
-    from specdraft.decoding.throughput import ACCEPTANCE_FILE, AcceptanceSummary, predict_throughput, render_prediction
+    from specdraft.decoding.throughput import predict_throughput, render_prediction
 
     sizes = parse_batch_sizes(args.batch_sizes)
     if args.compile not in COMPILE_MODES:
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> dict:
         raise InputError(f"drafter '{name}' has no acceptance summary in the bundle "
                          + (f"(drafters with one: {', '.join(with_summary)}; pick one with --drafter)" if with_summary
                             else "(exported before train-heads wrote it); re-run train-heads and export with --force"))
-    summary = AcceptanceSummary.load(entry.acceptance / ACCEPTANCE_FILE)
+    summary = bundle.acceptance_summary(name)
     k_max = min(bundle.defaults.k_max, summary.k_max)
     if args.cost_table is not None:
         table = CostTable.load(args.cost_table)

@@ -96,16 +96,13 @@ def throughput_costs(bundle: Bundle, target, drafters: dict, heads: dict, ofa: s
     The table is the decoder's own steps timed here, eager as evaluate decodes, at every batch size of the rows
     and every width up to the head's K_max + 1 (decoding/cost_profile.py)."""
     from specdraft.decoding.cost_profile import profile_cost_table
-    from specdraft.decoding.throughput import ACCEPTANCE_FILE, AcceptanceSummary
-
     head = heads["greedy"].get(ofa) if ofa is not None else None
     if not ecfg.batch_sizes or head is None:
         return None, None
-    entry = bundle.drafters[ofa]
-    if entry.acceptance is None:
+    summary = bundle.acceptance_summary(ofa)
+    if summary is None:
         notes.append(f"the bundle ships no acceptance summary for '{ofa}' (exported before train-heads wrote one): "
                      "the batch-aware throughput rows and the predicted throughput are left out (re-export)")
         return None, None
-    summary = AcceptanceSummary.load(entry.acceptance / ACCEPTANCE_FILE)
     table = profile_cost_table(target, drafters[ofa], sorted({1, *ecfg.batch_sizes}), head.k_max + 1, "none", seed=seed)
     return table, summary
