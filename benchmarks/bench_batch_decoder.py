@@ -265,8 +265,8 @@ def main(argv=None) -> int:
                         help="c = t_draft / t_target for the UCBSpec throughput reward when part (a) is skipped")
     parser.add_argument("--k-max", type=int, default=8)
     parser.add_argument("--prior", type=float, default=0.7,
-                        help="the batch-aware rule's prior: the head's mean predicted acceptance (a bundle's "
-                             "acceptance summary holds it: specdraft predict prints it)")
+                        help="the batch-aware rule's prior: the acceptance of a draft given the earlier ones, one "
+                             "number for every position (a bundle's prior is a curve: Bundle.prior_for)")
     parser.add_argument("--vocab", type=int, default=2048, help="vocabulary of the random demo-shaped pair")
     parser.add_argument("--nudge", type=float, default=0.05, help="damping of the random pair's deeper layers")
     parser.add_argument("--prompt-set", help="a run's prompts/sets dir: use its test prompts of --domain")

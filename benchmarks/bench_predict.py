@@ -31,7 +31,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from specdraft.decoding.batched import generate_batch  # noqa: E402
 from specdraft.decoding.cost_profile import cached_cost_table  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
-from specdraft.decoding.throughput import predict_throughput, summarize_acceptance  # noqa: E402
+from specdraft.decoding.throughput import predict_throughput, summarize_acceptance, summary_prior  # noqa: E402
 from bench_batch_decoder import demo_shaped_pair  # noqa: E402
 from bench_decoder import interleaved  # noqa: E402
 from publish import publish  # noqa: E402
@@ -85,7 +85,9 @@ def main(argv=None) -> int:
         # the acceptance of exactly the prompts decoded at this B; static batches of n new tokens, as
         # generate_batch decodes them (rounds = batches simulated)
         summary = summarize_acceptance(agree[:b], agree[:b], k_max=max(ks))
-        pred = predict_throughput(summary, table, [b], k_max=max(ks), rounds=args.rounds, seed=args.seed, new_tokens=n)
+        # sigma = the measured agreement itself: a calibrated head (odds 1)
+        pred = predict_throughput(summary, table, [b], summary_prior(summary, 1.0), k_max=max(ks), rounds=args.rounds,
+                                  seed=args.seed, new_tokens=n)
         predicted = {r["method"]: r for r in pred["predictions"]}
         fns = {"AR": lambda: generate_batch(target, batch, n, compile=args.compile)}
         for k in ks:

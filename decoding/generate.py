@@ -485,7 +485,7 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
     if getattr(args, "stop_rule", "specdecpp") == "batch-aware" and head is not None and args.k is None:
         if b is None:
             raise InputError("--stop-rule batch-aware takes its prior from a bundle's acceptance summary; give a bundle")
-        b.prior_for(name)  # before any profiling: a bundle without the prior stops here
+        b.prior_for(name, head_name)  # before any profiling: a bundle without the prior stops here
         table = cost_table_for(args, target, dft, settings, hcfg, note)
     if b is not None:
         policy = b.policy_for(name, head if args.k is None else None, head_name, args.k, args.threshold, table)

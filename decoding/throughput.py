@@ -8,8 +8,8 @@ train-heads for each drafter and label transform and copied by export for the dr
                 P_i = min(1, p(Y_i)/q(Y_i)) the acceptance probability of the drafter's token at position i
                 of the target's response, s_i = sigmoid(head(e_i)) the default head's prediction there
                 (what heads/simulate.py simulates from), rounded to 4 decimals, at most MAX_POSITIONS each
-    mean_accept, mean_sigma   over every dev position (mean_sigma is the prior the batch-aware policies
-                price unread drafts with)
+    mean_accept, mean_sigma   over every dev position (`summary_prior` gives the batch-aware policies their
+                prior: the acceptance curve of these sequences and the head's weighting)
     head, threshold, k_max, label_transform, dev_sequences, positions: where the numbers come from
 
 The simulator (`simulate_policy`): B rows decode side by side, each walking through a dev sequence
@@ -34,7 +34,7 @@ import torch
 from specdraft.core.errors import InputError
 from specdraft.decoding.policies.stopping import SpecDecPP
 from specdraft.decoding.policies.batch_aware import (BatchAwareSpecDec, GlobalVerifyBudget, KPerBatchSize,
-                                                     LockstepBatchAwareSpecDec, k_per_batch_size)
+                                                     LockstepBatchAwareSpecDec, Prior, k_per_batch_size)
 from specdraft.decoding.policies.cost_model import CostTable
 
 ACCEPTANCE_FORMAT = "specdraft-acceptance-summary/1"
@@ -222,12 +222,14 @@ def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch:
 FIXED_KS = (1, 2, 4, 8)
 
 
-def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes: Sequence[int],
+def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes: Sequence[int], prior: Prior,
                        k_max: int | None = None, rounds: int = 200, seed: int = 0,
-                       new_tokens: int | None = None) -> dict:
+                       new_tokens: int | None = None, budget_k: int | None = None) -> dict:
     """Predicted tokens/s and speedup over batched AR at each batch size for: AR, fixed K in FIXED_KS (those
-    the table can price), SpecDec++ at the head's h, the batch-aware policy (per row and lockstep), the
-    global verify budget, and the K per batch size the cost model recommends (also reported on its own).
+    the table can price), SpecDec++ at the head's h, the batch-aware policy (per row and lockstep, priced
+    with `prior`: `summary_prior` of the same summary and its head's odds), the global verify budget drafting
+    `budget_k` a round (default: the K a user would configure from batch 1, the cost model's best K at the
+    table's smallest batch), and the K per batch size the cost model recommends (also reported on its own).
     Each (method, batch) runs `rounds` simulated rounds from its own seeded generator; with `new_tokens`,
     `rounds` static batches of that many new tokens per row (`simulate_policy`)."""
     if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
@@ -238,11 +240,14 @@ def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes
         if not table.batch_sizes[0] <= b <= table.batch_sizes[-1]:
             raise InputError(f"batch size {b} is outside the cost table's {table.batch_sizes[0]}..{table.batch_sizes[-1]}; "
                              "profile the table over every batch size to predict")
+    if not isinstance(prior, Prior):
+        raise InputError(f"prior must be a Prior (decoding.throughput.summary_prior), got {type(prior).__name__}")
     k_max = min(summary.k_max, table.max_drafts) if k_max is None else k_max
-    prior = summary.mean_sigma
     # the j-th draft's acceptance given the earlier ones, from the dev sequences' windows (for the K table)
     curve = acceptance_curve(summary, k_max)
     ks = k_per_batch_size(table, curve, list(batch_sizes), k_max)
+    if budget_k is None:  # vLLM's budget drafts its configured num_speculative_tokens in every round
+        budget_k = max(1, k_per_batch_size(table, curve, [table.batch_sizes[0]], k_max)[table.batch_sizes[0]])
     methods: dict[str, Callable[[int], tuple]] = {}
     for k in FIXED_KS:
         if k <= table.max_drafts:
@@ -252,9 +257,9 @@ def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes
     methods["batch-aware lockstep"] = lambda b: (LockstepBatchAwareSpecDec(None, table, prior, k_max), None)
 
     def budget(b):
-        policy = GlobalVerifyBudget(None, table, prior, k_max)
+        policy = GlobalVerifyBudget(None, table, prior, budget_k)
         return policy, policy.widths
-    methods["global budget"] = budget
+    methods[f"global budget K={budget_k}"] = budget
     methods["K table"] = lambda b: (KPerBatchSize({b: ks[b]}), None)
     rows = []
     for b in batch_sizes:
@@ -265,8 +270,16 @@ def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes
             gen = torch.Generator().manual_seed(seed * 1_000_003 + b * 101 + i)
             rate, mean_k, mat = simulate_policy(policy, summary, table, b, rounds, gen, finish, new_tokens)
             rows.append(Prediction(name, b, rate, rate / ar, mean_k, mat))
-    return {"batch_sizes": list(batch_sizes), "k_per_batch_size": ks, "prior": prior, "k_max": k_max,
+    return {"batch_sizes": list(batch_sizes), "k_per_batch_size": ks, "prior": prior.acceptance[0],
+            "odds": prior.odds, "k_max": k_max,
             "rounds": rounds, "seed": seed, "new_tokens": new_tokens, "acceptance_curve": curve, "predictions": [asdict(r) for r in rows]}
+
+
+def summary_prior(summary: AcceptanceSummary, odds: float, k_max: int | None = None) -> Prior:
+    """The batch-aware policies' prior from a drafter's dev acceptance: its acceptance curve to k_max (default
+    the summary's) and `odds`, the w_rej / w_acc of the head whose sigma the policy reads."""
+    return Prior(tuple(round(a, 6) for a in acceptance_curve(summary, summary.k_max if k_max is None else k_max)),
+                 odds)
 
 
 def acceptance_curve(summary: AcceptanceSummary, k_max: int) -> list[float]:
@@ -288,7 +301,8 @@ def render_prediction(result: dict, table: CostTable) -> str:
         by_b.setdefault(r["batch"], []).append(r)
     names = [r["method"] for r in next(iter(by_b.values()))]
     lines = [f"predicted served throughput (tokens/s, speedup over batched AR) on {table.device}, compile {table.compile}; "
-             f"{result['rounds']} simulated rounds per cell, seed {result['seed']}, prior {result['prior']:.3f}",
+             f"{result['rounds']} simulated rounds per cell, seed {result['seed']}; prior: a_1 {result['prior']:.3f}, "
+             f"head odds {result['odds']:g}",
              "   B | " + " | ".join(f"{n:>20}" for n in names) + " | K per B"]
     for b, rows in by_b.items():
         cells = [f"{r['tokens_per_s']:9.1f} ({r['speedup']:5.2f}x)".rjust(20) for r in rows]

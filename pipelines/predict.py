@@ -88,7 +88,8 @@ def run(args: argparse.Namespace) -> dict:
                                              refresh=args.refresh, calibrate=args.calibrate)
         source = f"{'cached' if hit else 'profiled'}: {path}"
         del target, drafter
-    result = predict_throughput(summary, table, sizes, min(k_max, table.max_drafts), args.rounds, args.seed)
+    result = predict_throughput(summary, table, sizes, bundle.prior_for(name), min(k_max, table.max_drafts),
+                                args.rounds, args.seed)
     result.update(drafter=name, head=summary.head, cost_table=table.as_dict(), cost_table_source=source,
                   torch_threads=torch.get_num_threads())
     print(f"drafter {name}, head {summary.head or '-'} (h = {summary.threshold:g}; {summary.dev_sequences} dev "

@@ -161,16 +161,26 @@ class Bundle:
 
         if threshold is not None:
             raise InputError("--threshold sets SpecDec++'s fixed h; the batch-aware rule has none (leave one out)")
-        prior, k_max = self.prior_for(drafter), min(k_max, cost_table.max_drafts)
+        prior, k_max = self.prior_for(drafter, head_name), min(k_max, cost_table.max_drafts)
         return lambda: LockstepBatchAwareSpecDec(head, cost_table, prior, k_max)
 
-    def prior_for(self, drafter: str) -> float:
-        """The batch-aware rule's prior: the drafter's head's mean predicted acceptance on the dev set."""
+    def prior_for(self, drafter: str, head: str | None = None):
+        """The batch-aware rules' prior (decoding.policies.batch_aware.Prior) for `drafter` read through
+        `head` (default: its default head, whose statistics the summary holds): the dev acceptance curve of the drafter's
+        acceptance summary and the head's w_rej / w_acc (w_acc = 1 as train-heads trains), which undoes the
+        weighting of the head's sigma."""
+        from specdraft.decoding.throughput import summary_prior
+
         summary = self.acceptance_summary(drafter)
         if summary is None:
             raise InputError(f"drafter '{drafter}' has no acceptance summary in the bundle, which the batch-aware rule "
                              "takes its prior from; re-export a run whose train-heads wrote one, or use --stop-rule specdecpp")
-        return summary.mean_sigma
+        head = self.drafter(drafter).head if head is None else head
+        entry = self.heads.get(drafter, {}).get(head)
+        if entry is None:
+            raise InputError(f"drafter '{drafter}' has no head '{head}' in the bundle to price the batch-aware rule with; "
+                             f"name one of {sorted(self.heads.get(drafter, {}))}")
+        return summary_prior(summary, entry.w_rej)
 
     def general_drafter(self) -> str:
         """The bundle's all-domain (OFA) drafter: the one whose domains cover every other drafter's (an

@@ -12,14 +12,21 @@ Every policy follows the tensor protocol of `decoding.policies.stopping` (max_to
 round_state(rows, device), stop_rows(state, k, sigma, drafting)): pure tensor ops, no host reads. The
 batch size a round is priced at is drafting.shape[0]: rows kept in the batch tensor cost compute.
 
-Survival (SpecDec++ section 4.3): s_j = prod_{i <= j} sigma_i, the predicted P(y_1..y_j all accepted); a
-round that verifies k candidates emits 1 + sum_{j <= k} s_j tokens in expectation. At decision k the head
-has read e_1..e_{k-1} (SpecDec++'s one-token lag), so sigma_k and everything past it is unknown: the
-policies price those with `prior`, the head's mean predicted acceptance over the dev set (the bundle's
-acceptance summary: `mean_sigma`), s_{k+m} ~ s_{k-1} prior^(m+1).
+Survival (SpecDec++ section 4.3): s_j = prod_{i <= j} p_i, the predicted P(y_1..y_j all accepted); a
+round that verifies k candidates emits 1 + sum_{j <= k} s_j tokens in expectation. p_i is the head's
+prediction made a probability: a head trained with weighted BCE (w_rej > w_acc, SPEC.md section 3) is
+biased low by design, its optimum is sigma = w_acc P / (w_acc P + w_rej (1 - P)), so p = r sigma /
+(r sigma + 1 - sigma) with r = w_rej / w_acc (`Prior.calibrate`; SpecDec++'s fixed-h rule keeps the raw
+sigma its h was tuned on). At decision k the head has read e_1..e_{k-1} (SpecDec++'s one-token lag), so
+p_k and everything past it is unknown: the policies price those with the `Prior`'s acceptance curve a_j,
+the dev acceptance of a round's j-th draft given the earlier ones were accepted (`Bundle.prior_for`),
+s_{k+m} ~ s_{k-1} a_k ... a_{k+m}. Accepted runs predict more acceptance (a_j rises with j on the demo
+drafters); a single mean would price every unread draft at the unconditional rate and draft too little.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import torch
@@ -30,10 +37,41 @@ from specdraft.decoding.policies.cost_model import CostTable, padded_width
 from specdraft.decoding.policies.stopping import OnePromptRule
 
 
-def _check_prior(prior: float) -> float:
-    if not isinstance(prior, (int, float)) or isinstance(prior, bool) or not 0.0 <= prior <= 1.0:
-        raise InputError(f"prior (the head's mean predicted acceptance) must be a probability in [0, 1], got {prior!r}")
-    return float(prior)
+@dataclass(frozen=True)
+class Prior:
+    """What a batch-aware policy assumes of what its head has not read (module docstring).
+    acceptance: a_1, a_2, ...: the acceptance of a round's j-th draft given the earlier ones (past the
+    list: its last value); odds: the head's w_rej / w_acc, which `calibrate` undoes."""
+
+    acceptance: tuple[float, ...]
+    odds: float = 1.0
+
+    def __post_init__(self):
+        a = self.acceptance
+        if (not isinstance(a, tuple) or not a
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0.0 <= x <= 1.0 for x in a)):
+            raise InputError(f"a prior's acceptance must be a non-empty tuple of probabilities in [0, 1], got {a!r}")
+        if isinstance(self.odds, bool) or not isinstance(self.odds, (int, float)) or not self.odds > 0 or math.isinf(self.odds):
+            raise InputError(f"a prior's odds (the head's w_rej / w_acc) must be a number > 0, got {self.odds!r}")
+
+    @classmethod
+    def of(cls, prior: "Prior | float") -> "Prior":
+        """A Prior as given, or a single acceptance for every position of an uncalibrated head."""
+        if isinstance(prior, Prior):
+            return prior
+        if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not 0.0 <= prior <= 1.0:
+            raise InputError(f"prior must be a Prior or an acceptance probability in [0, 1], got {prior!r}")
+        return cls((float(prior),))
+
+    def at(self, j: int) -> float:
+        """a_j, j >= 1."""
+        return float(self.acceptance[min(j, len(self.acceptance)) - 1])
+
+    def calibrate(self, sigma: torch.Tensor) -> torch.Tensor:
+        """The head's sigma as the acceptance probability weighted BCE biased it away from."""
+        if self.odds == 1.0:
+            return sigma
+        return self.odds * sigma / (self.odds * sigma + 1.0 - sigma)
 
 
 def _check_k_max(k_max: int | None, table: CostTable) -> int:
@@ -64,12 +102,12 @@ class BatchAwareSpecDec(OnePromptRule):
     lockstep = False
     decides_at_zero = True  # decision 0 may stop rows before any draft (`decoding.batched.draft` reads it)
 
-    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None, table: CostTable, prior: float,
+    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None, table: CostTable, prior: Prior | float,
                  k_max: int | None = None, reference_rate: float | None = None):
         self.head = head
         self.table = table
         self.max_tokens = _check_k_max(k_max, table)
-        self.prior = _check_prior(prior)
+        self.prior = Prior.of(prior)
         if reference_rate is not None and not (isinstance(reference_rate, (int, float)) and reference_rate > 0):
             raise InputError(f"reference_rate must be tokens per second > 0 (or None: the round's own), got {reference_rate!r}")
         self.reference_rate = reference_rate
@@ -88,22 +126,27 @@ class BatchAwareSpecDec(OnePromptRule):
         return ones, ones.clone(), ones.clone(), torch.ones(rows, dtype=torch.bool, device=device)
 
     def _advance(self, state, k: int, sigma: torch.Tensor | None):
-        """Read sigma_{k-1} into the rows that drafted y_k; their T(k) = known + s_{k-1} prior."""
+        """Read sigma_{k-1} into the rows that drafted y_k; their T(k) = known + s_{k-1} a_k."""
         p_hat, known, tokens, alive = state
         if k >= 2:
             if sigma is None:
                 raise InputError(f"decision {k} needs sigma = sigmoid(head(e_{k - 1})); the loop passed None")
-            p_hat = torch.where(alive, p_hat * sigma.double(), p_hat)
+            p_hat = torch.where(alive, p_hat * self.prior.calibrate(sigma.double()), p_hat)
             known = torch.where(alive, known + p_hat, known)
         if k >= 1:
-            tokens = torch.where(alive, known + p_hat * self.prior, tokens)
+            tokens = torch.where(alive, known + p_hat * self.prior.at(k), tokens)
         return p_hat, known, tokens, alive
 
     def _gain(self, k: int, batch: int, tokens: torch.Tensor, p_hat: torch.Tensor) -> torch.Tensor:
         """(..., M) predicted T(k') - T(k) - lam (C(k') - C(k)) for k' = k + 1..K_max (M = K_max - k)."""
         costs = self.costs(batch)
-        lag = 1 if k >= 1 else 0  # at k >= 1 y_k is already priced in T(k): the next unknown is s_{k+1}
-        extra = [sum(self.prior ** (i + lag) for i in range(1, m + 1)) for m in range(1, self.max_tokens - k + 1)]
+        # s_{k+i} / s_{k-1} = a_k .. a_{k+i} (at k = 0: s_i = a_1 .. a_i); T(k) already holds s_k
+        extra, total = [], 0.0
+        survive = self.prior.at(k) if k >= 1 else 1.0
+        for i in range(1, self.max_tokens - k + 1):
+            survive *= self.prior.at(k + i)
+            total += survive
+            extra.append(total)
         more = torch.tensor(extra, dtype=torch.float64, device=tokens.device)
         dcost = torch.tensor([c - costs[k] for c in costs[k + 1:]], dtype=torch.float64, device=tokens.device)
         rate = tokens / costs[k] if self.reference_rate is None else torch.full_like(tokens, self.reference_rate)
@@ -118,7 +161,7 @@ class BatchAwareSpecDec(OnePromptRule):
         return (p_hat, known, tokens, drafting & ~stop), stop
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(prior={self.prior:.3g}, K_max={self.max_tokens}, {self.table.compile})"
+        return f"{type(self).__name__}({self.prior}, K_max={self.max_tokens}, {self.table.compile})"
 
 
 class LockstepBatchAwareSpecDec(BatchAwareSpecDec):
@@ -177,17 +220,18 @@ def budget_widths(survival: torch.Tensor, table: CostTable, drafted: int | None 
 class GlobalVerifyBudget(OnePromptRule):
     """vLLM #47808 (`enable_adaptive_verification`) on our heads and decoder: every row drafts to K (no
     early stop), the survival of each draft is kept in the round state, and after drafting the loop calls
-    `widths(state)` (= `budget_widths`) for the drafts each row verifies. The last draft's survival, whose
-    sigma the lag leaves unread, is priced with `prior`."""
+    `widths(state)` (= `budget_widths`) for the drafts each row verifies. Survival is the calibrated
+    heads' (module docstring); the last draft's, whose sigma the lag leaves unread, is priced with the
+    prior's a_K."""
 
     needs_hidden = True
 
-    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None, table: CostTable, prior: float,
+    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None, table: CostTable, prior: Prior | float,
                  k: int | None = None):
         self.head = head
         self.table = table
         self.max_tokens = _check_k_max(k, table)
-        self.prior = _check_prior(prior)
+        self.prior = Prior.of(prior)
 
     def round_state(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         """(p_hat (rows,), survival (rows, K), alive (rows,) bool)."""
@@ -200,10 +244,10 @@ class GlobalVerifyBudget(OnePromptRule):
         if k >= 1:
             column = torch.arange(self.max_tokens, device=survival.device)[None]
             if k >= 2:  # sigma_{k-1} makes s_{k-1} exact
-                p_hat = torch.where(alive, p_hat * sigma.double(), p_hat)
+                p_hat = torch.where(alive, p_hat * self.prior.calibrate(sigma.double()), p_hat)
                 survival = torch.where(alive[:, None] & (column == k - 2), p_hat[:, None], survival)
             # s_k until the next decision reads sigma_k
-            survival = torch.where(alive[:, None] & (column == k - 1), (p_hat * self.prior)[:, None], survival)
+            survival = torch.where(alive[:, None] & (column == k - 1), (p_hat * self.prior.at(k))[:, None], survival)
         return (p_hat, survival, drafting), torch.zeros_like(drafting)
 
     def widths(self, state, drafted: int | None = None) -> torch.Tensor:

@@ -193,8 +193,9 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
               datastore=bundle.load_datastore() if ecfg.model_free_arms else None, eagle=eagle, eagle_tree=eagle_tree,
               eagle_ofa=eagle_ofa, cost_ratio=bundle.defaults.cost_ratio,
               served_k={n: bundle.fixed_k(n) for n in drafters})
-    env.cost_table, summary = throughput_costs(bundle, target, drafters, heads, ofa, ecfg, cfg.run.seed, notes)
-    env.prior = summary.mean_sigma if summary is not None else None
+    env.cost_table, summary = throughput_costs(bundle, target, drafters, heads, ofa, ecfg, cfg.run.seed, notes,
+                                               ctx.work / "cost_table.json")
+    env.prior = bundle.prior_for(ofa, heads["greedy"][ofa].name) if summary is not None else None
     if bundle.datastore is None and "rest" in ecfg.model_free_arms:
         notes.append("the bundle ships no datastore: the REST arm is left out (re-export with export.datastore: true)")
     if ecfg.batch_sizes and ofa is None:
@@ -230,8 +231,9 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     if metrics.get("throughput") and env.cost_table is not None:
         # what `specdraft predict` says of the same rows before decoding: static batches of the runs' length
         metrics["throughput"]["predicted"] = beside_measured(predict_throughput(
-            summary, env.cost_table, metrics["throughput"]["batch_sizes"], k_max=heads["greedy"][ofa].k_max,
-            rounds=PREDICTED_BATCHES, seed=cfg.run.seed, new_tokens=ecfg.max_new_tokens), metrics["throughput"])
+            summary, env.cost_table, metrics["throughput"]["batch_sizes"], bundle.prior_for(ofa),
+            k_max=heads["greedy"][ofa].k_max,
+            rounds=PREDICTED_BATCHES, seed=cfg.run.seed, new_tokens=ecfg.max_new_tokens, budget_k=env.k), metrics["throughput"])
         metrics["throughput"]["cost_table"] = env.cost_table.as_dict()
     metrics.update(judge(metrics))
     metrics["target_quality"] = target_quality(records, prompts, tok)

@@ -394,7 +394,7 @@ def method_keys(metrics: dict, families: tuple[str, ...], **where) -> list[dict]
 
 # the measured throughput rows' names in `specdraft predict`'s table (decoding/throughput.py)
 PREDICTED_NAME = {"ar": lambda k: "AR", "fixed": lambda k: f"K={k}", "batch-aware-lockstep": lambda k: "batch-aware lockstep",
-                  "global-budget": lambda k: "global budget"}
+                  "global-budget": lambda k: f"global budget K={k}"}
 
 
 def beside_measured(predicted: dict, throughput: dict) -> dict:

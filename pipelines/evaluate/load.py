@@ -1,6 +1,7 @@
 """What the stage loads before it plans: the bundle's routers and SpecDec++ heads, and the prompts."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ from specdraft.data.chat import row_messages
 from specdraft.data.prompts import fit_prompt, load_prompt_sets
 from specdraft.decoding.bundle.directory import Bundle
 from specdraft.decoding.bundle.chat import ChatFormat, format_prompt
+from specdraft.decoding.policies.cost_model import CostTable
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.routers.router import load_router
 from specdraft.pipelines.evaluate.plan import Head, Prompt
@@ -90,11 +92,13 @@ def load_prompts(prompts_dir: Path, ecfg: EvaluateSection, tok, max_prompt: int,
 
 
 def throughput_costs(bundle: Bundle, target, drafters: dict, heads: dict, ofa: str | None, ecfg: EvaluateSection,
-                     seed: int, notes: list[str]):
+                     seed: int, notes: list[str], shared: Path):
     """(cost table, acceptance summary) for the throughput rows' batch-aware policies, or (None, None) when they
     cannot run: the all-domain drafter's greedy head and the bundle's acceptance summary for it are needed.
     The table is the decoder's own steps timed here, eager as evaluate decodes, at every batch size of the rows
-    and every width up to the head's K_max + 1 (decoding/cost_profile.py)."""
+    and every width up to the head's K_max + 1 (decoding/cost_profile.py), kept at `shared` (the stage's
+    work directory): the first process to profile it fixes it for every shard and rerun, so their
+    batch-aware decisions, which read it, are the decisions of one process."""
     from specdraft.decoding.cost_profile import profile_cost_table
     head = heads["greedy"].get(ofa) if ofa is not None else None
     if not ecfg.batch_sizes or head is None:
@@ -104,5 +108,15 @@ def throughput_costs(bundle: Bundle, target, drafters: dict, heads: dict, ofa: s
         notes.append(f"the bundle ships no acceptance summary for '{ofa}' (exported before train-heads wrote one): "
                      "the batch-aware throughput rows and the predicted throughput are left out (re-export)")
         return None, None
-    table = profile_cost_table(target, drafters[ofa], sorted({1, *ecfg.batch_sizes}), head.k_max + 1, "none", seed=seed)
-    return table, summary
+    if not shared.is_file():
+        table = profile_cost_table(target, drafters[ofa], sorted({1, *ecfg.batch_sizes}), head.k_max + 1, "none",
+                                   seed=seed)
+        tmp = shared.with_name(f"{shared.name}.{os.getpid()}.tmp")
+        table.save(tmp)
+        try:
+            os.link(tmp, shared)  # fails where another shard's table landed first: theirs is the one
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return CostTable.load(shared), summary

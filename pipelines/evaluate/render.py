@@ -285,7 +285,7 @@ def predicted_lines(t: dict) -> list[str]:
     return ["Predicted before decoding (`specdraft predict`'s model: the bundle's acceptance summary, "
             f"{p['rounds']} simulated batches of {p['new_tokens']} new tokens per method and B, priced with the decoder's "
             f"own step times profiled at this stage's start on {c.get('device', '?')}, compile {c.get('compile', '?')}; "
-            f"prior {_fmt(p['prior'])}; the K per batch size it recommends: "
+            f"prior: first-draft acceptance {_fmt(p['prior'])}, head odds {_fmt(p.get('odds'))}; the K per batch size it recommends: "
             + ", ".join(f"B={b}: {k}" for b, k in p["k_per_batch_size"].items()) + "):", "",
             table(["B", "method", "predicted tokens/s", "predicted speedup", "drafts per row-round",
                    "measured tokens/s", "predicted / measured - 1"], rows), ""]

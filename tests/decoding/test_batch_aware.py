@@ -6,8 +6,9 @@ import torch
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.policies.batch_aware import (BatchAwareSpecDec, GlobalVerifyBudget, KPerBatchSize,
-                                                     LockstepBatchAwareSpecDec, budget_widths, expected_round_tokens,
-                                                     k_per_batch_size)
+                                                     LockstepBatchAwareSpecDec, Prior, budget_widths,
+                                                     expected_round_tokens, k_per_batch_size)
+from specdraft.heads.losses import weighted_bce_terms
 from specdraft.decoding.policies.cost_model import CostTable
 from specdraft.decoding.policies.stopping import SpecDecPP
 from specdraft.decoding.rounds.lengths import decisions, round_length
@@ -66,6 +67,40 @@ def test_hand_computed_decisions():
     # a cheaper drafter (0.1 per step) at the same sigmas goes on
     cheap = BatchAwareSpecDec(None, table(**FLAT), prior=0.8)
     assert run_round(cheap, torch.tensor([[0.99, 0.99, 0.99, 0.99]])).item() == 4
+
+
+def test_calibration_undoes_the_weighted_bce_optimum():
+    """A head trained with w_rej = r predicts the minimiser of the weighted loss; Prior(odds=r).calibrate maps
+    it back to the acceptance P it was trained on."""
+    P = torch.tensor([0.05, 0.3, 0.5, 0.8, 0.97], dtype=torch.float64)
+    for r in (1.0, 3.0, 6.0):
+        logit = torch.zeros_like(P, requires_grad=True)
+        opt = torch.optim.LBFGS([logit], max_iter=200, tolerance_grad=1e-12, tolerance_change=1e-14)
+
+        def closure():
+            opt.zero_grad()
+            loss = weighted_bce_terms(logit, P, r).sum()
+            loss.backward()
+            return loss
+        opt.step(closure)
+        sigma = torch.sigmoid(logit.detach())
+        assert torch.allclose(Prior((0.5,), odds=r).calibrate(sigma), P, atol=1e-6), r
+        assert r == 1.0 or bool((sigma < P).all())  # the weighted head is biased low, as the rule must undo
+
+
+def test_a_rising_acceptance_curve_prices_unread_drafts_above_its_first_value():
+    """A curve whose later drafts are likelier (accepted runs predict more acceptance) earns a longer round
+    than its first value alone. Hand-computed at C(k) = 1 + 0.3 k, a_1 = 0.5: decision 0 drafts either way
+    (gain 0.5 - 1 x 0.3 > 0); at decision 1, T = 1.5, rate 1.5 / 1.3 = 1.154, one more draft earns
+    a_1 a_2 against 1.154 x 0.3 = 0.346: 0.25 with a_2 = 0.5 stops, 0.475 with a_2 = 0.95 goes on."""
+    t = table(verify=lambda b, w: 1.0, draft=lambda b: 0.3)
+    sigma = torch.full((1, 4), 0.95)
+    assert run_round(BatchAwareSpecDec(None, t, Prior((0.5,))), sigma).item() == 1
+    assert run_round(BatchAwareSpecDec(None, t, Prior((0.5, 0.95))), sigma).item() > 2
+    with pytest.raises(InputError, match="odds"):
+        Prior((0.5,), odds=0.0)
+    with pytest.raises(InputError, match="acceptance"):
+        Prior(())
 
 
 def test_linear_costs_and_a_fixed_rate_give_specdecpp_with_its_threshold():

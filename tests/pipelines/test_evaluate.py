@@ -290,7 +290,15 @@ def _counts(metrics: dict) -> tuple[list, list]:
 def test_shards_merge_to_the_counts_of_one_process(_exported, tmp_path, monkeypatch):
     """Two shards split the plan; a stream bandit's (set, domain) stays on one; a shard killed after
     some units reruns only its unfinished ones; --merge before every unit is done names what is
-    missing; the last shard to finish merges, and every count equals an unsharded run's."""
+    missing; the last shard to finish merges, and every count equals an unsharded run's. The batch-aware
+    rows read the cost table: one process profiles it for every shard (a fixed table here, the same for
+    the unsharded run: the counts, not the clock)."""
+    import specdraft.decoding.cost_profile as cost_profile
+    from tests.decoding.test_batch_decode import cost_table
+
+    profiled = []
+    monkeypatch.setattr(cost_profile, "profile_cost_table",
+                        lambda *a, **k: profiled.append(1) or cost_table(k_max=a[3] - 1, batch_sizes=tuple(a[2])))
     whole_out = run_stage(_config(fresh_copy(_exported, tmp_path, "whole")), "evaluate")
     whole = json.loads((whole_out / "metrics.json").read_text())
     root = fresh_copy(_exported, tmp_path, "sharded")
@@ -319,6 +327,7 @@ def test_shards_merge_to_the_counts_of_one_process(_exported, tmp_path, monkeypa
     monkeypatch.setenv("SPECDRAFT_SHARD", "1/2")
     out = run_stage(cfg, "evaluate")  # the last shard to finish merges
     assert out == root / "report" and not store.exists()
+    assert len(profiled) == 2  # the unsharded run and shard 0; shard 1 and the rerun read shard 0's table
     merged = json.loads((out / "metrics.json").read_text())
     assert _counts(merged) == _counts(whole)
     assert merged["calibration"]["reps"] == whole["calibration"]["reps"]  # every unit's samples pooled

@@ -183,7 +183,7 @@ def test_batch_aware_rows_decode_in_the_product_loop_and_the_report_sets_predict
     global verify budget (each equal to generate_batch called directly), and the report puts `specdraft
     predict`'s numbers for the same batch sizes beside the measured tokens/s."""
     from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec
-    from specdraft.decoding.throughput import predict_throughput, summarize_acceptance
+    from specdraft.decoding.throughput import predict_throughput, summarize_acceptance, summary_prior
     from specdraft.pipelines.evaluate.aggregate import beside_measured
     from tests.decoding.test_batch_decode import cost_table
 
@@ -208,7 +208,8 @@ def test_batch_aware_rows_decode_in_the_product_loop_and_the_report_sets_predict
     summary = summarize_acceptance(accept, [a.clamp(0.05, 0.95) for a in accept], head="h", threshold=0.5, k_max=6,
                                    label_transform={"temperature": 0.0, "top_k": 0, "top_p": 1.0})
     metrics["throughput"]["predicted"] = beside_measured(predict_throughput(
-        summary, env.cost_table, [1, 2], k_max=6, rounds=5, new_tokens=MAX_NEW), metrics["throughput"])
+        summary, env.cost_table, [1, 2], summary_prior(summary, 1.0), k_max=6, rounds=5, new_tokens=MAX_NEW,
+        budget_k=env.k), metrics["throughput"])
     metrics["throughput"]["cost_table"] = env.cost_table.as_dict()
     metrics.update(judge(metrics))
     text = render(metrics)
@@ -220,3 +221,6 @@ def test_batch_aware_rows_decode_in_the_product_loop_and_the_report_sets_predict
     from specdraft.pipelines.evaluate.render import _fmt
     ar_line = predicted.split("| 1 | AR |")[1].split("\n")[0]  # the measured tokens/s sits beside the predicted
     assert _fmt(measured_ar) in ar_line
+    budget = next(r for r in metrics["throughput"]["predicted"]["predictions"]
+                  if r["method"] == f"global budget K={env.k}" and r["batch"] == 1)
+    assert budget["measured_tokens_per_s"] is not None  # the measured budget rows are matched to the prediction

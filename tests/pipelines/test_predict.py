@@ -11,7 +11,7 @@ from specdraft.decoding.bundle.directory import BUNDLE_JSON, write_bundle_json
 from specdraft.decoding.policies.batch_aware import KPerBatchSize
 from specdraft.decoding.policies.cost_model import CostTable
 from specdraft.decoding.throughput import (ACCEPTANCE_FILE, AcceptanceSummary, predict_throughput, simulate_policy,
-                                           summarize_acceptance)
+                                           summarize_acceptance, summary_prior)
 from specdraft.heads.simulate import simulate_fixed_k
 from specdraft.pipelines.cli import main
 from tests.decoding.test_batch_aware import table
@@ -50,7 +50,8 @@ def test_predict_end_to_end(headed, tmp_path, capsys):
     assert result["drafter"] == "math" and result["batch_sizes"] == [1, 4]
     methods = {r["method"] for r in result["predictions"]}
     assert {"AR", "K=1", "K=2", "K=4", "K=8", "SpecDec++ h=0.7", "batch-aware", "batch-aware lockstep",
-            "global budget", "K table"} == methods
+            "K table"} == {m for m in methods if not m.startswith("global budget K=")}
+    assert len(methods) == 10
     table_ = CostTable.from_dict(result["cost_table"])
     for r in result["predictions"]:
         assert r["tokens_per_s"] > 0
@@ -107,14 +108,14 @@ def test_prediction_shape_and_floor():
     table fall back to plain target steps (speedup 1.0), while fixed K falls below batched AR."""
     summary = summarize_acceptance(*dev_sequences(2), threshold=0.7, k_max=8)
     t = table(verify=lambda b, w: 1e-3 * (1 + (b / 4) * (w - 1)), draft=lambda b: 1e-4, batch_sizes=(1, 64), k_max=8)
-    result = predict_throughput(summary, t, [1, 64], rounds=40, seed=3)
+    result = predict_throughput(summary, t, [1, 64], summary_prior(summary, 1.0), rounds=40, seed=3)
     at = {(r["method"], r["batch"]): r for r in result["predictions"]}
     assert result["k_per_batch_size"][64] == 0 < result["k_per_batch_size"][1]
     for m in ("batch-aware", "batch-aware lockstep", "K table"):
         assert at[(m, 64)]["speedup"] == pytest.approx(1.0) and at[(m, 64)]["mean_k"] == 0
     assert at[("K=4", 64)]["speedup"] < 1.0 < at[("K=4", 1)]["speedup"]
     with pytest.raises(Exception, match="batch sizes"):
-        predict_throughput(summary, t, [0])
+        predict_throughput(summary, t, [0], summary_prior(summary, 1.0))
     assert AcceptanceSummary.from_dict(json.loads(json.dumps(summary.as_dict()))) == summary
 
 
