@@ -47,12 +47,22 @@ from specdraft.decoding.rounds.static_cache import forward_rows  # noqa: E402
 from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.cost_profile import profile_cost_table  # noqa: E402
-from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec  # noqa: E402
+from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec, Prior  # noqa: E402
+from specdraft.decoding.throughput import ACCEPTANCE_FILE, AcceptanceSummary, summary_prior  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
 from bench_decoder import (ForwardCounter, _cpu_name, early_exit_pair, forward_time, interleaved, load,  # noqa: E402
                            load_prompts, median_times)
 from publish import publish  # noqa: E402
+
+
+def bench_prior(constant: float | None, head_dir: pathlib.Path, head_config: dict) -> Prior:
+    """The batch-aware rules' prior for a train-heads head directory: the drafter's dev acceptance curve from
+    the summary train-heads wrote beside it (or `constant` for every position) and the head's w_rej / w_acc."""
+    odds = head_config["w_rej"] / head_config.get("w_acc", 1.0)
+    if constant is not None:
+        return Prior((constant,), odds)
+    return summary_prior(AcceptanceSummary.load(head_dir.parent / ACCEPTANCE_FILE), odds)
 
 
 def demo_shaped_pair(vocab: int, nudge: float, device: str, dtype: torch.dtype):
@@ -245,7 +255,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
               "per-row bandit over draft lengths 0..4, reward = "
               f"the round's throughput (n_acc + 1) / (1 + c k) at c = {args.cost_ratio:.3f} (BanditSpec §6.2; "
               "from (a) when it ran). Batch-aware lockstep: the batch stops drafting where its expected tokens per "
-              "second of the decoder's measured step times at B stop rising (prior = "
+              "second of the decoder's measured step times at B stop rising ("
               f"{args.prior}; docs/decoder.md); global budget: every row drafts 4, the top-N drafts of the batch by "
               "survival are verified (vLLM #47808). MAT = tokens per target forward (bonus counted), summed over rows.",
               "", "Cost table (this run):", "", "```", table.render(), "```"]
@@ -264,9 +274,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cost-ratio", type=float, default=0.2,
                         help="c = t_draft / t_target for the UCBSpec throughput reward when part (a) is skipped")
     parser.add_argument("--k-max", type=int, default=8)
-    parser.add_argument("--prior", type=float, default=0.7,
-                        help="the batch-aware rule's prior: the acceptance of a draft given the earlier ones, one "
-                             "number for every position (a bundle's prior is a curve: Bundle.prior_for)")
+    parser.add_argument("--prior", type=float, default=None,
+                        help="the batch-aware rule's prior, one acceptance for every position (default: with --head "
+                             "the acceptance curve of train-heads' summary beside it, else 0.7)")
     parser.add_argument("--vocab", type=int, default=2048, help="vocabulary of the random demo-shaped pair")
     parser.add_argument("--nudge", type=float, default=0.05, help="damping of the random pair's deeper layers")
     parser.add_argument("--prompt-set", help="a run's prompts/sets dir: use its test prompts of --domain")
@@ -310,9 +320,12 @@ def main(argv=None) -> int:
     if args.head:
         from specdraft.decoding.policies.acceptance_head import load_head
 
-        head = load_head(args.head, expected_hidden_size=drafter.config.hidden_size)[0].to(args.device)
+        head, head_config = load_head(args.head, expected_hidden_size=drafter.config.hidden_size)
+        head = head.to(args.device)
+        args.prior = bench_prior(args.prior, pathlib.Path(args.head), head_config)
     else:
         head = untrained_head(drafter.config.hidden_size, args.device)
+        args.prior = Prior((0.7 if args.prior is None else args.prior,))
     n_batch1 = args.n_prompts
     args.n_prompts = max(args.n_prompts, max(args.batch_sizes))
     eager_sizes, eager_ks = args.batch_sizes, args.ks

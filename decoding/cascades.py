@@ -394,7 +394,10 @@ def method_from_spec(spec, where: str = "decoding.cascade") -> CascadeMethod | N
             raise InputError(f"{where}.{key} must be a number, got {spec[key]!r}")
     if not isinstance(spec["rule"], str):
         raise InputError(f"{where}.rule must be a rule name (e.g. token), got {spec['rule']!r}")
-    return cascade_method(spec["rule"], spec["alpha"], spec.get("beta", 1.0))
+    try:
+        return cascade_method(spec["rule"], spec["alpha"], spec.get("beta", 1.0))
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
 
 
 # A few lenience values per rule spanning "almost the large model" to "almost the small model" (the paper

@@ -18,7 +18,7 @@ import torch
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.bundle.defaults import COMPILE_MODES
-from specdraft.decoding.rounds.static_cache import RowStaticCache
+from specdraft.decoding.rounds.static_cache import RowStaticCache, cache_kwarg
 from specdraft.decoding.speculators.eagle_model import EagleDrafter
 
 CACHE_ROUND = 64  # cache lengths are rounded up so that calls of similar length share a cache (and a compile)
@@ -76,7 +76,8 @@ class StepCompiler:
 def row_cache(model: torch.nn.Module, batch: int, max_len: int) -> RowStaticCache:
     weight = model.get_input_embeddings().weight
     config = model.body.config if isinstance(model, EagleDrafter) else model.config  # EAGLE: its own layers
-    return RowStaticCache(config, batch, max_len, weight.dtype, weight.device, layer_devices(model))
+    kwarg = "past_key_values" if isinstance(model, EagleDrafter) else cache_kwarg(model)  # EAGLE: its own forward
+    return RowStaticCache(config, batch, max_len, weight.dtype, weight.device, layer_devices(model), forward_kwarg=kwarg)
 
 
 def layer_devices(model: torch.nn.Module) -> list[torch.device] | None:

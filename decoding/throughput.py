@@ -150,21 +150,26 @@ def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch:
     finish(state, steps) -> (rows,) drafts: a rule that decides after drafting (the global verify budget).
 
     new_tokens None: a batch kept full (served), `rounds` rounds, tokens counted in expectation.
-    new_tokens n: static batches as `generate_batch` decodes them, `rounds` batches: each row decodes n
-    tokens from the start of a random dev sequence (a further one when it ends), the batch runs until every
-    row is done, finished rows are masked but keep costing compute until (drop_half; default: an eager
-    table) half the rows are done and the finished ones leave, as the eager decoder drops them; tokens are
-    the drawn ones."""
+    new_tokens n: static batches as `generate_batch` decodes them, `rounds` batches: each row decodes from
+    the start of a random dev sequence until n tokens or the sequence's end (the response's EOS; a sequence
+    cut at MAX_POSITIONS goes on into a further one), the batch runs until every row is done, finished
+    rows are masked but keep costing compute until (drop_half; default: an eager table) half the rows are
+    done and the finished ones leave, as the eager decoder drops them; tokens are the drawn ones.
+
+    Common random numbers: the sequences come from a generator forked from `generator` before anything else
+    is drawn, so methods simulated from equally seeded generators decode the same responses in the same
+    order and differ only by their rounds."""
     k_max = policy.max_tokens
     static = new_tokens is not None
+    pick = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
     drop_half = (table.compile == "none") if drop_half is None else drop_half
     accept = [torch.tensor(a, dtype=torch.float64) for a in summary.accept]
     sigma = [torch.tensor(s, dtype=torch.float64) for s in summary.sigma]
     width = max(k_max, 2)
 
     def draw_sequences(rows: int, anywhere: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        seq = torch.randint(0, len(accept), (rows,), generator=generator)
-        pos = torch.tensor([int(torch.randint(0, len(accept[int(s)]), (1,), generator=generator)) if anywhere else 0
+        seq = torch.randint(0, len(accept), (rows,), generator=pick)
+        pos = torch.tensor([int(torch.randint(0, len(accept[int(s)]), (1,), generator=pick)) if anywhere else 0
                             for s in seq], dtype=torch.long)
         return seq, pos
 
@@ -204,10 +209,13 @@ def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch:
             out = out + emitted
         else:
             tokens += float((1.0 + (a_win.cumprod(-1) * inside).sum(-1)).sum())
-        pos = pos + accepted + 1
+        pos = pos + torch.where(active, accepted + 1, 0)  # a finished row stays where its response ended
         for b in range(rows):
             if int(pos[b]) >= len(accept[int(seq[b])]):
-                seq[b], pos[b] = int(torch.randint(0, len(accept), (1,), generator=generator)), 0
+                if static and len(accept[int(seq[b])]) < MAX_POSITIONS:
+                    out[b] = new_tokens  # the response ended: the row is done
+                else:
+                    seq[b], pos[b] = int(torch.randint(0, len(accept), (1,), generator=pick)), 0
         if static:
             live = out < new_tokens
             if not bool(live.any()):
@@ -263,12 +271,16 @@ def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes
     methods["K table"] = lambda b: (KPerBatchSize({b: ks[b]}), None)
     rows = []
     for b in batch_sizes:
-        ar = b / table.round_cost(b, 0)  # a plain target step and the loop's own work
+        # every method at this B from one seed: the same responses and draws (common random numbers)
+        def simulate(policy, finish=None):
+            return simulate_policy(policy, summary, table, b, rounds, torch.Generator().manual_seed(seed * 1_000_003 + b),
+                                   finish, new_tokens)
+        # batched AR: a plain target step and the loop's own work per token, B rows at a time (static batches:
+        # simulated too, as their rows end at different lengths)
+        ar = b / table.round_cost(b, 0) if new_tokens is None else simulate(KPerBatchSize({1: 0}))[0]
         rows.append(Prediction("AR", b, ar, 1.0, 0.0, 1.0))
-        for i, (name, build) in enumerate(methods.items()):
-            policy, finish = build(b)
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + b * 101 + i)
-            rate, mean_k, mat = simulate_policy(policy, summary, table, b, rounds, gen, finish, new_tokens)
+        for name, build in methods.items():
+            rate, mean_k, mat = simulate(*build(b))
             rows.append(Prediction(name, b, rate, rate / ar, mean_k, mat))
     return {"batch_sizes": list(batch_sizes), "k_per_batch_size": ks, "prior": prior.acceptance[0],
             "odds": prior.odds, "k_max": k_max,

@@ -19,6 +19,9 @@ import yaml
 
 from specdraft.core.errors import InputError
 
+# sections that moved, old dotted key -> new: a config written for an earlier specdraft says where to go
+MOVED = {"export.decoding": "decoding"}
+
 
 class ConfigError(InputError):
     pass
@@ -126,6 +129,8 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in data:
+        if f"{prefix}{key}" in MOVED:
+            raise ConfigError(f"'{prefix}{key}' is now the top-level section '{MOVED[f'{prefix}{key}']}'; move it there")
         if key not in fields:
             hint = _closest(str(key), list(fields))
             raise ConfigError(f"unknown config key '{prefix}{key}'; did you mean '{prefix}{hint}'?")

@@ -6,7 +6,7 @@
    parameter count and alignment row; its tokenizer and vocabulary must be the target's
 3. heads: per drafter and label transform the head with the best simulated cost (sweep.json
    `best_head`), or all of them, named "<transform tag>/<head>"; the drafter's default head is the best
-   one labelled under the serving transform (export.decoding). Each must have been trained on exactly
+   one labelled under the serving transform (the config's decoding section). Each must have been trained on exactly
    the exported drafter (its recorded drafter_hash); beside them acceptance/<drafter>/acceptance_summary.json,
    the default head's dev acceptance statistics (decoding/throughput.py), which `specdraft predict` reads
 4. router: train-router's output directory as is, when that stage has run
@@ -34,7 +34,6 @@ from specdraft.decoding.bundle.directory import BUNDLE_JSON, check_safe_weights,
 from specdraft.decoding.bundle.schema import (BundleSpec, DatastoreEntry, DrafterEntry, EagleEntry, HeadEntry,
                                     RouterEntry, TargetEntry)
 from specdraft.core.hashing import content_hash, file_sha256
-from specdraft.decoding.cascades import method_from_spec
 from specdraft.decoding.bundle.defaults import DecodingDefaults
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.decoding.speculators.datastore import build_datastore
@@ -42,7 +41,6 @@ from specdraft.decoding.throughput import ACCEPTANCE_FILE
 from specdraft.core.errors import InputError
 from specdraft.decoding.bundle.loading import load_tokenizer
 from specdraft.decoding.rounds.sampling import SamplingConfig
-from specdraft.decoding.bandits.selectors import SELECTORS
 from specdraft.decoding.policies.acceptance_head import CONFIG_NAME as HEAD_CONFIG
 from specdraft.pipelines.artifacts import MANIFEST, Manifest
 from specdraft.pipelines.config import to_dict
@@ -89,14 +87,9 @@ def build_datastore_dir(distill_dir: Path, dst: Path) -> dict:
 
 
 def decoding_defaults(ctx: Context) -> DecodingDefaults:
-    """export.decoding, checked (the owner checks its own values; the selector and cascade are checked here,
-    where their modules may load). Its cost ratio is resolved later, from train-heads (`with_cost_ratio`)."""
-    d = ctx.cfg.export.decoding
-    d.check("export.decoding")
-    if d.selector not in SELECTORS:
-        raise InputError(f"export.decoding.selector {d.selector!r} is not one of {', '.join(SELECTORS)}")
-    method_from_spec(d.cascade, "export.decoding.cascade")  # fail at export, not when first served
-    return d
+    """The config's decoding section (checked when the config loaded, selector and cascade included). Its
+    cost ratio is resolved later, from train-heads (`with_cost_ratio`)."""
+    return ctx.cfg.decoding
 
 
 def measured_cost_ratio(sweep: dict) -> float:
@@ -168,7 +161,7 @@ def export_eagle(ctx: Context, drafters_dir: Path, manifest: Manifest, out: Path
             raise InputError(f"EAGLE drafter '{name}' was trained for another target (content hash "
                              f"{str(meta['target_hash'])[:12]}, this one {want[:12]}); rerun train-drafters")
         if checked[name].variant == "eagle3":
-            k = ctx.cfg.export.decoding.k
+            k = ctx.cfg.decoding.k
             verifier = str((final / "target").resolve()) if target.path is not None else target.reference
             add(f"vllm/{name}", write_vllm_drafter(checked[name], out / "vllm" / name, k, verifier,
                                                    (final / "vllm" / name).resolve()))
@@ -236,7 +229,7 @@ def build(ctx: Context) -> dict:
     serving = SamplingConfig(defaults.temperature, defaults.top_k, defaults.top_p)
     heads, sweep = export_heads(ctx, drafters, serving, add)  # 3.
     export_fixed_k(ctx, drafters, heads, sweep, serving, defaults, files, add)  # 3b.
-    # the cost ratio the bandits price drafts with: pinned in export.decoding, else the one train-heads measured
+    # the cost ratio the bandits price drafts with: pinned in decoding.cost_ratio, else the one train-heads measured
     if defaults.cost_ratio is None:
         defaults = replace(defaults, cost_ratio=measured_cost_ratio(sweep))
     routers = export_routers(ctx, add)  # 4.

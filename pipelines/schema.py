@@ -317,7 +317,7 @@ class TrainHeadsSection:
     zero_init: bool = False  # residual blocks start as the identity
     thresholds: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7, 0.9])  # h candidates
     # c = t_draft / t_target the thresholds and the best fixed K are chosen with, and that export writes into
-    # the bundle (unless export.decoding.cost_ratio pins another); null: calibrated on this machine as evaluate calibrates it
+    # the bundle (unless decoding.cost_ratio pins another); null: calibrated on this machine as evaluate calibrates it
     cost_ratio: Optional[float] = None
 
     def check(self) -> None:
@@ -348,14 +348,8 @@ class TrainRouterSection:
 class ExportSection:
     heads: Literal["best", "all"] = "best"  # per drafter: the head with the best simulated cost, or all 20
     target: Literal["copy", "reference"] = "copy"  # copy the weights into the bundle, or reference path/hub id
-    decoding: DecodingDefaults = field(default_factory=DecodingDefaults)  # the decoder's defaults, written into bundle.json
     # ship the REST / suffix-decoding datastore (suffix array over distill-data's train responses)
     datastore: bool = True
-
-    def check(self) -> None:
-        from specdraft.decoding.cascades import method_from_spec
-
-        method_from_spec(self.decoding.cascade, "export.decoding.cascade")  # bundle.json's reader checks it again
 
 
 SETS = ("test", "perturbed", "ood")
@@ -510,4 +504,12 @@ class RunConfig:
     train_heads: TrainHeadsSection = field(default_factory=TrainHeadsSection)  # SpecDec++ §5.1 grid of acceptance heads; thresholds chosen by simulation
     train_router: TrainRouterSection = field(default_factory=TrainRouterSection)  # MetaSD §4.3 routing baselines
     export: ExportSection = field(default_factory=ExportSection)  # what goes into the bundle the decoder serves with
+    # the decoder's defaults: export writes them into bundle.json (what generate and evaluate serve with);
+    # train-heads simulates rounds up to its k_max and times the cost ratio with rounds of its k
+    decoding: DecodingDefaults = field(default_factory=DecodingDefaults)
     evaluate: EvaluateSection = field(default_factory=EvaluateSection)  # decode the eval prompt sets with the bundle and write the report
+
+    def check(self) -> None:
+        from specdraft.decoding.cascades import method_from_spec
+
+        method_from_spec(self.decoding.cascade, "decoding.cascade")  # bundle.json's reader checks it again

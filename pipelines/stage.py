@@ -31,7 +31,7 @@ class StageSpec:
     out: str  # directory under the run root
     inputs: tuple[str, ...]  # stages whose outputs it reads
     # config sections that change its output (the cache key): a section ("train_heads") or one key under
-    # another stage's section ("export.decoding.k"); tests/pipelines/test_stage_config_reads.py checks that
+    # another stage's section ("decoding.k"); tests/pipelines/test_stage_config_reads.py checks that
     # a stage's build reads nothing else (besides UNKEYED_READS)
     sections: tuple[str, ...]
     module: str  # pipelines.<module> defines build(ctx)
@@ -60,17 +60,17 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("train-drafters", "drafters", ("prepare-data", "pretrain-target", "distill-data"),
               ("target", "prompts", "train_drafters", "demo.heldout_domains"), "train_drafters"),
     StageSpec("acceptance-data", "acceptance_data", ("pretrain-target", "distill-data", "train-drafters"), ("target", "acceptance_data"), "acceptance_data"),
-    # rounds are simulated under the decoder's SpecDec++ cap (export.decoding.k_max), and the cost ratio is
-    # timed with the drafts of a round it serves (export.decoding.k)
+    # rounds are simulated under the decoder's SpecDec++ cap (decoding.k_max), and the cost ratio is
+    # timed with the drafts of a round it serves (decoding.k)
     StageSpec("train-heads", "heads", ("pretrain-target", "train-drafters", "acceptance-data"),
-              ("target", "train_heads", "export.decoding.k", "export.decoding.k_max"), "train_heads"),
+              ("target", "train_heads", "decoding.k", "decoding.k_max"), "train_heads"),
     # the perturbed / ood sets are answered as distill-data answers; acceptance is measured over sequences
     # of the finetune phase's length
     StageSpec("train-router", "router", ("prepare-data", "pretrain-target", "distill-data", "train-drafters"),
               ("target", "prompts", "train_router", "distill_data", "train_drafters.finetune.max_length"), "train_router"),
     # EAGLE drafters are served with the tree train-drafters names
     StageSpec("export", "bundle", ("pretrain-target", "train-drafters", "train-heads"),
-              ("target", "prompts", "export", "train_drafters.eagle.tree"), "export",
+              ("target", "prompts", "export", "decoding", "train_drafters.eagle.tree"), "export",
               optional=("train-router", "distill-data")),
     StageSpec("evaluate", "report", ("prepare-data", "export"), ("evaluate", "target.trust_remote_code", "target.dtype", "target.quantization", "target.device_map"),
               "evaluate",
@@ -206,7 +206,7 @@ UNKEYED_READS = ("run.root", "run.stages", "run.verify_inputs")
 
 
 def config_value(cfg: RunConfig, path: str):
-    """The config value at a dotted path ("train_heads", "export.decoding.k")."""
+    """The config value at a dotted path ("train_heads", "decoding.k")."""
     value = cfg
     for part in path.split("."):
         value = getattr(value, part)

@@ -77,7 +77,7 @@ def dev_sequences(features: dict[str, torch.Tensor]) -> list[torch.Tensor]:
 
 def build(ctx: Context) -> dict:
     cfg, hcfg = ctx.cfg, ctx.cfg.train_heads
-    k_max = cfg.export.decoding.k_max  # the decoder's SpecDec++ cap: rounds are simulated as they will be served
+    k_max = cfg.decoding.k_max  # the decoder's SpecDec++ cap: rounds are simulated as they will be served
     acc_dir = ctx.input("acceptance-data")
     sets = transform_dirs(acc_dir)  # <drafter>/<transform tag>/: one grid of heads each
     if not sets:
@@ -101,7 +101,7 @@ def build(ctx: Context) -> dict:
         elif cost is None:  # drafters share one architecture: measure once, carefully, and reuse
             drafter = load_drafter(ctx.input("train-drafters") / info["drafter"], "float32").to(
                 target.get_input_embeddings().weight.device).eval()
-            cost = measure_cost_ratio(target, drafter, device, cfg.run.seed, draft_run=cfg.export.decoding.k)
+            cost = measure_cost_ratio(target, drafter, device, cfg.run.seed, draft_run=cfg.decoding.k)
         c = cost["cost_ratio"]
         t0 = time.time()
         print(f"[train-heads] {name} ({tag} labels): {len(hcfg.depths) * len(hcfg.w_rejs)} heads on {len(tr['labels'])} positions "

@@ -1,7 +1,7 @@
 """The decoding defaults: the one typed owner of K, K_max, the SpecDec++ threshold, the cost ratio c and
 the sampling transform.
 
-`DecodingDefaults` is the config's `export.decoding` section (pipelines/schema.py), the `decoding`
+`DecodingDefaults` is the config's top-level `decoding` section (pipelines/schema.py), the `decoding`
 object of bundle.json (decoding/bundle/schema.py, written by export with every number resolved: the
 cost ratio is the c train-heads measured or pinned), and what a loaded bundle serves with
 (`Bundle.defaults`). Everything else that needs one of these numbers reads it from here, or from the
@@ -48,9 +48,9 @@ class DecodingDefaults:
     cascade: Optional[dict[str, Any]] = None  # {rule, alpha[, beta]}: serve a speculative cascade (decoding/cascades.py)
     compile: Literal["none", "default", "reduce-overhead"] = "none"  # torch.compile mode of the decoder's steps
 
-    def check(self, where: str = "export.decoding") -> None:
+    def check(self, where: str = "decoding") -> None:
         """Every value one that can work; InputError naming the key otherwise (the config loader calls it on
-        the export.decoding section, the bundle reader on bundle.json's decoding object)."""
+        the config's decoding section, the bundle reader on bundle.json's decoding object)."""
         from specdraft.decoding.rounds.sampling import SamplingConfig
 
         if not (math.isfinite(self.temperature) and math.isfinite(self.top_p)):  # inf passes SamplingConfig's >= 0

@@ -331,6 +331,12 @@ class Bundle:
                              f"available: {', '.join(available) or 'none (export with train-heads)'}")
         module, config = load_head(available[name].path, expected_hidden_size=entry.hidden_size,
                                    expected_drafter_hash=entry.content_hash)
+        # bundle.json indexes what the head's own config records (export copies it): every decode reads the
+        # index, so a head whose files say otherwise is a damaged bundle, not a second opinion
+        for key in ("threshold", "k_max", "w_rej"):
+            if key in config and config[key] != getattr(available[name], key):
+                raise InputError(f"head '{drafter}/{name}': bundle.json says {key} = {getattr(available[name], key)!r}, "
+                                 f"its head_config.json {config.get(key)!r}; re-export the bundle")
         return (module.to(device) if device is not None else module), config
 
 

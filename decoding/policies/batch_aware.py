@@ -67,6 +67,11 @@ class Prior:
         """a_j, j >= 1."""
         return float(self.acceptance[min(j, len(self.acceptance)) - 1])
 
+    def __str__(self) -> str:
+        a = self.acceptance
+        curve = f"{a[0]:.3g}" if len(a) == 1 else f"{a[0]:.3g}..{a[-1]:.3g} over drafts 1..{len(a)}"
+        return f"prior acceptance {curve}, head odds {self.odds:g}"
+
     def calibrate(self, sigma: torch.Tensor) -> torch.Tensor:
         """The head's sigma as the acceptance probability weighted BCE biased it away from."""
         if self.odds == 1.0:

@@ -72,7 +72,7 @@ class RowStaticCache(Cache):
     """Per-row static cache of a decoder-only HF model (Llama-style attention calling `cache.update`)."""
 
     def __init__(self, config, batch: int, max_len: int, dtype: torch.dtype, device: torch.device,
-                 layer_devices: list[torch.device] | None = None):
+                 layer_devices: list[torch.device] | None = None, *, forward_kwarg: str):
         window = getattr(config, "sliding_window", None)
         sliding = any(t != "full_attention" for t in (getattr(config, "layer_types", None) or []))
         if sliding or (window is not None and window < max_len):
@@ -84,6 +84,9 @@ class RowStaticCache(Cache):
         devices = layer_devices or [device] * config.num_hidden_layers
         super().__init__(layers=[RowStaticLayer(self, shape, dtype, d) for d in devices])
         self.max_len = max_len
+        # the keyword the model's forward takes this cache under (`cache_kwarg`), fixed with the cache so
+        # that compiled code reads a constant attribute and no forward inspects a signature
+        self.forward_kwarg = forward_kwarg
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)  # committed slots per row
         self.slots = torch.zeros(batch, 1, dtype=torch.long, device=device)  # where the current forward writes
 
@@ -99,6 +102,7 @@ class RowStaticCache(Cache):
             layer.keys.copy_(old.keys.index_select(0, here))
             layer.values.copy_(old.values.index_select(0, here))
         new.max_len = self.max_len
+        new.forward_kwarg = self.forward_kwarg
         new.lengths = self.lengths.index_select(0, keep)
         new.slots = self.slots.index_select(0, keep)
         return new
@@ -120,16 +124,11 @@ def attention_mask(lengths: torch.Tensor, width: int, max_len: int, dtype: torch
     return torch.zeros(allowed.shape, dtype=dtype, device=lengths.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
-_CACHE_KWARG: dict[type, str] = {}
-
-
-def cache_kwarg(model_class: type) -> str:
-    """The keyword a model class's forward takes its cache under (transformers renamed past_key_values);
-    looked up once per class, not on every forward (a plain dict: compiled code reads it as a constant)."""
-    if model_class not in _CACHE_KWARG:
-        params = inspect.signature(model_class.forward).parameters
-        _CACHE_KWARG[model_class] = "cache" if "cache" in params else "past_key_values"
-    return _CACHE_KWARG[model_class]
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The keyword a decoder-only model's base forward takes its cache under (transformers renamed
+    past_key_values to cache): read once when a cache is made for the model (`RowStaticCache.forward_kwarg`)."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
 
 
 def eagle_rows(drafter: torch.nn.Module, cache: RowStaticCache, features: torch.Tensor, ids: torch.Tensor):
@@ -158,7 +157,7 @@ def forward_rows(model: torch.nn.Module, cache: RowStaticCache, ids: torch.Tenso
     mask = attention_mask(cache.lengths, width, cache.max_len, None if sdpa else model.get_input_embeddings().weight.dtype)
     base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     out = base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-               **{cache_kwarg(type(base)): cache})
+               **{cache.forward_kwarg: cache})
     states = out.last_hidden_state
     logits = model.get_output_embeddings()(states)
     # under device_map the head may sit elsewhere: the round's tensors live with the input ids (no-op otherwise)

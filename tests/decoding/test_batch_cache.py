@@ -10,7 +10,7 @@ import torch
 
 from specdraft.decoding.rounds import kv
 from specdraft.decoding.batched import forward_step, generate_batch
-from specdraft.decoding.compilation import StepCompiler
+from specdraft.decoding.compilation import StepCompiler, row_cache
 from specdraft.decoding.rounds.static_cache import RowStaticCache, attention_mask, forward_rows
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP
 from tests.decoding.test_greedy_equivalence import random_head
@@ -28,7 +28,7 @@ def test_rollback_matches_a_dynamic_cache(make_llama, attention):
     assert target.config._attn_implementation == attention
     gen = torch.Generator().manual_seed(0)
     rows = [torch.randint(0, 96, (n,), generator=gen).tolist() for n in (3, 7, 1)]
-    cache = RowStaticCache(target.config, 3, 32, torch.float32, torch.device("cpu"))
+    cache = row_cache(target, 3, 32)
     ids = torch.zeros(3, 7, dtype=torch.long)
     for b, r in enumerate(rows):
         ids[b, : len(r)] = torch.tensor(r)
@@ -68,8 +68,8 @@ def test_compiled_forward_equals_eager(llama_pair):
     gen = torch.Generator().manual_seed(1)
     with torch.inference_mode():
         for width in (1, 5):
-            eager_cache = RowStaticCache(target.config, 2, 64, torch.float32, torch.device("cpu"))
-            comp_cache = RowStaticCache(target.config, 2, 64, torch.float32, torch.device("cpu"))
+            eager_cache = row_cache(target, 2, 64)
+            comp_cache = row_cache(target, 2, 64)
             for lengths in ([3, 9], [10, 4], [12, 13]):  # the same graph at other lengths: no stale constants
                 ids = torch.randint(0, 96, (2, width), generator=gen)
                 eager_cache.rollback(torch.tensor(lengths))
@@ -126,9 +126,9 @@ def test_sliding_windows_shorter_than_the_decode_are_refused():
 
     cfg = MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                         num_key_value_heads=2, sliding_window=16)
-    RowStaticCache(cfg, 2, 16, torch.float32, torch.device("cpu"))  # the window covers the cache: full attention
+    RowStaticCache(cfg, 2, 16, torch.float32, torch.device("cpu"), forward_kwarg="cache")  # the window covers the cache: full attention
     with pytest.raises(InputError, match="sliding-window"):
-        RowStaticCache(cfg, 2, 64, torch.float32, torch.device("cpu"))
+        RowStaticCache(cfg, 2, 64, torch.float32, torch.device("cpu"), forward_kwarg="cache")
 
 
 def test_compiled_steps_keep_only_the_guards_on_their_arguments():
@@ -175,6 +175,6 @@ def test_compiled_steps_of_two_models_of_one_shape_stay_apart(make_llama):
     compiler = StepCompiler("default")
     with torch.inference_mode():
         for model in (a, b, a):
-            cache = RowStaticCache(model.config, 1, 32, torch.float32, torch.device("cpu"))
+            cache = row_cache(model, 1, 32)
             want = forward_rows(model, cache, ids)[0]
             torch.testing.assert_close(forward_step(compiler, model)(cache, ids)[0], want, atol=1e-5, rtol=1e-5)

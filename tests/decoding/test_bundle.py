@@ -175,6 +175,19 @@ def test_head_for_another_drafter_is_refused(bundle):
         b.load_drafter("nope")
 
 
+def test_a_head_whose_config_disagrees_with_bundle_json_is_refused(bundle):
+    """h is bundle.json's (what every decode reads); the head's own head_config.json, which export copied it
+    from, must say the same, or the bundle was edited by hand."""
+    cfg_path = bundle / "heads/d/D1_w6/head_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    assert load_bundle(bundle).load_head("d")[1]["threshold"] == 0.7
+    cfg_path.write_text(json.dumps({**cfg, "threshold": 0.4}))
+    write_bundle_json(bundle, {k: v for k, v in json.loads((bundle / BUNDLE_JSON).read_text()).items()
+                               if k not in ("files", "format")})
+    with pytest.raises(InputError, match=r"bundle.json says threshold = 0.7, its head_config.json 0.4; re-export"):
+        load_bundle(bundle).load_head("d")
+
+
 def test_drafter_with_another_tokenizer_is_refused(bundle):
     meta = json.loads((bundle / BUNDLE_JSON).read_text())
     write_bundle_json(bundle, _meta(bundle, meta["target"]["tokenizer_sha256"], drafter_tok_sha="e" * 64))

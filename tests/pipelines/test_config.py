@@ -24,6 +24,13 @@ def test_unknown_key_names_key_and_closest():
         from_dict(RunConfig, {"pretrain_target": {"seq_lne": 12}})
 
 
+def test_a_moved_section_says_where_it_went():
+    """train-heads and export both read the decoder's defaults: they left export for a section of their own."""
+    with pytest.raises(ConfigError, match=r"'export\.decoding' is now the top-level section 'decoding'; move it there"):
+        from_dict(RunConfig, {"export": {"decoding": {"k": 3}}})
+    assert from_dict(RunConfig, {"decoding": {"k": 3}}).decoding.k == 3
+
+
 def test_wrong_type_names_field():
     with pytest.raises(ConfigError, match=r"'pretrain_target\.train\.max_steps' has the wrong type"):
         from_dict(RunConfig, {"pretrain_target": {"train": {"max_steps": "many"}}})

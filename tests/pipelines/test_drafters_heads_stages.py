@@ -144,7 +144,7 @@ def test_label_transforms_share_the_logits_and_get_their_own_heads(drafted_run, 
     from specdraft.decoding.rounds.sampling import SamplingConfig
 
     b = load_bundle(bundle)
-    assert b.drafter("math").head == "greedy/" + sweep["math"]["greedy"]["best_head"]  # export.decoding is greedy
+    assert b.drafter("math").head == "greedy/" + sweep["math"]["greedy"]["best_head"]  # decoding is greedy
     assert b.head_for("math", SamplingConfig(0.0)) == b.drafter("math").head
     assert b.head_for("math", SamplingConfig(0.7, 20)).startswith("T0.7_k20/")
     assert b.head_for("math", SamplingConfig(1.0)) is None
@@ -199,7 +199,7 @@ def test_train_heads_prices_its_picks_with_evaluates_calibration(drafted, monkey
     cfg = dataclasses.replace(drafted, train_heads=dataclasses.replace(drafted.train_heads, cost_ratio=None))
     run_stage(cfg, "acceptance-data")
     sweep = json.loads((run_stage(cfg, "train-heads") / "sweep.json").read_text())
-    k = cfg.export.decoding.k
+    k = cfg.decoding.k
     assert calls == [(1, 1, 60, k)]
     cost = sweep["math"]["T1"]["cost"]
     assert cost["source"] == "calibrated" and cost["draft_run"] == k

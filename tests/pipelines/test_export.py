@@ -129,17 +129,17 @@ def test_pickle_weights_and_changed_inputs_are_refused(run_root):
 
 def test_bad_decoding_defaults_fail_before_copying(run_root):
     with pytest.raises(InputError, match="selector 'nope'"):
-        run_stage(_config(run_root, export={"decoding": {"selector": "nope"}}), "export")
-    for bad, match in (({"k": 0}, "export.decoding.k must be an integer >= 1"),
-                       ({"threshold": 1.5}, r"export.decoding.threshold must be in \(0, 1\)"),
-                       ({"cost_ratio": -1.0}, "export.decoding.cost_ratio"), ({"top_p": 0.0}, "top_p")):
+        run_stage(_config(run_root, decoding={"selector": "nope"}), "export")
+    for bad, match in (({"k": 0}, "decoding.k must be an integer >= 1"),
+                       ({"threshold": 1.5}, r"decoding.threshold must be in \(0, 1\)"),
+                       ({"cost_ratio": -1.0}, "decoding.cost_ratio"), ({"top_p": 0.0}, "top_p")):
         with pytest.raises(InputError, match=match):
-            run_stage(_config(run_root, export={"decoding": bad}), "export")
+            run_stage(_config(run_root, decoding=bad), "export")
     assert not (run_root / "bundle").exists()
 
 
 def test_a_pinned_serving_cost_ratio_is_written_instead_of_the_measured_one(run_root):
-    b = load_bundle(run_stage(_config(run_root, export={"decoding": {"cost_ratio": 0.05, "threshold": 0.4}}), "export"))
+    b = load_bundle(run_stage(_config(run_root, decoding={"cost_ratio": 0.05, "threshold": 0.4}), "export"))
     assert b.defaults.cost_ratio == 0.05 and b.defaults.threshold == 0.4
 
 
@@ -200,7 +200,7 @@ def test_drafters_serve_as_transformers_assistant_models(run_root):
     rows = list(load_prompt_sets(run_root / "prompts")["test"])[:2]
     for name in meta["drafters"]:
         gc = GenerationConfig.from_pretrained(out / "drafters" / name)
-        best = sweep[name]["T1"]["best_fixed_k_greedy"]  # served greedy (export.decoding default)
+        best = sweep[name]["T1"]["best_fixed_k_greedy"]  # served greedy (the decoding default)
         # the best fixed K travels as a number: train-heads' simulation -> bundle.json -> generation_config
         assert best["policy"] == f"fixed K={sweep[name]['T1']['best_k_greedy']}"
         assert meta["drafters"][name]["fixed_k"] == sweep[name]["T1"]["best_k_greedy"] == gc.num_assistant_tokens

@@ -132,3 +132,8 @@ def test_static_batches_as_the_batched_decoder_runs_them():
         assert rate == pytest.approx(b * 10 / (2 * t.round_cost(b, 4))) and mean_k == 4 and mat == 5
         rate, _, _ = simulate_policy(KPerBatchSize({1: 0}), summary, t, b, 2, gen, new_tokens=10)
         assert rate == pytest.approx(b / t.round_cost(b, 0))
+    # a response of 6 tokens ends there (its EOS), before the 48 asked for: a round of 4 drafts + the bonus,
+    # then one plain step for its last token, 2 rounds for 6 tokens a row
+    short = summarize_acceptance([torch.ones(6, dtype=torch.float64)], [torch.ones(6, dtype=torch.float64)])
+    rate, _, _ = simulate_policy(KPerBatchSize({1: 4}), short, t, 5, 3, gen, new_tokens=48, drop_half=False)
+    assert rate == pytest.approx(5 * 6 / (t.round_cost(5, 4) + t.round_cost(5, 0)))

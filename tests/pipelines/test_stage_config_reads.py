@@ -111,23 +111,23 @@ def test_the_recorder_sees_nested_reads_and_the_check_flags_an_unkeyed_one():
     rec.train_heads.lr  # not yet active: not recorded
     reads.active = True
     assert rec.train_drafters.finetune.max_length == cfg.train_drafters.finetune.max_length
-    assert dataclasses.asdict(rec.export.decoding) == dataclasses.asdict(cfg.export.decoding)
-    assert {"train_drafters.finetune.max_length", "export.decoding.k", "export.decoding.cost_ratio"} <= reads.paths
+    assert dataclasses.asdict(rec.decoding) == dataclasses.asdict(cfg.decoding)
+    assert {"train_drafters.finetune.max_length", "decoding.k", "decoding.cost_ratio"} <= reads.paths
     assert "train_heads.lr" not in reads.paths
     spec = StageSpec("x", "x", (), ("train_heads", "train_drafters.finetune.max_length"), "x")
-    # reads of the keyed key and on the way to it pass; the export section's do not
-    assert unkeyed(spec, reads.paths) == sorted(p for p in reads.paths if p.startswith("export"))
+    # reads of the keyed key and on the way to it pass; the decoding section's do not
+    assert unkeyed(spec, reads.paths) == sorted(p for p in reads.paths if p.startswith("decoding"))
     assert unkeyed(spec, {"run.root", "train_heads.lr", "train_drafters.general.train.wandb.mode"}) == []
 
 
 def test_a_dotted_section_is_part_of_the_cache_key(tmp_path):
-    """train-heads keys export.decoding.k and k_max (the draft run it times c with, the cap it simulates) and
-    nothing else of export."""
+    """train-heads keys decoding.k and k_max (the draft run it times c with, the cap it simulates) and
+    nothing else of the decoding section, nor export."""
     spec = stage_module.get_spec("train-heads")
     a = tiny_config(tmp_path)
-    b = tiny_config(tmp_path, export={"decoding": {"k": 3}})
-    c = tiny_config(tmp_path, export={"heads": "all", "decoding": {"temperature": 0.5}})
-    d = tiny_config(tmp_path, export={"decoding": {"k_max": 8}})
+    b = tiny_config(tmp_path, decoding={"k": 3})
+    c = tiny_config(tmp_path, export={"heads": "all"}, decoding={"temperature": 0.5})
+    d = tiny_config(tmp_path, decoding={"k_max": 8})
     key = stage_module._cache_key
     assert key(a, spec, {}) != key(b, spec, {}) and key(a, spec, {}) != key(d, spec, {})
     assert key(a, spec, {}) == key(c, spec, {})

@@ -73,7 +73,7 @@ def call(argv, capsys, watch: Path) -> str:
 # ---- stages, run, validate, config ------------------------------------------------------------------------
 
 OVERRIDES = st.sampled_from(["run.seed=1", "run.seed=x", "evaluate.ks=[]", "evaluate.ks=[2, 4]", "nope=1",
-                             "export.decoding.k=99", "export.decoding.k=2", "run.seed", "=1", "run..seed=1",
+                             "decoding.k=99", "decoding.k=2", "run.seed", "=1", "run..seed=1",
                              "distill_data.top_p=0", "evaluate.sets=[test]", "demo.domains=[nope]", "x.y=[",
                              "train_heads.thresholds=[0.5]", "prompts.sources=[/nonexistent.jsonl]"])
 FLAGS = st.sampled_from(["--force", "--merge", "--shard", "--from", "--config", "--defaults", "--nope", "-h"])

@@ -27,7 +27,7 @@ VALID = {
     "distill_data.temperatures": st.lists(st.floats(0, 2), min_size=1, max_size=3),
     "distill_data.top_p": st.floats(0.01, 1.0),
     "train_heads.thresholds": st.lists(st.floats(0.01, 0.99), min_size=1, max_size=3),
-    "export.decoding": decoding_sections(),
+    "decoding": decoding_sections(),
 }
 
 
@@ -97,10 +97,10 @@ REFUSED = [
     ("evaluate.repeats_max", st.just(1)),  # below repeats (2): contradictory
     ("distill_data.top_p", st.one_of(st.floats(max_value=0), st.floats(min_value=1.001, allow_infinity=False))),
     ("train_heads.thresholds", st.lists(st.one_of(st.floats(max_value=0), st.floats(min_value=1, allow_infinity=False)), min_size=1, max_size=2)),
-    ("export.decoding.k", st.integers(21, 10**4)),  # above k_max (20): contradictory
-    ("export.decoding.k_max", st.integers(1, 3)),  # below k (4)
-    ("export.decoding.threshold", st.one_of(st.floats(max_value=0), st.floats(min_value=1))),
-    ("export.decoding.selector", st.text("xyz", max_size=4)),
+    ("decoding.k", st.integers(21, 10**4)),  # above k_max (20): contradictory
+    ("decoding.k_max", st.integers(1, 3)),  # below k (4)
+    ("decoding.threshold", st.one_of(st.floats(max_value=0), st.floats(min_value=1))),
+    ("decoding.selector", st.text("xyz", max_size=4)),
     ("pretrain_target.seq_len", st.integers(10**5, 10**6)),  # above model.max_positions
     ("evaluate.nope", st.integers()),
     ("nope", st.integers()),
