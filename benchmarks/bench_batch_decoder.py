@@ -16,7 +16,8 @@ side (forwards, overheads, batching) carries over. Prompts are random token ids 
     with num_assistant_tokens=K (constant schedule, no confidence stop), greedy and T = --temperature.
     Efficiency = measured (ours K / ours AR) over the analytic fixed-K speedup at the acceptance implied
     by our MAT and c = t_draft / t_target from ours-AR per-token times of each model.
-(b) Batch curve: for each B, the first B prompts decoded together by every method (AR, fixed K for
+(b) Batch curve: for each B, part (a)'s prompts in consecutive batches of B (a B above their count: its
+    first B prompts as one batch), decoded by every method (AR, fixed K for
     --ks, SpecDec++ with --head or an untrained random head, per row and lockstep (the batch stops
     together), UCBSpec over lengths 0..4), interleaved, --runs times; tokens/s = generated tokens /
     median time, with the spread (min-max over runs) and the speedup over batched AR at the same B.
@@ -224,9 +225,14 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
         "| ---: " * (1 + len(policies) + 2 * (len(policies) - 1)) + "|",
     ]
     compile_s = {}
+    shared = prompts[:args.n_batch1]
     for B in args.batch_sizes:
-        batch = prompts[:B]
-        fns = {name: (lambda p=p: ours(target, batch, n, greedy, 0, args.compiler, drafter if p else None, p))
+        # up to part (a)'s prompt count, every B decodes part (a)'s prompts, in consecutive batches of B: the
+        # B = 1 row is part (a)'s decode of the same prompts, and the low-B rows differ only by B; a larger B
+        # decodes its first B prompts as one batch
+        batches = [shared[i:i + B] for i in range(0, len(shared), B)] if B <= len(shared) else [prompts[:B]]
+        fns = {name: (lambda p=p: [r for batch in batches
+                                   for r in ours(target, batch, n, greedy, 0, args.compiler, drafter if p else None, p)])
                for name, p in policies.items()}
         if args.compile != "none":
             compile_s[B] = sum(compile_times(fns, dev).values())
@@ -326,7 +332,7 @@ def main(argv=None) -> int:
     else:
         head = untrained_head(drafter.config.hidden_size, args.device)
         args.prior = Prior((0.7 if args.prior is None else args.prior,))
-    n_batch1 = args.n_prompts
+    n_batch1 = args.n_batch1 = args.n_prompts
     args.n_prompts = max(args.n_prompts, max(args.batch_sizes))
     eager_sizes, eager_ks = args.batch_sizes, args.ks
     prompts = load_prompts(args, target.config.vocab_size)

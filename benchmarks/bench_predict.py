@@ -1,26 +1,30 @@
 """`specdraft predict`'s model against measurement: predicted tokens/s (decoding/throughput.py, priced with
 the cost table profiled here) beside the batched decoder's measured tokens/s, per batch size, for AR and
-fixed K, on the demo-shaped random pair (bench_batch_decoder.demo_shaped_pair).
+fixed K, on the demo-shaped random pair (bench_batch_decoder.demo_shaped_pair), or with --bundle on a bundle's
+target and drafter, where the drafter's greedy head also decodes with the lockstep batch-aware rule.
 
     python benchmarks/bench_predict.py [--batch-sizes 1,4,16] [--ks 2,4] [--max-new-tokens 48] [--runs 3]
-        [--compile none] [--rounds 400] [--seed 0]
+        [--compile none] [--rounds 400] [--seed 0] [--bundle runs/demo/bundle [--drafter ofa]
+        [--prompt-set runs/demo/prompts/sets]]
 
 The acceptance side is what greedy decoding of these prompts really meets: for each prompt the target's
 greedy continuation, and at each of its positions whether the drafter's greedy token (teacher-forced on the
-target's prefix) agrees (P_i in {0, 1}, SPEC.md section 2's oracle indicators). The measured side decodes
+target's prefix) agrees (P_i in {0, 1}, SPEC.md section 2's oracle indicators), and with a bundle its head's
+sigma at the same positions (the batch-aware rule's input; its prior is the bundle's). The measured side decodes
 the first B prompts together with `generate_batch`, the methods interleaved, `--runs` passes after a
 warm-up, median process CPU time (`decoding.timing`). Error = predicted / measured - 1.
 
 The prediction simulates static batches as `generate_batch` runs them (rows finish at different rounds,
 finished rows cost compute until the eager decoder drops them) and prices the loop's own work per round
-and per draft step from the table's calibration (`cost_profile.calibrate_loop`); it leaves out the
-prefills and the run's setup, which shows here as error.
+and per draft step, and a call's start (prefills, setup) once per batch, from the table's calibration
+(`cost_profile.calibrate_loop`, at prompts of the table's context length).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import pathlib
+import statistics
 import sys
 
 import torch
@@ -30,7 +34,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from specdraft.decoding.batched import generate_batch  # noqa: E402
 from specdraft.decoding.cost_profile import cached_cost_table  # noqa: E402
+from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
+from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.throughput import predict_throughput, summarize_acceptance, summary_prior  # noqa: E402
 from bench_batch_decoder import demo_shaped_pair  # noqa: E402
 from bench_decoder import interleaved  # noqa: E402
@@ -38,14 +44,42 @@ from publish import publish  # noqa: E402
 
 
 @torch.inference_mode()
-def greedy_agreement(target, drafter, prompts: list[list[int]], n: int) -> list[torch.Tensor]:
-    """Per prompt, (n,) float: 1 where the drafter's greedy token on the target's greedy prefix is the target's."""
-    out = []
+def greedy_agreement(target, drafter, prompts: list[list[int]], n: int, head=None) -> tuple[list, list]:
+    """Per prompt, (n,) float: 1 where the drafter's greedy token on the target's greedy prefix is the
+    target's; and the head's sigma at the positions holding those tokens (what acceptance-data's features
+    are), or the agreement itself without a head."""
+    agree, sigma = [], []
     for p, r in zip(prompts, generate_batch(target, prompts, n)):
         ids = torch.tensor([p + r.tokens])
-        guess = drafter(ids).logits[0, len(p) - 1:-1].argmax(-1)
-        out.append((guess == torch.tensor(r.tokens)).double())
-    return out
+        out = drafter(ids, output_hidden_states=True)
+        agree.append((out.logits[0, len(p) - 1:-1].argmax(-1) == torch.tensor(r.tokens)).double())
+        sigma.append(agree[-1] if head is None else torch.sigmoid(head(out.hidden_states[-1][0, len(p):]).float()).double())
+    return agree, sigma
+
+
+def bundle_pair(args):
+    """(target, drafter, head, prior, prompts, what) from --bundle: the drafter's greedy head and its prior."""
+    from specdraft.data.chat import row_messages
+    from specdraft.decoding.bundle.chat import format_prompt
+    from specdraft.decoding.bundle.directory import load_bundle
+
+    bundle = load_bundle(args.bundle)
+    name = args.drafter or bundle.general_drafter()
+    target = bundle.load_target(device="cpu")
+    drafter = bundle.load_drafter(name, device="cpu", target=target)
+    head_name = bundle.head_for(name, SamplingConfig(0.0))
+    head = bundle.load_head(name, head_name, device="cpu")[0]
+    if args.prompt_set:
+        from datasets import load_from_disk
+
+        tok = bundle.load_tokenizer()
+        rows = load_from_disk(args.prompt_set)["test"]
+        prompts = [format_prompt(tok, row_messages(r), bundle.chat) for r in rows]
+    else:
+        gen = torch.Generator().manual_seed(args.seed)
+        prompts = [torch.randint(3, target.config.vocab_size, (args.prompt_length,), generator=gen).tolist()
+                   for _ in range(max(args.sizes))]
+    return target, drafter, head, bundle.prior_for(name, head_name), prompts, f"{args.bundle}: drafter {name}, head {head_name}"
 
 
 def main(argv=None) -> int:
@@ -58,23 +92,35 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", default="none")
     ap.add_argument("--rounds", type=int, default=40, help="static batches simulated per (method, B)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bundle", default=None, help="a bundle's target, drafter and greedy head instead of the random pair")
+    ap.add_argument("--drafter", default=None, help="with --bundle: the drafter (default: its all-domain one)")
+    ap.add_argument("--prompt-set", default=None, help="with --bundle: a run's prompts/sets dir (its test prompts, "
+                                                        "every domain in order); default: random ids")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md as it is")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    sizes = args.sizes = [int(x) for x in args.batch_sizes.split(",")]
     ks = [int(x) for x in args.ks.split(",")]
-    target, drafter = demo_shaped_pair(2048, 0.05, "cpu", torch.float32)
-    gen = torch.Generator().manual_seed(args.seed)
-    prompts = [torch.randint(3, 2048, (args.prompt_length,), generator=gen).tolist() for _ in range(max(sizes))]
+    if args.bundle:
+        target, drafter, head, prior, prompts, pair = bundle_pair(args)
+    else:
+        target, drafter = demo_shaped_pair(2048, 0.05, "cpu", torch.float32)
+        gen = torch.Generator().manual_seed(args.seed)
+        prompts = [torch.randint(3, 2048, (args.prompt_length,), generator=gen).tolist() for _ in range(max(sizes))]
+        head, prior, pair = None, None, "random demo-shaped pair"
+    if len(prompts) < max(sizes):
+        ap.error(f"{len(prompts)} prompts, fewer than the largest batch size {max(sizes)}")
     n = args.max_new_tokens
-    agree = greedy_agreement(target, drafter, prompts, n)
+    agree, sigma = greedy_agreement(target, drafter, prompts[:max(sizes)], n, head)
+    # timed over the prompts' median length: a call's start is mostly its prefill, which grows with the prompt
+    context = int(statistics.median(len(p) for p in prompts[:max(sizes)]))
     table, path, hit = cached_cost_table(target, drafter, sizes, max(8, max(ks)) + 1, args.compile, seed=args.seed,
-                                         calibrate=True)
+                                         calibrate=True, context=context)
     lines = [f"## Predicted vs measured throughput ({datetime.date.today()}, {table.device}, torch {torch.__version__})", "",
-             f"`python benchmarks/bench_predict.py {' '.join(argv if argv is not None else sys.argv[1:])}`; random "
-             f"demo-shaped pair; mean greedy agreement {float(torch.cat(agree).mean()):.3f}; {args.runs} interleaved runs, "
-             f"{n} new tokens, prompts of {args.prompt_length}, compile {args.compile}, {args.threads} thread(s); "
+             f"`python benchmarks/bench_predict.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
+             f"{pair}; mean greedy agreement {float(torch.cat(agree).mean()):.3f}; {args.runs} interleaved runs, "
+             f"{n} new tokens, prompts of median length {context} tokens, compile {args.compile}, {args.threads} thread(s); "
              f"cost table {'read from the cache' if hit else 'profiled in this run'}.", "",
              "```", table.render(), "```", "",
              "| method | B | predicted tok/s | measured tok/s | predicted / measured - 1 | predicted MAT | measured MAT |",
@@ -84,15 +130,19 @@ def main(argv=None) -> int:
         batch = prompts[:b]
         # the acceptance of exactly the prompts decoded at this B; static batches of n new tokens, as
         # generate_batch decodes them (rounds = batches simulated)
-        summary = summarize_acceptance(agree[:b], agree[:b], k_max=max(ks))
-        # sigma = the measured agreement itself: a calibrated head (odds 1)
-        pred = predict_throughput(summary, table, [b], summary_prior(summary, 1.0), k_max=max(ks), rounds=args.rounds,
-                                  seed=args.seed, new_tokens=n)
+        summary = summarize_acceptance(agree[:b], sigma[:b], k_max=table.max_drafts)
+        # without a head, sigma = the measured agreement itself: a calibrated head (odds 1)
+        pred = predict_throughput(summary, table, [b], prior or summary_prior(summary, 1.0), k_max=table.max_drafts,
+                                  rounds=args.rounds, seed=args.seed, new_tokens=n)
         predicted = {r["method"]: r for r in pred["predictions"]}
         fns = {"AR": lambda: generate_batch(target, batch, n, compile=args.compile)}
         for k in ks:
             fns[f"K={k}"] = lambda k=k: generate_batch(target, batch, n, drafter=drafter, policy=FixedK(k),
                                                        compile=args.compile)
+        if head is not None:  # the rule `specdraft generate --stop-rule batch-aware` serves with
+            fns["batch-aware lockstep"] = lambda: generate_batch(
+                target, batch, n, drafter=drafter, policy=LockstepBatchAwareSpecDec(head, table, prior, table.max_drafts),
+                compile=args.compile)
         for name, (t, _, out) in interleaved(fns, args.runs, "cpu").items():
             measured = sum(r.metrics.n_generated for r in out) / t
             mat = sum(r.metrics.n_generated for r in out) / sum(r.metrics.n_target for r in out)

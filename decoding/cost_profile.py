@@ -134,8 +134,8 @@ LOOP_LENGTHS = (4, 36)  # new tokens of the two decodes whose difference prices 
 @torch.inference_mode()
 def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: CostTable, *, repeats: int = 3,
                    seed: int = 0) -> CostTable:
-    """The table with the decode loop's own work per round (`loop`) and per draft step (`loop_draft`) filled
-    in, from `decoding.batched.generate_batch` itself: per batch size, an autoregressive decode and a fixed-K
+    """The table with the decode loop's own work per round (`loop`) and per draft step (`loop_draft`), and a
+    call's start (`start`, `start_draft`), filled in, from `decoding.batched.generate_batch` itself: per batch size, an autoregressive decode and a fixed-K
     decode (K = min(4, K_max)) of LOOP_LENGTHS new tokens each, interleaved, medians of `repeats` after a
     warm-up. Every row decodes the same prompt (`context` random tokens): greedy rows then accept alike, so
     the batch stays in lockstep and no row finishes early. The difference of the two lengths cancels the
@@ -143,7 +143,11 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
         loop       = (T_ar(n2) - T_ar(n1)) / (n2 - n1) - t_v(B, 1)
         loop_draft = ((T_k(n2) - T_k(n1)) - (S(n2) - S(n1)) - loop (R(n2) - R(n1))) / (D(n2) - D(n1))
     with S the table's step cost of the decode's rounds, R its rounds and D its drafts (both from its
-    counters). Clamped at 0: noise must not make a round cheaper than its steps."""
+    counters). What the short decodes spend beyond their rounds is the call's start (both prompts are
+    `context` tokens):
+        start       = T_ar(n1) - n1 (t_v(B, 1) + loop)
+        start_draft = T_k(n1) - S(n1) - loop R(n1) - loop_draft D(n1) - start
+    Clamped at 0: noise must not make a round cheaper than its steps."""
     from specdraft.decoding.batched import generate_batch
     from specdraft.decoding.policies.stopping import FixedK
 
@@ -152,7 +156,7 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
     gen = torch.Generator().manual_seed(seed + 1)
     k = min(4, table.max_drafts)
     n1, n2 = LOOP_LENGTHS
-    loop, loop_draft = [], []
+    loop, loop_draft, start, start_draft = [], [], [], []
     for batch in table.batch_sizes:
         prompts = [torch.randint(0, vocab, (table.context,), generator=gen).tolist()] * batch
         calls = {(policy, n): (lambda policy=policy, n=n: generate_batch(
@@ -173,9 +177,15 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
         rounds = len(drafted[n2]) - len(drafted[n1])
         drafts = sum(drafted[n2]) - sum(drafted[n1])
         extra = (t[(True, n2)] - t[(True, n1)]) - (steps[n2] - steps[n1]) - per_round * rounds
+        per_draft = max(0.0, extra / drafts) if drafts > 0 else 0.0
         loop.append(per_round)
-        loop_draft.append(max(0.0, extra / drafts) if drafts > 0 else 0.0)
-    return dataclasses.replace(table, loop=tuple(loop), loop_draft=tuple(loop_draft))
+        loop_draft.append(per_draft)
+        ar_start = max(0.0, t[(False, n1)] - n1 * (table.t_verify(batch, 1) + per_round))
+        spec_rounds = steps[n1] + per_round * len(drafted[n1]) + per_draft * sum(drafted[n1])
+        start.append(ar_start)
+        start_draft.append(max(0.0, t[(True, n1)] - spec_rounds - ar_start))
+    return dataclasses.replace(table, loop=tuple(loop), loop_draft=tuple(loop_draft), start=tuple(start),
+                               start_draft=tuple(start_draft))
 
 
 def cache_dir(path: str | Path | None = None) -> Path:
@@ -190,8 +200,9 @@ def cache_key(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Se
     """What a cached table must match: the device and torch version it was timed under, the compile mode,
     both models' identities, and the grid it covers."""
     device = target.get_input_embeddings().weight.device
+    # "start": calibrated tables price a call's start since that field came; older cached ones are re-timed
     blob = json.dumps([device_name(device), torch.__version__, compile, model_identity(target),
-                       model_identity(drafter), sorted(set(batch_sizes)), max_width, context, calibrate])
+                       model_identity(drafter), sorted(set(batch_sizes)), max_width, context, calibrate, "start"])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 

@@ -145,7 +145,7 @@ class Prediction:
 
 def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch: int, rounds: int,
                     generator: torch.Generator, finish: Callable | None = None, new_tokens: int | None = None,
-                    drop_half: bool | None = None) -> tuple[float, float, float]:
+                    drop_half: bool | None = None, drafter: bool = True) -> tuple[float, float, float]:
     """(tokens/s, mean drafts per row-round, tokens per row-round) of `policy` at `batch` (module docstring).
     finish(state, steps) -> (rows,) drafts: a rule that decides after drafting (the global verify budget).
 
@@ -154,7 +154,9 @@ def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch:
     the start of a random dev sequence until n tokens or the sequence's end (the response's EOS; a sequence
     cut at MAX_POSITIONS goes on into a further one), the batch runs until every row is done, finished
     rows are masked but keep costing compute until (drop_half; default: an eager table) half the rows are
-    done and the finished ones leave, as the eager decoder drops them; tokens are the drawn ones.
+    done and the finished ones leave, as the eager decoder drops them; tokens are the drawn ones; each
+    batch also pays the call's start (`CostTable.t_start`: prefills and setup; `drafter` False: a call
+    without one, batched AR).
 
     Common random numbers: the sequences come from a generator forked from `generator` before anything else
     is drawn, so methods simulated from equally seeded generators decode the same responses in the same
@@ -177,6 +179,9 @@ def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch:
     out = torch.zeros(batch, dtype=torch.long)
     tokens = cost = drafts = row_rounds = 0.0
     done_batches = done_rounds = 0
+    # a static batch is one decode call: it pays the call's start (prefills, setup; a calibrated table's)
+    start = table.t_start(batch, drafter) if static else 0.0
+    cost += start
     while (done_batches if static else done_rounds) < rounds:
         rows = len(seq)
         a_win = torch.zeros(rows, width, dtype=torch.float64)
@@ -220,6 +225,7 @@ def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch:
             live = out < new_tokens
             if not bool(live.any()):
                 done_batches += 1
+                cost += start if done_batches < rounds else 0.0
                 seq, pos = draw_sequences(batch, anywhere=False)
                 out = torch.zeros(batch, dtype=torch.long)
             elif drop_half and int(live.sum()) <= rows // 2:
@@ -272,12 +278,12 @@ def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes
     rows = []
     for b in batch_sizes:
         # every method at this B from one seed: the same responses and draws (common random numbers)
-        def simulate(policy, finish=None):
+        def simulate(policy, finish=None, drafter=True):
             return simulate_policy(policy, summary, table, b, rounds, torch.Generator().manual_seed(seed * 1_000_003 + b),
-                                   finish, new_tokens)
+                                   finish, new_tokens, drafter=drafter)
         # batched AR: a plain target step and the loop's own work per token, B rows at a time (static batches:
         # simulated too, as their rows end at different lengths)
-        ar = b / table.round_cost(b, 0) if new_tokens is None else simulate(KPerBatchSize({1: 0}))[0]
+        ar = b / table.round_cost(b, 0) if new_tokens is None else simulate(KPerBatchSize({1: 0}), drafter=False)[0]
         rows.append(Prediction("AR", b, ar, 1.0, 0.0, 1.0))
         for name, build in methods.items():
             rate, mean_k, mat = simulate(*build(b))

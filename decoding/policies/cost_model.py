@@ -164,6 +164,9 @@ class CostTable:
         loop[B]       the decode loop's own work per round beyond those steps (verification and commit ops,
                       the host transfer), from short decodes (`decoding.cost_profile`); () when not calibrated
         loop_draft[B] the loop's own work per draft step (picks, masks) beyond the drafter's forward
+        start[B]      a decode call's own start at batch B: the target's prefill of `context` tokens per row
+                      and the call's setup (caches, state), once per call, not per round; () when not calibrated
+        start_draft[B] what a call with a drafter adds to it (the drafter's prefill)
     Medians of repeated, interleaved calls after a warm-up over a static cache holding `context` tokens.
     Under a compile mode only the widths the compiled decoder runs are measured (1 and 2^j + 1, see
     `padded_width`), and `round_cost` prices a round at its padded width."""
@@ -182,6 +185,8 @@ class CostTable:
     repeats: int = 0
     loop: tuple[float, ...] = ()  # [batch index], seconds per round; () = not calibrated (0)
     loop_draft: tuple[float, ...] = ()  # [batch index], seconds per draft step; () = not calibrated (0)
+    start: tuple[float, ...] = ()  # [batch index], seconds per decode call; () = not calibrated (0)
+    start_draft: tuple[float, ...] = ()  # [batch index], seconds a drafter adds to a call's start
 
     def __post_init__(self):
         if not self.batch_sizes or list(self.batch_sizes) != sorted(set(self.batch_sizes)) or self.batch_sizes[0] < 1:
@@ -195,10 +200,11 @@ class CostTable:
         values = [v for r in self.verify for v in r] + list(self.draft) + list(self.catchup)
         if not all(isinstance(v, (int, float)) and v > 0 and v == v and v != float("inf") for v in values):
             raise InputError("cost table times must be finite seconds > 0; re-profile it")
-        for extra in (self.loop, self.loop_draft):
+        for extra in (self.loop, self.loop_draft, self.start, self.start_draft):
             if extra and (len(extra) != len(self.batch_sizes)
                           or not all(isinstance(v, (int, float)) and 0 <= v < float("inf") for v in extra)):
-                raise InputError("cost table loop overheads must be one finite number >= 0 per batch size; re-profile it")
+                raise InputError("cost table loop and start overheads must be one finite number >= 0 per batch size; "
+                                 "re-profile it")
 
     @property
     def max_drafts(self) -> int:
@@ -238,6 +244,15 @@ class CostTable:
         """The loop's own seconds per draft step at `batch` (0 when the table was not calibrated)."""
         return _interpolate(self.batch_sizes, self.loop_draft, batch, "batch size") if self.loop_draft else 0.0
 
+    def t_start(self, batch: float, drafter: bool) -> float:
+        """Seconds of a decode call's start at `batch` (the prefills and the call's setup), with or without a
+        drafter (0 when the table was not calibrated). A served batch pays it once per request, a static
+        batch once per call."""
+        if not self.start:
+            return 0.0
+        extra = _interpolate(self.batch_sizes, self.start_draft, batch, "batch size") if drafter else 0.0
+        return _interpolate(self.batch_sizes, self.start, batch, "batch size") + extra
+
     def round_costs(self, batch: float, k_max: int | None = None) -> list[float]:
         """[round_cost(batch, k) for k = 0..k_max] (k_max: the table's max_drafts)."""
         top = self.max_drafts if k_max is None else k_max
@@ -248,7 +263,8 @@ class CostTable:
                 "compile": self.compile, "target_id": self.target_id, "drafter_id": self.drafter_id,
                 "context": self.context, "repeats": self.repeats, "batch_sizes": list(self.batch_sizes),
                 "widths": list(self.widths), "verify": [list(r) for r in self.verify], "draft": list(self.draft),
-                "catchup": list(self.catchup), "loop": list(self.loop), "loop_draft": list(self.loop_draft)}
+                "catchup": list(self.catchup), "loop": list(self.loop), "loop_draft": list(self.loop_draft),
+                "start": list(self.start), "start_draft": list(self.start_draft)}
 
     @classmethod
     def from_dict(cls, data) -> "CostTable":
@@ -262,7 +278,9 @@ class CostTable:
                        target_id=str(data["target_id"]), drafter_id=str(data["drafter_id"]),
                        context=int(data.get("context", 64)), repeats=int(data.get("repeats", 0)),
                        loop=tuple(float(v) for v in data.get("loop", ())),
-                       loop_draft=tuple(float(v) for v in data.get("loop_draft", ())))
+                       loop_draft=tuple(float(v) for v in data.get("loop_draft", ())),
+                       start=tuple(float(v) for v in data.get("start", ())),
+                       start_draft=tuple(float(v) for v in data.get("start_draft", ())))
         except (KeyError, TypeError, ValueError) as e:
             raise InputError(f"cost table is malformed ({type(e).__name__}: {e}); re-profile it") from None
 
@@ -292,9 +310,11 @@ class CostTable:
 
     def render(self) -> str:
         """The table as text: milliseconds per step, one row per batch size."""
-        head = "  B | draft  catch-up | " + " ".join(f"v(w={w})" for w in self.widths) + " | loop/round loop/draft"
+        head = ("  B | draft  catch-up | " + " ".join(f"v(w={w})" for w in self.widths)
+                + " | loop/round loop/draft | start start+drafter")
         rows = [f"{b:>3} | {d * 1e3:5.2f}  {c * 1e3:8.2f} | " + " ".join(f"{v * 1e3:{len(f'v(w={w})')}.2f}" for v, w in zip(r, self.widths))
                 + f" | {self.t_loop(b) * 1e3:10.2f} {self.t_loop_draft(b) * 1e3:10.2f}"
+                + f" | {self.t_start(b, False) * 1e3:5.2f} {self.t_start(b, True) * 1e3:13.2f}"
                 for b, d, c, r in zip(self.batch_sizes, self.draft, self.catchup, self.verify)]
         return "\n".join([f"cost table (ms per step; {self.device}, torch {self.torch_version}, compile {self.compile})",
                           head] + rows)

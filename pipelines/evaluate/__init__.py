@@ -193,8 +193,9 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
               datastore=bundle.load_datastore() if ecfg.model_free_arms else None, eagle=eagle, eagle_tree=eagle_tree,
               eagle_ofa=eagle_ofa, cost_ratio=bundle.defaults.cost_ratio,
               served_k={n: bundle.fixed_k(n) for n in drafters})
+    test_lengths = sorted(len(p.ids) for p in prompts if p.set == "test") or [64]
     env.cost_table, summary = throughput_costs(bundle, target, drafters, heads, ofa, ecfg, cfg.run.seed, notes,
-                                               ctx.work / "cost_table.json")
+                                               ctx.work / "cost_table.json", context=test_lengths[len(test_lengths) // 2])
     env.prior = bundle.prior_for(ofa, heads["greedy"][ofa].name) if summary is not None else None
     if bundle.datastore is None and "rest" in ecfg.model_free_arms:
         notes.append("the bundle ships no datastore: the REST arm is left out (re-export with export.datastore: true)")

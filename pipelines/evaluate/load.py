@@ -92,11 +92,12 @@ def load_prompts(prompts_dir: Path, ecfg: EvaluateSection, tok, max_prompt: int,
 
 
 def throughput_costs(bundle: Bundle, target, drafters: dict, heads: dict, ofa: str | None, ecfg: EvaluateSection,
-                     seed: int, notes: list[str], shared: Path):
+                     seed: int, notes: list[str], shared: Path, context: int = 64):
     """(cost table, acceptance summary) for the throughput rows' batch-aware policies, or (None, None) when they
     cannot run: the all-domain drafter's greedy head and the bundle's acceptance summary for it are needed.
     The table is the decoder's own steps timed here, eager as evaluate decodes, at every batch size of the rows
-    and every width up to the head's K_max + 1 (decoding/cost_profile.py), kept at `shared` (the stage's
+    and every width up to the head's K_max + 1, calibrated (decoding/cost_profile.py) over prompts of
+    `context` tokens (the test prompts' median: a call's start is mostly its prefill), kept at `shared` (the stage's
     work directory): the first process to profile it fixes it for every shard and rerun, so their
     batch-aware decisions, which read it, are the decisions of one process."""
     from specdraft.decoding.cost_profile import profile_cost_table
@@ -109,8 +110,10 @@ def throughput_costs(bundle: Bundle, target, drafters: dict, heads: dict, ofa: s
                      "the batch-aware throughput rows and the predicted throughput are left out (re-export)")
         return None, None
     if not shared.is_file():
+        # calibrated: the loop's own work per round and a call's start, which the report's prediction prices
+        # (short decodes: seconds at the rows' batch sizes)
         table = profile_cost_table(target, drafters[ofa], sorted({1, *ecfg.batch_sizes}), head.k_max + 1, "none",
-                                   seed=seed)
+                                   seed=seed, calibrate=True, context=max(1, context))
         tmp = shared.with_name(f"{shared.name}.{os.getpid()}.tmp")
         table.save(tmp)
         try:

@@ -46,6 +46,10 @@ def test_the_loop_is_calibrated_from_decodes(pair, profiled):
     assert t.round_cost(4, 2) == pytest.approx(t.t_catchup(4) + t.t_draft(4) + t.t_verify(4, 3) + t.t_loop(4)
                                                + 2 * t.t_loop_draft(4))
     assert t.round_cost(1, 0) == t.t_verify(1, 1) + t.t_loop(1)
+    # a call's start: the prefill of `context` tokens per row costs more than nothing, and a drafter's adds to it
+    assert len(t.start) == len(t.start_draft) == 2 and min(t.start) > 0 and min(t.start_draft) >= 0
+    assert t.t_start(4, True) == t.t_start(4, False) + t.start_draft[1]
+    assert profiled.t_start(1, True) == 0.0  # uncalibrated: no start priced
     assert CostTable.from_dict(t.as_dict()) == t
 
 

@@ -2,6 +2,7 @@
 acceptance summary for its headed drafter): predicted tokens/s per method and batch size from a cost
 table profiled here, the on-disk cache on a second start, a saved table giving the same prediction, and
 one-line errors with exit code 2. Beside it the simulator against heads/simulate's exact expectation."""
+import dataclasses
 import json
 
 import pytest
@@ -137,3 +138,10 @@ def test_static_batches_as_the_batched_decoder_runs_them():
     short = summarize_acceptance([torch.ones(6, dtype=torch.float64)], [torch.ones(6, dtype=torch.float64)])
     rate, _, _ = simulate_policy(KPerBatchSize({1: 4}), short, t, 5, 3, gen, new_tokens=48, drop_half=False)
     assert rate == pytest.approx(5 * 6 / (t.round_cost(5, 4) + t.round_cost(5, 0)))
+    # a calibrated table's call start is paid once per static batch (3 batches here), with a drafter or not
+    started = dataclasses.replace(t, start=(2e-3, 4e-3), start_draft=(1e-3, 1e-3))
+    for drafter in (True, False):
+        rate, _, _ = simulate_policy(KPerBatchSize({1: 4}), short, started, 5, 3, gen, new_tokens=48, drop_half=False,
+                                     drafter=drafter)
+        per_call = started.t_start(5, drafter)
+        assert rate == pytest.approx(5 * 6 / (t.round_cost(5, 4) + t.round_cost(5, 0) + per_call))
