@@ -21,6 +21,9 @@ side (forwards, overheads, batching) carries over. Prompts are random token ids 
     --ks, SpecDec++ with --head or an untrained random head, per row and lockstep (the batch stops
     together), UCBSpec over lengths 0..4), interleaved, --runs times; tokens/s = generated tokens /
     median time, with the spread (min-max over runs) and the speedup over batched AR at the same B.
+(c) The cost of deciding at batch 1: SpecDec++ and the batch-aware rule made to take fixed K = 4's
+    decisions (an h that never fires; a table where every draft pays), so that their rounds equal fixed K's
+    and the time beyond them is the head's forward and the rule's own work per round.
 --compile none,default measures both in one run (one RESULTS.md section); a compiled mode reports its
 compile time (the first call of each method) apart from decode time, and runs part (b) at
 --compiled-batch-sizes / --compiled-ks only (each batch size and width compiles its own graphs).
@@ -48,6 +51,7 @@ from specdraft.decoding.rounds.static_cache import forward_rows  # noqa: E402
 from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.cost_profile import profile_cost_table  # noqa: E402
+from specdraft.decoding.policies.cost_model import CostTable  # noqa: E402
 from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec, Prior  # noqa: E402
 from specdraft.decoding.throughput import ACCEPTANCE_FILE, AcceptanceSummary, summary_prior  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP  # noqa: E402
@@ -271,6 +275,45 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     return lines + [""]
 
 
+def deciding_cost_table(args, target, drafter, head, prompts, k: int = 4) -> list[str]:
+    """(c) The cost of deciding at batch 1: rules made to take fixed K's decisions (SpecDec++ at an h that
+    never fires; the batch-aware rule over a table where every draft pays and a prior of 1), so that every
+    method drafts and verifies exactly what FixedK(k) does, round for round; what their rounds cost beyond
+    fixed K's is the head's forward on each draft and the rule's own work."""
+    n, dev, greedy = args.max_new_tokens, args.device, SamplingConfig(0.0)
+    widths = tuple(range(1, k + 2))
+    always = CostTable(batch_sizes=(1, 4096), widths=widths, verify=((1.0,) * len(widths),) * 2, draft=(1e-6,) * 2,
+                       catchup=(1e-6,) * 2, device="forced", torch_version=torch.__version__, compile=args.compile,
+                       target_id="-", drafter_id="-")
+    policies = {f"K={k}": lambda: FixedK(k), "SpecDec++ (h = 1 - 1e-9)": lambda: SpecDecPP(head, 1 - 1e-9, k_max=k),
+                "batch-aware lockstep": lambda: LockstepBatchAwareSpecDec(head, always, Prior((1.0,)), k)}
+    fns = {name: (lambda make=make: [r for p in prompts for r in ours(target, [p], n, greedy, 0, args.compiler,
+                                                                         drafter, make())])
+           for name, make in policies.items()}
+    for fn in fns.values():
+        fn()  # warm-up (and, compiled, the graphs)
+    times = {name: [] for name in fns}
+    out = {}
+    for _ in range(args.runs):
+        for name, fn in fns.items():
+            out[name], t = timed_call(fn, dev)
+            times[name].append(t.time)
+    rounds = {name: [r.metrics.drafted for r in res] for name, res in out.items()}
+    same = all(rounds[name] == rounds[f"K={k}"] for name in rounds)
+    n_rounds = sum(len(d) for d in rounds[f"K={k}"])
+    base = statistics.median(times[f"K={k}"])
+    lines = [f"#### (c) Cost of deciding: batch 1, {len(prompts)} prompts x {n} tokens, every method fixed K = {k}'s "
+             f"rounds ({'identical, checked' if same else 'NOT identical: the rows below do not isolate the rule'}), "
+             f"median of {args.runs} interleaved runs (spread: min-max)", "",
+             "| method | ms per round | over fixed K |", "| --- | ---: | ---: |"]
+    for name, ts in times.items():
+        per = [t / n_rounds * 1e3 for t in ts]
+        lines.append(f"| {name} | {statistics.median(per):.3f} ({min(per):.3f}-{max(per):.3f}) | "
+                     f"{statistics.median(ts) / base - 1:+.1%} |")
+        print(lines[-1], flush=True)
+    return lines + [""]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target")
@@ -300,7 +343,7 @@ def main(argv=None) -> int:
     parser.add_argument("--compiled-batch-sizes", default="1,4,16",
                         help="batch sizes of part (b) under a compile mode (each B compiles its own graphs)")
     parser.add_argument("--compiled-ks", default="4", help="fixed K columns of part (b) under a compile mode")
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: a, b")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: a, b, c")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -357,6 +400,8 @@ def main(argv=None) -> int:
             lines += batch1_table(args, target, drafter, prompts[:n_batch1])
         if "b" not in skip:
             lines += batch_curve_table(args, target, drafter, head, prompts)
+        if "c" not in skip:
+            lines += deciding_cost_table(args, target, drafter, head, prompts[:n_batch1])
     lines += [f"Run time {time.time() - start:.0f} s; load average at the end {os.getloadavg()[0]:.1f}.", ""]
     publish("\n".join(lines), write=not args.no_append)
     return 0

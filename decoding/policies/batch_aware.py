@@ -117,6 +117,7 @@ class BatchAwareSpecDec(OnePromptRule):
             raise InputError(f"reference_rate must be tokens per second > 0 (or None: the round's own), got {reference_rate!r}")
         self.reference_rate = reference_rate
         self._costs: dict[int, list[float]] = {}
+        self._steps: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def costs(self, batch: int) -> list[float]:
         """C_B(k), k = 0..K_max: Python floats, constants of a compiled draft graph (one per batch size)."""
@@ -142,19 +143,28 @@ class BatchAwareSpecDec(OnePromptRule):
             tokens = torch.where(alive, known + p_hat * self.prior.at(k), tokens)
         return p_hat, known, tokens, alive
 
+    def _steps_at(self, k: int, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(more, dcost), (M,) float64 each, M = K_max - k: the predicted growth of the row's expected tokens
+        per unit of s_{k-1}, and of the round's cost, from decision k to k' = k + 1..K_max. Built once per
+        (k, B, device): an eager decision reuses them (compiled code folds them as constants either way)."""
+        key = (k, batch, str(device))
+        if key not in self._steps:
+            costs = self.costs(batch)
+            # s_{k+i} / s_{k-1} = a_k .. a_{k+i} (at k = 0: s_i = a_1 .. a_i); T(k) already holds s_k
+            extra, total = [], 0.0
+            survive = self.prior.at(k) if k >= 1 else 1.0
+            for i in range(1, self.max_tokens - k + 1):
+                survive *= self.prior.at(k + i)
+                total += survive
+                extra.append(total)
+            self._steps[key] = (torch.tensor(extra, dtype=torch.float64, device=device),
+                                torch.tensor([c - costs[k] for c in costs[k + 1:]], dtype=torch.float64, device=device))
+        return self._steps[key]
+
     def _gain(self, k: int, batch: int, tokens: torch.Tensor, p_hat: torch.Tensor) -> torch.Tensor:
         """(..., M) predicted T(k') - T(k) - lam (C(k') - C(k)) for k' = k + 1..K_max (M = K_max - k)."""
-        costs = self.costs(batch)
-        # s_{k+i} / s_{k-1} = a_k .. a_{k+i} (at k = 0: s_i = a_1 .. a_i); T(k) already holds s_k
-        extra, total = [], 0.0
-        survive = self.prior.at(k) if k >= 1 else 1.0
-        for i in range(1, self.max_tokens - k + 1):
-            survive *= self.prior.at(k + i)
-            total += survive
-            extra.append(total)
-        more = torch.tensor(extra, dtype=torch.float64, device=tokens.device)
-        dcost = torch.tensor([c - costs[k] for c in costs[k + 1:]], dtype=torch.float64, device=tokens.device)
-        rate = tokens / costs[k] if self.reference_rate is None else torch.full_like(tokens, self.reference_rate)
+        more, dcost = self._steps_at(k, batch, tokens.device)
+        rate = tokens / self.costs(batch)[k] if self.reference_rate is None else torch.full_like(tokens, self.reference_rate)
         return p_hat[..., None] * more - rate[..., None] * dcost
 
     def stop_rows(self, state, k: int, sigma: torch.Tensor | None, drafting: torch.Tensor):
