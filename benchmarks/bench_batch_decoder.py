@@ -216,8 +216,9 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     policies["SpecDec++ lockstep"] = LockstepSpecDecPP(head, threshold=args.h, k_max=args.k_max)
     policies["UCBSpec 0..4"] = LengthUCB((0, 1, 2, 3, 4), cost_ratio=args.cost_ratio)
     # the batch-aware rule and vLLM's global verify budget, priced with the decoder's own step times on this
-    # device and mode (profiled here, over the curve's batch sizes and widths up to K_max + 1)
-    table = profile_cost_table(target, drafter, sorted({1, *args.batch_sizes}), args.k_max + 1, args.compile)
+    # device and mode (profiled here, over the curve's batch sizes and widths up to K_max + 1, the loop calibrated)
+    table = profile_cost_table(target, drafter, sorted({1, *args.batch_sizes}), args.k_max + 1, args.compile,
+                               calibrate=True)
     policies["batch-aware lockstep"] = LockstepBatchAwareSpecDec(head, table, args.prior, args.k_max)
     policies["global budget K=4"] = GlobalVerifyBudget(head, table, args.prior, min(4, args.k_max))
     lines = [

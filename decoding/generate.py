@@ -502,13 +502,14 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
 
 def cost_table_for(args, target, drafter, settings: Settings, head_config: dict | None, note: Callable[[str], Any]):
     """The decoder's own step times for the batch-aware rule: batch sizes 1..--batch-size, widths up to the
-    head's K_max + 1, in the command's compile mode, profiled once per device, models and mode and cached
-    (decoding/cost_profile.py)."""
+    head's K_max + 1, in the command's compile mode, calibrated, profiled once per device, models and mode
+    and cached (decoding/cost_profile.py)."""
     from specdraft.decoding.cost_profile import cached_cost_table
 
     k_max = int((head_config or {}).get("k_max") or DEFAULTS.k_max)
     sizes = sorted({1, args.batch_size})
-    table, path, hit = cached_cost_table(target, drafter, sizes, k_max + 1, settings.compile)
+    # calibrated: the loop's own work per round and per draft is part of what a longer round costs
+    table, path, hit = cached_cost_table(target, drafter, sizes, k_max + 1, settings.compile, calibrate=True)
     note(f"cost table {'read from' if hit else 'profiled into'} {path}")
     if args.verbose:
         note(table.render())
