@@ -94,10 +94,14 @@ def untrained_head(hidden: int, device: str) -> torch.nn.Module:
     return head.to(device)
 
 
-def hf_generate(target, drafter, counter, prompt, n, sampling: SamplingConfig, k: int | None, seed: int):
-    """transformers generate (assisted when k is given, K constant, no confidence stop) -> (tokens, target calls)."""
+def hf_generate(target, drafter, counter, prompt, n, sampling: SamplingConfig, k: int | None, seed: int,
+                eos: int | None = None):
+    """transformers generate (assisted when k is given, K constant, no confidence stop) -> (tokens, target calls).
+    eos None: exactly n tokens (min_new_tokens), else up to n, stopping at eos as ours does."""
     torch.manual_seed(seed)
-    kwargs = dict(max_new_tokens=n, min_new_tokens=n, do_sample=not sampling.greedy, eos_token_id=None, pad_token_id=0)
+    kwargs = dict(max_new_tokens=n, do_sample=not sampling.greedy, eos_token_id=eos, pad_token_id=0)
+    if eos is None:
+        kwargs["min_new_tokens"] = n
     if not sampling.greedy:
         kwargs.update(temperature=sampling.temperature, top_k=0, top_p=1.0)
     if k is not None:
@@ -110,9 +114,9 @@ def hf_generate(target, drafter, counter, prompt, n, sampling: SamplingConfig, k
     return out.shape[1] - len(prompt), counter.calls
 
 
-def ours(target, prompts, n, sampling, seed, compile, drafter=None, policy=None):
+def ours(target, prompts, n, sampling, seed, compile, drafter=None, policy=None, eos=None):
     return generate_batch(target, prompts, n, drafter=drafter, policy=policy, sampling=sampling, seed=seed,
-                          compile=compile)
+                          compile=compile, eos_token_id=eos)
 
 
 def compile_times(methods: dict, device: str) -> dict[str, float]:
@@ -151,11 +155,11 @@ def batch1_table(args, target, drafter, prompts) -> list[str]:
         mats = {key: [0, 0] for key in ("spec", "hf_k")}
         for i, prompt in enumerate(prompts):
             fns = {
-                "ar": lambda: ours(target, [prompt], n, sampling, i, args.compiler),
-                "ar_d": lambda: ours(drafter, [prompt], n, sampling, i, args.compiler),
-                "spec": lambda: ours(target, [prompt], n, sampling, i, args.compiler, drafter, FixedK(k)),
-                "hf": lambda: hf_generate(target, drafter, counter, prompt, n, sampling, None, i),
-                "hf_k": lambda: hf_generate(target, drafter, counter, prompt, n, sampling, k, i),
+                "ar": lambda: ours(target, [prompt], n, sampling, i, args.compiler, eos=args.eos),
+                "ar_d": lambda: ours(drafter, [prompt], n, sampling, i, args.compiler, eos=args.eos),
+                "spec": lambda: ours(target, [prompt], n, sampling, i, args.compiler, drafter, FixedK(k), eos=args.eos),
+                "hf": lambda: hf_generate(target, drafter, counter, prompt, n, sampling, None, i, args.eos),
+                "hf_k": lambda: hf_generate(target, drafter, counter, prompt, n, sampling, k, i, args.eos),
             }
             if args.compile != "none" and not compile_s:
                 compile_s = compile_times({key: fns[key] for key in ("ar", "ar_d", "spec")}, dev)
@@ -186,7 +190,7 @@ def batch1_table(args, target, drafter, prompts) -> list[str]:
                     f"{implementation_efficiency(speedup, a, k, c):.2f} | {v:.2f} | {v_step:.2f} | "
                     f"{implementation_efficiency(speedup, a, k, c, v_step):.2f} |")
     lines = [
-        f"#### (a) Batch 1: ours vs transformers, K = {k}, {len(prompts)} prompts x {n} tokens, median of {args.runs} "
+        f"#### (a) Batch 1: ours vs transformers, K = {k}, {len(prompts)} prompts x {n} tokens{' (up to, stopping at EOS)' if args.eos is not None else ''}, median of {args.runs} "
         "interleaved runs per prompt",
         "",
         "| mode | ours AR tok/s | HF greedy/sample tok/s | ours AR / HF | ours K tok/s | ours MAT | HF assisted K tok/s "
@@ -222,7 +226,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     policies["batch-aware lockstep"] = LockstepBatchAwareSpecDec(head, table, args.prior, args.k_max)
     policies["global budget K=4"] = GlobalVerifyBudget(head, table, args.prior, min(4, args.k_max))
     lines = [
-        f"#### (b) Batch curve: greedy, {n} tokens per row, median of {args.runs} interleaved runs (spread: min-max)",
+        f"#### (b) Batch curve: greedy, {n} tokens per row{' (up to, stopping at EOS)' if args.eos is not None else ''}, median of {args.runs} interleaved runs (spread: min-max)",
         "",
         "| B | " + " | ".join(f"{name} tok/s" for name in policies) + " | "
         + " | ".join(f"{name} / AR" for name in policies if name != "AR") + " | " + " | ".join(
@@ -237,7 +241,8 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
         # decodes its first B prompts as one batch
         batches = [shared[i:i + B] for i in range(0, len(shared), B)] if B <= len(shared) else [prompts[:B]]
         fns = {name: (lambda p=p: [r for batch in batches
-                                   for r in ours(target, batch, n, greedy, 0, args.compiler, drafter if p else None, p)])
+                                   for r in ours(target, batch, n, greedy, 0, args.compiler, drafter if p else None, p,
+                                                 eos=args.eos)])
                for name, p in policies.items()}
         if args.compile != "none":
             compile_s[B] = sum(compile_times(fns, dev).values())
@@ -289,7 +294,7 @@ def deciding_cost_table(args, target, drafter, head, prompts, k: int = 4) -> lis
     policies = {f"K={k}": lambda: FixedK(k), "SpecDec++ (h = 1 - 1e-9)": lambda: SpecDecPP(head, 1 - 1e-9, k_max=k),
                 "batch-aware lockstep": lambda: LockstepBatchAwareSpecDec(head, always, Prior((1.0,)), k)}
     fns = {name: (lambda make=make: [r for p in prompts for r in ours(target, [p], n, greedy, 0, args.compiler,
-                                                                         drafter, make())])
+                                                                         drafter, make(), eos=args.eos)])
            for name, make in policies.items()}
     for fn in fns.values():
         fn()  # warm-up (and, compiled, the graphs)
@@ -303,7 +308,7 @@ def deciding_cost_table(args, target, drafter, head, prompts, k: int = 4) -> lis
     same = all(rounds[name] == rounds[f"K={k}"] for name in rounds)
     n_rounds = sum(len(d) for d in rounds[f"K={k}"])
     base = statistics.median(times[f"K={k}"])
-    lines = [f"#### (c) Cost of deciding: batch 1, {len(prompts)} prompts x {n} tokens, every method fixed K = {k}'s "
+    lines = [f"#### (c) Cost of deciding: batch 1, {len(prompts)} prompts x {n} tokens{' (up to EOS)' if args.eos is not None else ''}, every method fixed K = {k}'s "
              f"rounds ({'identical, checked' if same else 'NOT identical: the rows below do not isolate the rule'}), "
              f"median of {args.runs} interleaved runs (spread: min-max)", "",
              "| method | ms per round | over fixed K |", "| --- | ---: | ---: |"]
@@ -337,6 +342,9 @@ def main(argv=None) -> int:
     parser.add_argument("--ks", default="2,4,8")
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32")
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--eos", action="store_true",
+                        help="every method stops a row at the target's EOS, as served (default: every row decodes "
+                             "--max-new-tokens, past EOS: equal work for the transformers comparison)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--compile", default="none",
@@ -378,6 +386,10 @@ def main(argv=None) -> int:
         args.prior = Prior((0.7 if args.prior is None else args.prior,))
     n_batch1 = args.n_batch1 = args.n_prompts
     args.n_prompts = max(args.n_prompts, max(args.batch_sizes))
+    eos = getattr(target.generation_config, "eos_token_id", None) if args.eos else None
+    if args.eos and not isinstance(eos, int):
+        parser.error(f"--eos needs a target with one EOS token id in its generation config, got {eos!r}")
+    args.eos = eos
     eager_sizes, eager_ks = args.batch_sizes, args.ks
     prompts = load_prompts(args, target.config.vocab_size)
     start = time.time()
