@@ -392,6 +392,9 @@ def main(argv=None) -> int:
     args.eos = eos
     eager_sizes, eager_ks = args.batch_sizes, args.ks
     prompts = load_prompts(args, target.config.vocab_size)
+    if len(prompts) < args.n_prompts:  # a set smaller than the largest batch: its prompts again, in order
+        print(f"note: {len(prompts)} prompts for batches of up to {args.n_prompts}: the batch repeats them", flush=True)
+        prompts = (prompts * -(-args.n_prompts // len(prompts)))[:args.n_prompts]
     start = time.time()
     machine = (f"{platform.machine()} {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
                f"device {args.device}, {args.dtype}")
