@@ -44,12 +44,14 @@ from publish import publish  # noqa: E402
 
 
 @torch.inference_mode()
-def greedy_agreement(target, drafter, prompts: list[list[int]], n: int, head=None) -> tuple[list, list]:
+def greedy_agreement(target, drafter, prompts: list[list[int]], n: int, head=None, eos: int | None = None
+                     ) -> tuple[list, list]:
     """Per prompt, (n,) float: 1 where the drafter's greedy token on the target's greedy prefix is the
     target's; and the head's sigma at the positions holding those tokens (what acceptance-data's features
-    are), or the agreement itself without a head."""
+    are), or the agreement itself without a head. With eos, a response ends at it (its sequence is shorter
+    than n, and the prediction ends the row there)."""
     agree, sigma = [], []
-    for p, r in zip(prompts, generate_batch(target, prompts, n)):
+    for p, r in zip(prompts, generate_batch(target, prompts, n, eos_token_id=eos)):
         ids = torch.tensor([p + r.tokens])
         out = drafter(ids, output_hidden_states=True)
         agree.append((out.logits[0, len(p) - 1:-1].argmax(-1) == torch.tensor(r.tokens)).double())
@@ -79,7 +81,8 @@ def bundle_pair(args):
         gen = torch.Generator().manual_seed(args.seed)
         prompts = [torch.randint(3, target.config.vocab_size, (args.prompt_length,), generator=gen).tolist()
                    for _ in range(max(args.sizes))]
-    return target, drafter, head, bundle.prior_for(name, head_name), prompts, f"{args.bundle}: drafter {name}, head {head_name}"
+    return (target, drafter, head, bundle.prior_for(name, head_name), prompts,
+            f"{args.bundle}: drafter {name}, head {head_name}, rows stop at the target's EOS")
 
 
 def main(argv=None) -> int:
@@ -102,8 +105,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     sizes = args.sizes = [int(x) for x in args.batch_sizes.split(",")]
     ks = [int(x) for x in args.ks.split(",")]
+    eos = None  # the random pair has no EOS: every row decodes n tokens
     if args.bundle:
         target, drafter, head, prior, prompts, pair = bundle_pair(args)
+        eos = target.generation_config.eos_token_id  # decoded as served: a row ends at EOS
     else:
         target, drafter = demo_shaped_pair(2048, 0.05, "cpu", torch.float32)
         gen = torch.Generator().manual_seed(args.seed)
@@ -112,7 +117,7 @@ def main(argv=None) -> int:
     if len(prompts) < max(sizes):
         ap.error(f"{len(prompts)} prompts, fewer than the largest batch size {max(sizes)}")
     n = args.max_new_tokens
-    agree, sigma = greedy_agreement(target, drafter, prompts[:max(sizes)], n, head)
+    agree, sigma = greedy_agreement(target, drafter, prompts[:max(sizes)], n, head, eos)
     # timed over the prompts' median length: a call's start is mostly its prefill, which grows with the prompt
     context = int(statistics.median(len(p) for p in prompts[:max(sizes)]))
     table, path, hit = cached_cost_table(target, drafter, sizes, max(8, max(ks)) + 1, args.compile, seed=args.seed,
@@ -135,14 +140,14 @@ def main(argv=None) -> int:
         pred = predict_throughput(summary, table, [b], prior or summary_prior(summary, 1.0), k_max=table.max_drafts,
                                   rounds=args.rounds, seed=args.seed, new_tokens=n)
         predicted = {r["method"]: r for r in pred["predictions"]}
-        fns = {"AR": lambda: generate_batch(target, batch, n, compile=args.compile)}
+        fns = {"AR": lambda: generate_batch(target, batch, n, compile=args.compile, eos_token_id=eos)}
         for k in ks:
             fns[f"K={k}"] = lambda k=k: generate_batch(target, batch, n, drafter=drafter, policy=FixedK(k),
-                                                       compile=args.compile)
+                                                       compile=args.compile, eos_token_id=eos)
         if head is not None:  # the rule `specdraft generate --stop-rule batch-aware` serves with
             fns["batch-aware lockstep"] = lambda: generate_batch(
                 target, batch, n, drafter=drafter, policy=LockstepBatchAwareSpecDec(head, table, prior, table.max_drafts),
-                compile=args.compile)
+                compile=args.compile, eos_token_id=eos)
         for name, (t, _, out) in interleaved(fns, args.runs, "cpu").items():
             measured = sum(r.metrics.n_generated for r in out) / t
             mat = sum(r.metrics.n_generated for r in out) / sum(r.metrics.n_target for r in out)
