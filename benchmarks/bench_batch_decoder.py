@@ -119,6 +119,20 @@ def ours(target, prompts, n, sampling, seed, compile, drafter=None, policy=None,
                           compile=compile, eos_token_id=eos)
 
 
+def warm_then_interleave(fns: dict, runs: int, device: str) -> tuple[dict[str, list[float]], dict]:
+    """One untimed call of each method (the warm-up; compiled, its graphs), then `runs` passes in which the
+    methods take turns: ({name: [seconds per pass]}, {name: the last pass's output})."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    out = {}
+    for _ in range(runs):
+        for name, fn in fns.items():
+            out[name], t = timed_call(fn, device)
+            times[name].append(t.time)
+    return times, out
+
+
 def compile_times(methods: dict, device: str) -> dict[str, float]:
     """The first call of each method, timed alone: the compilation (plus one decode)."""
     return {name: timed_call(fn, device)[1].wall for name, fn in methods.items()}
@@ -246,14 +260,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
                for name, p in policies.items()}
         if args.compile != "none":
             compile_s[B] = sum(compile_times(fns, dev).values())
-        for fn in fns.values():
-            fn()  # warm-up
-        times = {name: [] for name in fns}
-        out = {}
-        for _ in range(args.runs):
-            for name, fn in fns.items():
-                out[name], t = timed_call(fn, dev)
-                times[name].append(t.time)
+        times, out = warm_then_interleave(fns, args.runs, dev)
         tps, mats = {}, {}
         for name, ts in times.items():
             tokens = sum(r.metrics.n_generated for r in out[name])
@@ -296,14 +303,7 @@ def deciding_cost_table(args, target, drafter, head, prompts, k: int = 4) -> lis
     fns = {name: (lambda make=make: [r for p in prompts for r in ours(target, [p], n, greedy, 0, args.compiler,
                                                                          drafter, make(), eos=args.eos)])
            for name, make in policies.items()}
-    for fn in fns.values():
-        fn()  # warm-up (and, compiled, the graphs)
-    times = {name: [] for name in fns}
-    out = {}
-    for _ in range(args.runs):
-        for name, fn in fns.items():
-            out[name], t = timed_call(fn, dev)
-            times[name].append(t.time)
+    times, out = warm_then_interleave(fns, args.runs, dev)
     rounds = {name: [r.metrics.drafted for r in res] for name, res in out.items()}
     same = all(rounds[name] == rounds[f"K={k}"] for name in rounds)
     n_rounds = sum(len(d) for d in rounds[f"K={k}"])

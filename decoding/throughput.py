@@ -143,6 +143,35 @@ class Prediction:
     mat: float  # tokens per row per round (= per target call)
 
 
+def _windows(accept: list[torch.Tensor], sigma: list[torch.Tensor], seq: torch.Tensor, pos: torch.Tensor,
+             width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's next `width` positions of its dev sequence from `pos`: (P_i, sigma_i, positions left);
+    past the sequence's end P = 0 and sigma = 1."""
+    rows = len(seq)
+    a_win = torch.zeros(rows, width, dtype=torch.float64)
+    s_win = torch.ones(rows, width, dtype=torch.float64)
+    left = torch.zeros(rows, dtype=torch.long)
+    for b in range(rows):
+        a, s, j = accept[int(seq[b])], sigma[int(seq[b])], int(pos[b])
+        n = min(width, len(a) - j)
+        a_win[b, :n], s_win[b, :n] = a[j:j + n], s[j:j + n]
+        left[b] = len(a) - j
+    return a_win, s_win, left
+
+
+def _at_sequence_ends(accept: list[torch.Tensor], seq: torch.Tensor, pos: torch.Tensor, out: torch.Tensor,
+                      new_tokens: int | None, pick: torch.Generator) -> None:
+    """Rows that reached their sequence's end, in place: in a static batch (new_tokens) a response that
+    ended (shorter than MAX_POSITIONS: its EOS) finishes the row; otherwise the row goes on with a random
+    further sequence."""
+    for b in range(len(seq)):
+        if int(pos[b]) >= len(accept[int(seq[b])]):
+            if new_tokens is not None and len(accept[int(seq[b])]) < MAX_POSITIONS:
+                out[b] = new_tokens
+            else:
+                seq[b], pos[b] = int(torch.randint(0, len(accept), (1,), generator=pick)), 0
+
+
 def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch: int, rounds: int,
                     generator: torch.Generator, finish: Callable | None = None, new_tokens: int | None = None,
                     drop_half: bool | None = None, drafter: bool = True) -> tuple[float, float, float]:
@@ -184,14 +213,7 @@ def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch:
     cost += start
     while (done_batches if static else done_rounds) < rounds:
         rows = len(seq)
-        a_win = torch.zeros(rows, width, dtype=torch.float64)
-        s_win = torch.ones(rows, width, dtype=torch.float64)
-        left = torch.zeros(rows, dtype=torch.long)
-        for b in range(rows):
-            a, s, j = accept[int(seq[b])], sigma[int(seq[b])], int(pos[b])
-            n = min(width, len(a) - j)
-            a_win[b, :n], s_win[b, :n] = a[j:j + n], s[j:j + n]
-            left[b] = len(a) - j
+        a_win, s_win, left = _windows(accept, sigma, seq, pos, width)
         cap = left - 1  # room for the drafts and the round's own token
         active = torch.ones(rows, dtype=torch.bool)
         if static:
@@ -215,12 +237,7 @@ def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch:
         else:
             tokens += float((1.0 + (a_win.cumprod(-1) * inside).sum(-1)).sum())
         pos = pos + torch.where(active, accepted + 1, 0)  # a finished row stays where its response ended
-        for b in range(rows):
-            if int(pos[b]) >= len(accept[int(seq[b])]):
-                if static and len(accept[int(seq[b])]) < MAX_POSITIONS:
-                    out[b] = new_tokens  # the response ended: the row is done
-                else:
-                    seq[b], pos[b] = int(torch.randint(0, len(accept), (1,), generator=pick)), 0
+        _at_sequence_ends(accept, seq, pos, out, new_tokens if static else None, pick)
         if static:
             live = out < new_tokens
             if not bool(live.any()):

@@ -193,10 +193,7 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
               datastore=bundle.load_datastore() if ecfg.model_free_arms else None, eagle=eagle, eagle_tree=eagle_tree,
               eagle_ofa=eagle_ofa, cost_ratio=bundle.defaults.cost_ratio,
               served_k={n: bundle.fixed_k(n) for n in drafters})
-    test_lengths = sorted(len(p.ids) for p in prompts if p.set == "test") or [64]
-    env.cost_table, summary = throughput_costs(bundle, target, drafters, heads, ofa, ecfg, cfg.run.seed, notes,
-                                               ctx.work / "cost_table.json", context=test_lengths[len(test_lengths) // 2])
-    env.prior = bundle.prior_for(ofa, heads["greedy"][ofa].name) if summary is not None else None
+    summary = _price_throughput(ctx, env, bundle, prompts, notes)
     if bundle.datastore is None and "rest" in ecfg.model_free_arms:
         notes.append("the bundle ships no datastore: the REST arm is left out (re-export with export.datastore: true)")
     if ecfg.batch_sizes and ofa is None:
@@ -230,12 +227,7 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
             drafters, [p for p in prompts if p.set == "test" and p.domain in SCORED_DOMAINS and p.reference],
             ecfg.max_new_tokens, modes["greedy"], eos))
     if metrics.get("throughput") and env.cost_table is not None:
-        # what `specdraft predict` says of the same rows before decoding: static batches of the runs' length
-        metrics["throughput"]["predicted"] = beside_measured(predict_throughput(
-            summary, env.cost_table, metrics["throughput"]["batch_sizes"], bundle.prior_for(ofa),
-            k_max=heads["greedy"][ofa].k_max,
-            rounds=PREDICTED_BATCHES, seed=cfg.run.seed, new_tokens=ecfg.max_new_tokens, budget_k=env.k), metrics["throughput"])
-        metrics["throughput"]["cost_table"] = env.cost_table.as_dict()
+        _predicted_beside_measured(metrics["throughput"], env, bundle, summary)
     metrics.update(judge(metrics))
     metrics["target_quality"] = target_quality(records, prompts, tok)
     metrics["target_load"] = target_placement(target, cfg.target, bundle)
@@ -244,6 +236,27 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     metrics["drafter_alignment"] = {n: dict(e.alignment) for n, e in sorted(bundle.drafters.items()) if e.alignment}
     write_report(metrics, ctx.out)
     return {"headline": metrics["headline"], "cost_fit": metrics["cost_fit"], "runs": len(records)}
+
+
+def _price_throughput(ctx: Context, env: Env, bundle: Bundle, prompts: list, notes: list[str]):
+    """The throughput rows' cost table and prior (env.cost_table, env.prior; None where the batch-aware rows
+    cannot run), the table timed over prompts of the test prompts' median length. -> the acceptance summary."""
+    test_lengths = sorted(len(p.ids) for p in prompts if p.set == "test") or [64]
+    env.cost_table, summary = throughput_costs(bundle, env.target, env.drafters, env.heads, env.ofa, env.cfg, env.seed,
+                                               notes, ctx.work / "cost_table.json",
+                                               context=test_lengths[len(test_lengths) // 2])
+    env.prior = bundle.prior_for(env.ofa, env.heads["greedy"][env.ofa].name) if summary is not None else None
+    return summary
+
+
+def _predicted_beside_measured(throughput: dict, env: Env, bundle: Bundle, summary) -> None:
+    """What `specdraft predict` says of the same rows before decoding (static batches of the runs' length),
+    beside the measured, and the table it priced them with, into the throughput metrics."""
+    throughput["predicted"] = beside_measured(predict_throughput(
+        summary, env.cost_table, throughput["batch_sizes"], bundle.prior_for(env.ofa),
+        k_max=env.heads["greedy"][env.ofa].k_max, rounds=PREDICTED_BATCHES, seed=env.seed,
+        new_tokens=env.cfg.max_new_tokens, budget_k=env.k), throughput)
+    throughput["cost_table"] = env.cost_table.as_dict()
 
 
 def _drafters_alone(drafters: dict, prompts: list, max_new_tokens: int, greedy: SamplingConfig,
