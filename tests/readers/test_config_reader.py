@@ -23,7 +23,7 @@ VALID = {
     "run.root": st.text("abc/_-", min_size=1, max_size=10).filter(lambda s: s.strip("/")),
     "evaluate.ks": st.lists(st.integers(1, 20), min_size=1, max_size=4),
     "evaluate.k": st.one_of(st.none(), st.integers(1, 20)),
-    "evaluate.repeats": st.integers(1, 3),  # demo.yaml sets repeats_max 3
+    "evaluate.repeats": st.integers(1, 2),  # demo.yaml sets repeats_max 2
     "distill_data.temperatures": st.lists(st.floats(0, 2), min_size=1, max_size=3),
     "distill_data.top_p": st.floats(0.01, 1.0),
     "train_heads.thresholds": st.lists(st.floats(0.01, 0.99), min_size=1, max_size=3),
