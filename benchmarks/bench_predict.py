@@ -11,8 +11,10 @@ The acceptance side is what greedy decoding of these prompts really meets: for e
 greedy continuation, and at each of its positions whether the drafter's greedy token (teacher-forced on the
 target's prefix) agrees (P_i in {0, 1}, SPEC.md section 2's oracle indicators), and with a bundle its head's
 sigma at the same positions (the batch-aware rule's input; its prior is the bundle's). The measured side decodes
-the first B prompts together with `generate_batch`, the methods interleaved, `--runs` passes after a
-warm-up, median process CPU time (`decoding.timing`). Error = predicted / measured - 1.
+the first max(B) prompts at every B, in consecutive batches of B with `generate_batch` (so a B = 1 figure is
+not one prompt's, and every B decodes the same responses), the methods interleaved, `--runs` passes after a
+warm-up, median process CPU time (`decoding.timing`). Error = predicted / measured - 1. Each batch's prefill
+runs at its longest prompt: the prediction prices a call's start at the mean of that over the batches.
 
 The prediction simulates static batches as `generate_batch` runs them (rows finish at different rounds,
 finished rows cost compute until the eager decoder drops them) and prices the loop's own work per round
@@ -33,7 +35,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from specdraft.decoding.batched import generate_batch  # noqa: E402
-from specdraft.decoding.cost_profile import cached_cost_table  # noqa: E402
+from specdraft.decoding.cost_profile import cached_cost_table, price_head_rules  # noqa: E402
 from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
@@ -120,34 +122,42 @@ def main(argv=None) -> int:
     agree, sigma = greedy_agreement(target, drafter, prompts[:max(sizes)], n, head, eos)
     # timed over the prompts' median length: a call's start is mostly its prefill, which grows with the prompt
     context = int(statistics.median(len(p) for p in prompts[:max(sizes)]))
-    table, path, hit = cached_cost_table(target, drafter, sizes, max(8, max(ks)) + 1, args.compile, seed=args.seed,
-                                         calibrate=True, context=context)
+    # re-timed in every run (refresh): a table cached by an earlier run carries that run's load
+    table, path, _ = cached_cost_table(target, drafter, sizes, max(8, max(ks)) + 1, args.compile, seed=args.seed,
+                                       calibrate=True, context=context, refresh=True)
+    if head is not None:  # the head's forward and the rules' decisions, which a head policy's rounds pay
+        table = price_head_rules(table, head, drafter.config.hidden_size, prior, table.max_drafts)
     lines = [f"## Predicted vs measured throughput ({datetime.date.today()}, {table.device}, torch {torch.__version__})", "",
              f"`python benchmarks/bench_predict.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
              f"{pair}; mean greedy agreement {float(torch.cat(agree).mean()):.3f}; {args.runs} interleaved runs, "
-             f"{n} new tokens, prompts of median length {context} tokens, compile {args.compile}, {args.threads} thread(s); "
-             f"cost table {'read from the cache' if hit else 'profiled in this run'}.", "",
+             f"{n} new tokens, the first {max(sizes)} prompts (median length {context} tokens) in batches of B at every B, "
+             f"compile {args.compile}, {args.threads} thread(s); "
+             "cost table profiled in this run.", "",
              "```", table.render(), "```", "",
              "| method | B | predicted tok/s | measured tok/s | predicted / measured - 1 | predicted MAT | measured MAT |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     worst: dict[str, float] = {}
+    everything = prompts[:max(sizes)]
+    # the acceptance of exactly the prompts decoded; static batches of n new tokens, as generate_batch decodes
+    # them (rounds = batches simulated); without a head, sigma = the measured agreement itself (odds 1)
+    summary = summarize_acceptance(agree, sigma, k_max=table.max_drafts)
     for b in sizes:
-        batch = prompts[:b]
-        # the acceptance of exactly the prompts decoded at this B; static batches of n new tokens, as
-        # generate_batch decodes them (rounds = batches simulated)
-        summary = summarize_acceptance(agree[:b], sigma[:b], k_max=table.max_drafts)
-        # without a head, sigma = the measured agreement itself: a calibrated head (odds 1)
+        groups = [everything[i:i + b] for i in range(0, len(everything), b)]
+        # a call's prefill runs at its batch's longest prompt (right-padded)
+        width = statistics.mean(max(len(p) for p in g) for g in groups)
         pred = predict_throughput(summary, table, [b], prior or summary_prior(summary, 1.0), k_max=table.max_drafts,
-                                  rounds=args.rounds, seed=args.seed, new_tokens=n)
+                                  rounds=args.rounds, seed=args.seed, new_tokens=n, prompt_lengths={b: width})
         predicted = {r["method"]: r for r in pred["predictions"]}
-        fns = {"AR": lambda: generate_batch(target, batch, n, compile=args.compile, eos_token_id=eos)}
+
+        def batches(**kw):
+            return lambda: [r for g in groups for r in generate_batch(target, g, n, compile=args.compile,
+                                                                      eos_token_id=eos, **kw)]
+        fns = {"AR": batches()}
         for k in ks:
-            fns[f"K={k}"] = lambda k=k: generate_batch(target, batch, n, drafter=drafter, policy=FixedK(k),
-                                                       compile=args.compile, eos_token_id=eos)
+            fns[f"K={k}"] = batches(drafter=drafter, policy=FixedK(k))
         if head is not None:  # the rule `specdraft generate --stop-rule batch-aware` serves with
-            fns["batch-aware lockstep"] = lambda: generate_batch(
-                target, batch, n, drafter=drafter, policy=LockstepBatchAwareSpecDec(head, table, prior, table.max_drafts),
-                compile=args.compile, eos_token_id=eos)
+            fns["batch-aware lockstep"] = batches(drafter=drafter, policy=LockstepBatchAwareSpecDec(
+                head, table, prior, table.max_drafts))
         for name, (t, _, out) in interleaved(fns, args.runs, "cpu").items():
             measured = sum(r.metrics.n_generated for r in out) / t
             mat = sum(r.metrics.n_generated for r in out) / sum(r.metrics.n_target for r in out)

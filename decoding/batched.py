@@ -21,7 +21,8 @@ A round (SpecDec++ Alg. 1 order, `decoding.rounds.lengths`):
        (f_j, x_{j+1}) for the positions the round committed, f_j from the verify forward's hidden states
        (its cache holds C - 1 entries; the prompt's come from the target's prefill)
     5. one `.cpu()` of per-row counts (k, n, dropped, active, done): the only host transfer
-       (SpecDec++ adds one flag per draft step: whether any row still drafts, to end the round early)
+       (a rule with a head, or one that decides at 0, adds one flag per draft step: whether any row still
+       drafts, read eagerly before the feed, so a round that stopped feeds nothing more)
 Counts per row follow `decoding.rounds.lengths` exactly (Lemma 3.1: N_draft + N_target = N + N_discarded); a
 finished row is masked and not counted, and once half the rows are done an eager decode drops them
 (a copy of the caches; compiled steps keep their shapes). The prefills belong to the first round
@@ -136,13 +137,16 @@ class Drafts:
 
 
 def draft_positions(step, policy, cache, cap, eos, sampling: SamplingConfig, generator, carry: tuple,
-                    positions: range, width: int) -> tuple:
+                    positions: range, width: int, read_stop: bool = False) -> tuple:
     """Draft positions `positions` of a round in SpecDec++ Alg. 1 order, every row in lockstep: sample y_i
     from the logits behind q_i, then decision i + 1 (the cap, EOS, and the policy's tensor rule reading
     e_i), then feed y_i unless it is the round's last position. A row that stopped keeps the batch shape
     but is masked: its drafts are zero, its cache length does not move. carry = (tokens (B, W), q (B, W, V)
     or None, k, drafting, logits behind the next q, e of the last fed token or None, the rule's state);
-    returns the carry advanced. No host read: a compiled segment is one graph."""
+    returns the carry advanced. No host read unless `read_stop` (eager only): then one read after each
+    decision, and no feed once no row drafts on (a feed after the round's last decision is a drafter
+    forward nothing reads: on the demo pair, eager, a whole drafter step per head-stopped round, ~1 ms at
+    B = 8). A compiled segment reads nothing: it is one graph."""
     tokens, qs, k, drafting, logits, hidden, rule = carry
     for i in positions:
         y, q = pick(logits, sampling, generator)
@@ -159,8 +163,8 @@ def draft_positions(step, policy, cache, cap, eos, sampling: SamplingConfig, gen
         sigma = head_sigma(policy.head, hidden) if policy.needs_hidden and hidden is not None else None
         rule, stop = policy.stop_rows(rule, i + 1, sigma, go_on)
         drafting = go_on & ~stop
-        if i == width - 1:
-            break  # y_W is never fed in its own round
+        if i == width - 1 or (read_stop and not bool(drafting.any())):
+            break  # y_W is never fed in its own round; nor, eagerly, a token after every row stopped
         out, states = step(cache, y[:, None], policy.needs_hidden)
         logits = out[:, -1]
         hidden = states[:, -1] if states is not None else None
@@ -361,8 +365,11 @@ def draft(d: Decode, state: RowState) -> Drafts:
         parts = [(bounds, compiled_segment(d.compiler, d.drafter, d.policy, bounds, W)) for bounds in segments(W, d.policy)]
     else:
         step = d.eagle_step or d.drafter_step
+        # a rule that can stop the whole batch early reads whether any row drafts on after each decision
+        reads = d.policy.needs_hidden or getattr(d.policy, "decides_at_zero", False)
         parts = [((i, i + 1), lambda cache, cap, eos, carry, i=i: draft_positions(
-            step, d.policy, cache, cap, eos, d.sampling, d.generator, carry, range(i, i + 1), W)) for i in range(W)]
+            step, d.policy, cache, cap, eos, d.sampling, d.generator, carry, range(i, i + 1), W, reads))
+            for i in range(W)]
     steps = 0
     # a rule that may stop rows before any draft (decision 0) ends a round with no drafter step when it
     # stops them all; other rules read the flag only between segments

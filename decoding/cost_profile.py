@@ -9,9 +9,10 @@ step of `forward_step` over a `StepCompiler.cache` static cache, at batch B,
     draft     the drafter's step over 1 position (y_i fed to get q_{i+1})
     catch-up  the drafter's step over 2 positions (the end-of-round re-feed that yields next round's q_1)
 each over a cache already holding `context` tokens, rolled back after every call (so every call sees the
-same context). Per batch size: one untimed warm-up call of every shape (which is also each shape's
-compilation), then `repeats` passes in which the shapes take turns call by call, so a load phase on a
-shared machine hits them alike; the table keeps the median of each. Under a compile mode only the widths
+same context). One untimed warm-up pass over every (batch size, shape) (which is also each shape's
+compilation), then `repeats` passes, each over every batch size and shape in turn, so a load phase on a
+shared machine hits them alike and a batch size's samples spread over the whole profile; the table keeps
+the median of each. Under a compile mode only the widths
 the compiled decoder runs are timed (1 and 2^j + 1, `cost_model.padded_width`): a width is a graph.
 With `calibrate` (off by default: it decodes, minutes where the steps take seconds; `specdraft predict`
 turns it on) the loop's own work beyond these steps, per round and per draft step, is priced from short
@@ -20,9 +21,12 @@ and host transfer are a measurable share of its time (bench_predict.py: without 
 to 45% above measured tokens/s on the demo-shaped pair). On the demo-shaped pair (eager, 1 thread, B = 1,
 2, 4, ..., 64, widths 1..9, 5 repeats) the steps took 23 s, with the calibration 168 s (a loaded box).
 
+With a head (`price_head_rules`, `price_rules`) each stopping rule's own work is priced too: the head's
+forward and the rule's decisions per draft step, timed apart from decodes in a fraction of a second.
+
 A table is cached on disk per (device, torch version, compile mode, models, batch sizes, widths,
-context): a second decoder start on the same machine reads it in milliseconds instead of re-timing
-(`cached_cost_table`). The directory: `cache_dir`, else $SPECDRAFT_COST_CACHE, else
+context, head shape): a second decoder start on the same machine reads it in milliseconds instead of
+re-timing (`cached_cost_table`). The directory: `cache_dir`, else $SPECDRAFT_COST_CACHE, else
 ~/.cache/specdraft/cost_tables.
 """
 from __future__ import annotations
@@ -39,7 +43,7 @@ import torch
 
 from specdraft.core.devices import device_name
 from specdraft.core.errors import InputError
-from specdraft.decoding.batched import forward_step
+from specdraft.decoding.batched import forward_step, head_sigma
 from specdraft.decoding.bundle.defaults import COMPILE_MODES
 from specdraft.decoding.compilation import StepCompiler, static_length
 from specdraft.decoding.policies.cost_model import CostTable, padded_width
@@ -97,29 +101,31 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
     max_len = static_length(context + max_width + 2)  # as the decoder sizes its caches
     compiler = StepCompiler(compile)
     target_step, drafter_step = forward_step(compiler, target), forward_step(compiler, drafter)
-    verify, draft, catchup = [], [], []
-    for batch in sizes:
+    calls, at = {}, {}
+    for batch in sizes:  # every batch size's caches at once (about twice the largest one's memory)
         tcache, dcache = compiler.cache(target, batch, max_len), compiler.cache(drafter, batch, max_len)
         prompt = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
         forward_rows(target, tcache, prompt)  # eager prefill: the compiled steps never see this width
         forward_rows(drafter, dcache, prompt)
-        at = torch.full((batch,), context, dtype=torch.long, device=device)
+        at[batch] = torch.full((batch,), context, dtype=torch.long, device=device)
         ids = {w: torch.randint(0, vocab, (batch, w), generator=gen).to(device) for w in sorted(set(widths) | {2})}
-        calls = {("verify", w): (tcache, target_step, ids[w]) for w in widths}
-        calls[("draft", 1)] = (dcache, drafter_step, ids[1])
-        calls[("catchup", 2)] = (dcache, drafter_step, ids[2])
-        times: dict[tuple, list[float]] = {key: [] for key in calls}
-        for rep in range(repeats + 1):  # pass 0 is the warm-up (and each shape's compilation)
-            for key, (cache, step, x) in calls.items():
-                cache.rollback(at)
-                _, timing = timed_call(lambda: step(cache, x), device)
-                if rep:
-                    times[key].append(timing.time)
-        tcache.rollback(at * 0)
-        dcache.rollback(at * 0)
-        verify.append(tuple(statistics.median(times[("verify", w)]) for w in widths))
-        draft.append(statistics.median(times[("draft", 1)]))
-        catchup.append(statistics.median(times[("catchup", 2)]))
+        calls.update({(batch, "verify", w): (tcache, target_step, ids[w]) for w in widths})
+        calls[(batch, "draft", 1)] = (dcache, drafter_step, ids[1])
+        calls[(batch, "catchup", 2)] = (dcache, drafter_step, ids[2])
+    times: dict[tuple, list[float]] = {key: [] for key in calls}
+    # pass 0 is the warm-up (and each shape's compilation); each pass visits every batch size and shape, so a
+    # batch size's samples are spread over the whole profile and a slow phase of the machine shorter than half
+    # of it moves no median (timed one batch size after another, a phase caught one row: 50% dearer B = 1 steps)
+    for rep in range(repeats + 1):
+        for key, (cache, step, x) in calls.items():
+            cache.rollback(at[key[0]])
+            _, timing = timed_call(lambda: step(cache, x), device)
+            if rep:
+                times[key].append(timing.time)
+    del calls
+    verify = [tuple(statistics.median(times[(b, "verify", w)]) for w in widths) for b in sizes]
+    draft = [statistics.median(times[(b, "draft", 1)]) for b in sizes]
+    catchup = [statistics.median(times[(b, "catchup", 2)]) for b in sizes]
     table = CostTable(batch_sizes=sizes, widths=widths, verify=tuple(verify), draft=tuple(draft), catchup=tuple(catchup),
                       device=device_name(device), torch_version=torch.__version__, compile=compile,
                       target_id=model_identity(target), drafter_id=model_identity(drafter), context=context,
@@ -136,8 +142,8 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
                    seed: int = 0) -> CostTable:
     """The table with the decode loop's own work per round (`loop`) and per draft step (`loop_draft`), and a
     call's start (`start`, `start_draft`), filled in, from `decoding.batched.generate_batch` itself: per batch size, an autoregressive decode and a fixed-K
-    decode (K = min(4, K_max)) of LOOP_LENGTHS new tokens each, interleaved, medians of `repeats` after a
-    warm-up. Every row decodes the same prompt (`context` random tokens): greedy rows then accept alike, so
+    decode (K = min(4, K_max)) of LOOP_LENGTHS new tokens each, interleaved (each pass visits every batch
+    size), medians of `repeats` after a warm-up pass. Every row decodes the same prompt (`context` random tokens): greedy rows then accept alike, so
     the batch stays in lockstep and no row finishes early. The difference of the two lengths cancels the
     prefills; what the steps the table prices do not explain, per round and per draft step, is the loop's:
         loop       = (T_ar(n2) - T_ar(n1)) / (n2 - n1) - t_v(B, 1)
@@ -157,35 +163,119 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
     k = min(4, table.max_drafts)
     n1, n2 = LOOP_LENGTHS
     loop, loop_draft, start, start_draft = [], [], [], []
+    calls = {}
     for batch in table.batch_sizes:
         prompts = [torch.randint(0, vocab, (table.context,), generator=gen).tolist()] * batch
-        calls = {(policy, n): (lambda policy=policy, n=n: generate_batch(
+        calls.update({(batch, policy, n): (lambda prompts=prompts, policy=policy, n=n: generate_batch(
             target, prompts, n, drafter=drafter if policy else None, policy=FixedK(k) if policy else None,
-            compile=table.compile)) for policy in (False, True) for n in (n1, n2)}
-        times: dict[tuple, list[float]] = {key: [] for key in calls}
-        drafted: dict[int, list[int]] = {}
-        for rep in range(repeats + 1):  # pass 0 warms up (and compiles)
-            for key, call in calls.items():
-                out, timing = timed_call(call, device)
-                if rep:
-                    times[key].append(timing.time)
-                if key[0]:
-                    drafted[key[1]] = out[0].metrics.drafted  # per round, the drafts of every (identical) row
-        t = {key: statistics.median(v) for key, v in times.items()}
+            compile=table.compile)) for policy in (False, True) for n in (n1, n2)})
+    times: dict[tuple, list[float]] = {key: [] for key in calls}
+    drafted: dict[tuple, list[int]] = {}
+    for rep in range(repeats + 1):  # pass 0 warms up (and compiles); every pass visits every batch size
+        for key, call in calls.items():
+            out, timing = timed_call(call, device)
+            if rep:
+                times[key].append(timing.time)
+            if key[1]:
+                drafted[(key[0], key[2])] = out[0].metrics.drafted  # per round, the drafts of every (identical) row
+    for batch in table.batch_sizes:
+        t = {key[1:]: statistics.median(v) for key, v in times.items() if key[0] == batch}
+        drafted_at = {n: drafted[(batch, n)] for n in (n1, n2)}
         per_round = max(0.0, (t[(False, n2)] - t[(False, n1)]) / (n2 - n1) - table.t_verify(batch, 1))
-        steps = {n: sum(table.round_cost(batch, d) for d in drafted[n]) for n in (n1, n2)}
-        rounds = len(drafted[n2]) - len(drafted[n1])
-        drafts = sum(drafted[n2]) - sum(drafted[n1])
+        steps = {n: sum(table.round_cost(batch, d) for d in drafted_at[n]) for n in (n1, n2)}
+        rounds = len(drafted_at[n2]) - len(drafted_at[n1])
+        drafts = sum(drafted_at[n2]) - sum(drafted_at[n1])
         extra = (t[(True, n2)] - t[(True, n1)]) - (steps[n2] - steps[n1]) - per_round * rounds
         per_draft = max(0.0, extra / drafts) if drafts > 0 else 0.0
         loop.append(per_round)
         loop_draft.append(per_draft)
         ar_start = max(0.0, t[(False, n1)] - n1 * (table.t_verify(batch, 1) + per_round))
-        spec_rounds = steps[n1] + per_round * len(drafted[n1]) + per_draft * sum(drafted[n1])
+        spec_rounds = steps[n1] + per_round * len(drafted_at[n1]) + per_draft * sum(drafted_at[n1])
         start.append(ar_start)
         start_draft.append(max(0.0, t[(True, n1)] - spec_rounds - ar_start))
     return dataclasses.replace(table, loop=tuple(loop), loop_draft=tuple(loop_draft), start=tuple(start),
                                start_draft=tuple(start_draft))
+
+
+def _rule_round(policy, hidden: torch.Tensor, drafts: int) -> None:
+    """What a stopping rule adds to one eager round of `drafts` draft steps in `decoding.batched.draft`, with
+    every row drafting: its round state and decision 0, then per step the host read of whether any row
+    drafts on (a rule with a head, or one that decides at 0), the head's forward on e_{i-1} (from the second
+    step: the first has no e yet) and the decision; a rule that decides after drafting, its widths."""
+    rows, device = hidden.shape[0], hidden.device
+    drafting = torch.ones(rows, dtype=torch.bool, device=device)
+    state, _ = policy.stop_rows(policy.round_state(rows, device), 0, None, drafting)
+    first = getattr(policy, "decides_at_zero", False)
+    for i in range(drafts):
+        if (i or first) and (policy.needs_hidden or first):
+            bool(drafting.any())
+        sigma = head_sigma(policy.head, hidden) if policy.needs_hidden and i >= 1 else None
+        state, _ = policy.stop_rows(state, i + 1, sigma, drafting)
+    widths = getattr(policy, "widths", None)
+    if widths is not None:
+        int(widths(state).max())
+
+
+@torch.inference_mode()
+def price_rules(table: CostTable, policies: Sequence, hidden_size: int, *, repeats: int = 15,
+                inner: int = 10) -> CostTable:
+    """The table with each stopping rule's own work priced (`CostTable.rules`, by class name): per round and
+    per draft step, what an eager round of the rule costs beyond the same round under fixed K (`_rule_round`:
+    its head's forward on every draft, its tensor decisions, its host reads), at each of the table's batch
+    sizes. The rules run with their heads (a policy whose head is None is priced without one) on random
+    hidden states of `hidden_size` (values do not change an op's time), rounds of 0 and D = min(4, K - 1)
+    drafts, each sample `inner` rounds, `repeats` samples interleaved with fixed K's, medians:
+        per round = T_rule(0) - T_K(0),   per draft = ((T_rule(D) - T_rule(0)) - (T_K(D) - T_K(0))) / D
+    clamped at 0. Seconds, not minutes: on the demo pair's head (D = 4, H = 128, 1 thread) a decision took
+    0.10-0.20 ms, a B = 1 eager round ~12 ms. Under a compile mode the table comes back as it is: the rule
+    runs inside the compiled draft segments, whose time this does not isolate (not priced)."""
+    from specdraft.decoding.policies.stopping import FixedK
+
+    if table.compile != "none":
+        return table
+    if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
+        raise InputError(f"hidden_size must be the drafter's hidden size, an integer >= 1, got {hidden_size!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise InputError(f"repeats must be an integer >= 1, got {repeats!r}")
+    priced = {name: (r, d) for name, r, d in table.rules}  # a rule priced again replaces its old costs
+    for policy in policies:
+        head = getattr(policy, "head", None)
+        param = next(head.parameters(), None) if isinstance(head, torch.nn.Module) else None
+        device = param.device if param is not None else torch.device("cpu")
+        drafts = max(1, min(4, policy.max_tokens - 1))
+        baseline = FixedK(max(policy.max_tokens, drafts))
+        per_round, per_draft = [], []
+        for batch in table.batch_sizes:
+            hidden = torch.randn(batch, hidden_size, generator=torch.Generator().manual_seed(batch)).to(device)
+            calls = {(who, n): (lambda who=who, n=n: [_rule_round(who, hidden, n) for _ in range(inner)])
+                     for who in (policy, baseline) for n in (0, drafts)}
+            times: dict[tuple, list[float]] = {key: [] for key in calls}
+            for rep in range(repeats + 1):  # pass 0 warms up
+                for key, call in calls.items():
+                    _, timing = timed_call(call, device)
+                    if rep:
+                        times[key].append(timing.time / inner)
+            t = {key: statistics.median(v) for key, v in times.items()}
+            per_round.append(max(0.0, t[(policy, 0)] - t[(baseline, 0)]))
+            grow = (t[(policy, drafts)] - t[(policy, 0)]) - (t[(baseline, drafts)] - t[(baseline, 0)])
+            per_draft.append(max(0.0, grow / drafts))
+        priced[type(policy).__name__] = (tuple(per_round), tuple(per_draft))
+    return dataclasses.replace(table, rules=tuple((name, r, d) for name, (r, d) in priced.items()))
+
+
+def price_head_rules(table: CostTable, head: torch.nn.Module, hidden_size: int, prior, k_max: int,
+                     threshold: float = 0.7) -> CostTable:
+    """`price_rules` for every rule the decoder and `specdraft predict` run with a head: SpecDec++ per row and
+    lockstep (at `threshold`), the batch-aware rules (with `prior`) and the global verify budget, at K_max
+    `k_max` (the budget at min(4, k_max): its per-draft work hardly depends on K)."""
+    from specdraft.decoding.policies.batch_aware import BatchAwareSpecDec, GlobalVerifyBudget, LockstepBatchAwareSpecDec
+    from specdraft.decoding.policies.stopping import LockstepSpecDecPP, SpecDecPP
+
+    k_max = min(k_max, table.max_drafts)
+    rules = [SpecDecPP(head, threshold, k_max), LockstepSpecDecPP(head, threshold, k_max),
+             BatchAwareSpecDec(head, table, prior, k_max), LockstepBatchAwareSpecDec(head, table, prior, k_max),
+             GlobalVerifyBudget(head, table, prior, min(4, k_max))]
+    return price_rules(table, rules, hidden_size)
 
 
 def cache_dir(path: str | Path | None = None) -> Path:
@@ -195,25 +285,40 @@ def cache_dir(path: str | Path | None = None) -> Path:
     return Path(env) if env else Path.home() / ".cache" / "specdraft" / "cost_tables"
 
 
+def head_identity(head: torch.nn.Module | None) -> str:
+    """A head's identity for the cost of its forward: its class and its parameters' names, shapes and dtypes."""
+    if head is None:
+        return "-"
+    blob = json.dumps([type(head).__name__, [(n, list(p.shape), str(p.dtype)) for n, p in head.named_parameters()]])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def cache_key(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int], max_width: int,
-              compile: str, context: int, calibrate: bool = False) -> str:
+              compile: str, context: int, calibrate: bool = False, head: torch.nn.Module | None = None) -> str:
     """What a cached table must match: the device and torch version it was timed under, the compile mode,
-    both models' identities, and the grid it covers."""
+    both models' identities, the grid it covers, and the head its rules were priced with."""
     device = target.get_input_embeddings().weight.device
     # "start": calibrated tables price a call's start since that field came; older cached ones are re-timed
     blob = json.dumps([device_name(device), torch.__version__, compile, model_identity(target),
-                       model_identity(drafter), sorted(set(batch_sizes)), max_width, context, calibrate, "start"])
+                       model_identity(drafter), sorted(set(batch_sizes)), max_width, context, calibrate, "start",
+                       head_identity(head)])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 def cached_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int],
                       max_width: int, compile: str = "none", *, repeats: int = 5, context: int = 64, seed: int = 0,
                       directory: str | Path | None = None, refresh: bool = False,
-                      calibrate: bool = False) -> tuple[CostTable, Path, bool]:
+                      calibrate: bool = False, head: torch.nn.Module | None = None, prior=None,
+                      threshold: float = 0.7) -> tuple[CostTable, Path, bool]:
     """profile_cost_table through the on-disk cache: (table, its file, whether it was a cache hit).
-    refresh: re-time and overwrite. A cached file that no longer reads is re-profiled, not trusted."""
+    refresh: re-time and overwrite. A cached file that no longer reads is re-profiled, not trusted.
+    head (with the batch-aware rules' `prior`, and SpecDec++'s `threshold`): the head rules' own work priced
+    too (`price_head_rules`, K_max = max_width - 1) and cached with the table."""
     sizes = _check(batch_sizes, max_width, compile, repeats, context)
-    path = cache_dir(directory) / f"{cache_key(target, drafter, sizes, max_width, compile, context, calibrate)}.json"
+    if head is not None and prior is None:
+        raise InputError("pricing a head's rules needs the batch-aware prior (Bundle.prior_for); pass prior=...")
+    key = cache_key(target, drafter, sizes, max_width, compile, context, calibrate, head)
+    path = cache_dir(directory) / f"{key}.json"
     if path.is_file() and not refresh:
         try:
             return CostTable.load(path), path, True
@@ -221,5 +326,7 @@ def cached_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_s
             pass  # a torn or foreign file: time again and overwrite it
     table = profile_cost_table(target, drafter, sizes, max_width, compile, repeats=repeats, context=context, seed=seed,
                                calibrate=calibrate)
+    if head is not None:
+        table = price_head_rules(table, head, drafter.config.hidden_size, prior, max_width - 1, threshold)
     table.save(path)
     return table, path, False

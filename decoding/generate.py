@@ -485,8 +485,8 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
     if getattr(args, "stop_rule", "specdecpp") == "batch-aware" and head is not None and args.k is None:
         if b is None:
             raise InputError("--stop-rule batch-aware takes its prior from a bundle's acceptance summary; give a bundle")
-        b.prior_for(name, head_name)  # before any profiling: a bundle without the prior stops here
-        table = cost_table_for(args, target, dft, settings, hcfg, note)
+        prior = b.prior_for(name, head_name)  # before any profiling: a bundle without the prior stops here
+        table = cost_table_for(args, target, dft, settings, hcfg, note, head, prior)
     if b is not None:
         policy = b.policy_for(name, head if args.k is None else None, head_name, args.k, args.threshold, table)
     elif args.k is None and head is not None:
@@ -500,16 +500,19 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
     return Plan(name, dft, policy, head_name, settings.drafts, settings.cascade, args.k or CASCADE_BLOCK, tree)
 
 
-def cost_table_for(args, target, drafter, settings: Settings, head_config: dict | None, note: Callable[[str], Any]):
+def cost_table_for(args, target, drafter, settings: Settings, head_config: dict | None, note: Callable[[str], Any],
+                   head=None, prior=None):
     """The decoder's own step times for the batch-aware rule: batch sizes 1..--batch-size, widths up to the
     head's K_max + 1, in the command's compile mode, calibrated, profiled once per device, models and mode
-    and cached (decoding/cost_profile.py)."""
+    and cached (decoding/cost_profile.py); with `head` and `prior`, the head rules' own work priced on top
+    (`price_head_rules`, cached with the table)."""
     from specdraft.decoding.cost_profile import cached_cost_table
 
     k_max = int((head_config or {}).get("k_max") or DEFAULTS.k_max)
     sizes = sorted({1, args.batch_size})
     # calibrated: the loop's own work per round and per draft is part of what a longer round costs
-    table, path, hit = cached_cost_table(target, drafter, sizes, k_max + 1, settings.compile, calibrate=True)
+    table, path, hit = cached_cost_table(target, drafter, sizes, k_max + 1, settings.compile, calibrate=True,
+                                         head=head, prior=prior)
     note(f"cost table {'read from' if hit else 'profiled into'} {path}")
     if args.verbose:
         note(table.render())

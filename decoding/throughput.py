@@ -174,7 +174,8 @@ def _at_sequence_ends(accept: list[torch.Tensor], seq: torch.Tensor, pos: torch.
 
 def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch: int, rounds: int,
                     generator: torch.Generator, finish: Callable | None = None, new_tokens: int | None = None,
-                    drop_half: bool | None = None, drafter: bool = True) -> tuple[float, float, float]:
+                    drop_half: bool | None = None, drafter: bool = True,
+                    prompt_length: float | None = None) -> tuple[float, float, float]:
     """(tokens/s, mean drafts per row-round, tokens per row-round) of `policy` at `batch` (module docstring).
     finish(state, steps) -> (rows,) drafts: a rule that decides after drafting (the global verify budget).
 
@@ -184,8 +185,8 @@ def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch:
     cut at MAX_POSITIONS goes on into a further one), the batch runs until every row is done, finished
     rows are masked but keep costing compute until (drop_half; default: an eager table) half the rows are
     done and the finished ones leave, as the eager decoder drops them; tokens are the drawn ones; each
-    batch also pays the call's start (`CostTable.t_start`: prefills and setup; `drafter` False: a call
-    without one, batched AR).
+    batch also pays the call's start (`CostTable.t_start`: prefills and setup, at `prompt_length`, the width
+    of the batch's prefill, when given; `drafter` False: a call without one, batched AR).
 
     Common random numbers: the sequences come from a generator forked from `generator` before anything else
     is drawn, so methods simulated from equally seeded generators decode the same responses in the same
@@ -209,7 +210,7 @@ def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch:
     tokens = cost = drafts = row_rounds = 0.0
     done_batches = done_rounds = 0
     # a static batch is one decode call: it pays the call's start (prefills, setup; a calibrated table's)
-    start = table.t_start(batch, drafter) if static else 0.0
+    start = table.t_start(batch, drafter, prompt_length) if static else 0.0
     cost += start
     while (done_batches if static else done_rounds) < rounds:
         rows = len(seq)
@@ -223,7 +224,8 @@ def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch:
         if finish is not None:
             k = torch.minimum(finish(state, steps), k)
         inside = torch.arange(width)[None] < k[:, None]
-        cost += table.round_cost(rows, int(k.max()))  # lockstep: the longest row's drafts and verify width
+        # lockstep: the longest row's drafts and verify width; the rule's own work where the table priced it
+        cost += table.round_cost(rows, int(k.max()), type(policy).__name__)
         drafts += float(k.sum())
         row_rounds += float(active.sum())
         done_rounds += 1
@@ -255,14 +257,16 @@ FIXED_KS = (1, 2, 4, 8)
 
 def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes: Sequence[int], prior: Prior,
                        k_max: int | None = None, rounds: int = 200, seed: int = 0,
-                       new_tokens: int | None = None, budget_k: int | None = None) -> dict:
+                       new_tokens: int | None = None, budget_k: int | None = None,
+                       prompt_lengths: dict[int, float] | None = None) -> dict:
     """Predicted tokens/s and speedup over batched AR at each batch size for: AR, fixed K in FIXED_KS (those
     the table can price), SpecDec++ at the head's h, the batch-aware policy (per row and lockstep, priced
     with `prior`: `summary_prior` of the same summary and its head's odds), the global verify budget drafting
     `budget_k` a round (default: the K a user would configure from batch 1, the cost model's best K at the
     table's smallest batch), and the K per batch size the cost model recommends (also reported on its own).
     Each (method, batch) runs `rounds` simulated rounds from its own seeded generator; with `new_tokens`,
-    `rounds` static batches of that many new tokens per row (`simulate_policy`)."""
+    `rounds` static batches of that many new tokens per row (`simulate_policy`), each paying a call's start
+    at the width of its prefill, `prompt_lengths[B]` (a batch's longest prompt; default the table's context)."""
     if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise InputError(f"batch sizes must be integers >= 1, got {list(batch_sizes)}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
@@ -297,7 +301,7 @@ def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes
         # every method at this B from one seed: the same responses and draws (common random numbers)
         def simulate(policy, finish=None, drafter=True):
             return simulate_policy(policy, summary, table, b, rounds, torch.Generator().manual_seed(seed * 1_000_003 + b),
-                                   finish, new_tokens, drafter=drafter)
+                                   finish, new_tokens, drafter=drafter, prompt_length=(prompt_lengths or {}).get(b))
         # batched AR: a plain target step and the loop's own work per token, B rows at a time (static batches:
         # simulated too, as their rows end at different lengths)
         ar = b / table.round_cost(b, 0) if new_tokens is None else simulate(KPerBatchSize({1: 0}), drafter=False)[0]

@@ -83,9 +83,13 @@ def run(args: argparse.Namespace) -> dict:
         target = bundle.load_target(device=device)
         drafter = bundle.load_drafter(name, device=device, target=target)
         # the k_max the policies run at, and fixed K up to 8: the widest verify the prediction prices
+        # the drafter's default head (the summary's): its forward and each rule's decisions priced in the table
+        head = bundle.load_head(name, device=device)[0] if entry.head is not None else None
         table, path, hit = cached_cost_table(target, drafter, sizes, max(k_max, 8) + 1, args.compile,
                                              repeats=args.repeats, seed=args.seed, directory=args.cache_dir,
-                                             refresh=args.refresh, calibrate=args.calibrate)
+                                             refresh=args.refresh, calibrate=args.calibrate, head=head,
+                                             prior=bundle.prior_for(name) if head is not None else None,
+                                             threshold=summary.threshold)
         source = f"{'cached' if hit else 'profiled'}: {path}"
         del target, drafter
     result = predict_throughput(summary, table, sizes, bundle.prior_for(name), min(k_max, table.max_drafts),

@@ -122,7 +122,8 @@ class BatchAwareSpecDec(OnePromptRule):
     def costs(self, batch: int) -> list[float]:
         """C_B(k), k = 0..K_max: Python floats, constants of a compiled draft graph (one per batch size)."""
         if batch not in self._costs:
-            self._costs[batch] = self.table.round_costs(batch, self.max_tokens)
+            # the rule's own work (the head on every draft, these decisions) is part of what drafting costs
+            self._costs[batch] = self.table.round_costs(batch, self.max_tokens, type(self).__name__)
         return self._costs[batch]
 
     def round_state(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:

@@ -167,6 +167,9 @@ class CostTable:
         start[B]      a decode call's own start at batch B: the target's prefill of `context` tokens per row
                       and the call's setup (caches, state), once per call, not per round; () when not calibrated
         start_draft[B] what a call with a drafter adds to it (the drafter's prefill)
+        rules         a stopping rule's own work, per rule (its class name): per round (its round state and
+                      decision 0) and per draft step (the head's forward on e_i and the decision), beyond fixed
+                      K's (`decoding.cost_profile.price_rules`); a round of a rule not listed pays nothing extra
     Medians of repeated, interleaved calls after a warm-up over a static cache holding `context` tokens.
     Under a compile mode only the widths the compiled decoder runs are measured (1 and 2^j + 1, see
     `padded_width`), and `round_cost` prices a round at its padded width."""
@@ -187,6 +190,7 @@ class CostTable:
     loop_draft: tuple[float, ...] = ()  # [batch index], seconds per draft step; () = not calibrated (0)
     start: tuple[float, ...] = ()  # [batch index], seconds per decode call; () = not calibrated (0)
     start_draft: tuple[float, ...] = ()  # [batch index], seconds a drafter adds to a call's start
+    rules: tuple[tuple[str, tuple[float, ...], tuple[float, ...]], ...] = ()  # (rule, per round [B], per draft [B])
 
     def __post_init__(self):
         if not self.batch_sizes or list(self.batch_sizes) != sorted(set(self.batch_sizes)) or self.batch_sizes[0] < 1:
@@ -205,6 +209,13 @@ class CostTable:
                           or not all(isinstance(v, (int, float)) and 0 <= v < float("inf") for v in extra)):
                 raise InputError("cost table loop and start overheads must be one finite number >= 0 per batch size; "
                                  "re-profile it")
+        for rule in self.rules:
+            ok = (isinstance(rule, tuple) and len(rule) == 3 and isinstance(rule[0], str)
+                  and all(len(part) == len(self.batch_sizes) and all(isinstance(v, (int, float)) and 0 <= v < float("inf")
+                                                                   for v in part) for part in rule[1:]))
+            if not ok:
+                raise InputError("cost table rule costs must name a rule and give one finite number >= 0 per batch size, "
+                                 "per round and per draft; re-price them (decoding.cost_profile.price_rules)")
 
     @property
     def max_drafts(self) -> int:
@@ -223,18 +234,30 @@ class CostTable:
     def t_catchup(self, batch: float) -> float:
         return _interpolate(self.batch_sizes, self.catchup, batch, "batch size")
 
-    def round_cost(self, batch: float, k: int) -> float:
+    def round_cost(self, batch: float, k: int, rule: str | None = None) -> float:
         """Seconds of one lockstep round at batch `batch` whose longest row drafts k (k = 0: a plain target
         step). A round of k >= 1 costs k drafter forwards (Lemma 3.1, `decoding.rounds.lengths`): the
         catch-up (width 2, which gave q_1) and k - 1 width-1 steps; then one verify over k + 1 positions,
         padded as the compiled decoder pads it; plus the loop's own work, t_loop + k t_loop_draft (when
-        calibrated). A round of 0 drafts runs no drafter forward."""
+        calibrated), and the stopping rule's, t_rule + k t_rule_draft (`rule`: its class name, when priced).
+        A round of 0 drafts runs no drafter forward."""
         if k < 0 or k > self.max_drafts:
             raise InputError(f"the cost table prices rounds of 0..{self.max_drafts} drafts, not {k}; profile a "
                              "wider table (max_width)")
         w = padded_width(k, self.max_drafts) if self.compile != "none" else k
         drafting = 0.0 if k == 0 else self.t_catchup(batch) + (k - 1) * self.t_draft(batch)
-        return drafting + self.t_verify(batch, w + 1) + self.t_loop(batch) + k * self.t_loop_draft(batch)
+        per_round, per_draft = self.t_rule(batch, rule)
+        return (drafting + self.t_verify(batch, w + 1) + self.t_loop(batch) + per_round
+                + k * (self.t_loop_draft(batch) + per_draft))
+
+    def t_rule(self, batch: float, rule: str | None) -> tuple[float, float]:
+        """(seconds per round, seconds per draft step) of stopping rule `rule`'s own work at `batch`, beyond
+        fixed K's; (0, 0) for None or a rule the table has not priced."""
+        for name, per_round, per_draft in self.rules:
+            if name == rule:
+                return (_interpolate(self.batch_sizes, per_round, batch, "batch size"),
+                        _interpolate(self.batch_sizes, per_draft, batch, "batch size"))
+        return 0.0, 0.0
 
     def t_loop(self, batch: float) -> float:
         """The loop's own seconds per round at `batch` (0 when the table was not calibrated)."""
@@ -244,19 +267,23 @@ class CostTable:
         """The loop's own seconds per draft step at `batch` (0 when the table was not calibrated)."""
         return _interpolate(self.batch_sizes, self.loop_draft, batch, "batch size") if self.loop_draft else 0.0
 
-    def t_start(self, batch: float, drafter: bool) -> float:
+    def t_start(self, batch: float, drafter: bool, prompt_length: float | None = None) -> float:
         """Seconds of a decode call's start at `batch` (the prefills and the call's setup), with or without a
         drafter (0 when the table was not calibrated). A served batch pays it once per request, a static
-        batch once per call."""
+        batch once per call. prompt_length: the width the call's prefills run at (a batch's prompts are
+        right-padded to its longest), priced as the table's start scaled by prompt_length / context: the
+        start is mostly the prefills, whose work grows with their width (the setup's share is not separated;
+        on the demo pair a 31-token start was ~2x one target step)."""
         if not self.start:
             return 0.0
         extra = _interpolate(self.batch_sizes, self.start_draft, batch, "batch size") if drafter else 0.0
-        return _interpolate(self.batch_sizes, self.start, batch, "batch size") + extra
+        scale = 1.0 if prompt_length is None else prompt_length / self.context
+        return (_interpolate(self.batch_sizes, self.start, batch, "batch size") + extra) * scale
 
-    def round_costs(self, batch: float, k_max: int | None = None) -> list[float]:
-        """[round_cost(batch, k) for k = 0..k_max] (k_max: the table's max_drafts)."""
+    def round_costs(self, batch: float, k_max: int | None = None, rule: str | None = None) -> list[float]:
+        """[round_cost(batch, k, rule) for k = 0..k_max] (k_max: the table's max_drafts)."""
         top = self.max_drafts if k_max is None else k_max
-        return [self.round_cost(batch, k) for k in range(top + 1)]
+        return [self.round_cost(batch, k, rule) for k in range(top + 1)]
 
     def as_dict(self) -> dict:
         return {"format": COST_TABLE_FORMAT, "device": self.device, "torch_version": self.torch_version,
@@ -264,7 +291,8 @@ class CostTable:
                 "context": self.context, "repeats": self.repeats, "batch_sizes": list(self.batch_sizes),
                 "widths": list(self.widths), "verify": [list(r) for r in self.verify], "draft": list(self.draft),
                 "catchup": list(self.catchup), "loop": list(self.loop), "loop_draft": list(self.loop_draft),
-                "start": list(self.start), "start_draft": list(self.start_draft)}
+                "start": list(self.start), "start_draft": list(self.start_draft),
+                "rules": {name: {"round": list(r), "draft": list(d)} for name, r, d in self.rules}}
 
     @classmethod
     def from_dict(cls, data) -> "CostTable":
@@ -280,8 +308,10 @@ class CostTable:
                        loop=tuple(float(v) for v in data.get("loop", ())),
                        loop_draft=tuple(float(v) for v in data.get("loop_draft", ())),
                        start=tuple(float(v) for v in data.get("start", ())),
-                       start_draft=tuple(float(v) for v in data.get("start_draft", ())))
-        except (KeyError, TypeError, ValueError) as e:
+                       start_draft=tuple(float(v) for v in data.get("start_draft", ())),
+                       rules=tuple((str(name), tuple(float(v) for v in r["round"]), tuple(float(v) for v in r["draft"]))
+                                   for name, r in data.get("rules", {}).items()))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise InputError(f"cost table is malformed ({type(e).__name__}: {e}); re-profile it") from None
 
     def save(self, path) -> None:
@@ -316,5 +346,8 @@ class CostTable:
                 + f" | {self.t_loop(b) * 1e3:10.2f} {self.t_loop_draft(b) * 1e3:10.2f}"
                 + f" | {self.t_start(b, False) * 1e3:5.2f} {self.t_start(b, True) * 1e3:13.2f}"
                 for b, d, c, r in zip(self.batch_sizes, self.draft, self.catchup, self.verify)]
+        rules = [f"  rule {name} (beyond fixed K's; ms per round + per draft): "
+                 + ", ".join(f"B={b} {r * 1e3:.2f} + {d * 1e3:.2f}" for b, r, d in zip(self.batch_sizes, per_round, per_draft))
+                 for name, per_round, per_draft in self.rules]
         return "\n".join([f"cost table (ms per step; {self.device}, torch {self.torch_version}, compile {self.compile})",
-                          head] + rows)
+                          head] + rows + rules)

@@ -92,7 +92,7 @@ from specdraft.pipelines.evaluate.claims import judge
 from specdraft.decoding.throughput import predict_throughput
 from specdraft.pipelines.evaluate.load import (load_heads, load_prompts, load_routers, load_target, target_placement,
                                                throughput_costs)
-from specdraft.pipelines.evaluate.plan import Env, Run, build_plan
+from specdraft.pipelines.evaluate.plan import Env, Run, batches, build_plan
 from specdraft.pipelines.evaluate.render import write_report
 from specdraft.pipelines.evaluate.run import Record, TimingPolicy, calls, execute
 from specdraft.pipelines.evaluate.units import missing, read_back, run_units, share, unfinished_error, units
@@ -227,7 +227,7 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
             drafters, [p for p in prompts if p.set == "test" and p.domain in SCORED_DOMAINS and p.reference],
             ecfg.max_new_tokens, modes["greedy"], eos))
     if metrics.get("throughput") and env.cost_table is not None:
-        _predicted_beside_measured(metrics["throughput"], env, bundle, summary)
+        _predicted_beside_measured(metrics["throughput"], env, summary, prompts)
     metrics.update(judge(metrics))
     metrics["target_quality"] = target_quality(records, prompts, tok)
     metrics["target_load"] = target_placement(target, cfg.target, bundle)
@@ -249,13 +249,16 @@ def _price_throughput(ctx: Context, env: Env, bundle: Bundle, prompts: list, not
     return summary
 
 
-def _predicted_beside_measured(throughput: dict, env: Env, bundle: Bundle, summary) -> None:
-    """What `specdraft predict` says of the same rows before decoding (static batches of the runs' length),
-    beside the measured, and the table it priced them with, into the throughput metrics."""
+def _predicted_beside_measured(throughput: dict, env: Env, summary, prompts: list) -> None:
+    """What `specdraft predict` says of the same rows before decoding (static batches of the runs' length, each
+    prefilling at the mean over the rows' batches of their longest prompt), beside the measured, and the table
+    it priced them with, into the throughput metrics."""
+    widths = {b: statistics.mean(max(len(p.ids) for p in batch.batch) for batch in group)
+              for b, group in batches(env, prompts).items()}
     throughput["predicted"] = beside_measured(predict_throughput(
-        summary, env.cost_table, throughput["batch_sizes"], bundle.prior_for(env.ofa),
+        summary, env.cost_table, throughput["batch_sizes"], env.prior,
         k_max=env.heads["greedy"][env.ofa].k_max, rounds=PREDICTED_BATCHES, seed=env.seed,
-        new_tokens=env.cfg.max_new_tokens, budget_k=env.k), throughput)
+        new_tokens=env.cfg.max_new_tokens, budget_k=env.k, prompt_lengths=widths), throughput)
     throughput["cost_table"] = env.cost_table.as_dict()
 
 

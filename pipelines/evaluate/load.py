@@ -96,11 +96,12 @@ def throughput_costs(bundle: Bundle, target, drafters: dict, heads: dict, ofa: s
     """(cost table, acceptance summary) for the throughput rows' batch-aware policies, or (None, None) when they
     cannot run: the all-domain drafter's greedy head and the bundle's acceptance summary for it are needed.
     The table is the decoder's own steps timed here, eager as evaluate decodes, at every batch size of the rows
-    and every width up to the head's K_max + 1, calibrated (decoding/cost_profile.py) over prompts of
+    and every width up to the head's K_max + 1, calibrated, with the head rules' own work priced
+    (decoding/cost_profile.py) over prompts of
     `context` tokens (the test prompts' median: a call's start is mostly its prefill), kept at `shared` (the stage's
     work directory): the first process to profile it fixes it for every shard and rerun, so their
     batch-aware decisions, which read it, are the decisions of one process."""
-    from specdraft.decoding.cost_profile import profile_cost_table
+    from specdraft.decoding.cost_profile import price_head_rules, profile_cost_table
     head = heads["greedy"].get(ofa) if ofa is not None else None
     if not ecfg.batch_sizes or head is None:
         return None, None
@@ -114,6 +115,9 @@ def throughput_costs(bundle: Bundle, target, drafters: dict, heads: dict, ofa: s
         # (short decodes: seconds at the rows' batch sizes)
         table = profile_cost_table(target, drafters[ofa], sorted({1, *ecfg.batch_sizes}), head.k_max + 1, "none",
                                    seed=seed, calibrate=True, context=max(1, context))
+        # the head's forward and each rule's decisions: what a head policy's rounds pay beyond fixed K's
+        table = price_head_rules(table, head.module, drafters[ofa].config.hidden_size, bundle.prior_for(ofa, head.name),
+                                 head.k_max, head.threshold)
         tmp = shared.with_name(f"{shared.name}.{os.getpid()}.tmp")
         table.save(tmp)
         try:

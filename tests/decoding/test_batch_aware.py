@@ -42,6 +42,21 @@ def test_a_huge_cost_per_verified_position_gives_a_plain_target_step():
     assert run_round(BatchAwareSpecDec(None, table(**FLAT), prior=0.99), torch.full((3, 4), 0.99)).tolist() == [4, 4, 4]
 
 
+def test_the_rule_prices_its_own_work_per_draft():
+    """A table that prices the rule's own work (`CostTable.rules`, by class name) makes each draft dearer for that
+    rule alone: at a per-draft cost beyond what a draft earns the lockstep rule drafts nothing, while the same
+    table prices the per-row rule (not listed) as before."""
+    import dataclasses
+
+    flat = table(**FLAT)
+    priced = dataclasses.replace(flat, rules=(("LockstepBatchAwareSpecDec", (0.0, 0.0), (5.0, 5.0)),))
+    assert priced.round_cost(1, 3, "LockstepBatchAwareSpecDec") == pytest.approx(flat.round_cost(1, 3) + 15.0)
+    assert priced.round_cost(1, 3, "BatchAwareSpecDec") == flat.round_cost(1, 3)
+    sigma = torch.full((2, 4), 0.99)
+    assert run_round(LockstepBatchAwareSpecDec(None, priced, prior=0.99), sigma).tolist() == [0, 0]
+    assert run_round(BatchAwareSpecDec(None, priced, prior=0.99), sigma).tolist() == [4, 4]
+
+
 def test_hand_computed_decisions():
     # C(k) = 1 + 0.5 k (verify flat 1.0, catch-up = draft = 0.5), prior 0.8, K_max = 4.
     t = table(verify=lambda b, w: 1.0, draft=lambda b: 0.5)

@@ -355,3 +355,27 @@ def test_rounds_with_no_draft_defer_the_drafters_catch_up_and_stay_exact(llama_p
         m = r.metrics
         assert m.n_draft == sum(m.drafted)  # a round of no draft costs no drafter forward
         assert lemma_3_1_gap(m.n_draft, m.n_target, m.n_generated, m.n_discarded) == 0
+
+
+@pytest.mark.parametrize("name", ["specdecpp-h0.5", "batch-aware-lockstep"])
+def test_a_head_stopped_round_feeds_no_token_after_its_last_decision(llama_pair, ragged, name):
+    """Lemma 3.1's cost, eagerly: a round of k drafts runs k - 1 width-1 drafter feeds (its first forward is the
+    catch-up, or the prefill). A feed after the decision that stopped every row is a drafter forward nothing
+    reads; the eager loop reads the flag before feeding and skips it."""
+    target, drafter = llama_pair
+    prompts, eos, refs = ragged
+    feeds = []
+    hook = drafter.get_decoder().register_forward_hook(
+        lambda module, args, kwargs, out: feeds.append(1) if kwargs["input_ids"].shape[1] == 1 else None,
+        with_kwargs=True)
+    try:
+        for i in (1, 3):  # prompts of 4 and 14 tokens: no width-1 prefill
+            feeds.clear()
+            result = generate_batch(target, [prompts[i]], MAX_NEW, drafter=drafter, policy=POLICIES[name](
+                drafter.config.hidden_size), eos_token_id=eos)[0]
+            assert result.tokens == refs[i]
+            drafted = result.metrics.drafted
+            assert any(0 < k < 6 for k in drafted)  # the head stopped rounds before the cap
+            assert len(feeds) == sum(k - 1 for k in drafted if k > 0)
+    finally:
+        hook.remove()

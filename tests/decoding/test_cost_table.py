@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.cost_profile import cached_cost_table, model_identity, profile_cost_table, profiled_widths
+from specdraft.decoding.cost_profile import (cached_cost_table, model_identity, price_head_rules, price_rules,
+                                             profile_cost_table, profiled_widths)
 from specdraft.decoding.policies.cost_model import CostTable, padded_width
 from tests.decoding.conftest import tiny_llama
 
@@ -90,6 +91,70 @@ def test_the_cache_is_hit_on_a_second_start(pair, tmp_path, monkeypatch):
     path.write_text("{")
     third, _, hit3 = cached_cost_table(*pair, [1, 2], 3, repeats=1, directory=tmp_path)
     assert not hit3 and CostTable.load(path) == third
+
+
+class SlowHead(torch.nn.Module):
+    """A head whose forward burns `ms` of this process's CPU time: what a rule's pricing must find per draft."""
+
+    def __init__(self, hidden: int, ms: float):
+        super().__init__()
+        self.lin, self.ms = torch.nn.Linear(hidden, 1), ms
+
+    def forward(self, x):
+        import time
+
+        end = time.process_time() + self.ms / 1e3
+        while time.process_time() < end:
+            pass
+        return self.lin(x).squeeze(-1)
+
+
+def test_rules_are_priced_per_draft_and_per_round(profiled):
+    from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec, Prior
+    from specdraft.decoding.policies.stopping import LockstepSpecDecPP
+
+    head = SlowHead(32, 2.0)
+    rules = [LockstepSpecDecPP(head, 0.7, 4), LockstepBatchAwareSpecDec(head, profiled, Prior((0.8,)), 4)]
+    t = price_rules(profiled, rules, 32, repeats=3, inner=2)
+    assert [name for name, *_ in t.rules] == ["LockstepSpecDecPP", "LockstepBatchAwareSpecDec"]
+    for name, per_round, per_draft in t.rules:
+        # 4 drafts run the head 3 times (the first draft has no e yet): ~1.5 ms per draft, none per round
+        assert all(1.0e-3 < d < 3.0e-3 for d in per_draft) and all(r < 1.0e-3 for r in per_round)
+        assert t.round_cost(4, 2, name) == pytest.approx(profiled.round_cost(4, 2) + t.t_rule(4, name)[0]
+                                                         + 2 * t.t_rule(4, name)[1])
+    assert t.round_cost(4, 2, "FixedK") == profiled.round_cost(4, 2)  # an unpriced rule pays nothing extra
+    assert CostTable.from_dict(json.loads(json.dumps(t.as_dict()))) == t and "rule LockstepSpecDecPP" in t.render()
+    # priced again: the new costs replace the old, other rules stay; a compiled table is not priced here
+    again = price_rules(t, rules[:1], 32, repeats=1, inner=1)
+    assert [name for name, *_ in again.rules] == ["LockstepSpecDecPP", "LockstepBatchAwareSpecDec"]
+    compiled = CostTable.from_dict({**profiled.as_dict(), "compile": "default"})
+    assert price_rules(compiled, rules, 32) == compiled
+    with pytest.raises(InputError, match="hidden_size"):
+        price_rules(profiled, rules, 0)
+    bad = {**t.as_dict(), "rules": {"X": {"round": [0.0], "draft": [0.0, 0.0, 0.0]}}}
+    with pytest.raises(InputError, match="re-price"):
+        CostTable.from_dict(bad)
+
+
+def test_a_head_is_priced_once_and_cached_with_the_table(pair, tmp_path):
+    from specdraft.decoding.policies.acceptance_head import AcceptanceHead
+    from specdraft.decoding.policies.batch_aware import Prior
+
+    hidden = pair[1].config.hidden_size
+    head = AcceptanceHead(hidden, 1)
+    with pytest.raises(InputError, match="prior"):
+        cached_cost_table(*pair, [1], 3, repeats=1, directory=tmp_path, head=head)
+    first, path, hit = cached_cost_table(*pair, [1], 3, repeats=1, directory=tmp_path, head=head, prior=Prior((0.8,)))
+    assert not hit and {name for name, *_ in first.rules} == {
+        "SpecDecPP", "LockstepSpecDecPP", "BatchAwareSpecDec", "LockstepBatchAwareSpecDec", "GlobalVerifyBudget"}
+    second, path2, hit2 = cached_cost_table(*pair, [1], 3, repeats=1, directory=tmp_path, head=AcceptanceHead(hidden, 1),
+                                            prior=Prior((0.8,)))
+    assert hit2 and path2 == path and second == first
+    # a head of another shape, or none, is another table
+    assert cached_cost_table(*pair, [1], 3, repeats=1, directory=tmp_path, head=AcceptanceHead(hidden, 2),
+                             prior=Prior((0.8,)))[1] != path
+    assert cached_cost_table(*pair, [1], 3, repeats=1, directory=tmp_path)[1] != path
+    assert price_head_rules(first, head, hidden, Prior((0.8,)), 2).rules != ()
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -145,3 +145,21 @@ def test_static_batches_as_the_batched_decoder_runs_them():
                                      drafter=drafter)
         per_call = started.t_start(5, drafter)
         assert rate == pytest.approx(5 * 6 / (t.round_cost(5, 4) + t.round_cost(5, 0) + per_call))
+    # a batch whose longest prompt is twice the table's context prefills twice as wide: twice the start
+    rate, _, _ = simulate_policy(KPerBatchSize({1: 4}), short, started, 5, 3, gen, new_tokens=48, drop_half=False,
+                                 prompt_length=2 * started.context)
+    assert started.t_start(5, True, 2 * started.context) == pytest.approx(2 * started.t_start(5, True))
+    assert rate == pytest.approx(5 * 6 / (t.round_cost(5, 4) + t.round_cost(5, 0) + 2 * started.t_start(5, True)))
+
+
+def test_a_priced_rule_pays_its_own_work_in_the_simulation():
+    """The simulator prices each round with the rule's own costs where the table lists them (by the policy's
+    class name): always accepted, K = 4, 10 tokens per row, 2 rounds of 4 drafts, each paying per round
+    + 4 per draft on top."""
+    ones = [torch.ones(30, dtype=torch.float64) for _ in range(3)]
+    summary = summarize_acceptance(ones, ones)
+    t = table(verify=lambda b, w: 1e-3 * (1 + 0.1 * b * (w - 1)), draft=lambda b: 2e-4, batch_sizes=(1, 64), k_max=8)
+    priced = dataclasses.replace(t, rules=(("KPerBatchSize", (1e-4, 1e-4), (3e-4, 3e-4)),))
+    rate, _, _ = simulate_policy(KPerBatchSize({1: 4}), summary, priced, 5, 3, torch.Generator().manual_seed(0),
+                                 new_tokens=10)
+    assert rate == pytest.approx(5 * 10 / (2 * (t.round_cost(5, 4) + 1e-4 + 4 * 3e-4)))
