@@ -240,6 +240,9 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     # the head's forward and the rules' decisions, which their rounds pay beyond fixed K's (eager only)
     table = price_head_rules(table, head, drafter.config.hidden_size, args.prior, args.k_max, args.h)
     policies["batch-aware lockstep"] = LockstepBatchAwareSpecDec(head, table, args.prior, args.k_max)
+    # the rule's earlier form: lam = the round's own rate, which weighs the tokens a round has already banked
+    policies["batch-aware lockstep, own rate"] = LockstepBatchAwareSpecDec(head, table, args.prior, args.k_max,
+                                                                          reference_rate=None)
     policies["global budget K=4"] = GlobalVerifyBudget(head, table, args.prior, min(4, args.k_max))
     lines = [
         f"#### (b) Batch curve: greedy, {n} tokens per row{' (up to, stopping at EOS)' if args.eos is not None else ''}, median of {args.runs} interleaved runs (spread: min-max)",
@@ -279,8 +282,9 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
               "stops together when its drafting rows' mean predicted rejection probability exceeds h. UCBSpec: "
               "per-row bandit over draft lengths 0..4, reward = "
               f"the round's throughput (n_acc + 1) / (1 + c k) at c = {args.cost_ratio:.3f} (BanditSpec §6.2; "
-              "from (a) when it ran). Batch-aware lockstep: the batch stops drafting where its expected tokens per "
-              "second of the decoder's measured step times at B stop rising ("
+              "from (a) when it ran). Batch-aware lockstep: the batch drafts on while a longer round's expected "
+              "tokens exceed lam times its extra cost in the decoder's measured step times at B, lam = the cost "
+              "model's best fixed-K rate at B (own rate: lam = the round's own tokens per second so far) ("
               f"{args.prior}; docs/decoder.md); global budget: every row drafts 4, the top-N drafts of the batch by "
               "survival are verified (vLLM #47808). MAT = tokens per target forward (bonus counted), summed over rows.",
               "", "Cost table (this run):", "", "```", table.render(), "```"]

@@ -79,6 +79,9 @@ class Prior:
         return self.odds * sigma / (self.odds * sigma + 1.0 - sigma)
 
 
+BEST_K = "best-k"  # reference_rate: the cost model's best fixed-K rate at the batch size (`row_rate`)
+
+
 def _check_k_max(k_max: int | None, table: CostTable) -> int:
     if not isinstance(table, CostTable):
         raise InputError(f"a batch-aware policy needs a CostTable, got {type(table).__name__}")
@@ -98,25 +101,32 @@ class BatchAwareSpecDec(OnePromptRule):
 
     with T_b(k) = 1 + sum_{j <= k} s_bj the row's expected tokens (unknown s priced with `prior`), C_B(k)
     the cost table's round at batch B (`CostTable.round_cost`: k = 0 is a plain target step) and lam the
-    rate it must beat: the round's own T_b(k) / C_B(k) (`reference_rate` None, the default), or a fixed
-    number of tokens per second (the renewal-reward form; with costs linear in k it is SpecDec++'s fixed-h
-    rule, h = 1 - lam t_draft / prior^2: docs/decoder.md). Decision 0 is asked before any drafter forward,
-    so a row may verify no drafts: a plain target step whenever drafting is predicted not to pay at B."""
+    rate it must beat, tokens per second per row: by default (`reference_rate` BEST_K) the cost model's best
+    fixed-K rate at B (`row_rate`; the renewal-reward form, one Dinkelbach step from the best fixed K: under
+    the model, a policy maximising E[T - lam C] per round has a rate >= lam, so >= the best fixed K and
+    >= batched AR), or a number given, or None: the round's own T_b(k) / C_B(k) (stops a round that goes
+    well too early: it weighs the tokens already banked). With costs linear in k and a fixed lam it is
+    SpecDec++'s fixed-h rule, h = 1 - lam t_draft / prior^2 (docs/decoder.md). Decision 0 is asked before
+    any drafter forward, so a row may verify no drafts: a plain target step whenever drafting is predicted
+    not to pay at B."""
 
     needs_hidden = True
     lockstep = False
     decides_at_zero = True  # decision 0 may stop rows before any draft (`decoding.batched.draft` reads it)
 
     def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None, table: CostTable, prior: Prior | float,
-                 k_max: int | None = None, reference_rate: float | None = None):
+                 k_max: int | None = None, reference_rate: float | str | None = BEST_K):
         self.head = head
         self.table = table
         self.max_tokens = _check_k_max(k_max, table)
         self.prior = Prior.of(prior)
-        if reference_rate is not None and not (isinstance(reference_rate, (int, float)) and reference_rate > 0):
-            raise InputError(f"reference_rate must be tokens per second > 0 (or None: the round's own), got {reference_rate!r}")
+        if reference_rate not in (None, BEST_K) and not (isinstance(reference_rate, (int, float))
+                                                         and not isinstance(reference_rate, bool) and reference_rate > 0):
+            raise InputError(f"reference_rate must be tokens per second per row > 0, {BEST_K!r} or None (the round's "
+                             f"own), got {reference_rate!r}")
         self.reference_rate = reference_rate
         self._costs: dict[int, list[float]] = {}
+        self._rates: dict[int, float] = {}
         self._steps: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def costs(self, batch: int) -> list[float]:
@@ -162,10 +172,27 @@ class BatchAwareSpecDec(OnePromptRule):
                                 torch.tensor([c - costs[k] for c in costs[k + 1:]], dtype=torch.float64, device=device))
         return self._steps[key]
 
-    def _gain(self, k: int, batch: int, tokens: torch.Tensor, p_hat: torch.Tensor) -> torch.Tensor:
-        """(..., M) predicted T(k') - T(k) - lam (C(k') - C(k)) for k' = k + 1..K_max (M = K_max - k)."""
+    def row_rate(self, batch: int) -> float:
+        """The fixed rate lam a row's round must beat, tokens per second per row: `reference_rate` as given, or
+        under BEST_K the cost model's best fixed K at this batch size, max_K E[T(K)] / C_B(K) over K = 0..K_max
+        with E[T(K)] from the prior's acceptance curve (`expected_round_tokens`; K = 0 is batched AR)."""
+        if self.reference_rate != BEST_K:
+            return float(self.reference_rate)
+        if batch not in self._rates:
+            costs = self.costs(batch)
+            self._rates[batch] = max(expected_round_tokens(self.prior.acceptance, k) / costs[k]
+                                     for k in range(self.max_tokens + 1))
+        return self._rates[batch]
+
+    def _gain(self, k: int, batch: int, tokens: torch.Tensor, p_hat: torch.Tensor,
+              rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., M) predicted T(k') - T(k) - lam (C(k') - C(k)) for k' = k + 1..K_max (M = K_max - k). rows: the
+        rows whose tokens `tokens` sums (a lockstep batch's), which a fixed per-row rate is multiplied by."""
         more, dcost = self._steps_at(k, batch, tokens.device)
-        rate = tokens / self.costs(batch)[k] if self.reference_rate is None else torch.full_like(tokens, self.reference_rate)
+        if self.reference_rate is None:
+            rate = tokens / self.costs(batch)[k]
+        else:
+            rate = torch.full_like(tokens, self.row_rate(batch)) * (1.0 if rows is None else rows)
         return p_hat[..., None] * more - rate[..., None] * dcost
 
     def stop_rows(self, state, k: int, sigma: torch.Tensor | None, drafting: torch.Tensor):
@@ -177,7 +204,8 @@ class BatchAwareSpecDec(OnePromptRule):
         return (p_hat, known, tokens, drafting & ~stop), stop
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.prior}, K_max={self.max_tokens}, {self.table.compile})"
+        lam = "own rate" if self.reference_rate is None else f"lam {self.reference_rate}"
+        return f"{type(self).__name__}({self.prior}, K_max={self.max_tokens}, {lam}, {self.table.compile})"
 
 
 class LockstepBatchAwareSpecDec(BatchAwareSpecDec):
@@ -188,16 +216,22 @@ class LockstepBatchAwareSpecDec(BatchAwareSpecDec):
 
     lockstep = True
 
+    def round_state(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """The per-row state (BatchAwareSpecDec.round_state) and the rows that may draft this round, (1,)
+        float64, counted at decision 0: a fixed per-row rate is owed by each of them."""
+        return (*super().round_state(rows, device), torch.zeros(1, dtype=torch.float64, device=device))
+
     def stop_rows(self, state, k: int, sigma: torch.Tensor | None, drafting: torch.Tensor):
-        p_hat, known, tokens, alive = self._advance(state, k, sigma)
+        p_hat, known, tokens, alive = self._advance(state[:4], k, sigma)
+        rows = drafting.sum().double()[None] if k == 0 else state[4]
         if k >= self.max_tokens:
             stop = drafting.clone()
         else:
             batch_tokens = tokens.sum()
             growth = (p_hat * drafting).sum()  # only rows still drafting earn from a longer round
-            gain = self._gain(k, drafting.shape[0], batch_tokens[None], growth[None])[0]
+            gain = self._gain(k, drafting.shape[0], batch_tokens[None], growth[None], rows)[0]
             stop = drafting & (gain.amax() < 0)
-        return (p_hat, known, tokens, drafting & ~stop), stop
+        return (p_hat, known, tokens, drafting & ~stop, rows), stop
 
 
 def budget_widths(survival: torch.Tensor, table: CostTable, drafted: int | None = None) -> torch.Tensor:

@@ -60,7 +60,7 @@ def test_the_rule_prices_its_own_work_per_draft():
 def test_hand_computed_decisions():
     # C(k) = 1 + 0.5 k (verify flat 1.0, catch-up = draft = 0.5), prior 0.8, K_max = 4.
     t = table(verify=lambda b, w: 1.0, draft=lambda b: 0.5)
-    policy = BatchAwareSpecDec(None, t, prior=0.8)
+    policy = BatchAwareSpecDec(None, t, prior=0.8, reference_rate=None)  # lam = the round's own rate
     # decision 0: T = 1, rate 1/1; k' = 1: gain 0.8 - 0.5 = 0.3 > 0 -> draft
     state = policy.round_state(1, torch.device("cpu"))
     state, stop = policy.stop_rows(state, 0, None, torch.ones(1, dtype=torch.bool))
@@ -79,6 +79,16 @@ def test_hand_computed_decisions():
     for k, s in ((0, None), (1, None), (2, torch.tensor([0.99], dtype=torch.float64))):
         state, stop = policy.stop_rows(state, k, s, torch.ones(1, dtype=torch.bool))
     assert stop.item()
+    # the default lam, the best fixed K's rate: E[T(K)] / C(K) = 1, 1.2, 1.22, 1.181, 1.12 for K = 0..4 -> 1.22.
+    # The round that goes well draws on (k' = 3: 0.99 * 0.64 - 1.22 * 0.5 = +0.024), the one that goes badly
+    # stops (0.5 * 0.64 - 0.61 < 0, 0.5 * 1.152 - 1.22 < 0), where the round's own rate stopped both
+    best = BatchAwareSpecDec(None, t, prior=0.8)
+    assert best.row_rate(1) == pytest.approx(2.44 / 2)
+    for s1, stops in ((0.99, False), (0.5, True)):
+        state = best.round_state(1, torch.device("cpu"))
+        for k, s in ((0, None), (1, None), (2, torch.tensor([s1], dtype=torch.float64))):
+            state, stop = best.stop_rows(state, k, s, torch.ones(1, dtype=torch.bool))
+            assert stop.item() == (stops and k == 2)
     # a cheaper drafter (0.1 per step) at the same sigmas goes on
     cheap = BatchAwareSpecDec(None, table(**FLAT), prior=0.8)
     assert run_round(cheap, torch.tensor([[0.99, 0.99, 0.99, 0.99]])).item() == 4
