@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> dict:
                          + (f"(drafters with one: {', '.join(with_summary)}; pick one with --drafter)" if with_summary
                             else "(exported before train-heads wrote it); re-run train-heads and export with --force"))
     summary = bundle.acceptance_summary(name)
+    prior = bundle.prior_for(name, summary=summary)
     k_max = min(bundle.defaults.k_max, summary.k_max)
     if args.cost_table is not None:
         table = CostTable.load(args.cost_table)
@@ -82,17 +83,16 @@ def run(args: argparse.Namespace) -> dict:
         device = resolve_device(args.device)
         target = bundle.load_target(device=device)
         drafter = bundle.load_drafter(name, device=device, target=target)
-        # the k_max the policies run at, and fixed K up to 8: the widest verify the prediction prices
         # the drafter's default head (the summary's): its forward and each rule's decisions priced in the table
         head = bundle.load_head(name, device=device)[0] if entry.head is not None else None
+        # the k_max the policies run at, and fixed K up to 8: the widest verify the prediction prices
         table, path, hit = cached_cost_table(target, drafter, sizes, max(k_max, 8) + 1, args.compile,
                                              repeats=args.repeats, seed=args.seed, directory=args.cache_dir,
                                              refresh=args.refresh, calibrate=args.calibrate, head=head,
-                                             prior=bundle.prior_for(name) if head is not None else None,
-                                             threshold=summary.threshold)
+                                             prior=prior, threshold=summary.threshold)
         source = f"{'cached' if hit else 'profiled'}: {path}"
         del target, drafter
-    result = predict_throughput(summary, table, sizes, bundle.prior_for(name), min(k_max, table.max_drafts),
+    result = predict_throughput(summary, table, sizes, prior, min(k_max, table.max_drafts),
                                 args.rounds, args.seed)
     result.update(drafter=name, head=summary.head, cost_table=table.as_dict(), cost_table_source=source,
                   torch_threads=torch.get_num_threads())

@@ -164,14 +164,14 @@ class Bundle:
         prior, k_max = self.prior_for(drafter, head_name), min(k_max, cost_table.max_drafts)
         return lambda: LockstepBatchAwareSpecDec(head, cost_table, prior, k_max)
 
-    def prior_for(self, drafter: str, head: str | None = None):
+    def prior_for(self, drafter: str, head: str | None = None, summary=None):
         """The batch-aware rules' prior (decoding.policies.batch_aware.Prior) for `drafter` read through
         `head` (default: its default head, whose statistics the summary holds): the dev acceptance curve of the drafter's
         acceptance summary and the head's w_rej / w_acc (w_acc = 1 as train-heads trains), which undoes the
-        weighting of the head's sigma."""
+        weighting of the head's sigma. summary: the drafter's acceptance summary when the caller has read it."""
         from specdraft.decoding.throughput import summary_prior
 
-        summary = self.acceptance_summary(drafter)
+        summary = self.acceptance_summary(drafter) if summary is None else summary
         if summary is None:
             raise InputError(f"drafter '{drafter}' has no acceptance summary in the bundle, which the batch-aware rule "
                              "takes its prior from; re-export a run whose train-heads wrote one, or use --stop-rule specdecpp")

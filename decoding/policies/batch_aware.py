@@ -223,7 +223,8 @@ class LockstepBatchAwareSpecDec(BatchAwareSpecDec):
 
     def stop_rows(self, state, k: int, sigma: torch.Tensor | None, drafting: torch.Tensor):
         p_hat, known, tokens, alive = self._advance(state[:4], k, sigma)
-        rows = drafting.sum().double()[None] if k == 0 else state[4]
+        # counted once per round, and only for a fixed rate (the own rate never reads it)
+        rows = drafting.sum().double()[None] if k == 0 and self.reference_rate is not None else state[4]
         if k >= self.max_tokens:
             stop = drafting.clone()
         else:

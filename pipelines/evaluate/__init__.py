@@ -242,10 +242,9 @@ def _price_throughput(ctx: Context, env: Env, bundle: Bundle, prompts: list, not
     """The throughput rows' cost table and prior (env.cost_table, env.prior; None where the batch-aware rows
     cannot run), the table timed over prompts of the test prompts' median length. -> the acceptance summary."""
     test_lengths = sorted(len(p.ids) for p in prompts if p.set == "test") or [64]
-    env.cost_table, summary = throughput_costs(bundle, env.target, env.drafters, env.heads, env.ofa, env.cfg, env.seed,
-                                               notes, ctx.work / "cost_table.json",
-                                               context=test_lengths[len(test_lengths) // 2])
-    env.prior = bundle.prior_for(env.ofa, env.heads["greedy"][env.ofa].name) if summary is not None else None
+    env.cost_table, summary, env.prior = throughput_costs(bundle, env.target, env.drafters, env.heads, env.ofa, env.cfg,
+                                                          env.seed, notes, ctx.work / "cost_table.json",
+                                                          context=test_lengths[len(test_lengths) // 2])
     return summary
 
 

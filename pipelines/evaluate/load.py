@@ -93,8 +93,8 @@ def load_prompts(prompts_dir: Path, ecfg: EvaluateSection, tok, max_prompt: int,
 
 def throughput_costs(bundle: Bundle, target, drafters: dict, heads: dict, ofa: str | None, ecfg: EvaluateSection,
                      seed: int, notes: list[str], shared: Path, context: int = 64):
-    """(cost table, acceptance summary) for the throughput rows' batch-aware policies, or (None, None) when they
-    cannot run: the all-domain drafter's greedy head and the bundle's acceptance summary for it are needed.
+    """(cost table, acceptance summary, prior) for the throughput rows' batch-aware policies, or (None, None, None)
+    when they cannot run: the all-domain drafter's greedy head and the bundle's acceptance summary for it are needed.
     The table is the decoder's own steps timed here, eager as evaluate decodes, at every batch size of the rows
     and every width up to the head's K_max + 1, calibrated, with the head rules' own work priced
     (decoding/cost_profile.py) over prompts of
@@ -104,20 +104,21 @@ def throughput_costs(bundle: Bundle, target, drafters: dict, heads: dict, ofa: s
     from specdraft.decoding.cost_profile import price_head_rules, profile_cost_table
     head = heads["greedy"].get(ofa) if ofa is not None else None
     if not ecfg.batch_sizes or head is None:
-        return None, None
+        return None, None, None
     summary = bundle.acceptance_summary(ofa)
     if summary is None:
         notes.append(f"the bundle ships no acceptance summary for '{ofa}' (exported before train-heads wrote one): "
                      "the batch-aware throughput rows and the predicted throughput are left out (re-export)")
-        return None, None
+        return None, None, None
+    prior = bundle.prior_for(ofa, head.name, summary)
     if not shared.is_file():
         # calibrated: the loop's own work per round and a call's start, which the report's prediction prices
         # (short decodes: seconds at the rows' batch sizes)
         table = profile_cost_table(target, drafters[ofa], sorted({1, *ecfg.batch_sizes}), head.k_max + 1, "none",
                                    seed=seed, calibrate=True, context=max(1, context))
         # the head's forward and each rule's decisions: what a head policy's rounds pay beyond fixed K's
-        table = price_head_rules(table, head.module, drafters[ofa].config.hidden_size, bundle.prior_for(ofa, head.name),
-                                 head.k_max, head.threshold)
+        table = price_head_rules(table, head.module, drafters[ofa].config.hidden_size, prior, head.k_max,
+                                 head.threshold)
         tmp = shared.with_name(f"{shared.name}.{os.getpid()}.tmp")
         table.save(tmp)
         try:
@@ -126,4 +127,4 @@ def throughput_costs(bundle: Bundle, target, drafters: dict, heads: dict, ofa: s
             pass
         finally:
             tmp.unlink()
-    return CostTable.load(shared), summary
+    return CostTable.load(shared), summary, prior
