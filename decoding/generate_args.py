@@ -64,10 +64,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="speculative", choices=["speculative", "ar"])
     p.add_argument("--k", type=positive_int, default=None,
                    help="fixed draft length (default: SpecDec++ with a head, else the bundle's best fixed K)")
-    p.add_argument("--stop-rule", choices=["specdecpp", "batch-aware"], default="specdecpp",
-                   help="how a head stops drafting: SpecDec++'s fixed h (default), or batch-aware: the lockstep rule "
-                        "that maximises expected tokens per second of the decoder's own step times at the batch's "
-                        "size (profiled at start, cached per device, model and mode; docs/decoder.md)")
+    p.add_argument("--stop-rule", choices=["specdecpp", "batch-aware"], default=None,
+                   help="how a head stops drafting: batch-aware, the lockstep rule that maximises expected tokens per "
+                        "second of the decoder's own step times at the batch's size (profiled at start, cached per "
+                        "device, model and mode; docs/decoder.md), the default for a bundle's drafter whose acceptance "
+                        "summary it ships; or specdecpp, SpecDec++'s fixed h (the default otherwise)")
     p.add_argument("--verbose", action="store_true", help="print the cost table the batch-aware rule uses")
     p.add_argument("--threshold", type=threshold, default=None,
                    help="SpecDec++ h in (0, 1) (default: the bundle's, else the head's chosen h)")

@@ -7,6 +7,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import atexit
+import shutil
+import tempfile
+
+# cost tables the decoder profiles (`specdraft generate`, evaluate) go to a tmp dir, not the user's cache
+if "SPECDRAFT_COST_CACHE" not in os.environ:
+    os.environ["SPECDRAFT_COST_CACHE"] = tempfile.mkdtemp(prefix="specdraft-costs-")
+    atexit.register(shutil.rmtree, os.environ["SPECDRAFT_COST_CACHE"], ignore_errors=True)
+
 import sys
 
 import torch

@@ -127,7 +127,7 @@ class BatchAwareSpecDec(OnePromptRule):
         self.reference_rate = reference_rate
         self._costs: dict[int, list[float]] = {}
         self._rates: dict[int, float] = {}
-        self._steps: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._bars: dict[tuple[int, int], float] = {}
 
     def costs(self, batch: int) -> list[float]:
         """C_B(k), k = 0..K_max: Python floats, constants of a compiled draft graph (one per batch size)."""
@@ -154,23 +154,26 @@ class BatchAwareSpecDec(OnePromptRule):
             tokens = torch.where(alive, known + p_hat * self.prior.at(k), tokens)
         return p_hat, known, tokens, alive
 
-    def _steps_at(self, k: int, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(more, dcost), (M,) float64 each, M = K_max - k: the predicted growth of the row's expected tokens
-        per unit of s_{k-1}, and of the round's cost, from decision k to k' = k + 1..K_max. Built once per
-        (k, B, device): an eager decision reuses them (compiled code folds them as constants either way)."""
-        key = (k, batch, str(device))
-        if key not in self._steps:
+    def _bar_at(self, k: int, batch: int) -> float:
+        """theta_k, a Python float: decision k stops when s_{k-1} (a row's; the drafting rows' sum in lockstep) is
+        below rate * theta_k. The rule's test, max_{k'} [s_{k-1} more(k') - rate dcost(k')] < 0 over k' = k + 1..K_max,
+        with more(k') = (T(k') - T(k)) / s_{k-1} = sum_{k < j <= k'} a_k .. a_j (at k = 0: a_1 .. a_j) and dcost(k')
+        = C_B(k') - C_B(k), holds iff s_{k-1} < rate dcost(k') / more(k') for every k' (more > 0, rate > 0): one
+        comparison per decision instead of a (rows, K_max - k) tensor of gains. A k' with more = 0 (a prior of 0)
+        never earns: it bars nothing when it costs more (+inf), everything when it does not (-inf). Built once
+        per (k, B): constants of a compiled draft graph."""
+        key = (k, batch)
+        if key not in self._bars:
             costs = self.costs(batch)
-            # s_{k+i} / s_{k-1} = a_k .. a_{k+i} (at k = 0: s_i = a_1 .. a_i); T(k) already holds s_k
-            extra, total = [], 0.0
+            bar, total = math.inf, 0.0
             survive = self.prior.at(k) if k >= 1 else 1.0
             for i in range(1, self.max_tokens - k + 1):
                 survive *= self.prior.at(k + i)
                 total += survive
-                extra.append(total)
-            self._steps[key] = (torch.tensor(extra, dtype=torch.float64, device=device),
-                                torch.tensor([c - costs[k] for c in costs[k + 1:]], dtype=torch.float64, device=device))
-        return self._steps[key]
+                dcost = costs[k + i] - costs[k]
+                bar = min(bar, dcost / total if total > 0 else (math.inf if dcost > 0 else -math.inf))
+            self._bars[key] = bar
+        return self._bars[key]
 
     def row_rate(self, batch: int) -> float:
         """The fixed rate lam a row's round must beat, tokens per second per row: `reference_rate` as given, or
@@ -184,23 +187,23 @@ class BatchAwareSpecDec(OnePromptRule):
                                      for k in range(self.max_tokens + 1))
         return self._rates[batch]
 
-    def _gain(self, k: int, batch: int, tokens: torch.Tensor, p_hat: torch.Tensor,
-              rows: torch.Tensor | None = None) -> torch.Tensor:
-        """(..., M) predicted T(k') - T(k) - lam (C(k') - C(k)) for k' = k + 1..K_max (M = K_max - k). rows: the
-        rows whose tokens `tokens` sums (a lockstep batch's), which a fixed per-row rate is multiplied by."""
-        more, dcost = self._steps_at(k, batch, tokens.device)
+    def _stops(self, k: int, batch: int, tokens: torch.Tensor, p_hat: torch.Tensor,
+               rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Whether no longer round k' = k + 1..K_max is predicted to beat stopping at k: T(k') - T(k) < lam (C(k') -
+        C(k)) for every k' (`_bar_at`), elementwise over `tokens` / `p_hat`. rows: the rows whose tokens `tokens`
+        sums (a lockstep batch's), which a fixed per-row rate is multiplied by."""
         if self.reference_rate is None:
             rate = tokens / self.costs(batch)[k]
         else:
-            rate = torch.full_like(tokens, self.row_rate(batch)) * (1.0 if rows is None else rows)
-        return p_hat[..., None] * more - rate[..., None] * dcost
+            rate = self.row_rate(batch) * (1.0 if rows is None else rows)
+        return p_hat < rate * self._bar_at(k, batch)
 
     def stop_rows(self, state, k: int, sigma: torch.Tensor | None, drafting: torch.Tensor):
         p_hat, known, tokens, alive = self._advance(state, k, sigma)
         if k >= self.max_tokens:
             stop = drafting.clone()
         else:
-            stop = drafting & (self._gain(k, drafting.shape[0], tokens, p_hat).amax(-1) < 0)
+            stop = drafting & self._stops(k, drafting.shape[0], tokens, p_hat)
         return (p_hat, known, tokens, drafting & ~stop), stop
 
     def __repr__(self) -> str:
@@ -230,8 +233,7 @@ class LockstepBatchAwareSpecDec(BatchAwareSpecDec):
         else:
             batch_tokens = tokens.sum()
             growth = (p_hat * drafting).sum()  # only rows still drafting earn from a longer round
-            gain = self._gain(k, drafting.shape[0], batch_tokens[None], growth[None], rows)[0]
-            stop = drafting & (gain.amax() < 0)
+            stop = drafting & self._stops(k, drafting.shape[0], batch_tokens, growth, rows[0])
         return (p_hat, known, tokens, drafting & ~stop, rows), stop
 
 

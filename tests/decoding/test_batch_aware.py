@@ -94,6 +94,37 @@ def test_hand_computed_decisions():
     assert run_round(cheap, torch.tensor([[0.99, 0.99, 0.99, 0.99]])).item() == 4
 
 
+def test_one_comparison_per_decision_is_the_rules_max_over_longer_rounds():
+    """The rule's decision (`_stops`: s_{k-1} < rate * theta_k) against its definition, computed here by brute
+    force: stop iff T(k') - T(k) - rate (C(k') - C(k)) < 0 for every k' = k + 1..K_max, with T from the prior's
+    curve. Random priors (some with a zero), costs that fall as well as rise with k, random survivals and
+    rates: every decision agrees, both per row and lockstep."""
+    gen = torch.Generator().manual_seed(0)
+    checked = 0
+    for trial in range(200):
+        k_max = int(torch.randint(1, 7, (1,), generator=gen))
+        a = torch.rand(k_max, generator=gen).double()
+        if trial % 7 == 0:
+            a[int(torch.randint(0, k_max, (1,), generator=gen))] = 0.0
+        verify = torch.rand(k_max + 1, generator=gen).double() * 3 + 1  # not monotone in the width
+        cost = table(verify=lambda b, w: float(verify[w - 1]), draft=lambda b: float(torch.rand(1, generator=gen)) + 0.01,
+                     batch_sizes=(1, 8), k_max=k_max)
+        rate = float(torch.rand(1, generator=gen)) * 2 + 0.01
+        policy = BatchAwareSpecDec(None, cost, Prior(tuple(float(x) for x in a)), k_max, reference_rate=rate)
+        costs = policy.costs(4)
+        for k in range(k_max):
+            s_prev = torch.rand(16, generator=gen).double()
+            gains = []
+            first = k - 1 if k >= 1 else 0  # s_j / s_{k-1} = a_k .. a_j (at k = 0: s_j = a_1 .. a_j)
+            for k2 in range(k + 1, k_max + 1):  # T(k2) - T(k) per unit of s_{k-1}: sum over j in (k, k2]
+                more = sum(float(torch.prod(a[first:j])) for j in range(k + 1, k2 + 1))
+                gains.append(s_prev * more - rate * (costs[k2] - costs[k]))
+            brute = torch.stack(gains).amax(0) < 0
+            assert torch.equal(policy._stops(k, 4, torch.ones(16, dtype=torch.float64), s_prev), brute)
+            checked += 1
+    assert checked > 500
+
+
 def test_calibration_undoes_the_weighted_bce_optimum():
     """A head trained with w_rej = r predicts the minimiser of the weighted loss; Prior(odds=r).calibrate maps
     it back to the acceptance P it was trained on."""

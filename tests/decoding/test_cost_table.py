@@ -39,6 +39,47 @@ def test_shape_identity_and_sanity(profiled, pair):
     assert t.round_cost(4, 0) == t.t_verify(4, 1)
 
 
+def test_drafter_steps_are_priced_as_a_round_chains_them(pair, monkeypatch):
+    """On a virtual clock where a drafter step's cost depends on what ran before it (as warm caches make it on a
+    real machine: the first width-1 step after the catch-up dearer than the ones after it), the table prices
+    every round of k >= 2 drafts at its chain's cost, and the target step that precedes a chain is not in it."""
+    import specdraft.decoding.cost_profile as cp
+    from specdraft.decoding.timing import Timing
+
+    clock, last = [0.0], [None]
+    real_step = cp.forward_step
+
+    def fake_forward_step(compiler, model):
+        step = real_step(compiler, model)
+        drafter = model is pair[1]
+
+        def timed(cache, ids, *rest):
+            width = ids.shape[1]
+            if not drafter:
+                cost = 100.0 + width  # the target: never inside a drafter's chain
+            elif width == 2:
+                cost = 3.0  # the catch-up
+            else:
+                cost = 2.0 if last[0] == 2 else 1.0  # first width-1 step after the catch-up, then the steady ones
+            clock[0] += cost
+            last[0] = width if drafter else None
+            return step(cache, ids, *rest)
+        return timed
+
+    def virtual_timed_call(fn, device="cpu"):
+        before = clock[0]
+        out = fn()
+        return out, Timing(time=clock[0] - before, wall=0.0, cpu=0.0)
+
+    monkeypatch.setattr(cp, "forward_step", fake_forward_step)
+    monkeypatch.setattr(cp, "timed_call", virtual_timed_call)
+    t = cp.profile_cost_table(*pair, batch_sizes=[1, 2], max_width=6, compile="none", repeats=2)
+    assert t.draft == (1.0, 1.0) and t.catchup == (4.0, 4.0)  # 3 + 2 - 1: the first step's excess rides along
+    for k in range(2, t.max_drafts + 1):  # the chain: 3 + 2 + (k - 2) * 1
+        assert t.round_cost(1, k) - t.t_verify(1, k + 1) == pytest.approx(3.0 + 2.0 + (k - 2) * 1.0)
+    assert t.t_verify(2, 3) == 103.0
+
+
 def test_the_loop_is_calibrated_from_decodes(pair, profiled):
     assert profiled.loop == profiled.loop_draft == ()  # off by default: a decoder start wants seconds
     t = profile_cost_table(*pair, batch_sizes=[1, 4], max_width=3, compile="none", repeats=1, calibrate=True)

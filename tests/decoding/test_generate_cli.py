@@ -288,18 +288,10 @@ def test_each_decoding_value_walks_from_the_cli_and_the_bundle_to_the_policy(bun
     capsys.readouterr()
 
 
-def test_the_batch_aware_stop_rule_decodes_losslessly_with_the_decoders_own_cost_table(bundle, tmp_path, monkeypatch,
-                                                                                       capsys):
-    """--stop-rule batch-aware: the cost table is profiled once (then read from the cache), printed with
-    --verbose, and the greedy output is the target's own; without the bundle's acceptance summary (its
-    prior) it is one line and exit 2."""
+def _ship_acceptance_summary(bundle) -> None:
+    """Give the bundle's math drafter an acceptance summary (the batch-aware rule's prior), as export copies it."""
     from specdraft.decoding.throughput import ACCEPTANCE_FILE, summarize_acceptance
 
-    monkeypatch.setenv("SPECDRAFT_COST_CACHE", str(tmp_path / "costs"))
-    argv = ["generate", str(bundle), "--prompt", MATH, "--drafter", "math", "--stop-rule", "batch-aware"]
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert "no acceptance summary" in err and "\n" not in err
     gen = torch.Generator().manual_seed(0)
     accept = [torch.rand(12, generator=gen) for _ in range(3)]
     (bundle / "acceptance" / "math").mkdir(parents=True)
@@ -310,6 +302,19 @@ def test_the_batch_aware_stop_rule_decodes_losslessly_with_the_decoders_own_cost
     meta["drafters"]["math"]["acceptance"] = "acceptance/math"
     meta.pop("files")
     write_bundle_json(bundle, meta)
+
+
+def test_the_batch_aware_stop_rule_decodes_losslessly_with_the_decoders_own_cost_table(bundle, tmp_path, monkeypatch,
+                                                                                       capsys):
+    """--stop-rule batch-aware: the cost table is profiled once (then read from the cache), printed with
+    --verbose, and the greedy output is the target's own; without the bundle's acceptance summary (its
+    prior) it is one line and exit 2."""
+    monkeypatch.setenv("SPECDRAFT_COST_CACHE", str(tmp_path / "costs"))
+    argv = ["generate", str(bundle), "--prompt", MATH, "--drafter", "math", "--stop-rule", "batch-aware"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no acceptance summary" in err and "\n" not in err
+    _ship_acceptance_summary(bundle)
     assert main(argv + ["--verbose"]) == 0
     captured = capsys.readouterr()
     assert "profiled into" in captured.err and "cost table (ms per step" in captured.err
@@ -318,3 +323,35 @@ def test_the_batch_aware_stop_rule_decodes_losslessly_with_the_decoders_own_cost
     assert main(argv[:2] + ["--prompts", _prompts(tmp_path, [{"prompt": MATH}]), "--output", str(out)] + argv[4:]) == 0
     assert "read from" in capsys.readouterr().err  # the second start reuses the table
     assert _lines(out)[0]["token_ids"] == _greedy_reference(bundle, MATH, 6)
+
+
+def test_the_batch_aware_rule_is_the_default_where_the_bundle_holds_its_prior(bundle, tmp_path, monkeypatch, capsys):
+    """Left unset, --stop-rule is batch-aware for a drafter with a head and an acceptance summary (issue 44's
+    default), SpecDec++ without a summary (said in a note) or when the user gives --threshold (SpecDec++'s h),
+    and specdecpp or --k as asked; an explicit batch-aware rule for a SpecTr decode is one line and exit 2."""
+    from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec
+    from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
+    monkeypatch.setenv("SPECDRAFT_COST_CACHE", str(tmp_path / "costs"))
+    seen = []
+    real = generate_module.decode_batch
+    monkeypatch.setattr(generate_module, "decode_batch", lambda target, prompts, n, plan, *a: seen.append(
+        plan.policy() if plan.policy is not None else None) or real(target, prompts, n, plan, *a))
+
+    def policy(*argv):
+        assert main(["generate", str(bundle), "--prompt", MATH, "--drafter", "math", *argv]) == 0, capsys.readouterr().err
+        return seen[-1]
+
+    assert type(policy()) is SpecDecPP
+    assert "no acceptance summary" in capsys.readouterr().err
+    _ship_acceptance_summary(bundle)
+    p = policy()
+    assert type(p) is LockstepBatchAwareSpecDec and p.max_tokens == 6
+    assert "profiled into" in capsys.readouterr().err
+    assert type(policy("--stop-rule", "specdecpp")) is SpecDecPP
+    p = policy("--threshold", "0.4")
+    assert type(p) is SpecDecPP and p.threshold == 0.4
+    assert type(policy("--k", "3")) is FixedK
+    assert main(["generate", str(bundle), "--prompt", MATH, "--drafter", "math", "--stop-rule", "batch-aware",
+                 "--drafts", "2", "--temperature", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "SpecTr drafts or a cascade" in err and "\n" not in err
