@@ -50,7 +50,7 @@ from specdraft.decoding.compilation import StepCompiler  # noqa: E402
 from specdraft.decoding.rounds.static_cache import forward_rows  # noqa: E402
 from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
-from specdraft.decoding.cost_profile import price_head_rules, profile_cost_table  # noqa: E402
+from specdraft.decoding.cost_profile import cache_length_for, price_head_rules, profile_cost_table  # noqa: E402
 from specdraft.decoding.policies.cost_model import CostTable  # noqa: E402
 from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec, Prior  # noqa: E402
 from specdraft.decoding.throughput import ACCEPTANCE_FILE, AcceptanceSummary, summary_prior  # noqa: E402
@@ -234,9 +234,11 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     policies["SpecDec++ lockstep"] = LockstepSpecDecPP(head, threshold=args.h, k_max=args.k_max)
     policies["UCBSpec 0..4"] = LengthUCB((0, 1, 2, 3, 4), cost_ratio=args.cost_ratio)
     # the batch-aware rule and vLLM's global verify budget, priced with the decoder's own step times on this
-    # device and mode (profiled here, over the curve's batch sizes and widths up to K_max + 1, the loop calibrated)
+    # device and mode (profiled here, over the curve's batch sizes and widths up to K_max + 1, the loop calibrated,
+    # over the cache the curve's decodes allocate)
+    slots = cache_length_for(max(len(p) for p in prompts[:max(args.batch_sizes)]), n, args.k_max)
     table = profile_cost_table(target, drafter, sorted({1, *args.batch_sizes}), args.k_max + 1, args.compile,
-                               calibrate=True)
+                               calibrate=True, cache_length=slots)
     # the head's forward and the rules' decisions, which their rounds pay beyond fixed K's (eager only)
     table = price_head_rules(table, head, drafter.config.hidden_size, args.prior, args.k_max, args.h)
     policies["batch-aware lockstep"] = LockstepBatchAwareSpecDec(head, table, args.prior, args.k_max)

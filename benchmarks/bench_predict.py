@@ -35,7 +35,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from specdraft.decoding.batched import generate_batch  # noqa: E402
-from specdraft.decoding.cost_profile import cached_cost_table, price_head_rules  # noqa: E402
+from specdraft.decoding.cost_profile import cache_length_for, cached_cost_table, price_head_rules  # noqa: E402
 from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
@@ -123,8 +123,10 @@ def main(argv=None) -> int:
     # timed over the prompts' median length: a call's start is mostly its prefill, which grows with the prompt
     context = int(statistics.median(len(p) for p in prompts[:max(sizes)]))
     # re-timed in every run (refresh): a table cached by an earlier run carries that run's load
+    # over the cache the decodes allocate: the longest batch's longest prompt, n new tokens and the widest round
+    slots = cache_length_for(max(len(p) for p in prompts[:max(sizes)]), n, max(8, max(ks)))
     table, path, _ = cached_cost_table(target, drafter, sizes, max(8, max(ks)) + 1, args.compile, seed=args.seed,
-                                       calibrate=True, context=context, refresh=True)
+                                       calibrate=True, context=context, refresh=True, cache_length=slots)
     if head is not None:  # the head's forward and the rules' decisions, which a head policy's rounds pay
         table = price_head_rules(table, head, drafter.config.hidden_size, prior, table.max_drafts)
     lines = [f"## Predicted vs measured throughput ({datetime.date.today()}, {table.device}, torch {torch.__version__})", "",

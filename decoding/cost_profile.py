@@ -55,7 +55,7 @@ from specdraft.core.devices import device_name
 from specdraft.core.errors import InputError
 from specdraft.decoding.batched import forward_step, head_sigma
 from specdraft.decoding.bundle.defaults import COMPILE_MODES
-from specdraft.decoding.compilation import StepCompiler, static_length
+from specdraft.decoding.compilation import CACHE_ROUND, StepCompiler, static_length
 from specdraft.decoding.policies.cost_model import CostTable, padded_width
 from specdraft.decoding.rounds.static_cache import forward_rows
 from specdraft.decoding.timing import timed_call
@@ -86,6 +86,12 @@ def fastest(samples: Sequence[float]) -> float:
     return min(samples)
 
 
+def cache_length_for(longest_prompt: int, new_tokens: int, k_max: int) -> int:
+    """The static cache slots a decode of `new_tokens` after a batch whose longest prompt is `longest_prompt`
+    allocates at K_max `k_max` (`decoding.batched.start`): what its steps attend over."""
+    return static_length(longest_prompt + new_tokens + k_max + 2)
+
+
 def _check(batch_sizes, max_width, compile, repeats, context) -> tuple[int, ...]:
     sizes = tuple(batch_sizes)
     if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
@@ -104,17 +110,25 @@ def _check(batch_sizes, max_width, compile, repeats, context) -> tuple[int, ...]
 @torch.inference_mode()
 def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int],
                        max_width: int, compile: str = "none", *, repeats: int = 5, context: int = 64,
-                       seed: int = 0, calibrate: bool = False) -> CostTable:
+                       seed: int = 0, calibrate: bool = False, cache_length: int | None = None) -> CostTable:
     """Time the decoder's steps (module docstring) and return the fastest of each as a CostTable. max_width:
     the widest verify, K_max + 1. seed: the random token ids fed (their values do not change a step's
     time; seeded so a profile is reproducible in everything but the clock). calibrate: also price the
-    loop's own work per round and per draft step (`calibrate_loop`)."""
+    loop's own work per round and per draft step (`calibrate_loop`). cache_length: the slots of the static
+    cache the priced decodes allocate, static_length(longest prompt + new tokens + K_max + 2) (`cache_length_for`;
+    attention runs over all of them: CostTable); default the smallest that holds `context` and a round."""
     sizes = _check(batch_sizes, max_width, compile, repeats, context)
+    least = context + max_width + 2
+    if cache_length is None:
+        cache_length = least
+    elif isinstance(cache_length, bool) or not isinstance(cache_length, int) or cache_length < least:
+        raise InputError(f"cache_length must be an integer >= context + max_width + 2 = {least} (the cache holds the "
+                         f"context and a round), got {cache_length!r}")
     widths = profiled_widths(max_width, compile)
     device = target.get_input_embeddings().weight.device
     vocab = min(target.config.vocab_size, drafter.config.vocab_size)
     gen = torch.Generator().manual_seed(seed)
-    max_len = static_length(context + max_width + 2)  # as the decoder sizes its caches (a chain: max_width)
+    max_len = static_length(cache_length)  # rounded up as the decoder sizes its caches
     compiler = StepCompiler(compile)
     target_step, drafter_step = forward_step(compiler, target), forward_step(compiler, drafter)
     calls, at, caches, widest = {}, {}, {}, {}
@@ -163,12 +177,12 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
     table = CostTable(batch_sizes=sizes, widths=widths, verify=tuple(verify), draft=tuple(draft), catchup=tuple(catchup),
                       device=device_name(device), torch_version=torch.__version__, compile=compile,
                       target_id=model_identity(target), drafter_id=model_identity(drafter), context=context,
-                      repeats=repeats)
+                      cache_length=max_len, repeats=repeats)
     # whole decodes cost far more than steps: at most 3 repeats (the difference of two lengths is robust)
     return calibrate_loop(target, drafter, table, repeats=min(repeats, 3), seed=seed) if calibrate else table
 
 
-LOOP_LENGTHS = (4, 36)  # new tokens of the two decodes whose difference prices the loop's rounds
+LOOP_SHORT, LOOP_SPAN = 4, 32  # new tokens of the short decode, and the long one's more, whose difference prices the loop
 
 
 @torch.inference_mode()
@@ -176,15 +190,17 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
                    seed: int = 0) -> CostTable:
     """The table with the decode loop's own work per round (`loop`) and per draft step (`loop_draft`), and a
     call's start (`start`, `start_draft`), filled in, from `decoding.batched.generate_batch` itself: per batch size, an autoregressive decode and a fixed-K
-    decode (K = min(4, K_max)) of LOOP_LENGTHS new tokens each, interleaved (each pass visits every batch
+    decode (K = min(4, K_max)) of n1 = LOOP_SHORT and n2 = n1 + LOOP_SPAN new tokens each (fewer where the cache
+    has no room), over prompts long enough that every decode allocates the table's `cache_length` (they attend
+    over the slots the table's steps did; the start is scaled from that prompt length to `context`), interleaved (each pass visits every batch
     size), the fastest of `repeats` after a warm-up pass (as the steps: `fastest`). Every row decodes the same prompt (`context` random tokens): greedy rows then accept alike, so
     the batch stays in lockstep and no row finishes early. The difference of the two lengths cancels the
     prefills; what the steps the table prices do not explain, per round and per draft step, is the loop's:
         loop       = (T_ar(n2) - T_ar(n1)) / (n2 - n1) - t_v(B, 1)
         loop_draft = ((T_k(n2) - T_k(n1)) - (S(n2) - S(n1)) - loop (R(n2) - R(n1))) / (D(n2) - D(n1))
     with S the table's step cost of the decode's rounds, R its rounds and D its drafts (both from its
-    counters). What the short decodes spend beyond their rounds is the call's start (both prompts are
-    `context` tokens):
+    counters). What the short decodes spend beyond their rounds is the call's start (of their prompts' length,
+    scaled to `context` tokens):
         start       = T_ar(n1) - n1 (t_v(B, 1) + loop)
         start_draft = T_k(n1) - S(n1) - loop R(n1) - loop_draft D(n1) - start
     Clamped at 0: noise must not make a round cheaper than its steps."""
@@ -195,11 +211,20 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
     vocab = min(target.config.vocab_size, drafter.config.vocab_size)
     gen = torch.Generator().manual_seed(seed + 1)
     k = min(4, table.max_drafts)
-    n1, n2 = LOOP_LENGTHS
+    slots = table.cache_length or static_length(table.context + table.widths[-1] + 2)
+    # generate_batch allocates static_length(prompt + new + W + 2) slots (W = 0 for AR): the prompts are long enough
+    # that the short AR decode's cache is already `slots` (prompt + n1 + 2 > slots - CACHE_ROUND), the long decode
+    # short enough that the fixed-K one's still is (prompt + n2 + k + 2 <= slots)
+    n1 = LOOP_SHORT
+    prompt_length = max(table.context, slots - CACHE_ROUND - n1 - 1)
+    n2 = min(n1 + LOOP_SPAN, slots - prompt_length - k - 2)
+    if n2 <= n1:
+        raise InputError(f"calibrating the loop needs a cache of at least context + {k + n1 + 3} slots, the table has "
+                         f"{slots} for a context of {table.context}; profile it with a longer cache_length")
     loop, loop_draft, start, start_draft = [], [], [], []
     calls = {}
     for batch in table.batch_sizes:
-        prompts = [torch.randint(0, vocab, (table.context,), generator=gen).tolist()] * batch
+        prompts = [torch.randint(0, vocab, (prompt_length,), generator=gen).tolist()] * batch
         calls.update({(batch, policy, n): (lambda prompts=prompts, policy=policy, n=n: generate_batch(
             target, prompts, n, drafter=drafter if policy else None, policy=FixedK(k) if policy else None,
             compile=table.compile)) for policy in (False, True) for n in (n1, n2)})
@@ -225,8 +250,10 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
         loop_draft.append(per_draft)
         ar_start = max(0.0, t[(False, n1)] - n1 * (table.t_verify(batch, 1) + per_round))
         spec_rounds = steps[n1] + per_round * len(drafted_at[n1]) + per_draft * sum(drafted_at[n1])
-        start.append(ar_start)
-        start_draft.append(max(0.0, t[(True, n1)] - spec_rounds - ar_start))
+        # the starts of prompt_length-token prompts, priced at `context` tokens as `CostTable.t_start` scales them
+        scale = table.context / prompt_length
+        start.append(ar_start * scale)
+        start_draft.append(max(0.0, t[(True, n1)] - spec_rounds - ar_start) * scale)
     return dataclasses.replace(table, loop=tuple(loop), loop_draft=tuple(loop_draft), start=tuple(start),
                                start_draft=tuple(start_draft))
 
@@ -328,7 +355,8 @@ def head_identity(head: torch.nn.Module | None) -> str:
 
 
 def cache_key(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int], max_width: int,
-              compile: str, context: int, calibrate: bool = False, head: torch.nn.Module | None = None) -> str:
+              compile: str, context: int, calibrate: bool = False, head: torch.nn.Module | None = None,
+              cache_length: int | None = None) -> str:
     """What a cached table must match: the device and torch version it was timed under, the compile mode,
     both models' identities, the grid it covers, and the head its rules were priced with."""
     device = target.get_input_embeddings().weight.device
@@ -337,7 +365,8 @@ def cache_key(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Se
     # tables are re-timed
     blob = json.dumps([device_name(device), torch.__version__, compile, model_identity(target),
                        model_identity(drafter), sorted(set(batch_sizes)), max_width, context, calibrate, "start",
-                       "chain", "fastest", head_identity(head)])
+                       "chain", "fastest", head_identity(head),
+                       static_length(cache_length or context + max_width + 2)])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -345,7 +374,7 @@ def cached_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_s
                       max_width: int, compile: str = "none", *, repeats: int = 5, context: int = 64, seed: int = 0,
                       directory: str | Path | None = None, refresh: bool = False,
                       calibrate: bool = False, head: torch.nn.Module | None = None, prior=None,
-                      threshold: float = 0.7) -> tuple[CostTable, Path, bool]:
+                      threshold: float = 0.7, cache_length: int | None = None) -> tuple[CostTable, Path, bool]:
     """profile_cost_table through the on-disk cache: (table, its file, whether it was a cache hit).
     refresh: re-time and overwrite. A cached file that no longer reads is re-profiled, not trusted.
     head (with the batch-aware rules' `prior`, and SpecDec++'s `threshold`): the head rules' own work priced
@@ -353,7 +382,7 @@ def cached_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_s
     sizes = _check(batch_sizes, max_width, compile, repeats, context)
     if head is not None and prior is None:
         raise InputError("pricing a head's rules needs the batch-aware prior (Bundle.prior_for); pass prior=...")
-    key = cache_key(target, drafter, sizes, max_width, compile, context, calibrate, head)
+    key = cache_key(target, drafter, sizes, max_width, compile, context, calibrate, head, cache_length)
     path = cache_dir(directory) / f"{key}.json"
     if path.is_file() and not refresh:
         try:
@@ -361,7 +390,7 @@ def cached_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_s
         except InputError:
             pass  # a torn or foreign file: time again and overwrite it
     table = profile_cost_table(target, drafter, sizes, max_width, compile, repeats=repeats, context=context, seed=seed,
-                               calibrate=calibrate)
+                               calibrate=calibrate, cache_length=cache_length)
     if head is not None:
         table = price_head_rules(table, head, drafter.config.hidden_size, prior, max_width - 1, threshold)
     table.save(path)

@@ -384,10 +384,11 @@ def run(args, services: Services = Services()) -> None:
     with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr,
               disable=args.prompts is None) as bar:
         for name in dict.fromkeys(choices):  # by drafter, in order of first use: each loads once
+            group = [r for r, c in zip(requests, choices) if c == name]
             if name not in plans:
                 plans[name] = make_plan(args, b, name, target, tok, settings,
-                                        note=lambda msg: bar.write(msg, file=sys.stderr))
-            group = [r for r, c in zip(requests, choices) if c == name]
+                                        note=lambda msg: bar.write(msg, file=sys.stderr),
+                                        longest_prompt=max(len(r.ids) for r in group))
             for start in range(0, len(group), args.batch_size):
                 batch = group[start:start + args.batch_size]
                 # a batch samples from seed + its first prompt's index (one prompt per batch: seed + i)
@@ -460,9 +461,10 @@ def choose_drafters(args, b, target, requests: list[Request], services: Services
 
 
 def make_plan(args, b, name: str, target, tok, settings: Settings,
-              note: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr)) -> Plan:
-    """Load drafter `name` (and its head) and decide how it drafts: --k, else SpecDec++ with its head at
-    the bundle's threshold (else the head's own h), else the bundle's best fixed K for it."""
+              note: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr), longest_prompt: int = 64) -> Plan:
+    """Load drafter `name` (and its head) and decide how it drafts: --k, else its head's rule (the batch-aware
+    rule, priced for decodes of prompts up to `longest_prompt` tokens: `batch_aware_table`; else SpecDec++ at
+    the bundle's threshold, else the head's own h), else the bundle's best fixed K for it."""
     if name == "target":
         return Plan("target")
     device = args.drafter_device or args.device
@@ -481,7 +483,7 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
     if args.threshold is not None and head is None:
         raise InputError(f"--threshold sets a SpecDec++ head's h, but drafter '{name}' has none; "
                          "give --head, or --k for fixed K")
-    table = batch_aware_table(args, b, name, target, dft, head, head_name, hcfg, settings, note)
+    table = batch_aware_table(args, b, name, target, dft, head, head_name, hcfg, settings, note, longest_prompt)
     if b is not None:
         policy = b.policy_for(name, head if args.k is None else None, head_name, args.k, args.threshold, table)
     elif args.k is None and head is not None:
@@ -496,7 +498,7 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
 
 
 def batch_aware_table(args, b, name: str, target, drafter, head, head_name: str | None, head_config: dict | None,
-                      settings: Settings, note: Callable[[str], Any]):
+                      settings: Settings, note: Callable[[str], Any], longest_prompt: int = 64):
     """The cost table the batch-aware rule prices drafter `name`'s rounds with, or None: its head stops at
     SpecDec++'s fixed h. --stop-rule batch-aware asks for the rule (an InputError where it cannot run); left unset,
     the rule is the default for a bundle's causal-LM drafter drafting chains whose acceptance summary (its prior)
@@ -522,22 +524,25 @@ def batch_aware_table(args, b, name: str, target, drafter, head, head_name: str 
              "its head stops drafting at SpecDec++'s fixed h")
         return None
     prior = b.prior_for(name, head_name, summary)  # before any profiling: without a summary an explicit rule stops here
-    return cost_table_for(args, target, drafter, settings, head_config, note, head, prior)
+    return cost_table_for(args, target, drafter, settings, head_config, note, head, prior, longest_prompt)
 
 
 def cost_table_for(args, target, drafter, settings: Settings, head_config: dict | None, note: Callable[[str], Any],
-                   head=None, prior=None):
+                   head=None, prior=None, longest_prompt: int = 64):
     """The decoder's own step times for the batch-aware rule: batch sizes 1..--batch-size, widths up to the
     head's K_max + 1, in the command's compile mode, calibrated, profiled once per device, models and mode
     and cached (decoding/cost_profile.py); with `head` and `prior`, the head rules' own work priced on top
     (`price_head_rules`, cached with the table)."""
-    from specdraft.decoding.cost_profile import cached_cost_table
+    from specdraft.decoding.cost_profile import LOOP_SPAN, cache_length_for, cached_cost_table
 
     k_max = int((head_config or {}).get("k_max") or DEFAULTS.k_max)
     sizes = sorted({1, args.batch_size})
     # calibrated: the loop's own work per round and per draft is part of what a longer round costs
+    # over the cache the command's decodes allocate (its steps attend over every slot; cached per length), with
+    # room for the calibration's decodes of LOOP_SPAN new tokens
+    slots = cache_length_for(longest_prompt, max(settings.max_new_tokens, LOOP_SPAN), k_max)
     table, path, hit = cached_cost_table(target, drafter, sizes, k_max + 1, settings.compile, calibrate=True,
-                                         head=head, prior=prior)
+                                         head=head, prior=prior, context=longest_prompt, cache_length=slots)
     note(f"cost table {'read from' if hit else 'profiled into'} {path}")
     if args.verbose:
         note(table.render())

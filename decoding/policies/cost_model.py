@@ -170,7 +170,11 @@ class CostTable:
         rules         a stopping rule's own work, per rule (its class name): per round (its round state and
                       decision 0) and per draft step (the head's forward on e_i and the decision), beyond fixed
                       K's (`decoding.cost_profile.price_rules`); a round of a rule not listed pays nothing extra
-    Medians of repeated, interleaved calls after a warm-up over a static cache holding `context` tokens.
+    The fastest of repeated, interleaved calls after a warm-up over a static cache of `cache_length` slots
+    holding `context` tokens: attention runs over every slot of the decoder's static cache (masked), so a step's
+    cost grows with the cache a decode allocates (static_length(longest prompt + new tokens + K_max + 2); on the
+    demo pair at B = 32 a 1-wide verify took 13 / 17 / 21 ms over 64 / 128 / 192 slots), and a table prices
+    the decodes of its cache length.
     Under a compile mode only the widths the compiled decoder runs are measured (1 and 2^j + 1, see
     `padded_width`), and `round_cost` prices a round at its padded width."""
 
@@ -185,6 +189,7 @@ class CostTable:
     target_id: str  # the model's identity (config hash, see `decoding.cost_profile.model_identity`)
     drafter_id: str
     context: int = 64  # tokens in the cache while timing
+    cache_length: int = 0  # the static cache's slots the steps attended over; 0: not recorded (an older table)
     repeats: int = 0
     loop: tuple[float, ...] = ()  # [batch index], seconds per round; () = not calibrated (0)
     loop_draft: tuple[float, ...] = ()  # [batch index], seconds per draft step; () = not calibrated (0)
@@ -204,6 +209,8 @@ class CostTable:
         values = [v for r in self.verify for v in r] + list(self.draft) + list(self.catchup)
         if not all(isinstance(v, (int, float)) and v > 0 and v == v and v != float("inf") for v in values):
             raise InputError("cost table times must be finite seconds > 0; re-profile it")
+        if isinstance(self.cache_length, bool) or not isinstance(self.cache_length, int) or self.cache_length < 0:
+            raise InputError(f"cost table cache_length must be slots >= 0 (0: not recorded), got {self.cache_length!r}")
         for extra in (self.loop, self.loop_draft, self.start, self.start_draft):
             if extra and (len(extra) != len(self.batch_sizes)
                           or not all(isinstance(v, (int, float)) and 0 <= v < float("inf") for v in extra)):
@@ -288,7 +295,8 @@ class CostTable:
     def as_dict(self) -> dict:
         return {"format": COST_TABLE_FORMAT, "device": self.device, "torch_version": self.torch_version,
                 "compile": self.compile, "target_id": self.target_id, "drafter_id": self.drafter_id,
-                "context": self.context, "repeats": self.repeats, "batch_sizes": list(self.batch_sizes),
+                "context": self.context, "cache_length": self.cache_length, "repeats": self.repeats,
+                "batch_sizes": list(self.batch_sizes),
                 "widths": list(self.widths), "verify": [list(r) for r in self.verify], "draft": list(self.draft),
                 "catchup": list(self.catchup), "loop": list(self.loop), "loop_draft": list(self.loop_draft),
                 "start": list(self.start), "start_draft": list(self.start_draft),
@@ -304,7 +312,8 @@ class CostTable:
                        draft=tuple(float(v) for v in data["draft"]), catchup=tuple(float(v) for v in data["catchup"]),
                        device=str(data["device"]), torch_version=str(data["torch_version"]), compile=str(data["compile"]),
                        target_id=str(data["target_id"]), drafter_id=str(data["drafter_id"]),
-                       context=int(data.get("context", 64)), repeats=int(data.get("repeats", 0)),
+                       context=int(data.get("context", 64)), cache_length=int(data.get("cache_length", 0)),
+                       repeats=int(data.get("repeats", 0)),
                        loop=tuple(float(v) for v in data.get("loop", ())),
                        loop_draft=tuple(float(v) for v in data.get("loop_draft", ())),
                        start=tuple(float(v) for v in data.get("start", ())),
@@ -349,5 +358,6 @@ class CostTable:
         rules = [f"  rule {name} (beyond fixed K's; ms per round + per draft): "
                  + ", ".join(f"B={b} {r * 1e3:.2f} + {d * 1e3:.2f}" for b, r, d in zip(self.batch_sizes, per_round, per_draft))
                  for name, per_round, per_draft in self.rules]
-        return "\n".join([f"cost table (ms per step; {self.device}, torch {self.torch_version}, compile {self.compile})",
+        slots = f", cache {self.cache_length} slots" if self.cache_length else ""
+        return "\n".join([f"cost table (ms per step; {self.device}, torch {self.torch_version}, compile {self.compile}{slots})",
                           head] + rows + rules)

@@ -244,7 +244,8 @@ def _price_throughput(ctx: Context, env: Env, bundle: Bundle, prompts: list, not
     test_lengths = sorted(len(p.ids) for p in prompts if p.set == "test") or [64]
     env.cost_table, summary, env.prior = throughput_costs(bundle, env.target, env.drafters, env.heads, env.ofa, env.cfg,
                                                           env.seed, notes, ctx.work / "cost_table.json",
-                                                          context=test_lengths[len(test_lengths) // 2])
+                                                          context=test_lengths[len(test_lengths) // 2],
+                                                          longest=test_lengths[-1])
     return summary
 
 

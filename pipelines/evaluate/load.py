@@ -92,16 +92,17 @@ def load_prompts(prompts_dir: Path, ecfg: EvaluateSection, tok, max_prompt: int,
 
 
 def throughput_costs(bundle: Bundle, target, drafters: dict, heads: dict, ofa: str | None, ecfg: EvaluateSection,
-                     seed: int, notes: list[str], shared: Path, context: int = 64):
+                     seed: int, notes: list[str], shared: Path, context: int = 64, longest: int | None = None):
     """(cost table, acceptance summary, prior) for the throughput rows' batch-aware policies, or (None, None, None)
     when they cannot run: the all-domain drafter's greedy head and the bundle's acceptance summary for it are needed.
     The table is the decoder's own steps timed here, eager as evaluate decodes, at every batch size of the rows
     and every width up to the head's K_max + 1, calibrated, with the head rules' own work priced
     (decoding/cost_profile.py) over prompts of
-    `context` tokens (the test prompts' median: a call's start is mostly its prefill), kept at `shared` (the stage's
+    `context` tokens (the test prompts' median: a call's start is mostly its prefill) in the cache a decode of the
+    `longest` test prompt allocates (its steps attend over every slot), kept at `shared` (the stage's
     work directory): the first process to profile it fixes it for every shard and rerun, so their
     batch-aware decisions, which read it, are the decisions of one process."""
-    from specdraft.decoding.cost_profile import price_head_rules, profile_cost_table
+    from specdraft.decoding.cost_profile import cache_length_for, price_head_rules, profile_cost_table
     head = heads["greedy"].get(ofa) if ofa is not None else None
     if not ecfg.batch_sizes or head is None:
         return None, None, None
@@ -114,8 +115,10 @@ def throughput_costs(bundle: Bundle, target, drafters: dict, heads: dict, ofa: s
     if not shared.is_file():
         # calibrated: the loop's own work per round and a call's start, which the report's prediction prices
         # (short decodes: seconds at the rows' batch sizes)
+        # over the cache the rows' decodes allocate (their longest prompt, the runs' new tokens, K_max)
+        slots = cache_length_for(max(context, longest or context), ecfg.max_new_tokens, head.k_max)
         table = profile_cost_table(target, drafters[ofa], sorted({1, *ecfg.batch_sizes}), head.k_max + 1, "none",
-                                   seed=seed, calibrate=True, context=max(1, context))
+                                   seed=seed, calibrate=True, context=max(1, context), cache_length=slots)
         # the head's forward and each rule's decisions: what a head policy's rounds pay beyond fixed K's
         table = price_head_rules(table, head.module, drafters[ofa].config.hidden_size, prior, head.k_max,
                                  head.threshold)

@@ -220,3 +220,23 @@ def test_bad_tables_are_refused(tmp_path, profiled):
         assert "\n" not in str(e.value)
     with pytest.raises(InputError, match="no cost table"):
         CostTable.load(tmp_path / "missing.json")
+
+
+def test_steps_and_calibration_decodes_run_over_the_cache_the_priced_decodes_allocate(pair, monkeypatch):
+    """Attention runs over every slot of the static cache, so a table is timed over the cache length of the
+    decodes it prices (`cache_length`): the profile's steps and the calibration's decodes all allocate exactly
+    that many slots, the table records it, and a cache too small for the context and a round is one line."""
+    from specdraft.decoding.compilation import StepCompiler
+
+    seen = []
+    real = StepCompiler.cache
+    monkeypatch.setattr(StepCompiler, "cache", lambda self, model, batch, max_len: seen.append(max_len) or
+                        real(self, model, batch, max_len))
+    t = profile_cost_table(*pair, batch_sizes=[1, 2], max_width=3, compile="none", repeats=1, context=20,
+                           calibrate=True, cache_length=192)
+    assert t.cache_length == 192 and set(seen) == {192} and len(seen) > 4
+    assert "cache 192 slots" in t.render() and CostTable.from_dict(t.as_dict()) == t
+    seen.clear()
+    assert profile_cost_table(*pair, batch_sizes=[1], max_width=3, repeats=1, context=20).cache_length == 64
+    with pytest.raises(InputError, match="cache_length must be an integer >= context"):
+        profile_cost_table(*pair, batch_sizes=[1], max_width=3, repeats=1, context=64, cache_length=68)
