@@ -223,11 +223,14 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
                          f"{slots} for a context of {table.context}; profile it with a longer cache_length")
     loop, loop_draft, start, start_draft = [], [], [], []
     calls = {}
+    # one compiler for every decode: a mode string would give each call a compiler of its own, and every timed
+    # decode its compilation again (a compiled table's start came out 6 s at B = 1, its draft step 17 ms)
+    compiler = StepCompiler(table.compile)
     for batch in table.batch_sizes:
         prompts = [torch.randint(0, vocab, (prompt_length,), generator=gen).tolist()] * batch
         calls.update({(batch, policy, n): (lambda prompts=prompts, policy=policy, n=n: generate_batch(
             target, prompts, n, drafter=drafter if policy else None, policy=FixedK(k) if policy else None,
-            compile=table.compile)) for policy in (False, True) for n in (n1, n2)})
+            compile=compiler)) for policy in (False, True) for n in (n1, n2)})
     times: dict[tuple, list[float]] = {key: [] for key in calls}
     drafted: dict[tuple, list[int]] = {}
     for rep in range(repeats + 1):  # pass 0 warms up (and compiles); every pass visits every batch size

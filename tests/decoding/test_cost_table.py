@@ -240,3 +240,18 @@ def test_steps_and_calibration_decodes_run_over_the_cache_the_priced_decodes_all
     assert profile_cost_table(*pair, batch_sizes=[1], max_width=3, repeats=1, context=20).cache_length == 64
     with pytest.raises(InputError, match="cache_length must be an integer >= context"):
         profile_cost_table(*pair, batch_sizes=[1], max_width=3, repeats=1, context=64, cache_length=68)
+
+
+def test_the_calibration_decodes_share_one_compiler(pair, monkeypatch):
+    """Every calibration decode gets the same StepCompiler: under a compile mode a mode string would give each call
+    a compiler of its own, and each timed decode would pay its compilation again (a compiled table's start came
+    out 6 s at B = 1 and its draft step 17 ms, so the batch-aware rule never drafted)."""
+    import specdraft.decoding.batched as batched
+    from specdraft.decoding.compilation import StepCompiler
+
+    compilers = []
+    real = batched.generate_batch
+    monkeypatch.setattr(batched, "generate_batch", lambda *a, **k: compilers.append(k["compile"]) or real(*a, **k))
+    profile_cost_table(*pair, batch_sizes=[1, 2], max_width=3, repeats=1, context=20, calibrate=True)
+    assert len(compilers) == 16 and isinstance(compilers[0], StepCompiler)
+    assert all(c is compilers[0] for c in compilers)
