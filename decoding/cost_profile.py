@@ -86,6 +86,11 @@ def fastest(samples: Sequence[float]) -> float:
     return min(samples)
 
 
+def least_cache_length(context: int, max_width: int) -> int:
+    """The slots a profile's cache gets by default: the smallest static length holding `context` and a round."""
+    return static_length(context + max_width + 2)
+
+
 def cache_length_for(longest_prompt: int, new_tokens: int, k_max: int) -> int:
     """The static cache slots a decode of `new_tokens` after a batch whose longest prompt is `longest_prompt`
     allocates at K_max `k_max` (`decoding.batched.start`): what its steps attend over."""
@@ -131,11 +136,11 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
     max_len = static_length(cache_length)  # rounded up as the decoder sizes its caches
     compiler = StepCompiler(compile)
     target_step, drafter_step = forward_step(compiler, target), forward_step(compiler, drafter)
-    calls, at, caches, widest = {}, {}, {}, {}
+    calls, at, tcaches, widest = {}, {}, {}, {}
     chain_long = max(2, max_width - 2)  # the longest round's width-1 drafter steps (K_max - 1), at least 2
     for batch in sizes:  # every batch size's caches at once (about twice the largest one's memory)
         tcache, dcache = compiler.cache(target, batch, max_len), compiler.cache(drafter, batch, max_len)
-        caches[batch] = (tcache, dcache)
+        tcaches[batch] = tcache
         prompt = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
         forward_rows(target, tcache, prompt)  # eager prefill: the compiled steps never see this width
         forward_rows(drafter, dcache, prompt)
@@ -160,14 +165,14 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
     for rep in range(repeats + 1):
         for key, call in calls.items():
             batch = key[0]
-            tcache = caches[batch][0]
+            tcache = tcaches[batch]
             tcache.rollback(at[batch])
             if key[1] == "chain":  # what precedes a round's drafting: the last round's verify
                 target_step(tcache, widest[batch])
             _, timing = timed_call(call, device)
             if rep:
                 times[key].append(timing.time)
-    del calls, caches
+    del calls, tcaches
     verify = [tuple(fastest(times[(b, "verify", w)]) for w in widths) for b in sizes]
     one = [fastest(times[(b, "chain", 1)]) for b in sizes]
     long = [fastest(times[(b, "chain", chain_long)]) for b in sizes]
@@ -211,7 +216,7 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
     vocab = min(target.config.vocab_size, drafter.config.vocab_size)
     gen = torch.Generator().manual_seed(seed + 1)
     k = min(4, table.max_drafts)
-    slots = table.cache_length or static_length(table.context + table.widths[-1] + 2)
+    slots = table.cache_length or least_cache_length(table.context, table.widths[-1])
     # generate_batch allocates static_length(prompt + new + W + 2) slots (W = 0 for AR): the prompts are long enough
     # that the short AR decode's cache is already `slots` (prompt + n1 + 2 > slots - CACHE_ROUND), the long decode
     # short enough that the fixed-K one's still is (prompt + n2 + k + 2 <= slots)
@@ -369,7 +374,7 @@ def cache_key(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Se
     blob = json.dumps([device_name(device), torch.__version__, compile, model_identity(target),
                        model_identity(drafter), sorted(set(batch_sizes)), max_width, context, calibrate, "start",
                        "chain", "fastest", head_identity(head),
-                       static_length(cache_length or context + max_width + 2)])
+                       static_length(cache_length) if cache_length else least_cache_length(context, max_width)])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 

@@ -483,9 +483,9 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
     if args.threshold is not None and head is None:
         raise InputError(f"--threshold sets a SpecDec++ head's h, but drafter '{name}' has none; "
                          "give --head, or --k for fixed K")
-    table = batch_aware_table(args, b, name, target, dft, head, head_name, hcfg, settings, note, longest_prompt)
+    table, prior = batch_aware_table(args, b, name, target, dft, head, head_name, hcfg, settings, note, longest_prompt)
     if b is not None:
-        policy = b.policy_for(name, head if args.k is None else None, head_name, args.k, args.threshold, table)
+        policy = b.policy_for(name, head if args.k is None else None, head_name, args.k, args.threshold, table, prior)
     elif args.k is None and head is not None:
         policy = head_policy(head, args.threshold, hcfg, DEFAULTS.k_max)
     else:
@@ -499,13 +499,13 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
 
 def batch_aware_table(args, b, name: str, target, drafter, head, head_name: str | None, head_config: dict | None,
                       settings: Settings, note: Callable[[str], Any], longest_prompt: int = 64):
-    """The cost table the batch-aware rule prices drafter `name`'s rounds with, or None: its head stops at
+    """(cost table, prior) the batch-aware rule prices drafter `name`'s rounds with, or (None, None): its head stops at
     SpecDec++'s fixed h. --stop-rule batch-aware asks for the rule (an InputError where it cannot run); left unset,
     the rule is the default for a bundle's causal-LM drafter drafting chains whose acceptance summary (its prior)
     the bundle ships and no --threshold (SpecDec++'s h) is given."""
     rule = getattr(args, "stop_rule", None)
     if rule == "specdecpp" or head is None or args.k is not None or (rule is None and args.threshold is not None):
-        return None  # a --threshold given is SpecDec++'s h: that rule, as asked
+        return None, None  # a --threshold given is SpecDec++'s h: that rule, as asked
     # the table times the batched decoder's rounds of a causal-LM drafter: SpecTr drafts, cascades and EAGLE
     # drafters decode otherwise
     if _is_eagle(drafter) or settings.drafts != 1 or settings.cascade is not None:
@@ -513,18 +513,18 @@ def batch_aware_table(args, b, name: str, target, drafter, head, head_name: str 
             how = "as an EAGLE drafter" if _is_eagle(drafter) else "with SpecTr drafts or a cascade"
             raise InputError(f"--stop-rule batch-aware prices the batched decoder's rounds of a causal-LM drafter; "
                              f"drafter '{name}' decodes {how}: use --stop-rule specdecpp")
-        return None
+        return None, None
     if b is None:
         if rule == "batch-aware":
             raise InputError("--stop-rule batch-aware takes its prior from a bundle's acceptance summary; give a bundle")
-        return None
+        return None, None
     summary = b.acceptance_summary(name)
     if summary is None and rule is None:
         note(f"note: drafter '{name}' has no acceptance summary in the bundle (exported before train-heads wrote one): "
              "its head stops drafting at SpecDec++'s fixed h")
-        return None
+        return None, None
     prior = b.prior_for(name, head_name, summary)  # before any profiling: without a summary an explicit rule stops here
-    return cost_table_for(args, target, drafter, settings, head_config, note, head, prior, longest_prompt)
+    return cost_table_for(args, target, drafter, settings, head_config, note, head, prior, longest_prompt), prior
 
 
 def cost_table_for(args, target, drafter, settings: Settings, head_config: dict | None, note: Callable[[str], Any],

@@ -140,7 +140,7 @@ class Bundle:
         return AcceptanceSummary.load(entry.acceptance / ACCEPTANCE_FILE) if entry and entry.acceptance else None
 
     def policy_for(self, drafter: str, head=None, head_name: str | None = None,
-                   k: int | None = None, threshold: float | None = None, cost_table=None):
+                   k: int | None = None, threshold: float | None = None, cost_table=None, prior=None):
         """How `drafter` drafts, as a factory of fresh stopping policies: `k` given -> fixed K; a head (its
         module and its name in the bundle) -> SpecDec++ at `head_rule`, or with `cost_table` (the decoder's
         measured costs, decoding/cost_profile.py) the lockstep batch-aware rule priced with it, its prior the
@@ -161,7 +161,8 @@ class Bundle:
 
         if threshold is not None:
             raise InputError("--threshold sets SpecDec++'s fixed h; the batch-aware rule has none (leave one out)")
-        prior, k_max = self.prior_for(drafter, head_name), min(k_max, cost_table.max_drafts)
+        prior = self.prior_for(drafter, head_name) if prior is None else prior  # `prior`: one the caller built
+        k_max = min(k_max, cost_table.max_drafts)
         return lambda: LockstepBatchAwareSpecDec(head, cost_table, prior, k_max)
 
     def prior_for(self, drafter: str, head: str | None = None, summary=None):
