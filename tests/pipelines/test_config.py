@@ -110,6 +110,7 @@ def test_reproduce_is_the_demo_with_another_evaluation():
         assert ours == theirs, section
     assert stage_dir(demo, "evaluate").name == "report" and stage_dir(rep, "evaluate").name == "reproduce"
     assert rep.evaluate.spectr_drafts == [1, 2, 4, 8] and len(rep.evaluate.cascade_alphas) > 1
+    assert rep.evaluate.sets == ["test", "perturbed", "ood"] and "perturbed" not in demo.evaluate.sets
     assert stage_dir(rep, "export") == stage_dir(demo, "export")
 
 

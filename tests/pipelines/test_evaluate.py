@@ -373,3 +373,20 @@ def test_two_shard_processes_and_a_merge_write_the_report(run_root):
     done = [(r["set"], r["prompt"], json.dumps(key_of(r), sort_keys=True)) for r in metrics["runs"]]
     done += [("batches", r["batch"], json.dumps(key_of(r), sort_keys=True)) for r in metrics["throughput"]["runs"]]
     assert len(done) == len(set(done)) == metrics["plan_runs"]
+
+
+def test_robustness_table_shows_only_the_sets_decoded():
+    """A set left out of evaluate.sets (the demo leaves out the perturbed one) is no column of MetaSD's Table 6
+    shape, not a column of dashes."""
+    from specdraft.pipelines.evaluate.render import _robustness_table, decoded_sets
+
+    key = {"bandit": None, "drafter": None, "family": "ar", "k": None, "mode": "greedy", "params": {}, "policy": None,
+           "reward": None, "router": None, "stream": False}
+    row = {"key": key, **{f"{s}_{v}": (None if s == "perturbed" else 1.0) for s in ("test", "perturbed", "ood")
+                          for v in ("MAT", "counted_speedup")}}
+    metrics = {"headline": [row]}
+    assert decoded_sets(metrics) == ["test", "ood"]
+    header = _robustness_table(metrics).splitlines()[0]
+    assert "OOD MAT" in header and "perturbed" not in header
+    row["perturbed_MAT"] = row["perturbed_counted_speedup"] = 2.0
+    assert decoded_sets(metrics) == ["test", "perturbed", "ood"] and "perturbed MAT" in _robustness_table(metrics)
