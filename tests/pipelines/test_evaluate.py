@@ -378,7 +378,7 @@ def test_two_shard_processes_and_a_merge_write_the_report(run_root):
 def test_robustness_table_shows_only_the_sets_decoded():
     """A set left out of evaluate.sets (the demo leaves out the perturbed one) is no column of MetaSD's Table 6
     shape, not a column of dashes."""
-    from specdraft.pipelines.evaluate.render import _robustness_table, decoded_sets
+    from specdraft.pipelines.evaluate.render import _robustness_table, decoded_sets, headline
 
     key = {"bandit": None, "drafter": None, "family": "ar", "k": None, "mode": "greedy", "params": {}, "policy": None,
            "reward": None, "router": None, "stream": False}
@@ -388,5 +388,7 @@ def test_robustness_table_shows_only_the_sets_decoded():
     assert decoded_sets(metrics) == ["test", "ood"]
     header = _robustness_table(metrics).splitlines()[0]
     assert "OOD MAT" in header and "perturbed" not in header
+    row.update({f"test_speedup{end}": 1.0 for end in ("", "_lo", "_hi")})
+    assert "OOD counted speedup" in headline(metrics) and "perturbed" not in headline(metrics)
     row["perturbed_MAT"] = row["perturbed_counted_speedup"] = 2.0
     assert decoded_sets(metrics) == ["test", "perturbed", "ood"] and "perturbed MAT" in _robustness_table(metrics)
