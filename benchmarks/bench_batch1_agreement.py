@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import pathlib
 import platform
 import statistics
 import sys
@@ -24,7 +25,8 @@ import time
 
 import torch
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from specdraft.decoding.compilation import StepCompiler  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
