@@ -461,7 +461,7 @@ def choose_drafters(args, b, target, requests: list[Request], services: Services
 
 
 def make_plan(args, b, name: str, target, tok, settings: Settings,
-              note: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr), longest_prompt: int = 64) -> Plan:
+              note: Callable[[str], Any] = lambda msg: print(msg, file=sys.stderr), *, longest_prompt: int) -> Plan:
     """Load drafter `name` (and its head) and decide how it drafts: --k, else its head's rule (the batch-aware
     rule, priced for decodes of prompts up to `longest_prompt` tokens: `batch_aware_table`; else SpecDec++ at
     the bundle's threshold, else the head's own h), else the bundle's best fixed K for it."""
@@ -498,7 +498,7 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
 
 
 def batch_aware_table(args, b, name: str, target, drafter, head, head_name: str | None, head_config: dict | None,
-                      settings: Settings, note: Callable[[str], Any], longest_prompt: int = 64):
+                      settings: Settings, note: Callable[[str], Any], longest_prompt: int):
     """(cost table, prior) the batch-aware rule prices drafter `name`'s rounds with, or (None, None): its head stops at
     SpecDec++'s fixed h. --stop-rule batch-aware asks for the rule (an InputError where it cannot run); left unset,
     the rule is the default for a bundle's causal-LM drafter drafting chains whose acceptance summary (its prior)
@@ -524,11 +524,11 @@ def batch_aware_table(args, b, name: str, target, drafter, head, head_name: str 
              "its head stops drafting at SpecDec++'s fixed h")
         return None, None
     prior = b.prior_for(name, head_name, summary)  # before any profiling: without a summary an explicit rule stops here
-    return cost_table_for(args, target, drafter, settings, head_config, note, head, prior, longest_prompt), prior
+    return cost_table_for(args, target, drafter, settings, head_config, note, head, prior, longest_prompt=longest_prompt), prior
 
 
 def cost_table_for(args, target, drafter, settings: Settings, head_config: dict | None, note: Callable[[str], Any],
-                   head=None, prior=None, longest_prompt: int = 64):
+                   head=None, prior=None, *, longest_prompt: int):
     """The decoder's own step times for the batch-aware rule: batch sizes 1..--batch-size, widths up to the
     head's K_max + 1, in the command's compile mode, calibrated, profiled once per device, models and mode
     and cached (decoding/cost_profile.py); with `head` and `prior`, the head rules' own work priced on top
