@@ -15,9 +15,14 @@ each over a cache already holding `context` tokens, rolled back before every cal
 same context). Drafter steps are timed in chains because that is what they cost in a round: timed alone,
 each after some other shape, a width-1 drafter step on the demo pair cost 1.0 / 1.5 ms at B = 1 / 16, in a
 chain 0.55 / 0.9 ms (the caches and the allocator stay warm); priced alone, a K = 8 round at B = 16 came
-out ~8% dearer than in decodes, and the batch-aware rules drafted too little. One untimed warm-up pass
-over every (batch size, shape) (which is also each shape's compilation), then `repeats` passes, each over
-every batch size and shape in turn; the table keeps the fastest of each (`fastest`). On a shared machine a
+out ~8% dearer than in decodes, and the batch-aware rules drafted too little. For the same reason every
+call is timed right after an untimed run of itself (a decode's step follows the same step, the last
+token's or the last round's, and a round's drafting follows its verify): timed right after other batch
+sizes' calls, a step pays for their data in the CPU's caches (compiled, B = 1's one-token step cost 2.8 ms
+after itself, 3.2 ms after B = 32's 9-wide one, 3.5 ms after every other shape), more than the loop's own
+work per round, which the calibration then priced at 0. One untimed warm-up pass over every (batch size,
+shape) (which is also each shape's compilation), then `repeats` passes, each over every batch size and
+shape in turn; the table keeps the fastest of each (`fastest`). On a shared machine a
 call's time is its own cost plus what its neighbours took from it, which only adds: a slow phase spanning some
 of the passes leaves the fastest pass alone (with medians, one bench_batch_decoder run's 8-second profile priced
 B = 16's 9-wide verify at 41 ms against the previous run's 29, and the rule drafted less at B = 8 and 16), and a phase spanning all of them slows every entry
@@ -166,8 +171,15 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
         for key, call in calls.items():
             batch = key[0]
             tcache = tcaches[batch]
+            # what precedes the call in a decode, untimed: the same call (the last round's, or the last token's),
+            # and before a round's drafting the last round's verify. Timed right after other batch sizes' calls, a
+            # step pays for their data in the CPU's caches: compiled, B = 1's one-token verify cost 2.8 ms after
+            # itself and 3.2 ms after B = 32's 9-wide one, more than the decode loop's own work per round, which
+            # the calibration then priced at 0 (module docstring)
             tcache.rollback(at[batch])
-            if key[1] == "chain":  # what precedes a round's drafting: the last round's verify
+            call()
+            tcache.rollback(at[batch])
+            if key[1] == "chain":
                 target_step(tcache, widest[batch])
             _, timing = timed_call(call, device)
             if rep:
@@ -198,7 +210,8 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
     decode (K = min(4, K_max)) of n1 = LOOP_SHORT and n2 = n1 + LOOP_SPAN new tokens each (fewer where the cache
     has no room), over prompts long enough that every decode allocates the table's `cache_length` (they attend
     over the slots the table's steps did; the start is scaled from that prompt length to `context`), interleaved (each pass visits every batch
-    size), the fastest of `repeats` after a warm-up pass (as the steps: `fastest`). Every row decodes the same prompt (`context` random tokens): greedy rows then accept alike, so
+    size), each after an untimed short decode of its own batch size and method (as the steps are timed after
+themselves), the fastest of `repeats` after a warm-up pass (as the steps: `fastest`). Every row decodes the same prompt (`context` random tokens): greedy rows then accept alike, so
     the batch stays in lockstep and no row finishes early. The difference of the two lengths cancels the
     prefills; what the steps the table prices do not explain, per round and per draft step, is the loop's:
         loop       = (T_ar(n2) - T_ar(n1)) / (n2 - n1) - t_v(B, 1)
@@ -240,6 +253,11 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
     drafted: dict[tuple, list[int]] = {}
     for rep in range(repeats + 1):  # pass 0 warms up (and compiles); every pass visits every batch size
         for key, call in calls.items():
+            # after the same batch size's short decode of the same method, untimed: what precedes a decode where
+            # decodes are timed (a batch after a batch). After another batch size's decode, the short one paid for
+            # refilling the CPU's caches, which the difference of the two lengths then took from the loop: compiled,
+            # B = 1's loop came out 0 in a table of B = 1, 8, 32 and 0.44 ms in a table of B = 1 alone
+            calls[key[:2] + (n1,)]()
             out, timing = timed_call(call, device)
             if rep:
                 times[key].append(timing.time)

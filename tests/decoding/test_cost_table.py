@@ -39,30 +39,20 @@ def test_shape_identity_and_sanity(profiled, pair):
     assert t.round_cost(4, 0) == t.t_verify(4, 1)
 
 
-def test_drafter_steps_are_priced_as_a_round_chains_them(pair, monkeypatch):
-    """On a virtual clock where a drafter step's cost depends on what ran before it (as warm caches make it on a
-    real machine: the first width-1 step after the catch-up dearer than the ones after it), the table prices
-    every round of k >= 2 drafts at its chain's cost, and the target step that precedes a chain is not in it."""
+def on_a_virtual_clock(pair, monkeypatch, cost) -> None:
+    """Every model step the profiler makes costs cost(is_drafter, ids) seconds on a virtual clock, which its
+    timer reads (the steps still run, so the caches move as in a profile)."""
     import specdraft.decoding.cost_profile as cp
     from specdraft.decoding.timing import Timing
 
-    clock, last = [0.0], [None]
+    clock = [0.0]
     real_step = cp.forward_step
 
     def fake_forward_step(compiler, model):
         step = real_step(compiler, model)
-        drafter = model is pair[1]
 
         def timed(cache, ids, *rest):
-            width = ids.shape[1]
-            if not drafter:
-                cost = 100.0 + width  # the target: never inside a drafter's chain
-            elif width == 2:
-                cost = 3.0  # the catch-up
-            else:
-                cost = 2.0 if last[0] == 2 else 1.0  # first width-1 step after the catch-up, then the steady ones
-            clock[0] += cost
-            last[0] = width if drafter else None
+            clock[0] += cost(model is pair[1], ids)
             return step(cache, ids, *rest)
         return timed
 
@@ -73,11 +63,77 @@ def test_drafter_steps_are_priced_as_a_round_chains_them(pair, monkeypatch):
 
     monkeypatch.setattr(cp, "forward_step", fake_forward_step)
     monkeypatch.setattr(cp, "timed_call", virtual_timed_call)
-    t = cp.profile_cost_table(*pair, batch_sizes=[1, 2], max_width=6, compile="none", repeats=2)
+
+
+def test_drafter_steps_are_priced_as_a_round_chains_them(pair, monkeypatch):
+    """On a virtual clock where a drafter step's cost depends on what ran before it (as warm caches make it on a
+    real machine: the first width-1 step after the catch-up dearer than the ones after it), the table prices
+    every round of k >= 2 drafts at its chain's cost, and the target step that precedes a chain is not in it."""
+    last = [None]
+
+    def cost(drafter, ids):
+        width = ids.shape[1]
+        if not drafter:
+            value = 100.0 + width  # the target: never inside a drafter's chain
+        elif width == 2:
+            value = 3.0  # the catch-up
+        else:
+            value = 2.0 if last[0] == 2 else 1.0  # first width-1 step after the catch-up, then the steady ones
+        last[0] = width if drafter else None
+        return value
+
+    on_a_virtual_clock(pair, monkeypatch, cost)
+    t = profile_cost_table(*pair, batch_sizes=[1, 2], max_width=6, compile="none", repeats=2)
     assert t.draft == (1.0, 1.0) and t.catchup == (4.0, 4.0)  # 3 + 2 - 1: the first step's excess rides along
     for k in range(2, t.max_drafts + 1):  # the chain: 3 + 2 + (k - 2) * 1
         assert t.round_cost(1, k) - t.t_verify(1, k + 1) == pytest.approx(3.0 + 2.0 + (k - 2) * 1.0)
     assert t.t_verify(2, 3) == 103.0
+
+
+def test_a_step_is_priced_after_what_precedes_it_in_a_decode(pair, monkeypatch):
+    """On a virtual clock where a target step costs more right after a call of another shape (as a real CPU's
+    caches make it: compiled, B = 1's one-token step cost 2.8 ms after itself and 3.2 ms after B = 32's 9-wide
+    one), the table prices each verify at its cost after itself, as a decode runs it, however the profile
+    interleaves batch sizes and widths."""
+    previous = [None]
+
+    def cost(drafter, ids):
+        if drafter:
+            return 1.0
+        shape = tuple(ids.shape)
+        warm, previous[0] = previous[0] == shape, shape
+        return 100.0 + ids.shape[1] + (0.0 if warm else 50.0)
+
+    on_a_virtual_clock(pair, monkeypatch, cost)
+    t = profile_cost_table(*pair, batch_sizes=[1, 2], max_width=4, compile="none", repeats=2)
+    assert t.verify == ((101.0, 102.0, 103.0, 104.0),) * 2
+
+
+def test_calibration_decodes_are_timed_after_their_own_batch_and_method(pair, monkeypatch):
+    """Each timed calibration decode follows an untimed decode of the same batch size and method: after another
+    batch size's decode the short one paid for refilling the CPU's caches, and the difference of the two lengths
+    took it from the loop (compiled, B = 1's loop came out 0 in a table of B = 1, 8, 32, 0.44 ms alone)."""
+    import specdraft.decoding.batched as batched
+    import specdraft.decoding.cost_profile as cp
+
+    calls, timed = [], []
+    real, real_timed = batched.generate_batch, cp.timed_call
+
+    def recording(target, prompts, n, drafter=None, **k):
+        calls.append((len(prompts), drafter is not None))
+        return real(target, prompts, n, drafter=drafter, **k)
+
+    def recording_timed(fn, device="cpu"):
+        before = len(calls)
+        out = real_timed(fn, device)
+        if len(calls) > before:  # a decode (not a step)
+            timed.append((calls[before - 1], calls[before]))
+        return out
+
+    monkeypatch.setattr(batched, "generate_batch", recording)
+    monkeypatch.setattr(cp, "timed_call", recording_timed)
+    profile_cost_table(*pair, batch_sizes=[1, 2], max_width=3, repeats=1, context=20, calibrate=True)
+    assert len(timed) == 16 and all(before == this for before, this in timed)
 
 
 def test_the_loop_is_calibrated_from_decodes(pair, profiled):
@@ -253,5 +309,6 @@ def test_the_calibration_decodes_share_one_compiler(pair, monkeypatch):
     real = batched.generate_batch
     monkeypatch.setattr(batched, "generate_batch", lambda *a, **k: compilers.append(k["compile"]) or real(*a, **k))
     profile_cost_table(*pair, batch_sizes=[1, 2], max_width=3, repeats=1, context=20, calibrate=True)
-    assert len(compilers) == 16 and isinstance(compilers[0], StepCompiler)
+    # 2 batch sizes x 2 methods x 2 lengths, in a warm-up pass and 1 timed one, each after an untimed short decode
+    assert len(compilers) == 32 and isinstance(compilers[0], StepCompiler)
     assert all(c is compilers[0] for c in compilers)
