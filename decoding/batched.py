@@ -182,17 +182,35 @@ def segments(width: int, policy) -> list[tuple[int, int]]:
     return [(i, min(i + size, width)) for i in range(0, width, size)]
 
 
-def compiled_segment(compiler: StepCompiler, model: torch.nn.Module, policy, bounds: tuple[int, int], width: int):
+def compiled_segment(compiler: StepCompiler, model: torch.nn.Module, policy, bounds: tuple[int, int], width: int,
+                     decide_zero: bool = False):
     """`draft_positions` over positions bounds[0]..bounds[1] - 1 with greedy picks, as one graph per
     (model, policy, bounds, batch size). Always inductor's default mode: its outputs are the round's
     state, which a CUDA graph's next replay would overwrite. Why: on the demo pair (batch 1, K = 4,
     compiled) a round made 6 compiled calls (verify, tail, catch-up and 3 drafter steps), and the calls'
-    own overhead and the eager ops between them were ~10% of its time (benchmarks/RESULTS.md)."""
+    own overhead and the eager ops between them were ~10% of its time (benchmarks/RESULTS.md).
+    decide_zero: the graph first makes decision 0 (the rule's round state and its decision before any
+    draft; the carry's rule state is then None), which no host read has to see (`zero_decision`)."""
     def segment(cache, cap, eos, carry):
         def step(cache, ids, hidden=False):
             return forward_rows(model, cache, ids, hidden)
+        if decide_zero:
+            tokens, qs, k, drafting, logits, hidden, _ = carry
+            rule, stop = policy.stop_rows(policy.round_state(drafting.shape[0], drafting.device), 0, None, drafting)
+            carry = (tokens, qs, k, drafting & ~stop, logits, hidden, rule)
         return draft_positions(step, policy, cache, cap, eos, GREEDY, None, carry, range(*bounds), width)
-    return compiler.apply(segment, model, ("draft", rule_key(policy), bounds, width))
+    return compiler.apply(segment, model, ("draft", rule_key(policy), bounds, width, decide_zero))
+
+
+def zero_decision(policy, rows: int) -> bool | None:
+    """Decision 0 of a round at `rows` rows when the host knows it without reading a tensor: False when no row
+    can stop before drafting (a rule that does not decide at zero: whatever it computes there, the round is not
+    ended before its first draft), True / False when the rule's decision 0 is one for every row at this batch
+    size (`zero_stop`: its rows all start a round alike), else None (it must be computed and read)."""
+    if not getattr(policy, "decides_at_zero", False):
+        return False
+    known = getattr(policy, "zero_stop", None)
+    return known(rows) if known is not None else None
 
 
 def commit_round(tokens, k, n, extra, n_out, done, last, prev, target_lengths, out, origin, eos, max_new: int):
@@ -358,14 +376,25 @@ def draft(d: Decode, state: RowState) -> Drafts:
     if d.eagle:  # no EAGLE entries before the first committed position: no draft
         cap = torch.where(state.plens + state.n_out >= 2, cap, 0)
         d.eagle_step.feature = state.feature
-    rule, stop = d.policy.stop_rows(d.policy.round_state(rows, device), 0, None, cap > 0)
-    if d.behind and bool(((cap > 0) & ~stop).any()):  # some row drafts: the drafter first sees what it missed
+    # compiled, decision 0 is made inside the first draft graph where the host knows its outcome (`zero_decision`):
+    # its eager ops and the read of whether any row drafts were ~3% of a batch-1 round of the batch-aware rule
+    known = zero_decision(d.policy, rows) if d.fused else None
+    zeros = torch.zeros(rows, dtype=torch.long, device=device)
+    if known is True:  # every row stops before drafting: a plain target step
+        return Drafts(tokens=torch.zeros(rows, W, dtype=torch.long, device=device), q=None, k=zeros, steps=0)
+    if known is False:
+        rule, drafting = None, cap > 0
+    else:
+        rule, stop = d.policy.stop_rows(d.policy.round_state(rows, device), 0, None, cap > 0)
+        drafting = (cap > 0) & ~stop
+    if d.behind and bool(drafting.any()):  # some row drafts: the drafter first sees what it missed
         catch_up_behind(d, state, 2 + d.behind)
     qs = None if d.sampling.greedy else torch.zeros(rows, W, state.q_logits.shape[-1], device=device)
-    carry = (torch.zeros(rows, W, dtype=torch.long, device=device), qs, torch.zeros(rows, dtype=torch.long, device=device),
-             (cap > 0) & ~stop, state.q_logits, None, rule)
+    carry = (torch.zeros(rows, W, dtype=torch.long, device=device), qs, zeros, drafting, state.q_logits, None, rule)
     if d.fused:
-        parts = [(bounds, compiled_segment(d.compiler, d.drafter, d.policy, bounds, W)) for bounds in segments(W, d.policy)]
+        parts = [(bounds, compiled_segment(d.compiler, d.drafter, d.policy, bounds, W,
+                                           decide_zero=known is False and bounds[0] == 0))
+                 for bounds in segments(W, d.policy)]
     else:
         step = d.eagle_step or d.drafter_step
         # a rule that can stop the whole batch early reads whether any row drafts on after each decision
@@ -376,7 +405,7 @@ def draft(d: Decode, state: RowState) -> Drafts:
     steps = 0
     # a rule that may stop rows before any draft (decision 0) ends a round with no drafter step when it
     # stops them all; other rules read the flag only between segments
-    first = getattr(d.policy, "decides_at_zero", False)
+    first = getattr(d.policy, "decides_at_zero", False) and known is None
     for (start, end), part in parts:
         if (start or first) and (d.policy.needs_hidden or first) and not bool(carry[3].any()):
             break  # no row drafts on: the round ends (the one host read of a segment)

@@ -198,6 +198,15 @@ class BatchAwareSpecDec(OnePromptRule):
             rate = self.row_rate(batch) * (1.0 if rows is None else rows)
         return p_hat < rate * self._bar_at(k, batch)
 
+    def zero_stop(self, batch: int) -> bool | None:
+        """Decision 0 at `batch` rows, the same for every row (each starts a round with p_hat = 1 and T(0) = 1),
+        or None where it depends on the rows (lockstep with the own rate: the batch's tokens over the rows that
+        draft). A compiled decode makes it without reading a tensor (`decoding.batched.zero_decision`)."""
+        if self.reference_rate is None and self.lockstep:
+            return None
+        rate = 1.0 / self.costs(batch)[0] if self.reference_rate is None else self.row_rate(batch)
+        return 1.0 < rate * self._bar_at(0, batch)
+
     def stop_rows(self, state, k: int, sigma: torch.Tensor | None, drafting: torch.Tensor):
         p_hat, known, tokens, alive = self._advance(state, k, sigma)
         if k >= self.max_tokens:
@@ -364,6 +373,10 @@ class KPerBatchSize(OnePromptRule):
 
     def round_state(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         return ()
+
+    def zero_stop(self, batch: int) -> bool:
+        """Decision 0 at `batch` rows (`BatchAwareSpecDec.zero_stop`): a batch size whose K is 0 drafts nothing."""
+        return self.k_for(batch) == 0
 
     def stop_rows(self, state, k: int, sigma: torch.Tensor | None, drafting: torch.Tensor):
         return state, drafting & (k >= self.k_for(drafting.shape[0]))

@@ -125,6 +125,37 @@ def test_one_comparison_per_decision_is_the_rules_max_over_longer_rounds():
     assert checked > 500
 
 
+def test_decision_zero_known_to_the_host_is_the_rules_own():
+    """`zero_stop(B)`, which a compiled decode uses instead of computing and reading decision 0, equals what
+    `stop_rows` decides at k = 0 for every row, per row and lockstep, with a fixed rate, the best fixed K's and
+    the own rate, over random priors and tables where drafting pays and where it does not (both outcomes
+    occur); lockstep with the own rate depends on the rows and says so (None)."""
+    gen = torch.Generator().manual_seed(1)
+    outcomes = set()
+    for trial in range(120):
+        k_max = int(torch.randint(1, 7, (1,), generator=gen))
+        a = tuple(float(x) for x in torch.rand(k_max, generator=gen))
+        d = float(torch.rand(1, generator=gen)) * 2  # from cheap drafts to ones that never pay
+        cost = table(verify=lambda b, w: 1.0 + 0.05 * b * (w - 1), draft=lambda b: d + 0.01, batch_sizes=(1, 8),
+                     k_max=k_max)
+        for cls in (BatchAwareSpecDec, LockstepBatchAwareSpecDec):
+            for reference in ("best-k", float(torch.rand(1, generator=gen)) * 2 + 0.01, None):
+                kwargs = {} if reference == "best-k" else {"reference_rate": reference}
+                policy = cls(None, cost, Prior(a), k_max, **kwargs)
+                for rows in (1, 3, 8):
+                    known = policy.zero_stop(rows)
+                    if reference is None and cls is LockstepBatchAwareSpecDec:
+                        assert known is None
+                        continue
+                    drafting = torch.ones(rows, dtype=torch.bool)
+                    _, stop = policy.stop_rows(policy.round_state(rows, torch.device("cpu")), 0, None, drafting)
+                    assert torch.equal(stop, torch.full((rows,), known)), (trial, cls.__name__, reference, rows)
+                    outcomes.add(known)
+    assert outcomes == {True, False}
+    ks = KPerBatchSize({1: 3, 4: 0})
+    assert (ks.zero_stop(1), ks.zero_stop(5)) == (False, True)
+
+
 def test_calibration_undoes_the_weighted_bce_optimum():
     """A head trained with w_rej = r predicts the minimiser of the weighted loss; Prior(odds=r).calibrate maps
     it back to the acceptance P it was trained on."""

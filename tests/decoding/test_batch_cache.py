@@ -84,13 +84,21 @@ def test_compiled_forward_equals_eager(llama_pair):
     from tests.decoding.test_batch_decode import cost_table
 
     table = cost_table(k_max=5)
+    # decision 0 in the first draft graph (the rule drafts at these sizes), a round of no graph (drafts never pay:
+    # every row stops at decision 0, known to the host), and decision 0 made eagerly and read (own rate, lockstep)
+    never = cost_table(draft=lambda b: 10.0, k_max=5)
+    assert LockstepBatchAwareSpecDec(head, table, 0.7, 5).zero_stop(3) is False
     for policy in (FixedK(3), SpecDecPP(head, 0.5, k_max=5), LockstepSpecDecPP(head, 0.5, k_max=5),
-                   LockstepBatchAwareSpecDec(head, table, 0.7, 5), GlobalVerifyBudget(head, table, 0.7, 3)):
+                   LockstepBatchAwareSpecDec(head, table, 0.7, 5), LockstepBatchAwareSpecDec(head, never, 0.7, 5),
+                   LockstepBatchAwareSpecDec(head, table, 0.7, 5, reference_rate=None),
+                   GlobalVerifyBudget(head, table, 0.7, 3)):
         eager = generate_batch(target, prompts, 20, drafter=drafter, policy=policy)
         comp = generate_batch(target, prompts, 20, drafter=drafter, policy=policy, compile=compiler)
         # a rule that reads the batch's size decides differently once an eager decode drops its finished rows
         # (a compiled one keeps them): its tokens, not its rounds, must match
         batch_dependent = isinstance(policy, (LockstepBatchAwareSpecDec, GlobalVerifyBudget))
+        if getattr(policy, "table", None) is never:
+            assert policy.zero_stop(3) is True and all(sum(c.metrics.drafted) == 0 for c in comp)
         for e, c in zip(eager, comp):
             assert c.tokens == e.tokens
             if not batch_dependent:
