@@ -35,6 +35,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from specdraft.decoding.batched import generate_batch  # noqa: E402
+from specdraft.decoding.compilation import StepCompiler  # noqa: E402
 from specdraft.decoding.cost_profile import cache_length_for, cached_cost_table, price_head_rules  # noqa: E402
 from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
@@ -143,6 +144,8 @@ def main(argv=None) -> int:
     # the acceptance of exactly the prompts decoded; static batches of n new tokens, as generate_batch decodes
     # them (rounds = batches simulated); without a head, sigma = the measured agreement itself (odds 1)
     summary = summarize_acceptance(agree, sigma, k_max=table.max_drafts)
+    # one compiler for every decode: a mode string gives each call a compiler, and each its compilation again
+    compiler = StepCompiler(args.compile)
     for b in sizes:
         groups = [everything[i:i + b] for i in range(0, len(everything), b)]
         # a call's prefill runs at its batch's longest prompt (right-padded)
@@ -152,7 +155,7 @@ def main(argv=None) -> int:
         predicted = {r["method"]: r for r in pred["predictions"]}
 
         def batches(**kw):
-            return lambda: [r for g in groups for r in generate_batch(target, g, n, compile=args.compile,
+            return lambda: [r for g in groups for r in generate_batch(target, g, n, compile=compiler,
                                                                       eos_token_id=eos, **kw)]
         fns = {"AR": batches()}
         for k in ks:
