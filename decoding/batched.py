@@ -98,9 +98,13 @@ def check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eo
 
 
 def rule_key(policy) -> tuple:
-    """What tells one policy's compiled draft graphs from another's: its kind and numbers (repr) and its
-    head (the graph holds the head's weights)."""
-    return type(policy).__name__, repr(policy), id(getattr(policy, "head", None))
+    """What tells one policy's compiled draft graphs from another's: its kind and numbers (repr), its head (the
+    graph holds the head's weights) and its cost table (the batch-aware rules' thresholds are the table's
+    constants in the graph; two rules that differ only in their tables print alike, and the second reused the
+    first's graphs, deciding with the first's table). Identities: a graph holds its policy, so neither object
+    dies and leaves its id to another while the compiler lives."""
+    return (type(policy).__name__, repr(policy), id(getattr(policy, "head", None)),
+            id(getattr(policy, "table", None)))
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -186,3 +186,18 @@ def test_compiled_steps_of_two_models_of_one_shape_stay_apart(make_llama):
             cache = row_cache(model, 1, 32)
             want = forward_rows(model, cache, ids)[0]
             torch.testing.assert_close(forward_step(compiler, model)(cache, ids)[0], want, atol=1e-5, rtol=1e-5)
+
+
+def test_rules_that_differ_only_in_their_cost_tables_get_graphs_of_their_own():
+    """A compiled draft graph is kept under `rule_key`: two batch-aware rules with equal numbers but different
+    tables print alike, and the second reused the first's graphs, deciding with the first's table (found when a
+    benchmark profiled a table per batch size: B = 2's rule raised B = 1's table's 'no batch size = 2')."""
+    from specdraft.decoding.batched import rule_key
+    from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec
+    from tests.decoding.test_batch_decode import cost_table
+
+    head = random_head(16, 0)
+    one, other = cost_table(k_max=5), cost_table(draft=lambda b: 0.3, k_max=5)
+    first, second = LockstepBatchAwareSpecDec(head, one, 0.7, 5), LockstepBatchAwareSpecDec(head, other, 0.7, 5)
+    assert repr(first) == repr(second) and rule_key(first) != rule_key(second)
+    assert rule_key(first) == rule_key(LockstepBatchAwareSpecDec(head, one, 0.7, 5))  # a new policy, same graphs
