@@ -5,7 +5,7 @@ target and drafter, where the drafter's greedy head also decodes with the lockst
 
     python benchmarks/bench_predict.py [--batch-sizes 1,4,16] [--ks 2,4] [--max-new-tokens 48] [--runs 3]
         [--compile none] [--rounds 400] [--seed 0] [--bundle runs/demo/bundle [--drafter ofa]
-        [--prompt-set runs/demo/prompts/sets]]
+        [--prompt-set runs/demo/prompts/sets]] [--profile-each-batch]
 
 The acceptance side is what greedy decoding of these prompts really meets: for each prompt the target's
 greedy continuation, and at each of its positions whether the drafter's greedy token (teacher-forced on the
@@ -103,6 +103,10 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-set", default=None, help="with --bundle: a run's prompts/sets dir (its test prompts, "
                                                         "every domain in order); default: random ids")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--profile-each-batch", action="store_true",
+                    help="profile each batch size's cost table right before its decodes, not one table first: on a "
+                         "shared machine whose load drifts over a long (compiled) run, the table then prices the "
+                         "load its decodes meet")
     ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md as it is")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -126,17 +130,22 @@ def main(argv=None) -> int:
     # re-timed in every run (refresh): a table cached by an earlier run carries that run's load
     # over the cache the decodes allocate: the longest batch's longest prompt, n new tokens and the widest round
     slots = cache_length_for(max(len(p) for p in prompts[:max(sizes)]), n, max(8, max(ks)))
-    table, path, _ = cached_cost_table(target, drafter, sizes, max(8, max(ks)) + 1, args.compile, seed=args.seed,
-                                       calibrate=True, context=context, refresh=True, cache_length=slots)
-    if head is not None:  # the head's forward and the rules' decisions, which a head policy's rounds pay
-        table = price_head_rules(table, head, drafter.config.hidden_size, prior, table.max_drafts)
+
+    def profile(batch_sizes):
+        table = cached_cost_table(target, drafter, batch_sizes, max(8, max(ks)) + 1, args.compile, seed=args.seed,
+                                  calibrate=True, context=context, refresh=True, cache_length=slots)[0]
+        if head is not None:  # the head's forward and the rules' decisions, which a head policy's rounds pay
+            table = price_head_rules(table, head, drafter.config.hidden_size, prior, table.max_drafts)
+        return table
+    table = profile(sorted({1, sizes[0]}) if args.profile_each_batch else sizes)
     lines = [f"## Predicted vs measured throughput ({datetime.date.today()}, {table.device}, torch {torch.__version__})", "",
              f"`python benchmarks/bench_predict.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
              f"{pair}; mean greedy agreement {float(torch.cat(agree).mean()):.3f}; {args.runs} interleaved runs, "
              f"{n} new tokens, the first {max(sizes)} prompts (median length {context} tokens) in batches of B at every B, "
              f"compile {args.compile}, {args.threads} thread(s); "
-             "cost table profiled in this run.", "",
-             "```", table.render(), "```", "",
+             + ("each batch size's cost table profiled right before its decodes (below)." if args.profile_each_batch
+                else "cost table profiled in this run."), "",
+             *(() if args.profile_each_batch else ("```", table.render(), "```")), "",
              "| method | B | predicted tok/s | measured tok/s | predicted / measured - 1 | predicted MAT | measured MAT |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     worst: dict[str, float] = {}
@@ -146,7 +155,12 @@ def main(argv=None) -> int:
     summary = summarize_acceptance(agree, sigma, k_max=table.max_drafts)
     # one compiler for every decode: a mode string gives each call a compiler, and each its compilation again
     compiler = StepCompiler(args.compile)
+    rendered = []
     for b in sizes:
+        if args.profile_each_batch:  # minutes, not tens of minutes, between a table and the decodes it prices
+            # eager decodes drop finished rows (down to one), which the simulation prices at B = 1 too
+            table = table if b == sizes[0] else profile([b] if args.compile != "none" else sorted({1, b}))
+            rendered.append(table.render())
         groups = [everything[i:i + b] for i in range(0, len(everything), b)]
         # a call's prefill runs at its batch's longest prompt (right-padded)
         width = statistics.mean(max(len(p) for p in g) for g in groups)
@@ -171,6 +185,8 @@ def main(argv=None) -> int:
             lines.append(f"| {name} | {b} | {predicted[name]['tokens_per_s']:.1f} | {measured:.1f} | {err:+.1%} | "
                          f"{predicted[name]['mat']:.2f} | {mat:.2f} |")
     lines += ["", "Worst |error| per method: " + ", ".join(f"{m} {e:.1%}" for m, e in worst.items()) + "."]
+    if rendered:
+        lines += ["", "```", *rendered, "```"]
     publish("\n".join(lines), write=not args.no_append)
     return 0
 
