@@ -171,11 +171,8 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
         for key, call in calls.items():
             batch = key[0]
             tcache = tcaches[batch]
-            # what precedes the call in a decode, untimed: the same call (the last round's, or the last token's),
-            # and before a round's drafting the last round's verify. Timed right after other batch sizes' calls, a
-            # step pays for their data in the CPU's caches: compiled, B = 1's one-token verify cost 2.8 ms after
-            # itself and 3.2 ms after B = 32's 9-wide one, more than the decode loop's own work per round, which
-            # the calibration then priced at 0 (module docstring)
+            # what precedes the call in a decode, untimed: the same call, and before a round's drafting the last
+            # round's verify (after other batch sizes' calls a step pays for cold CPU caches: module docstring)
             tcache.rollback(at[batch])
             call()
             tcache.rollback(at[batch])
@@ -211,7 +208,8 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
     has no room), over prompts long enough that every decode allocates the table's `cache_length` (they attend
     over the slots the table's steps did; the start is scaled from that prompt length to `context`), interleaved (each pass visits every batch
     size), each after an untimed short decode of its own batch size and method (as the steps are timed after
-themselves), the fastest of `repeats` after a warm-up pass (as the steps: `fastest`). Every row decodes the same prompt (`context` random tokens): greedy rows then accept alike, so
+    themselves; after another batch size's, compiled, B = 1's loop came out 0 in a table of B = 1, 8, 32 and
+    0.44 ms in one of B = 1 alone), the fastest of `repeats` after a warm-up pass (as the steps: `fastest`). Every row decodes the same prompt (`context` random tokens): greedy rows then accept alike, so
     the batch stays in lockstep and no row finishes early. The difference of the two lengths cancels the
     prefills; what the steps the table prices do not explain, per round and per draft step, is the loop's:
         loop       = (T_ar(n2) - T_ar(n1)) / (n2 - n1) - t_v(B, 1)
@@ -253,10 +251,8 @@ themselves), the fastest of `repeats` after a warm-up pass (as the steps: `faste
     drafted: dict[tuple, list[int]] = {}
     for rep in range(repeats + 1):  # pass 0 warms up (and compiles); every pass visits every batch size
         for key, call in calls.items():
-            # after the same batch size's short decode of the same method, untimed: what precedes a decode where
-            # decodes are timed (a batch after a batch). After another batch size's decode, the short one paid for
-            # refilling the CPU's caches, which the difference of the two lengths then took from the loop: compiled,
-            # B = 1's loop came out 0 in a table of B = 1, 8, 32 and 0.44 ms in a table of B = 1 alone
+            # after an untimed short decode of the same batch size and method, as a batch follows a batch (after
+            # another batch size's, the cold caches' cost came out of the loop term: docstring)
             calls[key[:2] + (n1,)]()
             out, timing = timed_call(call, device)
             if rep:
