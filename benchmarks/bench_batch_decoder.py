@@ -236,7 +236,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     # the batch-aware rule and vLLM's global verify budget, priced with the decoder's own step times on this
     # device and mode (profiled here, over the curve's batch sizes and widths up to K_max + 1, the loop calibrated,
     # over the cache the curve's decodes allocate)
-    slots = cache_length_for(max(len(p) for p in prompts[:max(args.batch_sizes)]), n, args.k_max)
+    slots = cache_length_for(max(len(p) for p in prompts[:max(args.batch_sizes)]), n, args.k_max, args.compile)
     table = profile_cost_table(target, drafter, sorted({1, *args.batch_sizes}), args.k_max + 1, args.compile,
                                calibrate=True, cache_length=slots)
     # the head's forward and the rules' decisions, which their rounds pay beyond fixed K's (eager only)

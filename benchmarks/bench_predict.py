@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     context = int(statistics.median(len(p) for p in prompts[:max(sizes)]))
     # re-timed in every run (refresh): a table cached by an earlier run carries that run's load
     # over the cache the decodes allocate: the longest batch's longest prompt, n new tokens and the widest round
-    slots = cache_length_for(max(len(p) for p in prompts[:max(sizes)]), n, max(8, max(ks)))
+    slots = cache_length_for(max(len(p) for p in prompts[:max(sizes)]), n, max(8, max(ks)), args.compile)
 
     def profile(batch_sizes):
         table = cached_cost_table(target, drafter, batch_sizes, max(8, max(ks)) + 1, args.compile, seed=args.seed,
@@ -162,8 +162,8 @@ def main(argv=None) -> int:
             table = table if b == sizes[0] else profile([b] if args.compile != "none" else sorted({1, b}))
             rendered.append(table.render())
         groups = [everything[i:i + b] for i in range(0, len(everything), b)]
-        # a call's prefill runs at its batch's longest prompt (right-padded)
-        width = statistics.mean(max(len(p) for p in g) for g in groups)
+        # a call's prefill runs at its batch's longest prompt (right-padded; compiled, rounded up to a power of two)
+        width = statistics.mean(table.prefill_positions(max(len(p) for p in g)) for g in groups)
         pred = predict_throughput(summary, table, [b], prior or summary_prior(summary, 1.0), k_max=table.max_drafts,
                                   rounds=args.rounds, seed=args.seed, new_tokens=n, prompt_lengths={b: width})
         predicted = {r["method"]: r for r in pred["predictions"]}

@@ -38,7 +38,7 @@ import torch
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.compat import check_head, check_pair, check_prompt
-from specdraft.decoding.compilation import StepCompiler, prefill_width, static_length, verify_width
+from specdraft.decoding.compilation import StepCompiler, decode_cache_length, prefill_width, verify_width
 from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB, RowBandits
 from specdraft.decoding.rounds.batch_verify import verify_greedy, verify_sampled
@@ -541,9 +541,9 @@ def start(target, prompts, max_new_tokens, drafter, policy, sampling, eos, seed,
     device = input_device(target)
     B, W = len(prompts), (policy.max_tokens if policy is not None else 0)
     ids, plens = right_pad(prompts, device)
+    max_len = decode_cache_length(ids.shape[1], max_new_tokens, W, compiler.mode)
     if not compiler.eager:  # the prefills run compiled too, at a few padded widths
         ids = torch.nn.functional.pad(ids, (0, prefill_width(ids.shape[1]) - ids.shape[1]))
-    max_len = static_length(ids.shape[1] + max_new_tokens + W + 2)
 
     d = Decode(target=target, drafter=drafter, policy=policy, sampling=sampling,
                generator=torch.Generator(device=device).manual_seed(seed),

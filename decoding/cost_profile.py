@@ -60,7 +60,7 @@ from specdraft.core.devices import device_name
 from specdraft.core.errors import InputError
 from specdraft.decoding.batched import forward_step, head_sigma
 from specdraft.decoding.bundle.defaults import COMPILE_MODES
-from specdraft.decoding.compilation import CACHE_ROUND, StepCompiler, static_length
+from specdraft.decoding.compilation import CACHE_ROUND, StepCompiler, decode_cache_length, static_length
 from specdraft.decoding.policies.cost_model import CostTable, padded_width
 from specdraft.decoding.rounds.static_cache import forward_rows
 from specdraft.decoding.timing import timed_call
@@ -96,10 +96,11 @@ def least_cache_length(context: int, max_width: int) -> int:
     return static_length(context + max_width + 2)
 
 
-def cache_length_for(longest_prompt: int, new_tokens: int, k_max: int) -> int:
+def cache_length_for(longest_prompt: int, new_tokens: int, k_max: int, compile: str) -> int:
     """The static cache slots a decode of `new_tokens` after a batch whose longest prompt is `longest_prompt`
-    allocates at K_max `k_max` (`decoding.batched.start`): what its steps attend over."""
-    return static_length(longest_prompt + new_tokens + k_max + 2)
+    allocates at K_max `k_max` in mode `compile` (`decoding.compilation.decode_cache_length`): what its steps
+    attend over."""
+    return decode_cache_length(longest_prompt, new_tokens, k_max, compile)
 
 
 def _check(batch_sizes, max_width, compile, repeats, context) -> tuple[int, ...]:
@@ -125,7 +126,7 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
     the widest verify, K_max + 1. seed: the random token ids fed (their values do not change a step's
     time; seeded so a profile is reproducible in everything but the clock). calibrate: also price the
     loop's own work per round and per draft step (`calibrate_loop`). cache_length: the slots of the static
-    cache the priced decodes allocate, static_length(longest prompt + new tokens + K_max + 2) (`cache_length_for`;
+    cache the priced decodes allocate, about longest prompt + new tokens + K_max + 2 (`cache_length_for`;
     attention runs over all of them: CostTable); default the smallest that holds `context` and a round."""
     sizes = _check(batch_sizes, max_width, compile, repeats, context)
     least = context + max_width + 2
@@ -228,9 +229,11 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
     gen = torch.Generator().manual_seed(seed + 1)
     k = min(4, table.max_drafts)
     slots = table.cache_length or least_cache_length(table.context, table.widths[-1])
-    # generate_batch allocates static_length(prompt + new + W + 2) slots (W = 0 for AR): the prompts are long enough
-    # that the short AR decode's cache is already `slots` (prompt + n1 + 2 > slots - CACHE_ROUND), the long decode
-    # short enough that the fixed-K one's still is (prompt + n2 + k + 2 <= slots)
+    # generate_batch allocates static_length(prompt + new + W + 2) slots (W = 0 for AR; `decode_cache_length`): the
+    # prompts are long enough that the short AR decode's cache is already `slots` (prompt + n1 + 2 > slots -
+    # CACHE_ROUND), the long decode short enough that the fixed-K one's still is (prompt + n2 + k + 2 <= slots).
+    # Compiled, a cache is also at least the prefill's padded width: a power of two, which is more than `slots` for
+    # some (384, 448, 640, ...); those calibrate over that larger cache
     n1 = LOOP_SHORT
     prompt_length = max(table.context, slots - CACHE_ROUND - n1 - 1)
     n2 = min(n1 + LOOP_SPAN, slots - prompt_length - k - 2)
@@ -273,7 +276,7 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
         ar_start = max(0.0, t[(False, n1)] - n1 * (table.t_verify(batch, 1) + per_round))
         spec_rounds = steps[n1] + per_round * len(drafted_at[n1]) + per_draft * sum(drafted_at[n1])
         # the starts of prompt_length-token prompts, priced at `context` tokens as `CostTable.t_start` scales them
-        scale = table.context / prompt_length
+        scale = table.prefill_positions(table.context) / table.prefill_positions(prompt_length)
         start.append(ar_start * scale)
         start_draft.append(max(0.0, t[(True, n1)] - spec_rounds - ar_start) * scale)
     return dataclasses.replace(table, loop=tuple(loop), loop_draft=tuple(loop_draft), start=tuple(start),

@@ -266,7 +266,8 @@ def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes
     table's smallest batch), and the K per batch size the cost model recommends (also reported on its own).
     Each (method, batch) runs `rounds` simulated rounds from its own seeded generator; with `new_tokens`,
     `rounds` static batches of that many new tokens per row (`simulate_policy`), each paying a call's start
-    at the width of its prefill, `prompt_lengths[B]` (a batch's longest prompt; default the table's context)."""
+    at the width of its prefill, `prompt_lengths[B]` (the positions a batch's prefill runs at,
+    `CostTable.prefill_positions` of its longest prompt, or their mean over batches; default the table's context)."""
     if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise InputError(f"batch sizes must be integers >= 1, got {list(batch_sizes)}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:

@@ -172,7 +172,7 @@ class CostTable:
                       K's (`decoding.cost_profile.price_rules`); a round of a rule not listed pays nothing extra
     The fastest of repeated, interleaved calls after a warm-up over a static cache of `cache_length` slots
     holding `context` tokens: attention runs over every slot of the decoder's static cache (masked), so a step's
-    cost grows with the cache a decode allocates (static_length(longest prompt + new tokens + K_max + 2); on the
+    cost grows with the cache a decode allocates (`decoding.compilation.decode_cache_length`; on the
     demo pair at B = 32 a 1-wide verify took 13 / 17 / 21 ms over 64 / 128 / 192 slots), and a table prices
     the decodes of its cache length.
     Under a compile mode only the widths the compiled decoder runs are measured (1 and 2^j + 1, see
@@ -277,15 +277,23 @@ class CostTable:
     def t_start(self, batch: float, drafter: bool, prompt_length: float | None = None) -> float:
         """Seconds of a decode call's start at `batch` (the prefills and the call's setup), with or without a
         drafter (0 when the table was not calibrated). A served batch pays it once per request, a static
-        batch once per call. prompt_length: the width the call's prefills run at (a batch's prompts are
-        right-padded to its longest), priced as the table's start scaled by prompt_length / context: the
-        start is mostly the prefills, whose work grows with their width (the setup's share is not separated;
-        on the demo pair a 31-token start was ~2x one target step)."""
+        batch once per call. prompt_length: the positions the call's prefills run at,
+        `prefill_positions(longest prompt)` (or a mean of those over calls), priced as the table's start
+        scaled by prompt_length / prefill_positions(context): the start is mostly the prefills, whose work
+        grows with their width (the setup's share is not separated; on the demo pair a 31-token start was
+        ~2x one target step)."""
         if not self.start:
             return 0.0
         extra = _interpolate(self.batch_sizes, self.start_draft, batch, "batch size") if drafter else 0.0
-        scale = 1.0 if prompt_length is None else prompt_length / self.context
+        scale = 1.0 if prompt_length is None else prompt_length / self.prefill_positions(self.context)
         return (_interpolate(self.batch_sizes, self.start, batch, "batch size") + extra) * scale
+
+    def prefill_positions(self, longest: int) -> int:
+        """The positions per row a call's prefill runs at, in this table's compile mode, when its longest
+        prompt is `longest` tokens (`decoding.compilation.prefill_positions`): what `t_start` scales by."""
+        from specdraft.decoding.compilation import prefill_positions
+
+        return prefill_positions(longest, self.compile)
 
     def round_costs(self, batch: float, k_max: int | None = None, rule: str | None = None) -> list[float]:
         """[round_cost(batch, k, rule) for k = 0..k_max] (k_max: the table's max_drafts)."""

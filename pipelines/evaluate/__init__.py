@@ -251,9 +251,9 @@ def _price_throughput(ctx: Context, env: Env, bundle: Bundle, prompts: list, not
 
 def _predicted_beside_measured(throughput: dict, env: Env, summary, prompts: list) -> None:
     """What `specdraft predict` says of the same rows before decoding (static batches of the runs' length, each
-    prefilling at the mean over the rows' batches of their longest prompt), beside the measured, and the table
-    it priced them with, into the throughput metrics."""
-    widths = {b: statistics.mean(max(len(p.ids) for p in batch.batch) for batch in group)
+    prefilling at the mean over the rows' batches of the positions their longest prompt prefills at), beside the
+    measured, and the table it priced them with, into the throughput metrics."""
+    widths = {b: statistics.mean(env.cost_table.prefill_positions(max(len(p.ids) for p in batch.batch)) for batch in group)
               for b, group in batches(env, prompts).items()}
     throughput["predicted"] = beside_measured(predict_throughput(
         summary, env.cost_table, throughput["batch_sizes"], env.prior,

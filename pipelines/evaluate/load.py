@@ -116,7 +116,7 @@ def throughput_costs(bundle: Bundle, target, drafters: dict, heads: dict, ofa: s
         # calibrated: the loop's own work per round and a call's start, which the report's prediction prices
         # (short decodes: seconds at the rows' batch sizes)
         # over the cache the rows' decodes allocate (their longest prompt, the runs' new tokens, K_max)
-        slots = cache_length_for(max(context, longest or context), ecfg.max_new_tokens, head.k_max)
+        slots = cache_length_for(max(context, longest or context), ecfg.max_new_tokens, head.k_max, "none")
         table = profile_cost_table(target, drafters[ofa], sorted({1, *ecfg.batch_sizes}), head.k_max + 1, "none",
                                    seed=seed, calibrate=True, context=max(1, context), cache_length=slots)
         # the head's forward and each rule's decisions: what a head policy's rounds pay beyond fixed K's

@@ -174,6 +174,44 @@ def test_compiled_prefills_run_at_a_few_widths_never_shorter_than_the_prompt():
     assert all(w >= n for n, w in zip(range(1, 300), widths))
 
 
+def test_a_decode_cache_holds_the_longest_prompt_and_the_round_not_the_padding(llama_pair):
+    """A decode's static cache: the longest prompt, the new tokens, a round's drafts and two more, rounded up to
+    64 slots; compiled, also the padded prefill's width (which the prefill writes). A 68-token prompt prefills 128
+    positions compiled, and 4 new tokens need 74 slots: 128, not the 192 of the padded width plus the new tokens
+    (every step attends over every slot). Checked in a decode with the compiled path's padding and cache reuse and
+    eager functions: it allocates what `decode_cache_length` says and gives the eager decode's tokens."""
+    from specdraft.decoding.compilation import decode_cache_length
+
+    assert decode_cache_length(68, 4, 0, "none") == decode_cache_length(68, 4, 0, "default") == 128
+    assert decode_cache_length(68, 48, 8, "default") == 128 and decode_cache_length(68, 60, 8, "none") == 192
+    assert decode_cache_length(20, 4, 0, "none") == decode_cache_length(20, 4, 0, "default") == 64
+    assert decode_cache_length(130, 4, 0, "none") == 192 and decode_cache_length(130, 4, 0, "default") == 256
+
+    class Padded(StepCompiler):  # the compiled decode's padding and cache reuse, with eager functions
+        def __init__(self):
+            super().__init__("default")
+            self.sizes = []
+
+        def apply(self, fn, model, name, graphs=False):
+            return fn
+
+        def cache(self, model, batch, max_len):
+            self.sizes.append(max_len)
+            return super().cache(model, batch, max_len)
+
+    target, drafter = llama_pair
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 96, (n,), generator=gen).tolist() for n in (68, 5)]
+    padded = Padded()
+    with torch.inference_mode():
+        for policy in (None, FixedK(3)):
+            kw = dict(drafter=drafter, policy=policy) if policy else {}
+            want = generate_batch(target, prompts, 4, **kw)
+            got = generate_batch(target, prompts, 4, compile=padded, **kw)
+            assert [r.tokens for r in got] == [r.tokens for r in want]
+    assert padded.sizes == [128, 128, 128]  # AR's target cache; fixed K's target and drafter caches
+
+
 @pytest.mark.slow
 def test_compiled_steps_of_two_models_of_one_shape_stay_apart(make_llama):
     """Two models of the same architecture: each compiled step gives its own model's logits (the steps keep

@@ -1,6 +1,7 @@
 """The decoder's measured cost table (decoding/policies/cost_model.CostTable) and its profiler
 (decoding/cost_profile.py) on tiny random models: shape, the sanity that must hold, the on-disk cache,
 the JSON round trip, and one-line errors."""
+import dataclasses
 import json
 
 import pytest
@@ -149,6 +150,24 @@ def test_the_loop_is_calibrated_from_decodes(pair, profiled):
     assert t.t_start(4, True) == t.t_start(4, False) + t.start_draft[1]
     assert profiled.t_start(1, True) == 0.0  # uncalibrated: no start priced
     assert CostTable.from_dict(t.as_dict()) == t
+
+
+def test_a_compiled_start_is_priced_at_the_prefill_width():
+    """Compiled, a call's prefill runs right-padded to a power of two (`prefill_width`): a batch whose longest
+    prompt is 68 tokens prefills 128 positions, twice a 52-token batch's 64, and its start is priced at that,
+    not at 68 / 52 of it (on the demo target at B = 8 it measured ~2x). Eager, the prompt's length itself."""
+    eager = CostTable(batch_sizes=(1, 8), widths=(1, 2, 3, 5), verify=((1.0, 1.1, 1.2, 1.4), (2.0, 2.2, 2.4, 2.8)),
+                      draft=(0.1, 0.2), catchup=(0.1, 0.2), device="cpu", torch_version="x", compile="none",
+                      target_id="t", drafter_id="d", context=40, loop=(0.0, 0.0), loop_draft=(0.0, 0.0),
+                      start=(3.0, 6.0), start_draft=(1.0, 2.0))
+    compiled = dataclasses.replace(eager, compile="default")
+    assert [compiled.prefill_positions(n) for n in (16, 40, 52, 64, 65, 68)] == [16, 64, 64, 64, 128, 128]
+    assert [eager.prefill_positions(n) for n in (40, 52, 68)] == [40, 52, 68]
+    for drafter in (False, True):
+        base = compiled.t_start(8, drafter)  # the context's 40 tokens prefill 64 positions
+        assert compiled.t_start(8, drafter, compiled.prefill_positions(52)) == pytest.approx(base)
+        assert compiled.t_start(8, drafter, compiled.prefill_positions(68)) == pytest.approx(2 * base)
+        assert eager.t_start(8, drafter, eager.prefill_positions(68)) == pytest.approx(68 / 40 * eager.t_start(8, drafter))
 
 
 def test_lookup_interpolates_and_never_extrapolates(profiled):
