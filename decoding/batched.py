@@ -186,6 +186,21 @@ def segments(width: int, policy) -> list[tuple[int, int]]:
     return [(i, min(i + size, width)) for i in range(0, width, size)]
 
 
+def round_feeds(policy, steps: int, compiled: bool) -> int:
+    """The drafter's width-1 forwards (feeds of y_i) a round runs beyond its catch-up when its longest row
+    drafted `steps` positions of the policy's W: eagerly steps - 1 (no feed after the last decision; W - 1 at
+    most). Compiled, a draft graph runs every position of its segment (`segments`) and feeds each but the
+    round's last (W - 1): a rule without a head drafts all W in one graph; a rule with a head stops between
+    segments of `HEAD_SEGMENT`, so a stop inside one still pays its remaining feeds (steps = 3 of W = 8: 4)."""
+    if steps <= 0:
+        return 0
+    width = policy.max_tokens
+    if not compiled:
+        return min(steps, width) - 1
+    end = min(width, -(-steps // HEAD_SEGMENT) * HEAD_SEGMENT) if policy.needs_hidden else width
+    return end if end < width else width - 1
+
+
 def compiled_segment(compiler: StepCompiler, model: torch.nn.Module, policy, bounds: tuple[int, int], width: int,
                      decide_zero: bool = False):
     """`draft_positions` over positions bounds[0]..bounds[1] - 1 with greedy picks, as one graph per

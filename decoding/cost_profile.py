@@ -30,7 +30,9 @@ alike, which the rules' decisions (costs against costs, lam from the same table)
 table of fastest passes predicts a decode timed by its median a few % fast. Under a compile mode only the widths
 the compiled decoder runs are timed (1 and 2^j + 1, `cost_model.padded_width`): a width is a graph.
 With `calibrate` (off by default: it decodes, minutes where the steps take seconds; `specdraft predict`
-turns it on) the loop's own work beyond these steps, per round and per draft step, is priced from short
+turns it on) the prefill steps are timed too, target's and drafter's, at every power of two from 16 positions
+to the cache's slots (the widths a compiled call pads its prompts to; an eager call's are interpolated), for a
+call's start at its own width, and the loop's own work beyond these steps, per round and per draft step, is priced from short
 decodes of `generate_batch` itself (`calibrate_loop`): on a small model the round's verification, commit
 and host transfer are a measurable share of its time (bench_predict.py: without them predictions ran up
 to 45% above measured tokens/s on the demo-shaped pair). On the demo-shaped pair (eager, 1 thread, B = 1,
@@ -124,8 +126,8 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
                        seed: int = 0, calibrate: bool = False, cache_length: int | None = None) -> CostTable:
     """Time the decoder's steps (module docstring) and return the fastest of each as a CostTable. max_width:
     the widest verify, K_max + 1. seed: the random token ids fed (their values do not change a step's
-    time; seeded so a profile is reproducible in everything but the clock). calibrate: also price the
-    loop's own work per round and per draft step (`calibrate_loop`). cache_length: the slots of the static
+    time; seeded so a profile is reproducible in everything but the clock). calibrate: also time the prefill
+    steps and price the loop's own work per round and per draft step and a call's setup (`calibrate_loop`). cache_length: the slots of the static
     cache the priced decodes allocate, about longest prompt + new tokens + K_max + 2 (`cache_length_for`;
     attention runs over all of them: CostTable); default the smallest that holds `context` and a round."""
     sizes = _check(batch_sizes, max_width, compile, repeats, context)
@@ -143,6 +145,7 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
     compiler = StepCompiler(compile)
     target_step, drafter_step = forward_step(compiler, target), forward_step(compiler, drafter)
     calls, at, tcaches, widest = {}, {}, {}, {}
+    prefill_widths = tuple(w for w in (16 << i for i in range(max_len.bit_length())) if w <= max_len) if calibrate else ()
     chain_long = max(2, max_width - 2)  # the longest round's width-1 drafter steps (K_max - 1), at least 2
     for batch in sizes:  # every batch size's caches at once (about twice the largest one's memory)
         tcache, dcache = compiler.cache(target, batch, max_len), compiler.cache(drafter, batch, max_len)
@@ -164,6 +167,14 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
                 drafter_step(d, ids[1])
                 d.lengths.add_(1)
         calls.update({(batch, "chain", n): (lambda n=n, chain=chain: chain(n)) for n in (1, chain_long)})
+        if calibrate:  # a call's prefills, at the widths a compiled one pads to (`prefill_width`) that the cache holds
+            def prefill(step, cache, ids):
+                cache.rollback(torch.zeros_like(cache.lengths))
+                step(cache, ids)
+            for w in prefill_widths:
+                ids_w = torch.randint(0, vocab, (batch, w), generator=gen).to(device)
+                calls[(batch, "prefill", w)] = lambda t=tcache, x=ids_w: prefill(target_step, t, x)
+                calls[(batch, "prefill_draft", w)] = lambda d=dcache, x=ids_w: prefill(drafter_step, d, x)
     times: dict[tuple, list[float]] = {key: [] for key in calls}
     # pass 0 is the warm-up (and each shape's compilation); each pass visits every batch size and shape, so a
     # batch size's samples are spread over the whole profile and a slow phase of the machine caught by some
@@ -189,10 +200,12 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
     # noise cannot make a step free: at least a microsecond (the validation wants every time > 0)
     draft = [max((tl - t1) / (chain_long - 1), 1e-6) for t1, tl in zip(one, long)]
     catchup = [max(t1 - d, 1e-6) for t1, d in zip(one, draft)]
+    prefills = {part: tuple(tuple(fastest(times[(b, part, w)]) for w in prefill_widths) for b in sizes) if calibrate
+                else () for part in ("prefill", "prefill_draft")}
     table = CostTable(batch_sizes=sizes, widths=widths, verify=tuple(verify), draft=tuple(draft), catchup=tuple(catchup),
                       device=device_name(device), torch_version=torch.__version__, compile=compile,
                       target_id=model_identity(target), drafter_id=model_identity(drafter), context=context,
-                      cache_length=max_len, repeats=repeats)
+                      cache_length=max_len, repeats=repeats, prefill_widths=prefill_widths, **prefills)
     # whole decodes cost far more than steps: at most 3 repeats (the difference of two lengths is robust)
     return calibrate_loop(target, drafter, table, repeats=min(repeats, 3), seed=seed) if calibrate else table
 
@@ -207,7 +220,7 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
     call's start (`start`, `start_draft`), filled in, from `decoding.batched.generate_batch` itself: per batch size, an autoregressive decode and a fixed-K
     decode (K = min(4, K_max)) of n1 = LOOP_SHORT and n2 = n1 + LOOP_SPAN new tokens each (fewer where the cache
     has no room), over prompts long enough that every decode allocates the table's `cache_length` (they attend
-    over the slots the table's steps did; the start is scaled from that prompt length to `context`), interleaved (each pass visits every batch
+    over the slots the table's steps did), interleaved (each pass visits every batch
     size), each after an untimed short decode of its own batch size and method (as the steps are timed after
     themselves; after another batch size's, compiled, B = 1's loop came out 0 in a table of B = 1, 8, 32 and
     0.44 ms in one of B = 1 alone), the fastest of `repeats` after a warm-up pass (as the steps: `fastest`). Every row decodes the same prompt (`context` random tokens): greedy rows then accept alike, so
@@ -216,11 +229,12 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
         loop       = (T_ar(n2) - T_ar(n1)) / (n2 - n1) - t_v(B, 1)
         loop_draft = ((T_k(n2) - T_k(n1)) - (S(n2) - S(n1)) - loop (R(n2) - R(n1))) / (D(n2) - D(n1))
     with S the table's step cost of the decode's rounds, R its rounds and D its drafts (both from its
-    counters). What the short decodes spend beyond their rounds is the call's start (of their prompts' length,
-    scaled to `context` tokens):
-        start       = T_ar(n1) - n1 (t_v(B, 1) + loop)
-        start_draft = T_k(n1) - S(n1) - loop R(n1) - loop_draft D(n1) - start
-    Clamped at 0: noise must not make a round cheaper than its steps."""
+    counters). What the short decodes spend beyond their rounds is the call's start; with the table's prefill
+    steps (P: the target's, P_d: the drafter's, at the positions the prompts prefill at), its setup beyond them:
+        start       = T_ar(n1) - n1 (t_v(B, 1) + loop) - P
+        start_draft = T_k(n1) - S(n1) - loop R(n1) - loop_draft D(n1) - (start + P) - P_d
+    (without: the whole start, scaled from the prompts' length to `context` tokens). Clamped at 0: noise must
+    not make a round cheaper than its steps."""
     from specdraft.decoding.batched import generate_batch
     from specdraft.decoding.policies.stopping import FixedK
 
@@ -275,10 +289,16 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
         loop_draft.append(per_draft)
         ar_start = max(0.0, t[(False, n1)] - n1 * (table.t_verify(batch, 1) + per_round))
         spec_rounds = steps[n1] + per_round * len(drafted_at[n1]) + per_draft * sum(drafted_at[n1])
-        # the starts of prompt_length-token prompts, priced at `context` tokens as `CostTable.t_start` scales them
-        scale = table.prefill_positions(table.context) / table.prefill_positions(prompt_length)
-        start.append(ar_start * scale)
-        start_draft.append(max(0.0, t[(True, n1)] - spec_rounds - ar_start) * scale)
+        spec_start = max(0.0, t[(True, n1)] - spec_rounds - ar_start)
+        if table.prefill:  # the setup beyond the prefills, which `CostTable.t_start` prices at a call's own width
+            positions = table.prefill_positions(prompt_length)
+            start.append(max(0.0, ar_start - table.t_prefill(batch, positions, False)))
+            start_draft.append(max(0.0, spec_start - (table.t_prefill(batch, positions, True)
+                                                      - table.t_prefill(batch, positions, False))))
+        else:  # the starts of prompt_length-token prompts, priced at `context` tokens as `CostTable.t_start` scales them
+            scale = table.prefill_positions(table.context) / table.prefill_positions(prompt_length)
+            start.append(ar_start * scale)
+            start_draft.append(spec_start * scale)
     return dataclasses.replace(table, loop=tuple(loop), loop_draft=tuple(loop_draft), start=tuple(start),
                                start_draft=tuple(start_draft))
 
@@ -386,11 +406,11 @@ def cache_key(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Se
     both models' identities, the grid it covers, and the head its rules were priced with."""
     device = target.get_input_embeddings().weight.device
     # "start": calibrated tables price a call's start since that field came; "chain": drafter steps are timed
-    # in a round's chains, and "fastest": a table keeps each step's fastest pass, since then; older cached
-    # tables are re-timed
+    # in a round's chains, "fastest": a table keeps each step's fastest pass, and "prefill": calibrated tables
+    # time the prefill steps, since then; older cached tables are re-timed
     blob = json.dumps([device_name(device), torch.__version__, compile, model_identity(target),
                        model_identity(drafter), sorted(set(batch_sizes)), max_width, context, calibrate, "start",
-                       "chain", "fastest", head_identity(head),
+                       "chain", "fastest", "prefill", head_identity(head),
                        static_length(cache_length) if cache_length else least_cache_length(context, max_width)])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 

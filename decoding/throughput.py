@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 import torch
 
 from specdraft.core.errors import InputError
+from specdraft.decoding.batched import round_feeds
 from specdraft.decoding.policies.stopping import SpecDecPP
 from specdraft.decoding.policies.batch_aware import (BatchAwareSpecDec, GlobalVerifyBudget, KPerBatchSize,
                                                      LockstepBatchAwareSpecDec, Prior, k_per_batch_size)
@@ -225,7 +226,9 @@ def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch:
             k = torch.minimum(finish(state, steps), k)
         inside = torch.arange(width)[None] < k[:, None]
         # lockstep: the longest row's drafts and verify width; the rule's own work where the table priced it
-        cost += table.round_cost(rows, int(k.max()), type(policy).__name__)
+        # compiled, the draft graphs' feeds: whole segments, not the drafts alone
+        cost += table.round_cost(rows, int(k.max()), type(policy).__name__,
+                                 round_feeds(policy, steps, table.compile != "none"))
         drafts += float(k.sum())
         row_rounds += float(active.sum())
         done_rounds += 1

@@ -164,9 +164,13 @@ class CostTable:
         loop[B]       the decode loop's own work per round beyond those steps (verification and commit ops,
                       the host transfer), from short decodes (`decoding.cost_profile`); () when not calibrated
         loop_draft[B] the loop's own work per draft step (picks, masks) beyond the drafter's forward
-        start[B]      a decode call's own start at batch B: the target's prefill of `context` tokens per row
-                      and the call's setup (caches, state), once per call, not per round; () when not calibrated
-        start_draft[B] what a call with a drafter adds to it (the drafter's prefill)
+        start[B]      a decode call's own start at batch B, once per call, not per round; () when not
+                      calibrated. With `prefill`: the call's setup beyond its prefills (caches, state); without
+                      (an older table): the setup and the target's prefill of `context` tokens per row
+        start_draft[B] what a call with a drafter adds to it (with `prefill`: beyond the drafter's prefill)
+        prefill[B][p] the target's prefill step at batch B over p positions per row, p in `prefill_widths`
+                      (powers of two from 16 up to the cache); () when not calibrated
+        prefill_draft[B][p] the drafter's
         rules         a stopping rule's own work, per rule (its class name): per round (its round state and
                       decision 0) and per draft step (the head's forward on e_i and the decision), beyond fixed
                       K's (`decoding.cost_profile.price_rules`); a round of a rule not listed pays nothing extra
@@ -196,6 +200,9 @@ class CostTable:
     start: tuple[float, ...] = ()  # [batch index], seconds per decode call; () = not calibrated (0)
     start_draft: tuple[float, ...] = ()  # [batch index], seconds a drafter adds to a call's start
     rules: tuple[tuple[str, tuple[float, ...], tuple[float, ...]], ...] = ()  # (rule, per round [B], per draft [B])
+    prefill_widths: tuple[int, ...] = ()  # positions per row the prefill steps were timed at
+    prefill: tuple[tuple[float, ...], ...] = ()  # [batch index][prefill width index], the target's
+    prefill_draft: tuple[tuple[float, ...], ...] = ()  # [batch index][prefill width index], the drafter's
 
     def __post_init__(self):
         if not self.batch_sizes or list(self.batch_sizes) != sorted(set(self.batch_sizes)) or self.batch_sizes[0] < 1:
@@ -216,6 +223,15 @@ class CostTable:
                           or not all(isinstance(v, (int, float)) and 0 <= v < float("inf") for v in extra)):
                 raise InputError("cost table loop and start overheads must be one finite number >= 0 per batch size; "
                                  "re-profile it")
+        if self.prefill_widths or self.prefill or self.prefill_draft:
+            widths_ok = (list(self.prefill_widths) == sorted(set(self.prefill_widths)) and self.prefill_widths[0] >= 1
+                         if self.prefill_widths else False)
+            rows_ok = all(len(part) == len(self.batch_sizes) and all(
+                len(r) == len(self.prefill_widths) and all(isinstance(v, (int, float)) and 0 < v < float("inf") for v in r)
+                for r in part) for part in (self.prefill, self.prefill_draft))
+            if not (widths_ok and rows_ok):
+                raise InputError("cost table prefill times must be finite seconds > 0 per batch size and prefill width "
+                                 "(distinct, ascending), for the target and the drafter; re-profile it")
         for rule in self.rules:
             ok = (isinstance(rule, tuple) and len(rule) == 3 and isinstance(rule[0], str)
                   and all(len(part) == len(self.batch_sizes) and all(isinstance(v, (int, float)) and 0 <= v < float("inf")
@@ -241,18 +257,20 @@ class CostTable:
     def t_catchup(self, batch: float) -> float:
         return _interpolate(self.batch_sizes, self.catchup, batch, "batch size")
 
-    def round_cost(self, batch: float, k: int, rule: str | None = None) -> float:
+    def round_cost(self, batch: float, k: int, rule: str | None = None, feeds: int | None = None) -> float:
         """Seconds of one lockstep round at batch `batch` whose longest row drafts k (k = 0: a plain target
         step). A round of k >= 1 costs k drafter forwards (Lemma 3.1, `decoding.rounds.lengths`): the
         catch-up (width 2, which gave q_1) and k - 1 width-1 steps; then one verify over k + 1 positions,
         padded as the compiled decoder pads it; plus the loop's own work, t_loop + k t_loop_draft (when
         calibrated), and the stopping rule's, t_rule + k t_rule_draft (`rule`: its class name, when priced).
-        A round of 0 drafts runs no drafter forward."""
+        A round of 0 drafts runs no drafter forward. feeds: the width-1 drafter forwards the round really ran,
+        where that is not k - 1 (a compiled draft graph runs its whole segment: `decoding.batched.round_feeds`)."""
         if k < 0 or k > self.max_drafts:
             raise InputError(f"the cost table prices rounds of 0..{self.max_drafts} drafts, not {k}; profile a "
                              "wider table (max_width)")
         w = padded_width(k, self.max_drafts) if self.compile != "none" else k
-        drafting = 0.0 if k == 0 else self.t_catchup(batch) + (k - 1) * self.t_draft(batch)
+        feeds = k - 1 if feeds is None else feeds
+        drafting = 0.0 if k == 0 else self.t_catchup(batch) + feeds * self.t_draft(batch)
         per_round, per_draft = self.t_rule(batch, rule)
         return (drafting + self.t_verify(batch, w + 1) + self.t_loop(batch) + per_round
                 + k * (self.t_loop_draft(batch) + per_draft))
@@ -278,15 +296,29 @@ class CostTable:
         """Seconds of a decode call's start at `batch` (the prefills and the call's setup), with or without a
         drafter (0 when the table was not calibrated). A served batch pays it once per request, a static
         batch once per call. prompt_length: the positions the call's prefills run at,
-        `prefill_positions(longest prompt)` (or a mean of those over calls), priced as the table's start
-        scaled by prompt_length / prefill_positions(context): the start is mostly the prefills, whose work
-        grows with their width (the setup's share is not separated; on the demo pair a 31-token start was
-        ~2x one target step)."""
+        `prefill_positions(longest prompt)` (or a mean of those over calls; default: the context's). The
+        setup plus the prefill steps at those positions (`t_prefill`); a table without prefill steps (an
+        older one) scales its start by prompt_length / prefill_positions(context) instead, which misprices a
+        prefill whose cost is not linear in its width (compiled, demo pair, target + drafter at B = 1: 5.3 /
+        10.9 / 17.8 ms over 16 / 64 / 128 positions; at B = 16: 37 / 130 / 257 ms)."""
         if not self.start:
             return 0.0
+        positions = self.prefill_positions(self.context) if prompt_length is None else prompt_length
         extra = _interpolate(self.batch_sizes, self.start_draft, batch, "batch size") if drafter else 0.0
-        scale = 1.0 if prompt_length is None else prompt_length / self.prefill_positions(self.context)
-        return (_interpolate(self.batch_sizes, self.start, batch, "batch size") + extra) * scale
+        setup = _interpolate(self.batch_sizes, self.start, batch, "batch size") + extra
+        if not self.prefill:
+            return setup * positions / self.prefill_positions(self.context)
+        return setup + self.t_prefill(batch, positions, drafter)
+
+    def t_prefill(self, batch: float, positions: float, drafter: bool) -> float:
+        """Seconds of a call's prefill steps at `batch` over `positions` per row: the target's, and with
+        `drafter` the drafter's too; interpolated linearly between timed widths (compiled prefills run at
+        exactly those), a prefill shorter than the narrowest priced as it (its cost is nearly flat there),
+        InputError past the widest."""
+        positions = max(positions, self.prefill_widths[0])
+        parts = (self.prefill, self.prefill_draft) if drafter else (self.prefill,)
+        return sum(_interpolate(self.batch_sizes, [_interpolate(self.prefill_widths, r, positions, "prefill width")
+                                                   for r in part], batch, "batch size") for part in parts)
 
     def prefill_positions(self, longest: int) -> int:
         """The positions per row a call's prefill runs at, in this table's compile mode, when its longest
@@ -308,6 +340,8 @@ class CostTable:
                 "widths": list(self.widths), "verify": [list(r) for r in self.verify], "draft": list(self.draft),
                 "catchup": list(self.catchup), "loop": list(self.loop), "loop_draft": list(self.loop_draft),
                 "start": list(self.start), "start_draft": list(self.start_draft),
+                "prefill_widths": list(self.prefill_widths), "prefill": [list(r) for r in self.prefill],
+                "prefill_draft": [list(r) for r in self.prefill_draft],
                 "rules": {name: {"round": list(r), "draft": list(d)} for name, r, d in self.rules}}
 
     @classmethod
@@ -326,6 +360,9 @@ class CostTable:
                        loop_draft=tuple(float(v) for v in data.get("loop_draft", ())),
                        start=tuple(float(v) for v in data.get("start", ())),
                        start_draft=tuple(float(v) for v in data.get("start_draft", ())),
+                       prefill_widths=tuple(int(w) for w in data.get("prefill_widths", ())),
+                       prefill=tuple(tuple(float(v) for v in r) for r in data.get("prefill", ())),
+                       prefill_draft=tuple(tuple(float(v) for v in r) for r in data.get("prefill_draft", ())),
                        rules=tuple((str(name), tuple(float(v) for v in r["round"]), tuple(float(v) for v in r["draft"]))
                                    for name, r in data.get("rules", {}).items()))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -366,6 +403,10 @@ class CostTable:
         rules = [f"  rule {name} (beyond fixed K's; ms per round + per draft): "
                  + ", ".join(f"B={b} {r * 1e3:.2f} + {d * 1e3:.2f}" for b, r, d in zip(self.batch_sizes, per_round, per_draft))
                  for name, per_round, per_draft in self.rules]
+        if self.prefill:
+            rules.append("  prefill (target + drafter) at " + ", ".join(f"{w}" for w in self.prefill_widths) + " positions: "
+                         + "; ".join(f"B={b} " + " ".join(f"{(t + d) * 1e3:.1f}" for t, d in zip(rt, rd))
+                                     for b, rt, rd in zip(self.batch_sizes, self.prefill, self.prefill_draft)))
         slots = f", cache {self.cache_length} slots" if self.cache_length else ""
         return "\n".join([f"cost table (ms per step; {self.device}, torch {self.torch_version}, compile {self.compile}{slots})",
                           head] + rows + rules)

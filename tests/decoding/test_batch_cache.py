@@ -166,6 +166,25 @@ def test_compiled_rounds_verify_a_few_widths_and_never_fewer_than_drafted():
     assert all(verify_width(s, 5) == min(5, widths[s]) for s in range(6))  # never past the policy's width
 
 
+def test_a_rounds_drafter_feeds_as_the_compiled_graphs_run_them(llama_pair):
+    """The width-1 drafter forwards a round runs beyond its catch-up (`round_feeds`, which the predictor prices):
+    eagerly one per draft but the last; compiled, a rule without a head drafts its whole width in one graph, one
+    with a head whole segments of HEAD_SEGMENT (= 4), and no feed after the round's last position."""
+    from specdraft.decoding.batched import HEAD_SEGMENT, round_feeds
+
+    assert HEAD_SEGMENT == 4
+    head = random_head(llama_pair[1].config.hidden_size, 0)
+    headed, plain = SpecDecPP(head, 0.5, k_max=8), FixedK(8)
+    assert [round_feeds(headed, s, False) for s in range(9)] == [0, 0, 1, 2, 3, 4, 5, 6, 7]
+    assert [round_feeds(headed, s, True) for s in range(9)] == [0, 4, 4, 4, 4, 7, 7, 7, 7]
+    assert [round_feeds(plain, s, True) for s in range(9)] == [0] + [7] * 8
+    assert [round_feeds(SpecDecPP(head, 0.5, k_max=6), s, True) for s in (3, 5)] == [4, 5]
+    # the cost of a round: the catch-up and its feeds, whatever it drafted
+    from tests.decoding.test_batch_decode import cost_table
+    t = cost_table(k_max=8)
+    assert t.round_cost(1, 3, feeds=4) - t.round_cost(1, 3) == pytest.approx(2 * t.t_draft(1))
+
+
 def test_compiled_prefills_run_at_a_few_widths_never_shorter_than_the_prompt():
     from specdraft.decoding.compilation import prefill_width
 

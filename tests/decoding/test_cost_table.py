@@ -145,9 +145,13 @@ def test_the_loop_is_calibrated_from_decodes(pair, profiled):
     assert t.round_cost(4, 2) == pytest.approx(t.t_catchup(4) + t.t_draft(4) + t.t_verify(4, 3) + t.t_loop(4)
                                                + 2 * t.t_loop_draft(4))
     assert t.round_cost(1, 0) == t.t_verify(1, 1) + t.t_loop(1)
-    # a call's start: the prefill of `context` tokens per row costs more than nothing, and a drafter's adds to it
-    assert len(t.start) == len(t.start_draft) == 2 and min(t.start) > 0 and min(t.start_draft) >= 0
-    assert t.t_start(4, True) == t.t_start(4, False) + t.start_draft[1]
+    # a call's start: its setup beyond the prefills, and the prefill steps timed at the widths the cache holds
+    assert len(t.start) == len(t.start_draft) == 2 and min(t.start + t.start_draft) >= 0
+    assert t.prefill_widths == (16, 32, 64, 128) and t.cache_length == 128
+    assert all(len(part) == 2 and all(len(r) == 4 and min(r) > 0 for r in part) for part in (t.prefill, t.prefill_draft))
+    assert t.prefill_positions(t.context) == 64
+    assert t.t_start(4, False) == pytest.approx(t.start[1] + t.prefill[1][2])  # 64 positions: a timed width
+    assert t.t_start(4, True) == pytest.approx(t.t_start(4, False) + t.start_draft[1] + t.prefill_draft[1][2])
     assert profiled.t_start(1, True) == 0.0  # uncalibrated: no start priced
     assert CostTable.from_dict(t.as_dict()) == t
 
@@ -163,11 +167,24 @@ def test_a_compiled_start_is_priced_at_the_prefill_width():
     compiled = dataclasses.replace(eager, compile="default")
     assert [compiled.prefill_positions(n) for n in (16, 40, 52, 64, 65, 68)] == [16, 64, 64, 64, 128, 128]
     assert [eager.prefill_positions(n) for n in (40, 52, 68)] == [40, 52, 68]
+    # a table without prefill steps (an older one) scales its start by the positions
     for drafter in (False, True):
         base = compiled.t_start(8, drafter)  # the context's 40 tokens prefill 64 positions
         assert compiled.t_start(8, drafter, compiled.prefill_positions(52)) == pytest.approx(base)
         assert compiled.t_start(8, drafter, compiled.prefill_positions(68)) == pytest.approx(2 * base)
         assert eager.t_start(8, drafter, eager.prefill_positions(68)) == pytest.approx(68 / 40 * eager.t_start(8, drafter))
+    # with them: the setup plus the prefills at the positions (a 128-wide one need not cost 2x a 64-wide one)
+    timed = dataclasses.replace(compiled, prefill_widths=(16, 32, 64, 128), prefill=((1, 2, 3, 5), (4, 6, 10, 40)),
+                                prefill_draft=((0.1, 0.2, 0.3, 0.5), (0.4, 0.6, 1.0, 4.0)))
+    assert timed.t_start(8, False, timed.prefill_positions(68)) == pytest.approx(6.0 + 40)
+    assert timed.t_start(8, True, timed.prefill_positions(68)) == pytest.approx(6.0 + 2.0 + 40 + 4.0)
+    assert timed.t_start(8, False) == pytest.approx(6.0 + 10)  # the context's 64 positions
+    assert timed.t_start(1, False, 8) == pytest.approx(3.0 + 1)  # below the narrowest: priced as it
+    eager_timed = dataclasses.replace(timed, compile="none")
+    assert eager_timed.t_start(8, False, 48) == pytest.approx(6.0 + 8)  # between 32 and 64 positions
+    assert CostTable.from_dict(timed.as_dict()) == timed
+    with pytest.raises(InputError, match="prefill"):
+        dataclasses.replace(timed, prefill=((1, 2, 3), (4, 6, 10)))
 
 
 def test_lookup_interpolates_and_never_extrapolates(profiled):
