@@ -257,16 +257,42 @@ def test_rules_are_priced_per_draft_and_per_round(profiled):
                                                          + 2 * t.t_rule(4, name)[1])
     assert t.round_cost(4, 2, "FixedK") == profiled.round_cost(4, 2)  # an unpriced rule pays nothing extra
     assert CostTable.from_dict(json.loads(json.dumps(t.as_dict()))) == t and "rule LockstepSpecDecPP" in t.render()
-    # priced again: the new costs replace the old, other rules stay; a compiled table is not priced here
+    # priced again: the new costs replace the old, other rules stay
     again = price_rules(t, rules[:1], 32, repeats=1, inner=1)
     assert [name for name, *_ in again.rules] == ["LockstepSpecDecPP", "LockstepBatchAwareSpecDec"]
-    compiled = CostTable.from_dict({**profiled.as_dict(), "compile": "default"})
-    assert price_rules(compiled, rules, 32) == compiled
     with pytest.raises(InputError, match="hidden_size"):
         price_rules(profiled, rules, 0)
     bad = {**t.as_dict(), "rules": {"X": {"round": [0.0], "draft": [0.0, 0.0, 0.0]}}}
     with pytest.raises(InputError, match="re-price"):
         CostTable.from_dict(bad)
+
+
+@pytest.mark.slow
+def test_compiled_rules_are_priced_from_a_compiled_segment(profiled):
+    """Under a compile mode a rule's work is priced from a compiled segment of it (HEAD_SEGMENT positions of
+    head and decision, as inside the decoder's draft graphs), which decides as the eager rule does."""
+    from specdraft.decoding.batched import HEAD_SEGMENT, head_sigma
+    from specdraft.decoding.compilation import StepCompiler
+    from specdraft.decoding.cost_profile import _rule_segment
+    from specdraft.decoding.policies.stopping import LockstepSpecDecPP, SpecDecPP
+    from tests.decoding.test_greedy_equivalence import random_head
+
+    head = random_head(32, 0)
+    hidden = torch.randn(5, 32, generator=torch.Generator().manual_seed(0))
+    for policy in (SpecDecPP(head, 0.45, 8), LockstepSpecDecPP(head, 0.45, 8)):
+        with torch.inference_mode():
+            state, drafting = _rule_segment(StepCompiler("default"), policy)(policy.round_state(5, "cpu"), hidden,
+                                                                              torch.ones(5, dtype=torch.bool))
+            want_state, want = policy.round_state(5, "cpu"), torch.ones(5, dtype=torch.bool)
+            for i in range(HEAD_SEGMENT):
+                want_state, stop = policy.stop_rows(want_state, i + 1, head_sigma(head, hidden), want)
+                want = want & ~stop
+        assert torch.equal(drafting, want)
+    compiled = CostTable.from_dict({**profiled.as_dict(), "compile": "default"})
+    t = price_rules(compiled, [LockstepSpecDecPP(head, 0.7, 4)], 32, repeats=2, inner=2)
+    (name, per_round, per_draft), = t.rules
+    assert name == "LockstepSpecDecPP" and len(per_round) == len(per_draft) == 3
+    assert min(per_round + per_draft) >= 0
 
 
 def test_a_head_is_priced_once_and_cached_with_the_table(pair, tmp_path):
