@@ -168,13 +168,31 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
                 d.lengths.add_(1)
         calls.update({(batch, "chain", n): (lambda n=n, chain=chain: chain(n)) for n in (1, chain_long)})
         if calibrate:  # a call's prefills, at the widths a compiled one pads to (`prefill_width`) that the cache holds
-            def prefill(step, cache, ids):
-                cache.rollback(torch.zeros_like(cache.lengths))
-                step(cache, ids)
             for w in prefill_widths:
                 ids_w = torch.randint(0, vocab, (batch, w), generator=gen).to(device)
-                calls[(batch, "prefill", w)] = lambda t=tcache, x=ids_w: prefill(target_step, t, x)
-                calls[(batch, "prefill_draft", w)] = lambda d=dcache, x=ids_w: prefill(drafter_step, d, x)
+                calls[(batch, "prefill", w)] = lambda t=tcache, x=ids_w: _prefill(target_step, t, x)
+                calls[(batch, "prefill_draft", w)] = lambda d=dcache, x=ids_w: _prefill(drafter_step, d, x)
+    times = _time_calls(calls, tcaches, at, widest, target_step, repeats, device)
+    del calls, tcaches
+    verify = [tuple(fastest(times[(b, "verify", w)]) for w in widths) for b in sizes]
+    one = [fastest(times[(b, "chain", 1)]) for b in sizes]
+    long = [fastest(times[(b, "chain", chain_long)]) for b in sizes]
+    # noise cannot make a step free: at least a microsecond (the validation wants every time > 0)
+    draft = [max((tl - t1) / (chain_long - 1), 1e-6) for t1, tl in zip(one, long)]
+    catchup = [max(t1 - d, 1e-6) for t1, d in zip(one, draft)]
+    prefills = {part: tuple(tuple(fastest(times[(b, part, w)]) for w in prefill_widths) for b in sizes)
+                for part in ("prefill", "prefill_draft")} if calibrate else {}
+    table = CostTable(batch_sizes=sizes, widths=widths, verify=tuple(verify), draft=tuple(draft), catchup=tuple(catchup),
+                      device=device_name(device), torch_version=torch.__version__, compile=compile,
+                      target_id=model_identity(target), drafter_id=model_identity(drafter), context=context,
+                      cache_length=max_len, repeats=repeats, prefill_widths=prefill_widths, **prefills)
+    # whole decodes cost far more than steps: at most 3 repeats (the difference of two lengths is robust)
+    return calibrate_loop(target, drafter, table, repeats=min(repeats, 3), seed=seed) if calibrate else table
+
+
+def _time_calls(calls: dict, tcaches: dict, at: dict, widest: dict, target_step: Callable, repeats: int,
+                device) -> dict[tuple, list[float]]:
+    """The profile's passes over its calls (`profile_cost_table`): per call, its timed samples after the warm-up."""
     times: dict[tuple, list[float]] = {key: [] for key in calls}
     # pass 0 is the warm-up (and each shape's compilation); each pass visits every batch size and shape, so a
     # batch size's samples are spread over the whole profile and a slow phase of the machine caught by some
@@ -193,21 +211,13 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
             _, timing = timed_call(call, device)
             if rep:
                 times[key].append(timing.time)
-    del calls, tcaches
-    verify = [tuple(fastest(times[(b, "verify", w)]) for w in widths) for b in sizes]
-    one = [fastest(times[(b, "chain", 1)]) for b in sizes]
-    long = [fastest(times[(b, "chain", chain_long)]) for b in sizes]
-    # noise cannot make a step free: at least a microsecond (the validation wants every time > 0)
-    draft = [max((tl - t1) / (chain_long - 1), 1e-6) for t1, tl in zip(one, long)]
-    catchup = [max(t1 - d, 1e-6) for t1, d in zip(one, draft)]
-    prefills = {part: tuple(tuple(fastest(times[(b, part, w)]) for w in prefill_widths) for b in sizes) if calibrate
-                else () for part in ("prefill", "prefill_draft")}
-    table = CostTable(batch_sizes=sizes, widths=widths, verify=tuple(verify), draft=tuple(draft), catchup=tuple(catchup),
-                      device=device_name(device), torch_version=torch.__version__, compile=compile,
-                      target_id=model_identity(target), drafter_id=model_identity(drafter), context=context,
-                      cache_length=max_len, repeats=repeats, prefill_widths=prefill_widths, **prefills)
-    # whole decodes cost far more than steps: at most 3 repeats (the difference of two lengths is robust)
-    return calibrate_loop(target, drafter, table, repeats=min(repeats, 3), seed=seed) if calibrate else table
+    return times
+
+
+def _prefill(step, cache, ids) -> None:
+    """A call's prefill: `step` over `ids` from an empty cache."""
+    cache.rollback(torch.zeros_like(cache.lengths))
+    step(cache, ids)
 
 
 LOOP_SHORT, LOOP_SPAN = 4, 32  # new tokens of the short decode, and the long one's more, whose difference prices the loop
@@ -254,7 +264,6 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
     if n2 <= n1:
         raise InputError(f"calibrating the loop needs a cache of at least context + {k + n1 + 3} slots, the table has "
                          f"{slots} for a context of {table.context}; profile it with a longer cache_length")
-    loop, loop_draft, start, start_draft = [], [], [], []
     calls = {}
     # one compiler for every decode: a mode string would give each call a compiler of its own, and every timed
     # decode its compilation again (a compiled table's start came out 6 s at B = 1, its draft step 17 ms)
@@ -276,31 +285,34 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
                 times[key].append(timing.time)
             if key[1]:
                 drafted[(key[0], key[2])] = out[0].metrics.drafted  # per round, the drafts of every (identical) row
-    for batch in table.batch_sizes:
-        t = {key[1:]: fastest(v) for key, v in times.items() if key[0] == batch}
-        drafted_at = {n: drafted[(batch, n)] for n in (n1, n2)}
-        per_round = max(0.0, (t[(False, n2)] - t[(False, n1)]) / (n2 - n1) - table.t_verify(batch, 1))
-        steps = {n: sum(table.round_cost(batch, d) for d in drafted_at[n]) for n in (n1, n2)}
-        rounds = len(drafted_at[n2]) - len(drafted_at[n1])
-        drafts = sum(drafted_at[n2]) - sum(drafted_at[n1])
-        extra = (t[(True, n2)] - t[(True, n1)]) - (steps[n2] - steps[n1]) - per_round * rounds
-        per_draft = max(0.0, extra / drafts) if drafts > 0 else 0.0
-        loop.append(per_round)
-        loop_draft.append(per_draft)
-        ar_start = max(0.0, t[(False, n1)] - n1 * (table.t_verify(batch, 1) + per_round))
-        spec_rounds = steps[n1] + per_round * len(drafted_at[n1]) + per_draft * sum(drafted_at[n1])
-        spec_start = max(0.0, t[(True, n1)] - spec_rounds - ar_start)
-        if table.prefill:  # the setup beyond the prefills, which `CostTable.t_start` prices at a call's own width
-            positions = table.prefill_positions(prompt_length)
-            start.append(max(0.0, ar_start - table.t_prefill(batch, positions, False)))
-            start_draft.append(max(0.0, spec_start - (table.t_prefill(batch, positions, True)
-                                                      - table.t_prefill(batch, positions, False))))
-        else:  # the starts of prompt_length-token prompts, priced at `context` tokens as `CostTable.t_start` scales them
-            scale = table.prefill_positions(table.context) / table.prefill_positions(prompt_length)
-            start.append(ar_start * scale)
-            start_draft.append(spec_start * scale)
-    return dataclasses.replace(table, loop=tuple(loop), loop_draft=tuple(loop_draft), start=tuple(start),
-                               start_draft=tuple(start_draft))
+    terms = [_loop_terms(table, batch, {key[1:]: fastest(v) for key, v in times.items() if key[0] == batch},
+                         {n: drafted[(batch, n)] for n in (n1, n2)}, n1, n2, prompt_length)
+             for batch in table.batch_sizes]
+    loop, loop_draft, start, start_draft = (tuple(column) for column in zip(*terms))
+    return dataclasses.replace(table, loop=loop, loop_draft=loop_draft, start=start, start_draft=start_draft)
+
+
+def _loop_terms(table: CostTable, batch: int, t: dict, drafted_at: dict, n1: int, n2: int,
+                prompt_length: int) -> tuple[float, float, float, float]:
+    """(loop, loop_draft, start, start_draft) at `batch` from its fastest decode times t[(drafter?, n)] and
+    the fixed-K decodes' drafts per round (`calibrate_loop`'s docstring gives the formulas)."""
+    per_round = max(0.0, (t[(False, n2)] - t[(False, n1)]) / (n2 - n1) - table.t_verify(batch, 1))
+    steps = {n: sum(table.round_cost(batch, d) for d in drafted_at[n]) for n in (n1, n2)}
+    rounds = len(drafted_at[n2]) - len(drafted_at[n1])
+    drafts = sum(drafted_at[n2]) - sum(drafted_at[n1])
+    extra = (t[(True, n2)] - t[(True, n1)]) - (steps[n2] - steps[n1]) - per_round * rounds
+    per_draft = max(0.0, extra / drafts) if drafts > 0 else 0.0
+    ar_start = max(0.0, t[(False, n1)] - n1 * (table.t_verify(batch, 1) + per_round))
+    spec_rounds = steps[n1] + per_round * len(drafted_at[n1]) + per_draft * sum(drafted_at[n1])
+    spec_start = max(0.0, t[(True, n1)] - spec_rounds - ar_start)
+    if table.prefill:  # the setup beyond the prefills, which `CostTable.t_start` prices at a call's own width
+        positions = table.prefill_positions(prompt_length)
+        target_prefill = table.t_prefill(batch, positions, False)
+        drafter_prefill = table.t_prefill(batch, positions, True) - target_prefill
+        return per_round, per_draft, max(0.0, ar_start - target_prefill), max(0.0, spec_start - drafter_prefill)
+    # the starts of prompt_length-token prompts, priced at `context` tokens as `CostTable.t_start` scales them
+    scale = table.prefill_positions(table.context) / table.prefill_positions(prompt_length)
+    return per_round, per_draft, ar_start * scale, spec_start * scale
 
 
 def _rule_round(policy, hidden: torch.Tensor, drafts: int) -> None:
@@ -362,13 +374,13 @@ def price_rules(table: CostTable, policies: Sequence, hidden_size: int, *, repea
         head = getattr(policy, "head", None)
         param = next(head.parameters(), None) if isinstance(head, torch.nn.Module) else None
         device = param.device if param is not None else torch.device("cpu")
-        drafts = max(1, min(4, policy.max_tokens - 1))
+        # compiled: one segment of HEAD_SEGMENT positions and its host read; eagerly D = min(4, K - 1) drafts
+        drafts = HEAD_SEGMENT if table.compile != "none" else max(1, min(4, policy.max_tokens - 1))
         baseline = FixedK(max(policy.max_tokens, drafts))
         per_round, per_draft = [], []
         for batch in table.batch_sizes:
             hidden = torch.randn(batch, hidden_size, generator=torch.Generator().manual_seed(batch)).to(device)
             if table.compile != "none":  # n = 0: nothing; n = HEAD_SEGMENT: one segment and its host read
-                drafts = HEAD_SEGMENT
                 segment = {who: _rule_segment(compiler, who) for who in (policy, baseline)}
                 drafting = torch.ones(batch, dtype=torch.bool, device=device)
 
