@@ -32,6 +32,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from specdraft.core.errors import InputError
+from specdraft.decoding.batched import round_feeds
 from specdraft.decoding.compat import check_k
 from specdraft.decoding.policies.cost_model import CostTable, padded_width
 from specdraft.decoding.policies.stopping import OnePromptRule
@@ -130,10 +131,18 @@ class BatchAwareSpecDec(OnePromptRule):
         self._bars: dict[tuple[int, int], float] = {}
 
     def costs(self, batch: int) -> list[float]:
-        """C_B(k), k = 0..K_max: Python floats, constants of a compiled draft graph (one per batch size)."""
+        """C_B(k), k = 0..K_max, as the decoder in the table's compile mode runs a round whose longest row drafts
+        k: Python floats, constants of a compiled draft graph (one per batch size). Compiled, a round drafts in
+        whole segments (`decoding.batched.round_feeds`: k = 1..4 of 8 all pay 4 feeds) and verifies at a padded
+        width, so C_B is a staircase: a draft inside a segment already paid for costs only the rule's and the
+        loop's per-draft work, and the rule drafts on to the segment's end unless the survival is near zero.
+        Priced with the eager k - 1 feeds it stopped mid-segment at B = 8 / 16 and ran 0.89-0.90x the best
+        fixed K (benchmarks/RESULTS.md, bench_batch_decoder, compiled)."""
         if batch not in self._costs:
+            compiled = self.table.compile != "none"
             # the rule's own work (the head on every draft, these decisions) is part of what drafting costs
-            self._costs[batch] = self.table.round_costs(batch, self.max_tokens, type(self).__name__)
+            self._costs[batch] = [self.table.round_cost(batch, k, type(self).__name__, round_feeds(self, k, compiled))
+                                  for k in range(self.max_tokens + 1)]
         return self._costs[batch]
 
     def round_state(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:

@@ -190,6 +190,30 @@ def test_a_rising_acceptance_curve_prices_unread_drafts_above_its_first_value():
         Prior(())
 
 
+def test_compiled_costs_are_the_draft_graphs_staircase():
+    """Compiled, a rule with a head drafts in whole segments (`round_feeds`: 1..4 drafts of 8 pay 4 feeds, 5..8 pay
+    7) and verifies at a padded width (3 and 4 drafts: 5 positions), so its C_B(k) is a staircase and a draft
+    inside a segment already paid for costs nothing more: the rule's rounds end only where the cost steps
+    (0, 1, 2, 4 or 8 drafts). The same table eager prices k - 1 feeds, and the same sigmas end rounds in between."""
+    import dataclasses
+
+    eager_table = table(verify=lambda b, w: 1.0 + 0.15 * w, draft=lambda b: 0.1, k_max=8)
+    compiled_table = dataclasses.replace(eager_table, compile="default")
+    for cls in (BatchAwareSpecDec, LockstepBatchAwareSpecDec):
+        eager, compiled = cls(None, eager_table, prior=0.7), cls(None, compiled_table, prior=0.7)
+        assert eager.costs(1) == [eager_table.round_cost(1, k) for k in range(9)]
+        assert compiled.costs(1) == [compiled_table.round_cost(1, k, feeds=f)
+                                     for k, f in enumerate((0, 4, 4, 4, 4, 7, 7, 7, 7))]
+        gen = torch.Generator().manual_seed(0)
+        ends = {"eager": set(), "compiled": set()}
+        for _ in range(200):
+            sigma = torch.rand(1 if cls.lockstep else 3, 8, generator=gen).double() ** 0.3
+            ends["eager"] |= set(run_round(eager, sigma).tolist())
+            ends["compiled"] |= set(run_round(compiled, sigma).tolist())
+        assert ends["compiled"] <= {0, 1, 2, 4, 8} and len(ends["compiled"]) >= 2
+        assert ends["eager"] & {3, 5, 6, 7} and len(ends["compiled"]) >= 3, ends
+
+
 def test_linear_costs_and_a_fixed_rate_give_specdecpp_with_its_threshold():
     """Regime (docs/decoder.md): verify flat in w, every drafter forward t_d, a fixed reference rate lam:
     stop iff s_{k-1} prior^2 < lam t_d, i.e. SpecDec++'s 1 - p_hat > h with h = 1 - lam t_d / prior^2."""
