@@ -228,7 +228,8 @@ def batch1_table(args, target, drafter, prompts) -> list[str]:
 
 def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     n, dev = args.max_new_tokens, args.device
-    greedy = SamplingConfig(0.0)
+    sampling = SamplingConfig(args.curve_temperature)  # the head given must be trained for it (--head)
+    mode = "greedy" if sampling.greedy else f"T = {sampling.temperature:g}"
     policies = {"AR": None, **{f"K={k}": FixedK(k) for k in args.ks}}
     policies["SpecDec++"] = SpecDecPP(head, threshold=args.h, k_max=args.k_max)
     policies["SpecDec++ lockstep"] = LockstepSpecDecPP(head, threshold=args.h, k_max=args.k_max)
@@ -247,7 +248,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
                                                                           reference_rate=None)
     policies["global budget K=4"] = GlobalVerifyBudget(head, table, args.prior, min(4, args.k_max))
     lines = [
-        f"#### (b) Batch curve: greedy, {n} tokens per row{' (up to, stopping at EOS)' if args.eos is not None else ''}, median of {args.runs} interleaved runs (spread: min-max)",
+        f"#### (b) Batch curve: {mode}, {n} tokens per row{' (up to, stopping at EOS)' if args.eos is not None else ''}, median of {args.runs} interleaved runs (spread: min-max)",
         "",
         "| B | " + " | ".join(f"{name} tok/s" for name in policies) + " | "
         + " | ".join(f"{name} / AR" for name in policies if name != "AR") + " | " + " | ".join(
@@ -262,7 +263,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
         # decodes its first B prompts as one batch
         batches = [shared[i:i + B] for i in range(0, len(shared), B)] if B <= len(shared) else [prompts[:B]]
         fns = {name: (lambda p=p: [r for batch in batches
-                                   for r in ours(target, batch, n, greedy, 0, args.compiler, drafter if p else None, p,
+                                   for r in ours(target, batch, n, sampling, 0, args.compiler, drafter if p else None, p,
                                                  eos=args.eos)])
                for name, p in policies.items()}
         if args.compile != "none":
@@ -354,7 +355,9 @@ def main(argv=None) -> int:
                         help="every method stops a row at the target's EOS, as served (default: every row decodes "
                              "--max-new-tokens, past EOS: equal work for the transformers comparison)")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--temperature", type=float, default=0.7, help="part (a)'s sampled rows")
+    parser.add_argument("--curve-temperature", type=float, default=0.0,
+                        help="part (b)'s sampling (0: greedy); --head must be a head trained for it")
     parser.add_argument("--compile", default="none",
                         help="comma list of modes, each measured in turn: none, default, reduce-overhead")
     parser.add_argument("--compiled-batch-sizes", default="1,4,16",

@@ -43,7 +43,7 @@ from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB, RowBandits
 from specdraft.decoding.rounds.batch_verify import verify_greedy, verify_sampled
 from specdraft.decoding.rounds.kv import input_device
-from specdraft.decoding.rounds.sampling import SamplingConfig, probs
+from specdraft.decoding.rounds.sampling import SamplingConfig, probs, sample_inverse
 from specdraft.decoding.rounds.static_cache import eagle_rows, forward_rows
 from specdraft.decoding.speculators.eagle_model import EagleDrafter
 
@@ -119,12 +119,13 @@ def right_pad(prompts, device) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.to(device), torch.tensor(lengths, dtype=torch.long, device=device)
 
 
-def pick(logits: torch.Tensor, sampling: SamplingConfig, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(B, V) logits -> (token (B,), q (B, V) or None under greedy)."""
+def pick(logits: torch.Tensor, sampling: SamplingConfig, u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, V) logits -> (token (B,), q (B, V) or None under greedy); sampled by the inverse CDF at the row's
+    uniform u (B,) (`sample_inverse`): eager and compiled drafting draw the same tokens from one seed."""
     if sampling.greedy:
         return logits.argmax(-1), None
     q = probs(logits, sampling)
-    return torch.multinomial(q, 1, generator=generator).squeeze(1), q
+    return sample_inverse(q, u), q
 
 
 def head_sigma(head, hidden: torch.Tensor) -> torch.Tensor:
@@ -143,26 +144,26 @@ class Drafts:
     steps: int  # positions drafted by the batch (at least max k; W when no early exit)
 
 
-def draft_positions(step, policy, cache, cap, eos, sampling: SamplingConfig, generator, carry: tuple,
+def draft_positions(step, policy, cache, cap, eos, sampling: SamplingConfig, uniforms: torch.Tensor | None, carry: tuple,
                     positions: range, width: int, read_stop: bool = False) -> tuple:
     """Draft positions `positions` of a round in SpecDec++ Alg. 1 order, every row in lockstep: sample y_i
-    from the logits behind q_i, then decision i + 1 (the cap, EOS, and the policy's tensor rule reading
-    e_i), then feed y_i unless it is the round's last position. A row that stopped keeps the batch shape
-    but is masked: its drafts are zero, its cache length does not move. carry = (tokens (B, W), q (B, W, V)
-    or None, k, drafting, logits behind the next q, e of the last fed token or None, the rule's state);
-    returns the carry advanced. No host read unless `read_stop` (eager only): then one read after each
-    decision, and no feed once no row drafts on (a feed after the round's last decision is a drafter
-    forward nothing reads: on the demo pair, eager, a whole drafter step per head-stopped round, ~1 ms at
-    B = 8). A compiled segment reads nothing: it is one graph."""
+    from the logits behind q_i (uniforms (B, W): the round's, drawn before it; None under greedy), then
+    decision i + 1 (the cap, EOS, and the policy's tensor rule reading e_i), then feed y_i unless it is the
+    round's last position. A row that stopped keeps the batch shape but is masked: its drafts are zero, its
+    cache length does not move. carry = (tokens (B, W), q (B, W, V) or None, k, drafting, logits behind the
+    next q, e of the last fed token or None, the rule's state); returns the carry advanced. No host read
+    unless `read_stop` (eager only): then one read after each decision, and no feed once no row drafts on (a
+    feed after the round's last decision is a drafter forward nothing reads: on the demo pair, eager, a whole
+    drafter step per head-stopped round, ~1 ms at B = 8). A compiled segment reads nothing: it is one graph."""
     tokens, qs, k, drafting, logits, hidden, rule = carry
     for i in positions:
-        y, q = pick(logits, sampling, generator)
+        y, q = pick(logits, sampling, None if uniforms is None else uniforms[:, i])
         # functional, not an indexed store into the carried tensor: a graph that mutates its inputs hit an
         # inductor CPU codegen error (KeyError in outer-loop fusion, torch 2.13)
         column = torch.arange(tokens.shape[1], device=tokens.device) == i
         tokens = torch.where(column[None], torch.where(drafting, y, 0)[:, None], tokens)
         if qs is not None:
-            qs[:, i] = q
+            qs = torch.where(column[None, :, None], q[:, None], qs)
         k = k + drafting
         go_on = drafting & (k < cap)
         if eos is not None:
@@ -202,23 +203,24 @@ def round_feeds(policy, steps: int, compiled: bool) -> int:
 
 
 def compiled_segment(compiler: StepCompiler, model: torch.nn.Module, policy, bounds: tuple[int, int], width: int,
-                     decide_zero: bool = False):
-    """`draft_positions` over positions bounds[0]..bounds[1] - 1 with greedy picks, as one graph per
-    (model, policy, bounds, batch size). Always inductor's default mode: its outputs are the round's
-    state, which a CUDA graph's next replay would overwrite. Why: on the demo pair (batch 1, K = 4,
-    compiled) a round made 6 compiled calls (verify, tail, catch-up and 3 drafter steps), and the calls'
-    own overhead and the eager ops between them were ~10% of its time (benchmarks/RESULTS.md).
-    decide_zero: the graph first makes decision 0 (the rule's round state and its decision before any
-    draft; the carry's rule state is then None), which no host read has to see (`zero_decision`)."""
-    def segment(cache, cap, eos, carry):
+                     sampling: SamplingConfig, decide_zero: bool = False):
+    """`draft_positions` over positions bounds[0]..bounds[1] - 1 as one graph per (model, policy, sampling,
+    bounds, batch size); sampled picks read the round's uniforms, an argument of the graph. Always inductor's
+    default mode: its outputs are the round's state, which a CUDA graph's next replay would overwrite. Why:
+    on the demo pair (batch 1, K = 4, compiled) a round made 6 compiled calls (verify, tail, catch-up and 3
+    drafter steps), and the calls' own overhead and the eager ops between them were ~10% of its time
+    (benchmarks/RESULTS.md). decide_zero: the graph first makes decision 0 (the rule's round state and its
+    decision before any draft; the carry's rule state is then None), which no host read has to see
+    (`zero_decision`)."""
+    def segment(cache, cap, eos, uniforms, carry):
         def step(cache, ids, hidden=False):
             return forward_rows(model, cache, ids, hidden)
         if decide_zero:
             tokens, qs, k, drafting, logits, hidden, _ = carry
             rule, stop = policy.stop_rows(policy.round_state(drafting.shape[0], drafting.device), 0, None, drafting)
             carry = (tokens, qs, k, drafting & ~stop, logits, hidden, rule)
-        return draft_positions(step, policy, cache, cap, eos, GREEDY, None, carry, range(*bounds), width)
-    return compiler.apply(segment, model, ("draft", rule_key(policy), bounds, width, decide_zero))
+        return draft_positions(step, policy, cache, cap, eos, sampling, uniforms, carry, range(*bounds), width)
+    return compiler.apply(segment, model, ("draft", rule_key(policy), sampling, bounds, width, decide_zero))
 
 
 def zero_decision(policy, rows: int) -> bool | None:
@@ -347,8 +349,8 @@ class Decode:
 
     @property
     def fused(self) -> bool:
-        """Drafting runs as compiled segments (`compiled_segment`): greedy causal-LM drafters."""
-        return not self.compiler.eager and self.drafter is not None and self.sampling.greedy and not self.eagle
+        """Drafting runs as compiled segments (`compiled_segment`): causal-LM drafters."""
+        return not self.compiler.eager and self.drafter is not None and not self.eagle
 
 
 def prefill(d: Decode, ids: torch.Tensor, plens: torch.Tensor) -> RowState:
@@ -395,6 +397,9 @@ def draft(d: Decode, state: RowState) -> Drafts:
     if d.eagle:  # no EAGLE entries before the first committed position: no draft
         cap = torch.where(state.plens + state.n_out >= 2, cap, 0)
         d.eagle_step.feature = state.feature
+    # the round's uniforms for sampled drafts, drawn whether or not it drafts: eager and compiled decodes of one
+    # seed then draw the same stream (a compiled graph takes them as an argument: no generator inside it)
+    uniforms = None if d.sampling.greedy else torch.rand(rows, W, generator=d.generator, device=device)
     # compiled, decision 0 is made inside the first draft graph where the host knows its outcome (`zero_decision`):
     # its eager ops and the read of whether any row drafts were ~3% of a batch-1 round of the batch-aware rule
     known = zero_decision(d.policy, rows) if d.fused else None
@@ -411,15 +416,17 @@ def draft(d: Decode, state: RowState) -> Drafts:
     qs = None if d.sampling.greedy else torch.zeros(rows, W, state.q_logits.shape[-1], device=device)
     carry = (torch.zeros(rows, W, dtype=torch.long, device=device), qs, zeros, drafting, state.q_logits, None, rule)
     if d.fused:
-        parts = [(bounds, compiled_segment(d.compiler, d.drafter, d.policy, bounds, W,
-                                           decide_zero=known is False and bounds[0] == 0))
-                 for bounds in segments(W, d.policy)]
+        graphs = [(bounds, compiled_segment(d.compiler, d.drafter, d.policy, bounds, W, d.sampling,
+                                            decide_zero=known is False and bounds[0] == 0))
+                  for bounds in segments(W, d.policy)]
+        parts = [(bounds, lambda cache, cap, eos, carry, graph=graph: graph(cache, cap, eos, uniforms, carry))
+                 for bounds, graph in graphs]
     else:
         step = d.eagle_step or d.drafter_step
         # a rule that can stop the whole batch early reads whether any row drafts on after each decision
         reads = d.policy.needs_hidden or getattr(d.policy, "decides_at_zero", False)
         parts = [((i, i + 1), lambda cache, cap, eos, carry, i=i: draft_positions(
-            step, d.policy, cache, cap, eos, d.sampling, d.generator, carry, range(i, i + 1), W, reads))
+            step, d.policy, cache, cap, eos, d.sampling, uniforms, carry, range(i, i + 1), W, reads))
             for i in range(W)]
     steps = 0
     # a rule that may stop rows before any draft (decision 0) ends a round with no drafter step when it
@@ -452,7 +459,9 @@ def verify_and_commit(d: Decode, state: RowState, drafts: Drafts):
         n, emitted, count, active, *advanced, stats = d.greedy_tail(logits, tokens, drafts.k, *rest)
     else:
         q = drafts.q[:, :width] if drafts.q is not None else logits.new_zeros(tokens.shape[0], 0, logits.shape[-1])
-        n, extra = verify_sampled(probs(logits, d.sampling), q.float(), tokens, drafts.k, d.generator)
+        # acceptance uniforms for every position up to K_max: a compiled verify, padded wider, draws what eager draws
+        r = torch.rand(tokens.shape[0], d.width, generator=d.generator, device=tokens.device)
+        n, extra = verify_sampled(probs(logits, d.sampling), q.float(), tokens, drafts.k, d.generator, r)
         emitted, count, active, *advanced, stats = d.commit(tokens, drafts.k, n, extra, *rest)
     state.n_out, state.done, state.last, state.prev, d.tcache.lengths = advanced
     if d.bandits is not None:

@@ -40,11 +40,12 @@ def residual_or_bonus(p_at: torch.Tensor, q_at: torch.Tensor) -> torch.Tensor:
 
 
 def verify_sampled(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, k: torch.Tensor,
-                   generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+                   generator: torch.Generator | None, r: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """p (B, W + 1, V) target probabilities, q (B, W, V) the distributions the drafts were sampled
-    from, draft (B, W), k (B,) -> (n_accepted (B,), extra token (B,)), all on p's device."""
+    from, draft (B, W), k (B,) -> (n_accepted (B,), extra token (B,)), all on p's device. r: the
+    acceptance uniforms (B, >= W) when the caller draws them (a padded verify then draws as an unpadded one)."""
     B, W = draft.shape
-    r = torch.rand(B, W, generator=generator, device=p.device)
+    r = torch.rand(B, W, generator=generator, device=p.device) if r is None else r[:, :W]
     p_draft = p[:, :W].gather(2, draft[..., None]).squeeze(-1)
     q_draft = q.gather(2, draft[..., None]).squeeze(-1)
     n = accepted_prefix((r * q_draft < p_draft) & draft_valid(k, W))  # r q < p avoids the division

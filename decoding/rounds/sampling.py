@@ -88,6 +88,15 @@ def probs_on_cpu(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return probs(logits, cfg).cpu()
 
 
+def sample_inverse(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of p (..., V) by the inverse CDF at uniforms u (...,) in [0, 1): the first index whose
+    cumulative probability exceeds u times the row's total, so a token of probability 0 is never drawn (its
+    cumulative sum equals its predecessor's exactly). Pure tensor ops, no generator: a compiled graph samples
+    with uniforms drawn outside it (`decoding.batched.draft`)."""
+    cdf = p.float().cumsum(-1)
+    return torch.searchsorted(cdf, (u.float() * cdf[..., -1]).unsqueeze(-1), right=True).squeeze(-1).clamp_max(p.shape[-1] - 1)
+
+
 def sample(p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token per row from probabilities p (..., V) -> (...,) long."""
     flat = p.reshape(-1, p.shape[-1])

@@ -106,6 +106,34 @@ def test_compiled_forward_equals_eager(llama_pair):
 
 
 @pytest.mark.slow
+def test_compiled_sampled_drafting_equals_eager(llama_pair):
+    """Sampled drafting runs inside the compiled draft graphs too: each round's uniforms are drawn before it, and
+    a draft is the inverse CDF of q at its uniform, eager and compiled alike. So from one seed a compiled decode
+    gives the eager tokens and rounds (whose distribution the chi-square tests check, test_batch_losslessness),
+    for fixed K (one graph a round) and head rules (segments). Batch 1: an eager decode of a batch drops finished
+    rows and then draws a narrower stream than a compiled one, which keeps them."""
+    from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec
+    from specdraft.decoding.rounds.sampling import SamplingConfig
+    from tests.decoding.test_batch_decode import cost_table
+
+    target, drafter = llama_pair
+    head = random_head(drafter.config.hidden_size, 0)
+    compiler = StepCompiler("default")
+    sampling = SamplingConfig(temperature=0.8, top_k=20)
+    drafted = accepted = 0
+    for policy in (FixedK(3), SpecDecPP(head, 0.5, k_max=5), LockstepBatchAwareSpecDec(head, cost_table(k_max=5), 0.7, 5)):
+        for seed, prompt in enumerate(([1, 2, 3], [4, 5, 6, 7, 8, 9, 10])):
+            kwargs = dict(drafter=drafter, policy=policy, sampling=sampling, seed=seed)
+            eager = generate_batch(target, [prompt], 20, **kwargs)[0]
+            comp = generate_batch(target, [prompt], 20, compile=compiler, **kwargs)[0]
+            assert comp.tokens == eager.tokens
+            assert (comp.metrics.drafted, comp.metrics.accepted) == (eager.metrics.drafted, eager.metrics.accepted)
+            drafted += sum(eager.metrics.drafted)
+            accepted += sum(eager.metrics.accepted)
+    assert drafted > accepted > 0  # rejections and acceptances both
+
+
+@pytest.mark.slow
 def test_compiled_autoregressive_bandit_and_eagle_equal_eager(llama_pair):
     """The other compiled paths: autoregressive (a width-1 verify), UCBSpec lengths (per-row caps under
     a padded verify) and an EAGLE-1 chain (its layer's step and the target's verify with features)."""

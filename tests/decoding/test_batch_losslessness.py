@@ -104,7 +104,9 @@ def test_every_row_follows_the_target_distribution(request, sampling, make_polic
         assert n == ROWS * BATCHES
         assert counts[row][exact == 0].sum() == 0  # filtered tokens (top-k / top-p) are never emitted
         assert chi2_pvalue(counts[row], exact) > 1e-3
-        assert (counts[row] / n - exact).abs().max() < 0.02
+        # and no single cell off by more than 4.5 standard errors (a fixed 0.02 was 3.1 of them at the likeliest
+        # cell, p = 0.28: at 27 cells a correct sampler crossed it in ~4% of seed sets, and one did)
+        assert ((counts[row] / n - exact).abs() <= 4.5 * (exact * (1 - exact) / n).sqrt()).all()
         # the same samples must reject a 2% error: 0.02 moved from the most to the least likely kept cell
         wrong = exact.clone()
         kept = (exact > 0.03).nonzero().flatten()
