@@ -360,7 +360,9 @@ def prefill(d: Decode, ids: torch.Tensor, plens: torch.Tensor) -> RowState:
     B, device = ids.shape[0], ids.device
     features = None
     if ids.shape[1] > 1:  # the target never holds the last committed token (it goes out with the drafts)
-        features = d.target_step(d.tcache, ids if not d.compiler.eager else ids[:, :-1], d.eagle)[1]
+        # no logits read: the head runs at one position per row only (`forward_rows`' at)
+        none_read = torch.zeros(B, dtype=torch.long, device=device)
+        features = d.target_step(d.tcache, ids if not d.compiler.eager else ids[:, :-1], d.eagle, none_read)[1]
     d.tcache.rollback(plens - 1)
     state = RowState(origin=torch.arange(B, device=device), last=gather_row(ids, plens - 1),
                      prev=gather_row(ids, (plens - 2).clamp_min(0)), plens=plens,
@@ -378,7 +380,7 @@ def prefill(d: Decode, ids: torch.Tensor, plens: torch.Tensor) -> RowState:
             state.feature = torch.zeros(B, d.drafter.config.hidden_size, device=device, dtype=d.drafter.fc.weight.dtype)
         d.dcache.rollback(plens - 1)
     elif d.drafter is not None:
-        state.q_logits = gather_at(d.drafter_step(d.dcache, ids)[0], plens - 1)
+        state.q_logits = d.drafter_step(d.dcache, ids, False, plens - 1)[0][:, 0]  # the logits behind q_1 only
         d.dcache.rollback(plens)
     return state
 
@@ -555,8 +557,8 @@ def forward_step(compiler: StepCompiler, model: torch.nn.Module) -> Callable:
         def step(cache, features, ids):
             return eagle_rows(model, cache, features, ids)
     else:
-        def step(cache, ids, hidden=False):
-            return forward_rows(model, cache, ids, hidden)
+        def step(cache, ids, hidden=False, at=None):
+            return forward_rows(model, cache, ids, hidden, at)
     return compiler.apply(step, model, "forward", graphs=True)
 
 

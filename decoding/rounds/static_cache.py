@@ -145,11 +145,14 @@ def eagle_rows(drafter: torch.nn.Module, cache: RowStaticCache, features: torch.
     return drafter.lm_logits(pred), pred
 
 
-def forward_rows(model: torch.nn.Module, cache: RowStaticCache, ids: torch.Tensor, hidden: bool = False):
+def forward_rows(model: torch.nn.Module, cache: RowStaticCache, ids: torch.Tensor, hidden: bool = False,
+                 at: torch.Tensor | None = None):
     """Feed ids (B, T) at slots cache.lengths[b] + t (the lengths are not advanced: the caller decides
     what is kept). Returns the logits (B, T, V) and, if asked, the final hidden states (B, T, H), the
-    base model's output after its final norm (what the LM head reads). Fixed shapes throughout: this is
-    the function `torch.compile` wraps."""
+    base model's output after its final norm (what the LM head reads). at (B,): the one position per row
+    whose logits the caller reads, (B, 1, V) then: a prefill reads one of its T (at B = 16 over 128 padded
+    positions and a 128k vocabulary, all of them would be 1 GiB of float32). Fixed shapes throughout: this
+    is the function `torch.compile` wraps."""
     width = ids.shape[1]
     positions = cache.lengths[:, None] + torch.arange(width, device=ids.device)
     cache.slots = positions.clamp(max=cache.max_len - 1)  # a finished row never writes out of bounds
@@ -159,6 +162,7 @@ def forward_rows(model: torch.nn.Module, cache: RowStaticCache, ids: torch.Tenso
     out = base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                **{cache.forward_kwarg: cache})
     states = out.last_hidden_state
-    logits = model.get_output_embeddings()(states)
+    read = states if at is None else states.gather(1, at[:, None, None].expand(-1, 1, states.shape[-1]))
+    logits = model.get_output_embeddings()(read)
     # under device_map the head may sit elsewhere: the round's tensors live with the input ids (no-op otherwise)
     return logits.to(ids.device), (states.to(ids.device) if hidden else None)

@@ -36,6 +36,11 @@ def test_rollback_matches_a_dynamic_cache(make_llama, attention):
         logits, _ = forward_rows(target, cache, ids)
         for b, r in enumerate(rows):
             torch.testing.assert_close(logits[b, : len(r)], reference_logits(target, r, len(r)))
+        # a prefill's read of one position per row (`at`): each row's last prompt token's logits, the same values
+        last = torch.tensor([len(r) - 1 for r in rows])
+        one, states = forward_rows(target, cache, ids, hidden=True, at=last)
+        assert one.shape == (3, 1, logits.shape[-1]) and states.shape[:2] == (3, 7)
+        torch.testing.assert_close(one[:, 0], logits[torch.arange(3), last])
         cache.rollback(torch.tensor([len(r) for r in rows]))
         for step in range(3):  # feed 4, keep a different number per row, repeat
             new = torch.randint(0, 96, (3, 4), generator=gen)
