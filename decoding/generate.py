@@ -38,7 +38,7 @@ from specdraft.core.errors import InputError
 from specdraft.core.jsonl import jsonl_objects
 from specdraft.core.tokenizers import check_same_vocabulary
 from specdraft.decoding.batched import generate_batch
-from specdraft.decoding.compilation import StepCompiler
+from specdraft.decoding.compilation import StepCompiler, decode_cache_length
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.bundle.chat import ChatFormat, end_of_turn_ids, format_prompt, user_turn
 from specdraft.decoding.compat import check_head, check_pair
@@ -50,6 +50,7 @@ from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
 from specdraft.decoding.metrics import GenerationResult
 from specdraft.decoding.speculators.spectr import check_drafts, drafter_speculator
 from specdraft.decoding.rounds.sampling import SamplingConfig
+from specdraft.decoding.rounds.static_cache import full_attention_over
 from specdraft.decoding.speculative import generate_speculative
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP
 
@@ -95,7 +96,7 @@ def decode_batch(target, prompts: list[list[int]], max_new_tokens: int, plan: Pl
     trees) decode one prompt after another with the single-sequence decoder, prompt i with seed + i;
     they cannot be compiled. compile: a mode, or the `StepCompiler` a caller keeps over many batches."""
     compiler = compile if isinstance(compile, StepCompiler) else StepCompiler(compile)
-    if batched_plan(plan):
+    if batched_plan(plan) and full_attention_decode(target, plan, prompts, max_new_tokens, compiler.mode):
         policy = plan.policy() if plan.drafter is not None else None
         if type(policy) is SpecDecPP and len(prompts) > 1:
             # the batch stops drafting together (the same decisions at batch 1): per-row stops save no verify
@@ -106,9 +107,20 @@ def decode_batch(target, prompts: list[list[int]], max_new_tokens: int, plan: Pl
                               eos_token_id=eos_token_id, seed=seed, compile=compiler)
     if not compiler.eager:
         raise InputError(f"--compile {compiler.mode} applies to the batched decoder (the target alone, fixed K, SpecDec++, "
-                         "EAGLE-1 chains); SpecTr drafts, cascades and EAGLE trees decode uncompiled: use --compile none")
+                         "EAGLE-1 chains, models attending over the whole decode); SpecTr drafts, cascades, EAGLE trees "
+                         "and sliding-window models decode uncompiled: use --compile none")
     return [decode_one(target, ids, max_new_tokens, plan, sampling, eos_token_id,
                        torch.Generator().manual_seed(seed + i)) for i, ids in enumerate(prompts)]
+
+
+def full_attention_decode(target, plan: Plan, prompts: list[list[int]], max_new_tokens: int, mode: str) -> bool:
+    """Whether the target and a causal-LM drafter attend over every position of the batched decoder's static cache
+    for these prompts (`full_attention_over`): a model with sliding-window layers, or a window shorter than the
+    decode, goes to the one-prompt decoder, whose cache keeps its window (Mistral-style models)."""
+    k_max = plan.policy().max_tokens if plan.drafter is not None else 0
+    slots = decode_cache_length(max(len(p) for p in prompts), max_new_tokens, k_max, mode)
+    models = [target] + ([plan.drafter] if plan.drafter is not None and not isinstance(plan.drafter, EagleDrafter) else [])
+    return all(full_attention_over(m.config, slots) for m in models)
 
 
 def batched_plan(plan: Plan) -> bool:

@@ -68,14 +68,21 @@ def kv_shape(config, batch: int, max_len: int) -> tuple[int, int, int, int]:
     return batch, heads, max_len, head_dim
 
 
+def full_attention_over(config, max_len: int) -> bool:
+    """Whether a model attends over all of `max_len` positions in every layer: no sliding-window layers, and no
+    window shorter than the cache (the static cache's mask is causal over the whole cache)."""
+    window = getattr(config, "sliding_window", None)
+    sliding = any(t != "full_attention" for t in (getattr(config, "layer_types", None) or []))
+    return not (sliding or (window is not None and window < max_len))
+
+
 class RowStaticCache(Cache):
     """Per-row static cache of a decoder-only HF model (Llama-style attention calling `cache.update`)."""
 
     def __init__(self, config, batch: int, max_len: int, dtype: torch.dtype, device: torch.device,
                  layer_devices: list[torch.device] | None = None, *, forward_kwarg: str):
         window = getattr(config, "sliding_window", None)
-        sliding = any(t != "full_attention" for t in (getattr(config, "layer_types", None) or []))
-        if sliding or (window is not None and window < max_len):
+        if not full_attention_over(config, max_len):
             # the 4D mask here is causal over the whole cache; a window shorter than the cache would need its own
             raise InputError(f"the batched decoder's static cache is full attention; this model has sliding-window "
                              f"layers (window {window}) shorter than the decode ({max_len} positions); decode it "

@@ -95,3 +95,25 @@ def test_generate_formats_the_prompt_with_the_chat_template(pair, monkeypatch):
                      "the quick", "--max-new-tokens", "2", "--method", "ar", *argv]) == 0
         assert list(seen[-1]) == want
     assert tok.convert_ids_to_tokens(seen[0][-1]) == "<|assistant|>" and seen[0] != seen[1]
+
+
+def test_sliding_window_models_go_to_the_one_prompt_decoder():
+    """The batched decoder's static cache is causal over the whole cache: a target or drafter with sliding-window
+    layers, or a window shorter than the decode, is decoded one prompt at a time (`full_attention_decode`); a
+    window that covers the decode stays batched."""
+    from types import SimpleNamespace
+
+    from specdraft.decoding.generate import Plan, full_attention_decode
+    from specdraft.decoding.policies.stopping import FixedK
+
+    def model(**config):
+        return SimpleNamespace(config=SimpleNamespace(**config))
+
+    prompts = [[1] * 30, [2] * 10]  # 30 + 20 new + K 4 + 2 = 56 slots, rounded to 64
+    full, windowed = model(), model(sliding_window=24)
+    assert full_attention_decode(full, Plan("target"), prompts, 20, "none")
+    assert not full_attention_decode(windowed, Plan("target"), prompts, 20, "none")
+    assert full_attention_decode(model(sliding_window=4096), Plan("target"), prompts, 20, "none")
+    assert not full_attention_decode(full, Plan("drafter", windowed, lambda: FixedK(4)), prompts, 20, "none")
+    assert not full_attention_decode(model(layer_types=["full_attention", "sliding_attention"]), Plan("target"),
+                                     prompts, 20, "none")
