@@ -150,6 +150,8 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
     calls, at, tcaches, widest = {}, {}, {}, {}
     prefill_widths = tuple(w for w in (16 << i for i in range(max_len.bit_length())) if w <= max_len) if calibrate else ()
     chain_long = max(2, max_width - 2)  # the longest round's width-1 drafter steps (K_max - 1), at least 2
+    # compiled: a round's drafting is one draft graph (`_draft_graph`), looked up once here, not in the timed call
+    graphs = {} if compiler.eager else {n: _draft_graph(compiler, drafter, n) for n in (1, chain_long)}
     for batch in sizes:  # every batch size's caches at once (about twice the largest one's memory)
         tcache, dcache = compiler.cache(target, batch, max_len), compiler.cache(drafter, batch, max_len)
         tcaches[batch] = tcache
@@ -166,8 +168,8 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
             d.rollback(start)
             logits = drafter_step(d, ids[2])[0][:, -1]
             d.lengths.add_(2)
-            if not compiler.eager:  # as the decoder drafts: one graph of n + 1 positions (`_draft_graph`)
-                _draft_graph(compiler, drafter, n)(d, logits)
+            if graphs:  # as the decoder drafts: one graph of n + 1 positions
+                graphs[n](d, logits)
                 return
             for _ in range(n):
                 drafter_step(d, ids[1])
