@@ -54,7 +54,10 @@ GREEDY = SamplingConfig(temperature=0.0)
 # A stop inside a segment wastes the drafter forwards left in it (masked; never counted). Four, not two: on the
 # demo pair compiled at batch 1 (inductor, CPU), K_max = 8, h = 0.7, a round cost +12.8% over fixed K = 8's in
 # segments of 2, +8.3% in segments of 4 and +9.2% in one graph of 8 (one noisy run, 5 passes each; a profile put
-# a segment's call at ~0.15 ms of a ~6.5 ms round, a drafter step at ~0.16 ms).
+# a segment's call at ~0.15 ms of a ~6.5 ms round, a drafter step at ~0.16 ms). Tried since and left out: a rule
+# choosing per batch size between these segments and one graph of K_max, from a profiled price of a second graph
+# (0.12-0.35 ms at B = 1 / 2): one graph ran 615 / 903 tokens/s against segments' 625 / 913 at B = 1 / 2 (one
+# process, 11 interleaved passes), as the stops a segment boundary allows save more than its call costs.
 HEAD_SEGMENT = 4
 # rounds with no draft that may pass before the drafter catches up anyway (each pending round widens the catch-up
 # by one token: a compiled decode compiles one graph per width)
@@ -440,6 +443,12 @@ def draft(d: Decode, state: RowState) -> Drafts:
         carry = part(d.dcache, cap, d.eos, carry)
         steps = end
     tokens, qs, k = carry[:3]
+    if d.fused and d.policy.needs_hidden and steps:
+        # the verify runs at the longest row's drafts (as the cost table prices a round), not at its last segment's
+        # end: a round that stops after 1 or 2 drafts of a 4-position segment verifies 2 or 3 positions, not 5 (at
+        # B = 1 on the demo pair, compiled: 2.7-3.3 ms against 3.7). One small host read, after the draft graphs
+        # (on a GPU it waits for them, as each segment's read does).
+        steps = int(k.max())
     widths = getattr(d.policy, "widths", None)
     if widths is not None:  # a rule that decides after drafting (a global verify budget): each row keeps a prefix
         k = torch.minimum(k, widths(carry[6]))

@@ -264,6 +264,41 @@ def test_a_decode_cache_holds_the_longest_prompt_and_the_round_not_the_padding(l
     assert padded.sizes == [128, 128, 128]  # AR's target cache; fixed K's target and drafter caches
 
 
+def test_a_compiled_head_round_verifies_its_longest_rows_drafts_not_its_segment(llama_pair):
+    """Compiled, a head rule drafts in segments of HEAD_SEGMENT positions, but its round verifies at the longest
+    row's drafts (padded, `verify_width`), as the cost table prices it: rounds that stop after 2 drafts verify 3
+    positions (the last token and 2 drafts), not the 5 of the segment's end. Graphs replaced by their eager functions (the compiled decode's
+    segments, padding and reads)."""
+    class Recording(StepCompiler):
+        def __init__(self):
+            super().__init__("default")
+            self.widths = []
+
+        def apply(self, fn, model, name, graphs=False):
+            if model is not target or name != "forward":
+                return fn
+            def step(cache, ids, *rest):
+                self.widths.append(ids.shape[1])
+                return fn(cache, ids, *rest)
+            return step
+
+    target, drafter = llama_pair
+    # a head that predicts rejection everywhere: SpecDec++ stops each row at its first decision with a head (k = 2)
+    head = torch.nn.Linear(drafter.config.hidden_size, 1)
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.constant_(head.bias, -10.0)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    recording = Recording()
+    with torch.inference_mode():
+        want = generate_batch(target, prompts, 8, drafter=drafter, policy=SpecDecPP(head, 0.5, k_max=8))
+        got = generate_batch(target, prompts, 8, drafter=drafter, policy=SpecDecPP(head, 0.5, k_max=8),
+                             compile=recording)
+    assert [r.tokens for r in got] == [r.tokens for r in want]
+    assert all(max(r.metrics.drafted) == 2 for r in got), [r.metrics.drafted for r in got]
+    rounds = recording.widths[1:]  # after the prefill
+    assert rounds and max(rounds) == 3, rounds
+
+
 @pytest.mark.slow
 def test_compiled_steps_of_two_models_of_one_shape_stay_apart(make_llama):
     """Two models of the same architecture: each compiled step gives its own model's logits (the steps keep
