@@ -326,3 +326,25 @@ def test_rules_that_differ_only_in_their_cost_tables_get_graphs_of_their_own():
     first, second = LockstepBatchAwareSpecDec(head, one, 0.7, 5), LockstepBatchAwareSpecDec(head, other, 0.7, 5)
     assert repr(first) == repr(second) and rule_key(first) != rule_key(second)
     assert rule_key(first) == rule_key(LockstepBatchAwareSpecDec(head, one, 0.7, 5))  # a new policy, same graphs
+
+
+def test_compiled_steps_trace_with_the_weights_in_the_graph_and_leave_dynamos_config_as_it_was():
+    """`weights_in_graph` turns on dynamo's install_free_tensors around each call (it is read when a call traces)
+    and restores it afterwards, also when the call raises: other compiles in the process keep their defaults."""
+    import torch._dynamo.config as dynamo_config
+
+    from specdraft.decoding.compilation import weights_in_graph
+
+    seen = []
+
+    def step(x):
+        seen.append(dynamo_config.install_free_tensors)
+        if x is None:
+            raise ValueError("boom")
+        return x
+
+    before = dynamo_config.install_free_tensors
+    assert weights_in_graph(step)(3) == 3 and seen == [True] and dynamo_config.install_free_tensors == before
+    with pytest.raises(ValueError):
+        weights_in_graph(step)(None)
+    assert seen == [True, True] and dynamo_config.install_free_tensors == before
