@@ -443,17 +443,17 @@ def draft(d: Decode, state: RowState) -> Drafts:
         carry = part(d.dcache, cap, d.eos, carry)
         steps = end
     tokens, qs, k = carry[:3]
-    if d.fused and d.policy.needs_hidden and steps:
-        # the verify runs at the longest row's drafts (as the cost table prices a round), not at its last segment's
-        # end: a round that stops after 1 or 2 drafts of a 4-position segment verifies 2 or 3 positions, not 5 (at
-        # B = 1 on the demo pair, compiled: 2.7-3.3 ms against 3.7). One small host read, after the draft graphs
-        # (on a GPU it waits for them, as each segment's read does).
-        steps = int(k.max())
     widths = getattr(d.policy, "widths", None)
     if widths is not None:  # a rule that decides after drafting (a global verify budget): each row keeps a prefix
         k = torch.minimum(k, widths(carry[6]))
         tokens = torch.where(torch.arange(W, device=device)[None] < k[:, None], tokens, 0)
         steps = int(k.max())  # one more host read: the verify shrinks to the longest prefix kept
+    elif d.fused and d.policy.needs_hidden and steps:
+        # the verify runs at the longest row's drafts (as the cost table prices a round), not at its last segment's
+        # end: a round that stops after 1 or 2 drafts of a 4-position segment verifies 2 or 3 positions, not 5 (at
+        # B = 1 on the demo pair, compiled: 2.7-3.3 ms against 3.7). One small host read, after the draft graphs
+        # (on a GPU it waits for them, as each segment's read does).
+        steps = int(k.max())
     return Drafts(tokens=tokens, q=qs, k=k, steps=steps)
 
 
