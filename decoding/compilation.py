@@ -112,8 +112,8 @@ def weights_in_graph(compiled: Callable) -> Callable:
     than graph inputs that dynamo's code before each call gathers from the modules (~150 tensors for the
     demo target: 0.1-0.2 ms a call, 5% of its compiled one-token step). A config patch around the call,
     not a process-wide setting: dynamo reads it when it traces (the first call of each shape), and other
-    compiles in the process keep their defaults. Set and restored by hand rather than with `dynamo_config.patch`:
-    3.8 against 16.5 us a call here, on every compiled call of a decode (~5 a round)."""
+    compiles in the process keep their defaults. Set and restored by hand rather than with `dynamo_config.patch`,
+    whose context object costs more than the set itself, on every compiled call of a decode (~5 a round)."""
     import torch._dynamo.config as dynamo_config
 
     def step(*args):
