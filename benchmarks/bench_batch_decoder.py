@@ -19,8 +19,9 @@ side (forwards, overheads, batching) carries over. Prompts are random token ids 
 (b) Batch curve: for each B, part (a)'s prompts in consecutive batches of B (a B above their count: its
     first B prompts as one batch), decoded by every method (AR, fixed K for
     --ks, SpecDec++ with --head or an untrained random head, per row and lockstep (the batch stops
-    together), UCBSpec over lengths 0..4), interleaved, --runs times; tokens/s = generated tokens /
-    median time, with the spread (min-max over runs) and the speedup over batched AR at the same B.
+    together), UCBSpec over lengths 0..4), interleaved, --runs times; tokens/s = the median over runs of
+    generated tokens / time, with the spread (min-max over runs) and the speedup over batched AR at the same B.
+    Sampled (--curve-temperature > 0), run i draws with seed i for every method: the median then spans draws.
 (c) The cost of deciding at batch 1: SpecDec++ and the batch-aware rule made to take fixed K = 4's
     decisions (an h that never fires; a table where every draft pays), so that their rounds equal fixed K's
     and the time beyond them is the head's forward and the rule's own work per round.
@@ -119,16 +120,20 @@ def ours(target, prompts, n, sampling, seed, compile, drafter=None, policy=None,
                           compile=compile, eos_token_id=eos)
 
 
-def warm_then_interleave(fns: dict, runs: int, device: str) -> tuple[dict[str, list[float]], dict]:
+def warm_then_interleave(fns: dict, runs: int, device: str, seeded: bool = False) -> tuple[dict[str, list[float]], dict]:
     """One untimed call of each method (the warm-up; compiled, its graphs), then `runs` passes in which the
-    methods take turns: ({name: [seconds per pass]}, {name: the last pass's output})."""
+    methods take turns: ({name: [seconds per pass]}, {name: [each pass's output]}). seeded: each method is called
+    with seed = the pass's index (sampled decodes: one seed would repeat one draw of every method's tokens, and a
+    method's MAT then moves by a draw's luck: at T = 0.7 on the demo pair, K = 8's MAT over seeds 0..7 was 6.4-7.7
+    and K = 16's 8.3-10.9, more than the methods differ by)."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
-    out = {}
-    for _ in range(runs):
+    out: dict[str, list] = {name: [] for name in fns}
+    for run in range(runs):
         for name, fn in fns.items():
-            out[name], t = timed_call(fn, device)
+            result, t = timed_call((lambda fn=fn: fn(seed=run)) if seeded else fn, device)
+            out[name].append(result)
             times[name].append(t.time)
     return times, out
 
@@ -248,7 +253,8 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
                                                                           reference_rate=None)
     policies["global budget K=4"] = GlobalVerifyBudget(head, table, args.prior, min(4, args.k_max))
     lines = [
-        f"#### (b) Batch curve: {mode}, {n} tokens per row{' (up to, stopping at EOS)' if args.eos is not None else ''}, median of {args.runs} interleaved runs (spread: min-max)",
+        f"#### (b) Batch curve: {mode}, {n} tokens per row{' (up to, stopping at EOS)' if args.eos is not None else ''}, median of {args.runs} interleaved runs (spread: min-max)"
+        + ("" if sampling.greedy else f"; run i samples with seed i (0..{args.runs - 1}), the same seed for every method, MAT over all runs"),
         "",
         "| B | " + " | ".join(f"{name} tok/s" for name in policies) + " | "
         + " | ".join(f"{name} / AR" for name in policies if name != "AR") + " | " + " | ".join(
@@ -262,19 +268,20 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
         # B = 1 row is part (a)'s decode of the same prompts, and the low-B rows differ only by B; a larger B
         # decodes its first B prompts as one batch
         batches = [shared[i:i + B] for i in range(0, len(shared), B)] if B <= len(shared) else [prompts[:B]]
-        fns = {name: (lambda p=p: [r for batch in batches
-                                   for r in ours(target, batch, n, sampling, 0, args.compiler, drafter if p else None, p,
-                                                 eos=args.eos)])
+        fns = {name: (lambda p=p, seed=0: [r for batch in batches
+                                           for r in ours(target, batch, n, sampling, seed, args.compiler,
+                                                         drafter if p else None, p, eos=args.eos)])
                for name, p in policies.items()}
         if args.compile != "none":
             compile_s[B] = sum(compile_times(fns, dev).values())
-        times, out = warm_then_interleave(fns, args.runs, dev)
+        times, out = warm_then_interleave(fns, args.runs, dev, seeded=not sampling.greedy)
         tps, mats = {}, {}
         for name, ts in times.items():
-            tokens = sum(r.metrics.n_generated for r in out[name])
-            calls = sum(r.metrics.n_target for r in out[name])
-            tps[name] = (tokens / statistics.median(ts), tokens / max(ts), tokens / min(ts))
-            mats[name] = tokens / calls
+            # per pass: a sampled pass's tokens differ with its seed (rows stop at EOS); MAT over every pass
+            tokens = [sum(r.metrics.n_generated for r in res) for res in out[name]]
+            rates = [n_tok / t for n_tok, t in zip(tokens, ts)]
+            tps[name] = (statistics.median(rates), min(rates), max(rates))
+            mats[name] = sum(tokens) / sum(r.metrics.n_target for res in out[name] for r in res)
         cells = [f"{v[0]:.0f} ({v[1]:.0f}-{v[2]:.0f})" for v in tps.values()]
         ratios = [f"{tps[name][0] / tps['AR'][0]:.2f}" for name in policies if name != "AR"]
         mat_cells = [f"{mats[name]:.2f}" for name in policies if name != "AR"]
@@ -313,7 +320,7 @@ def deciding_cost_table(args, target, drafter, head, prompts, k: int = 4) -> lis
                                                                          drafter, make(), eos=args.eos)])
            for name, make in policies.items()}
     times, out = warm_then_interleave(fns, args.runs, dev)
-    rounds = {name: [r.metrics.drafted for r in res] for name, res in out.items()}
+    rounds = {name: [r.metrics.drafted for r in res[-1]] for name, res in out.items()}
     same = all(rounds[name] == rounds[f"K={k}"] for name in rounds)
     n_rounds = sum(len(d) for d in rounds[f"K={k}"])
     base = statistics.median(times[f"K={k}"])
