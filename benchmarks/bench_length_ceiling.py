@@ -15,7 +15,7 @@ and a call's start at `t_start`; predicted tokens/s = tokens / priced seconds. N
 head, the decisions): the oracles decide for free, so their rates bound every real rule's from above.
 
     fixed K             the decoder's own rounds at K
-    first rejection     SpecDec++'s oracle (section 5.1): a round drafts exactly the drafts the target accepts
+    first rejection     SpecDec++'s oracle (its Theorem 4.1): a round drafts exactly the drafts the target accepts
                         (at most K_max), read from the K_max decode's rounds. Greedy, those rounds are exactly
                         the oracle's; sampled, it keeps K_max's accepted counts (its bonus token would come from p
                         instead of the residual: the same count, another token)
