@@ -63,16 +63,22 @@ def timing_lines(metrics: dict) -> list[str]:
     flagged = sum(1 for r in metrics["rows"] if r.get("timed_counted_disagree"))
     return [f"Timing: {t['timer']}, one whole generation per timed call with its speculator built before it"
             + (", after one untimed warm-up per method and prompt-length class" if t["warmup"] else ", no warm-up")
-            + f". {t['repeats']} interleaved passes per run"
-            + (f", more (up to {t['repeats_max']}) while the 90% interval of a run's mean time is wider than "
-               f"+-{t['repeat_ci']:.0%}: {t['passes_mean']} passes on average; "
-               if t["repeats_max"] > t["repeats"] else
-               f" (no further passes: evaluate.repeats_max = repeats); ")
-            + f"{_fmt(t['narrow_share'])} of {t['runs']} runs have a 90% interval of their mean time within "
-            f"+-{t['repeat_ci']:.0%}. "
+            + passes_line(t)
             + (f"{flagged} rows' timed and counted speedup intervals do not overlap (marked \"{DISAGREE.strip()}\"): "
                "read their timed speedup with care." if flagged else
                "Timed and counted speedup intervals overlap on every row."), ""]
+
+
+def passes_line(t: dict) -> str:
+    """The passes per run and how many runs' own time is narrow; one pass gives a run no interval of its own."""
+    if t["repeats_max"] == t["repeats"] == 1:
+        return ". One timed pass per run (no interval of a run's own time: evaluate.repeats = 1). "
+    return (f". {t['repeats']} interleaved passes per run"
+            + (f", more (up to {t['repeats_max']}) while the 90% interval of a run's mean time is wider than "
+               f"+-{t['repeat_ci']:.0%}: {t['passes_mean']} passes on average; "
+               if t["repeats_max"] > t["repeats"] else " (no further passes: evaluate.repeats_max = repeats); ")
+            + f"{_fmt(t['narrow_share'])} of {t['runs']} runs have a 90% interval of their mean time within "
+            f"+-{t['repeat_ci']:.0%}. ")
 
 
 def table(header: list[str], rows: Iterable[list[Any]]) -> str:

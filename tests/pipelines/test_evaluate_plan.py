@@ -372,3 +372,17 @@ def test_each_drafter_also_runs_at_the_fixed_k_generate_serves_it_with(env):
     keys = {(r.key.drafter, r.key.k) for r in build_plan(served, prompts()[:1])
             if r.key.family == "fixed" and r.key.mode == "greedy"}
     assert keys == {("a", 3), ("b", 3), ("a", 1), ("b", 1), ("a", 5)}  # b's served K is the common K: once
+
+
+def test_the_timing_line_says_one_pass_gives_a_run_no_interval_of_its_own():
+    """The demo times each run once: the report must not count runs 'narrow' from a single time."""
+    from specdraft.pipelines.evaluate.render import timing_lines
+
+    base = {"timer": "process CPU time", "warmup": True, "repeat_ci": 0.05, "passes_mean": 2.0, "narrow_share": 0.4,
+            "runs": 10}
+    one = timing_lines({"timing": {**base, "repeats": 1, "repeats_max": 1}, "rows": []})[0]
+    assert "One timed pass per run" in one and "90% interval of their mean" not in one
+    two = timing_lines({"timing": {**base, "repeats": 2, "repeats_max": 2}, "rows": []})[0]
+    assert "2 interleaved passes per run (no further passes" in two and "of 10 runs have a 90% interval" in two
+    capped = timing_lines({"timing": {**base, "repeats": 2, "repeats_max": 4}, "rows": []})[0]
+    assert "more (up to 4)" in capped and "2.0 passes on average" in capped

@@ -23,7 +23,7 @@ VALID = {
     "run.root": st.text("abc/_-", min_size=1, max_size=10).filter(lambda s: s.strip("/")),
     "evaluate.ks": st.lists(st.integers(1, 20), min_size=1, max_size=4),
     "evaluate.k": st.one_of(st.none(), st.integers(1, 20)),
-    "evaluate.repeats": st.integers(1, 2),  # demo.yaml sets repeats_max 2
+    "evaluate.repeats": st.integers(1, 2),  # demo.yaml sets repeats 1 (repeats_max: = repeats)
     "distill_data.temperatures": st.lists(st.floats(0, 2), min_size=1, max_size=3),
     "distill_data.top_p": st.floats(0.01, 1.0),
     "train_heads.thresholds": st.lists(st.floats(0.01, 0.99), min_size=1, max_size=3),
@@ -94,7 +94,7 @@ REFUSED = [
     ("run.seed", json_values.filter(lambda v: isinstance(v, bool) or not isinstance(v, int))),
     ("run.verify_inputs", st.text(max_size=5).filter(lambda v: v not in ("cached", "full", "off"))),
     ("evaluate.ks", st.one_of(st.just([]), st.lists(st.integers(-3, 0), min_size=1, max_size=2))),
-    ("evaluate.repeats_max", st.just(1)),  # below repeats (2): contradictory
+    ("evaluate.repeats_max", st.integers(-3, 0)),  # below repeats (1): contradictory
     ("distill_data.top_p", st.one_of(st.floats(max_value=0), st.floats(min_value=1.001, allow_infinity=False))),
     ("train_heads.thresholds", st.lists(st.one_of(st.floats(max_value=0), st.floats(min_value=1, allow_infinity=False)), min_size=1, max_size=2)),
     ("decoding.k", st.integers(21, 10**4)),  # above k_max (20): contradictory
