@@ -57,7 +57,7 @@ from specdraft.decoding.cost_profile import cache_length_for, profile_cost_table
 from specdraft.decoding.policies.cost_model import CostTable, padded_width  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
-from specdraft.decoding.timing import timed_call  # noqa: E402
+from bench_batch_decoder import warm_then_interleave  # noqa: E402
 from bench_decoder import _cpu_name, load, load_prompts  # noqa: E402
 from publish import publish  # noqa: E402
 
@@ -170,19 +170,12 @@ def measured_costs(args, target, drafter, prompts, table: CostTable) -> tuple[li
     fns = {k: (lambda k=k: [generate_batch(target, [p], args.max_new_tokens, drafter=drafter if k else None,
                                            policy=FixedK(k) if k else None, compile=compiler,
                                            eos_token_id=args.eos)[0] for p in prompts]) for k in widths}
-    for fn in fns.values():
-        fn()
-    times: dict[int, list[float]] = {k: [] for k in widths}
-    out = {}
-    for _ in range(args.runs):
-        for k, fn in fns.items():
-            out[k], timing = timed_call(fn, "cpu")
-            times[k].append(timing.time)
+    times, out = warm_then_interleave(fns, args.runs, "cpu")  # greedy: every pass decodes the same tokens
     per_round, rates = {}, {}
     for k in widths:
         starts = sum(table.t_start(1, k > 0, table.prefill_positions(len(p))) for p in prompts)
-        rounds = sum(r.metrics.n_target for r in out[k])
-        tokens = sum(r.metrics.n_generated for r in out[k])
+        rounds = sum(r.metrics.n_target for r in out[k][-1])
+        tokens = sum(r.metrics.n_generated for r in out[k][-1])
         per_round[k] = (statistics.median(times[k]) - starts) / rounds
         rates["AR" if k == 0 else f"K={k}"] = (tokens / statistics.median(times[k]), tokens / max(times[k]),
                                                 tokens / min(times[k]))
