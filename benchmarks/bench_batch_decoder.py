@@ -22,6 +22,7 @@ side (forwards, overheads, batching) carries over. Prompts are random token ids 
     together), UCBSpec over lengths 0..4), interleaved, --runs times; tokens/s = the median over runs of
     generated tokens / time, with the spread (min-max over runs) and the speedup over batched AR at the same B.
     Sampled (--curve-temperature > 0), run i draws with seed i for every method: the median then spans draws.
+    Each adaptive method is also paired pass by pass with the best fixed K of --goal-ks (`paired_with_best_k`).
 (c) The cost of deciding at batch 1: SpecDec++ and the batch-aware rule made to take fixed K = 4's
     decisions (an h that never fires; a table where every draft pays), so that their rounds equal fixed K's
     and the time beyond them is the head's forward and the rule's own work per round.
@@ -36,6 +37,7 @@ import datetime
 import os
 import pathlib
 import platform
+import re
 import statistics
 import sys
 import time
@@ -136,6 +138,26 @@ def warm_then_interleave(fns: dict, runs: int, device: str, seeded: bool = False
             out[name].append(result)
             times[name].append(t.time)
     return times, out
+
+
+def paired_with_best_k(rates: dict[str, list[float]], ks) -> tuple[str, dict[str, tuple[float, float, float]]]:
+    """Each adaptive method against the best fixed K of `ks` (the one with the highest median rate, in hindsight),
+    pass by pass: (that K's name, {method: (median, min, max) over passes of method's rate / K's rate in the same
+    pass}). A pass runs the methods one after another (`warm_then_interleave`) and, sampled, with one seed: a
+    ratio within a pass cancels the box's phase and the draw, which a ratio of medians over passes keeps (at T = 0.7
+    compiled, K = 8's rate spanned 430-746 tokens/s over 7 passes). rates: {name: [tokens/s per pass]}; the
+    methods compared are those not named AR or K=k."""
+    fixed = [f"K={k}" for k in ks if f"K={k}" in rates]
+    if not fixed:
+        raise ValueError(f"none of the fixed K {list(ks)} was measured (have {sorted(rates)})")
+    best = max(fixed, key=lambda name: statistics.median(rates[name]))
+    out = {}
+    for name, rs in rates.items():
+        if name == "AR" or re.fullmatch(r"K=\d+", name):
+            continue
+        ratios = [r / b for r, b in zip(rs, rates[best], strict=True)]
+        out[name] = (statistics.median(ratios), min(ratios), max(ratios))
+    return best, out
 
 
 def compile_times(methods: dict, device: str) -> dict[str, float]:
@@ -261,7 +283,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
             f"{name} MAT" for name in policies if name != "AR") + " |",
         "| ---: " * (1 + len(policies) + 2 * (len(policies) - 1)) + "|",
     ]
-    compile_s = {}
+    compile_s, paired = {}, []
     shared = prompts[:args.n_batch1]
     for B in args.batch_sizes:
         # up to part (a)'s prompt count, every B decodes part (a)'s prompts, in consecutive batches of B: the
@@ -275,13 +297,14 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
         if args.compile != "none":
             compile_s[B] = sum(compile_times(fns, dev).values())
         times, out = warm_then_interleave(fns, args.runs, dev, seeded=not sampling.greedy)
-        tps, mats = {}, {}
+        tps, mats, rates = {}, {}, {}
         for name, ts in times.items():
             # per pass: a sampled pass's tokens differ with its seed (rows stop at EOS); MAT over every pass
             tokens = [sum(r.metrics.n_generated for r in res) for res in out[name]]
-            rates = [n_tok / t for n_tok, t in zip(tokens, ts)]
-            tps[name] = (statistics.median(rates), min(rates), max(rates))
+            rates[name] = [n_tok / t for n_tok, t in zip(tokens, ts)]
+            tps[name] = (statistics.median(rates[name]), min(rates[name]), max(rates[name]))
             mats[name] = sum(tokens) / sum(r.metrics.n_target for res in out[name] for r in res)
+        paired.append((B, *paired_with_best_k(rates, args.goal_ks)))
         cells = [f"{v[0]:.0f} ({v[1]:.0f}-{v[2]:.0f})" for v in tps.values()]
         ratios = [f"{tps[name][0] / tps['AR'][0]:.2f}" for name in policies if name != "AR"]
         mat_cells = [f"{mats[name]:.2f}" for name in policies if name != "AR"]
@@ -297,11 +320,25 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
               "model's best fixed-K rate at B (own rate: lam = the round's own tokens per second so far) ("
               f"{args.prior}; docs/decoder.md); global budget: every row drafts 4, the top-N drafts of the batch by "
               "survival are verified (vLLM #47808). MAT = tokens per target forward (bonus counted), summed over rows.",
-              "", "Cost table (this run):", "", "```", table.render(), "```"]
+              ""] + paired_table(paired, args.goal_ks) + ["", "Cost table (this run):", "", "```", table.render(), "```"]
     if compile_s:
         lines += ["", "Compile + first decode per B (wall s, all methods): "
                   + ", ".join(f"B={b}: {s:.1f}" for b, s in compile_s.items())]
     return lines + [""]
+
+
+def paired_table(paired: list, ks) -> list[str]:
+    """Part (b)'s adaptive methods against the best fixed K of `ks` at each B, paired pass by pass
+    (`paired_with_best_k`)."""
+    names = list(paired[0][2])
+    lines = [f"Paired with the best fixed K in {{{', '.join(map(str, ks))}}} at each B (the K with the highest median "
+             "rate): the median over passes of a method's rate over that K's rate in the same pass (spread: min-max)",
+             "", "| B | best K | " + " | ".join(f"{name} / best K" for name in names) + " |",
+             "| ---: | ---: " + "| ---: " * len(names) + "|"]
+    for B, best, ratios in paired:
+        lines.append(f"| {B} | {best} | " + " | ".join(f"{m:.2f} ({lo:.2f}-{hi:.2f})" for m, lo, hi in ratios.values())
+                     + " |")
+    return lines
 
 
 def deciding_cost_table(args, target, drafter, head, prompts, k: int = 4) -> list[str]:
@@ -336,6 +373,17 @@ def deciding_cost_table(args, target, drafter, head, prompts, k: int = 4) -> lis
     return lines + [""]
 
 
+def check_goal_ks(parser: argparse.ArgumentParser, args) -> None:
+    """Part (b) pairs its adaptive methods with the best fixed K of --goal-ks: each compile mode must measure one."""
+    if "b" in args.skip.split(","):
+        return
+    for mode in args.compile.split(","):
+        flag, ks = ("--ks", args.ks) if mode == "none" else ("--compiled-ks", [int(k) for k in args.compiled_ks.split(",")])
+        if not set(ks) & set(args.goal_ks):
+            parser.error(f"part (b) pairs its adaptive methods with the best of --goal-ks {args.goal_ks}, and {flag} "
+                         f"{ks} measures none of them: add one to {flag} or change --goal-ks")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target")
@@ -356,6 +404,8 @@ def main(argv=None) -> int:
     parser.add_argument("--n-prompts", type=int, default=8, help="batch-1 prompts")
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--ks", default="2,4,8")
+    parser.add_argument("--goal-ks", default="1,2,4,8",
+                        help="the fixed K part (b) pairs the adaptive methods with: the best of them at each B")
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--eos", action="store_true",
@@ -379,6 +429,8 @@ def main(argv=None) -> int:
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     args.ks = [int(k) for k in args.ks.split(",")]
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    args.goal_ks = [int(k) for k in args.goal_ks.split(",")]
+    check_goal_ks(parser, args)
     modes = args.compile.split(",")
     if any(mode not in ("none", "default", "reduce-overhead") for mode in modes):
         parser.error(f"--compile takes none, default, reduce-overhead (comma separated), got {args.compile!r}")

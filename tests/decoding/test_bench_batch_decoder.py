@@ -1,0 +1,38 @@
+"""benchmarks/bench_batch_decoder.py's pairing of adaptive methods with the best fixed K, pass by pass."""
+import pytest
+
+from tests.conftest import import_benchmark
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return import_benchmark("bench_batch_decoder")
+
+
+def test_pairs_each_pass_with_the_best_fixed_k_of_the_goal_set(bench):
+    # K = 16 has the highest median but is outside the goal's set; K = 8 beats K = 4 on the median
+    rates = {"AR": [100.0, 50.0, 90.0], "K=4": [300.0, 150.0, 280.0], "K=8": [400.0, 200.0, 390.0],
+             "K=16": [900.0, 900.0, 900.0], "SpecDec++": [440.0, 180.0, 390.0]}
+    best, ratios = bench.paired_with_best_k(rates, [1, 2, 4, 8])
+    assert best == "K=8"
+    assert set(ratios) == {"SpecDec++"}
+    # per pass 1.1, 0.9, 1.0: the median of the ratios, not the ratio of medians (440 / 390 = 1.13)
+    assert ratios["SpecDec++"] == pytest.approx((1.0, 0.9, 1.1))
+
+
+def test_a_goal_set_nothing_measured_is_an_error(bench):
+    with pytest.raises(ValueError, match="none of the fixed K"):
+        bench.paired_with_best_k({"AR": [1.0], "K=16": [2.0], "SpecDec++": [2.0]}, [1, 2, 4, 8])
+
+
+def test_the_command_line_refuses_goal_ks_that_no_mode_measures(bench, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--compile", "none,default", "--ks", "2,4", "--compiled-ks", "16", "--no-append"])
+    assert exit_.value.code == 2
+    assert "--compiled-ks [16] measures none of them" in capsys.readouterr().err
+
+
+def test_the_table_names_the_best_k_and_each_ratio(bench):
+    lines = bench.paired_table([(1, "K=8", {"SpecDec++": (1.0, 0.9, 1.1)})], [1, 2, 4, 8])
+    assert lines[-1] == "| 1 | K=8 | 1.00 (0.90-1.10) |"
+    assert "best fixed K in {1, 2, 4, 8}" in lines[0]
