@@ -127,9 +127,13 @@ def warm_then_interleave(fns: dict, runs: int, device: str, seeded: bool = False
     methods take turns: ({name: [seconds per pass]}, {name: [each pass's output]}). seeded: each method is called
     with seed = the pass's index (sampled decodes: one seed would repeat one draw of every method's tokens, and a
     method's MAT then moves by a draw's luck: at T = 0.7 on the demo pair, K = 8's MAT over seeds 0..7 was 6.4-7.7
-    and K = 16's 8.3-10.9, more than the methods differ by)."""
+    and K = 16's 8.3-10.9, more than the methods differ by), and the warm-up decodes every seed a pass will: a
+    compiled decode builds a graph the first time a round needs its width, and a seed the warm-up did not draw may
+    round differently (SpecDec++ at T = 0.7, batch 1, compiled: one pass at 49-79 tokens/s against ~700 when only
+    seed 0 was warmed)."""
     for fn in fns.values():
-        fn()
+        for seed in range(runs) if seeded else [None]:
+            fn() if seed is None else fn(seed=seed)
     times: dict[str, list[float]] = {name: [] for name in fns}
     out: dict[str, list] = {name: [] for name in fns}
     for run in range(runs):
@@ -143,10 +147,12 @@ def warm_then_interleave(fns: dict, runs: int, device: str, seeded: bool = False
 def paired_with_best_k(rates: dict[str, list[float]], ks) -> tuple[str, dict[str, tuple[float, float, float]]]:
     """Each adaptive method against the best fixed K of `ks` (the one with the highest median rate, in hindsight),
     pass by pass: (that K's name, {method: (median, min, max) over passes of method's rate / K's rate in the same
-    pass}). A pass runs the methods one after another (`warm_then_interleave`) and, sampled, with one seed: a
-    ratio within a pass cancels the box's phase and the draw, which a ratio of medians over passes keeps (at T = 0.7
-    compiled, K = 8's rate spanned 430-746 tokens/s over 7 passes). rates: {name: [tokens/s per pass]}; the
-    methods compared are those not named AR or K=k."""
+    pass}). A pass runs the methods one after another (`warm_then_interleave`): a ratio within a pass cancels the
+    box's phase, which a ratio of medians over passes keeps (at T = 0.7 compiled, K = 8's rate spanned 430-746
+    tokens/s over 7 passes). Sampled, a pass gives every method one seed, but two methods that draft differently
+    read its stream differently: the draw cancels only between methods that make the same decisions (a rule that
+    drafts to K_max every round and fixed K = K_max). rates: {name: [tokens/s per pass]}; the methods compared are
+    those not named AR or K=k."""
     fixed = [f"K={k}" for k in ks if f"K={k}" in rates]
     if not fixed:
         raise ValueError(f"none of the fixed K {list(ks)} was measured (have {sorted(rates)})")
@@ -304,7 +310,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
             rates[name] = [n_tok / t for n_tok, t in zip(tokens, ts)]
             tps[name] = (statistics.median(rates[name]), min(rates[name]), max(rates[name]))
             mats[name] = sum(tokens) / sum(r.metrics.n_target for res in out[name] for r in res)
-        paired.append((B, *paired_with_best_k(rates, args.goal_ks)))
+        paired.append((B, paired_with_best_k(rates, args.goal_ks), paired_with_best_k(rates, args.ks)))
         cells = [f"{v[0]:.0f} ({v[1]:.0f}-{v[2]:.0f})" for v in tps.values()]
         ratios = [f"{tps[name][0] / tps['AR'][0]:.2f}" for name in policies if name != "AR"]
         mat_cells = [f"{mats[name]:.2f}" for name in policies if name != "AR"]
@@ -320,7 +326,10 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
               "model's best fixed-K rate at B (own rate: lam = the round's own tokens per second so far) ("
               f"{args.prior}; docs/decoder.md); global budget: every row drafts 4, the top-N drafts of the batch by "
               "survival are verified (vLLM #47808). MAT = tokens per target forward (bonus counted), summed over rows.",
-              ""] + paired_table(paired, args.goal_ks) + ["", "Cost table (this run):", "", "```", table.render(), "```"]
+              ""] + paired_table([(B, *goal) for B, goal, _ in paired], args.goal_ks)
+    if set(args.ks) - set(args.goal_ks):  # a longer fixed K than the goal's: the rules paired with it too
+        lines += [""] + paired_table([(B, *every) for B, _, every in paired], args.ks)
+    lines += ["", "Cost table (this run):", "", "```", table.render(), "```"]
     if compile_s:
         lines += ["", "Compile + first decode per B (wall s, all methods): "
                   + ", ".join(f"B={b}: {s:.1f}" for b, s in compile_s.items())]

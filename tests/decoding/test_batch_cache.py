@@ -202,8 +202,9 @@ def test_compiled_rounds_verify_a_few_widths_and_never_fewer_than_drafted():
 def test_a_rounds_drafter_feeds_as_the_compiled_graphs_run_them(llama_pair):
     """The width-1 drafter forwards a round runs beyond its catch-up (`round_feeds`, which the predictor prices):
     eagerly one per draft but the last; compiled, a rule without a head drafts its whole width in one graph, one
-    with a head whole segments of HEAD_SEGMENT (= 4), and no feed after the round's last position."""
-    from specdraft.decoding.batched import HEAD_SEGMENT, round_feeds
+    with a head whole `segments` (HEAD_SEGMENT = 4 positions, then doubling), and no feed after the round's last
+    position."""
+    from specdraft.decoding.batched import HEAD_SEGMENT, round_feeds, segments
 
     assert HEAD_SEGMENT == 4
     head = random_head(llama_pair[1].config.hidden_size, 0)
@@ -212,6 +213,10 @@ def test_a_rounds_drafter_feeds_as_the_compiled_graphs_run_them(llama_pair):
     assert [round_feeds(headed, s, True) for s in range(9)] == [0, 4, 4, 4, 4, 7, 7, 7, 7]
     assert [round_feeds(plain, s, True) for s in range(9)] == [0] + [7] * 8
     assert [round_feeds(SpecDecPP(head, 0.5, k_max=6), s, True) for s in (3, 5)] == [4, 5]
+    long = SpecDecPP(head, 0.5, k_max=16)
+    assert segments(16, long) == [(0, 4), (4, 8), (8, 16)] and segments(16, FixedK(16)) == [(0, 16)]
+    assert segments(20, long) == [(0, 4), (4, 8), (8, 16), (16, 20)] and segments(3, long) == [(0, 3)]
+    assert [round_feeds(long, s, True) for s in (4, 5, 8, 9, 15, 16)] == [4, 8, 8, 15, 15, 15]
     # the cost of a round: the catch-up and its feeds, whatever it drafted
     from tests.decoding.test_batch_decode import cost_table
     t = cost_table(k_max=8)
@@ -348,3 +353,36 @@ def test_compiled_steps_trace_with_the_weights_in_the_graph_and_leave_dynamos_co
     with pytest.raises(ValueError):
         weights_in_graph(step)(None)
     assert seen == [True, True] and dynamo_config.install_free_tensors == before
+
+
+def test_a_compiled_head_round_of_16_drafts_runs_three_draft_graphs(llama_pair):
+    """Compiled, a head rule's round drafts in doubling segments: a round that drafts all 16 calls the graphs of
+    [0, 4), [4, 8) and [8, 16), not four of 4, and gives the eager tokens and rounds. Graphs replaced by their eager
+    functions (the compiled decode's segments, padding and reads)."""
+    class Recording(StepCompiler):
+        def __init__(self):
+            super().__init__("default")
+            self.calls = []
+
+        def apply(self, fn, model, name, graphs=False):
+            if not (isinstance(name, tuple) and name[0] == "draft"):
+                return fn
+            def segment(*args):
+                self.calls.append(name[3])
+                return fn(*args)
+            return segment
+
+    target, drafter = llama_pair
+    # a head that predicts acceptance everywhere: no row stops before K_max
+    head = torch.nn.Linear(drafter.config.hidden_size, 1)
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.constant_(head.bias, 10.0)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    recording = Recording()
+    with torch.inference_mode():
+        want = generate_batch(target, prompts, 40, drafter=drafter, policy=SpecDecPP(head, 0.5, k_max=16))
+        got = generate_batch(target, prompts, 40, drafter=drafter, policy=SpecDecPP(head, 0.5, k_max=16),
+                             compile=recording)
+    assert [(r.tokens, r.metrics.drafted) for r in got] == [(r.tokens, r.metrics.drafted) for r in want]
+    assert max(d for r in got for d in r.metrics.drafted) == 16
+    assert recording.calls[:3] == [(0, 4), (4, 8), (8, 16)] and set(recording.calls) == {(0, 4), (4, 8), (8, 16)}

@@ -36,3 +36,23 @@ def test_the_table_names_the_best_k_and_each_ratio(bench):
     lines = bench.paired_table([(1, "K=8", {"SpecDec++": (1.0, 0.9, 1.1)})], [1, 2, 4, 8])
     assert lines[-1] == "| 1 | K=8 | 1.00 (0.90-1.10) |"
     assert "best fixed K in {1, 2, 4, 8}" in lines[0]
+
+
+def test_sampled_passes_decode_only_seeds_the_warm_up_decoded(bench):
+    calls = []
+
+    def method(name):
+        def fn(seed=0):
+            calls.append((name, seed))
+            return seed
+        return fn
+
+    times, out = bench.warm_then_interleave({"a": method("a"), "b": method("b")}, 3, "cpu", seeded=True)
+    warm, timed = calls[:6], calls[6:]
+    assert sorted(warm) == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
+    # the passes take turns, pass i at seed i, and return each pass's output
+    assert timed == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    assert out == {"a": [0, 1, 2], "b": [0, 1, 2]} and all(len(t) == 3 for t in times.values())
+    calls.clear()
+    bench.warm_then_interleave({"a": method("a")}, 3, "cpu")  # greedy: one warm-up, every pass the default seed
+    assert calls == [("a", 0)] * 4
