@@ -402,12 +402,19 @@ def prefill(d: Decode, ids: torch.Tensor, plens: torch.Tensor) -> RowState:
     return state
 
 
-def draft(d: Decode, state: RowState) -> Drafts:
+def draft(d: Decode, state: RowState, room: int) -> Drafts:
     """This round's drafts for every row: each row's cap (the length limit, the policy's K or its bandit's
     arm; 0 once done), decision 0 of the policy, then the draft loop (eager: one position at a time, ending
-    when no row drafts; compiled: `segments`, one host read after each)."""
-    rows, W, device = state.last.shape[0], d.width, state.last.device
-    if W == 0:
+    when no row drafts; compiled: `segments`, one host read after each). room: the most drafts the length
+    limit leaves any unfinished row, as the host counts them (`record_round`): no position past it is drafted,
+    and a rule that reads nothing between positions (fixed K, length bandits) runs a round of at most that many
+    (compiled: a graph of its padded width) instead of all W (on the demo pair's 48-token rows at K = 16, a
+    row's last rounds drafted 16 positions and verified 17 for a cap of a few drafts, and its very last round,
+    with room for the bonus token alone, as many)."""
+    rows, W, device = state.last.shape[0], min(d.width, room), state.last.device
+    if not d.compiler.eager and W:
+        W = verify_width(W, d.width)  # compiled: graphs (draft, verify) per padded width, not per room
+    if W == 0:  # no policy width, or no room left for a draft: a plain target step
         return Drafts(tokens=torch.zeros(rows, 0, dtype=torch.long, device=device), q=None,
                       k=torch.zeros(rows, dtype=torch.long, device=device), steps=0)
     cap = (d.max_new - state.n_out - 1).clamp_min(0)  # leave room for the token every round emits
@@ -418,7 +425,8 @@ def draft(d: Decode, state: RowState) -> Drafts:
         d.eagle_step.feature = state.feature
     # the round's uniforms for sampled drafts, drawn whether or not it drafts: eager and compiled decodes of one
     # seed then draw the same stream (a compiled graph takes them as an argument: no generator inside it)
-    uniforms = None if d.sampling.greedy else torch.rand(rows, W, generator=d.generator, device=device)
+    # (K_max wide whatever the room: a round near the end reads the uniforms it would have read anyway)
+    uniforms = None if d.sampling.greedy else torch.rand(rows, d.width, generator=d.generator, device=device)[:, :W]
     # compiled, decision 0 is made inside the first draft graph where the host knows its outcome (`zero_decision`):
     # its eager ops and the read of whether any row drafts were ~3% of a batch-1 round of the batch-aware rule
     known = zero_decision(d.policy, rows) if d.fused else None
@@ -650,7 +658,10 @@ def generate_batch(
     metrics = [GenerationMetrics() for _ in range(B)]
     finished = [False] * B
     while True:
-        drafts = draft(d, state)
+        # the most drafts the length limit leaves an unfinished row, counted on the host (n_generated is the
+        # row's n_out): a bound `draft` needs no read for
+        room = max(max_new_tokens - metrics[b].n_generated - 1 for b in row_ids if not finished[b])
+        drafts = draft(d, state, room)
         emitted, count, stats, verified, committed_before = verify_and_commit(d, state, drafts)
         catch_up(d, state, emitted, count, verified, committed_before, drafts.steps)
         record_round(metrics, finished, row_ids, stats.cpu().tolist())  # the one host transfer of the round

@@ -386,3 +386,32 @@ def test_a_compiled_head_round_of_16_drafts_runs_three_draft_graphs(llama_pair):
     assert [(r.tokens, r.metrics.drafted) for r in got] == [(r.tokens, r.metrics.drafted) for r in want]
     assert max(d for r in got for d in r.metrics.drafted) == 16
     assert recording.calls[:3] == [(0, 4), (4, 8), (8, 16)] and set(recording.calls) == {(0, 4), (4, 8), (8, 16)}
+
+
+def test_a_round_drafts_no_further_than_the_length_limit_leaves_room_for(llama_pair):
+    """Near a row's end a round of fixed K = 16 runs the draft graph and the verify of the padded room the length
+    limit leaves (6 new tokens: at most 5 drafts, a graph of 8), not of 16: the eager tokens and rounds either way.
+    Graphs replaced by their eager functions."""
+    class Recording(StepCompiler):
+        def __init__(self):
+            super().__init__("default")
+            self.drafts, self.verifies = [], []
+
+        def apply(self, fn, model, name, graphs=False):
+            if isinstance(name, tuple) and name[0] == "draft":
+                self.drafts.append(name[4])  # the width of the round the graph drafts
+            def step(*args):
+                if model is target and name == "forward":
+                    self.verifies.append(args[1].shape[1])
+                return fn(*args)
+            return step
+
+    target, drafter = llama_pair
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    recording = Recording()
+    with torch.inference_mode():
+        want = generate_batch(target, prompts, 6, drafter=drafter, policy=FixedK(16))
+        got = generate_batch(target, prompts, 6, drafter=drafter, policy=FixedK(16), compile=recording)
+    assert [(r.tokens, r.metrics.drafted) for r in got] == [(r.tokens, r.metrics.drafted) for r in want]
+    assert recording.drafts and max(recording.drafts) == 8, recording.drafts
+    assert max(recording.verifies[1:]) == 9, recording.verifies  # after the prefill
