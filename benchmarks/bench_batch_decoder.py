@@ -21,7 +21,8 @@ side (forwards, overheads, batching) carries over. Prompts are random token ids 
     --ks, SpecDec++ with --head or an untrained random head, per row and lockstep (the batch stops
     together), UCBSpec over lengths 0..4), interleaved, --runs times; tokens/s = the median over runs of
     generated tokens / time, with the spread (min-max over runs) and the speedup over batched AR at the same B.
-    Sampled (--curve-temperature > 0), run i draws with seed i for every method: the median then spans draws.
+    Sampled (--curve-temperature > 0), run i draws with seed i for every method (the warm-up decodes every seed
+    first, so no pass compiles): the median then spans draws.
     Each adaptive method is also paired pass by pass with the best fixed K of --goal-ks (`paired_with_best_k`).
 (c) The cost of deciding at batch 1: SpecDec++ and the batch-aware rule made to take fixed K = 4's
     decisions (an h that never fires; a table where every draft pays), so that their rounds equal fixed K's
