@@ -269,38 +269,44 @@ def test_a_decode_cache_holds_the_longest_prompt_and_the_round_not_the_padding(l
     assert padded.sizes == [128, 128, 128]  # AR's target cache; fixed K's target and drafter caches
 
 
+class EagerRecording(StepCompiler):
+    """A compiled decode's steps (its segments, padding and reads) with each graph replaced by its eager function,
+    recording the target's forward widths (`verifies`: the prefill's, then each round's verify) and the name of
+    every draft graph called (`drafts`: ("draft", rule, sampling, bounds, width, decide_zero))."""
+
+    def __init__(self, target):
+        super().__init__("default")
+        self.target, self.verifies, self.drafts = target, [], []
+
+    def apply(self, fn, model, name, graphs=False):
+        def step(*args):
+            if model is self.target and name == "forward":
+                self.verifies.append(args[1].shape[1])
+            elif isinstance(name, tuple) and name[0] == "draft":
+                self.drafts.append(name)
+            return fn(*args)
+        return step
+
+
 def test_a_compiled_head_round_verifies_its_longest_rows_drafts_not_its_segment(llama_pair):
     """Compiled, a head rule drafts in segments of HEAD_SEGMENT positions, but its round verifies at the longest
     row's drafts (padded, `verify_width`), as the cost table prices it: rounds that stop after 2 drafts verify 3
     positions (the last token and 2 drafts), not the 5 of the segment's end. Graphs replaced by their eager functions (the compiled decode's
     segments, padding and reads)."""
-    class Recording(StepCompiler):
-        def __init__(self):
-            super().__init__("default")
-            self.widths = []
-
-        def apply(self, fn, model, name, graphs=False):
-            if model is not target or name != "forward":
-                return fn
-            def step(cache, ids, *rest):
-                self.widths.append(ids.shape[1])
-                return fn(cache, ids, *rest)
-            return step
-
     target, drafter = llama_pair
     # a head that predicts rejection everywhere: SpecDec++ stops each row at its first decision with a head (k = 2)
     head = torch.nn.Linear(drafter.config.hidden_size, 1)
     torch.nn.init.zeros_(head.weight)
     torch.nn.init.constant_(head.bias, -10.0)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
-    recording = Recording()
+    recording = EagerRecording(target)
     with torch.inference_mode():
         want = generate_batch(target, prompts, 8, drafter=drafter, policy=SpecDecPP(head, 0.5, k_max=8))
         got = generate_batch(target, prompts, 8, drafter=drafter, policy=SpecDecPP(head, 0.5, k_max=8),
                              compile=recording)
     assert [r.tokens for r in got] == [r.tokens for r in want]
     assert all(max(r.metrics.drafted) == 2 for r in got), [r.metrics.drafted for r in got]
-    rounds = recording.widths[1:]  # after the prefill
+    rounds = recording.verifies[1:]  # after the prefill
     assert rounds and max(rounds) == 3, rounds
 
 
@@ -359,59 +365,34 @@ def test_a_compiled_head_round_of_16_drafts_runs_three_draft_graphs(llama_pair):
     """Compiled, a head rule's round drafts in doubling segments: a round that drafts all 16 calls the graphs of
     [0, 4), [4, 8) and [8, 16), not four of 4, and gives the eager tokens and rounds. Graphs replaced by their eager
     functions (the compiled decode's segments, padding and reads)."""
-    class Recording(StepCompiler):
-        def __init__(self):
-            super().__init__("default")
-            self.calls = []
-
-        def apply(self, fn, model, name, graphs=False):
-            if not (isinstance(name, tuple) and name[0] == "draft"):
-                return fn
-            def segment(*args):
-                self.calls.append(name[3])
-                return fn(*args)
-            return segment
-
     target, drafter = llama_pair
     # a head that predicts acceptance everywhere: no row stops before K_max
     head = torch.nn.Linear(drafter.config.hidden_size, 1)
     torch.nn.init.zeros_(head.weight)
     torch.nn.init.constant_(head.bias, 10.0)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
-    recording = Recording()
+    recording = EagerRecording(target)
     with torch.inference_mode():
         want = generate_batch(target, prompts, 40, drafter=drafter, policy=SpecDecPP(head, 0.5, k_max=16))
         got = generate_batch(target, prompts, 40, drafter=drafter, policy=SpecDecPP(head, 0.5, k_max=16),
                              compile=recording)
     assert [(r.tokens, r.metrics.drafted) for r in got] == [(r.tokens, r.metrics.drafted) for r in want]
     assert max(d for r in got for d in r.metrics.drafted) == 16
-    assert recording.calls[:3] == [(0, 4), (4, 8), (8, 16)] and set(recording.calls) == {(0, 4), (4, 8), (8, 16)}
+    bounds = [name[3] for name in recording.drafts]
+    assert bounds[:3] == [(0, 4), (4, 8), (8, 16)] and set(bounds) == {(0, 4), (4, 8), (8, 16)}
 
 
 def test_a_round_drafts_no_further_than_the_length_limit_leaves_room_for(llama_pair):
     """Near a row's end a round of fixed K = 16 runs the draft graph and the verify of the padded room the length
     limit leaves (6 new tokens: at most 5 drafts, a graph of 8), not of 16: the eager tokens and rounds either way.
     Graphs replaced by their eager functions."""
-    class Recording(StepCompiler):
-        def __init__(self):
-            super().__init__("default")
-            self.drafts, self.verifies = [], []
-
-        def apply(self, fn, model, name, graphs=False):
-            if isinstance(name, tuple) and name[0] == "draft":
-                self.drafts.append(name[4])  # the width of the round the graph drafts
-            def step(*args):
-                if model is target and name == "forward":
-                    self.verifies.append(args[1].shape[1])
-                return fn(*args)
-            return step
-
     target, drafter = llama_pair
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
-    recording = Recording()
+    recording = EagerRecording(target)
     with torch.inference_mode():
         want = generate_batch(target, prompts, 6, drafter=drafter, policy=FixedK(16))
         got = generate_batch(target, prompts, 6, drafter=drafter, policy=FixedK(16), compile=recording)
     assert [(r.tokens, r.metrics.drafted) for r in got] == [(r.tokens, r.metrics.drafted) for r in want]
-    assert recording.drafts and max(recording.drafts) == 8, recording.drafts
+    widths = [name[4] for name in recording.drafts]  # the width of the round each draft graph drafts
+    assert widths and max(widths) == 8, widths
     assert max(recording.verifies[1:]) == 9, recording.verifies  # after the prefill
