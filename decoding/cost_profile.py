@@ -34,7 +34,7 @@ the compiled decoder runs are timed (1 and 2^j + 1, `cost_model.padded_width`): 
 With `calibrate` (off by default: it decodes, minutes where the steps take seconds; `specdraft predict`
 turns it on) the prefill steps are timed too, target's and drafter's, at every power of two from 16 positions
 to the cache's slots (the widths a compiled call pads its prompts to; an eager call's are interpolated), for a
-call's start at its own width, and the loop's own work beyond these steps, per round and per draft step, is priced from short
+call's start at its own width, and the loop's own work beyond these steps, per round, per drafting round and per draft step, is priced from short
 decodes of `generate_batch` itself (`calibrate_loop`): on a small model the round's verification, commit
 and host transfer are a measurable share of its time (bench_predict.py: without them predictions ran up
 to 45% above measured tokens/s on the demo-shaped pair). On the demo-shaped pair (eager, 1 thread, B = 1,
@@ -65,7 +65,7 @@ from specdraft.core.errors import InputError
 from specdraft.decoding.batched import GREEDY, HEAD_SEGMENT, compiled_segment, forward_step, head_sigma, rule_key
 from specdraft.decoding.bundle.defaults import COMPILE_MODES
 from specdraft.decoding.compilation import CACHE_ROUND, StepCompiler, decode_cache_length, static_length
-from specdraft.decoding.policies.cost_model import CostTable, padded_width
+from specdraft.decoding.policies.cost_model import CostTable, nnls2, padded_width
 from specdraft.decoding.policies.stopping import FixedK
 from specdraft.decoding.rounds.static_cache import forward_rows
 from specdraft.decoding.timing import timed_call
@@ -250,12 +250,27 @@ def _prefill(step, cache, ids) -> None:
 LOOP_SHORT, LOOP_SPAN = 4, 32  # new tokens of the short decode, and the long one's more, whose difference prices the loop
 
 
+def calibration_ks(max_drafts: int) -> tuple[int, ...]:
+    """The fixed Ks whose decodes price the loop's work in drafting rounds: two lengths, so that what every
+    drafting round pays (`loop_spec`) and what each draft step pays (`loop_draft`) come apart: (2, 8), or
+    (1, 2) / (2, K_max) for a shorter K_max; (1,) at K_max = 1, where every round drafts one and the two are one
+    price. With one K (K = 4, before) a round's fixed work could only be charged per draft, which prices long
+    rounds against short ones by an assumption: the adaptive rules choose between exactly those. On the demo
+    pair on this CPU the split found little fixed work (compiled: 0.34 ms a drafting round at B = 1, none at
+    B = 4..16, 0.18-0.24 ms a draft; benchmarks/RESULTS.md, bench_batch_decoder); a decoder whose round has a
+    host cost of its own (a GPU's launches) is where the two differ. It adds ~20% to a calibration (eager, demo
+    pair, B = 1 and 3, widths to 21: 16 -> 19 s)."""
+    hi = min(8, max_drafts)
+    return (hi,) if hi == 1 else (min(2, hi - 1), hi)
+
+
 @torch.inference_mode()
 def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: CostTable, *, repeats: int = 3,
                    seed: int = 0) -> CostTable:
-    """The table with the decode loop's own work per round (`loop`) and per draft step (`loop_draft`), and a
-    call's start (`start`, `start_draft`), filled in, from `decoding.batched.generate_batch` itself: per batch size, an autoregressive decode and a fixed-K
-    decode (K = min(4, K_max)) of n1 = LOOP_SHORT and n2 = n1 + LOOP_SPAN new tokens each (fewer where the cache
+    """The table with the decode loop's own work per round (`loop`), per drafting round (`loop_spec`) and per
+    draft step (`loop_draft`), and a call's start (`start`, `start_draft`), filled in, from
+    `decoding.batched.generate_batch` itself: per batch size, an autoregressive decode and fixed-K decodes (the
+    two Ks of `calibration_ks`) of n1 = LOOP_SHORT and n2 = n1 + LOOP_SPAN new tokens each (fewer where the cache
     has no room), over prompts long enough that every decode allocates the table's `cache_length` (they attend
     over the slots the table's steps did), interleaved (each pass visits every batch
     size), each after an untimed short decode of its own batch size and method (as the steps are timed after
@@ -263,13 +278,14 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
     0.44 ms in one of B = 1 alone), the fastest of `repeats` after a warm-up pass (as the steps: `fastest`). Every row decodes the same prompt (`context` random tokens): greedy rows then accept alike, so
     the batch stays in lockstep and no row finishes early. The difference of the two lengths cancels the
     prefills; what the steps the table prices do not explain, per round and per draft step, is the loop's:
-        loop       = (T_ar(n2) - T_ar(n1)) / (n2 - n1) - t_v(B, 1)
-        loop_draft = ((T_k(n2) - T_k(n1)) - (S(n2) - S(n1)) - loop (R(n2) - R(n1))) / (D(n2) - D(n1))
+        loop = (T_ar(n2) - T_ar(n1)) / (n2 - n1) - t_v(B, 1)
+        E_K  = (T_K(n2) - T_K(n1)) - (S_K(n2) - S_K(n1)) - loop (R_K(n2) - R_K(n1))
+             = loop_spec (R_K(n2) - R_K(n1)) + loop_draft (D_K(n2) - D_K(n1))     for both Ks, non-negative
     with S the table's step cost of the decode's rounds, R its rounds and D its drafts (both from its
     counters). What the short decodes spend beyond their rounds is the call's start; with the table's prefill
     steps (P: the target's, P_d: the drafter's, at the positions the prompts prefill at), its setup beyond them:
         start       = T_ar(n1) - n1 (t_v(B, 1) + loop) - P
-        start_draft = T_k(n1) - S(n1) - loop R(n1) - loop_draft D(n1) - (start + P) - P_d
+        start_draft = T_K(n1) - S(n1) - (loop + loop_spec) R(n1) - loop_draft D(n1) - (start + P) - P_d   (the shorter K)
     (without: the whole start, scaled from the prompts' length to `context` tokens). Clamped at 0: noise must
     not make a round cheaper than its steps."""
     from specdraft.decoding.batched import generate_batch
@@ -277,28 +293,28 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
     device = target.get_input_embeddings().weight.device
     vocab = min(target.config.vocab_size, drafter.config.vocab_size)
     gen = torch.Generator().manual_seed(seed + 1)
-    k = min(4, table.max_drafts)
+    ks = calibration_ks(table.max_drafts)
     slots = table.cache_length or least_cache_length(table.context, table.widths[-1])
     # generate_batch allocates static_length(prompt + new + W + 2) slots (W = 0 for AR; `decode_cache_length`): the
     # prompts are long enough that the short AR decode's cache is already `slots` (prompt + n1 + 2 > slots -
-    # CACHE_ROUND), the long decode short enough that the fixed-K one's still is (prompt + n2 + k + 2 <= slots).
+    # CACHE_ROUND), the long decode short enough that the fixed-K ones' still is (prompt + n2 + K + 2 <= slots).
     # Compiled, a cache is also at least the prefill's padded width: a power of two, which is more than `slots` for
     # some (384, 448, 640, ...); those calibrate over that larger cache
     n1 = LOOP_SHORT
     prompt_length = max(table.context, slots - CACHE_ROUND - n1 - 1)
-    n2 = min(n1 + LOOP_SPAN, slots - prompt_length - k - 2)
+    n2 = min(n1 + LOOP_SPAN, slots - prompt_length - ks[-1] - 2)
     if n2 <= n1:
-        raise InputError(f"calibrating the loop needs a cache of at least context + {k + n1 + 3} slots, the table has "
-                         f"{slots} for a context of {table.context}; profile it with a longer cache_length")
+        raise InputError(f"calibrating the loop needs a cache of at least context + {ks[-1] + n1 + 3} slots, the table "
+                         f"has {slots} for a context of {table.context}; profile it with a longer cache_length")
     calls = {}
     # one compiler for every decode: a mode string would give each call a compiler of its own, and every timed
     # decode its compilation again (a compiled table's start came out 6 s at B = 1, its draft step 17 ms)
     compiler = StepCompiler(table.compile)
     for batch in table.batch_sizes:
         prompts = [torch.randint(0, vocab, (prompt_length,), generator=gen).tolist()] * batch
-        calls.update({(batch, policy, n): (lambda prompts=prompts, policy=policy, n=n: generate_batch(
-            target, prompts, n, drafter=drafter if policy else None, policy=FixedK(k) if policy else None,
-            compile=compiler)) for policy in (False, True) for n in (n1, n2)})
+        calls.update({(batch, k, n): (lambda prompts=prompts, k=k, n=n: generate_batch(
+            target, prompts, n, drafter=drafter if k else None, policy=FixedK(k) if k else None,
+            compile=compiler)) for k in (0, *ks) for n in (n1, n2)})
     times: dict[tuple, list[float]] = {key: [] for key in calls}
     drafted: dict[tuple, list[int]] = {}
     for rep in range(repeats + 1):  # pass 0 warms up (and compiles); every pass visits every batch size
@@ -310,35 +326,48 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
             if rep:
                 times[key].append(timing.time)
             if key[1]:
-                drafted[(key[0], key[2])] = out[0].metrics.drafted  # per round, the drafts of every (identical) row
+                drafted[key] = out[0].metrics.drafted  # per round, the drafts of every (identical) row
     terms = [_loop_terms(table, batch, {key[1:]: fastest(v) for key, v in times.items() if key[0] == batch},
-                         {n: drafted[(batch, n)] for n in (n1, n2)}, n1, n2, prompt_length)
+                         {key[1:]: d for key, d in drafted.items() if key[0] == batch}, ks, n1, n2, prompt_length)
              for batch in table.batch_sizes]
-    loop, loop_draft, start, start_draft = (tuple(column) for column in zip(*terms))
-    return dataclasses.replace(table, loop=loop, loop_draft=loop_draft, start=start, start_draft=start_draft)
+    loop, loop_spec, loop_draft, start, start_draft = (tuple(column) for column in zip(*terms))
+    return dataclasses.replace(table, loop=loop, loop_spec=loop_spec, loop_draft=loop_draft, start=start,
+                               start_draft=start_draft)
 
 
-def _loop_terms(table: CostTable, batch: int, t: dict, drafted_at: dict, n1: int, n2: int,
-                prompt_length: int) -> tuple[float, float, float, float]:
-    """(loop, loop_draft, start, start_draft) at `batch` from its fastest decode times t[(drafter?, n)] and
-    the fixed-K decodes' drafts per round (`calibrate_loop`'s docstring gives the formulas)."""
-    per_round = max(0.0, (t[(False, n2)] - t[(False, n1)]) / (n2 - n1) - table.t_verify(batch, 1))
-    steps = {n: sum(table.round_cost(batch, d) for d in drafted_at[n]) for n in (n1, n2)}
-    rounds = len(drafted_at[n2]) - len(drafted_at[n1])
-    drafts = sum(drafted_at[n2]) - sum(drafted_at[n1])
-    extra = (t[(True, n2)] - t[(True, n1)]) - (steps[n2] - steps[n1]) - per_round * rounds
-    per_draft = max(0.0, extra / drafts) if drafts > 0 else 0.0
-    ar_start = max(0.0, t[(False, n1)] - n1 * (table.t_verify(batch, 1) + per_round))
-    spec_rounds = steps[n1] + per_round * len(drafted_at[n1]) + per_draft * sum(drafted_at[n1])
-    spec_start = max(0.0, t[(True, n1)] - spec_rounds - ar_start)
+def _loop_terms(table: CostTable, batch: int, t: dict, drafted_at: dict, ks: tuple[int, ...], n1: int, n2: int,
+                prompt_length: int) -> tuple[float, float, float, float, float]:
+    """(loop, loop_spec, loop_draft, start, start_draft) at `batch` from its fastest decode times t[(K, n)] (K = 0:
+    AR) and the fixed-K decodes' drafts per round drafted_at[(K, n)] (`calibrate_loop`'s docstring gives the
+    formulas; with one K, the drafting rounds' work is all per draft step, as it cannot be told apart)."""
+    per_round = max(0.0, (t[(0, n2)] - t[(0, n1)]) / (n2 - n1) - table.t_verify(batch, 1))
+    rows, extras = [], []
+    for k in ks:
+        steps = {n: sum(table.round_cost(batch, d) for d in drafted_at[(k, n)]) for n in (n1, n2)}
+        rounds = len(drafted_at[(k, n2)]) - len(drafted_at[(k, n1)])
+        drafting = sum(d > 0 for d in drafted_at[(k, n2)]) - sum(d > 0 for d in drafted_at[(k, n1)])
+        rows.append((float(drafting), float(sum(drafted_at[(k, n2)]) - sum(drafted_at[(k, n1)]))))
+        extras.append((t[(k, n2)] - t[(k, n1)]) - (steps[n2] - steps[n1]) - per_round * rounds)
+    if len(ks) == 1:
+        per_spec, per_draft = 0.0, max(0.0, extras[0] / rows[0][1]) if rows[0][1] > 0 else 0.0
+    else:
+        per_spec, per_draft = (float(v) for v in nnls2(torch.tensor(rows, dtype=torch.float64),
+                                                        torch.tensor(extras, dtype=torch.float64)))
+    short = ks[0]
+    ar_start = max(0.0, t[(0, n1)] - n1 * (table.t_verify(batch, 1) + per_round))
+    short_rounds = drafted_at[(short, n1)]
+    spec_rounds = (sum(table.round_cost(batch, d) for d in short_rounds) + per_round * len(short_rounds)
+                   + per_spec * sum(d > 0 for d in short_rounds) + per_draft * sum(short_rounds))
+    spec_start = max(0.0, t[(short, n1)] - spec_rounds - ar_start)
     if table.prefill:  # the setup beyond the prefills, which `CostTable.t_start` prices at a call's own width
         positions = table.prefill_positions(prompt_length)
         target_prefill = table.t_prefill(batch, positions, False)
         drafter_prefill = table.t_prefill(batch, positions, True) - target_prefill
-        return per_round, per_draft, max(0.0, ar_start - target_prefill), max(0.0, spec_start - drafter_prefill)
+        return (per_round, per_spec, per_draft, max(0.0, ar_start - target_prefill),
+                max(0.0, spec_start - drafter_prefill))
     # the starts of prompt_length-token prompts, priced at `context` tokens as `CostTable.t_start` scales them
     scale = table.prefill_positions(table.context) / table.prefill_positions(prompt_length)
-    return per_round, per_draft, ar_start * scale, spec_start * scale
+    return per_round, per_spec, per_draft, ar_start * scale, spec_start * scale
 
 
 def _rule_round(policy, hidden: torch.Tensor, drafts: int) -> None:
@@ -471,11 +500,12 @@ def cache_key(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Se
     device = target.get_input_embeddings().weight.device
     # "start": calibrated tables price a call's start since that field came; "chain": drafter steps are timed
     # in a round's chains, "fastest": a table keeps each step's fastest pass, "prefill": calibrated tables
-    # time the prefill steps, "prefill-at": a prefill runs the LM head at one position per row, and "fused": a
-    # compiled table times drafting as one draft graph, since then; older cached tables are re-timed
+    # time the prefill steps, "prefill-at": a prefill runs the LM head at one position per row, "fused": a
+    # compiled table times drafting as one draft graph, and "spec": a calibrated table prices a drafting round's
+    # own work apart from its draft steps' (`calibration_ks`), since then; older cached tables are re-timed
     blob = json.dumps([device_name(device), torch.__version__, compile, model_identity(target),
                        model_identity(drafter), sorted(set(batch_sizes)), max_width, context, calibrate, "start",
-                       "chain", "fastest", "prefill", "prefill-at", "fused", head_identity(head),
+                       "chain", "fastest", "prefill", "prefill-at", "fused", "spec", head_identity(head),
                        static_length(cache_length) if cache_length else least_cache_length(context, max_width)])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 

@@ -37,7 +37,7 @@ class CostFit:
         return self.t_draft + self.t_draft * discard_rate + (self.t_target - self.t_draft) * verification_rate
 
 
-def _nnls2(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def nnls2(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Non-negative least squares with two unknowns, exact by cases: the unconstrained fit if both are
     >= 0, else the better of the two one-variable fits (each clamped at 0)."""
     coef = torch.linalg.lstsq(X, y[:, None]).solution[:, 0]
@@ -78,7 +78,7 @@ def fit_costs(rows: Iterable[tuple[float, float, float]], groups: Sequence[Hasha
         counts = torch.bincount(g, minlength=len(index)).to(torch.float64)[:, None]
         means = torch.zeros(len(index), 3, dtype=torch.float64).index_add_(0, g, data) / counts
         Xw, yw = X - means[g, :2], y - means[g, 2]
-    coef = _nnls2(Xw, yw)
+    coef = nnls2(Xw, yw)
     ss_res = float(((yw - Xw @ coef) ** 2).sum())  # the group constants fit the group means exactly
     ss_tot = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
@@ -163,6 +163,8 @@ class CostTable:
         catchup[B]    the drafter's end-of-round catch-up at batch B, width 2 (it yields next round's q_1)
         loop[B]       the decode loop's own work per round beyond those steps (verification and commit ops,
                       the host transfer), from short decodes (`decoding.cost_profile`); () when not calibrated
+        loop_spec[B]  what a round that drafts adds to `loop` whatever its length (its draft graph's call, the
+                      acceptance and commit of drafts); () when not calibrated
         loop_draft[B] the loop's own work per draft step (picks, masks) beyond the drafter's forward
         start[B]      a decode call's own start at batch B, once per call, not per round; () when not
                       calibrated. With `prefill`: the call's setup beyond its prefills (caches, state); without
@@ -197,6 +199,7 @@ class CostTable:
     repeats: int = 0
     loop: tuple[float, ...] = ()  # [batch index], seconds per round; () = not calibrated (0)
     loop_draft: tuple[float, ...] = ()  # [batch index], seconds per draft step; () = not calibrated (0)
+    loop_spec: tuple[float, ...] = ()  # [batch index], seconds per drafting round beyond loop; () = not calibrated (0)
     start: tuple[float, ...] = ()  # [batch index], seconds per decode call; () = not calibrated (0)
     start_draft: tuple[float, ...] = ()  # [batch index], seconds a drafter adds to a call's start
     rules: tuple[tuple[str, tuple[float, ...], tuple[float, ...]], ...] = ()  # (rule, per round [B], per draft [B])
@@ -218,7 +221,7 @@ class CostTable:
             raise InputError("cost table times must be finite seconds > 0; re-profile it")
         if isinstance(self.cache_length, bool) or not isinstance(self.cache_length, int) or self.cache_length < 0:
             raise InputError(f"cost table cache_length must be slots >= 0 (0: not recorded), got {self.cache_length!r}")
-        for extra in (self.loop, self.loop_draft, self.start, self.start_draft):
+        for extra in (self.loop, self.loop_draft, self.loop_spec, self.start, self.start_draft):
             if extra and (len(extra) != len(self.batch_sizes)
                           or not all(isinstance(v, (int, float)) and 0 <= v < float("inf") for v in extra)):
                 raise InputError("cost table loop and start overheads must be one finite number >= 0 per batch size; "
@@ -261,8 +264,9 @@ class CostTable:
         """Seconds of one lockstep round at batch `batch` whose longest row drafts k (k = 0: a plain target
         step). A round of k >= 1 costs k drafter forwards (Lemma 3.1, `decoding.rounds.lengths`): the
         catch-up (width 2, which gave q_1) and k - 1 width-1 steps; then one verify over k + 1 positions,
-        padded as the compiled decoder pads it; plus the loop's own work, t_loop + k t_loop_draft (when
-        calibrated), and the stopping rule's, t_rule + k t_rule_draft (`rule`: its class name, when priced).
+        padded as the compiled decoder pads it; plus the loop's own work, t_loop + k t_loop_draft, and
+        t_loop_spec when k >= 1 (when calibrated), and the stopping rule's, t_rule + k t_rule_draft (`rule`:
+        its class name, when priced).
         A round of 0 drafts runs no drafter forward. feeds: the width-1 drafter forwards the round really ran,
         where that is not k - 1 (a compiled draft graph runs its whole segment: `decoding.batched.round_feeds`)."""
         if k < 0 or k > self.max_drafts:
@@ -273,7 +277,7 @@ class CostTable:
         drafting = 0.0 if k == 0 else self.t_catchup(batch) + feeds * self.t_draft(batch)
         per_round, per_draft = self.t_rule(batch, rule)
         return (drafting + self.t_verify(batch, w + 1) + self.t_loop(batch) + per_round
-                + k * (self.t_loop_draft(batch) + per_draft))
+                + (self.t_loop_spec(batch) if k else 0.0) + k * (self.t_loop_draft(batch) + per_draft))
 
     def t_rule(self, batch: float, rule: str | None) -> tuple[float, float]:
         """(seconds per round, seconds per draft step) of stopping rule `rule`'s own work at `batch`, beyond
@@ -287,6 +291,11 @@ class CostTable:
     def t_loop(self, batch: float) -> float:
         """The loop's own seconds per round at `batch` (0 when the table was not calibrated)."""
         return _interpolate(self.batch_sizes, self.loop, batch, "batch size") if self.loop else 0.0
+
+    def t_loop_spec(self, batch: float) -> float:
+        """What a round that drafts adds to the loop's own seconds per round at `batch`, whatever its length (0
+        when the table was not calibrated, or by an older calibration that put it all per draft step)."""
+        return _interpolate(self.batch_sizes, self.loop_spec, batch, "batch size") if self.loop_spec else 0.0
 
     def t_loop_draft(self, batch: float) -> float:
         """The loop's own seconds per draft step at `batch` (0 when the table was not calibrated)."""
@@ -339,6 +348,7 @@ class CostTable:
                 "batch_sizes": list(self.batch_sizes),
                 "widths": list(self.widths), "verify": [list(r) for r in self.verify], "draft": list(self.draft),
                 "catchup": list(self.catchup), "loop": list(self.loop), "loop_draft": list(self.loop_draft),
+                "loop_spec": list(self.loop_spec),
                 "start": list(self.start), "start_draft": list(self.start_draft),
                 "prefill_widths": list(self.prefill_widths), "prefill": [list(r) for r in self.prefill],
                 "prefill_draft": [list(r) for r in self.prefill_draft],
@@ -358,6 +368,7 @@ class CostTable:
                        repeats=int(data.get("repeats", 0)),
                        loop=tuple(float(v) for v in data.get("loop", ())),
                        loop_draft=tuple(float(v) for v in data.get("loop_draft", ())),
+                       loop_spec=tuple(float(v) for v in data.get("loop_spec", ())),
                        start=tuple(float(v) for v in data.get("start", ())),
                        start_draft=tuple(float(v) for v in data.get("start_draft", ())),
                        prefill_widths=tuple(int(w) for w in data.get("prefill_widths", ())),
@@ -395,9 +406,9 @@ class CostTable:
     def render(self) -> str:
         """The table as text: milliseconds per step, one row per batch size."""
         head = ("  B | draft  catch-up | " + " ".join(f"v(w={w})" for w in self.widths)
-                + " | loop/round loop/draft | start start+drafter")
+                + " | loop/round loop/spec loop/draft | start start+drafter")
         rows = [f"{b:>3} | {d * 1e3:5.2f}  {c * 1e3:8.2f} | " + " ".join(f"{v * 1e3:{len(f'v(w={w})')}.2f}" for v, w in zip(r, self.widths))
-                + f" | {self.t_loop(b) * 1e3:10.2f} {self.t_loop_draft(b) * 1e3:10.2f}"
+                + f" | {self.t_loop(b) * 1e3:10.2f} {self.t_loop_spec(b) * 1e3:9.2f} {self.t_loop_draft(b) * 1e3:10.2f}"
                 + f" | {self.t_start(b, False) * 1e3:5.2f} {self.t_start(b, True) * 1e3:13.2f}"
                 for b, d, c, r in zip(self.batch_sizes, self.draft, self.catchup, self.verify)]
         rules = [f"  rule {name} (beyond fixed K's; ms per round + per draft): "

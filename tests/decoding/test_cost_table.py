@@ -40,11 +40,23 @@ def test_shape_identity_and_sanity(profiled, pair):
     assert t.round_cost(4, 0) == t.t_verify(4, 1)
 
 
+def profiler_reads(clock: list, monkeypatch) -> None:
+    """The profiler's timer reads clock[0], a virtual clock the test advances."""
+    import specdraft.decoding.cost_profile as cp
+    from specdraft.decoding.timing import Timing
+
+    def virtual_timed_call(fn, device="cpu"):
+        before = clock[0]
+        out = fn()
+        return out, Timing(time=clock[0] - before, wall=0.0, cpu=0.0)
+
+    monkeypatch.setattr(cp, "timed_call", virtual_timed_call)
+
+
 def on_a_virtual_clock(pair, monkeypatch, cost) -> None:
     """Every model step the profiler makes costs cost(is_drafter, ids) seconds on a virtual clock, which its
     timer reads (the steps still run, so the caches move as in a profile)."""
     import specdraft.decoding.cost_profile as cp
-    from specdraft.decoding.timing import Timing
 
     clock = [0.0]
     real_step = cp.forward_step
@@ -57,13 +69,8 @@ def on_a_virtual_clock(pair, monkeypatch, cost) -> None:
             return step(cache, ids, *rest)
         return timed
 
-    def virtual_timed_call(fn, device="cpu"):
-        before = clock[0]
-        out = fn()
-        return out, Timing(time=clock[0] - before, wall=0.0, cpu=0.0)
-
     monkeypatch.setattr(cp, "forward_step", fake_forward_step)
-    monkeypatch.setattr(cp, "timed_call", virtual_timed_call)
+    profiler_reads(clock, monkeypatch)
 
 
 def test_drafter_steps_are_priced_as_a_round_chains_them(pair, monkeypatch):
@@ -134,16 +141,16 @@ def test_calibration_decodes_are_timed_after_their_own_batch_and_method(pair, mo
     monkeypatch.setattr(batched, "generate_batch", recording)
     monkeypatch.setattr(cp, "timed_call", recording_timed)
     profile_cost_table(*pair, batch_sizes=[1, 2], max_width=3, repeats=1, context=20, calibrate=True)
-    assert len(timed) == 16 and all(before == this for before, this in timed)
+    assert len(timed) == 24 and all(before == this for before, this in timed)  # B x (AR, 2 Ks) x 2 lengths x 2 passes
 
 
 def test_the_loop_is_calibrated_from_decodes(pair, profiled):
-    assert profiled.loop == profiled.loop_draft == ()  # off by default: a decoder start wants seconds
+    assert profiled.loop == profiled.loop_spec == profiled.loop_draft == ()  # off by default: a start wants seconds
     t = profile_cost_table(*pair, batch_sizes=[1, 4], max_width=3, compile="none", repeats=1, calibrate=True)
-    assert len(t.loop) == len(t.loop_draft) == 2 and min(t.loop + t.loop_draft) >= 0
+    assert len(t.loop) == len(t.loop_spec) == len(t.loop_draft) == 2 and min(t.loop + t.loop_spec + t.loop_draft) >= 0
     # the decode loop's own work is priced into every round, on top of the steps
     assert t.round_cost(4, 2) == pytest.approx(t.t_catchup(4) + t.t_draft(4) + t.t_verify(4, 3) + t.t_loop(4)
-                                               + 2 * t.t_loop_draft(4))
+                                               + t.t_loop_spec(4) + 2 * t.t_loop_draft(4))
     assert t.round_cost(1, 0) == t.t_verify(1, 1) + t.t_loop(1)
     # a call's start: its setup beyond the prefills, and the prefill steps timed at the widths the cache holds
     assert len(t.start) == len(t.start_draft) == 2 and min(t.start + t.start_draft) >= 0
@@ -371,6 +378,48 @@ def test_the_calibration_decodes_share_one_compiler(pair, monkeypatch):
     real = batched.generate_batch
     monkeypatch.setattr(batched, "generate_batch", lambda *a, **k: compilers.append(k["compile"]) or real(*a, **k))
     profile_cost_table(*pair, batch_sizes=[1, 2], max_width=3, repeats=1, context=20, calibrate=True)
-    # 2 batch sizes x 2 methods x 2 lengths, in a warm-up pass and 1 timed one, each after an untimed short decode
-    assert len(compilers) == 32 and isinstance(compilers[0], StepCompiler)
+    # 2 batch sizes x 3 methods (AR, 2 fixed Ks) x 2 lengths, in a warm-up pass and 1 timed one, each after an
+    # untimed short decode
+    assert len(compilers) == 48 and isinstance(compilers[0], StepCompiler)
     assert all(c is compilers[0] for c in compilers)
+
+
+def test_calibration_prices_a_drafting_round_apart_from_its_draft_steps(pair, monkeypatch):
+    """On a virtual clock where every decode costs exactly the table's steps plus a known loop (3 ms a round), a
+    drafting round's own work (5 ms) and a draft step's (0.5 ms), calibration gives back those three. With one
+    fixed K (K = 4, before) the 5 ms were charged per draft: an 8-draft round priced 10 ms above a 4-draft one for
+    work that costs them the same."""
+    import specdraft.decoding.batched as batched
+    import specdraft.decoding.cost_profile as cp
+
+    loop, spec, per_draft, start = 3e-3, 5e-3, 0.5e-3, 20e-3
+    table = CostTable(batch_sizes=(1, 2), widths=tuple(range(1, 10)), verify=(tuple(0.01 + 0.001 * w for w in range(1, 10)),
+                                                                          tuple(0.02 + 0.002 * w for w in range(1, 10))),
+                      draft=(0.001, 0.002), catchup=(0.0015, 0.003), device="cpu", torch_version="x", compile="none",
+                      target_id="t", drafter_id="d", context=20, cache_length=128)
+    clock = [0.0]
+    real = batched.generate_batch
+
+    def on_the_clock(target, prompts, n, drafter=None, **k):
+        out = real(target, prompts, n, drafter=drafter, **k)
+        b, m = len(prompts), out[0].metrics
+        if drafter is None:
+            clock[0] += start + m.n_generated * (table.t_verify(b, 1) + loop)
+        else:
+            clock[0] += 2 * start + sum(table.round_cost(b, d) + loop + (spec if d else 0.0) + d * per_draft
+                                        for d in m.drafted)
+        return out
+
+    monkeypatch.setattr(batched, "generate_batch", on_the_clock)
+    profiler_reads(clock, monkeypatch)
+    assert cp.calibration_ks(8) == (2, 8) and cp.calibration_ks(2) == (1, 2) and cp.calibration_ks(1) == (1,)
+    t = cp.calibrate_loop(*pair, table, repeats=1)
+    for b in (1, 2):
+        assert t.t_loop(b) == pytest.approx(loop) and t.t_loop_spec(b) == pytest.approx(spec)
+        assert t.t_loop_draft(b) == pytest.approx(per_draft)
+        # the loop and a drafting round's work in every drafting round, a draft step's in each of its drafts
+        assert t.round_cost(b, 8) - t.round_cost(b, 4) == pytest.approx(
+            table.round_cost(b, 8) - table.round_cost(b, 4) + 4 * per_draft)
+        assert t.round_cost(b, 1) - t.round_cost(b, 0) == pytest.approx(
+            table.round_cost(b, 1) - table.round_cost(b, 0) + spec + per_draft)
+    assert "loop/spec" in t.render() and CostTable.from_dict(t.as_dict()) == t
