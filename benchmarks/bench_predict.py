@@ -5,7 +5,7 @@ target and drafter, where the drafter's greedy head also decodes with the lockst
 
     python benchmarks/bench_predict.py [--batch-sizes 1,4,16] [--ks 2,4] [--max-new-tokens 48] [--runs 3]
         [--compile none] [--rounds 400] [--seed 0] [--bundle runs/demo/bundle [--drafter ofa]
-        [--prompt-set runs/demo/prompts/sets]] [--profile-each-batch]
+        [--prompt-set runs/demo/prompts/sets]] [--profile-each-batch | --paired]
 
 The acceptance side is what greedy decoding of these prompts really meets: for each prompt the target's
 greedy continuation, and at each of its positions whether the drafter's greedy token (teacher-forced on the
@@ -20,6 +20,13 @@ The prediction simulates static batches as `generate_batch` runs them (rows fini
 finished rows cost compute until the eager decoder drops them) and prices the loop's own work per round
 and per draft step, and a call's start (prefills, setup) once per batch, from the table's calibration
 (`cost_profile.calibrate_loop`, at prompts of the table's context length).
+
+--paired (eager only) separates the model's error from the machine's drift: on a shared box the load moves by
+a third between a table profiled once and decodes minutes later, more than the error the goal bounds. Each pass
+profiles its own table at B (seconds, eager), predicts from it, then decodes every method once; the error is the
+median over passes of each pass's predicted / measured - 1 (spread: min-max). The batch-aware rule decodes with
+its pass's table, as a decoder that profiles at start would. Compiled, a new table is a new set of constants in
+the rule's draft graphs (a recompile), so --paired refuses --compile.
 """
 from __future__ import annotations
 
@@ -41,6 +48,7 @@ from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec  #
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.throughput import predict_throughput, summarize_acceptance, summary_prior  # noqa: E402
+from specdraft.decoding.timing import timed_call  # noqa: E402
 from bench_batch_decoder import demo_shaped_pair  # noqa: E402
 from bench_decoder import interleaved  # noqa: E402
 from publish import publish  # noqa: E402
@@ -60,6 +68,48 @@ def greedy_agreement(target, drafter, prompts: list[list[int]], n: int, head=Non
         agree.append((out.logits[0, len(p) - 1:-1].argmax(-1) == torch.tensor(r.tokens)).double())
         sigma.append(agree[-1] if head is None else torch.sigmoid(head(out.hidden_states[-1][0, len(p):]).float()).double())
     return agree, sigma
+
+
+PAIRED_HEADER = (
+    "| method | B | predicted tok/s | measured tok/s | predicted / measured - 1, per pass | predicted MAT | measured MAT |",
+    "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+
+
+def paired_rows(b: int, groups, profile, predicted_at, methods, runs: int, worst: dict) -> tuple[list[str], object]:
+    """--paired at batch size b: a warm-up pass (its table profiled and its methods decoded, untimed), then `runs`
+    passes, each profiling a table, predicting from it and decoding every method once, in turn (one timed call
+    each, in rotating order so no method always follows the profile). Rows: medians of the passes' predicted and
+    measured tokens/s, and the median (min-max) of the per-pass errors; `worst` takes each method's |median error|.
+    Returns (rows, the last pass's table)."""
+    preds: dict[str, list[float]] = {}
+    rates: dict[str, list[float]] = {}
+    mats: dict[str, tuple[float, float]] = {}
+    errs: dict[str, list[float]] = {}
+    for i in range(runs + 1):
+        table = profile()
+        predicted = predicted_at(table, groups, b)
+        fns = methods(table, groups)
+        if i == 0:  # warm-up: first calls allocate caches and build the rule's constants
+            for fn in fns.values():
+                fn()
+            continue
+        names = list(fns)
+        for name in names[(i - 1) % len(names):] + names[:(i - 1) % len(names)]:
+            out, t = timed_call(fns[name], "cpu")
+            tokens = sum(r.metrics.n_generated for r in out)
+            rate = tokens / t.time
+            p = predicted[name]["tokens_per_s"]
+            preds.setdefault(name, []).append(p)
+            rates.setdefault(name, []).append(rate)
+            errs.setdefault(name, []).append(p / rate - 1)
+            mats[name] = (predicted[name]["mat"], tokens / sum(r.metrics.n_target for r in out))
+    rows = []
+    for name in fns:
+        e = errs[name]
+        worst[name] = max(worst.get(name, 0.0), abs(statistics.median(e)))
+        rows.append(f"| {name} | {b} | {statistics.median(preds[name]):.1f} | {statistics.median(rates[name]):.1f} | "
+                    f"{statistics.median(e):+.1%} ({min(e):+.1%}..{max(e):+.1%}) | {mats[name][0]:.2f} | {mats[name][1]:.2f} |")
+    return rows, table
 
 
 def bundle_pair(args):
@@ -107,8 +157,13 @@ def main(argv=None) -> int:
                     help="profile each batch size's cost table right before its decodes, not one table first: on a "
                          "shared machine whose load drifts over a long (compiled) run, the table then prices the "
                          "load its decodes meet")
+    ap.add_argument("--paired", action="store_true",
+                    help="eager: each pass profiles its own table and decodes every method once right after; the error "
+                         "is the median of per-pass errors (module docstring)")
     ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md as it is")
     args = ap.parse_args(argv)
+    if args.paired and (args.compile != "none" or args.profile_each_batch):
+        ap.error("--paired profiles a table every pass: eager only (--compile none), and it replaces --profile-each-batch")
     torch.set_num_threads(args.threads)
     sizes = args.sizes = [int(x) for x in args.batch_sizes.split(",")]
     ks = [int(x) for x in args.ks.split(",")]
@@ -137,17 +192,20 @@ def main(argv=None) -> int:
         if head is not None:  # the head's forward and the rules' decisions, which a head policy's rounds pay
             table = price_head_rules(table, head, drafter.config.hidden_size, prior, table.max_drafts)
         return table
-    table = profile(sorted({1, sizes[0]}) if args.profile_each_batch else sizes)
+    table = profile(sorted({1, sizes[0]}) if args.profile_each_batch or args.paired else sizes)
     lines = [f"## Predicted vs measured throughput ({datetime.date.today()}, {table.device}, torch {torch.__version__})", "",
              f"`python benchmarks/bench_predict.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
              f"{pair}; mean greedy agreement {float(torch.cat(agree).mean()):.3f}; {args.runs} interleaved runs, "
              f"{n} new tokens, the first {max(sizes)} prompts (median length {context} tokens) in batches of B at every B, "
              f"compile {args.compile}, {args.threads} thread(s); "
-             + ("each batch size's cost table profiled right before its decodes (below)." if args.profile_each_batch
+             + ("each pass profiles its own table at B and decodes every method once right after it (--paired; "
+                "the last pass's table per B below)." if args.paired else
+                "each batch size's cost table profiled right before its decodes (below)." if args.profile_each_batch
                 else "cost table profiled in this run."), "",
-             *(() if args.profile_each_batch else ("```", table.render(), "```")), "",
-             "| method | B | predicted tok/s | measured tok/s | predicted / measured - 1 | predicted MAT | measured MAT |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             *(() if args.profile_each_batch or args.paired else ("```", table.render(), "```")), "",
+             *(PAIRED_HEADER if args.paired else (
+                 "| method | B | predicted tok/s | measured tok/s | predicted / measured - 1 | predicted MAT | measured MAT |",
+                 "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"))]
     worst: dict[str, float] = {}
     everything = prompts[:max(sizes)]
     # the acceptance of exactly the prompts decoded; static batches of n new tokens, as generate_batch decodes
@@ -156,18 +214,15 @@ def main(argv=None) -> int:
     # one compiler for every decode: a mode string gives each call a compiler, and each its compilation again
     compiler = StepCompiler(args.compile)
     rendered = []
-    for b in sizes:
-        if args.profile_each_batch:  # minutes, not tens of minutes, between a table and the decodes it prices
-            # eager decodes drop finished rows (down to one), which the simulation prices at B = 1 too
-            table = table if b == sizes[0] else profile([b] if args.compile != "none" else sorted({1, b}))
-            rendered.append(table.render())
-        groups = [everything[i:i + b] for i in range(0, len(everything), b)]
+
+    def predicted_at(table, groups, b):
         # a call's prefill runs at its batch's longest prompt (right-padded; compiled, rounded up to a power of two)
         width = statistics.mean(table.prefill_positions(max(len(p) for p in g)) for g in groups)
         pred = predict_throughput(summary, table, [b], prior or summary_prior(summary, 1.0), k_max=table.max_drafts,
                                   rounds=args.rounds, seed=args.seed, new_tokens=n, prompt_lengths={b: width})
-        predicted = {r["method"]: r for r in pred["predictions"]}
+        return {r["method"]: r for r in pred["predictions"]}
 
+    def methods(table, groups):
         def batches(**kw):
             return lambda: [r for g in groups for r in generate_batch(target, g, n, compile=compiler,
                                                                       eos_token_id=eos, **kw)]
@@ -177,7 +232,21 @@ def main(argv=None) -> int:
         if head is not None:  # the rule `specdraft generate --stop-rule batch-aware` serves with
             fns["batch-aware lockstep"] = batches(drafter=drafter, policy=LockstepBatchAwareSpecDec(
                 head, table, prior, table.max_drafts))
-        for name, (t, _, out) in interleaved(fns, args.runs, "cpu").items():
+        return fns
+
+    for b in sizes:
+        groups = [everything[i:i + b] for i in range(0, len(everything), b)]
+        if args.paired:
+            rows, last = paired_rows(b, groups, lambda: profile(sorted({1, b})), predicted_at, methods, args.runs, worst)
+            lines += rows
+            rendered.append(last.render())
+            continue
+        if args.profile_each_batch:  # minutes, not tens of minutes, between a table and the decodes it prices
+            # eager decodes drop finished rows (down to one), which the simulation prices at B = 1 too
+            table = table if b == sizes[0] else profile([b] if args.compile != "none" else sorted({1, b}))
+            rendered.append(table.render())
+        predicted = predicted_at(table, groups, b)
+        for name, (t, _, out) in interleaved(methods(table, groups), args.runs, "cpu").items():
             measured = sum(r.metrics.n_generated for r in out) / t
             mat = sum(r.metrics.n_generated for r in out) / sum(r.metrics.n_target for r in out)
             err = predicted[name]["tokens_per_s"] / measured - 1

@@ -1,0 +1,45 @@
+"""benchmarks/bench_predict.py --paired: each pass's prediction against the decodes right after its own table."""
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import import_benchmark
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return import_benchmark("bench_predict")
+
+
+def test_each_pass_is_priced_by_its_own_table(bench, monkeypatch):
+    # pass i's table predicts 100 * i tokens/s; every decode takes 1 s of 110 tokens: the per-pass errors are
+    # 100 i / 110 - 1, whatever the order, and the warm-up pass (table 0) neither counts nor is timed
+    tables, calls = [], []
+    monkeypatch.setattr(bench, "timed_call", lambda fn, device: (fn(), SimpleNamespace(time=1.0)))
+
+    def profile():
+        tables.append(SimpleNamespace(i=len(tables)))
+        return tables[-1]
+
+    def predicted_at(table, groups, b):
+        return {name: {"tokens_per_s": 100.0 * table.i, "mat": 2.0} for name in ("AR", "K=4")}
+
+    def methods(table, groups):
+        result = [SimpleNamespace(metrics=SimpleNamespace(n_generated=110, n_target=55))]
+        return {name: (lambda name=name: calls.append((table.i, name)) or result) for name in ("AR", "K=4")}
+
+    worst = {}
+    rows, last = bench.paired_rows(2, [[1], [2]], profile, predicted_at, methods, 3, worst)
+    assert len(tables) == 4 and last is tables[-1]
+    # the warm-up decodes every method once; then the order rotates so no method always follows the profile
+    assert calls == [(0, "AR"), (0, "K=4"), (1, "AR"), (1, "K=4"), (2, "K=4"), (2, "AR"), (3, "AR"), (3, "K=4")]
+    # errors 100/110 - 1, 200/110 - 1, 300/110 - 1: median +81.8%, spread -9.1%..+172.7%
+    assert rows[0] == "| AR | 2 | 200.0 | 110.0 | +81.8% (-9.1%..+172.7%) | 2.00 | 2.00 |"
+    assert worst == {"AR": pytest.approx(200 / 110 - 1), "K=4": pytest.approx(200 / 110 - 1)}
+
+
+def test_paired_refuses_a_compiled_run(bench, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--paired", "--compile", "default", "--no-append"])
+    assert exit_.value.code == 2
+    assert "--paired profiles a table every pass: eager only" in capsys.readouterr().err
