@@ -341,9 +341,9 @@ def _loop_terms(table: CostTable, batch: int, t: dict, drafted_at: dict, ks: tup
     AR) and the fixed-K decodes' drafts per round drafted_at[(K, n)] (`calibrate_loop`'s docstring gives the
     formulas; with one K, the drafting rounds' work is all per draft step, as it cannot be told apart)."""
     per_round = max(0.0, (t[(0, n2)] - t[(0, n1)]) / (n2 - n1) - table.t_verify(batch, 1))
-    rows, extras = [], []
+    rows, extras, steps_of = [], [], {}
     for k in ks:
-        steps = {n: sum(table.round_cost(batch, d) for d in drafted_at[(k, n)]) for n in (n1, n2)}
+        steps = steps_of[k] = {n: sum(table.round_cost(batch, d) for d in drafted_at[(k, n)]) for n in (n1, n2)}
         rounds = len(drafted_at[(k, n2)]) - len(drafted_at[(k, n1)])
         drafting = sum(d > 0 for d in drafted_at[(k, n2)]) - sum(d > 0 for d in drafted_at[(k, n1)])
         rows.append((float(drafting), float(sum(drafted_at[(k, n2)]) - sum(drafted_at[(k, n1)]))))
@@ -356,7 +356,7 @@ def _loop_terms(table: CostTable, batch: int, t: dict, drafted_at: dict, ks: tup
     short = ks[0]
     ar_start = max(0.0, t[(0, n1)] - n1 * (table.t_verify(batch, 1) + per_round))
     short_rounds = drafted_at[(short, n1)]
-    spec_rounds = (sum(table.round_cost(batch, d) for d in short_rounds) + per_round * len(short_rounds)
+    spec_rounds = (steps_of[short][n1] + per_round * len(short_rounds)
                    + per_spec * sum(d > 0 for d in short_rounds) + per_draft * sum(short_rounds))
     spec_start = max(0.0, t[(short, n1)] - spec_rounds - ar_start)
     if table.prefill:  # the setup beyond the prefills, which `CostTable.t_start` prices at a call's own width
