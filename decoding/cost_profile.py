@@ -24,7 +24,8 @@ sizes' calls, a step pays for their data in the CPU's caches (compiled, B = 1's 
 after itself, 3.2 ms after B = 32's 9-wide one, 3.5 ms after every other shape), more than the loop's own
 work per round, which the calibration then priced at 0. One untimed warm-up pass over every (batch size,
 shape) (which is also each shape's compilation), then `repeats` passes, each over every batch size and
-shape in turn; the table keeps the fastest of each (`fastest`). On a shared machine a
+shape in turn; the table keeps the fastest of each (`fastest`), then puts the steps in order: no wider or
+bigger-batch step priced below a narrower or smaller one (`monotone_grid`, `isotonic`). On a shared machine a
 call's time is its own cost plus what its neighbours took from it, which only adds: a slow phase spanning some
 of the passes leaves the fastest pass alone (with medians, one bench_batch_decoder run's 8-second profile priced
 B = 16's 9-wide verify at 41 ms against the previous run's 29, and the rule drafted less at B = 8 and 16), and a phase spanning all of them slows every entry
@@ -94,6 +95,33 @@ def fastest(samples: Sequence[float]) -> float:
     """What a table keeps of a step's timed samples: the fastest (module docstring: on a shared machine the
     neighbours' load only adds to a call's time)."""
     return min(samples)
+
+
+def isotonic(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence nearest `values` in least squares (pool adjacent violators: a run of entries
+    out of order is replaced by its mean)."""
+    blocks: list[list[float]] = []  # [sum, count] of each pooled run
+    for v in values:
+        blocks.append([float(v), 1])
+        while len(blocks) > 1 and blocks[-2][0] * blocks[-1][1] > blocks[-1][0] * blocks[-2][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
+
+
+def monotone_grid(rows: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], ...]:
+    """rows[batch index][width index] made non-decreasing along every row (width), then along every column
+    (batch size): a step over more positions, or more rows, does not cost less. Isotonic regression preserves
+    order (x <= y elementwise gives isotonic(x) <= isotonic(y)), so the column pass keeps the rows in order.
+    Why: the fastest of a few passes still carries a slow phase that caught every pass of one entry, and an
+    entry out of order is a decision the rules get wrong, not just a price off by its noise: a 3-wide verify
+    priced below a 1-wide one makes a round of 2 drafts look cheaper than a plain target step, so the
+    batch-aware rules draft at any acceptance (tables in benchmarks/RESULTS.md, bench_predict: B = 1's v(w=3)
+    9.33 ms under its v(w=1) 10.13, B = 32's v(w=3) 43.15 over its v(w=4) 38.12)."""
+    by_width = [isotonic(row) for row in rows]
+    by_batch = [isotonic(column) for column in zip(*by_width)]
+    return tuple(tuple(row) for row in zip(*by_batch))
 
 
 def least_cache_length(context: int, max_width: int) -> int:
@@ -182,15 +210,16 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
                 calls[(batch, "prefill_draft", w)] = lambda d=dcache, x=ids_w: _prefill(drafter_step, d, x)
     times = _time_calls(calls, tcaches, at, widest, target_step, repeats, device)
     del calls, tcaches
-    verify = [tuple(fastest(times[(b, "verify", w)]) for w in widths) for b in sizes]
-    one = [fastest(times[(b, "chain", 1)]) for b in sizes]
-    long = [fastest(times[(b, "chain", chain_long)]) for b in sizes]
+    # each entry the fastest of its passes, then the whole table in order (`monotone_grid`)
+    verify = monotone_grid([[fastest(times[(b, "verify", w)]) for w in widths] for b in sizes])
+    one = isotonic([fastest(times[(b, "chain", 1)]) for b in sizes])
+    long = isotonic([fastest(times[(b, "chain", chain_long)]) for b in sizes])
     # noise cannot make a step free: at least a microsecond (the validation wants every time > 0)
-    draft = [max((tl - t1) / (chain_long - 1), 1e-6) for t1, tl in zip(one, long)]
+    draft = isotonic([max((tl - t1) / (chain_long - 1), 1e-6) for t1, tl in zip(one, long)])
     catchup = [max(t1 - d, 1e-6) for t1, d in zip(one, draft)]
-    prefills = {part: tuple(tuple(fastest(times[(b, part, w)]) for w in prefill_widths) for b in sizes)
+    prefills = {part: monotone_grid([[fastest(times[(b, part, w)]) for w in prefill_widths] for b in sizes])
                 for part in ("prefill", "prefill_draft")} if calibrate else {}
-    table = CostTable(batch_sizes=sizes, widths=widths, verify=tuple(verify), draft=tuple(draft), catchup=tuple(catchup),
+    table = CostTable(batch_sizes=sizes, widths=widths, verify=verify, draft=tuple(draft), catchup=tuple(catchup),
                       device=device_name(device), torch_version=torch.__version__, compile=compile,
                       target_id=model_identity(target), drafter_id=model_identity(drafter), context=context,
                       cache_length=max_len, repeats=repeats, prefill_widths=prefill_widths, **prefills)
@@ -502,10 +531,11 @@ def cache_key(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Se
     # in a round's chains, "fastest": a table keeps each step's fastest pass, "prefill": calibrated tables
     # time the prefill steps, "prefill-at": a prefill runs the LM head at one position per row, "fused": a
     # compiled table times drafting as one draft graph, and "spec": a calibrated table prices a drafting round's
-    # own work apart from its draft steps' (`calibration_ks`), since then; older cached tables are re-timed
+    # own work apart from its draft steps' (`calibration_ks`), "monotone": a table's steps are put in order
+    # (`monotone_grid`), since then; older cached tables are re-timed
     blob = json.dumps([device_name(device), torch.__version__, compile, model_identity(target),
                        model_identity(drafter), sorted(set(batch_sizes)), max_width, context, calibrate, "start",
-                       "chain", "fastest", "prefill", "prefill-at", "fused", "spec", head_identity(head),
+                       "chain", "fastest", "prefill", "prefill-at", "fused", "spec", "monotone", head_identity(head),
                        static_length(cache_length) if cache_length else least_cache_length(context, max_width)])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 

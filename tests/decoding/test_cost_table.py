@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.cost_profile import (cached_cost_table, model_identity, price_head_rules, price_rules,
-                                             profile_cost_table, profiled_widths)
+from specdraft.decoding.cost_profile import (cached_cost_table, isotonic, model_identity, monotone_grid,
+                                             price_head_rules, price_rules, profile_cost_table, profiled_widths)
 from specdraft.decoding.policies.cost_model import CostTable, padded_width
 from tests.decoding.conftest import tiny_llama
 
@@ -115,6 +115,37 @@ def test_a_step_is_priced_after_what_precedes_it_in_a_decode(pair, monkeypatch):
     on_a_virtual_clock(pair, monkeypatch, cost)
     t = profile_cost_table(*pair, batch_sizes=[1, 2], max_width=4, compile="none", repeats=2)
     assert t.verify == ((101.0, 102.0, 103.0, 104.0),) * 2
+
+
+def test_isotonic_is_the_least_squares_non_decreasing_fit():
+    """Against the min-max formula of isotonic regression, y_i = max_{j <= i} min_{k >= i} mean(x_j..x_k), on
+    random sequences with ties and long violating runs."""
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 2, 3, 5, 9, 17):
+        for _ in range(20):
+            x = torch.randint(0, 6, (n,), generator=gen).double().tolist()
+            want = [max(min(sum(x[j:k + 1]) / (k + 1 - j) for k in range(i, n)) for j in range(i + 1)) for i in range(n)]
+            assert isotonic(x) == pytest.approx(want)
+    assert isotonic([3.0, 1.0, 2.0]) == pytest.approx([2.0, 2.0, 2.0]) and isotonic([1.0, 2.0]) == [1.0, 2.0]
+
+
+def test_the_table_puts_its_steps_in_order(pair, monkeypatch):
+    """On a virtual clock where a 3-wide verify costs less than a 2-wide one and batch 1 more than batch 2 (as a
+    slow phase catching every pass of some entries leaves them), the table is non-decreasing in width and in batch
+    size, each run out of order replaced by its mean; a table in order is kept as timed."""
+    def cost(drafter, ids):
+        batch, width = ids.shape
+        if drafter:
+            return 1.0 + 0.5 * (batch == 1)  # batch 1's drafter steps dearer than batch 2's
+        return 100.0 + width - 3.0 * (width == 3) + 5.0 * (batch == 1)
+
+    on_a_virtual_clock(pair, monkeypatch, cost)
+    t = profile_cost_table(*pair, batch_sizes=[1, 2], max_width=4, compile="none", repeats=1)
+    # rows [106, 107, 105, 109] and [101, 102, 100, 104] pool their first three; then each column pools its two rows
+    assert [v for row in t.verify for v in row] == pytest.approx([103.5, 103.5, 103.5, 106.5] * 2)
+    # drafter chains of 1 and 2 steps after the catch-up, [3, 2] and [4.5, 3] ms at B = 1, 2: each pooled over B
+    assert t.draft == pytest.approx((1.25, 1.25)) and t.catchup == pytest.approx((1.25, 1.25))
+    assert monotone_grid([[1.0, 2.0], [3.0, 4.0]]) == ((1.0, 2.0), (3.0, 4.0))
 
 
 def test_calibration_decodes_are_timed_after_their_own_batch_and_method(pair, monkeypatch):
