@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from specdraft.decoding.compilation import StepCompiler  # noqa: E402
+from specdraft.decoding.compilation import StepCompiler, fail_past_recompile_limit  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
@@ -81,6 +81,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args(argv)
+    fail_past_recompile_limit()  # a shape run eagerly past dynamo's limit would be timed as compiled
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -50,7 +50,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB  # noqa: E402
 from specdraft.decoding.batched import forward_step, generate_batch  # noqa: E402
-from specdraft.decoding.compilation import StepCompiler  # noqa: E402
+from specdraft.decoding.compilation import StepCompiler, fail_past_recompile_limit  # noqa: E402
 from specdraft.decoding.rounds.static_cache import forward_rows  # noqa: E402
 from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
@@ -436,6 +436,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args(argv)
+    fail_past_recompile_limit()  # a shape run eagerly past dynamo's limit would be timed as compiled
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     args.ks = [int(k) for k in args.ks.split(",")]
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]

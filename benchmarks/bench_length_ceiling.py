@@ -52,7 +52,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from specdraft.decoding.batched import generate_batch  # noqa: E402
-from specdraft.decoding.compilation import StepCompiler  # noqa: E402
+from specdraft.decoding.compilation import StepCompiler, fail_past_recompile_limit  # noqa: E402
 from specdraft.decoding.cost_profile import cache_length_for, profile_cost_table  # noqa: E402
 from specdraft.decoding.policies.cost_model import CostTable, padded_width  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
@@ -205,6 +205,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args(argv)
+    fail_past_recompile_limit()  # a shape run eagerly past dynamo's limit would be timed as compiled
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     args.ks = sorted({int(k) for k in args.ks.split(",")})
     if not args.ks or args.ks[0] < 1 or args.ks[-1] > args.k_max:

@@ -42,7 +42,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from specdraft.decoding.batched import generate_batch  # noqa: E402
-from specdraft.decoding.compilation import StepCompiler  # noqa: E402
+from specdraft.decoding.compilation import StepCompiler, fail_past_recompile_limit  # noqa: E402
 from specdraft.decoding.cost_profile import cache_length_for, cached_cost_table, price_head_rules  # noqa: E402
 from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
@@ -162,6 +162,7 @@ def main(argv=None) -> int:
                          "is the median of per-pass errors (module docstring)")
     ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md as it is")
     args = ap.parse_args(argv)
+    fail_past_recompile_limit()  # a shape run eagerly past dynamo's limit would be timed as compiled
     if args.paired and (args.compile != "none" or args.profile_each_batch):
         ap.error("--paired profiles a table every pass: eager only (--compile none), and it replaces --profile-each-batch")
     torch.set_num_threads(args.threads)

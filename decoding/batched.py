@@ -38,7 +38,7 @@ import torch
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.compat import check_head, check_pair, check_prompt
-from specdraft.decoding.compilation import StepCompiler, decode_cache_length, prefill_width, verify_width
+from specdraft.decoding.compilation import StepCompiler, decode_cache_length, prefill_width, static_length, verify_width
 from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB, RowBandits
 from specdraft.decoding.rounds.batch_verify import verify_greedy, verify_sampled
@@ -607,7 +607,10 @@ def start(target, prompts, max_new_tokens, drafter, policy, sampling, eos, seed,
                eos=torch.tensor(eos, dtype=torch.long, device=device) if eos else None, max_new=max_new_tokens,
                compiler=compiler, tcache=compiler.cache(target, B, max_len),
                target_step=forward_step(compiler, target),
-               out=torch.zeros(B, max_new_tokens + W + 2, dtype=torch.long, device=device))
+               # the output buffer's width rounded up as a cache's is: the round's compiled tails guard on it, so
+               # with max_new + K_max + 2 every K_max was a graph of its own at every width and batch size (a sweep
+               # of K = 1, 2, 4, 8 and the head rules over B = 1..16 passed dynamo's limit and ran eagerly)
+               out=torch.zeros(B, static_length(max_new_tokens + W + 2), dtype=torch.long, device=device))
     d.commit = compiler.apply(commit_round, None, "commit")
     d.greedy_tail = compiler.apply(verify_commit_greedy, None, "verify")
     if drafter is not None:

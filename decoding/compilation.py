@@ -98,13 +98,24 @@ def compile_for_model(fn: Callable, model: torch.nn.Module | None, mode: str) ->
     the guards kept (`argument_guards`) do not tell models (nor policies) apart: each compiled function
     gets a code object of its own."""
     import torch._dynamo.config as dynamo_config
-    # one graph per (width, batch size): the benchmark sweeps B, so allow more than the default 8
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
-    dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
+    # one graph per shape the caller runs (widths x batch sizes x cache lengths), far more than dynamo's default 8:
+    # past the limit dynamo runs new shapes eagerly with no more than a log line, and a benchmark then compares
+    # compiled rounds with eager ones (64 was passed by bench_batch_decoder over B = 1, 2, 4, 8, 16). Up to the
+    # most dynamo keeps of one function in all (accumulated_recompile_limit, 256 in torch 2.13)
+    limit = max(dynamo_config.recompile_limit, getattr(dynamo_config, "accumulated_recompile_limit", 256))
+    dynamo_config.recompile_limit = limit
+    dynamo_config.cache_size_limit = limit
     fn = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     device = model.get_input_embeddings().weight.device if model is not None else torch.device("cpu")
     options = compile_options(mode, device) if model is not None else {"guard_filter_fn": argument_guards}
     return weights_in_graph(torch.compile(fn, dynamic=False, options=options))
+
+
+def fail_past_recompile_limit() -> None:
+    """Make dynamo raise, process-wide, where past its recompile limit it would run a new shape eagerly: what a
+    benchmark calls, whose compiled timings must all be of graphs (a decoder serving keeps dynamo's fallback)."""
+    import torch._dynamo.config as dynamo_config
+    dynamo_config.fail_on_recompile_limit_hit = True
 
 
 def weights_in_graph(compiled: Callable) -> Callable:

@@ -396,3 +396,36 @@ def test_a_round_drafts_no_further_than_the_length_limit_leaves_room_for(llama_p
     widths = [name[4] for name in recording.drafts]  # the width of the round each draft graph drafts
     assert widths and max(widths) == 8, widths
     assert max(recording.verifies[1:]) == 9, recording.verifies  # after the prefill
+
+
+class ShapeRecording(StepCompiler):
+    """A compiled decode's calls with each graph replaced by its eager function, recording per compiled function
+    (its name) the shapes of the tensors and the values of the ints it is called with: what dynamo's guards on
+    the arguments tell apart, one graph per distinct signature."""
+
+    def __init__(self):
+        super().__init__("default")
+        self.signatures: dict = {}
+
+    def apply(self, fn, model, name, graphs=False):
+        def step(*args):
+            signature = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args
+                              if isinstance(a, (torch.Tensor, int)))
+            self.signatures.setdefault(name, set()).add(signature)
+            return fn(*args)
+        return step
+
+
+def test_a_rounds_tails_are_one_graph_per_width_whatever_the_policys_k(llama_pair):
+    """Decodes of fixed K = 1, 2, 3 and 4 at one batch size compile the round's verify-and-commit tail once per
+    verify width, not once per K: its output buffer's width does not follow K (it did, max_new + K + 2, and a
+    sweep of Ks, head rules and 5 batch sizes passed dynamo's recompile limit, after which new shapes ran
+    eagerly inside a compiled benchmark)."""
+    target, drafter = llama_pair
+    recording = ShapeRecording()
+    with torch.inference_mode():
+        for k in (1, 2, 3, 4):
+            generate_batch(target, [[1, 2, 3], [4, 5, 6, 7]], 6, drafter=drafter, policy=FixedK(k), compile=recording)
+    tails = recording.signatures["verify"]
+    widths = {signature[0][1] for signature in tails}  # the logits' (rows, width, vocab)
+    assert widths >= {2, 3, 5} and len(tails) == len(widths), sorted(tails)
