@@ -428,6 +428,10 @@ class EvaluateSection:
     # torch CPU threads while evaluating (0: torch's default). 1 makes a run's process CPU time its own
     # compute: with more, idle OpenMP workers spin and bill CPU time that depends on the machine's load
     threads: int = 1
+    # processes on this machine that share the plan's units (`specdraft evaluate --shard` started here, one core
+    # each at threads 1; this one merges): 2 on a 2-core box finished the demo's plan 1.61x sooner
+    # (benchmarks/RESULTS.md, bench_evaluate_shards); 1: this process alone
+    processes: int = 1
 
     def check(self) -> None:
         reserved = {"prompts", "target", "distill_data", "drafters", "acceptance_data", "heads", "router", "bundle"}
@@ -439,7 +443,7 @@ class EvaluateSection:
         for a in self.cascade_alphas or []:
             if isinstance(a, bool) or not isinstance(a, (int, float)) or a < 0:
                 raise InputError(f"evaluate.cascade_alphas: lenience must be a number >= 0, got {a!r}")
-        for name in ("repeats", "calibration_reps"):
+        for name in ("repeats", "calibration_reps", "processes"):
             if getattr(self, name) < 1:
                 raise InputError(f"evaluate.{name} must be >= 1, got {getattr(self, name)}")
         if self.repeats_max is not None and self.repeats_max < self.repeats:

@@ -375,6 +375,39 @@ def test_two_shard_processes_and_a_merge_write_the_report(run_root):
     assert len(done) == len(set(done)) == metrics["plan_runs"]
 
 
+@pytest.mark.slow  # a second process of about 30 s: `make test-slow`
+def test_processes_share_the_plan_and_the_one_that_started_them_merges(run_root):
+    """evaluate.processes = 2: this process starts `specdraft evaluate --shard 1/2` on the run's config, runs
+    shard 0, waits, and merges; every planned run once, the work dir gone (committed)."""
+    cfg = tiny_config(run_root, **{**FAST, "acceptance_data": TWO_TRANSFORMS}, evaluate={**TINY_EVAL, "processes": 2})
+    out = run_stage(cfg, "evaluate")
+    assert out == run_root / "report" and not list((run_root / ".work").glob("report-*"))
+    metrics = json.loads((out / "metrics.json").read_text())
+    done = [(r["set"], r["prompt"], json.dumps(key_of(r), sort_keys=True)) for r in metrics["runs"]]
+    done += [("batches", r["batch"], json.dumps(key_of(r), sort_keys=True)) for r in metrics["throughput"]["runs"]]
+    assert len(done) == len(set(done)) == metrics["plan_runs"]
+
+
+def test_a_failed_helper_process_ends_the_stage_with_its_last_line(tmp_path):
+    from specdraft.pipelines.evaluate import wait_for_helpers
+
+    class Done:
+        def __init__(self, code):
+            self.returncode = code
+
+        def wait(self):
+            return self.returncode
+
+    ok, bad = tmp_path / "process-1.log", tmp_path / "process-2.log"
+    ok.write_text("fine\n")
+    bad.write_text("loading\nspecdraft: error: out of memory\n\n")
+    wait_for_helpers([(Done(0), ok)])
+    with pytest.raises(RuntimeError, match=r"failed \(exit 1\): specdraft: error: out of memory; see .*process-2.log"):
+        wait_for_helpers([(Done(0), ok), (Done(1), bad)])
+    with pytest.raises(InputError, match="evaluate.processes must be >= 1, got 0"):
+        tiny_config(tmp_path, evaluate={**TINY_EVAL, "processes": 0}).evaluate.check()
+
+
 def test_robustness_table_shows_only_the_sets_decoded():
     """A set left out of evaluate.sets (the demo leaves out the perturbed one) is no column of MetaSD's Table 6
     shape, not a column of dashes."""
