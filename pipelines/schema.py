@@ -430,7 +430,8 @@ class EvaluateSection:
     threads: int = 1
     # processes on this machine that share the plan's units (`specdraft evaluate --shard` started here, one core
     # each at threads 1; this one merges): 2 on a 2-core box finished the demo's plan 1.61x sooner
-    # (benchmarks/RESULTS.md, bench_evaluate_shards); 1: this process alone
+    # (benchmarks/RESULTS.md, bench_evaluate_shards); 1: this process alone. Unused where the stage already runs as
+    # one of several shards (--shard, a Slurm array, torchrun ranks)
     processes: int = 1
 
     def check(self) -> None:

@@ -153,9 +153,14 @@ def _run_shard(ctx: Context, plan: list[Run], execute_runs: Callable[[list[Run],
         todo = missing(mine, store)
         if n_shards > 1 or len(todo) < len(mine):
             print(f"[evaluate] shard {shard}/{n_shards}: {len(todo)} of its {len(mine)} units to run")
-        with tqdm(total=sum(calls(list(u.runs), ctx.cfg.evaluate.repeats) for u in todo), disable=not todo,
-                  desc=f"evaluate shard {shard}/{n_shards}" if n_shards > 1 else "evaluate", unit="run") as bar:
-            run_units(todo, store, lambda runs: execute_runs(runs, bar), calibrator.take)
+        try:
+            with tqdm(total=sum(calls(list(u.runs), ctx.cfg.evaluate.repeats) for u in todo), disable=not todo,
+                      desc=f"evaluate shard {shard}/{n_shards}" if n_shards > 1 else "evaluate", unit="run") as bar:
+                run_units(todo, store, lambda runs: execute_runs(runs, bar), calibrator.take)
+        except BaseException:
+            for process, _ in helpers:  # no process left decoding for a stage that stopped (a rerun resumes)
+                process.terminate()
+            raise
     if helpers:
         wait_for_helpers(helpers)
     elif os.environ.get(HELPER) == "1":
@@ -207,7 +212,7 @@ def wait_for_helpers(started: list[tuple[subprocess.Popen, Path]]) -> None:
         p, log = failed[0]
         lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
         raise RuntimeError(f"an evaluate process started here failed (exit {p.returncode}): "
-                         f"{lines[-1] if lines else 'no output'}; see {log}, then rerun the stage")
+                           f"{lines[-1] if lines else 'no output'}; see {log}, then rerun the stage")
 
 
 def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, device: str) -> dict:

@@ -408,6 +408,32 @@ def test_a_failed_helper_process_ends_the_stage_with_its_last_line(tmp_path):
         tiny_config(tmp_path, evaluate={**TINY_EVAL, "processes": 0}).evaluate.check()
 
 
+def test_processes_started_here_stop_when_this_ones_share_fails(tmp_path, monkeypatch):
+    """A share that raises (a bug, Ctrl-C) terminates the processes this one started: none is left decoding for a
+    stage that stopped (their finished units stay for the rerun)."""
+    import types
+
+    import specdraft.pipelines.evaluate as evaluate
+
+    class Helper:
+        terminated = False
+
+        def terminate(self):
+            self.terminated = True
+
+    helper = Helper()
+    monkeypatch.delenv("SPECDRAFT_SHARD", raising=False)
+    monkeypatch.setattr(evaluate, "start_helpers", lambda ctx, n: [(helper, tmp_path / "process-1.log")])
+    monkeypatch.setattr(evaluate, "run_units", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    prompt = types.SimpleNamespace(set="test", domain="math", id="p0")
+    plan = [types.SimpleNamespace(prompt=prompt, repeatable=True)]
+    ctx = types.SimpleNamespace(work=tmp_path, cfg=types.SimpleNamespace(evaluate=types.SimpleNamespace(processes=2,
+                                                                                                        repeats=1)))
+    with pytest.raises(KeyboardInterrupt):
+        evaluate._run_shard(ctx, plan, None, types.SimpleNamespace(take=dict))
+    assert helper.terminated
+
+
 def test_robustness_table_shows_only_the_sets_decoded():
     """A set left out of evaluate.sets (the demo leaves out the perturbed one) is no column of MetaSD's Table 6
     shape, not a column of dashes."""
