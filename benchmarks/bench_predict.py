@@ -41,7 +41,9 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+from specdraft.core.devices import device_name  # noqa: E402
 from specdraft.decoding.batched import generate_batch  # noqa: E402
+from specdraft.decoding.rounds.kv import input_device  # noqa: E402
 from specdraft.decoding.compilation import StepCompiler, fail_past_recompile_limit  # noqa: E402
 from specdraft.decoding.cost_profile import cache_length_for, cached_cost_table, price_head_rules  # noqa: E402
 from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec  # noqa: E402
@@ -70,9 +72,10 @@ def greedy_agreement(target, drafter, prompts: list[list[int]], n: int, head=Non
     return agree, sigma
 
 
-PAIRED_HEADER = (
-    "| method | B | predicted tok/s | measured tok/s | predicted / measured - 1, per pass | predicted MAT | measured MAT |",
-    "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+def header(error: str) -> tuple[str, str]:
+    """The table's header, with the error column named `error`."""
+    return (f"| method | B | predicted tok/s | measured tok/s | {error} | predicted MAT | measured MAT |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 
 
 def paired_rows(b: int, groups, profile, predicted_at, methods, runs: int, worst: dict) -> tuple[list[str], object]:
@@ -185,16 +188,19 @@ def main(argv=None) -> int:
     context = int(statistics.median(len(p) for p in prompts[:max(sizes)]))
     # re-timed in every run (refresh): a table cached by an earlier run carries that run's load
     # over the cache the decodes allocate: the longest batch's longest prompt, n new tokens and the widest round
-    slots = cache_length_for(max(len(p) for p in prompts[:max(sizes)]), n, max(8, max(ks)), args.compile)
+    k_max = max(8, max(ks))  # the widest round every table prices (its max_drafts)
+    slots = cache_length_for(max(len(p) for p in prompts[:max(sizes)]), n, k_max, args.compile)
 
     def profile(batch_sizes):
-        table = cached_cost_table(target, drafter, batch_sizes, max(8, max(ks)) + 1, args.compile, seed=args.seed,
+        table = cached_cost_table(target, drafter, batch_sizes, k_max + 1, args.compile, seed=args.seed,
                                   calibrate=True, context=context, refresh=True, cache_length=slots)[0]
         if head is not None:  # the head's forward and the rules' decisions, which a head policy's rounds pay
             table = price_head_rules(table, head, drafter.config.hidden_size, prior, table.max_drafts)
         return table
-    table = profile(sorted({1, sizes[0]}) if args.profile_each_batch or args.paired else sizes)
-    lines = [f"## Predicted vs measured throughput ({datetime.date.today()}, {table.device}, torch {torch.__version__})", "",
+    # --paired profiles its own table every pass: none before them
+    table = None if args.paired else profile(sorted({1, sizes[0]}) if args.profile_each_batch else sizes)
+    device = table.device if table is not None else device_name(input_device(target))
+    lines = [f"## Predicted vs measured throughput ({datetime.date.today()}, {device}, torch {torch.__version__})", "",
              f"`python benchmarks/bench_predict.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
              f"{pair}; mean greedy agreement {float(torch.cat(agree).mean()):.3f}; {args.runs} interleaved runs, "
              f"{n} new tokens, the first {max(sizes)} prompts (median length {context} tokens) in batches of B at every B, "
@@ -204,14 +210,12 @@ def main(argv=None) -> int:
                 "each batch size's cost table profiled right before its decodes (below)." if args.profile_each_batch
                 else "cost table profiled in this run."), "",
              *(() if args.profile_each_batch or args.paired else ("```", table.render(), "```")), "",
-             *(PAIRED_HEADER if args.paired else (
-                 "| method | B | predicted tok/s | measured tok/s | predicted / measured - 1 | predicted MAT | measured MAT |",
-                 "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"))]
+             *header("predicted / measured - 1, per pass" if args.paired else "predicted / measured - 1")]
     worst: dict[str, float] = {}
     everything = prompts[:max(sizes)]
     # the acceptance of exactly the prompts decoded; static batches of n new tokens, as generate_batch decodes
     # them (rounds = batches simulated); without a head, sigma = the measured agreement itself (odds 1)
-    summary = summarize_acceptance(agree, sigma, k_max=table.max_drafts)
+    summary = summarize_acceptance(agree, sigma, k_max=k_max)
     # one compiler for every decode: a mode string gives each call a compiler, and each its compilation again
     compiler = StepCompiler(args.compile)
     rendered = []
