@@ -19,14 +19,17 @@ side (forwards, overheads, batching) carries over. Prompts are random token ids 
 (b) Batch curve: for each B, part (a)'s prompts in consecutive batches of B (a B above their count: its
     first B prompts as one batch), decoded by every method (AR, fixed K for
     --ks, SpecDec++ with --head or an untrained random head, per row and lockstep (the batch stops
-    together), UCBSpec over lengths 0..4), interleaved, --runs times; tokens/s = the median over runs of
-    generated tokens / time, with the spread (min-max over runs) and the speedup over batched AR at the same B.
+    together), UCBSpec over lengths 0..4), --runs passes, the methods taking turns batch by batch
+    (`interleave`); tokens/s = the median over passes of generated tokens / time, with the spread (min-max over
+    passes) and the speedup over batched AR at the same B.
     Sampled (--curve-temperature > 0), run i draws with seed i for every method (the warm-up decodes every seed
     first, so no pass compiles): the median then spans draws.
-    Each adaptive method is also paired pass by pass with the best fixed K of --goal-ks (`paired_with_best_k`).
+    Each adaptive method is also paired pass by pass with the best fixed K of --goal-ks (`paired_with_best_k`);
+    greedy, also by each batch's fastest pass.
 (c) The cost of deciding at batch 1: SpecDec++ and the batch-aware rule made to take fixed K = 4's
     decisions (an h that never fires; a table where every draft pays), so that their rounds equal fixed K's
-    and the time beyond them is the head's forward and the rule's own work per round.
+    and the time beyond them is the head's forward and the rule's own work per round; interleaved prompt by
+    prompt.
 --compile none,default measures both in one run (one RESULTS.md section); a compiled mode reports its
 compile time (the first call of each method) apart from decode time, and runs part (b) at
 --compiled-batch-sizes / --compiled-ks only (each batch size and width compiles its own graphs).
@@ -123,37 +126,57 @@ def ours(target, prompts, n, sampling, seed, compile, drafter=None, policy=None,
                           compile=compile, eos_token_id=eos)
 
 
-def warm_then_interleave(fns: dict, runs: int, device: str, seeded: bool = False) -> tuple[dict[str, list[float]], dict]:
-    """One untimed call of each method (the warm-up; compiled, its graphs), then `runs` passes in which the
-    methods take turns: ({name: [seconds per pass]}, {name: [each pass's output]}). seeded: each method is called
-    with seed = the pass's index (sampled decodes: one seed would repeat one draw of every method's tokens, and a
-    method's MAT then moves by a draw's luck: at T = 0.7 on the demo pair, K = 8's MAT over seeds 0..7 was 6.4-7.7
-    and K = 16's 8.3-10.9, more than the methods differ by), and the warm-up decodes every seed a pass will: a
-    compiled decode builds a graph the first time a round needs its width, and a seed the warm-up did not draw may
-    round differently (SpecDec++ at T = 0.7, batch 1, compiled: one pass at 49-79 tokens/s against ~700 when only
-    seed 0 was warmed)."""
-    for fn in fns.values():
-        for seed in range(runs) if seeded else [None]:
-            fn() if seed is None else fn(seed=seed)
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    out: dict[str, list] = {name: [] for name in fns}
+def interleave(fns: dict, units: list, runs: int, device: str, seeded: bool = False) -> tuple[dict, dict]:
+    """Methods timed unit by unit: for each unit (a batch of prompts), every method's call on it, back to back,
+    the order turning by one each unit and pass. First one untimed call of each method on each unit (the
+    warm-up; compiled, its graphs), then `runs` passes. fns: {name: fn(unit, seed)}. Returns ({name: [[seconds
+    per unit] per pass]}, {name: [[output per unit] per pass]}).
+    Why by unit: this box's load moves within seconds. A pass that runs each method over all units before the
+    next puts seconds between two methods' decodes of the same prompts (B = 1 on 16 prompts: ~2.5 s a method), and
+    their per-pass ratio spanned 0.49-1.31 in one run; by unit, they are a decode apart.
+    seeded: pass i calls with seed = i (sampled decodes: one seed would repeat one draw of every method's tokens,
+    and a method's MAT then moves by a draw's luck: at T = 0.7 on the demo pair, K = 8's MAT over seeds 0..7 was
+    6.4-7.7 and K = 16's 8.3-10.9, more than the methods differ by), and the warm-up decodes every seed a pass
+    will: a compiled decode builds a graph the first time a round needs its width, and a seed the warm-up did not
+    draw may round differently (SpecDec++ at T = 0.7, batch 1, compiled: one pass at 49-79 tokens/s against ~700
+    when only seed 0 was warmed). Not seeded: every call gets seed 0."""
+    seeds = range(runs) if seeded else [0]
+    for unit in units:
+        for fn in fns.values():
+            for seed in seeds:
+                fn(unit, seed)
+    names = list(fns)
+    times: dict[str, list[list[float]]] = {name: [[] for _ in range(runs)] for name in names}
+    out: dict[str, list[list]] = {name: [[] for _ in range(runs)] for name in names}
     for run in range(runs):
-        for name, fn in fns.items():
-            result, t = timed_call((lambda fn=fn: fn(seed=run)) if seeded else fn, device)
-            out[name].append(result)
-            times[name].append(t.time)
+        for u, unit in enumerate(units):
+            turn = (run * len(units) + u) % len(names)
+            for name in names[turn:] + names[:turn]:
+                result, t = timed_call(lambda: fns[name](unit, run if seeded else 0), device)
+                out[name][run].append(result)
+                times[name][run].append(t.time)
     return times, out
 
 
-def paired_with_best_k(rates: dict[str, list[float]], ks) -> tuple[str, dict[str, tuple[float, float, float]]]:
+def warm_then_interleave(fns: dict, runs: int, device: str, seeded: bool = False) -> tuple[dict[str, list[float]], dict]:
+    """`interleave` with one unit: fns {name: fn() or, seeded, fn(seed=...)} -> ({name: [seconds per pass]},
+    {name: [each pass's output]})."""
+    calls = {name: (lambda unit, seed, fn=fn: fn(seed=seed) if seeded else fn()) for name, fn in fns.items()}
+    times, out = interleave(calls, [None], runs, device, seeded)
+    return ({name: [t for (t,) in ts] for name, ts in times.items()},
+            {name: [o for (o,) in os_] for name, os_ in out.items()})
+
+
+def paired_with_best_k(rates: dict[str, list[float]], ks, fastest: dict[str, float] | None = None
+                       ) -> tuple[str, dict[str, tuple[float, float, float, float | None]]]:
     """Each adaptive method against the best fixed K of `ks` (the one with the highest median rate, in hindsight),
     pass by pass: (that K's name, {method: (median, min, max) over passes of method's rate / K's rate in the same
-    pass}). A pass runs the methods one after another (`warm_then_interleave`): a ratio within a pass cancels the
-    box's phase, which a ratio of medians over passes keeps (at T = 0.7 compiled, K = 8's rate spanned 430-746
-    tokens/s over 7 passes). Sampled, a pass gives every method one seed, but two methods that draft differently
-    read its stream differently: the draw cancels only between methods that make the same decisions (a rule that
-    drafts to K_max every round and fixed K = K_max). rates: {name: [tokens/s per pass]}; the methods compared are
-    those not named AR or K=k."""
+    pass, then the same ratio of their `fastest` rates, or None}). A ratio within a pass cancels the box's phase,
+    which a ratio of medians over passes keeps (at T = 0.7 compiled, K = 8's rate spanned 430-746 tokens/s over 7
+    passes). Sampled, a pass gives every method one seed, but two methods that draft differently read its stream
+    differently: the draw cancels only between methods that make the same decisions (a rule that drafts to K_max
+    every round and fixed K = K_max). rates: {name: [tokens/s per pass]}; fastest: {name: tokens/s from each
+    batch's fastest pass} (greedy); the methods compared are those not named AR or K=k."""
     fixed = [f"K={k}" for k in ks if f"K={k}" in rates]
     if not fixed:
         raise ValueError(f"none of the fixed K {list(ks)} was measured (have {sorted(rates)})")
@@ -163,7 +186,8 @@ def paired_with_best_k(rates: dict[str, list[float]], ks) -> tuple[str, dict[str
         if name == "AR" or re.fullmatch(r"K=\d+", name):
             continue
         ratios = [r / b for r, b in zip(rs, rates[best], strict=True)]
-        out[name] = (statistics.median(ratios), min(ratios), max(ratios))
+        out[name] = (statistics.median(ratios), min(ratios), max(ratios),
+                     fastest[name] / fastest[best] if fastest else None)
     return best, out
 
 
@@ -282,7 +306,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
                                                                           reference_rate=None)
     policies["global budget K=4"] = GlobalVerifyBudget(head, table, args.prior, min(4, args.k_max))
     lines = [
-        f"#### (b) Batch curve: {mode}, {n} tokens per row{' (up to, stopping at EOS)' if args.eos is not None else ''}, median of {args.runs} interleaved runs (spread: min-max)"
+        f"#### (b) Batch curve: {mode}, {n} tokens per row{' (up to, stopping at EOS)' if args.eos is not None else ''}, median of {args.runs} runs interleaved batch by batch (spread: min-max)"
         + ("" if sampling.greedy else f"; run i samples with seed i (0..{args.runs - 1}), the same seed for every method, MAT over all runs"),
         "",
         "| B | " + " | ".join(f"{name} tok/s" for name in policies) + " | "
@@ -297,21 +321,24 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
         # B = 1 row is part (a)'s decode of the same prompts, and the low-B rows differ only by B; a larger B
         # decodes its first B prompts as one batch
         batches = [shared[i:i + B] for i in range(0, len(shared), B)] if B <= len(shared) else [prompts[:B]]
-        fns = {name: (lambda p=p, seed=0: [r for batch in batches
-                                           for r in ours(target, batch, n, sampling, seed, args.compiler,
-                                                         drafter if p else None, p, eos=args.eos)])
-               for name, p in policies.items()}
+        calls = {name: (lambda batch, seed, p=p: ours(target, batch, n, sampling, seed, args.compiler,
+                                                      drafter if p else None, p, eos=args.eos))
+                 for name, p in policies.items()}
         if args.compile != "none":
-            compile_s[B] = sum(compile_times(fns, dev).values())
-        times, out = warm_then_interleave(fns, args.runs, dev, seeded=not sampling.greedy)
-        tps, mats, rates = {}, {}, {}
-        for name, ts in times.items():
+            compile_s[B] = sum(compile_times({name: (lambda fn=fn: [fn(b, 0) for b in batches])
+                                              for name, fn in calls.items()}, dev).values())
+        unit_times, unit_out = interleave(calls, batches, args.runs, dev, seeded=not sampling.greedy)
+        tps, mats, rates, fastest = {}, {}, {}, {}
+        for name, per_pass in unit_times.items():
             # per pass: a sampled pass's tokens differ with its seed (rows stop at EOS); MAT over every pass
-            tokens = [sum(r.metrics.n_generated for r in res) for res in out[name]]
-            rates[name] = [n_tok / t for n_tok, t in zip(tokens, ts)]
+            results = [[r for res in outs for r in res] for outs in unit_out[name]]
+            tokens = [sum(r.metrics.n_generated for r in res) for res in results]
+            rates[name] = [n_tok / sum(ts) for n_tok, ts in zip(tokens, per_pass)]
             tps[name] = (statistics.median(rates[name]), min(rates[name]), max(rates[name]))
-            mats[name] = sum(tokens) / sum(r.metrics.n_target for res in out[name] for r in res)
-        paired.append((B, paired_with_best_k(rates, args.goal_ks), paired_with_best_k(rates, args.ks)))
+            mats[name] = sum(tokens) / sum(r.metrics.n_target for res in results for r in res)
+            if sampling.greedy:  # every pass decodes the same tokens: each batch's fastest pass is its least-disturbed
+                fastest[name] = tokens[0] / sum(map(min, zip(*per_pass)))
+        paired.append((B, paired_with_best_k(rates, args.goal_ks, fastest), paired_with_best_k(rates, args.ks, fastest)))
         cells = [f"{v[0]:.0f} ({v[1]:.0f}-{v[2]:.0f})" for v in tps.values()]
         ratios = [f"{tps[name][0] / tps['AR'][0]:.2f}" for name in policies if name != "AR"]
         mat_cells = [f"{mats[name]:.2f}" for name in policies if name != "AR"]
@@ -339,15 +366,19 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
 
 def paired_table(paired: list, ks) -> list[str]:
     """Part (b)'s adaptive methods against the best fixed K of `ks` at each B, paired pass by pass
-    (`paired_with_best_k`)."""
+    (`paired_with_best_k`), and, greedy, from each batch's fastest pass."""
     names = list(paired[0][2])
+    with_fastest = any(r[3] is not None for _, _, ratios in paired for r in ratios.values())
     lines = [f"Paired with the best fixed K in {{{', '.join(map(str, ks))}}} at each B (the K with the highest median "
-             "rate): the median over passes of a method's rate over that K's rate in the same pass (spread: min-max)",
+             "rate): the median over passes of a method's rate over that K's rate in the same pass (spread: min-max)"
+             + ("; after the semicolon, the same ratio with each method's time the sum over batches of its fastest "
+                "pass (the least-disturbed estimate)" if with_fastest else ""),
              "", "| B | best K | " + " | ".join(f"{name} / best K" for name in names) + " |",
              "| ---: | ---: " + "| ---: " * len(names) + "|"]
     for B, best, ratios in paired:
-        lines.append(f"| {B} | {best} | " + " | ".join(f"{m:.2f} ({lo:.2f}-{hi:.2f})" for m, lo, hi in ratios.values())
-                     + " |")
+        lines.append(f"| {B} | {best} | " + " | ".join(
+            f"{m:.2f} ({lo:.2f}-{hi:.2f})" + (f"; {f:.2f}" if f is not None else "")
+            for m, lo, hi, f in ratios.values()) + " |")
     return lines
 
 
@@ -363,17 +394,18 @@ def deciding_cost_table(args, target, drafter, head, prompts, k: int = 4) -> lis
                        target_id="-", drafter_id="-")
     policies = {f"K={k}": lambda: FixedK(k), "SpecDec++ (h = 1 - 1e-9)": lambda: SpecDecPP(head, 1 - 1e-9, k_max=k),
                 "batch-aware lockstep": lambda: LockstepBatchAwareSpecDec(head, always, Prior((1.0,)), k)}
-    fns = {name: (lambda make=make: [r for p in prompts for r in ours(target, [p], n, greedy, 0, args.compiler,
-                                                                         drafter, make(), eos=args.eos)])
-           for name, make in policies.items()}
-    times, out = warm_then_interleave(fns, args.runs, dev)
+    calls = {name: (lambda p, seed, make=make: ours(target, [p], n, greedy, seed, args.compiler, drafter, make(),
+                                                   eos=args.eos)[0])
+             for name, make in policies.items()}
+    unit_times, out = interleave(calls, prompts, args.runs, dev)  # prompt by prompt
+    times = {name: [sum(ts) for ts in per_pass] for name, per_pass in unit_times.items()}
     rounds = {name: [r.metrics.drafted for r in res[-1]] for name, res in out.items()}
     same = all(rounds[name] == rounds[f"K={k}"] for name in rounds)
     n_rounds = sum(len(d) for d in rounds[f"K={k}"])
     base = statistics.median(times[f"K={k}"])
     lines = [f"#### (c) Cost of deciding: batch 1, {len(prompts)} prompts x {n} tokens{' (up to EOS)' if args.eos is not None else ''}, every method fixed K = {k}'s "
              f"rounds ({'identical, checked' if same else 'NOT identical: the rows below do not isolate the rule'}), "
-             f"median of {args.runs} interleaved runs (spread: min-max)", "",
+             f"median of {args.runs} runs interleaved prompt by prompt (spread: min-max)", "",
              "| method | ms per round | over fixed K |", "| --- | ---: | ---: |"]
     for name, ts in times.items():
         per = [t / n_rounds * 1e3 for t in ts]

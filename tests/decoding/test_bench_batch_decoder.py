@@ -17,7 +17,9 @@ def test_pairs_each_pass_with_the_best_fixed_k_of_the_goal_set(bench):
     assert best == "K=8"
     assert set(ratios) == {"SpecDec++"}
     # per pass 1.1, 0.9, 1.0: the median of the ratios, not the ratio of medians (440 / 390 = 1.13)
-    assert ratios["SpecDec++"] == pytest.approx((1.0, 0.9, 1.1))
+    assert ratios["SpecDec++"][:3] == pytest.approx((1.0, 0.9, 1.1)) and ratios["SpecDec++"][3] is None
+    _, ratios = bench.paired_with_best_k(rates, [1, 2, 4, 8], fastest={"K=8": 400.0, "SpecDec++": 440.0})
+    assert ratios["SpecDec++"][3] == pytest.approx(1.1)
 
 
 def test_a_goal_set_nothing_measured_is_an_error(bench):
@@ -33,9 +35,11 @@ def test_the_command_line_refuses_goal_ks_that_no_mode_measures(bench, capsys):
 
 
 def test_the_table_names_the_best_k_and_each_ratio(bench):
-    lines = bench.paired_table([(1, "K=8", {"SpecDec++": (1.0, 0.9, 1.1)})], [1, 2, 4, 8])
+    lines = bench.paired_table([(1, "K=8", {"SpecDec++": (1.0, 0.9, 1.1, None)})], [1, 2, 4, 8])
     assert lines[-1] == "| 1 | K=8 | 1.00 (0.90-1.10) |"
-    assert "best fixed K in {1, 2, 4, 8}" in lines[0]
+    assert "best fixed K in {1, 2, 4, 8}" in lines[0] and "fastest" not in lines[0]
+    lines = bench.paired_table([(1, "K=8", {"SpecDec++": (1.0, 0.9, 1.1, 0.97)})], [1, 2, 4, 8])
+    assert lines[-1] == "| 1 | K=8 | 1.00 (0.90-1.10); 0.97 |" and "fastest pass" in lines[0]
 
 
 def test_sampled_passes_decode_only_seeds_the_warm_up_decoded(bench):
@@ -50,9 +54,34 @@ def test_sampled_passes_decode_only_seeds_the_warm_up_decoded(bench):
     times, out = bench.warm_then_interleave({"a": method("a"), "b": method("b")}, 3, "cpu", seeded=True)
     warm, timed = calls[:6], calls[6:]
     assert sorted(warm) == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
-    # the passes take turns, pass i at seed i, and return each pass's output
-    assert timed == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    # the passes take turns (the order turning each pass), pass i at seed i, and return each pass's output
+    assert timed == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2)]
     assert out == {"a": [0, 1, 2], "b": [0, 1, 2]} and all(len(t) == 3 for t in times.values())
     calls.clear()
     bench.warm_then_interleave({"a": method("a")}, 3, "cpu")  # greedy: one warm-up, every pass the default seed
     assert calls == [("a", 0)] * 4
+
+
+def test_methods_take_turns_unit_by_unit_and_each_unit_is_timed_apart(bench, monkeypatch):
+    calls, clock = [], iter(range(1000))
+
+    class Timing:  # a virtual clock: call i takes i seconds, so each call's time says which call it was
+        def __init__(self, t):
+            self.time = t
+
+    monkeypatch.setattr(bench, "timed_call", lambda fn, device: (fn(), Timing(next(clock))))
+
+    def method(name):
+        def fn(unit, seed):
+            calls.append((name, unit))
+            return f"{name}{unit}"
+        return fn
+
+    times, out = bench.interleave({"a": method("a"), "b": method("b"), "c": method("c")}, ["x", "y"], 2, "cpu")
+    warm, timed = calls[:6], calls[6:]
+    assert sorted(warm) == sorted((m, u) for m in "abc" for u in "xy")
+    # every unit decoded by every method back to back, the order turning by one each unit and each pass
+    assert timed == [("a", "x"), ("b", "x"), ("c", "x"), ("b", "y"), ("c", "y"), ("a", "y"),
+                     ("c", "x"), ("a", "x"), ("b", "x"), ("a", "y"), ("b", "y"), ("c", "y")]
+    assert out["a"] == [["ax", "ay"], ["ax", "ay"]]
+    assert times["a"] == [[0, 5], [7, 9]] and times["c"] == [[2, 4], [6, 11]]
