@@ -295,9 +295,12 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     # the batch-aware rule and vLLM's global verify budget, priced with the decoder's own step times on this
     # device and mode (profiled here, over the curve's batch sizes and widths up to K_max + 1, the loop calibrated,
     # over the cache the curve's decodes allocate)
+    # (timed after the prompts' median length, as bench_predict: a call's start is mostly its prefill; and a
+    # fixed 64 did not fit the cache of short decodes)
     slots = cache_length_for(max(len(p) for p in prompts[:max(args.batch_sizes)]), n, args.k_max, args.compile)
     table = profile_cost_table(target, drafter, sorted({1, *args.batch_sizes}), args.k_max + 1, args.compile,
-                               calibrate=True, cache_length=slots)
+                               calibrate=True, cache_length=slots,
+                               context=int(statistics.median(len(p) for p in prompts[:max(args.batch_sizes)])))
     # the head's forward and the rules' decisions, which their rounds pay beyond fixed K's (eager only)
     table = price_head_rules(table, head, drafter.config.hidden_size, args.prior, args.k_max, args.h)
     policies["batch-aware lockstep"] = LockstepBatchAwareSpecDec(head, table, args.prior, args.k_max)

@@ -229,7 +229,7 @@ def main(argv=None) -> int:
     else:
         slots = cache_length_for(max(len(p) for p in prompts), args.max_new_tokens, args.k_max, args.compile)
         table = profile_cost_table(target, drafter, [1], args.k_max + 1, args.compile, calibrate=True,
-                                   cache_length=slots)
+                                   cache_length=slots, context=int(statistics.median(len(p) for p in prompts)))
         if args.save_table:
             table.save(args.save_table)
     lines = [

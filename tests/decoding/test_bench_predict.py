@@ -43,3 +43,15 @@ def test_paired_refuses_a_compiled_run(bench, capsys):
         bench.main(["--paired", "--compile", "default", "--no-append"])
     assert exit_.value.code == 2
     assert "--paired profiles a table every pass: eager only" in capsys.readouterr().err
+
+
+def test_unpaired_rows_measure_by_the_median_pass_and_by_each_batchs_fastest(bench):
+    # two batches of 10 tokens each (one row each), three passes: totals 4, 3, 6 s (median 4 s: 5 tokens/s); each
+    # batch's fastest pass, 1 s and 1.5 s (from different passes): 2.5 s, 8 tokens/s
+    row = SimpleNamespace(metrics=SimpleNamespace(n_generated=10, n_target=4))
+    times = {"K=4": [[2.0, 2.0], [1.5, 1.5], [1.0, 5.0]]}
+    outs = {"K=4": [[[row], [row]]] * 3}
+    worst, worst_fastest = {}, {}
+    rows = bench.unpaired_rows(4, {"K=4": {"tokens_per_s": 6.0, "mat": 2.4}}, times, outs, worst, worst_fastest)
+    assert rows == ["| K=4 | 4 | 6.0 | 5.0 | +20.0% | 8.0 | -25.0% | 2.40 | 2.50 |"]
+    assert worst == {"K=4": pytest.approx(0.2)} and worst_fastest == {"K=4": pytest.approx(0.25)}
