@@ -158,6 +158,12 @@ def interleave(fns: dict, units: list, runs: int, device: str, seeded: bool = Fa
     return times, out
 
 
+def fastest_total(per_pass: list[list[float]]) -> float:
+    """Seconds of one pass made of each unit's fastest time over the passes (`interleave`'s [[seconds per unit]
+    per pass]): the least-disturbed estimate where every pass does the same work (greedy)."""
+    return sum(map(min, zip(*per_pass)))
+
+
 def warm_then_interleave(fns: dict, runs: int, device: str, seeded: bool = False) -> tuple[dict[str, list[float]], dict]:
     """`interleave` with one unit: fns {name: fn() or, seeded, fn(seed=...)} -> ({name: [seconds per pass]},
     {name: [each pass's output]})."""
@@ -297,10 +303,10 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     # over the cache the curve's decodes allocate)
     # (timed after the prompts' median length, as bench_predict: a call's start is mostly its prefill; and a
     # fixed 64 did not fit the cache of short decodes)
-    slots = cache_length_for(max(len(p) for p in prompts[:max(args.batch_sizes)]), n, args.k_max, args.compile)
+    lengths = [len(p) for p in prompts[:max(args.batch_sizes)]]
+    slots = cache_length_for(max(lengths), n, args.k_max, args.compile)
     table = profile_cost_table(target, drafter, sorted({1, *args.batch_sizes}), args.k_max + 1, args.compile,
-                               calibrate=True, cache_length=slots,
-                               context=int(statistics.median(len(p) for p in prompts[:max(args.batch_sizes)])))
+                               calibrate=True, cache_length=slots, context=int(statistics.median(lengths)))
     # the head's forward and the rules' decisions, which their rounds pay beyond fixed K's (eager only)
     table = price_head_rules(table, head, drafter.config.hidden_size, args.prior, args.k_max, args.h)
     policies["batch-aware lockstep"] = LockstepBatchAwareSpecDec(head, table, args.prior, args.k_max)
@@ -340,7 +346,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
             tps[name] = (statistics.median(rates[name]), min(rates[name]), max(rates[name]))
             mats[name] = sum(tokens) / sum(r.metrics.n_target for res in results for r in res)
             if sampling.greedy:  # every pass decodes the same tokens: each batch's fastest pass is its least-disturbed
-                fastest[name] = tokens[0] / sum(map(min, zip(*per_pass)))
+                fastest[name] = tokens[0] / fastest_total(per_pass)
         paired.append((B, paired_with_best_k(rates, args.goal_ks, fastest), paired_with_best_k(rates, args.ks, fastest)))
         cells = [f"{v[0]:.0f} ({v[1]:.0f}-{v[2]:.0f})" for v in tps.values()]
         ratios = [f"{tps[name][0] / tps['AR'][0]:.2f}" for name in policies if name != "AR"]

@@ -54,7 +54,7 @@ from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.throughput import predict_throughput, summarize_acceptance, summary_prior  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
-from bench_batch_decoder import demo_shaped_pair, interleave  # noqa: E402
+from bench_batch_decoder import demo_shaped_pair, fastest_total, interleave  # noqa: E402
 from publish import publish  # noqa: E402
 
 
@@ -95,7 +95,7 @@ def unpaired_rows(b: int, predicted: dict, times: dict, outs: dict, worst: dict,
         out = [r for res in outs[name][0] for r in res]
         tokens = sum(r.metrics.n_generated for r in out)
         measured = tokens / statistics.median(map(sum, per_pass))
-        fastest = tokens / sum(map(min, zip(*per_pass)))
+        fastest = tokens / fastest_total(per_pass)
         mat = tokens / sum(r.metrics.n_target for r in out)
         p = predicted[name]["tokens_per_s"]
         worst[name] = max(worst.get(name, 0.0), abs(p / measured - 1))
