@@ -25,7 +25,8 @@ side (forwards, overheads, batching) carries over. Prompts are random token ids 
     Sampled (--curve-temperature > 0), run i draws with seed i for every method (the warm-up decodes every seed
     first, so no pass compiles): the median then spans draws.
     Each adaptive method is also paired pass by pass with the best fixed K of --goal-ks (`paired_with_best_k`);
-    greedy, also by each batch's fastest pass.
+    greedy, also by each batch's fastest pass; sampled, also pooled over every pass and batch, with a paired
+    bootstrap interval (`pooled_with_best_k`: a sampled pass's ratio carries two draws' luck).
 (c) The cost of deciding at batch 1: SpecDec++ and the batch-aware rule made to take fixed K = 4's
     decisions (an h that never fires; a table where every draft pays), so that their rounds equal fixed K's
     and the time beyond them is the head's forward and the rule's own work per round; interleaved prompt by
@@ -197,6 +198,47 @@ def paired_with_best_k(rates: dict[str, list[float]], ks, fastest: dict[str, flo
     return best, out
 
 
+def pooled_with_best_k(tokens: dict[str, list[list[int]]], times: dict[str, list[list[float]]], best: str,
+                       resamples: int = 2000, seed: int = 0) -> dict[str, tuple[float, float, float]]:
+    """Sampled decodes: each adaptive method against `best` pooled over every (pass, batch) cell, {method: (ratio,
+    lo, hi)}: the ratio of the two methods' rates over all cells (total tokens over total seconds), and its 95%
+    paired bootstrap interval (cells resampled with replacement, the same cells for both methods, `resamples`
+    times, seeded). Why not the per-pass spread: sampled, a pass's ratio carries two draws' luck (methods that
+    draft differently read one seed's stream differently), so its min-max over passes measures the draws, not the
+    uncertainty of the mean ratio; pooled over the cells, the luck averages out, and the interval says how much is
+    left. Pairing by cell keeps what `interleave` gives: the two methods' decodes of a batch are a decode apart.
+    tokens / times: {name: [[per batch] per pass]}; the methods compared are those not named AR or K=k."""
+    def cells(name):
+        return (torch.tensor([t for per in tokens[name] for t in per], dtype=torch.float64),
+                torch.tensor([s for per in times[name] for s in per], dtype=torch.float64))
+    ref_tokens, ref_s = cells(best)
+    gen = torch.Generator().manual_seed(seed)
+    picks = torch.randint(0, len(ref_s), (resamples, len(ref_s)), generator=gen)
+    out = {}
+    for name in tokens:
+        if name == "AR" or re.fullmatch(r"K=\d+", name):
+            continue
+        m_tokens, m_s = cells(name)
+
+        def ratio(idx):
+            return (m_tokens[idx].sum(-1) / m_s[idx].sum(-1)) / (ref_tokens[idx].sum(-1) / ref_s[idx].sum(-1))
+        boot = ratio(picks)
+        lo, hi = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+        out[name] = (float(ratio(torch.arange(len(ref_s)))), lo, hi)
+    return out
+
+
+def pooled_table(pooled: list, ks) -> list[str]:
+    """Sampled runs: `pooled_with_best_k`'s ratios at each B, [(B, best K, {method: (ratio, lo, hi)})]."""
+    names = list(pooled[0][2])
+    return [f"Pooled against the best fixed K in {{{', '.join(map(str, ks))}}} at each B (as above): a method's "
+            "tokens/s over that K's, each the total over every pass and batch, [95% paired bootstrap interval over "
+            "the (pass, batch) cells]", "", "| B | best K | " + " | ".join(f"{name} / best K" for name in names) + " |",
+            "| ---: | ---: " + "| ---: " * len(names) + "|"] + [
+        f"| {B} | {best} | " + " | ".join(f"{r:.3f} [{lo:.3f}-{hi:.3f}]" for r, lo, hi in ratios.values()) + " |"
+        for B, best, ratios in pooled]
+
+
 def compile_times(methods: dict, device: str) -> dict[str, float]:
     """The first call of each method, timed alone: the compilation (plus one decode)."""
     return {name: timed_call(fn, device)[1].wall for name, fn in methods.items()}
@@ -323,7 +365,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
             f"{name} MAT" for name in policies if name != "AR") + " |",
         "| ---: " * (1 + len(policies) + 2 * (len(policies) - 1)) + "|",
     ]
-    compile_s, paired = {}, []
+    compile_s, paired, pooled = {}, [], []
     shared = prompts[:args.n_batch1]
     for B in args.batch_sizes:
         # up to part (a)'s prompt count, every B decodes part (a)'s prompts, in consecutive batches of B: the
@@ -337,17 +379,21 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
             compile_s[B] = sum(compile_times({name: (lambda fn=fn: [fn(b, 0) for b in batches])
                                               for name, fn in calls.items()}, dev).values())
         unit_times, unit_out = interleave(calls, batches, args.runs, dev, seeded=not sampling.greedy)
-        tps, mats, rates, fastest = {}, {}, {}, {}
+        tps, mats, rates, fastest, cell_tokens = {}, {}, {}, {}, {}
         for name, per_pass in unit_times.items():
             # per pass: a sampled pass's tokens differ with its seed (rows stop at EOS); MAT over every pass
+            cell_tokens[name] = [[sum(r.metrics.n_generated for r in res) for res in outs] for outs in unit_out[name]]
             results = [[r for res in outs for r in res] for outs in unit_out[name]]
-            tokens = [sum(r.metrics.n_generated for r in res) for res in results]
+            tokens = [sum(cells) for cells in cell_tokens[name]]
             rates[name] = [n_tok / sum(ts) for n_tok, ts in zip(tokens, per_pass)]
             tps[name] = (statistics.median(rates[name]), min(rates[name]), max(rates[name]))
             mats[name] = sum(tokens) / sum(r.metrics.n_target for res in results for r in res)
             if sampling.greedy:  # every pass decodes the same tokens: each batch's fastest pass is its least-disturbed
                 fastest[name] = tokens[0] / fastest_total(per_pass)
         paired.append((B, paired_with_best_k(rates, args.goal_ks, fastest), paired_with_best_k(rates, args.ks, fastest)))
+        if not sampling.greedy:  # per-pass ratios carry the draws' luck: pooled over the cells too
+            pooled.append([(B, best, pooled_with_best_k(cell_tokens, unit_times, best))
+                           for best in (paired[-1][1][0], paired[-1][2][0])])
         cells = [f"{v[0]:.0f} ({v[1]:.0f}-{v[2]:.0f})" for v in tps.values()]
         ratios = [f"{tps[name][0] / tps['AR'][0]:.2f}" for name in policies if name != "AR"]
         mat_cells = [f"{mats[name]:.2f}" for name in policies if name != "AR"]
@@ -364,8 +410,12 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
               f"{args.prior}; docs/decoder.md); global budget: every row drafts 4, the top-N drafts of the batch by "
               "survival are verified (vLLM #47808). MAT = tokens per target forward (bonus counted), summed over rows.",
               ""] + paired_table([(B, *goal) for B, goal, _ in paired], args.goal_ks)
+    if pooled:
+        lines += [""] + pooled_table([goal for goal, _ in pooled], args.goal_ks)
     if set(args.ks) - set(args.goal_ks):  # a longer fixed K than the goal's: the rules paired with it too
         lines += [""] + paired_table([(B, *every) for B, _, every in paired], args.ks)
+        if pooled:
+            lines += [""] + pooled_table([every for _, every in pooled], args.ks)
     lines += ["", "Cost table (this run):", "", "```", table.render(), "```"]
     if compile_s:
         lines += ["", "Compile + first decode per B (wall s, all methods): "

@@ -42,6 +42,32 @@ def test_the_table_names_the_best_k_and_each_ratio(bench):
     assert lines[-1] == "| 1 | K=8 | 1.00 (0.90-1.10); 0.97 |" and "fastest pass" in lines[0]
 
 
+def test_pooled_ratio_is_of_totals_and_its_interval_narrows_with_more_cells(bench):
+    import torch
+
+    # two passes of two batches; the rule's cells: 10 tokens in 1 s, 30 in 1 s; K=8's: 20 in 1 s each
+    tokens = {"AR": [[1, 1], [1, 1]], "K=8": [[20, 20], [20, 20]], "rule": [[10, 30], [10, 30]]}
+    times = {name: [[1.0, 1.0], [1.0, 1.0]] for name in tokens}
+    pooled = bench.pooled_with_best_k(tokens, times, "K=8")
+    assert set(pooled) == {"rule"}
+    ratio, lo, hi = pooled["rule"]
+    assert ratio == pytest.approx(1.0)  # 80 / 4 s against 80 / 4 s, while the per-pass ratios are 1.0 each
+    assert lo < 1.0 < hi  # resampled cells are 10- or 30-token ones: the interval is wide
+
+    def noisy(cells, seed):  # the rule 5% faster than K=8 on average, each cell's rate drawn around it
+        gen = torch.Generator().manual_seed(seed)
+        rule = (1.05 * (1 + 0.3 * torch.randn(cells, generator=gen))).tolist()
+        ref = (1 + 0.3 * torch.randn(cells, generator=gen)).tolist()
+        return ({"K=8": [[100 * r for r in ref]], "rule": [[100 * r for r in rule]]},
+                {"K=8": [[1.0] * cells], "rule": [[1.0] * cells]})
+    few = bench.pooled_with_best_k(*noisy(16, 1), "K=8")["rule"]
+    many = bench.pooled_with_best_k(*noisy(1600, 1), "K=8")["rule"]
+    assert many[2] - many[1] < (few[2] - few[1]) / 5  # ~1/sqrt(100) as wide
+    assert many[1] < 1.05 < many[2] and many[1] > 1.0  # it covers the truth and, with enough cells, excludes 1
+    lines = bench.pooled_table([(1, "K=8", {"rule": (1.0, 0.9, 1.1)})], [1, 2, 4, 8])
+    assert lines[-1] == "| 1 | K=8 | 1.000 [0.900-1.100] |" and "bootstrap" in lines[0]
+
+
 def test_sampled_passes_decode_only_seeds_the_warm_up_decoded(bench):
     calls = []
 
