@@ -223,8 +223,12 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
                       device=device_name(device), torch_version=torch.__version__, compile=compile,
                       target_id=model_identity(target), drafter_id=model_identity(drafter), context=context,
                       cache_length=max_len, repeats=repeats, prefill_widths=prefill_widths, **prefills)
-    # whole decodes cost far more than steps: at most 3 repeats (the difference of two lengths is robust)
-    return calibrate_loop(target, drafter, table, repeats=min(repeats, 3), seed=seed) if calibrate else table
+    # the decodes' fastest of as many passes as the steps': the loop terms are differences of decode times, and a
+    # slow phase catching every pass of one decode lands in them whole. Capped at 3 passes (to save time), 6 of 24
+    # (calibration, batch size) cells of eight eager calibrations at B = 1, 4, 8 priced over 1 ms of loop work a
+    # round (one 7.0; 0.0-0.6 typical), and bench_predict missed by 10-26% at the B such a cell hit; the same
+    # decodes' fastest of 7: 1 of 24 (1.07), fastest of 5: 0 of the 12 it was computed for
+    return calibrate_loop(target, drafter, table, repeats=repeats, seed=seed) if calibrate else table
 
 
 def _time_calls(calls: dict, tcaches: dict, at: dict, widest: dict, target_step: Callable, repeats: int,
@@ -294,7 +298,7 @@ def calibration_ks(max_drafts: int) -> tuple[int, ...]:
 
 
 @torch.inference_mode()
-def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: CostTable, *, repeats: int = 3,
+def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: CostTable, *, repeats: int = 5,
                    seed: int = 0) -> CostTable:
     """The table with the decode loop's own work per round (`loop`), per drafting round (`loop_spec`) and per
     draft step (`loop_draft`), and a call's start (`start`, `start_draft`), filled in, from
