@@ -45,14 +45,15 @@ def test_the_table_names_the_best_k_and_each_ratio(bench):
 def test_pooled_ratio_is_of_totals_and_its_interval_narrows_with_more_cells(bench):
     import torch
 
-    # two passes of two batches; the rule's cells: 10 tokens in 1 s, 30 in 1 s; K=8's: 20 in 1 s each
+    # two passes of two batches; the rule's cells: 10 tokens in 1 s, 30 in 1 s; K=8's: 20 in 1 s, 20 in 2 s
     tokens = {"AR": [[1, 1], [1, 1]], "K=8": [[20, 20], [20, 20]], "rule": [[10, 30], [10, 30]]}
-    times = {name: [[1.0, 1.0], [1.0, 1.0]] for name in tokens}
+    times = {name: [[1.0, 1.0], [1.0, 1.0]] for name in tokens} | {"K=8": [[1.0, 2.0], [1.0, 2.0]]}
     pooled = bench.pooled_with_best_k(tokens, times, "K=8")
     assert set(pooled) == {"rule"}
     ratio, lo, hi = pooled["rule"]
-    assert ratio == pytest.approx(1.0)  # 80 / 4 s against 80 / 4 s, while the per-pass ratios are 1.0 each
-    assert lo < 1.0 < hi  # resampled cells are 10- or 30-token ones: the interval is wide
+    # 80 tokens / 4 s against 80 / 6 s: 1.5, where the cells' own ratios (0.5 and 3.0) average 1.75
+    assert ratio == pytest.approx(1.5)
+    assert lo < 1.0 < 1.5 < hi  # a resample of only the first cells gives 0.5, of only the second 3.0
 
     def noisy(cells, seed):  # the rule 5% faster than K=8 on average, each cell's rate drawn around it
         gen = torch.Generator().manual_seed(seed)
