@@ -174,6 +174,11 @@ def warm_then_interleave(fns: dict, runs: int, device: str, seeded: bool = False
             {name: [o for (o,) in os_] for name, os_ in out.items()})
 
 
+def is_baseline(name: str) -> bool:
+    """AR or a fixed K ("K=k"): the methods the adaptive ones are compared against."""
+    return name == "AR" or re.fullmatch(r"K=\d+", name) is not None
+
+
 def paired_with_best_k(rates: dict[str, list[float]], ks, fastest: dict[str, float] | None = None
                        ) -> tuple[str, dict[str, tuple[float, float, float, float | None]]]:
     """Each adaptive method against the best fixed K of `ks` (the one with the highest median rate, in hindsight),
@@ -190,7 +195,7 @@ def paired_with_best_k(rates: dict[str, list[float]], ks, fastest: dict[str, flo
     best = max(fixed, key=lambda name: statistics.median(rates[name]))
     out = {}
     for name, rs in rates.items():
-        if name == "AR" or re.fullmatch(r"K=\d+", name):
+        if is_baseline(name):
             continue
         ratios = [r / b for r, b in zip(rs, rates[best], strict=True)]
         out[name] = (statistics.median(ratios), min(ratios), max(ratios),
@@ -216,7 +221,7 @@ def pooled_with_best_k(tokens: dict[str, list[list[int]]], times: dict[str, list
     picks = torch.randint(0, len(ref_s), (resamples, len(ref_s)), generator=gen)
     out = {}
     for name in tokens:
-        if name == "AR" or re.fullmatch(r"K=\d+", name):
+        if is_baseline(name):
             continue
         m_tokens, m_s = cells(name)
 
