@@ -13,7 +13,7 @@ target's prefix) agrees (P_i in {0, 1}, SPEC.md section 2's oracle indicators), 
 sigma at the same positions (the batch-aware rule's input; its prior is the bundle's). The measured side decodes
 the first max(B) prompts at every B, in consecutive batches of B with `generate_batch` (so a B = 1 figure is
 not one prompt's, and every B decodes the same responses), `--runs` passes after a warm-up, the methods taking
-turns batch by batch (`bench_batch_decoder.interleave`), process CPU time (`decoding.timing`). Measured twice:
+turns batch by batch (`bench_batch_decoder.interleave`), process CPU time, CUDA events with --device cuda (`decoding.timing`). Measured twice:
 the median over passes, and each batch's fastest pass summed (the least-disturbed estimate; the table's entries
 are each step's fastest timing, so on a loaded box this is the like-for-like figure). Error = predicted /
 measured - 1, against each. Each batch's prefill
@@ -66,11 +66,13 @@ def greedy_agreement(target, drafter, prompts: list[list[int]], n: int, head=Non
     are), or the agreement itself without a head. With eos, a response ends at it (its sequence is shorter
     than n, and the prediction ends the row there)."""
     agree, sigma = [], []
+    dev = input_device(drafter)
     for p, r in zip(prompts, generate_batch(target, prompts, n, eos_token_id=eos)):
-        ids = torch.tensor([p + r.tokens])
+        ids = torch.tensor([p + r.tokens], device=dev)
         out = drafter(ids, output_hidden_states=True)
-        agree.append((out.logits[0, len(p) - 1:-1].argmax(-1) == torch.tensor(r.tokens)).double())
-        sigma.append(agree[-1] if head is None else torch.sigmoid(head(out.hidden_states[-1][0, len(p):]).float()).double())
+        agree.append((out.logits[0, len(p) - 1:-1].argmax(-1) == ids[0, len(p):]).double().cpu())
+        sigma.append(agree[-1] if head is None else
+                     torch.sigmoid(head(out.hidden_states[-1][0, len(p):]).float()).double().cpu())
     return agree, sigma
 
 
@@ -105,7 +107,8 @@ def unpaired_rows(b: int, predicted: dict, times: dict, outs: dict, worst: dict,
     return rows
 
 
-def paired_rows(b: int, groups, profile, predicted_at, methods, runs: int, worst: dict) -> tuple[list[str], object]:
+def paired_rows(b: int, groups, profile, predicted_at, methods, runs: int, worst: dict, device: str = "cpu"
+                ) -> tuple[list[str], object]:
     """--paired at batch size b: a warm-up pass (its table profiled and its methods decoded, untimed), then `runs`
     passes, each profiling a table, predicting from it and decoding every method once, in turn (one timed call
     each, in rotating order so no method always follows the profile). Rows: medians of the passes' predicted and
@@ -125,7 +128,7 @@ def paired_rows(b: int, groups, profile, predicted_at, methods, runs: int, worst
             continue
         names = list(fns)
         for name in names[(i - 1) % len(names):] + names[:(i - 1) % len(names)]:
-            out, t = timed_call(fns[name], "cpu")
+            out, t = timed_call(fns[name], device)
             tokens = sum(r.metrics.n_generated for r in out)
             rate = tokens / t.time
             p = predicted[name]["tokens_per_s"]
@@ -150,10 +153,10 @@ def bundle_pair(args):
 
     bundle = load_bundle(args.bundle)
     name = args.drafter or bundle.general_drafter()
-    target = bundle.load_target(device="cpu")
-    drafter = bundle.load_drafter(name, device="cpu", target=target)
+    target = bundle.load_target(device=args.device)
+    drafter = bundle.load_drafter(name, device=args.device, target=target)
     head_name = bundle.head_for(name, SamplingConfig(0.0))
-    head = bundle.load_head(name, head_name, device="cpu")[0]
+    head = bundle.load_head(name, head_name, device=args.device)[0]
     if args.prompt_set:
         from datasets import load_from_disk
 
@@ -183,6 +186,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-set", default=None, help="with --bundle: a run's prompts/sets dir (its test prompts, "
                                                         "every domain in order); default: random ids")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="where the pair runs and is timed (cuda: CUDA events; float32)")
     ap.add_argument("--profile-each-batch", action="store_true",
                     help="profile each batch size's cost table right before its decodes, not one table first: on a "
                          "shared machine whose load drifts over a long (compiled) run, the table then prices the "
@@ -203,7 +207,7 @@ def main(argv=None) -> int:
         target, drafter, head, prior, prompts, pair = bundle_pair(args)
         eos = target.generation_config.eos_token_id  # decoded as served: a row ends at EOS
     else:
-        target, drafter = demo_shaped_pair(2048, 0.05, "cpu", torch.float32)
+        target, drafter = demo_shaped_pair(2048, 0.05, args.device, torch.float32)
         gen = torch.Generator().manual_seed(args.seed)
         prompts = [torch.randint(3, 2048, (args.prompt_length,), generator=gen).tolist() for _ in range(max(sizes))]
         head, prior, pair = None, None, "random demo-shaped pair"
@@ -272,7 +276,8 @@ def main(argv=None) -> int:
         if args.paired:
             rows, last = paired_rows(b, groups, lambda: profile(sorted({1, b})), predicted_at,
                                      lambda table, groups: {name: (lambda fn=fn: [r for g in groups for r in fn(g, 0)])
-                                                            for name, fn in methods(table).items()}, args.runs, worst)
+                                                            for name, fn in methods(table).items()}, args.runs, worst,
+                                     args.device)
             lines += rows
             rendered.append(last.render())
             continue
@@ -281,7 +286,7 @@ def main(argv=None) -> int:
             table = table if b == sizes[0] else profile([b] if args.compile != "none" else sorted({1, b}))
             rendered.append(table.render())
         predicted = predicted_at(table, groups, b)
-        times, outs = interleave(methods(table), groups, args.runs, "cpu")  # batch by batch
+        times, outs = interleave(methods(table), groups, args.runs, args.device)  # batch by batch
         lines += unpaired_rows(b, predicted, times, outs, worst, worst_fastest)
     lines += ["", "Worst |error| per method: " + ", ".join(f"{m} {e:.1%}" for m, e in worst.items()) + "."]
     if worst_fastest:

@@ -183,32 +183,51 @@ def test_probs_on_cpu_from_gpu_logits_is_probs_moved_to_cpu():
 
 # --- the batched static-cache decoder on the GPU --------------------------------------------------------
 
-def _batch_policies(hidden: int):
+def _batch_policies(hidden: int, table=None):
+    """The batched policies; with a cost table (one profiled on this GPU), the head rules that read it too."""
+    from specdraft.decoding.policies.batch_aware import (BatchAwareSpecDec, GlobalVerifyBudget, KPerBatchSize,
+                                                          LockstepBatchAwareSpecDec)
     from specdraft.decoding.policies.batch_length_ucb import LengthUCB
-    from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
+    from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP
     from tests.decoding.test_greedy_equivalence import random_head
 
-    return {"autoregressive": None, "K3": FixedK(3), "specdecpp": SpecDecPP(random_head(hidden, 0).cuda(), 0.5, k_max=6),
-            "ucb-lengths": LengthUCB((0, 1, 2, 4))}
+    def head():
+        return random_head(hidden, 0).cuda()
+
+    policies = {"autoregressive": None, "K3": FixedK(3), "specdecpp": SpecDecPP(head(), 0.5, k_max=6),
+                "ucb-lengths": LengthUCB((0, 1, 2, 4)), "lockstep-specdecpp": LockstepSpecDecPP(head(), 0.5, k_max=6),
+                "k-per-batch-size": KPerBatchSize({1: 4, 2: 2})}
+    if table is not None:
+        policies |= {"batch-aware": BatchAwareSpecDec(head(), table, 0.8, 6),
+                     "batch-aware-lockstep": LockstepBatchAwareSpecDec(head(), table, 0.8, 6),
+                     "global-budget": GlobalVerifyBudget(head(), table, 0.8, 4)}
+    return policies
 
 
 @pytest.mark.parametrize("compile", ["none", "reduce-overhead"])
 def test_batched_greedy_in_bf16_equals_each_prompt_alone(compile):
     """Every row of a ragged bf16 batch equals transformers' greedy generate of that prompt alone, for
-    every batched policy; with CUDA graphs (reduce-overhead) too."""
+    every batched policy (the head rules deciding inside the draft graph, the batch-aware ones priced by a
+    table profiled here); with CUDA graphs (reduce-overhead) too."""
     from specdraft.decoding.batched import generate_batch
+    from specdraft.decoding.cost_profile import cache_length_for, profile_cost_table
 
     target = _llama(0, layers=4).to("cuda", torch.bfloat16)
     drafter = noisy_copy(_llama(0, layers=4), 0.05, seed=1).to("cuda", torch.bfloat16)
     expected = [_hf_greedy(target, prompt, 40) for prompt in PROMPTS]
-    for name, policy in _batch_policies(drafter.config.hidden_size).items():
+    # the batch-aware rules priced by this GPU's own step times, profiled in this mode (the table's CUDA timing too)
+    table = profile_cost_table(target, drafter, [1, len(PROMPTS)], 7, compile, repeats=2, context=16,
+                               cache_length=cache_length_for(max(map(len, PROMPTS)), 40, 6, compile))
+    assert table.device.startswith("cuda") and all(t > 0 for row in table.verify for t in row)
+    for name, policy in _batch_policies(drafter.config.hidden_size, table).items():
         if compile != "none" and name in ("autoregressive", "ucb-lengths"):
-            continue  # compiled: the fixed-K and SpecDec++ shapes cover the verify and both drafter widths
+            continue  # compiled: the fixed-K and head rules' shapes cover the verify and both drafter widths
         results = generate_batch(target, PROMPTS, 40, drafter=drafter if policy else None, policy=policy,
                                  compile=compile)
         assert [r.tokens for r in results] == expected, name
-        if policy is not None:
-            assert sum(r.metrics.n_target for r in results) < 3 * 40  # drafts were accepted
+        # drafts were accepted; the priced rules may rightly draft nothing (this drafter costs what the target does)
+        if policy is not None and name not in ("batch-aware", "batch-aware-lockstep", "global-budget"):
+            assert sum(r.metrics.n_target for r in results) < 3 * 40, name
 
 
 def test_batched_sampling_on_gpu_is_seeded_and_valid():
