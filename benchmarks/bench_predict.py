@@ -279,6 +279,7 @@ def main(argv=None) -> int:
                                                             for name, fn in methods(table).items()}, args.runs, worst,
                                      args.device)
             lines += rows
+            print("\n".join(rows), flush=True)  # a long run shows each batch size as it ends
             rendered.append(last.render())
             continue
         if args.profile_each_batch:  # minutes, not tens of minutes, between a table and the decodes it prices
@@ -288,6 +289,7 @@ def main(argv=None) -> int:
         predicted = predicted_at(table, groups, b)
         times, outs = interleave(methods(table), groups, args.runs, args.device)  # batch by batch
         lines += unpaired_rows(b, predicted, times, outs, worst, worst_fastest)
+        print("\n".join(lines[-len(times):]), flush=True)  # a long run shows each batch size as it ends
     lines += ["", "Worst |error| per method: " + ", ".join(f"{m} {e:.1%}" for m, e in worst.items()) + "."]
     if worst_fastest:
         lines += ["", "Worst |error| against the fastest passes: "
