@@ -319,8 +319,12 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
     steps (P: the target's, P_d: the drafter's, at the positions the prompts prefill at), its setup beyond them:
         start       = T_ar(n1) - n1 (t_v(B, 1) + loop) - P
         start_draft = T_K(n1) - S(n1) - (loop + loop_spec) R(n1) - loop_draft D(n1) - (start + P) - P_d   (the shorter K)
-    (without: the whole start, scaled from the prompts' length to `context` tokens). Clamped at 0: noise must
-    not make a round cheaper than its steps."""
+    (without: the whole start, scaled from the prompts' length to `context` tokens). `loop` is signed: where the
+    decodes run a round's steps faster than the steps time alone, the table's steps are what is off and every round
+    carries the difference (on one H200, eager, the demo pair: ~13 ms a target step inside the decodes against 17.3
+    timed alone, and clamped at 0 this term left every prediction 3-31% low; benchmarks/RESULTS.md, bench_predict).
+    It stays above minus the one-wide step (a step is never free). The others are clamped at 0: noise must not
+    make a round's own work, or a call's start, negative."""
     from specdraft.decoding.batched import generate_batch
 
     device = target.get_input_embeddings().weight.device
@@ -373,7 +377,9 @@ def _loop_terms(table: CostTable, batch: int, t: dict, drafted_at: dict, ks: tup
     """(loop, loop_spec, loop_draft, start, start_draft) at `batch` from its fastest decode times t[(K, n)] (K = 0:
     AR) and the fixed-K decodes' drafts per round drafted_at[(K, n)] (`calibrate_loop`'s docstring gives the
     formulas; with one K, the drafting rounds' work is all per draft step, as it cannot be told apart)."""
-    per_round = max(0.0, (t[(0, n2)] - t[(0, n1)]) / (n2 - n1) - table.t_verify(batch, 1))
+    # signed: where the loop runs a target step faster than it times alone, the steps are what is off (docstring)
+    step = table.t_verify(batch, 1)
+    per_round = max((t[(0, n2)] - t[(0, n1)]) / (n2 - n1) - step, (1e-3 - 1.0) * step)
     rows, extras, steps_of = [], [], {}
     for k in ks:
         steps = steps_of[k] = {n: sum(table.round_cost(batch, d) for d in drafted_at[(k, n)]) for n in (n1, n2)}

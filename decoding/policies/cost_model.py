@@ -162,7 +162,8 @@ class CostTable:
         draft[B]      one drafter step at batch B, width 1 (y_i fed to get q_{i+1})
         catchup[B]    the drafter's end-of-round catch-up at batch B, width 2 (it yields next round's q_1)
         loop[B]       the decode loop's own work per round beyond those steps (verification and commit ops,
-                      the host transfer), from short decodes (`decoding.cost_profile`); () when not calibrated
+                      the host transfer), from short decodes (`decoding.cost_profile`); () when not calibrated.
+                      Signed: negative where the loop runs a round's steps faster than they time alone
         loop_spec[B]  what a round that drafts adds to `loop` whatever its length (its draft graph's call, the
                       acceptance and commit of drafts); () when not calibrated
         loop_draft[B] the loop's own work per draft step (picks, masks) beyond the drafter's forward
@@ -221,11 +222,16 @@ class CostTable:
             raise InputError("cost table times must be finite seconds > 0; re-profile it")
         if isinstance(self.cache_length, bool) or not isinstance(self.cache_length, int) or self.cache_length < 0:
             raise InputError(f"cost table cache_length must be slots >= 0 (0: not recorded), got {self.cache_length!r}")
-        for extra in (self.loop, self.loop_draft, self.loop_spec, self.start, self.start_draft):
+        for extra in (self.loop_draft, self.loop_spec, self.start, self.start_draft):
             if extra and (len(extra) != len(self.batch_sizes)
                           or not all(isinstance(v, (int, float)) and 0 <= v < float("inf") for v in extra)):
                 raise InputError("cost table loop and start overheads must be one finite number >= 0 per batch size; "
                                  "re-profile it")
+        # the per-round term alone may be negative, never so far that a plain target step inside the loop is free
+        if self.loop and (len(self.loop) != len(self.batch_sizes) or not all(
+                isinstance(v, (int, float)) and -row[0] < v < float("inf") for v, row in zip(self.loop, self.verify))):
+            raise InputError("cost table loop must be one finite number per batch size above minus its one-wide "
+                             "verify step; re-profile it")
         if self.prefill_widths or self.prefill or self.prefill_draft:
             widths_ok = (list(self.prefill_widths) == sorted(set(self.prefill_widths)) and self.prefill_widths[0] >= 1
                          if self.prefill_widths else False)

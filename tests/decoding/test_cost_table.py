@@ -178,7 +178,9 @@ def test_calibration_decodes_are_timed_after_their_own_batch_and_method(pair, mo
 def test_the_loop_is_calibrated_from_decodes(pair, profiled):
     assert profiled.loop == profiled.loop_spec == profiled.loop_draft == ()  # off by default: a start wants seconds
     t = profile_cost_table(*pair, batch_sizes=[1, 4], max_width=3, compile="none", repeats=1, calibrate=True)
-    assert len(t.loop) == len(t.loop_spec) == len(t.loop_draft) == 2 and min(t.loop + t.loop_spec + t.loop_draft) >= 0
+    assert len(t.loop) == len(t.loop_spec) == len(t.loop_draft) == 2 and min(t.loop_spec + t.loop_draft) >= 0
+    # the per-round term is signed (a loop may run a step faster than it times alone), a step in it never free
+    assert all(t.t_verify(b, 1) + t.t_loop(b) > 0 for b in t.batch_sizes)
     # the decode loop's own work is priced into every round, on top of the steps
     assert t.round_cost(4, 2) == pytest.approx(t.t_catchup(4) + t.t_draft(4) + t.t_verify(4, 3) + t.t_loop(4)
                                                + t.t_loop_spec(4) + 2 * t.t_loop_draft(4))
@@ -369,13 +371,17 @@ def test_bad_profile_requests_are_one_line(pair, kwargs, message):
 
 def test_bad_tables_are_refused(tmp_path, profiled):
     data = profiled.as_dict()
-    for change in ({"format": "x"}, {"verify": [[1.0]]}, {"draft": [0.0, 1.0, 1.0]}, {"batch_sizes": [4, 1, 16]}):
+    free_step = {"loop": [-row[0] for row in data["verify"]]}  # a one-wide step inside the loop would cost nothing
+    for change in ({"format": "x"}, {"verify": [[1.0]]}, {"draft": [0.0, 1.0, 1.0]}, {"batch_sizes": [4, 1, 16]},
+                   free_step, {"loop_spec": [-1e-3] * len(data["verify"])}):
         (tmp_path / "bad.json").write_text(json.dumps({**data, **change}))
         with pytest.raises(InputError) as e:
             CostTable.load(tmp_path / "bad.json")
         assert "\n" not in str(e.value)
     with pytest.raises(InputError, match="no cost table"):
         CostTable.load(tmp_path / "missing.json")
+    cheaper = {**data, "loop": [-0.5 * row[0] for row in data["verify"]]}  # the loop runs steps faster: allowed
+    assert CostTable.from_dict(cheaper).round_cost(1, 0) == pytest.approx(0.5 * data["verify"][0][0])
 
 
 def test_steps_and_calibration_decodes_run_over_the_cache_the_priced_decodes_allocate(pair, monkeypatch):
@@ -415,15 +421,18 @@ def test_the_calibration_decodes_share_one_compiler(pair, monkeypatch):
     assert all(c is compilers[0] for c in compilers)
 
 
-def test_calibration_prices_a_drafting_round_apart_from_its_draft_steps(pair, monkeypatch):
+@pytest.mark.parametrize("loop", [3e-3, -4e-3])
+def test_calibration_prices_a_drafting_round_apart_from_its_draft_steps(pair, monkeypatch, loop):
     """On a virtual clock where every decode costs exactly the table's steps plus a known loop (3 ms a round), a
     drafting round's own work (5 ms) and a draft step's (0.5 ms), calibration gives back those three. With one
     fixed K (K = 4, before) the 5 ms were charged per draft: an 8-draft round priced 10 ms above a 4-draft one for
-    work that costs them the same."""
+    work that costs them the same. And where the loop runs each round 4 ms faster than the table's steps time alone
+    (on one H200 the decodes ran a target step in ~13 ms against 17.3 alone), the per-round term is -4 ms: clamped
+    at 0 it left every prediction there 3-31% low."""
     import specdraft.decoding.batched as batched
     import specdraft.decoding.cost_profile as cp
 
-    loop, spec, per_draft, start = 3e-3, 5e-3, 0.5e-3, 20e-3
+    spec, per_draft, start = 5e-3, 0.5e-3, 20e-3
     table = CostTable(batch_sizes=(1, 2), widths=tuple(range(1, 10)), verify=(tuple(0.01 + 0.001 * w for w in range(1, 10)),
                                                                           tuple(0.02 + 0.002 * w for w in range(1, 10))),
                       draft=(0.001, 0.002), catchup=(0.0015, 0.003), device="cpu", torch_version="x", compile="none",
