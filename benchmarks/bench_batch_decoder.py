@@ -63,7 +63,7 @@ from specdraft.decoding.policies.cost_model import CostTable  # noqa: E402
 from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec, Prior  # noqa: E402
 from specdraft.decoding.throughput import ACCEPTANCE_FILE, AcceptanceSummary, summary_prior  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP  # noqa: E402
-from specdraft.decoding.timing import timed_call  # noqa: E402
+from specdraft.decoding.timing import bootstrap_rate_ratio, timed_call  # noqa: E402
 from bench_decoder import (ForwardCounter, _cpu_name, early_exit_pair, forward_time, interleaved, load,  # noqa: E402
                            load_prompts, median_times)
 from publish import publish  # noqa: E402
@@ -207,29 +207,22 @@ def pooled_with_best_k(tokens: dict[str, list[list[int]]], times: dict[str, list
                        resamples: int = 2000, seed: int = 0) -> dict[str, tuple[float, float, float]]:
     """Sampled decodes: each adaptive method against `best` pooled over every (pass, batch) cell, {method: (ratio,
     lo, hi)}: the ratio of the two methods' rates over all cells (total tokens over total seconds), and its 95%
-    paired bootstrap interval (cells resampled with replacement, the same cells for both methods, `resamples`
-    times, seeded). Why not the per-pass spread: sampled, a pass's ratio carries two draws' luck (methods that
+    paired bootstrap interval (`decoding.timing.bootstrap_rate_ratio`: cells resampled with replacement, the same
+    cells for both methods, `resamples` times, seeded). Why not the per-pass spread: sampled, a pass's ratio carries two draws' luck (methods that
     draft differently read one seed's stream differently), so its min-max over passes measures the draws, not the
     uncertainty of the mean ratio; pooled over the cells, the luck averages out, and the interval says how much is
     left. Pairing by cell keeps what `interleave` gives: the two methods' decodes of a batch are a decode apart.
     tokens / times: {name: [[per batch] per pass]}; the methods compared are those not named AR or K=k."""
     def cells(name):
-        return (torch.tensor([t for per in tokens[name] for t in per], dtype=torch.float64),
-                torch.tensor([s for per in times[name] for s in per], dtype=torch.float64))
-    ref_tokens, ref_s = cells(best)
-    gen = torch.Generator().manual_seed(seed)
-    picks = torch.randint(0, len(ref_s), (resamples, len(ref_s)), generator=gen)
+        return [c for per in zip(tokens[name], times[name]) for c in zip(*per)]  # (tokens, seconds) per cell
+    ref = cells(best)
     out = {}
     for name in tokens:
         if is_baseline(name):
             continue
-        m_tokens, m_s = cells(name)
-
-        def ratio(idx):
-            return (m_tokens[idx].sum(-1) / m_s[idx].sum(-1)) / (ref_tokens[idx].sum(-1) / ref_s[idx].sum(-1))
-        boot = ratio(picks)
-        lo, hi = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-        out[name] = (float(ratio(torch.arange(len(ref_s)))), lo, hi)
+        s = bootstrap_rate_ratio([(t, sec, rt, rsec) for (t, sec), (rt, rsec) in zip(cells(name), ref, strict=True)],
+                                 seed=seed, n_boot=resamples, level=0.95)
+        out[name] = (s.median, s.lo, s.hi)
     return out
 
 

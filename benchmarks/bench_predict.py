@@ -288,8 +288,9 @@ def main(argv=None) -> int:
             rendered.append(table.render())
         predicted = predicted_at(table, groups, b)
         times, outs = interleave(methods(table), groups, args.runs, args.device)  # batch by batch
-        lines += unpaired_rows(b, predicted, times, outs, worst, worst_fastest)
-        print("\n".join(lines[-len(times):]), flush=True)  # a long run shows each batch size as it ends
+        rows = unpaired_rows(b, predicted, times, outs, worst, worst_fastest)
+        lines += rows
+        print("\n".join(rows), flush=True)  # a long run shows each batch size as it ends
     lines += ["", "Worst |error| per method: " + ", ".join(f"{m} {e:.1%}" for m, e in worst.items()) + "."]
     if worst_fastest:
         lines += ["", "Worst |error| against the fastest passes: "
