@@ -155,16 +155,18 @@ class Drafts:
 
 
 def draft_positions(step, policy, cache, cap, eos, sampling: SamplingConfig, uniforms: torch.Tensor | None, carry: tuple,
-                    positions: range, width: int, read_stop: bool = False) -> tuple:
+                    positions: range, width: int, reads: list[bool] | None = None) -> tuple:
     """Draft positions `positions` of a round in SpecDec++ Alg. 1 order, every row in lockstep: sample y_i
     from the logits behind q_i (uniforms (B, W): the round's, drawn before it; None under greedy), then
     decision i + 1 (the cap, EOS, and the policy's tensor rule reading e_i), then feed y_i unless it is the
     round's last position. A row that stopped keeps the batch shape but is masked: its drafts are zero, its
     cache length does not move. carry = (tokens (B, W), q (B, W, V) or None, k, drafting, logits behind the
     next q, e of the last fed token or None, the rule's state); returns the carry advanced. No host read
-    unless `read_stop` (eager only): then one read after each decision, and no feed once no row drafts on (a
-    feed after the round's last decision is a drafter forward nothing reads: on the demo pair, eager, a whole
-    drafter step per head-stopped round, ~1 ms at B = 8). A compiled segment reads nothing: it is one graph."""
+    unless `reads` is a list (eager only): then after each decision but the round's last, whether any row drafts
+    on is read and appended to it, and no feed once none does (a feed after the round's last decision is a
+    drafter forward nothing reads: on the demo pair, eager, a whole drafter step per head-stopped round, ~1 ms
+    at B = 8). The caller's loop reuses that read rather than reading the flag again. A compiled segment reads
+    nothing: it is one graph."""
     tokens, qs, k, drafting, logits, hidden, rule = carry
     for i in positions:
         y, q = pick(logits, sampling, None if uniforms is None else uniforms[:, i])
@@ -181,8 +183,12 @@ def draft_positions(step, policy, cache, cap, eos, sampling: SamplingConfig, uni
         sigma = head_sigma(policy.head, hidden) if policy.needs_hidden and hidden is not None else None
         rule, stop = policy.stop_rows(rule, i + 1, sigma, go_on)
         drafting = go_on & ~stop
-        if i == width - 1 or (read_stop and not bool(drafting.any())):
-            break  # y_W is never fed in its own round; nor, eagerly, a token after every row stopped
+        if i == width - 1:
+            break  # y_W is never fed in its own round
+        if reads is not None:
+            reads.append(bool(drafting.any()))
+            if not reads[-1]:
+                break  # eagerly, no token is fed after every row stopped
         out, states = step(cache, y[:, None], policy.needs_hidden)
         logits = out[:, -1]
         hidden = states[:, -1] if states is not None else None
@@ -442,6 +448,7 @@ def draft(d: Decode, state: RowState, room: int) -> Drafts:
         catch_up_behind(d, state, 2 + d.behind)
     qs = None if d.sampling.greedy else torch.zeros(rows, W, state.q_logits.shape[-1], device=device)
     carry = (torch.zeros(rows, W, dtype=torch.long, device=device), qs, zeros, drafting, state.q_logits, None, rule)
+    reads: list[bool] | None = None  # eager: the host's reads of whether any row drafts on, one per decision
     if d.fused:
         graphs = [(bounds, compiled_segment(d.compiler, d.drafter, d.policy, bounds, W, d.sampling,
                                             decide_zero=known is False and bounds[0] == 0))
@@ -451,7 +458,8 @@ def draft(d: Decode, state: RowState, room: int) -> Drafts:
     else:
         step = d.eagle_step or d.drafter_step
         # a rule that can stop the whole batch early reads whether any row drafts on after each decision
-        reads = d.policy.needs_hidden or getattr(d.policy, "decides_at_zero", False)
+        if d.policy.needs_hidden or getattr(d.policy, "decides_at_zero", False):
+            reads = []
         parts = [((i, i + 1), lambda cache, cap, eos, carry, i=i: draft_positions(
             step, d.policy, cache, cap, eos, d.sampling, uniforms, carry, range(i, i + 1), W, reads))
             for i in range(W)]
@@ -460,8 +468,11 @@ def draft(d: Decode, state: RowState, room: int) -> Drafts:
     # stops them all; other rules read the flag only between segments
     first = getattr(d.policy, "decides_at_zero", False) and known is None
     for (start, end), part in parts:
-        if (start or first) and (d.policy.needs_hidden or first) and not bool(carry[3].any()):
-            break  # no row drafts on: the round ends (the one host read of a segment)
+        if (start or first) and (d.policy.needs_hidden or first):
+            # eagerly the position before read this flag after its decision: not read twice (each read is a
+            # device sync; on a GPU it waits for the queue)
+            if not (reads[-1] if start and reads is not None else bool(carry[3].any())):
+                break  # no row drafts on: the round ends (the one host read of a segment)
         carry = part(d.dcache, cap, d.eos, carry)
         steps = end
     tokens, qs, k = carry[:3]

@@ -411,18 +411,22 @@ def _loop_terms(table: CostTable, batch: int, t: dict, drafted_at: dict, ks: tup
 
 def _rule_round(policy, hidden: torch.Tensor, drafts: int) -> None:
     """What a stopping rule adds to one eager round of `drafts` draft steps in `decoding.batched.draft`, with
-    every row drafting: its round state and decision 0, then per step the host read of whether any row
-    drafts on (a rule with a head, or one that decides at 0), the head's forward on e_{i-1} (from the second
-    step: the first has no e yet) and the decision; a rule that decides after drafting, its widths."""
+    every row drafting: its round state and decision 0 (and, a rule that decides at 0, the host read of whether
+    any row drafts), then per step the head's forward on e_{i-1} (from the second step: the first has no e yet),
+    the decision and, a rule that can stop the batch (a head, or deciding at 0), the host read of whether any
+    row drafts on, as `decoding.batched.draft_positions` makes them; a rule that decides after drafting, its
+    widths."""
     rows, device = hidden.shape[0], hidden.device
     drafting = torch.ones(rows, dtype=torch.bool, device=device)
     state, _ = policy.stop_rows(policy.round_state(rows, device), 0, None, drafting)
     first = getattr(policy, "decides_at_zero", False)
+    if first:
+        bool(drafting.any())
     for i in range(drafts):
-        if (i or first) and (policy.needs_hidden or first):
-            bool(drafting.any())
         sigma = head_sigma(policy.head, hidden) if policy.needs_hidden and i >= 1 else None
         state, _ = policy.stop_rows(state, i + 1, sigma, drafting)
+        if policy.needs_hidden or first:
+            bool(drafting.any())
     widths = getattr(policy, "widths", None)
     if widths is not None:
         int(widths(state).max())

@@ -167,13 +167,10 @@ def test_batch_of_one_and_repeated_prompts(llama_pair, ragged):
     assert all(r.tokens == alone for r in same)
 
 
-def test_fixed_k_synchronises_once_per_round(llama_pair, ragged, monkeypatch):
-    """Per round exactly one device-to-host copy and no implicit sync (`bool`, `item`) anywhere in the
-    round: counted by wrapping the tensor methods that transfer. One more copy fetches the outputs."""
-    target, drafter = llama_pair
-    prompts, eos, _ = ragged
+def host_transfers(monkeypatch, decode) -> tuple[dict[str, int], object]:
+    """(the device-to-host transfers `decode()` made, by kind, its result): counted by wrapping the tensor
+    methods that transfer (`cpu`, and the implicit syncs `item` and `bool`)."""
     calls = {"cpu": 0, "item": 0, "bool": 0}
-    real_cpu, real_item, real_bool = torch.Tensor.cpu, torch.Tensor.item, torch.Tensor.__bool__
 
     def counting(name, real):
         def wrapper(self, *args, **kwargs):
@@ -181,13 +178,44 @@ def test_fixed_k_synchronises_once_per_round(llama_pair, ragged, monkeypatch):
             return real(self, *args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(torch.Tensor, "cpu", counting("cpu", real_cpu))
-    monkeypatch.setattr(torch.Tensor, "item", counting("item", real_item))
-    monkeypatch.setattr(torch.Tensor, "__bool__", counting("bool", real_bool))
-    results = generate_batch(target, prompts, MAX_NEW, drafter=drafter, policy=FixedK(3), eos_token_id=eos)
-    monkeypatch.undo()
+    for name, method in (("cpu", "cpu"), ("item", "item"), ("bool", "__bool__")):
+        monkeypatch.setattr(torch.Tensor, method, counting(name, getattr(torch.Tensor, method)))
+    try:
+        return calls, decode()
+    finally:
+        monkeypatch.undo()
+
+
+def test_fixed_k_synchronises_once_per_round(llama_pair, ragged, monkeypatch):
+    """Per round exactly one device-to-host copy and no implicit sync (`bool`, `item`) anywhere in the
+    round. One more copy fetches the outputs."""
+    target, drafter = llama_pair
+    prompts, eos, _ = ragged
+    calls, results = host_transfers(monkeypatch, lambda: generate_batch(
+        target, prompts, MAX_NEW, drafter=drafter, policy=FixedK(3), eos_token_id=eos))
     rounds = max(r.metrics.n_rounds for r in results)
     assert calls == {"cpu": rounds + 1, "item": 0, "bool": 0}
+
+
+@pytest.mark.parametrize("name", ["specdecpp-h0.5", "lockstep-specdecpp-h0.5", "batch-aware", "batch-aware-lockstep",
+                                  "global-verify-budget"])
+def test_an_eager_head_rule_reads_the_host_once_per_decision(llama_pair, ragged, monkeypatch, name):
+    """Eagerly, a rule that can stop the whole batch reads whether any row drafts on once after each decision
+    (before the feed it decides), and the draft loop reuses that read: at most one read per drafted position,
+    plus decision 0's for a rule that decides there (`cost_profile._rule_round` prices exactly these reads).
+    Each read is a device sync; on a GPU it waits for the queue. Until this was fixed the loop read the same
+    flag a second time per position (74 reads for SpecDec++'s 39 drafts on the first prompt here)."""
+    target, drafter = llama_pair
+    prompts, eos, refs = ragged
+    policy = POLICIES[name](drafter.config.hidden_size)
+    for i in (1, 3):  # batch 1: each round's drafts are the batch's
+        calls, [result] = host_transfers(monkeypatch, lambda: generate_batch(
+            target, [prompts[i]], MAX_NEW, drafter=drafter, policy=policy, eos_token_id=eos))
+        assert result.tokens == refs[i]
+        m = result.metrics
+        zero_reads = m.n_rounds if getattr(policy, "decides_at_zero", False) else 0
+        assert 0 < calls["bool"] <= m.n_draft + zero_reads
+        assert calls["cpu"] == m.n_rounds + 1 and calls["item"] == 0
 
 
 def test_finished_rows_leave_the_batch(llama_pair, monkeypatch):
