@@ -154,6 +154,12 @@ class Drafts:
     steps: int  # positions drafted by the batch (at least max k; W when no early exit)
 
 
+def reads_each_decision(policy) -> bool:
+    """Whether an eager round reads, after each of `policy`'s decisions, if any row drafts on: a rule that can stop
+    the whole batch (a head, or one that decides at 0). `cost_profile._rule_round` prices these reads."""
+    return policy.needs_hidden or getattr(policy, "decides_at_zero", False)
+
+
 def draft_positions(step, policy, cache, cap, eos, sampling: SamplingConfig, uniforms: torch.Tensor | None, carry: tuple,
                     positions: range, width: int, reads: list[bool] | None = None) -> tuple:
     """Draft positions `positions` of a round in SpecDec++ Alg. 1 order, every row in lockstep: sample y_i
@@ -457,8 +463,7 @@ def draft(d: Decode, state: RowState, room: int) -> Drafts:
                  for bounds, graph in graphs]
     else:
         step = d.eagle_step or d.drafter_step
-        # a rule that can stop the whole batch early reads whether any row drafts on after each decision
-        if d.policy.needs_hidden or getattr(d.policy, "decides_at_zero", False):
+        if reads_each_decision(d.policy):
             reads = []
         parts = [((i, i + 1), lambda cache, cap, eos, carry, i=i: draft_positions(
             step, d.policy, cache, cap, eos, d.sampling, uniforms, carry, range(i, i + 1), W, reads))

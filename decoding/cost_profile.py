@@ -63,7 +63,8 @@ import torch
 
 from specdraft.core.devices import device_name
 from specdraft.core.errors import InputError
-from specdraft.decoding.batched import GREEDY, HEAD_SEGMENT, compiled_segment, forward_step, head_sigma, rule_key
+from specdraft.decoding.batched import (GREEDY, HEAD_SEGMENT, compiled_segment, forward_step, head_sigma,
+                                        reads_each_decision, rule_key)
 from specdraft.decoding.bundle.defaults import COMPILE_MODES
 from specdraft.decoding.compilation import CACHE_ROUND, StepCompiler, decode_cache_length, static_length
 from specdraft.decoding.policies.cost_model import CostTable, nnls2, padded_width
@@ -425,7 +426,7 @@ def _rule_round(policy, hidden: torch.Tensor, drafts: int) -> None:
     for i in range(drafts):
         sigma = head_sigma(policy.head, hidden) if policy.needs_hidden and i >= 1 else None
         state, _ = policy.stop_rows(state, i + 1, sigma, drafting)
-        if policy.needs_hidden or first:
+        if reads_each_decision(policy):
             bool(drafting.any())
     widths = getattr(policy, "widths", None)
     if widths is not None:
