@@ -7,17 +7,18 @@ target and drafter, where the drafter's greedy head also decodes with the lockst
         [--compile none] [--rounds 400] [--seed 0] [--bundle runs/demo/bundle [--drafter ofa]
         [--prompt-set runs/demo/prompts/sets]] [--profile-each-batch | --paired]
 
-The acceptance side is what greedy decoding of these prompts really meets: for each prompt the target's
-greedy continuation, and at each of its positions whether the drafter's greedy token (teacher-forced on the
-target's prefix) agrees (P_i in {0, 1}, SPEC.md section 2's oracle indicators), and with a bundle its head's
-sigma at the same positions (the batch-aware rule's input; its prior is the bundle's). The measured side decodes
-the first max(B) prompts at every B, in consecutive batches of B with `generate_batch` (so a B = 1 figure is
-not one prompt's, and every B decodes the same responses), `--runs` passes after a warm-up, the methods taking
-turns batch by batch (`bench_batch_decoder.interleave`), process CPU time (CUDA events with --device cuda;
-`decoding.timing`). Measured twice: the median over passes, and each batch's fastest pass summed (the
-least-disturbed estimate; the table's entries are each step's fastest timing, so on a loaded box this is the
-like-for-like figure). Error = predicted / measured - 1, against each. Each batch's prefill runs at its longest
-prompt: the prediction prices a call's start at the mean of that over the batches.
+The acceptance side is what greedy decoding of these prompts really meets: for each prompt the target's greedy
+continuation, and at each of its positions whether the drafter's greedy token (teacher-forced on the target's
+prefix) agrees (P_i in {0, 1}: the hindsight oracle's indicators, docs/algorithms.md#hindsight-oracle), and
+with a bundle its head's sigma at the same positions (the batch-aware rule's input; its prior is the bundle's).
+The measured side decodes the first max(B) prompts at every B, in consecutive batches of B with
+`generate_batch` (so a B = 1 figure is not one prompt's, and every B decodes the same responses), `--runs`
+passes after a warm-up, the methods taking turns batch by batch (`bench_batch_decoder.interleave`), process CPU
+time (CUDA events with --device cuda; `decoding.timing`). Measured twice: the median over passes, and each
+batch's fastest pass summed (the least-disturbed estimate; the table's entries are each step's fastest timing,
+so on a loaded box this is the like-for-like figure). Error = predicted / measured - 1, against each. Each
+batch's prefill runs at its longest prompt: the prediction prices a call's start at the mean of that over the
+batches.
 
 The prediction simulates static batches as `generate_batch` runs them (rows finish at different rounds,
 finished rows cost compute until the eager decoder drops them) and prices the loop's own work per round

@@ -27,8 +27,9 @@ shape) (which is also each shape's compilation), then `repeats` passes, each ove
 shape in turn; the table keeps the fastest of each (`fastest`), then puts the steps in order: no wider or
 bigger-batch step priced below a narrower or smaller one (`monotone_grid`, `isotonic`). On a shared machine a
 call's time is its own cost plus what its neighbours took from it, which only adds: a slow phase spanning some
-of the passes leaves the fastest pass alone (with medians, one bench_batch_decoder run's 8-second profile priced
-B = 16's 9-wide verify at 41 ms against the previous run's 29, and the rule drafted less at B = 8 and 16), and a phase spanning all of them slows every entry
+of the passes leaves the fastest pass alone (with medians, a slow phase in one bench_batch_decoder run's 8-second
+profile priced B = 16's 9-wide verify at 41 ms where a quieter profile found 29, and the rule drafted less at B = 8
+and 16), and a phase spanning all of them slows every entry
 alike, which the rules' decisions (costs against costs, lam from the same table) do not see. The price: a
 table of fastest passes predicts a decode timed by its median a few % fast. Under a compile mode only the widths
 the compiled decoder runs are timed (1 and 2^j + 1, `cost_model.padded_width`): a width is a graph.
@@ -288,7 +289,7 @@ def calibration_ks(max_drafts: int) -> tuple[int, ...]:
     """The fixed Ks whose decodes price the loop's work in drafting rounds: two lengths, so that what every
     drafting round pays (`loop_spec`) and what each draft step pays (`loop_draft`) come apart: (2, 8), or
     (1, 2) / (2, K_max) for a shorter K_max; (1,) at K_max = 1, where every round drafts one and the two are one
-    price. With one K (K = 4, before) a round's fixed work could only be charged per draft, which prices long
+    price. With one K a round's fixed work could only be charged per draft, which prices long
     rounds against short ones by an assumption: the adaptive rules choose between exactly those. On the demo
     pair on this CPU the split found little fixed work (compiled: 0.34 ms a drafting round at B = 1, none at
     B = 4..16, 0.18-0.24 ms a draft; benchmarks/RESULTS.md, bench_batch_decoder); a decoder whose round has a

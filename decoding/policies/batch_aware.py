@@ -1,5 +1,5 @@
 """Length policies that price a round with the decoder's measured cost at the batch in use
-(docs/decoder.md, "Batch-aware adaptive length", derives them; SPEC.md sections 2, 3 and 11):
+(docs/decoder.md, "The stop rule", derives them; docs/algorithms.md, "Batch-aware rule", "Engine rules"):
 
     BatchAwareSpecDec          per row: stop where the row's expected tokens per unit of round cost stop rising
     LockstepBatchAwareSpecDec  the batch's expected tokens over the batch's round cost: all rows stop together
@@ -12,11 +12,11 @@ Every policy follows the tensor protocol of `decoding.policies.stopping` (max_to
 round_state(rows, device), stop_rows(state, k, sigma, drafting)): pure tensor ops, no host reads. The
 batch size a round is priced at is drafting.shape[0]: rows kept in the batch tensor cost compute.
 
-Survival (SpecDec++ section 4.3): s_j = prod_{i <= j} p_i, the predicted P(y_1..y_j all accepted); a
-round that verifies k candidates emits 1 + sum_{j <= k} s_j tokens in expectation. p_i is the head's
-prediction made a probability: a head trained with weighted BCE (w_rej > w_acc, SPEC.md section 3) is
-biased low by design, its optimum is sigma = w_acc P / (w_acc P + w_rej (1 - P)), so p = r sigma /
-(r sigma + 1 - sigma) with r = w_rej / w_acc (`Prior.calibrate`; SpecDec++'s fixed-h rule keeps the raw
+Survival (SpecDec++ section 4.3): s_j = prod_{i <= j} p_i, the predicted P(y_1..y_j all accepted); a round
+that verifies k candidates emits 1 + sum_{j <= k} s_j tokens in expectation. p_i is the head's prediction
+made a probability: a head trained with weighted BCE (w_rej > w_acc; docs/algorithms.md, "Acceptance
+head") is biased low by design, its optimum is sigma = w_acc P / (w_acc P + w_rej (1 - P)), so p = r sigma
+/ (r sigma + 1 - sigma) with r = w_rej / w_acc (`Prior.calibrate`; SpecDec++'s fixed-h rule keeps the raw
 sigma its h was tuned on). At decision k the head has read e_1..e_{k-1} (SpecDec++'s one-token lag), so
 p_k and everything past it is unknown: the policies price those with the `Prior`'s acceptance curve a_j,
 the dev acceptance of a round's j-th draft given the earlier ones were accepted (`Bundle.prior_for`),
@@ -136,8 +136,8 @@ class BatchAwareSpecDec(OnePromptRule):
         whole segments (`decoding.batched.round_feeds`: k = 1..4 of 8 all pay 4 feeds) and verifies at a padded
         width, so C_B is a staircase: a draft inside a segment already paid for costs only the rule's and the
         loop's per-draft work, and the rule drafts on to the segment's end unless the survival is near zero.
-        Priced with the eager k - 1 feeds it stopped mid-segment at B = 8 / 16 and ran 0.89-0.90x the best
-        fixed K (benchmarks/RESULTS.md, bench_batch_decoder, compiled)."""
+        Priced with the eager k - 1 feeds instead, it would stop mid-segment, inside feeds already paid for (on
+        the demo pair, compiled, that ran 0.89-0.90x the best fixed K at B = 8 / 16)."""
         if batch not in self._costs:
             compiled = self.table.compile != "none"
             # the rule's own work (the head on every draft, these decisions) is part of what drafting costs

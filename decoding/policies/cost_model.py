@@ -128,7 +128,7 @@ def implementation_efficiency(measured_speedup: float, a: float, k: int, c: floa
 
 
 # ----------------------------------------------------------------------------------------------------
-# The decoder's own measured costs per batch size and width (SPEC.md section 11)
+# The decoder's own measured costs per batch size and width (docs/algorithms.md#the-cost-table)
 
 COST_TABLE_FORMAT = "specdraft-cost-table/1"
 

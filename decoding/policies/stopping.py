@@ -12,9 +12,9 @@ it at EOS and at the length limit without asking.
 
 This is SpecDec++ Alg. 1 and the §4.2 decision process as the paper writes them, one-token lag
 included: the head's prediction for y_k needs e_k, i.e. a forward on y_k, which only pays off if y_{k+1}
-is drafted. Deciding after y_k with e_k instead (as this module did before) wastes that forward on every
-stop: a round of k candidates then costs k + 1 drafter forwards and Lemma 3.1 no longer holds. Here a
-round of k candidates costs exactly k (see `decoding.rounds.lengths`, which `heads/simulate.py` shares, so the
+is drafted. Deciding after y_k with e_k instead would waste that forward on every stop: a round of k
+candidates would cost k + 1 drafter forwards and Lemma 3.1 would not hold. Here a round of k candidates
+costs exactly k (see `decoding.rounds.lengths`, which `heads/simulate.py` shares, so the
 threshold chosen offline is chosen under the cost the decoder pays).
 """
 from __future__ import annotations

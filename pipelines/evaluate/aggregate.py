@@ -321,11 +321,11 @@ def summarize(records: list[Record], calib: Calibration, setup: Setup) -> dict[s
 
 
 def throughput(records: list[Record], seed: int) -> dict[str, Any] | None:
-    """The throughput rows (SPEC.md section 8): per batch size B and method, the batches' counts summed (MAT =
-    N / N_target per row, pooled), tokens/s (tokens over the batches' summed time, each batch's time the mean
-    over its passes) and the speedup over batched AR at the same B: the ratio of totals over the batches with
-    its bootstrap 90% interval (resampling batches), as the per-prompt rows pool prompts. None without
-    batch runs. `runs`: every batch run's per-row counts and every pass's times."""
+    """The throughput rows (docs/algorithms.md#batched-throughput): per batch size B and method, the batches'
+    counts summed (MAT = N / N_target per row, pooled), tokens/s (tokens over the batches' summed time, each
+    batch's time the mean over its passes) and the speedup over batched AR at the same B: the ratio of totals
+    over the batches with its bootstrap 90% interval (resampling batches), as the per-prompt rows pool
+    prompts. None without batch runs. `runs`: every batch run's per-row counts and every pass's times."""
     if not records:
         return None
     groups: dict[MethodKey, list[Record]] = {}

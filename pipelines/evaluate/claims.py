@@ -22,7 +22,7 @@ the metrics dict of aggregate.summarize and nothing else. render.py turns them i
   BanditSpec (Table 1)                    each arm alone (prompt lookup, REST, suffix decoding, the domain
                                           drafter) and UCBSpec / EXP3Spec over them, per domain: MAT, counted and
                                           timed tokens/s, stopping-time regret; do the bandits beat the best arm
-  throughput (SPEC.md §8)                 per batched method, its speedup over batched AR at each batch size
+  throughput (algorithms.md)              per batched method, its speedup over batched AR at each batch size
                                           against 1 and the largest B where it still pays; where fixed K stops
                                           paying, do SpecDec++ and UCBSpec over lengths hold up
 
@@ -490,7 +490,7 @@ def metaeagle(metrics: dict) -> dict | None:
     return {"drafters": chains, "per_domain": per}
 
 
-# --- throughput: where each policy stops paying as the batch grows (SPEC.md section 8) ---------------------
+# --- throughput: where each policy stops paying as the batch grows (docs/algorithms.md#batched-throughput) --
 
 ADAPTIVE = ("specdecpp", "specdecpp-lockstep", "ucbspec")  # adaptive lengths: SpecDec++ heads, the length bandit
 

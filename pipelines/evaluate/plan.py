@@ -351,7 +351,7 @@ PLANNERS: list[Callable[[Env, Prompt], list[Run]]] = [plan_greedy_drafters, plan
                                                       plan_eagle]
 
 
-# --- throughput: the batched decoder at each batch size (SPEC.md section 8) -------------------------------
+# --- throughput: the batched decoder at each batch size (docs/algorithms.md#batched-throughput) ------------
 
 BATCH_SET = "batches"  # the set name of a batch's pseudo-prompt: its runs are throughput runs, never per-prompt rows
 

@@ -244,8 +244,9 @@ AGAINST_1 = {"above": "(above 1)", "below": "(below 1)", "within noise": "(withi
 
 
 def throughput_section(metrics: dict) -> list[str]:
-    """Throughput by batch size (SPEC.md section 8): one table with B as a column, then where each method stops
-    paying and whether the adaptive policies hold up where fixed K falls (claims.throughput_verdict)."""
+    """Throughput by batch size (docs/algorithms.md#batched-throughput): one table with B as a column, then
+    where each method stops paying and whether the adaptive policies hold up where fixed K falls
+    (claims.throughput_verdict)."""
     t = metrics.get("throughput")
     if not t:
         return []
