@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from specdraft.data.templates import render_prompt
+from specdraft.data.templates import REPHRASINGS, render_prompt  # noqa: F401 (the world interface: data/prompts.py)
 
 DOMAINS = ("code", "math", "translate", "summarize", "chat")
 HELDOUT_DOMAINS = ("spell",)
 ALL_DOMAINS = DOMAINS + HELDOUT_DOMAINS
+CORPUS = True  # pretraining documents for the demo target and the drafters' general phase
 
 
 @dataclass(frozen=True)

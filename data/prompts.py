@@ -16,15 +16,16 @@ from pathlib import Path
 
 import datasets
 
-from specdraft.data import demo_world, quality_world
+from specdraft.data import demo_world, instruct_world, quality_world
 from specdraft.data.chat import encode_messages, record_messages
-from specdraft.data.templates import REPHRASINGS, render_prompt
 from specdraft.core.errors import InputError
 from specdraft.core.jsonl import jsonl_objects
 
 COLUMNS = ("id", "domain", "prompt", "messages", "response", "split")
-# the built-in worlds (`demo.world`): each a module with DOMAINS, HELDOUT_DOMAINS and build_split(domain, split, n, seed)
-WORLDS = {"demo": demo_world, "quality": quality_world}
+# the built-in worlds (`demo.world`): each a module with DOMAINS, HELDOUT_DOMAINS, ALL_DOMAINS, CORPUS (whether it
+# has pretraining documents), build_split(domain, split, n, seed), and render_prompt(domain, fields, rephrasing)
+# and REPHRASINGS for the perturbed set
+WORLDS = {"demo": demo_world, "quality": quality_world, "instruct": instruct_world}
 SPLITS = ("train", "dev", "test")
 
 
@@ -38,14 +39,15 @@ def demo_prompt_sets(seed: int, domains, heldout, n_train: int, n_dev: int, n_te
     """train/dev/test per in-domain task, plus `perturbed` (test prompts reworded by fixed rephrasing
     templates) and `ood` (test prompts of held-out domains no drafter is trained on), from the built-in
     world named `world` (WORLDS)."""
-    build_split = WORLDS[world].build_split
+    build_split, rephrase = WORLDS[world].build_split, WORLDS[world].render_prompt
+    n_rephrasings = WORLDS[world].REPHRASINGS
     rows = {s: [] for s in (*SPLITS, "perturbed", "ood")}
     for domain in domains:
         for split, n in zip(SPLITS, (n_train, n_dev, n_test)):
             rows[split] += _rows(build_split(domain, split, n, seed), split)
         for i, e in enumerate(build_split(domain, "test", n_test, seed)):
             rows["perturbed"].append({"id": f"{domain}/perturbed/{i:06d}", "domain": domain,
-                                      "prompt": render_prompt(domain, e.fields, rephrasing=i % len(REPHRASINGS[domain])),
+                                      "prompt": rephrase(domain, e.fields, rephrasing=i % len(n_rephrasings[domain])),
                                       "messages": "",
                                       "response": e.response, "split": "perturbed"})
     for domain in heldout:

@@ -38,10 +38,12 @@ import re
 
 from specdraft.core.errors import InputError
 from specdraft.data.demo_world import Example, stable_bucket
+from specdraft.data.templates import REPHRASINGS, render_prompt  # noqa: F401 (the world interface: data/prompts.py)
 
 DOMAINS = ("math", "translate", "summarize")
 HELDOUT_DOMAINS: tuple[str, ...] = ()
 ALL_DOMAINS = DOMAINS + HELDOUT_DOMAINS
+CORPUS = True  # pretraining documents for the quality target
 
 # --------------------------------------------------------------------------- a counter, three ways
 

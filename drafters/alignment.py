@@ -22,20 +22,24 @@ def _device(model) -> torch.device:
 
 @torch.no_grad()
 def response_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Logits at the positions that predict response tokens, (N, V) float32, in batch order."""
+    """Logits at the positions that predict response tokens, (N, V) float32, in batch order. The LM head runs at
+    those positions only (`logits_to_keep` as a mask: transformers returns them flattened in row-major order):
+    with a large vocabulary the prompt positions' logits were a third of a real target's forward."""
     dev = _device(model)
-    logits = model(input_ids=batch["input_ids"].to(dev), attention_mask=batch["attention_mask"].to(dev),
-                   use_cache=False).logits
-    return logits[batch["loss_mask"].to(dev).bool()].float().cpu()
+    mask = batch["loss_mask"].to(dev).bool()
+    return model(input_ids=batch["input_ids"].to(dev), attention_mask=batch["attention_mask"].to(dev),
+                 use_cache=False, logits_to_keep=mask).logits.float().cpu()
 
 
 @torch.no_grad()
 def response_hidden(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Final hidden states (after the final norm: what the decoder's heads read) at the positions that
-    *hold* response tokens (the loss mask shifted right by one), (N, H) float32 on CPU, in batch order."""
+    *hold* response tokens (the loss mask shifted right by one), (N, H) float32 on CPU, in batch order. No
+    logits are computed (an empty `logits_to_keep` mask)."""
     dev = _device(model)
-    out = model(input_ids=batch["input_ids"].to(dev), attention_mask=batch["attention_mask"].to(dev),
-                use_cache=False, output_hidden_states=True)
+    ids = batch["input_ids"].to(dev)
+    out = model(input_ids=ids, attention_mask=batch["attention_mask"].to(dev), use_cache=False,
+                output_hidden_states=True, logits_to_keep=torch.zeros(ids.shape, dtype=torch.bool, device=dev))
     holds = torch.nn.functional.pad(batch["loss_mask"].to(dev).bool(), (1, 0))[:, :-1]
     return out.hidden_states[-1][holds].float().cpu()
 

@@ -164,15 +164,19 @@ class EagleModule(L.LightningModule):
         """EAGLE-3: fused low / middle / high target features, token loss only (forward KL to the target),
         at each of `ttt_steps` unrolled steps (`ttt_predictions`), step s weighted TTT_DECAY ** s."""
         ids, attn = batch["input_ids"], batch["attention_mask"]
-        with torch.no_grad():
-            out = self.target(input_ids=ids, attention_mask=attn, use_cache=False, output_hidden_states=True)
-            feats = fused_features(out.hidden_states, self.drafter.feature_layers)  # (B, T, 3d)
         S = self.hparams.ttt_steps
         tokens, valid = ids[:, 1:], attn[:, 1:]
-        target_logits = out.logits[:, 1:]
         mask = batch["loss_mask"][:, 1:].bool() & valid.bool()
         if int(mask.sum()) == 0:
             return self.drafter.fc.weight.sum() * 0.0, {}, 0
+        # the target's LM head only at the columns some row trains on (the prompts' logits are never read; with a
+        # large vocabulary they were most of the target's forward)
+        cols = mask.any(0).nonzero().squeeze(-1)
+        with torch.no_grad():
+            out = self.target(input_ids=ids, attention_mask=attn, use_cache=False, output_hidden_states=True,
+                              logits_to_keep=cols + 1)
+            feats = fused_features(out.hidden_states, self.drafter.feature_layers)  # (B, T, 3d)
+        target_logits = out.logits  # (B, len(cols), V): index i + 1 of column i's
         preds = ttt_predictions(self.drafter, feats[:, :-1], tokens, valid, S)
         total, weights, parts = 0.0, 0.0, {}
         n = int(mask.sum())
@@ -181,8 +185,9 @@ class EagleModule(L.LightningModule):
             step_mask[:, :s] = False  # no chain of s predictions before index s
             if not step_mask.any():
                 continue
+            at = step_mask[:, cols]  # the same positions, in the kept columns (row-major order is kept)
             # a reduced draft vocabulary (vLLM's eagle3 layout) learns the target renormalised over it
-            logits, wanted = self.drafter.train_logits(pred[step_mask], target_logits[step_mask])
+            logits, wanted = self.drafter.train_logits(pred[:, cols][at], target_logits[at])
             token = losses.forward_kl(logits, wanted.float().softmax(-1))
             w = TTT_DECAY ** s
             total, weights = total + w * token, weights + w

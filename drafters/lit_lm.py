@@ -76,15 +76,18 @@ class CausalLMModule(L.LightningModule):
     # ---- loss ---------------------------------------------------------------------------------------
     def compute_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
         """-> (mean loss over loss-mask positions, number of those positions)."""
-        out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
         mask = batch["loss_mask"]
         n = int(mask.sum())
         if n == 0:  # nothing to learn from in this batch (e.g. all responses empty); keep the graph
+            out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
             return out.logits.sum() * 0.0, 0
+        # the LM head runs only at the loss positions, flattened in row-major order (N, V): with a large vocabulary
+        # the prompt positions' logits would be most of a step's work and are never read
+        student = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
+                             logits_to_keep=mask.bool()).logits
         name = self.hparams.loss
         if name == "ce":
-            return losses.masked_next_token_ce(out.logits, batch["input_ids"], mask), n
-        student = losses.gather_positions(out.logits, mask)  # (N, V)
+            return losses.cross_entropy(student, losses.gather_positions(losses.next_token_targets(batch["input_ids"]), mask)), n
         if TOPK_IDS in batch:
             ids = losses.gather_positions(batch[TOPK_IDS], mask)
             logprobs = losses.gather_positions(batch[TOPK_LOGPROBS], mask)

@@ -35,13 +35,6 @@ def cross_entropy(student_logits: torch.Tensor, targets: torch.Tensor) -> torch.
     return F.cross_entropy(student_logits.float(), targets)
 
 
-def masked_next_token_ce(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """cross_entropy over the loss-mask positions, straight from (B, T, V) logits. Same value as
-    gathering the positions first, but without copying the logits (about 20% faster on CPU)."""
-    targets = next_token_targets(input_ids).masked_fill(loss_mask == 0, -100)
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
-
-
 def forward_kl(student_logits: torch.Tensor, teacher_probs: torch.Tensor) -> torch.Tensor:
     """Mean KL(p || q) with p = teacher_probs (N, V) and q = softmax(student_logits) (N, V)."""
     log_q = F.log_softmax(student_logits.float(), dim=-1)

@@ -21,7 +21,6 @@ Writes acceptance_data/<drafter>/<transform tag>/   (tag: "greedy", "T1", "T0.7_
 from __future__ import annotations
 
 import json
-import random
 import time
 
 import datasets
@@ -51,10 +50,15 @@ def forward_at_response(model, batch: dict, hidden: bool = False) -> torch.Tenso
     return response_hidden(model, batch) if hidden else response_logits(model, batch)
 
 
-def select_rows(rows: list[dict], domains: list[str], max_sequences: int, seed: int, tag: str) -> list[dict]:
+def select_rows(rows: list[dict], domains: list[str], max_sequences: int, seed: int, split: str) -> list[dict]:
+    """A drafter's rows of one split: those of its domains, at most max_sequences of them. Every drafter ranks rows
+    by the same seeded hash and takes its first ones, so an all-domain drafter's picks are among the specialists'
+    (the first rows overall are among the first of their own domain): the target runs once per row, and a
+    row shared by several drafters costs one forward."""
     chosen = [r for r in rows if r["domain"] in domains]
     if len(chosen) > max_sequences:
-        chosen = sorted(random.Random(f"{seed}/{tag}").sample(chosen, max_sequences), key=lambda r: r["id"])
+        chosen = sorted(sorted(chosen, key=lambda r: derive_seed(seed, split, r["id"]))[:max_sequences],
+                        key=lambda r: r["id"])
     return chosen
 
 
@@ -75,7 +79,7 @@ def build(ctx: Context) -> dict:
 
     # per drafter and split: its sequences (own domains, or all for an OFA drafter), capped
     plan = {n: {s: select_rows([dict(r) for r in distill[s]], infos[n]["domains"],
-                               acfg.max_sequences[s] if s in acfg.max_sequences else 10 ** 9, cfg.run.seed, f"{n}/{s}")
+                               acfg.max_sequences[s] if s in acfg.max_sequences else 10 ** 9, cfg.run.seed, s)
                 for s in ("train", "dev")} for n in names}
     t0 = time.time()
     results, counters = label_sequences(target, drafters, plan, transforms, collate, acfg, cfg.run.seed)

@@ -270,7 +270,7 @@ def export_target(ctx: Context, target_src, target_config, add) -> TargetEntry:
         local = Path(target_src).expanduser()
         where["reference"] = str(local.resolve()) if local.exists() else target_src  # a dir or a hub id
     else:
-        add("target", copy_listed(Path(target_src), ctx.manifests["pretrain-target"], None, ctx.out / "target"))
+        add("target", copy_listed(Path(target_src), ctx.manifests[ctx.target_stage()], None, ctx.out / "target"))
         where["path"] = ctx.out / "target"
     return TargetEntry(tokenizer_sha256=tokenizer_fingerprint(tok), vocab_size=target_config.vocab_size,
                        dtype=cfg.target.dtype, quantization=cfg.target.quantization, device_map=cfg.target.device_map,

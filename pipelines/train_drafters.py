@@ -3,7 +3,8 @@
 MetaSD App. F.2: a small LLaMA drafter is first pretrained on a general corpus, then finetuned on the
 target's own responses (self-distillation). Here:
   1. general phase (optional): one base drafter trained on the demo corpus (held-out domains excluded,
-     so they stay out-of-domain for every drafter); every drafter starts from it
+     so they stay out-of-domain for every drafter), or (general_on: distilled, a real target with no corpus)
+     on the self-distilled responses of every training domain; every drafter starts from it
   2. finetune phase: per drafter, on distill_data train rows of its domains (all domains for OFA);
      loss ce (sequence-level KD on target samples), fkl or tvd against the target
   3. alignment table on distill_data dev rows: 1 - TV(p, q) at T=1 and greedy agreement, per
@@ -174,7 +175,7 @@ def build(ctx: Context) -> dict:
     device = resolve_device(tcfg.device)
 
     timings: dict[str, dict] = {}  # wall clock of the fits run by this process (not of resumed-over ones)
-    base_dir = train_base(ctx, tok, timings)  # phase 1
+    base_dir = train_base(ctx, tok, train_rows, timings)  # phase 1
     teacher = None
     if tcfg.finetune.loss != "ce":
         teacher = load_causal_lm(target_path, cfg.target.dtype, device, cfg.target.device_map,
@@ -212,9 +213,10 @@ def build(ctx: Context) -> dict:
     return metrics
 
 
-def train_base(ctx: Context, tok, timings: dict[str, dict]) -> Path:
-    """Phase 1: the general base drafter every drafter starts from (trained on the demo corpus, or untrained,
-    or `init_from`), in the work dir unless a resumed run finds it there; -> its directory."""
+def train_base(ctx: Context, tok, train_rows: list[dict], timings: dict[str, dict]) -> Path:
+    """Phase 1: the general base drafter every drafter starts from (trained on the demo corpus or on the
+    self-distilled mixture `train_rows`, or untrained, or `init_from`), in the work dir unless a resumed run
+    finds it there; -> its directory."""
     cfg, tcfg = ctx.cfg, ctx.cfg.train_drafters
     seed = cfg.run.seed
     base_dir = ctx.work / BASE / "model"
@@ -228,18 +230,8 @@ def train_base(ctx: Context, tok, timings: dict[str, dict]) -> Path:
                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     info = {"name": BASE, "domains": [], "parameters": num_parameters(model), "phase": "general"}
     if tcfg.general.enabled:
-        corpus_dir = ctx.input("prepare-data") / "corpus"
-        if not corpus_dir.is_dir():
-            raise InputError("train_drafters.general.enabled needs a pretraining corpus, which only the demo "
-                             "world provides; set train_drafters.general.enabled: false or give init_from")
-        corpus = load_dataset_dir(corpus_dir, "prepare-data")
-        held = set(cfg.demo.heldout_domains)
-        chat = chat_format(cfg.prompts)  # the corpus formatted as pretrain-target formatted it
-        docs = [encode_document(tok, r["prompt"], r["response"], chat) for r in corpus if r["domain"] not in held]
-        perm = torch.randperm(len(docs), generator=torch.Generator().manual_seed(seed)).tolist()
-        blocks = [{"input_ids": b} for b in pack([docs[i] for i in perm], tcfg.general.max_length)]
-        print(f"[train-drafters] general phase: {len(blocks)} blocks of {tcfg.general.max_length} tokens")
-        trainer, info["general"], timings[BASE] = _train(model, blocks, tcfg.general, tok.pad_token_id, seed,
+        examples = general_examples(ctx, tok, train_rows)
+        trainer, info["general"], timings[BASE] = _train(model, examples, tcfg.general, tok.pad_token_id, seed,
                                                          ctx.work / BASE)
         on_rank_zero(trainer, lambda: _export(model, tok, base_dir, info))
     elif global_rank() == 0:
@@ -247,6 +239,27 @@ def train_base(ctx: Context, tok, timings: dict[str, dict]) -> Path:
     else:
         _wait_for(base_dir)  # no process group yet to wait on: rank 0 writes the untrained base
     return base_dir
+
+
+def general_examples(ctx: Context, tok, train_rows: list[dict]) -> list[dict]:
+    """The general phase's training examples (train_drafters.general_on): packed blocks of the built-in world's
+    corpus, or the self-distilled responses of every training domain."""
+    cfg, tcfg = ctx.cfg, ctx.cfg.train_drafters
+    if tcfg.general_on == "distilled":
+        print(f"[train-drafters] general phase: {len(train_rows)} self-distilled responses of every training domain")
+        return [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in train_rows]
+    corpus_dir = ctx.input("prepare-data") / "corpus"
+    if not corpus_dir.is_dir():
+        raise InputError("train_drafters.general.enabled needs a pretraining corpus, which only the demo and quality "
+                         "worlds provide; set train_drafters.general_on: distilled, general.enabled: false, or init_from")
+    corpus = load_dataset_dir(corpus_dir, "prepare-data")
+    held = set(cfg.demo.heldout_domains)
+    chat = chat_format(cfg.prompts)  # the corpus formatted as pretrain-target formatted it
+    docs = [encode_document(tok, r["prompt"], r["response"], chat) for r in corpus if r["domain"] not in held]
+    perm = torch.randperm(len(docs), generator=torch.Generator().manual_seed(cfg.run.seed)).tolist()
+    blocks = [{"input_ids": b} for b in pack([docs[i] for i in perm], tcfg.general.max_length)]
+    print(f"[train-drafters] general phase: {len(blocks)} blocks of {tcfg.general.max_length} tokens")
+    return blocks
 
 
 def finetune(ctx: Context, tok, specs, train_rows: list[dict], base_dir: Path, teacher,

@@ -11,7 +11,7 @@ no longer be a routing baseline. The OFA drafter's acceptance is reported beside
 
   1. per training prompt, the acceptance 1 - TV(p, q) at T=1 of each specialised drafter, teacher-forced
      on that prompt's self-distilled responses (distill_data train, every temperature; the target runs
-     once per batch, shared by all drafters)
+     once per batch, shared by all drafters); train_router.label_prompts caps how many prompts
   2. labels: `acceptance` = the drafter with the highest measured acceptance on the prompt;
      `domain` = the prompt's domain drafter (the specialised drafter with the fewest domains covering it)
   3. the classifier (routers/lit_router.py) trains on pooled embeddings; the centroid router fits one
@@ -41,6 +41,7 @@ from specdraft.decoding.bundle.chat import ChatFormat, end_of_turn_ids, format_p
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
+from specdraft.core.hashing import derive_seed
 from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
 from specdraft.drafters.alignment import position_acceptance
 from specdraft.drafters.data import CausalLMCollator
@@ -94,6 +95,16 @@ def prompt_acceptance(target, drafters: dict[str, torch.nn.Module], rows: list[d
         raise InputError(f"prompt {empty[0]} has no response tokens to measure acceptance on ({len(empty)} such); "
                          "rebuild distill-data")
     return list(prompts.values()), sums / counts[:, None]
+
+
+def label_rows(rows: list[dict], label_prompts: int | None, seed: int) -> list[dict]:
+    """The rows of the training prompts to label: all, or those of `label_prompts` prompts chosen by a seeded hash
+    (every response of a chosen prompt), in their original order."""
+    prompts = sorted({r["prompt_id"] for r in rows}, key=lambda p: derive_seed(seed, "router", p))
+    if label_prompts is None or label_prompts >= len(prompts):
+        return rows
+    chosen = set(prompts[:label_prompts])
+    return [r for r in rows if r["prompt_id"] in chosen]
 
 
 def greedy_rows(target, tok, prompts, dcfg, seed: int, chat: ChatFormat = ChatFormat()) -> list[dict]:
@@ -151,7 +162,7 @@ def build(ctx: Context) -> dict:
     embeddings = target.get_input_embeddings().weight.detach()
 
     distill = load_distill_data(ctx.input("distill-data"))
-    train_rows = [dict(r) for r in distill["train"]]
+    train_rows = label_rows([dict(r) for r in distill["train"]], rcfg.label_prompts, cfg.run.seed)
     if not train_rows:
         raise InputError("distill_data has no train rows; the router needs labelled training prompts")
     train_domains = sorted({r["domain"] for r in train_rows})

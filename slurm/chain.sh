@@ -25,6 +25,7 @@ dep=""
 submit() {  # submit SBATCH_ARGS...: submits after the previous job ($dep) succeeded; prints the new id
   sbatch --parsable ${dep:+--dependency=afterok:$dep} "$@" | cut -d';' -f1
 }
+dep=$(submit "$here/stage.sbatch" convert-target "$CONFIG" "$@"); echo "$dep"   # a GGUF target (else skipped)
 dep=$(submit "$here/stage.sbatch" prepare-data "$CONFIG" "$@"); echo "$dep"
 dep=$(submit "$here/stage.sbatch" pretrain-target "$CONFIG" "$@"); echo "$dep"
 dep=$(submit --array=0-$((SHARDS - 1)) "$here/distill_data.sbatch" "$CONFIG" "$@"); echo "$dep"

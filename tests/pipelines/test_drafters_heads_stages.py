@@ -300,3 +300,29 @@ def test_the_teacher_cache_holds_every_row_when_it_fits_and_nothing_when_it_does
     assert teacher_cache(teacher, rows, dataclasses.replace(phase, teacher_cache_gb=0), 2) == {}
     with pytest.raises(InputError, match="teacher_cache_gb must be >= 0"):
         dataclasses.replace(phase, teacher_cache_gb=-1).check()
+
+
+def test_an_all_domain_drafters_acceptance_rows_are_among_the_specialists_rows():
+    from specdraft.pipelines.acceptance_data import select_rows
+
+    rows = [{"id": f"{d}/{i:03d}", "domain": d} for d in "abc" for i in range(30)]
+    own = {d: select_rows(rows, [d], 10, 0, "train") for d in "abc"}
+    ofa = select_rows(rows, list("abc"), 10, 0, "train")
+    assert [len(v) for v in own.values()] == [10, 10, 10] and len(ofa) == 10
+    assert {r["id"] for r in ofa} <= {r["id"] for v in own.values() for r in v}  # one target forward serves both
+    assert select_rows(rows, ["a"], 10, 1, "train") != own["a"]  # the run seed picks them
+    assert select_rows(rows, ["a"], 40, 0, "train") == rows[:30]  # all, in id order, when they fit
+
+
+def test_the_general_phase_can_train_on_the_distilled_mixture(tiny_run):
+    """general_on: distilled (a real target has no corpus): the base drafter trains on every training domain's
+    self-distilled responses, and each drafter finetunes from it; without a corpus, `corpus` is one line."""
+    cfg = tiny_config(tiny_run, train_drafters={"general_on": "distilled"})
+    run_stage(cfg, "distill-data")
+    out = run_stage(cfg, "train-drafters")
+    base = json.loads((out / "base" / "drafter.json").read_text())
+    rows = read_manifest(tiny_run / "distill_data").metrics["splits"]["train"]["examples"]
+    assert base["general"]["examples"] == rows and base["general"]["steps"] > 0
+    (tiny_run / "prompts" / "corpus").rename(tiny_run / "corpus-moved")
+    with pytest.raises(InputError, match="general_on: distilled"):
+        run_stage(tiny_config(tiny_run, run={"verify_inputs": "off"}), "train-drafters", force=True)

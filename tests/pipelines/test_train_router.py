@@ -98,3 +98,14 @@ def test_prompt_acceptance_matches_an_unbatched_reference():
             total += float(torch.minimum(p, q).sum(-1).sum())
             n += hi - lo
         assert abs(float(acc[i, 1]) - total / n) < 1e-5
+
+
+def test_label_prompts_keeps_every_response_of_a_seeded_subset_of_prompts():
+    from specdraft.pipelines.train_router import label_rows
+
+    rows = [{"prompt_id": f"p{i}", "t": t} for i in range(20) for t in (0.0, 1.0)]
+    assert label_rows(rows, None, 0) == rows and label_rows(rows, 20, 0) == rows
+    some = label_rows(rows, 5, 0)
+    assert len(some) == 10 and all(sum(r["prompt_id"] == p["prompt_id"] for r in some) == 2 for p in some)
+    assert [r for r in rows if r in some] == some  # original order
+    assert label_rows(rows, 5, 1) != some  # the run seed picks them
