@@ -26,7 +26,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from specdraft.decoding.rounds import kv  # noqa: E402
-from specdraft.decoding.bandits.multi_drafter import Arm, MultiDrafterSpeculator  # noqa: E402
+from specdraft.decoding.speculators.multi_drafter import Arm, MultiDrafterSpeculator  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig, probs  # noqa: E402
 from specdraft.decoding.bandits.selectors import make_selector  # noqa: E402
 from specdraft.decoding.speculative import generate_speculative  # noqa: E402

@@ -46,7 +46,7 @@ from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic
 from specdraft.decoding.metrics import aggregate  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.policies.cost_model import fit_costs  # noqa: E402
-from specdraft.decoding.speculative import hindsight_oracle, speculative_generate  # noqa: E402
+from specdraft.decoding.speculative import hindsight_oracle, generate_with_drafter  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK, SpecDecPP  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
@@ -205,7 +205,7 @@ def bench(args) -> str:
             res = interleaved({
                 "ar": lambda: generate_autoregressive(target, prompt, n, sampling, generator=gen()),
                 "ar_d": lambda: generate_autoregressive(drafter, prompt, n, sampling, generator=gen()),
-                "spec": lambda: speculative_generate(target, drafter, prompt, n, sampling, k=k, generator=gen()),
+                "spec": lambda: generate_with_drafter(target, drafter, prompt, n, sampling, k=k, generator=gen()),
                 "hf": lambda: seeded_hf(None, False),
                 "hf_k": lambda: seeded_hf(k, True),
                 "hf_def": lambda: seeded_hf(None, True),
@@ -295,7 +295,7 @@ def policy_table(args, target, drafter, prompts) -> list[str]:
     results: dict[str, list] = {name: [] for name, _ in policies}
     fit_rows = []
     for p in prompts:
-        res = interleaved({name: (lambda make=make: speculative_generate(target, drafter, p, n, greedy, stopping=make()))
+        res = interleaved({name: (lambda make=make: generate_with_drafter(target, drafter, p, n, greedy, stopping=make()))
                            for name, make in policies}, args.runs, args.device)
         for name, (t, _, r) in res.items():
             m = dataclasses.replace(r.metrics, time_total=t)  # tok/s below from the robust median time

@@ -37,7 +37,7 @@ from specdraft.decoding.rounds import kv  # noqa: E402
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
 from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic_speedup  # noqa: E402
 from specdraft.decoding.metrics import aggregate  # noqa: E402
-from specdraft.decoding.speculative import speculative_generate  # noqa: E402
+from specdraft.decoding.speculative import generate_with_drafter  # noqa: E402
 from bench_decoder import ForwardCounter, early_exit_pair  # noqa: E402  (benchmarks/bench_decoder.py)
 
 
@@ -135,11 +135,11 @@ def profile_rounds(target, drafter, prompt, n, k, path: pathlib.Path | None) -> 
     DrafterSpeculator.propose = marked("round::propose", saved_propose)
     saved_forward = kv.forward
     try:
-        speculative_generate(target, drafter, prompt, n, k=k)  # warm-up
+        generate_with_drafter(target, drafter, prompt, n, k=k)  # warm-up
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             torch.cuda.synchronize()
             start = time.perf_counter()
-            result = speculative_generate(target, drafter, prompt, n, k=k)
+            result = generate_with_drafter(target, drafter, prompt, n, k=k)
             torch.cuda.synchronize()
             wall = time.perf_counter() - start
     finally:
@@ -202,7 +202,7 @@ def bench(args) -> dict:
         for prompt in prompts:
             for rep in range(args.runs + 1):  # the first repetition warms up; methods interleaved
                 t_ar, r_ar = sync_time(lambda: generate_autoregressive(target, prompt, n))
-                t_sd, r_sd = sync_time(lambda: speculative_generate(target, drafter, prompt, n, k=k))
+                t_sd, r_sd = sync_time(lambda: generate_with_drafter(target, drafter, prompt, n, k=k))
                 t_hf, (hf_tokens, _) = sync_time(lambda: hf_generate(target, drafter, prompt, n, None, counter))
                 t_as, (as_tokens, calls) = sync_time(lambda: hf_generate(target, drafter, prompt, n, k, counter))
                 if rep == 0:

@@ -14,7 +14,7 @@ Per domain of the test prompt set (greedy, K = N_max = the bundle's k):
            datastore) and what it reads (weights per forward, KV per forward, suffix-array bytes the
            retrieval touched), normalised to the parametric drafter arm as BanditSpec Table 2 does.
 The bandits use the throughput reward with each arm's measured cost per drafted token (BanditSpec §6.2;
-decoding.bandits.multi_drafter), and UCBSpec also with the accepted length Y (BanditSpec Table 1's reward).
+decoding.speculators.multi_drafter), and UCBSpec also with the accepted length Y (BanditSpec Table 1's reward).
 
 The datastore comes from the bundle (export ships it); a bundle exported without one is given one built
 here from the run's distill_data (the build time is printed). Writes the tables as this script's section of benchmarks/RESULTS.md.
@@ -40,7 +40,7 @@ from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E
 from specdraft.decoding.bundle.directory import load_bundle  # noqa: E402
 from specdraft.decoding.speculators.datastore import SuffixIndex, build_datastore  # noqa: E402
 from specdraft.decoding.bundle.defaults import DEFAULTS  # noqa: E402
-from specdraft.decoding.bandits.multi_drafter import MultiDrafterSpeculator  # noqa: E402
+from specdraft.decoding.speculators.multi_drafter import MultiDrafterSpeculator  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.bandits.selectors import make_selector  # noqa: E402
 from specdraft.decoding.speculative import generate_speculative  # noqa: E402

@@ -51,7 +51,7 @@ def measure(args) -> dict:
     from specdraft.decoding.autoregressive import generate_autoregressive
     from specdraft.decoding.metrics import aggregate
     from specdraft.decoding.rounds.sampling import SamplingConfig
-    from specdraft.decoding.speculative import hindsight_oracle, speculative_generate
+    from specdraft.decoding.speculative import hindsight_oracle, generate_with_drafter
     from specdraft.decoding.policies.stopping import SpecDecPP
     from specdraft.heads.simulate import simulate_specdecpp
 
@@ -100,14 +100,14 @@ def measure(args) -> dict:
         return {"policy": name, "N": m.n_generated, "N_target": m.n_target, "N_draft": m.n_draft,
                 "N_discarded": m.n_discarded}
 
-    rows = [row(f"fixed K={k}", [speculative_generate(target, drafter, p, n, greedy, k=k) for p, _, _ in test])
+    rows = [row(f"fixed K={k}", [generate_with_drafter(target, drafter, p, n, greedy, k=k) for p, _, _ in test])
             for k in range(1, 9)]
     rows.append(row("hindsight oracle", [hindsight_oracle(target, drafter, p, n) for p, _, _ in test]))
     accept = [f[1] for _, _, f in test]
     sigma = [torch.sigmoid(head(f[0]).squeeze(-1)).double() for _, _, f in test]
     sims = simulate_specdecpp(accept, sigma, args.c, THRESHOLDS)
     for h, sim in zip(THRESHOLDS, sims):
-        r = row(f"SpecDec++ h={h}", [speculative_generate(target, drafter, p, n, greedy, stopping=SpecDecPP(head, h))
+        r = row(f"SpecDec++ h={h}", [generate_with_drafter(target, drafter, p, n, greedy, stopping=SpecDecPP(head, h))
                                      for p, _, _ in test])
         r["simulated_cost"] = sim.cost
         rows.append(r)

@@ -38,34 +38,17 @@ import torch
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.compat import check_head, check_pair, check_prompt
-from specdraft.decoding.compilation import StepCompiler, decode_cache_length, prefill_width, static_length, verify_width
+from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB, RowBandits
 from specdraft.decoding.rounds.batch_verify import verify_greedy, verify_sampled
 from specdraft.decoding.rounds.kv import input_device
 from specdraft.decoding.rounds.sampling import SamplingConfig, probs, sample_inverse
+from specdraft.decoding.rounds.shapes import decode_cache_length, prefill_width, segments, static_length, verify_width
 from specdraft.decoding.rounds.static_cache import eagle_rows, forward_rows
 from specdraft.decoding.speculators.eagle_model import EagleDrafter
 
 GREEDY = SamplingConfig(temperature=0.0)
-# Compiled drafting under a stopping head runs a round in segments, one graph each, the first of this many
-# positions and each later one as long as all before it ([0, 4), [4, 8), [8, 16), ...: `segments`), with one
-# host read after each segment (whether any row still drafts, and the longest row's drafts): the head's stop is
-# a tensor inside the graph, the round ends at the first segment after which no row drafts. A stop inside a
-# segment wastes the drafter forwards left in it (masked; never counted): doubling keeps that waste, past the
-# first segment, below the drafts already made, and a round's graph calls to log2 (segments of 4 made a
-# 16-draft round call four graphs). Scratch runs on the demo pair (SpecDec++, K_max = 16, batch 1, compiled,
-# 9-11 interleaved passes, the median per-pass ratio to fixed K = 16): greedy (D4_w3, h = 0.7; rounds stopped
-# anywhere in 1..16) 0.911 against 0.887 in segments of 4, 0.853 in 2, 2, 4, 8 and 0.849 in one graph of 16;
-# T = 0.7 (D1_w3, h = 0.9; rounds mostly of 16) 0.988 / 1.009 against 0.982 / 0.948 in two runs, within the
-# spread. At K_max = 8 the two plans are one. Four first, not two: on the demo pair compiled at batch 1
-# (inductor, CPU), K_max = 8, h = 0.7, a round cost +12.8% over fixed K = 8's in segments of 2, +8.3% in
-# segments of 4 and +9.2% in one graph of 8 (one noisy run, 5 passes each; a profile put a segment's call at
-# ~0.15 ms of a ~6.5 ms round, a drafter step at ~0.16 ms). Tried since and left out: a rule choosing per batch
-# size between these segments and one graph of K_max, from a profiled price of a second graph (0.12-0.35 ms at
-# B = 1 / 2): one graph ran 615 / 903 tokens/s against segments' 625 / 913 at B = 1 / 2 (one process, 11
-# interleaved passes), as the stops a segment boundary allows save more than its call costs.
-HEAD_SEGMENT = 4
 # rounds with no draft that may pass before the drafter catches up anyway (each pending round widens the catch-up
 # by one token: a compiled decode compiles one graph per width)
 MAX_BEHIND = 6
@@ -200,35 +183,6 @@ def draft_positions(step, policy, cache, cap, eos, sampling: SamplingConfig, uni
         hidden = states[:, -1] if states is not None else None
         cache.lengths += drafting  # rows that stopped keep their length: the slot just written is stale
     return tokens, qs, k, drafting, logits, hidden, rule
-
-
-def segments(width: int, policy) -> list[tuple[int, int]]:
-    """A compiled round's draft graphs: one over all positions for a rule without a head (it never ends a
-    round early for the whole batch), else `HEAD_SEGMENT` positions and then segments as long as all before
-    them: [0, 4), [4, 8), [8, 16), [16, 32), the last one cut at `width`."""
-    if not policy.needs_hidden:
-        return [(0, width)]
-    bounds, start = [], 0
-    while start < width:
-        end = min(width, max(HEAD_SEGMENT, 2 * start))
-        bounds.append((start, end))
-        start = end
-    return bounds
-
-
-def round_feeds(policy, steps: int, compiled: bool) -> int:
-    """The drafter's width-1 forwards (feeds of y_i) a round runs beyond its catch-up when its longest row
-    drafted `steps` positions of the policy's W: eagerly steps - 1 (no feed after the last decision; W - 1 at
-    most). Compiled, a draft graph runs every position of its segment (`segments`) and feeds each but the
-    round's last (W - 1): a rule without a head drafts all W in one graph; a rule with a head stops between
-    its `segments`, so a stop inside one still pays its remaining feeds (steps = 3 of W = 8: 4; 9 of 16: 15)."""
-    if steps <= 0:
-        return 0
-    width = policy.max_tokens
-    if not compiled:
-        return min(steps, width) - 1
-    end = next(end for _, end in segments(width, policy) if steps <= end) if steps < width else width
-    return end if end < width else width - 1
 
 
 def compiled_segment(compiler: StepCompiler, model: torch.nn.Module, policy, bounds: tuple[int, int], width: int,

@@ -1,5 +1,5 @@
-"""torch.compile applied from outside to the decoder's named step functions (gpt-fast's shape), and the
-fixed shapes that make a few graphs serve every call.
+"""torch.compile applied from outside to the decoder's named step functions (gpt-fast's shape); the fixed
+shapes that make a few graphs serve every call are decoding/rounds/shapes.py.
 
 `decoding.batched` writes its steps as plain functions (the target's forward, a segment of the draft loop,
 verify-and-commit); a `StepCompiler` turns each into a graph per model and keeps what it compiled, and
@@ -20,8 +20,6 @@ from specdraft.core.errors import InputError
 from specdraft.decoding.bundle.defaults import COMPILE_MODES
 from specdraft.decoding.rounds.static_cache import RowStaticCache, cache_kwarg
 from specdraft.decoding.speculators.eagle_model import EagleDrafter
-
-CACHE_ROUND = 64  # cache lengths are rounded up so that calls of similar length share a cache (and a compile)
 
 
 class StepCompiler:
@@ -176,44 +174,3 @@ def fresh_outputs(compiled: Callable) -> Callable:
         logits, states = compiled(*args)
         return logits.clone(), (states.clone() if states is not None else None)
     return step
-
-
-def prefill_width(length: int) -> int:
-    """The width a compiled prefill runs at for prompts of at most `length` tokens: the next power of two,
-    at least 16, so a few graphs serve every prompt length (each width compiles once). Measured on the demo
-    target (batch 1, one thread, 48-token decodes of ~40-token prompts): its eager prefill was ~10 of
-    ~130 ms per compiled autoregressive decode."""
-    return max(16, 1 << (length - 1).bit_length())
-
-
-def prefill_positions(longest: int, compile: str) -> int:
-    """The positions per row a call's prefill runs at when its longest prompt is `longest` tokens (the batch is
-    right-padded to it): compiled, `prefill_width`'s power of two, so a call's start steps up at 65, 129, ...
-    tokens (on the demo target, B = 8: a batch whose longest prompt was 68 tokens paid ~2x the prefill of one
-    whose longest was 52, which scaling by the length put at 1.3x); eager, the length itself."""
-    return longest if compile == "none" else prefill_width(longest)
-
-
-def verify_width(steps: int, width: int) -> int:
-    """The drafts a compiled round verifies: the positions drafted (`steps`, the longest row's) rounded up
-    to a power of two, at most the policy's `width`. A few fixed shapes (0, 1, 2, 4, ..., W) instead of
-    one per length, and a round whose rows all stopped early (SpecDec++, short length arms) does not pay
-    for W + 1 positions (on the demo pair, compiled SpecDec++ at K_max = 8 yields 2.7 tokens a round at batch
-    1: verifying 9 positions for each makes it slower than autoregressive decoding)."""
-    return 0 if steps == 0 else min(width, 1 << (steps - 1).bit_length())
-
-
-def decode_cache_length(longest: int, new_tokens: int, max_drafts: int, compile: str) -> int:
-    """The static cache slots a decode allocates: its longest prompt, the new tokens, a round's drafts and two
-    more, rounded up (`static_length`); compiled, at least the padded prefill's width, whose every position the
-    prefill writes. Sized from the longest prompt, not from the padded width plus the new tokens: the padding
-    is never read (rows attend up to their own length), and each step attends over every slot (compiled, B = 16
-    on the demo target, a batch with a 68-token prompt prefilled 128 wide: a one-token step over the 192 slots
-    that width plus the new tokens would give takes 11.3 ms, against 9.0 over the 128 that suffice)."""
-    need = longest + new_tokens + max_drafts + 2
-    return static_length(need if compile == "none" else max(need, prefill_width(longest)))
-
-
-def static_length(tokens: int) -> int:
-    """A static cache's length for `tokens` slots, rounded up (`CACHE_ROUND`)."""
-    return -(-tokens // CACHE_ROUND) * CACHE_ROUND

@@ -64,12 +64,12 @@ import torch
 
 from specdraft.core.devices import device_name
 from specdraft.core.errors import InputError
-from specdraft.decoding.batched import (GREEDY, HEAD_SEGMENT, compiled_segment, forward_step, head_sigma,
-                                        reads_each_decision, rule_key)
+from specdraft.decoding.batched import GREEDY, compiled_segment, forward_step, head_sigma, reads_each_decision, rule_key
 from specdraft.decoding.bundle.defaults import COMPILE_MODES
-from specdraft.decoding.compilation import CACHE_ROUND, StepCompiler, decode_cache_length, static_length
+from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.policies.cost_model import CostTable, nnls2, padded_width
 from specdraft.decoding.policies.stopping import FixedK
+from specdraft.decoding.rounds.shapes import CACHE_ROUND, HEAD_SEGMENT, decode_cache_length, static_length
 from specdraft.decoding.rounds.static_cache import forward_rows
 from specdraft.decoding.timing import timed_call
 
@@ -133,7 +133,7 @@ def least_cache_length(context: int, max_width: int) -> int:
 
 def cache_length_for(longest_prompt: int, new_tokens: int, k_max: int, compile: str) -> int:
     """The static cache slots a decode of `new_tokens` after a batch whose longest prompt is `longest_prompt`
-    allocates at K_max `k_max` in mode `compile` (`decoding.compilation.decode_cache_length`): what its steps
+    allocates at K_max `k_max` in mode `compile` (`decoding.rounds.shapes.decode_cache_length`): what its steps
     attend over."""
     return decode_cache_length(longest_prompt, new_tokens, k_max, compile)
 

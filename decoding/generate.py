@@ -11,8 +11,9 @@ else its default head) the round length follows SpecDec++ at the bundle's thresh
 decoding.threshold, else the head's chosen h); `--k` forces fixed-K drafting; without a head a drafter
 drafts its best fixed K from the bundle. `--method ar` decodes with the target alone. `--drafts K`
 (K > 1) decodes with SpecTr; `--cascade RULE --alpha A` runs a speculative cascade (decoding/cascades.py;
-block size --k, 5 by default; needs temperature > 0); a bundle whose defaults name a cascade runs it when
-sampling unless `--cascade none`. Every option left out takes the bundle's default (decoding/bundle/defaults.py).
+block size --cascade-block, 5 by default; needs temperature > 0; --k, a drafter's fixed K, is refused with
+one); a bundle whose defaults name a cascade runs it when sampling unless `--cascade none`. Every option
+left out takes the bundle's default (decoding/bundle/defaults.py).
 
 A prompt is one user turn (or a record's messages), formatted as the bundle was trained (decoding/bundle/chat.py:
 the target's chat template unless the run chose otherwise); `--raw-prompt` feeds the text as is and
@@ -38,18 +39,19 @@ from specdraft.core.errors import InputError
 from specdraft.core.jsonl import jsonl_objects
 from specdraft.core.tokenizers import check_same_vocabulary
 from specdraft.decoding.batched import generate_batch
-from specdraft.decoding.compilation import StepCompiler, decode_cache_length
+from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.bundle.chat import ChatFormat, end_of_turn_ids, format_prompt, user_turn
 from specdraft.decoding.compat import check_head, check_pair
 from specdraft.decoding.bundle.defaults import DEFAULTS, DecodingDefaults
 from specdraft.decoding.cascades import DEFAULT_BLOCK as CASCADE_BLOCK
-from specdraft.decoding.speculators.eagle_model import EagleDrafter  # loaded with the batched decoder anyway
+from specdraft.decoding.speculators.eagle_model import EagleDrafter, is_eagle  # loaded with the batched decoder anyway
 from specdraft.decoding.generate_args import bundle_of
 from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
 from specdraft.decoding.metrics import GenerationResult
 from specdraft.decoding.speculators.spectr import check_drafts, drafter_speculator
 from specdraft.decoding.rounds.sampling import SamplingConfig
+from specdraft.decoding.rounds.shapes import decode_cache_length
 from specdraft.decoding.rounds.static_cache import full_attention_over
 from specdraft.decoding.speculative import generate_speculative
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP
@@ -79,7 +81,7 @@ class Plan:
     head: str | None = None  # the SpecDec++ head's name, if one drafts
     drafts: int = 1
     cascade: Any = None  # a decoding.cascades.CascadeMethod
-    cascade_k: int = CASCADE_BLOCK
+    cascade_block: int = CASCADE_BLOCK  # a speculative cascade's drafts per round (gamma)
     tree: Any = None  # an EAGLE drafter's decoding.speculators.eagle.TreeShape
 
 
@@ -142,7 +144,7 @@ def decode_one(target, ids: list[int], max_new_tokens: int, plan: Plan, sampling
     if plan.drafter is None:
         return generate_autoregressive(target, ids, max_new_tokens, sampling, eos_token_id, generator)
     if plan.cascade is not None:
-        return plan.cascade.generate(target, plan.drafter, ids, max_new_tokens, sampling, plan.cascade_k,
+        return plan.cascade.generate(target, plan.drafter, ids, max_new_tokens, sampling, plan.cascade_block,
                                      eos_token_id, generator)
     if isinstance(plan.drafter, EagleDrafter):
         if plan.drafts != 1:
@@ -168,24 +170,27 @@ def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = DEFAU
                   sampling=SamplingConfig(0.0), head=None, threshold: float | None = None, k: int | None = None,
                   head_config: dict | None = None,
                   k_max: int = DEFAULTS.k_max, method: str = "speculative", seed: int = 0, drafts: int = 1,
-                  cascade=None, tree=None, chat: ChatFormat = ChatFormat()) -> tuple[str, dict]:
+                  cascade=None, cascade_block: int = CASCADE_BLOCK, tree=None,
+                  chat: ChatFormat = ChatFormat()) -> tuple[str, dict]:
     """Decode one prompt -> (text, metrics summary). With `head` and no `k`: SpecDec++ at `threshold`
     (None: the h recorded in `head_config`, the head's own; without one, an InputError); else fixed K (`k`,
-    default the library's). drafts > 1: SpecTr; cascade: a
-    decoding.cascades.CascadeMethod; tree: an EAGLE drafter's decoding.speculators.eagle.TreeShape; chat: how the
-    prompt is formatted."""
+    default the library's). drafts > 1: SpecTr; cascade: a decoding.cascades.CascadeMethod drafting
+    `cascade_block` tokens a round (`k` with a cascade is an InputError); tree: an EAGLE drafter's
+    decoding.speculators.eagle.TreeShape; chat: how the prompt is formatted."""
     check_drafts(drafts)
     if method not in ("speculative", "ar"):
         raise InputError(f"unknown method {method!r}; use speculative or ar")
+    if cascade is not None and k is not None and method != "ar":
+        raise InputError("k is a drafter's fixed K; a cascade drafts cascade_block tokens a round: pass cascade_block")
     if method == "ar":
         plan = Plan("target")
     elif head is not None and k is None:
         plan = Plan("drafter", drafter, head_policy(head, threshold, head_config, k_max), drafts=drafts,
-                    cascade=cascade, tree=tree)
+                    cascade=cascade, cascade_block=cascade_block, tree=tree)
     else:
         kk = k if k is not None else DEFAULTS.k
         plan = Plan("drafter", drafter, lambda: FixedK(kk), drafts=drafts, cascade=cascade,
-                    cascade_k=k or CASCADE_BLOCK, tree=tree)
+                    cascade_block=cascade_block, tree=tree)
     ids = format_prompt(tok, user_turn(prompt), chat)
     res = decode_batch(target, [ids], max_new_tokens, plan, sampling, end_of_turn_ids(tok, target), seed)[0]
     return tok.decode(res.tokens, skip_special_tokens=True), res.metrics.summary()
@@ -320,6 +325,7 @@ class Settings:
     drafts: int
     compile: str
     cascade: Any
+    cascade_block: int  # the cascade's drafts per round (--cascade-block)
 
 
 def settings_from(args, defaults: DecodingDefaults, has_bundle: bool) -> Settings:
@@ -339,8 +345,15 @@ def settings_from(args, defaults: DecodingDefaults, has_bundle: bool) -> Setting
         from specdraft.decoding.cascades import check_sampling
 
         check_sampling(sampling)
+        if args.k is not None:
+            raise InputError(f"--k is a drafter's fixed K; the cascade ({cascade.label}) drafts --cascade-block tokens "
+                             "a round: give --cascade-block N (or --cascade none for fixed K)")
+    if cascade is None and args.cascade_block is not None and args.method != "ar":
+        raise InputError("--cascade-block is a cascade's block size, and no cascade decodes: add --cascade RULE "
+                         "--alpha A (temperature > 0), or leave it out")
     drafts = args.drafts if args.drafts is not None else (defaults.drafts if has_bundle else 1)
-    return Settings(sampling, given("max_new_tokens"), drafts, given("compile"), cascade)
+    block = args.cascade_block if args.cascade_block is not None else CASCADE_BLOCK
+    return Settings(sampling, given("max_new_tokens"), drafts, given("compile"), cascade, block)
 
 
 def cascade_from(args, defaults: DecodingDefaults | None):
@@ -505,8 +518,8 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
         policy = lambda: FixedK(k)  # noqa: E731
     if args.k is not None:
         head_name = None
-    tree = eagle_tree(args, b, name) if _is_eagle(dft) else None
-    return Plan(name, dft, policy, head_name, settings.drafts, settings.cascade, args.k or CASCADE_BLOCK, tree)
+    tree = eagle_tree(args, b, name) if is_eagle(dft) else None
+    return Plan(name, dft, policy, head_name, settings.drafts, settings.cascade, settings.cascade_block, tree)
 
 
 def batch_aware_table(args, b, name: str, target, drafter, head, head_name: str | None, head_config: dict | None,
@@ -520,9 +533,9 @@ def batch_aware_table(args, b, name: str, target, drafter, head, head_name: str 
         return None, None  # a --threshold given is SpecDec++'s h: that rule, as asked
     # the table times the batched decoder's rounds of a causal-LM drafter: SpecTr drafts, cascades and EAGLE
     # drafters decode otherwise
-    if _is_eagle(drafter) or settings.drafts != 1 or settings.cascade is not None:
+    if is_eagle(drafter) or settings.drafts != 1 or settings.cascade is not None:
         if rule == "batch-aware":
-            how = "as an EAGLE drafter" if _is_eagle(drafter) else "with SpecTr drafts or a cascade"
+            how = "as an EAGLE drafter" if is_eagle(drafter) else "with SpecTr drafts or a cascade"
             raise InputError(f"--stop-rule batch-aware prices the batched decoder's rounds of a causal-LM drafter; "
                              f"drafter '{name}' decodes {how}: use --stop-rule specdecpp")
         return None, None
@@ -559,10 +572,6 @@ def cost_table_for(args, target, drafter, settings: Settings, head_config: dict 
     if args.verbose:
         note(table.render())
     return table
-
-
-def _is_eagle(drafter) -> bool:
-    return getattr(getattr(drafter, "config", None), "model_type", None) == "eagle"
 
 
 def eagle_tree(args, b, name: str):

@@ -63,7 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system-prompt", default=None, help="a system turn before the prompt ('' for none)")
     p.add_argument("--method", default="speculative", choices=["speculative", "ar"])
     p.add_argument("--k", type=positive_int, default=None,
-                   help="fixed draft length (default: SpecDec++ with a head, else the bundle's best fixed K)")
+                   help="fixed draft length (default: SpecDec++ with a head, else the bundle's best fixed K); "
+                        "a cascade's is --cascade-block")
     p.add_argument("--stop-rule", choices=["specdecpp", "batch-aware"], default=None,
                    help="how a head stops drafting: batch-aware, the lockstep rule that maximises expected tokens per "
                         "second of the decoder's own step times at the batch's size (profiled at start, cached per "
@@ -89,6 +90,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "token_chow seq_chow; 'none' ignores the bundle's); see decoding/cascades.py")
     p.add_argument("--alpha", type=float, default=None, help="the cascade's lenience alpha")
     p.add_argument("--beta", type=float, default=1.0, help="lossy speculative decoding's beta (>= 1 - alpha)")
+    p.add_argument("--cascade-block", type=positive_int, default=None, metavar="N",
+                   help="a speculative cascade's block size gamma, the drafts per round (default: 5, the paper's; "
+                        "--k is a drafter's fixed K and is refused with a cascade)")
     p.add_argument("--eagle-tree", default="bundle",
                    help="with an EAGLE drafter: DEPTH,TOP_K,NODES for an EAGLE-2 dynamic tree, none for chain drafts, "
                         "or bundle (default: the tree the bundle names)")

@@ -136,7 +136,7 @@ def _tree_round(target, cache, context, draft, sampling, generator, device, veri
     return emitted, outcome, time_target
 
 
-def speculative_generate(
+def generate_with_drafter(
     target: torch.nn.Module,
     drafter: torch.nn.Module,
     prompt_ids,
@@ -147,7 +147,7 @@ def speculative_generate(
     eos_token_id: int | list[int] | None = None,
     generator: torch.Generator | None = None,
 ) -> GenerationResult:
-    """Convenience: one drafter with `stopping` (default FixedK(k))."""
+    """`generate_speculative` with one causal-LM drafter drafting under `stopping` (default FixedK(k))."""
     speculator = DrafterSpeculator(drafter, stopping if stopping is not None else FixedK(k))
     return generate_speculative(target, speculator, prompt_ids, max_new_tokens, sampling, eos_token_id, generator)
 

@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.batched import round_feeds
+from specdraft.decoding.rounds.shapes import round_feeds
 from specdraft.decoding.policies.stopping import SpecDecPP
 from specdraft.decoding.policies.batch_aware import (BatchAwareSpecDec, GlobalVerifyBudget, KPerBatchSize,
                                                      LockstepBatchAwareSpecDec, Prior, k_per_batch_size)

@@ -17,6 +17,7 @@ import torch
 
 from specdraft.decoding.rounds import kv
 from specdraft.decoding.metrics import GenerationMetrics
+from specdraft.decoding.speculators.eagle_model import is_eagle
 from specdraft.decoding.timing import quantile, timed_call
 
 
@@ -85,7 +86,7 @@ class Calibrator:
         self.caches = {}
         for name, model in {"target": target, **drafters}.items():
             self.caches[name] = kv.new_cache()
-            if _is_eagle(model):  # an EAGLE drafter reads the target's features: random ones cost the same
+            if is_eagle(model):  # an EAGLE drafter reads the target's features: random ones cost the same
                 kv.forward_eagle(model, self.caches[name], torch.randn(context, model.config.hidden_size,
                                                                        generator=gen), prefix, list(range(context)))
             else:
@@ -105,7 +106,7 @@ class Calibrator:
         """`draft_run` drafting forwards of one token each, one after the other, as in a round: N_draft
         counts each of them."""
         for i in range(self.draft_run):
-            if _is_eagle(model):
+            if is_eagle(model):
                 feature = torch.zeros(1, model.config.hidden_size)
                 kv.forward_eagle(model, cache, feature, self.feed[i:i + 1], [self.context + i])
             else:
@@ -170,10 +171,6 @@ class Calibrator:
                   for s in set(shape.values())}
         return Calibration(target_s, {name: quantile(pooled[shape[name]], 0.1) for name in self.drafters},
                            self.context, self.passes, self.draft_run)
-
-
-def _is_eagle(model) -> bool:
-    return getattr(getattr(model, "config", None), "model_type", None) == "eagle"
 
 
 def calibrate(target, drafters: dict[str, torch.nn.Module], max_n: int, context: int, reps: int, device: str,

@@ -5,7 +5,7 @@ the sampling transform.
 object of bundle.json (decoding/bundle/schema.py, written by export with every number resolved: the
 cost ratio is the c train-heads measured or pinned), and what a loaded bundle serves with
 (`Bundle.defaults`). Everything else that needs one of these numbers reads it from here, or from the
-bundle that carries them: `specdraft generate`, the bandits' throughput reward (decoding/bandits/multi_drafter.py),
+bundle that carries them: `specdraft generate`, the bandits' throughput reward (decoding/speculators/multi_drafter.py),
 the stopping policies' library defaults (decoding/policies/stopping.py), train-heads' simulation cap.
 """
 from __future__ import annotations

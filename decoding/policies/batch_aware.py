@@ -32,10 +32,10 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.batched import round_feeds
 from specdraft.decoding.compat import check_k
 from specdraft.decoding.policies.cost_model import CostTable, padded_width
 from specdraft.decoding.policies.stopping import OnePromptRule
+from specdraft.decoding.rounds.shapes import round_feeds
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ class BatchAwareSpecDec(OnePromptRule):
     def costs(self, batch: int) -> list[float]:
         """C_B(k), k = 0..K_max, as the decoder in the table's compile mode runs a round whose longest row drafts
         k: Python floats, constants of a compiled draft graph (one per batch size). Compiled, a round drafts in
-        whole segments (`decoding.batched.round_feeds`: k = 1..4 of 8 all pay 4 feeds) and verifies at a padded
+        whole segments (`decoding.rounds.shapes.round_feeds`: k = 1..4 of 8 all pay 4 feeds) and verifies at a padded
         width, so C_B is a staircase: a draft inside a segment already paid for costs only the rule's and the
         loop's per-draft work, and the rule drafts on to the segment's end unless the survival is near zero.
         Priced with the eager k - 1 feeds instead, it would stop mid-segment, inside feeds already paid for (on

@@ -14,6 +14,7 @@ import torch
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.metrics import GenerationMetrics
+from specdraft.decoding.rounds.shapes import prefill_positions, verify_width
 
 
 @dataclass(frozen=True)
@@ -134,10 +135,8 @@ COST_TABLE_FORMAT = "specdraft-cost-table/1"
 
 
 def padded_width(k: int, k_max: int) -> int:
-    """The drafts a compiled round verifies when its longest row drafted k: `decoding.compilation.verify_width`,
+    """The drafts a compiled round verifies when its longest row drafted k: `decoding.rounds.shapes.verify_width`,
     so the cost of a round is priced at the width the compiled decoder really runs."""
-    from specdraft.decoding.compilation import verify_width
-
     return verify_width(k, k_max)
 
 
@@ -179,7 +178,7 @@ class CostTable:
                       K's (`decoding.cost_profile.price_rules`); a round of a rule not listed pays nothing extra
     The fastest of repeated, interleaved calls after a warm-up over a static cache of `cache_length` slots
     holding `context` tokens: attention runs over every slot of the decoder's static cache (masked), so a step's
-    cost grows with the cache a decode allocates (`decoding.compilation.decode_cache_length`; on the
+    cost grows with the cache a decode allocates (`decoding.rounds.shapes.decode_cache_length`; on the
     demo pair at B = 32 a 1-wide verify took 13 / 17 / 21 ms over 64 / 128 / 192 slots), and a table prices
     the decodes of its cache length.
     Under a compile mode only the widths the compiled decoder runs are measured (1 and 2^j + 1, see
@@ -274,7 +273,8 @@ class CostTable:
         t_loop_spec when k >= 1 (when calibrated), and the stopping rule's, t_rule + k t_rule_draft (`rule`:
         its class name, when priced).
         A round of 0 drafts runs no drafter forward. feeds: the width-1 drafter forwards the round really ran,
-        where that is not k - 1 (a compiled draft graph runs its whole segment: `decoding.batched.round_feeds`)."""
+        where that is not k - 1 (a compiled draft graph runs its whole segment:
+        `decoding.rounds.shapes.round_feeds`)."""
         if k < 0 or k > self.max_drafts:
             raise InputError(f"the cost table prices rounds of 0..{self.max_drafts} drafts, not {k}; profile a "
                              "wider table (max_width)")
@@ -337,9 +337,7 @@ class CostTable:
 
     def prefill_positions(self, longest: int) -> int:
         """The positions per row a call's prefill runs at, in this table's compile mode, when its longest
-        prompt is `longest` tokens (`decoding.compilation.prefill_positions`): what `t_start` scales by."""
-        from specdraft.decoding.compilation import prefill_positions
-
+        prompt is `longest` tokens (`decoding.rounds.shapes.prefill_positions`): what `t_start` scales by."""
         return prefill_positions(longest, self.compile)
 
     def round_costs(self, batch: float, k_max: int | None = None, rule: str | None = None) -> list[float]:

@@ -12,8 +12,8 @@ drafters. An arm entry is a string or a mapping (YAML lists read as either):
     {kind: suffix, spec_factor: 2.0, min_prob: 0.05}  other keys go to the speculator
 
 `cost_ratio` is the arm's cost per drafted token in target forwards, read by the throughput reward
-(`decoding.bandits.multi_drafter.MultiDrafterSpeculator`, BanditSpec §6.2); left out, a drafter arm takes the bandit's
-and a model-free arm 0. Arms over one drafter share its KV cache (drafter_key).
+(`decoding.speculators.multi_drafter.MultiDrafterSpeculator`, BanditSpec §6.2); left out, a drafter arm takes
+the bandit's and a model-free arm 0. Arms over one drafter share its KV cache (drafter_key).
 
 `ArmResources` holds what arms are built from: drafter models by name and the datastore (None when the
 bundle has none: "rest" is then unavailable and "suffix" runs on the per-request structure alone).
@@ -27,7 +27,7 @@ import torch
 
 from specdraft.decoding.speculators.datastore import SuffixIndex
 from specdraft.core.errors import InputError
-from specdraft.decoding.bandits.multi_drafter import Arm, NoDraftSpeculator
+from specdraft.decoding.speculators.multi_drafter import Arm, NoDraftSpeculator
 from specdraft.decoding.speculators.prompt_lookup import PromptLookupSpeculator
 from specdraft.decoding.speculators.rest import RestSpeculator
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
@@ -96,7 +96,7 @@ def _normalise(entry: Any, resources: ArmResources) -> dict[str, Any]:
 
 
 def build_arm(entry: Any, resources: ArmResources, n_max: int) -> Arm:
-    """One `decoding.bandits.multi_drafter.Arm` from a config entry (see the module docstring)."""
+    """One `decoding.speculators.multi_drafter.Arm` from a config entry (see the module docstring)."""
     d = _normalise(entry, resources)
     kind = d.pop("kind")
     name = d.pop("name", None)

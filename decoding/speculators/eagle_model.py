@@ -204,6 +204,12 @@ def is_eagle_dir(path: str | Path) -> bool:
     return (Path(path) / EAGLE_CONFIG).is_file()
 
 
+def is_eagle(model) -> bool:
+    """Whether a loaded model is an EAGLE drafter (its config's model_type, as `EagleDrafter` sets it): it reads
+    the target's features and shares its embedding and LM head."""
+    return getattr(getattr(model, "config", None), "model_type", None) == "eagle"
+
+
 def read_eagle_config(path: str | Path) -> dict:
     file = Path(path) / EAGLE_CONFIG
     if not file.is_file():

@@ -15,7 +15,7 @@ from specdraft.decoding.speculators.arms import ArmResources, build_arm, build_a
 from specdraft.decoding.cascades import cascade_method
 from specdraft.decoding.speculators.eagle import EagleSpeculator
 from specdraft.decoding.metrics import GenerationResult
-from specdraft.decoding.bandits.multi_drafter import Arm, MultiDrafterSpeculator
+from specdraft.decoding.speculators.multi_drafter import Arm, MultiDrafterSpeculator
 from specdraft.decoding.speculators.spectr import drafter_speculator
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.bandits.selectors import make_selector

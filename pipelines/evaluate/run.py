@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from specdraft.decoding.batched import generate_batch
 from specdraft.decoding.metrics import GenerationMetrics, GenerationResult, aggregate
-from specdraft.decoding.bandits.multi_drafter import MultiDrafterSpeculator
+from specdraft.decoding.speculators.multi_drafter import MultiDrafterSpeculator
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import generate_speculative
 from specdraft.decoding.timing import Timing, timed_call

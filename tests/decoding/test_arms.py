@@ -6,7 +6,7 @@ from specdraft.decoding.speculators.arms import ArmResources, build_arms
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.speculators.datastore import SuffixIndex
 from specdraft.core.errors import InputError
-from specdraft.decoding.bandits.multi_drafter import MultiDrafterSpeculator, NoDraftSpeculator
+from specdraft.decoding.speculators.multi_drafter import MultiDrafterSpeculator, NoDraftSpeculator
 from specdraft.decoding.speculators.prompt_lookup import PromptLookupSpeculator
 from specdraft.decoding.speculators.rest import RestSpeculator
 from specdraft.decoding.bandits.rewards import throughput_bounds, throughput_reward

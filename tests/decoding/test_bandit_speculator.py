@@ -5,7 +5,7 @@ import torch
 
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.core.errors import InputError
-from specdraft.decoding.bandits.multi_drafter import (
+from specdraft.decoding.speculators.multi_drafter import (
     Arm,
     MultiDrafterSpeculator,
     NoDraftSpeculator,
@@ -95,7 +95,7 @@ def test_ucb_with_bd_prefers_the_good_drafter(models):
 def test_greedy_bd_reads_the_models_own_distributions(models, monkeypatch):
     """Under greedy decoding p and q are one-hots; the BD reward is 1 - TV of the softmax distributions
     behind them (MetaSD Assumption 2), so it is dense rather than a count of argmax agreements."""
-    import specdraft.decoding.bandits.multi_drafter as multi
+    import specdraft.decoding.speculators.multi_drafter as multi
 
     seen = []
     real = multi.block_divergence_reward
@@ -119,7 +119,7 @@ def test_greedy_bd_reads_the_models_own_distributions(models, monkeypatch):
 def test_greedy_bd_argmax_counts_argmax_agreements(models, monkeypatch):
     """reward="bd-argmax" keeps greedy verification's one-hots: the reward is the share of drafted
     positions where the drafter's and the target's argmax agree (also after the first rejection)."""
-    import specdraft.decoding.bandits.multi_drafter as multi
+    import specdraft.decoding.speculators.multi_drafter as multi
 
     seen = []
     real = multi.block_divergence_reward

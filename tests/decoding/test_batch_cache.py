@@ -192,7 +192,7 @@ def test_compiled_steps_keep_only_the_guards_on_their_arguments():
 
 
 def test_compiled_rounds_verify_a_few_widths_and_never_fewer_than_drafted():
-    from specdraft.decoding.compilation import verify_width
+    from specdraft.decoding.rounds.shapes import verify_width
 
     widths = {s: verify_width(s, 8) for s in range(9)}
     assert widths == {0: 0, 1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 6: 8, 7: 8, 8: 8}
@@ -204,7 +204,7 @@ def test_a_rounds_drafter_feeds_as_the_compiled_graphs_run_them(llama_pair):
     eagerly one per draft but the last; compiled, a rule without a head drafts its whole width in one graph, one
     with a head whole `segments` (HEAD_SEGMENT = 4 positions, then doubling), and no feed after the round's last
     position."""
-    from specdraft.decoding.batched import HEAD_SEGMENT, round_feeds, segments
+    from specdraft.decoding.rounds.shapes import HEAD_SEGMENT, round_feeds, segments
 
     assert HEAD_SEGMENT == 4
     head = random_head(llama_pair[1].config.hidden_size, 0)
@@ -224,7 +224,7 @@ def test_a_rounds_drafter_feeds_as_the_compiled_graphs_run_them(llama_pair):
 
 
 def test_compiled_prefills_run_at_a_few_widths_never_shorter_than_the_prompt():
-    from specdraft.decoding.compilation import prefill_width
+    from specdraft.decoding.rounds.shapes import prefill_width
 
     widths = [prefill_width(n) for n in range(1, 300)]
     assert set(widths) == {16, 32, 64, 128, 256, 512}
@@ -237,7 +237,7 @@ def test_a_decode_cache_holds_the_longest_prompt_and_the_round_not_the_padding(l
     positions compiled, and 4 new tokens need 74 slots: 128, not the 192 of the padded width plus the new tokens
     (every step attends over every slot). Checked in a decode with the compiled path's padding and cache reuse and
     eager functions: it allocates what `decode_cache_length` says and gives the eager decode's tokens."""
-    from specdraft.decoding.compilation import decode_cache_length
+    from specdraft.decoding.rounds.shapes import decode_cache_length
 
     assert decode_cache_length(68, 4, 0, "none") == decode_cache_length(68, 4, 0, "default") == 128
     assert decode_cache_length(68, 48, 8, "default") == 128 and decode_cache_length(68, 60, 8, "none") == 192

@@ -17,7 +17,7 @@ from specdraft.decoding.batched import generate_batch
 from specdraft.decoding.speculators.eagle_model import EagleDrafter
 from specdraft.decoding.rounds.lengths import lemma_3_1_gap
 from specdraft.decoding.rounds.sampling import SamplingConfig
-from specdraft.decoding.speculative import speculative_generate
+from specdraft.decoding.speculative import generate_with_drafter
 from specdraft.decoding.policies.stopping import FixedK, HindsightOracle, LockstepSpecDecPP, SpecDecPP
 from specdraft.decoding.policies.batch_aware import (BatchAwareSpecDec, GlobalVerifyBudget, KPerBatchSize,
                                                      LockstepBatchAwareSpecDec)
@@ -108,7 +108,7 @@ def test_every_row_equals_its_prompt_decoded_alone(llama_pair, ragged, name):
     # the same rounds as the batch-1 speculative decoder, row by row
     for prompt, result in zip(prompts, results):
         fresh = POLICIES[name](hidden)
-        old = speculative_generate(target, drafter, prompt, MAX_NEW, GREEDY, stopping=fresh, eos_token_id=eos).metrics
+        old = generate_with_drafter(target, drafter, prompt, MAX_NEW, GREEDY, stopping=fresh, eos_token_id=eos).metrics
         m = result.metrics
         assert (m.drafted, m.accepted, m.n_draft, m.n_discarded) == (old.drafted, old.accepted, old.n_draft, old.n_discarded)
 

@@ -9,7 +9,7 @@ from specdraft.decoding.compat import check_head, check_pair
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.core.errors import InputError
 from specdraft.decoding.rounds.sampling import SamplingConfig
-from specdraft.decoding.speculative import speculative_generate
+from specdraft.decoding.speculative import generate_with_drafter
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
 from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
 
@@ -45,7 +45,7 @@ def test_pair_checks(make_llama):
     with pytest.raises(InputError, match="tokenizer"):
         check_pair(target, same, word_tokenizer(["a"]), word_tokenizer(["b"]))
     with pytest.raises(InputError, match="vocabulary size"):  # caught when decoding starts
-        speculative_generate(target, other_vocab, [1, 2], 4)
+        generate_with_drafter(target, other_vocab, [1, 2], 4)
 
 
 def test_head_hidden_size_must_match_the_drafter(make_llama):
@@ -75,7 +75,7 @@ def test_bad_prompts(make_llama):
     with pytest.raises(InputError, match="prompt has 16 tokens but the model context is 16"):
         generate_autoregressive(model, list(range(16)), 1)
     with pytest.raises(InputError, match="lower max_new_tokens to at most 6"):
-        speculative_generate(model, model, list(range(10)), 7)
+        generate_with_drafter(model, model, list(range(10)), 7)
     with pytest.raises(InputError, match="empty"):
         generate_autoregressive(model, [], 4)
     with pytest.raises(InputError, match="batch size 2"):

@@ -8,7 +8,7 @@ import torch
 
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.rounds.sampling import SamplingConfig
-from specdraft.decoding.speculative import speculative_generate
+from specdraft.decoding.speculative import generate_with_drafter
 from specdraft.decoding.policies.stopping import SpecDecPP
 
 V, N = 5, 10
@@ -36,7 +36,7 @@ def counters(m):
 def test_always_accept_fixed_k(table_lm, tables, sampling):
     p, _, _, hidden = tables
     model = table_lm(p, hidden)
-    m = speculative_generate(model, model, PROMPT, N, sampling, k=3, generator=torch.Generator().manual_seed(0)).metrics
+    m = generate_with_drafter(model, model, PROMPT, N, sampling, k=3, generator=torch.Generator().manual_seed(0)).metrics
     # budgets 10, 6, 2 -> drafts 3, 3, 1 -> emits 4 + 4 + 2
     assert counters(m) == (10, 3, 3 + 3 + 1, 0, [3, 3, 1], [3, 3, 1])
     assert m.mat == pytest.approx(10 / 3)
@@ -47,7 +47,7 @@ def test_always_accept_fixed_k(table_lm, tables, sampling):
 def test_never_accept_fixed_k(table_lm, tables, sampling):
     _, p, q, hidden = tables
     target, drafter = table_lm(p, hidden), table_lm(q, hidden)
-    m = speculative_generate(target, drafter, PROMPT, N, sampling, k=3, generator=torch.Generator().manual_seed(0)).metrics
+    m = generate_with_drafter(target, drafter, PROMPT, N, sampling, k=3, generator=torch.Generator().manual_seed(0)).metrics
     drafted = [3] * 7 + [2, 1, 0]  # one token per round; the last rounds are capped by the budget
     assert counters(m) == (10, 10, sum(drafted), sum(drafted), drafted, [0] * 10)
     assert m.mat == 1.0 and m.discard_rate == pytest.approx(2.4)
@@ -60,7 +60,7 @@ def test_specdecpp_rounds_cost_one_forward_per_candidate(table_lm, tables):
     with torch.no_grad():
         stop_now.weight.zero_()
         stop_now.bias.fill_(-10.0)  # predicted acceptance ~ 0: stop at the first prediction
-    m = speculative_generate(model, model, PROMPT, N, GREEDY, stopping=SpecDecPP(stop_now, 0.5)).metrics
+    m = generate_with_drafter(model, model, PROMPT, N, GREEDY, stopping=SpecDecPP(stop_now, 0.5)).metrics
     # y_1 goes out unpredicted; the forward on y_1 gives q_2 and e_1; y_2 is sampled, then e_1 says stop:
     # rounds of two drafts + bonus at two forwards each (budgets 10, 7, 4), then the budget leaves room
     # for the target's token only
@@ -71,7 +71,7 @@ def test_specdecpp_rounds_cost_one_forward_per_candidate(table_lm, tables):
     with torch.no_grad():
         never_stop.weight.zero_()
         never_stop.bias.fill_(10.0)
-    m = speculative_generate(model, model, PROMPT, N, GREEDY, stopping=SpecDecPP(never_stop, 0.5, k_max=3)).metrics
+    m = generate_with_drafter(model, model, PROMPT, N, GREEDY, stopping=SpecDecPP(never_stop, 0.5, k_max=3)).metrics
     # capped at K_max = 3 like fixed K = 3, and e_3 is never needed: the same counts as fixed K
     assert counters(m) == (10, 3, 7, 0, [3, 3, 1], [3, 3, 1])
 

@@ -12,7 +12,7 @@ from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.speculators.eagle import EagleSpeculator, StaticTree, TreeShape, topk_candidates_select
 from specdraft.decoding.speculators.eagle_model import EagleDrafter, load_eagle, save_eagle
 from specdraft.core.errors import InputError
-from specdraft.decoding.bandits.multi_drafter import MultiDrafterSpeculator
+from specdraft.decoding.speculators.multi_drafter import MultiDrafterSpeculator
 from specdraft.decoding.rounds.sampling import SamplingConfig, probs
 from specdraft.decoding.bandits.selectors import make_selector
 from specdraft.decoding.speculative import generate_speculative

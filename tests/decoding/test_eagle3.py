@@ -11,7 +11,7 @@ from specdraft.decoding.speculators.arms import Arm
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.speculators.eagle import EagleSpeculator, StaticTree, TreeShape
 from specdraft.decoding.speculators.eagle_model import EagleDrafter, eagle3_layers, fused_features, load_eagle, read_eagle_config, save_eagle
-from specdraft.decoding.bandits.multi_drafter import MultiDrafterSpeculator
+from specdraft.decoding.speculators.multi_drafter import MultiDrafterSpeculator
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.bandits.selectors import make_selector
 from specdraft.decoding.speculative import generate_speculative

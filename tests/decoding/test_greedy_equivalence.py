@@ -7,7 +7,7 @@ import torch
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.metrics import aggregate
 from specdraft.decoding.rounds.sampling import SamplingConfig
-from specdraft.decoding.speculative import hindsight_oracle, speculative_generate
+from specdraft.decoding.speculative import hindsight_oracle, generate_with_drafter
 from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -67,7 +67,7 @@ def test_greedy_speculative_equals_greedy_target(llama_pair, references, make_st
     runs = []
     for prompt, n, ours, hf in references:
         stopping = make_stopping(drafter.config.hidden_size)
-        result = speculative_generate(target, drafter, prompt, n, GREEDY, stopping=stopping)
+        result = generate_with_drafter(target, drafter, prompt, n, GREEDY, stopping=stopping)
         assert result.tokens == ours == hf
         m = result.metrics
         assert m.n_generated == n == sum(m.accepted) + m.n_rounds
@@ -96,7 +96,7 @@ def test_eos_stops_both_decoders_at_the_same_token(llama_pair, references):
         expected = ours[: ours.index(eos) + 1]
         assert generate_autoregressive(target, prompt, n, GREEDY, eos_token_id=eos).tokens == expected
         for k in (1, 3, 6):
-            got = speculative_generate(target, drafter, prompt, n, GREEDY, k=k, eos_token_id=eos)
+            got = generate_with_drafter(target, drafter, prompt, n, GREEDY, k=k, eos_token_id=eos)
             assert got.tokens == expected
             assert got.metrics.n_generated == len(expected)
         assert hf_greedy(target, prompt, n, eos_token_id=eos)[: len(expected)] == expected
@@ -117,7 +117,7 @@ def test_hindsight_oracle_has_no_discards_and_theorem_4_1_target_calls(llama_pai
         S = {i for i, (y, x) in enumerate(zip(draft_greedy, ours), start=1) if y != x}
         assert result.metrics.n_target == len(S | {n})  # every disagreement, plus the last token
         for k in (1, 4):
-            fixed = speculative_generate(target, drafter, prompt, n, GREEDY, k=k).metrics
+            fixed = generate_with_drafter(target, drafter, prompt, n, GREEDY, k=k).metrics
             assert result.metrics.n_target <= fixed.n_target
 
 
@@ -183,5 +183,5 @@ def test_target_on_gpu_drafter_on_cpu(llama_pair):
     gpu_target = __import__("copy").deepcopy(target).to("cuda")
     prompt = list(range(1, 9))
     expected = generate_autoregressive(gpu_target, prompt, 20, GREEDY).tokens  # GPU numerics may differ from CPU
-    result = speculative_generate(gpu_target, drafter, prompt, 20, GREEDY, k=3)
+    result = generate_with_drafter(gpu_target, drafter, prompt, 20, GREEDY, k=3)
     assert result.tokens == expected and result.metrics.n_target < 20

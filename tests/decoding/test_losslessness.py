@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specdraft.decoding.rounds.sampling import SamplingConfig
-from specdraft.decoding.speculative import speculative_generate
+from specdraft.decoding.speculative import generate_with_drafter
 from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
 from tests.decoding.conftest import chi2_pvalue, exact_distribution
 
@@ -56,7 +56,7 @@ def test_first_tokens_follow_the_target_distribution(stub_pair, sampling, make_s
     first_round = set()
     stopping = make_stopping()
     for _ in range(N_SAMPLES):
-        result = speculative_generate(target, drafter, PROMPT, n_tokens, sampling, stopping=stopping, generator=gen)
+        result = generate_with_drafter(target, drafter, PROMPT, n_tokens, sampling, stopping=stopping, generator=gen)
         x1, x2, x3 = result.tokens[:N_TOKENS]
         counts[(x1 * V + x2) * V + x3] += 1
         m = result.metrics

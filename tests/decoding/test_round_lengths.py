@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specdraft.decoding.bandits.multi_drafter import Arm, MultiDrafterSpeculator, gamma_arms
+from specdraft.decoding.speculators.multi_drafter import Arm, MultiDrafterSpeculator, gamma_arms
 from specdraft.decoding.rounds.lengths import decisions, lemma_3_1_gap, round_length
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.bandits.selectors import make_selector
-from specdraft.decoding.speculative import generate_speculative, hindsight_oracle, speculative_generate
+from specdraft.decoding.speculative import generate_speculative, hindsight_oracle, generate_with_drafter
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
 from specdraft.decoding.policies.stopping import FixedK, HindsightOracle, SpecDecPP
 from specdraft.heads.simulate import greedy_oracle, simulate_fixed_k, simulate_specdecpp
@@ -217,14 +217,14 @@ def test_simulated_counts_equal_decoded_counts_on_teacher_forced_greedy_sequence
         sigma = torch.sigmoid(head(drafter.hidden[len(prompt) : len(prompt) + n]).squeeze(-1)).double()
         for h in (0.3, 0.5, 0.7, 0.9):
             for k_max in (3, 20):
-                out = speculative_generate(target, drafter, prompt, n + 5, GREEDY, SpecDecPP(head, h, k_max),
+                out = generate_with_drafter(target, drafter, prompt, n + 5, GREEDY, SpecDecPP(head, h, k_max),
                                            eos_token_id=eos)
                 assert out.tokens == response
                 (r,) = simulate_specdecpp([accept], [sigma], cost_ratio=0.2, thresholds=[h], k_max=k_max)
                 assert counts(out.metrics) == sim(r), (seed, h, k_max)
                 checked += len(set(out.metrics.drafted))
         for k in (1, 3, 5):
-            out = speculative_generate(target, drafter, prompt, n + 5, GREEDY, k=k, eos_token_id=eos)
+            out = generate_with_drafter(target, drafter, prompt, n + 5, GREEDY, k=k, eos_token_id=eos)
             (r,) = simulate_fixed_k([accept], cost_ratio=0.2, ks=[k])
             assert counts(out.metrics) == sim(r), (seed, k)
         out = hindsight_oracle(target, drafter, prompt, n + 5, eos_token_id=eos)

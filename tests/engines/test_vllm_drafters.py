@@ -13,7 +13,7 @@ import torch
 
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.bundle.loading import load_causal_lm
-from specdraft.decoding.speculative import generate_speculative, speculative_generate
+from specdraft.decoding.speculative import generate_speculative, generate_with_drafter
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
 from specdraft.decoding.policies.stopping import FixedK
 from tests.engines.conftest import finish_offline, prompts, start_offline
@@ -113,7 +113,7 @@ def acceptance_rows(runs, pair) -> dict:
         rows["ours"].append([(d, a) for d, a in zip(r.metrics.drafted, r.metrics.accepted) if d > 0])
         rows["n"], rows["n_target"] = rows["n"] + r.metrics.n_generated, rows["n_target"] + r.metrics.n_target
         rows["replay"].append(vllm_counting(target, drafter, p, MAX_TOKENS, k))
-        own = speculative_generate(target, drafter, p, MAX_TOKENS, k=k).metrics
+        own = generate_with_drafter(target, drafter, p, MAX_TOKENS, k=k).metrics
         rows["own_n"], rows["own_target"] = rows["own_n"] + own.n_generated, rows["own_target"] + own.n_target
     return rows
 

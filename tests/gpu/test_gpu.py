@@ -127,7 +127,7 @@ PROMPTS = [list(range(1, 9)), [5, 17, 300, 42, 9, 9, 1], [int(x) for x in torch.
 
 
 def test_greedy_speculative_in_bf16_equals_transformers_generate():
-    from specdraft.decoding.speculative import speculative_generate
+    from specdraft.decoding.speculative import generate_with_drafter
 
     target = _llama(0, layers=4).to("cuda", torch.bfloat16)
     drafter = noisy_copy(_llama(0, layers=4), 0.05, seed=1).to("cuda", torch.bfloat16)
@@ -135,7 +135,7 @@ def test_greedy_speculative_in_bf16_equals_transformers_generate():
     for prompt in PROMPTS:
         expected = _hf_greedy(target, prompt, 40)
         for k in (1, 3, 6):
-            result = speculative_generate(target, drafter, prompt, 40, k=k)
+            result = generate_with_drafter(target, drafter, prompt, 40, k=k)
             assert result.tokens == expected, (prompt, k)
             n_target, n_tokens = n_target + result.metrics.n_target, n_tokens + result.metrics.n_generated
     assert n_target < n_tokens  # drafts were accepted: the test exercised acceptance, rejection and rollback
@@ -143,19 +143,19 @@ def test_greedy_speculative_in_bf16_equals_transformers_generate():
 
 def test_sampling_on_gpu_is_seeded_and_valid():
     from specdraft.decoding.rounds.sampling import SamplingConfig
-    from specdraft.decoding.speculative import speculative_generate
+    from specdraft.decoding.speculative import generate_with_drafter
 
     target = _llama(0, layers=2).to("cuda", torch.bfloat16)
     drafter = noisy_copy(_llama(0, layers=2), 0.05, seed=1).to("cuda", torch.bfloat16)
     sampling = SamplingConfig(temperature=1.0)
-    runs = [speculative_generate(target, drafter, PROMPTS[0], 30, sampling, k=4,
+    runs = [generate_with_drafter(target, drafter, PROMPTS[0], 30, sampling, k=4,
                                  generator=torch.Generator().manual_seed(3)).tokens for _ in range(2)]
     assert runs[0] == runs[1] and len(runs[0]) == 30 and all(0 <= t < 512 for t in runs[0])
 
 
 def test_device_map_auto_split_over_cpu_and_gpu_decodes_like_generate(tmp_path):
     from specdraft.decoding.bundle.loading import load_causal_lm
-    from specdraft.decoding.speculative import speculative_generate
+    from specdraft.decoding.speculative import generate_with_drafter
 
     _llama(0, layers=6).save_pretrained(tmp_path / "target", safe_serialization=True)
     per_layer = sum(p.numel() for p in _llama(0, layers=1).model.layers[0].parameters()) * 2  # bf16 bytes
@@ -169,7 +169,7 @@ def test_device_map_auto_split_over_cpu_and_gpu_decodes_like_generate(tmp_path):
     drafter = noisy_copy(_llama(0, layers=6), 0.05, seed=1).to("cuda", torch.bfloat16)
     for prompt in PROMPTS[:2]:
         expected = _hf_greedy(target, prompt, 24)
-        result = speculative_generate(target, drafter, prompt, 24, k=3)
+        result = generate_with_drafter(target, drafter, prompt, 24, k=3)
         assert result.tokens == expected and result.metrics.n_target < 24
 
 

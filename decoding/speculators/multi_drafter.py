@@ -105,7 +105,7 @@ def _check_arms(arms: list[Arm]) -> None:
         raise InputError("the arm list is empty; give at least one drafter / speculation setting")
     for arm in arms:
         if not isinstance(arm, Arm):
-            raise InputError(f"arms must be decoding.bandits.multi_drafter.Arm(name, speculator, drafter_key), got {type(arm).__name__}")
+            raise InputError(f"arms must be decoding.speculators.multi_drafter.Arm(name, speculator, drafter_key), got {type(arm).__name__}")
     names = [a.name for a in arms]
     if len(set(names)) != len(names):
         raise InputError(f"arm names must be unique, got {names}")
