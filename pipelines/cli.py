@@ -5,6 +5,7 @@
   specdraft validate FILE [key.path=value ...]
   specdraft generate BUNDLE (--prompt TEXT | --prompts FILE.jsonl) [...]      specdraft inspect-bundle BUNDLE
   specdraft predict BUNDLE [--batch-sizes 1,2,...,64] [--device ...] [--compile ...]
+  specdraft export-paths BUNDLE      (after moving or copying a bundle: its vLLM configs name where it is now)
 
 Building the parser imports nothing heavy (no torch, transformers or Lightning), so `--help` on any
 command answers at once; each command imports what it needs when it runs.
@@ -102,6 +103,15 @@ def _inspect_bundle(args) -> None:
     print(inspect_bundle(args.bundle))
 
 
+def _export_paths(args) -> None:
+    from specdraft.pipelines.vllm_export import point_at
+
+    changed = point_at(args.bundle)
+    where = Path(args.bundle).resolve()
+    print(f"{where}: rewrote {len(changed)} vLLM config(s) to name paths inside it" if changed
+          else f"{where}: its vLLM configs already name paths inside it")
+
+
 def _generate(args) -> None:
     from specdraft.data.chat import record_messages
     from specdraft.decoding.generate import Services, run
@@ -172,6 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("inspect-bundle", help="summarise a bundle and verify every file's sha256")
     sp.add_argument("bundle")
     sp.set_defaults(func=_inspect_bundle)
+    sp = sub.add_parser("export-paths", help="after moving or copying a bundle: rewrite the paths its vllm/*/ "
+                                             "configs name for where it is now (and the hashes recorded)")
+    sp.add_argument("bundle")
+    sp.set_defaults(func=_export_paths)
     sp = sub.add_parser("config", help="print the annotated config reference: every key, its type, default and meaning")
     sp.add_argument("--defaults", action="store_true", required=True,
                     help="print every key at its default (a run config lists only what it changes)")

@@ -8,7 +8,11 @@
    `best_head`), or all of them, named "<transform tag>/<head>"; the drafter's default head is the best
    one labelled under the serving transform (the config's decoding section). Each must have been trained on exactly
    the exported drafter (its recorded drafter_hash); beside them acceptance/<drafter>/acceptance_summary.json,
-   the default head's dev acceptance statistics (decoding/throughput.py), which `specdraft predict` reads
+   the default head's dev acceptance statistics (decoding/throughput.py), which `specdraft predict` reads;
+3b. per drafter its best fixed K (bundle.json, generation_config.json) and vllm/<name>/speculative_config.json,
+   with synthetic_speculative_config.json beside it: the acceptance summary as vLLM's synthetic acceptance
+   rates (pipelines/vllm_export.py). Those configs name absolute paths, right where the stage wrote the
+   bundle; `specdraft export-paths BUNDLE` rewrites them after a move or copy
 4. router: train-router's output directory as is, when that stage has run
 4b. datastore (export.datastore, default on): a suffix array over distill-data's train responses
    (token ids, the target's own text), read by the REST and suffix-decoding arms; its size and build
@@ -342,18 +346,25 @@ def export_fixed_k(ctx: Context, drafters: dict[str, DrafterEntry], heads: dict,
                    defaults, files: dict[str, str], add) -> None:
     """Step 3b: each drafter's best fixed K, as a number in bundle.json (the entries updated in place), in its
     generation_config, where transformers' assistant_model reads it, and in vLLM's speculative_config
-    (method draft_model)."""
-    from specdraft.pipelines.vllm_export import write_speculative_config
+    (method draft_model); beside it, for a drafter with an acceptance summary, the same config with vLLM's
+    synthetic rejection sampling at the drafter's dev acceptance (its acceptance profile for simulators)."""
+    from specdraft.decoding.throughput import AcceptanceSummary
+    from specdraft.pipelines.vllm_export import (synthetic_acceptance_rates, write_speculative_config,
+                                                 write_synthetic_config)
 
     for name in sorted(drafters):
         default = heads.get(name, {}).get(drafters[name].head) if drafters[name].head else None
         k = best_fixed_k(sweep.get(name, {}), default, serving)
         drafters[name] = replace(drafters[name], fixed_k=k)
+        served_k = k if k is not None else defaults.k
         rel = f"drafters/{name}/generation_config.json"
-        files[rel] = write_assistant_config(ctx.out / rel, k if k is not None else defaults.k)
-        add(f"vllm/{name}", write_speculative_config(ctx.out / "vllm" / name, "draft_model",
-                                                     (ctx.root / ctx.spec.out / "drafters" / name).resolve(),
-                                                     k if k is not None else defaults.k))
+        files[rel] = write_assistant_config(ctx.out / rel, served_k)
+        model = (ctx.root / ctx.spec.out / "drafters" / name).resolve()  # where it will be once the stage commits
+        add(f"vllm/{name}", write_speculative_config(ctx.out / "vllm" / name, "draft_model", model, served_k))
+        if drafters[name].acceptance is not None:
+            summary = AcceptanceSummary.load(drafters[name].acceptance / ACCEPTANCE_FILE)
+            add(f"vllm/{name}", write_synthetic_config(ctx.out / "vllm" / name, "draft_model", model, served_k,
+                                                       synthetic_acceptance_rates(summary, served_k)))
 
 
 def export_routers(ctx: Context, add) -> dict[str, RouterEntry]:

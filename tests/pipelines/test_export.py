@@ -227,3 +227,80 @@ def test_bundle_json_round_trips_through_the_schema(run_root):
     assert b.spec.to_json(out) == json.loads(written)
     write_bundle(out, b.spec)
     assert (out / BUNDLE_JSON).read_text() == written
+
+
+def _dev_unconditional_rates(summary: dict, k: int) -> list[float]:
+    """P(the first j + 1 drafts all accepted) over round starts at every dev position, past a sequence's end
+    nothing accepted: written out from the definition, not from the exporter's code."""
+    sums, starts = [0.0] * k, 0
+    for s in summary["sequences"]:
+        p = s["accept"]
+        for start in range(len(p)):
+            starts += 1
+            reach = 1.0
+            for j in range(k):
+                reach *= p[start + j] if start + j < len(p) else 0.0
+                sums[j] += reach
+    return [x / starts for x in sums]
+
+
+def test_each_drafter_ships_its_acceptance_profile_for_vllm_synthetic_sampling(run_root):
+    """vllm/<name>/synthetic_speculative_config.json: the speculative config plus vLLM's synthetic rejection
+    sampling at the drafter's dev acceptance (unconditional per-position rates: non-increasing, length K),
+    listed and hashed like the other vllm/ files."""
+    out = run_stage(_config(run_root), "export")
+    meta = json.loads((out / BUNDLE_JSON).read_text())
+    manifest = read_manifest(out)
+    for name in meta["drafters"]:
+        spec = json.loads((out / "vllm" / name / "speculative_config.json").read_text())
+        synthetic = json.loads((out / "vllm" / name / "synthetic_speculative_config.json").read_text())
+        rates = synthetic.pop("synthetic_acceptance_rates")
+        assert synthetic == {**spec, "rejection_sample_method": "synthetic"}
+        k = spec["num_speculative_tokens"]
+        assert len(rates) == k and all(0.0 <= r <= 1.0 for r in rates)
+        assert all(b <= a for a, b in zip(rates, rates[1:]))
+        summary = json.loads((out / "acceptance" / name / "acceptance_summary.json").read_text())
+        assert rates == pytest.approx(_dev_unconditional_rates(summary, k), abs=2e-6)
+        rel = f"vllm/{name}/synthetic_speculative_config.json"
+        assert rel in meta["files"] and meta["files"][rel] == manifest.files[rel]
+
+
+def test_export_paths_points_a_copied_bundle_at_itself(run_root, tmp_path, capsys):
+    """A copied bundle's vLLM configs name the original; `specdraft export-paths` rewrites them to paths
+    inside the copy, that exist, and updates the hashes (bundle.json and the manifest still verify). In
+    place it changes nothing; a hand-edited config or a path that is no bundle is one line, exit 2."""
+    from specdraft.pipelines.artifacts import verify_files
+    from specdraft.pipelines.cli import main
+
+    out = run_stage(_config(run_root), "export")
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert main(["export-paths", str(out)]) == 0 and "already name paths inside it" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+
+    moved = tmp_path / "elsewhere" / "bundle"
+    shutil.copytree(out, moved)
+    configs = sorted((moved / "vllm").rglob("*.json"))
+    assert configs and all(str(out.resolve()) in p.read_text() for p in configs)  # stale: the original's paths
+    assert main(["export-paths", str(moved)]) == 0
+    assert f"rewrote {len(configs)} vLLM config(s)" in capsys.readouterr().out
+    for p in configs:
+        spec = json.loads(p.read_text())
+        model = Path(spec["model"])
+        assert model.is_absolute() and model.is_relative_to(moved.resolve()) and model.is_dir()
+        assert str(out.resolve()) not in p.read_text()
+    assert {p.name for p in configs} == {"speculative_config.json", "synthetic_speculative_config.json"}
+    b = load_bundle(moved)  # every hash, the rewritten ones included
+    assert b.root == moved.resolve()
+    verify_files(moved)  # the stage manifest agrees too
+    assert inspect_main([str(moved)]) == 0
+    assert main(["export-paths", str(moved)]) == 0 and "already" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before  # the original untouched
+
+    spec_path = moved / "vllm" / "math" / "speculative_config.json"
+    spec_path.write_text(spec_path.read_text().replace(str(moved.resolve()), "/somewhere/else"))
+    assert main(["export-paths", str(moved)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'vllm/math/speculative_config.json' does not match its sha256" in err and "\n" not in err
+    assert main(["export-paths", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is not a bundle" in err and "\n" not in err
