@@ -39,7 +39,7 @@ from specdraft.decoding.speculators.arms import ArmResources, build_arms  # noqa
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
 from specdraft.decoding.bundle.directory import load_bundle  # noqa: E402
 from specdraft.decoding.speculators.datastore import SuffixIndex, build_datastore  # noqa: E402
-from specdraft.decoding.bundle.defaults import DEFAULTS  # noqa: E402
+from specdraft.decoding.defaults import DEFAULTS  # noqa: E402
 from specdraft.decoding.speculators.multi_drafter import MultiDrafterSpeculator  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.bandits.selectors import make_selector  # noqa: E402

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from specdraft.core.errors import InputError, require_int
-from specdraft.decoding.bundle.defaults import is_threshold
+from specdraft.decoding.defaults import is_threshold
 from specdraft.core.tokenizers import check_same_vocabulary
 
 

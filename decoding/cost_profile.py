@@ -65,7 +65,7 @@ import torch
 from specdraft.core.devices import device_name
 from specdraft.core.errors import InputError
 from specdraft.decoding.batched import GREEDY, compiled_segment, forward_step, head_sigma, reads_each_decision, rule_key
-from specdraft.decoding.bundle.defaults import COMPILE_MODES
+from specdraft.decoding.defaults import COMPILE_MODES
 from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.policies.cost_model import CostTable, nnls2, padded_width
 from specdraft.decoding.policies.stopping import FixedK

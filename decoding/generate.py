@@ -13,7 +13,7 @@ drafts its best fixed K from the bundle. `--method ar` decodes with the target a
 (K > 1) decodes with SpecTr; `--cascade RULE --alpha A` runs a speculative cascade (decoding/cascades.py;
 block size --cascade-block, 5 by default; needs temperature > 0; --k, a drafter's fixed K, is refused with
 one); a bundle whose defaults name a cascade runs it when sampling unless `--cascade none`. Every option
-left out takes the bundle's default (decoding/bundle/defaults.py).
+left out takes the bundle's default (decoding/defaults.py).
 
 A prompt is one user turn (or a record's messages), formatted as the bundle was trained (decoding/bundle/chat.py:
 the target's chat template unless the run chose otherwise); `--raw-prompt` feeds the text as is and
@@ -43,7 +43,7 @@ from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.bundle.chat import ChatFormat, end_of_turn_ids, format_prompt, user_turn
 from specdraft.decoding.compat import check_head, check_pair
-from specdraft.decoding.bundle.defaults import DEFAULTS, DecodingDefaults
+from specdraft.decoding.defaults import DEFAULTS, DecodingDefaults
 from specdraft.decoding.cascades import DEFAULT_BLOCK as CASCADE_BLOCK
 from specdraft.decoding.speculators.eagle_model import EagleDrafter, is_eagle  # loaded with the batched decoder anyway
 from specdraft.decoding.generate_args import bundle_of

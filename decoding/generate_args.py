@@ -6,7 +6,7 @@ added in `add_arguments`, the one place a new decoding option (drafts, cascades,
 
 Every number is checked as it is parsed: a draft length, temperature, top-p, top-k, threshold, batch
 size or token budget that cannot work stops with one line and exit code 2 (`one_line_errors`), never
-replaced by a default. An option left out takes the bundle's value (decoding/bundle/defaults.py, as export
+replaced by a default. An option left out takes the bundle's value (decoding/defaults.py, as export
 wrote it), or the library's without a bundle.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import argparse
 import math
 import sys
 
-from specdraft.decoding.bundle.defaults import COMPILE_MODES, is_threshold  # imports no torch: `--help` stays instant
+from specdraft.decoding.defaults import COMPILE_MODES, is_threshold  # imports no torch: `--help` stays instant
 
 
 def checked(kind: type, ok, what: str):

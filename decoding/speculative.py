@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from specdraft.decoding.bundle.defaults import DEFAULTS
+from specdraft.decoding.defaults import DEFAULTS
 from specdraft.decoding.rounds import kv
 from specdraft.decoding.autoregressive import as_token_list, eos_set, generate_autoregressive
 from specdraft.decoding.compat import check_prompt

@@ -44,12 +44,12 @@ from typing import Sequence
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.bundle.defaults import DEFAULTS
+from specdraft.decoding.defaults import DEFAULTS
 from specdraft.decoding.policies.stopping import SpecDecPP
 from specdraft.decoding.rounds.lengths import decisions, draft_forwards, round_length
 
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
-K_MAX = DEFAULTS.k_max  # the decoder's SpecDec++ cap (decoding/bundle/defaults.py)
+K_MAX = DEFAULTS.k_max  # the decoder's SpecDec++ cap (decoding/defaults.py)
 
 
 @dataclass(frozen=True)

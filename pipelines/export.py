@@ -38,7 +38,7 @@ from specdraft.decoding.bundle.directory import BUNDLE_JSON, check_safe_weights,
 from specdraft.decoding.bundle.schema import (BundleSpec, DatastoreEntry, DrafterEntry, EagleEntry, HeadEntry,
                                     RouterEntry, TargetEntry)
 from specdraft.core.hashing import content_hash, file_sha256
-from specdraft.decoding.bundle.defaults import DecodingDefaults
+from specdraft.decoding.defaults import DecodingDefaults
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.decoding.speculators.datastore import build_datastore
 from specdraft.decoding.throughput import ACCEPTANCE_FILE

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> dict:
     import torch
 
     from specdraft.core.devices import resolve_device
-    from specdraft.decoding.bundle.defaults import COMPILE_MODES
+    from specdraft.decoding.defaults import COMPILE_MODES
     from specdraft.decoding.bundle.directory import load_bundle
     from specdraft.decoding.cost_profile import cached_cost_table
     from specdraft.decoding.policies.cost_model import CostTable

@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 from specdraft.data.demo_world import DOMAINS, HELDOUT_DOMAINS
 from specdraft.core.errors import InputError, require_int
 from specdraft.decoding.compat import check_k
-from specdraft.decoding.bundle.defaults import DecodingDefaults, is_threshold
+from specdraft.decoding.defaults import DecodingDefaults, is_threshold
 from specdraft.drafters.model import CausalLMConfig, preset
 from specdraft.training.trainer import TrainerConfig
 

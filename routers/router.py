@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.bundle.checkpoint import CheckpointFormat
+from specdraft.decoding.checkpoint import CheckpointFormat
 
 WEIGHTS_NAME = "router.safetensors"
 CONFIG_NAME = "router_config.json"

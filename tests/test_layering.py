@@ -258,34 +258,24 @@ def test_the_graph_checks_see_a_hidden_circle_a_stage_import_and_a_private_name(
 
 # decoding/'s rooms from the bottom up: a module imports its own room and the rooms below it, never one above.
 # A room is a sub-package, or a group of decoding/'s top-level modules, each named (a new one must be placed):
-# the helpers every room may read, the loops (with what compiles, times and predicts them), the command.
-# Bandits (selectors, rewards) are plain arithmetic below the policy and the speculator that run them; the
-# shapes a round takes (rounds/shapes.py) sit below both the loop and the policies that price it.
+# the helpers every room may read, the defaults with the early checks, the loops (with what compiles, times and
+# predicts them), the command. Bandits (selectors, rewards) are plain arithmetic below the policy and the
+# speculator that run them; the shapes a round takes (rounds/shapes.py) sit below both the loop and the
+# policies that price it. The decoding defaults (defaults.py: K, K_max, h, c, the sampling transform, the
+# compile modes) check their sampling against rounds/ and their selector against bandits/, and are read by
+# the policies, the loops and the bundle that carries them: they sit above the first two, below the rest,
+# with the early checks (compat.py) that share their threshold test.
 DECODING_ROOMS = (
-    ("helpers", {"compat", "metrics", "timing"}),
+    ("helpers", {"checkpoint", "metrics", "timing"}),
     ("rounds", {"rounds"}),
     ("bandits", {"bandits"}),
+    ("defaults", {"defaults", "compat"}),
     ("policies", {"policies"}),
     ("speculators", {"speculators"}),
     ("loops", {"autoregressive", "speculative", "batched", "cascades", "compilation", "throughput", "cost_profile"}),
     ("bundle", {"bundle"}),
     ("command", {"generate", "generate_args"}),
 )
-
-# Upward imports a later step of issue 69 removes, and this list with them (importer, imported): the bundle's
-# decoding defaults (bundle/defaults.py) and small-checkpoint format (bundle/checkpoint.py) hold no Bundle and
-# are read by the rooms below it. They move below those rooms together with their importers outside decoding/
-# (pipelines/export.py, pipelines/schema.py, heads/simulate.py, routers/router.py, data/, tests); until then
-# the bundle and the rooms reading them form the one circle left, which the checks below leave out.
-UPWARD_FOR_NOW = {
-    ("specdraft.decoding.compat", "specdraft.decoding.bundle.defaults"),
-    ("specdraft.decoding.policies.stopping", "specdraft.decoding.bundle.defaults"),
-    ("specdraft.decoding.policies.acceptance_head", "specdraft.decoding.bundle.checkpoint"),
-    ("specdraft.decoding.speculative", "specdraft.decoding.bundle.defaults"),
-    ("specdraft.decoding.compilation", "specdraft.decoding.bundle.defaults"),
-    ("specdraft.decoding.cost_profile", "specdraft.decoding.bundle.defaults"),
-}
-
 
 def decoding_room(module: str, rooms=DECODING_ROOMS) -> str | None:
     """`specdraft.decoding.policies.stopping` -> "policies"; None outside decoding/'s modules (or the package
@@ -296,23 +286,21 @@ def decoding_room(module: str, rooms=DECODING_ROOMS) -> str | None:
     return next((room for room, members in rooms if parts[2] in members), "?")
 
 
-def room_graph(edges: dict[str, dict[str, set[str]]], rooms=DECODING_ROOMS,
-               skip: set[tuple[str, str]] = frozenset()) -> dict[str, dict[str, set[str]]]:
-    """room -> {another room it imports -> the module imports behind that}, the imports in `skip` left out."""
+def room_graph(edges: dict[str, dict[str, set[str]]], rooms=DECODING_ROOMS) -> dict[str, dict[str, set[str]]]:
+    """room -> {another room it imports -> the module imports behind that}."""
     graph: dict[str, dict[str, set[str]]] = {room: {} for room, _ in rooms}
     for module, targets in edges.items():
         here = decoding_room(module, rooms)
         for target in targets:
             there = decoding_room(target, rooms)
-            if here not in (None, "?") and there not in (None, "?", here) and (module, target) not in skip:
+            if here not in (None, "?") and there not in (None, "?", here):
                 graph[here].setdefault(there, set()).add(f"{module} imports {target}")
     return graph
 
 
-def upward_imports(edges: dict[str, dict[str, set[str]]], rooms=DECODING_ROOMS,
-                   skip: set[tuple[str, str]] = frozenset()) -> list[str]:
+def upward_imports(edges: dict[str, dict[str, set[str]]], rooms=DECODING_ROOMS) -> list[str]:
     rank = {room: i for i, (room, _) in enumerate(rooms)}
-    return sorted(i for here, out in room_graph(edges, rooms, skip).items() for there, imports in out.items()
+    return sorted(i for here, out in room_graph(edges, rooms).items() for there, imports in out.items()
                   if rank[there] > rank[here] for i in imports)
 
 
@@ -323,14 +311,8 @@ def test_every_decoding_module_has_a_room():
 def test_decodings_rooms_import_down_and_form_no_circle():
     """Not even through an import inside a function, as for modules (test_the_import_graph_has_no_cycle)."""
     edges = import_edges(module_files())
-    assert upward_imports(edges, skip=UPWARD_FOR_NOW) == []
-    assert cycles(room_graph(edges, skip=UPWARD_FOR_NOW)) == []
-
-
-def test_the_upward_allow_list_only_shrinks():
-    """Each import left for later still exists and still points up: one that is gone leaves the list too."""
-    found = set(upward_imports(import_edges(module_files())))
-    assert {f"{m} imports {t}" for m, t in UPWARD_FOR_NOW} <= found
+    assert upward_imports(edges) == []
+    assert cycles(room_graph(edges)) == []
 
 
 def test_the_room_checks_see_an_upward_import_and_a_circle(tmp_path):
@@ -351,5 +333,3 @@ def test_the_room_checks_see_an_upward_import_and_a_circle(tmp_path):
     assert decoding_room("specdraft.decoding.timing", rooms) == "?" and decoding_room("specdraft.core.x", rooms) is None
     assert upward_imports(edges, rooms) == ["specdraft.decoding.policies.rule imports specdraft.decoding.batched"]
     assert cycles(room_graph(edges, rooms)) == [["loops", "policies"]]
-    skip = {("specdraft.decoding.policies.rule", "specdraft.decoding.batched")}
-    assert upward_imports(edges, rooms, skip) == [] and cycles(room_graph(edges, rooms, skip)) == []

@@ -1,3 +1,4 @@
-"""What the decoder serves with: the bundle directory and its bundle.json schema, the decoding defaults,
-small checkpoints, model loading (dtype, devices, quantization) and the prompt format.
+"""What the decoder serves with: the bundle directory and its bundle.json schema, model loading (dtype,
+devices, quantization) and the prompt format. The decoding defaults it carries (decoding/defaults.py) and the
+small-checkpoint format (decoding/checkpoint.py) live below it, with the rooms that read them.
 """

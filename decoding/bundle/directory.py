@@ -107,7 +107,7 @@ class Bundle:
 
     @property
     def defaults(self):
-        """The decoding defaults the bundle serves with (decoding.bundle.defaults.DecodingDefaults; every number
+        """The decoding defaults the bundle serves with (decoding.defaults.DecodingDefaults; every number
         resolved, the cost ratio c included)."""
         return self.spec.decoding
 

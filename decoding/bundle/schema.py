@@ -17,7 +17,7 @@ from typing import Any
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.bundle.chat import ChatFormat
-from specdraft.decoding.bundle.defaults import DecodingDefaults
+from specdraft.decoding.defaults import DecodingDefaults
 
 BUNDLE_JSON = "bundle.json"
 FORMAT = "specdraft-bundle/1"

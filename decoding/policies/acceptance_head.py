@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.bundle.checkpoint import CheckpointFormat
+from specdraft.decoding.checkpoint import CheckpointFormat
 
 WEIGHTS_NAME = "head.safetensors"
 CONFIG_NAME = "head_config.json"

@@ -25,7 +25,7 @@ import torch
 
 from specdraft.decoding.rounds import kv
 from specdraft.decoding.compat import check_k, check_threshold
-from specdraft.decoding.bundle.defaults import DEFAULTS, SPECDECPP_PAPER_THRESHOLD
+from specdraft.decoding.defaults import DEFAULTS, SPECDECPP_PAPER_THRESHOLD
 from specdraft.core.errors import InputError
 
 

@@ -65,7 +65,7 @@ def test_drafts_default_comes_from_the_bundle():
     """No --drafts: the bundle's decoding.drafts; --drafts overrides it; without a bundle 1."""
     import argparse
 
-    from specdraft.decoding.bundle.defaults import DecodingDefaults
+    from specdraft.decoding.defaults import DecodingDefaults
     from specdraft.decoding.generate import settings_from
     from specdraft.decoding.generate_args import add_arguments
 

@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.data import engines
 from specdraft.decoding.bundle.directory import load_bundle, write_bundle_json
-from specdraft.decoding.bundle.defaults import DecodingDefaults
+from specdraft.decoding.defaults import DecodingDefaults
 from specdraft.decoding.bundle.loading import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """The configs beside saved weights: acceptance heads (head_config.json) and routers (router_config.json),
-both read through decoding/bundle/checkpoint.py's CheckpointFormat, and EAGLE drafters (eagle_config.json).
+both read through decoding/checkpoint.py's CheckpointFormat, and EAGLE drafters (eagle_config.json).
 A saved one loads back; damaged bytes, missing and wrong-typed keys are refused with one line naming the
 fix, never built into a module of another shape."""
 import json
