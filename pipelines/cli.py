@@ -113,18 +113,14 @@ def _export_paths(args) -> None:
 
 
 def _generate(args) -> None:
-    from specdraft.data.chat import record_messages
-    from specdraft.decoding.generate import Services, run
-    from specdraft.routers.router import load_router
+    from specdraft.pipelines.generate import run
 
-    # the decoder sits below data and heads: the CLI hands it the prompt-record reader the stages use and
-    # the bundle's router loader
-    run(args, Services(messages_of=record_messages, load_router=load_router))
+    run(args)
 
 
 def _add_generate(sub) -> None:
-    """`specdraft generate BUNDLE ...`: its options live in decoding.generate_args.add_arguments."""
-    from specdraft.decoding.generate_args import add_arguments, one_line_errors
+    """`specdraft generate BUNDLE ...`: its options live in pipelines.generate_args.add_arguments."""
+    from specdraft.pipelines.generate_args import add_arguments, one_line_errors
 
     sp = sub.add_parser("generate", help="decode prompts with a bundle (or target + drafter [+ head])")
     add_arguments(sp)
@@ -140,7 +136,7 @@ def _predict(args) -> None:
 
 def _add_predict(sub) -> None:
     """`specdraft predict BUNDLE ...`: its options live in pipelines.predict.add_arguments."""
-    from specdraft.decoding.generate_args import one_line_errors
+    from specdraft.pipelines.generate_args import one_line_errors
     from specdraft.pipelines.predict import add_arguments
 
     sp = sub.add_parser("predict", help="predict served tokens/s per batch size from the bundle's acceptance "
@@ -194,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("config")
     sp.add_argument("overrides", nargs="*")
     sp.set_defaults(func=_validate)
-    from specdraft.decoding.generate_args import one_line_errors
+    from specdraft.pipelines.generate_args import one_line_errors
 
     for parser in (p, *sub.choices.values()):  # a refused argument is one line, as every other bad input
         one_line_errors(parser)

@@ -65,6 +65,14 @@ def test_the_decoder_and_the_bottom_layer_do_not_import_lightning():
             assert not {m for m in imported_modules(path) if m.split(".")[0] in ("lightning", "pytorch_lightning")}, path
 
 
+def test_the_decoder_holds_no_command():
+    """decoding/ is a library (load a pair, decode a batch, generate text): arguments, files and printing
+    belong to the commands in pipelines/ (generate, predict), so nothing in it parses a command line."""
+    parsing = [str(path.relative_to(REPO)) for path in sorted((REPO / "decoding").rglob("*.py"))
+               if {"argparse", "sys.argv"} & set(imported_modules(path)) or "sys.argv" in path.read_text()]
+    assert parsing == []
+
+
 def test_the_checker_sees_an_upward_import(tmp_path):
     bad = tmp_path / "x.py"
     bad.write_text("from specdraft.pipelines.training import build_trainer\nimport specdraft.decoding.rounds.kv as kv\n")
@@ -259,9 +267,9 @@ def test_the_graph_checks_see_a_hidden_circle_a_stage_import_and_a_private_name(
 # decoding/'s rooms from the bottom up: a module imports its own room and the rooms below it, never one above.
 # A room is a sub-package, or a group of decoding/'s top-level modules, each named (a new one must be placed):
 # the helpers every room may read, the defaults with the early checks, the loops (with what compiles, times and
-# predicts them), the command. Bandits (selectors, rewards) are plain arithmetic below the policy and the
-# speculator that run them; the shapes a round takes (rounds/shapes.py) sit below both the loop and the
-# policies that price it. The decoding defaults (defaults.py: K, K_max, h, c, the sampling transform, the
+# predicts them), the front door (load a pair, decode a batch, generate text; the commands live in pipelines/).
+# Bandits (selectors, rewards) are plain arithmetic below the policy and the speculator that run them; the
+# shapes a round takes (rounds/shapes.py) sit below both the loop and the policies that price it. The decoding defaults (defaults.py: K, K_max, h, c, the sampling transform, the
 # compile modes) check their sampling against rounds/ and their selector against bandits/, and are read by
 # the policies, the loops and the bundle that carries them: they sit above the first two, below the rest,
 # with the early checks (compat.py) that share their threshold test.
@@ -274,7 +282,7 @@ DECODING_ROOMS = (
     ("speculators", {"speculators"}),
     ("loops", {"autoregressive", "speculative", "batched", "cascades", "compilation", "throughput", "cost_profile"}),
     ("bundle", {"bundle"}),
-    ("command", {"generate", "generate_args"}),
+    ("front door", {"generate"}),
 )
 
 def decoding_room(module: str, rooms=DECODING_ROOMS) -> str | None:

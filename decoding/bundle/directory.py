@@ -24,10 +24,8 @@ Nothing is unpickled; `trust_remote_code` is off unless the caller turns it on.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -474,21 +472,3 @@ def _export_metrics(root: Path) -> dict:
 def inspect_bundle(path: str | os.PathLike) -> str:
     """Verify every file of a bundle (InputError otherwise) and summarise it."""
     return describe(load_bundle(path, verify=True))
-
-
-def inspect_main(argv: list[str] | None = None) -> int:
-    """`specdraft inspect-bundle DIR`: print the summary; exit 2 with one line on any problem."""
-    p = argparse.ArgumentParser(prog="specdraft inspect-bundle",
-                                description="Summarise a bundle and verify every file's sha256.")
-    p.add_argument("bundle", help="the bundle directory (a run's bundle/)")
-    args = p.parse_args(argv)
-    try:
-        print(inspect_bundle(args.bundle))
-    except InputError as e:
-        print(f"specdraft: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(inspect_main())

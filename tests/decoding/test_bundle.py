@@ -9,8 +9,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import specdraft.decoding.bundle.directory as bundle_module
-from specdraft.decoding.bundle.directory import BUNDLE_JSON, bundle_files, inspect_bundle, inspect_main, load_bundle, write_bundle_json
+from specdraft.decoding.bundle.directory import BUNDLE_JSON, bundle_files, inspect_bundle, load_bundle, write_bundle_json
 from specdraft.core.hashing import content_hash
+from specdraft.pipelines.cli import main as cli_main
 from specdraft.core.errors import InputError
 from specdraft.decoding.policies.acceptance_head import AcceptanceHead, save_head
 from tests.decoding.conftest import noisy_copy, tiny_llama
@@ -79,7 +80,7 @@ def _refused(root, match, capsys):
         load_bundle(root)
     assert "\n" not in str(e.value)
     capsys.readouterr()
-    assert inspect_main([str(root)]) == 2
+    assert cli_main(["inspect-bundle", str(root)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("specdraft: error:") and "\n" not in err
 
@@ -207,7 +208,7 @@ def test_inspect_summarises_and_counts_verified_files(bundle, capsys):
     for expected in ("domains: math", "1.2k params", "math 0.800/0.700", "d/D1_w6", "D=1 w_rej=6 h=0.7",
                      "routers: none", "selector=ucb"):
         assert expected in text
-    assert inspect_main([str(bundle)]) == 0
+    assert cli_main(["inspect-bundle", str(bundle)]) == 0
     assert capsys.readouterr().out.strip() == text
 
 

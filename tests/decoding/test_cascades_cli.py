@@ -62,9 +62,9 @@ def test_the_cascade_block_is_its_own_flag(pair, monkeypatch, capsys):
     states; --k no longer sets it (refused with a cascade, above)."""
     import argparse
 
-    import specdraft.decoding.generate as g
+    import specdraft.pipelines.generate as g
     from specdraft.decoding.cascades import DEFAULT_BLOCK
-    from specdraft.decoding.generate_args import add_arguments
+    from specdraft.pipelines.generate_args import add_arguments
 
     seen = []
     real = g.decode_batch

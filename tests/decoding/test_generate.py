@@ -66,8 +66,8 @@ def test_drafts_default_comes_from_the_bundle():
     import argparse
 
     from specdraft.decoding.defaults import DecodingDefaults
-    from specdraft.decoding.generate import settings_from
-    from specdraft.decoding.generate_args import add_arguments
+    from specdraft.pipelines.generate import settings_from
+    from specdraft.pipelines.generate_args import add_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)

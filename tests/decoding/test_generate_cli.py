@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specdraft.decoding.bundle.directory as bundle_module
-import specdraft.decoding.generate as generate_module
+import specdraft.pipelines.generate as generate_module
 from specdraft.decoding.policies.acceptance_head import AcceptanceHead, save_head
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.bundle.directory import BUNDLE_JSON, bundle_files, load_bundle, write_bundle_json
@@ -215,7 +215,7 @@ def test_help_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, specdraft.decoding.generate_args, specdraft.pipelines.cli as c; c.build_parser(); "
+    code = ("import sys, specdraft.pipelines.generate_args, specdraft.pipelines.cli as c; c.build_parser(); "
             "print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 

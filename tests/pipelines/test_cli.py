@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.generate_args import bundle_of
+from specdraft.pipelines.generate_args import bundle_of
 from specdraft.pipelines.cli import _stage_config, build_parser
 
 HEAVY = ("torch", "transformers", "lightning", "datasets", "tokenizers")

@@ -7,8 +7,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specdraft.decoding.bundle.directory import BUNDLE_JSON, bundle_files, drafter_hash, inspect_main, load_bundle, subdir_files
+from specdraft.decoding.bundle.directory import BUNDLE_JSON, bundle_files, drafter_hash, load_bundle, subdir_files
 from specdraft.core.hashing import content_hash
+from specdraft.pipelines.cli import main as cli_main
 from specdraft.core.errors import InputError
 from specdraft.pipelines.artifacts import StageOutput, read_manifest
 from specdraft.core.hashing import content_hash as artifacts_content_hash
@@ -87,13 +88,13 @@ def test_bundle_matches_its_inputs_and_loads_after_move(run_root, tmp_path, caps
         assert sigma.shape == ids.shape and ((sigma > 0) & (sigma < 1)).all()
 
     capsys.readouterr()
-    assert inspect_main([str(moved)]) == 0
+    assert cli_main(["inspect-bundle", str(moved)]) == 0
     assert f"all {len(meta['files'])} files verified" in capsys.readouterr().out
     weights = moved / "drafters" / "math" / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0x80
     weights.write_bytes(bytes(data))
-    assert inspect_main([str(moved)]) == 2
+    assert cli_main(["inspect-bundle", str(moved)]) == 2
     err = capsys.readouterr().err.strip()
     assert "'drafters/math/model.safetensors' does not match its sha256" in err and "\n" not in err
 
@@ -292,7 +293,7 @@ def test_export_paths_points_a_copied_bundle_at_itself(run_root, tmp_path, capsy
     b = load_bundle(moved)  # every hash, the rewritten ones included
     assert b.root == moved.resolve()
     verify_files(moved)  # the stage manifest agrees too
-    assert inspect_main([str(moved)]) == 0
+    assert cli_main(["inspect-bundle", str(moved)]) == 0
     assert main(["export-paths", str(moved)]) == 0 and "already" in capsys.readouterr().out
     assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before  # the original untouched
 

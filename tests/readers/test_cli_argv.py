@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import specdraft.decoding.generate as generate_module
+import specdraft.pipelines.generate as generate_module
 import specdraft.pipelines.stage as stage_module
 from specdraft.decoding.bundle.directory import Bundle
 from specdraft.pipelines.cli import main

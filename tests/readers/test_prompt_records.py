@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specdraft.core.errors import InputError
-from specdraft.data.chat import record_messages, row_messages
+from specdraft.data.chat import row_messages
 from specdraft.data.prompts import load_user_prompts, user_prompt_sets
-from specdraft.decoding.generate import read_prompts
+from specdraft.pipelines.generate import read_prompts
 from specdraft.pipelines.cli import main
 from tests.readers.fuzz import TRIED, check_refusal, damage, edits, fewer, json_values
 
@@ -67,7 +67,7 @@ def test_valid_records_round_trip_through_both_readers(tmp_path, recs, ascii_, i
     if ids:
         assert [r["id"] for r in rows] == [f"x{i}" for i in range(len(raw))]
     # generate --prompts reads the same file to the same conversations (less the reference answers)
-    assert read_prompts(str(path), record_messages) == [row_messages(r) for r in rows]
+    assert read_prompts(str(path)) == [row_messages(r) for r in rows]
 
 
 @given(recs=st.lists(records(), min_size=1, max_size=4), ops=edits)
@@ -76,7 +76,7 @@ def test_damaged_bytes_load_or_name_the_file_and_line(tmp_path, recs, ops):
     path = tmp_path / "src.jsonl"
     path.write_bytes(damage(write(path, [r for r, _, _ in recs], False).read_bytes(), ops))
     rows, err = outcome(load_user_prompts, path)
-    messages, gen_err = outcome(lambda p: read_prompts(str(p), record_messages), path)
+    messages, gen_err = outcome(lambda p: read_prompts(str(p)), path)
     if err is None:  # damage that left valid records: both readers see the same prompts
         assert messages == [row_messages(r) for r in rows]
         return
@@ -143,7 +143,7 @@ def test_duplicate_ids_are_refused_naming_both_records(tmp_path, recs, data):
 def test_empty_sources_are_refused(tmp_path, content):
     path = tmp_path / "src.jsonl"
     path.write_bytes(content)
-    for load in (load_user_prompts, lambda p: read_prompts(str(p), record_messages)):
+    for load in (load_user_prompts, lambda p: read_prompts(str(p))):
         with pytest.raises(InputError, match="holds no prompts") as e:
             load(path)
         check_refusal(e.value, path)
@@ -172,7 +172,7 @@ def test_prepare_data_stops_on_non_utf8_source_with_file_and_line(tmp_path, caps
     assert not (root / "prompts").exists()  # nothing written: not even a partial stage output
     # and generate --prompts names the same line for the same bytes
     with pytest.raises(InputError, match=f"{source}:2 is not UTF-8 text"):
-        read_prompts(str(source), record_messages)
+        read_prompts(str(source))
 
 
 # ---- the other kind of prompt source: a `datasets` directory, read by the same record reader ---------------

@@ -1,7 +1,7 @@
 """The arguments of `specdraft generate`, in a module that imports nothing heavy.
 
 `specdraft generate --help` must answer at once, so the parser is built here without torch or
-transformers; `decoding.generate.run` consumes the parsed namespace. Every option of the subcommand is
+transformers; `pipelines.generate.run` consumes the parsed namespace. Every option of the subcommand is
 added in `add_arguments`, the one place a new decoding option (drafts, cascades, ...) goes.
 
 Every number is checked as it is parsed: a draft length, temperature, top-p, top-k, threshold, batch
