@@ -330,10 +330,9 @@ def batch1_table(args, target, drafter, prompts) -> list[str]:
     return lines + [""]
 
 
-def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
-    n, dev = args.max_new_tokens, args.device
-    sampling = SamplingConfig(args.curve_temperature)  # the head given must be trained for it (--head)
-    mode = "greedy" if sampling.greedy else f"T = {sampling.temperature:g}"
+def curve_policies(args, target, drafter, head, prompts) -> tuple[dict, CostTable]:
+    """Part (b)'s methods, {name: policy} (AR's None), and the cost table the batch-aware rules read."""
+    n = args.max_new_tokens
     policies = {"AR": None, **{f"K={k}": FixedK(k) for k in args.ks}}
     policies["SpecDec++"] = SpecDecPP(head, threshold=args.h, k_max=args.k_max)
     policies["SpecDec++ lockstep"] = LockstepSpecDecPP(head, threshold=args.h, k_max=args.k_max)
@@ -354,8 +353,14 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     policies["batch-aware lockstep, own rate"] = LockstepBatchAwareSpecDec(head, table, args.prior, args.k_max,
                                                                           reference_rate=None)
     policies["global budget K=4"] = GlobalVerifyBudget(head, table, args.prior, min(4, args.k_max))
-    lines = [
-        f"#### (b) Batch curve: {mode}, {n} tokens per row{' (up to, stopping at EOS)' if args.eos is not None else ''}, median of {args.runs} runs interleaved batch by batch (spread: min-max)"
+    return policies, table
+
+
+def curve_header(args, sampling: SamplingConfig, policies: dict) -> list[str]:
+    """Part (b)'s title (mode, lengths, passes) and its table's header."""
+    mode = "greedy" if sampling.greedy else f"T = {sampling.temperature:g}"
+    return [
+        f"#### (b) Batch curve: {mode}, {args.max_new_tokens} tokens per row{' (up to, stopping at EOS)' if args.eos is not None else ''}, median of {args.runs} runs interleaved batch by batch (spread: min-max)"
         + ("" if sampling.greedy else f"; run i samples with seed i (0..{args.runs - 1}), the same seed for every method, MAT over all runs"),
         "",
         "| B | " + " | ".join(f"{name} tok/s" for name in policies) + " | "
@@ -363,51 +368,81 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
             f"{name} MAT" for name in policies if name != "AR") + " |",
         "| ---: " * (1 + len(policies) + 2 * (len(policies) - 1)) + "|",
     ]
-    compile_s, paired, pooled = {}, [], []
+
+
+def curve_batch_size(args, target, drafter, policies: dict, prompts, B: int, sampling: SamplingConfig) -> tuple:
+    """Every method on the prompts in batches of B, taking turns batch by batch (`interleave`): -> (compile
+    seconds, or None eager; seconds per cell; tokens per cell; {name: tokens/s per pass}; {name: MAT over every
+    pass}; {name: tokens/s from each batch's fastest pass}, greedy only)."""
+    n, dev = args.max_new_tokens, args.device
     shared = prompts[:args.n_batch1]
+    # up to part (a)'s prompt count, every B decodes part (a)'s prompts, in consecutive batches of B: the
+    # B = 1 row is part (a)'s decode of the same prompts, and the low-B rows differ only by B; a larger B
+    # decodes its first B prompts as one batch
+    batches = [shared[i:i + B] for i in range(0, len(shared), B)] if B <= len(shared) else [prompts[:B]]
+    calls = {name: (lambda batch, seed, p=p: ours(target, batch, n, sampling, seed, args.compiler,
+                                                  drafter if p else None, p, eos=args.eos))
+             for name, p in policies.items()}
+    compile_s = None
+    if args.compile != "none":
+        compile_s = sum(compile_times({name: (lambda fn=fn: [fn(b, 0) for b in batches])
+                                       for name, fn in calls.items()}, dev).values())
+    unit_times, unit_out = interleave(calls, batches, args.runs, dev, seeded=not sampling.greedy)
+    mats, rates, fastest, cell_tokens = {}, {}, {}, {}
+    for name, per_pass in unit_times.items():
+        # per pass: a sampled pass's tokens differ with its seed (rows stop at EOS); MAT over every pass
+        cell_tokens[name] = [[sum(r.metrics.n_generated for r in res) for res in outs] for outs in unit_out[name]]
+        results = [[r for res in outs for r in res] for outs in unit_out[name]]
+        tokens = [sum(cells) for cells in cell_tokens[name]]
+        rates[name] = [n_tok / sum(ts) for n_tok, ts in zip(tokens, per_pass)]
+        mats[name] = sum(tokens) / sum(r.metrics.n_target for res in results for r in res)
+        if sampling.greedy:  # every pass decodes the same tokens: each batch's fastest pass is its least-disturbed
+            fastest[name] = tokens[0] / fastest_total(per_pass)
+    return compile_s, unit_times, cell_tokens, rates, mats, fastest
+
+
+def curve_row(B: int, policies: dict, rates: dict, mats: dict) -> str:
+    """Part (b)'s row at B: tokens/s (median and min-max over passes), the ratio to AR's, and MAT, per method."""
+    tps = {name: (statistics.median(r), min(r), max(r)) for name, r in rates.items()}
+    cells = [f"{v[0]:.0f} ({v[1]:.0f}-{v[2]:.0f})" for v in tps.values()]
+    ratios = [f"{tps[name][0] / tps['AR'][0]:.2f}" for name in policies if name != "AR"]
+    mat_cells = [f"{mats[name]:.2f}" for name in policies if name != "AR"]
+    return f"| {B} | " + " | ".join(cells + ratios + mat_cells) + " |"
+
+
+def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
+    """(b) Every method's tokens/s at each batch size, each adaptive method paired with the best fixed K."""
+    sampling = SamplingConfig(args.curve_temperature)  # the head given must be trained for it (--head)
+    policies, table = curve_policies(args, target, drafter, head, prompts)
+    lines = curve_header(args, sampling, policies)
+    compile_s, paired, pooled = {}, [], []
     for B in args.batch_sizes:
-        # up to part (a)'s prompt count, every B decodes part (a)'s prompts, in consecutive batches of B: the
-        # B = 1 row is part (a)'s decode of the same prompts, and the low-B rows differ only by B; a larger B
-        # decodes its first B prompts as one batch
-        batches = [shared[i:i + B] for i in range(0, len(shared), B)] if B <= len(shared) else [prompts[:B]]
-        calls = {name: (lambda batch, seed, p=p: ours(target, batch, n, sampling, seed, args.compiler,
-                                                      drafter if p else None, p, eos=args.eos))
-                 for name, p in policies.items()}
-        if args.compile != "none":
-            compile_s[B] = sum(compile_times({name: (lambda fn=fn: [fn(b, 0) for b in batches])
-                                              for name, fn in calls.items()}, dev).values())
-        unit_times, unit_out = interleave(calls, batches, args.runs, dev, seeded=not sampling.greedy)
-        tps, mats, rates, fastest, cell_tokens = {}, {}, {}, {}, {}
-        for name, per_pass in unit_times.items():
-            # per pass: a sampled pass's tokens differ with its seed (rows stop at EOS); MAT over every pass
-            cell_tokens[name] = [[sum(r.metrics.n_generated for r in res) for res in outs] for outs in unit_out[name]]
-            results = [[r for res in outs for r in res] for outs in unit_out[name]]
-            tokens = [sum(cells) for cells in cell_tokens[name]]
-            rates[name] = [n_tok / sum(ts) for n_tok, ts in zip(tokens, per_pass)]
-            tps[name] = (statistics.median(rates[name]), min(rates[name]), max(rates[name]))
-            mats[name] = sum(tokens) / sum(r.metrics.n_target for res in results for r in res)
-            if sampling.greedy:  # every pass decodes the same tokens: each batch's fastest pass is its least-disturbed
-                fastest[name] = tokens[0] / fastest_total(per_pass)
+        seconds, unit_times, cell_tokens, rates, mats, fastest = curve_batch_size(args, target, drafter, policies,
+                                                                                   prompts, B, sampling)
+        if seconds is not None:
+            compile_s[B] = seconds
         paired.append((B, paired_with_best_k(rates, args.goal_ks, fastest), paired_with_best_k(rates, args.ks, fastest)))
         if not sampling.greedy:  # per-pass ratios carry the draws' luck: pooled over the cells too
             pooled.append([(B, best, pooled_with_best_k(cell_tokens, unit_times, best))
                            for best in (paired[-1][1][0], paired[-1][2][0])])
-        cells = [f"{v[0]:.0f} ({v[1]:.0f}-{v[2]:.0f})" for v in tps.values()]
-        ratios = [f"{tps[name][0] / tps['AR'][0]:.2f}" for name in policies if name != "AR"]
-        mat_cells = [f"{mats[name]:.2f}" for name in policies if name != "AR"]
-        lines.append(f"| {B} | " + " | ".join(cells + ratios + mat_cells) + " |")
+        lines.append(curve_row(B, policies, rates, mats))
         print(lines[-1], flush=True)
-    lines += ["", f"SpecDec++: {'head ' + args.head if args.head else 'an untrained random head (its stops mean nothing)'}"
-              f", h = {args.h}, K_max = {args.k_max}; each row stops alone (the paper's rule), or, lockstep, the batch "
-              "stops together when its drafting rows' mean predicted rejection probability exceeds h. UCBSpec: "
-              "per-row bandit over draft lengths 0..4, reward = "
-              f"the round's throughput (n_acc + 1) / (1 + c k) at c = {args.cost_ratio:.3f} (BanditSpec §6.2; "
-              "from (a) when it ran). Batch-aware lockstep: the batch drafts on while a longer round's expected "
-              "tokens exceed lam times its extra cost in the decoder's measured step times at B, lam = the cost "
-              "model's best fixed-K rate at B (own rate: lam = the round's own tokens per second so far) ("
-              f"{args.prior}; docs/decoder.md); global budget: every row drafts 4, the top-N drafts of the batch by "
-              "survival are verified (vLLM #47808). MAT = tokens per target forward (bonus counted), summed over rows.",
-              ""] + paired_table([(B, *goal) for B, goal, _ in paired], args.goal_ks)
+    return lines + curve_notes(args, paired, pooled, table, compile_s)
+
+
+def curve_notes(args, paired: list, pooled: list, table: CostTable, compile_s: dict) -> list[str]:
+    """What part (b)'s methods are, its paired (and, sampled, pooled) comparisons, its cost table, compile times."""
+    lines = ["", f"SpecDec++: {'head ' + args.head if args.head else 'an untrained random head (its stops mean nothing)'}"
+             f", h = {args.h}, K_max = {args.k_max}; each row stops alone (the paper's rule), or, lockstep, the batch "
+             "stops together when its drafting rows' mean predicted rejection probability exceeds h. UCBSpec: "
+             "per-row bandit over draft lengths 0..4, reward = "
+             f"the round's throughput (n_acc + 1) / (1 + c k) at c = {args.cost_ratio:.3f} (BanditSpec §6.2; "
+             "from (a) when it ran). Batch-aware lockstep: the batch drafts on while a longer round's expected "
+             "tokens exceed lam times its extra cost in the decoder's measured step times at B, lam = the cost "
+             "model's best fixed-K rate at B (own rate: lam = the round's own tokens per second so far) ("
+             f"{args.prior}; docs/decoder.md); global budget: every row drafts 4, the top-N drafts of the batch by "
+             "survival are verified (vLLM #47808). MAT = tokens per target forward (bonus counted), summed over rows.",
+             ""] + paired_table([(B, *goal) for B, goal, _ in paired], args.goal_ks)
     if pooled:
         lines += [""] + pooled_table([goal for goal, _ in pooled], args.goal_ks)
     if set(args.ks) - set(args.goal_ks):  # a longer fixed K than the goal's: the rules paired with it too
@@ -483,7 +518,8 @@ def check_goal_ks(parser: argparse.ArgumentParser, args) -> None:
                          f"{ks} measures none of them: add one to {flag} or change --goal-ks")
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (the module docstring says what each part measures)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target")
     parser.add_argument("--drafter")
@@ -524,9 +560,11 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--no-append", action="store_true")
-    args = parser.parse_args(argv)
-    fail_past_recompile_limit()  # a shape run eagerly past dynamo's limit would be timed as compiled
-    argv_text = " ".join(sys.argv[1:] if argv is None else argv)
+    return parser
+
+
+def check_args(parser: argparse.ArgumentParser, args) -> tuple[list[str], set[str]]:
+    """The comma lists as ints, checked before any model loads: -> (the compile modes, the parts to skip)."""
     args.ks = [int(k) for k in args.ks.split(",")]
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     args.goal_ks = [int(k) for k in args.goal_ks.split(",")]
@@ -534,9 +572,12 @@ def main(argv=None) -> int:
     modes = args.compile.split(",")
     if any(mode not in ("none", "default", "reduce-overhead") for mode in modes):
         parser.error(f"--compile takes none, default, reduce-overhead (comma separated), got {args.compile!r}")
-    skip = set(filter(None, args.skip.split(",")))
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    return modes, set(filter(None, args.skip.split(",")))
+
+
+def load_models(args) -> tuple:
+    """(target, drafter, head, what the pair is): --target/--drafter or the random demo-shaped pair; the head
+    from --head or an untrained one; sets args.prior, the batch-aware rules' prior."""
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     if args.target and args.drafter:
         target, drafter = load(args.target, args.device, dtype), load(args.drafter, args.device, dtype)
@@ -554,40 +595,70 @@ def main(argv=None) -> int:
     else:
         head = untrained_head(drafter.config.hidden_size, args.device)
         args.prior = Prior((0.7 if args.prior is None else args.prior,))
-    n_batch1 = args.n_batch1 = args.n_prompts
+    return target, drafter, head, pair
+
+
+def bench_prompts(parser: argparse.ArgumentParser, args, target) -> list[list[int]]:
+    """Enough prompts for the largest batch (part (a) and (c) take the first --n-prompts); sets args.n_batch1,
+    args.n_prompts and args.eos (the target's EOS id with --eos, else None)."""
+    args.n_batch1 = args.n_prompts
     args.n_prompts = max(args.n_prompts, max(args.batch_sizes))
     eos = getattr(target.generation_config, "eos_token_id", None) if args.eos else None
     if args.eos and not isinstance(eos, int):
         parser.error(f"--eos needs a target with one EOS token id in its generation config, got {eos!r}")
     args.eos = eos
-    eager_sizes, eager_ks = args.batch_sizes, args.ks
     prompts = load_prompts(args, target.config.vocab_size)
     if len(prompts) < args.n_prompts:  # a set smaller than the largest batch: its prompts again, in order
         print(f"note: {len(prompts)} prompts for batches of up to {args.n_prompts}: the batch repeats them", flush=True)
         prompts = (prompts * -(-args.n_prompts // len(prompts)))[:args.n_prompts]
-    start = time.time()
+    return prompts
+
+
+def header_lines(args, argv_text: str, pair: str) -> list[str]:
+    """The section's title (date, machine), command line and what the times are."""
     machine = (f"{platform.machine()} {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
                f"device {args.device}, {args.dtype}")
-    lines = [
+    return [
         f"## Batched static-cache decoder ({datetime.date.today()}, {machine})",
         "",
         f"`python benchmarks/bench_batch_decoder.py {argv_text}`; {pair}. Times: this process's "
         f"{'CUDA events' if args.device.startswith('cuda') else 'CPU time'}.",
         "",
     ]
+
+
+def mode_tables(args, skip: set[str], target, drafter, head, prompts) -> list[str]:
+    """One compile mode's parts (a), (b) and (c), those not skipped."""
+    lines = [f"### compile: {args.compile}", ""]
+    if "a" not in skip:
+        lines += batch1_table(args, target, drafter, prompts[:args.n_batch1])
+    if "b" not in skip:
+        lines += batch_curve_table(args, target, drafter, head, prompts)
+    if "c" not in skip:
+        lines += deciding_cost_table(args, target, drafter, head, prompts[:args.n_batch1])
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    fail_past_recompile_limit()  # a shape run eagerly past dynamo's limit would be timed as compiled
+    argv_text = " ".join(sys.argv[1:] if argv is None else argv)
+    modes, skip = check_args(parser, args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, drafter, head, pair = load_models(args)
+    eager_sizes, eager_ks = args.batch_sizes, args.ks
+    prompts = bench_prompts(parser, args, target)
+    start = time.time()
+    lines = header_lines(args, argv_text, pair)
     for mode in modes:
         args.compile = mode
         args.compiler = StepCompiler(mode)  # one per mode for the whole run: each graph compiles once
         compiled = mode != "none"
         args.batch_sizes = [int(b) for b in args.compiled_batch_sizes.split(",")] if compiled else eager_sizes
         args.ks = [int(k) for k in args.compiled_ks.split(",")] if compiled else eager_ks
-        lines += [f"### compile: {mode}", ""]
-        if "a" not in skip:
-            lines += batch1_table(args, target, drafter, prompts[:n_batch1])
-        if "b" not in skip:
-            lines += batch_curve_table(args, target, drafter, head, prompts)
-        if "c" not in skip:
-            lines += deciding_cost_table(args, target, drafter, head, prompts[:n_batch1])
+        lines += mode_tables(args, skip, target, drafter, head, prompts)
     lines += [f"Run time {time.time() - start:.0f} s; load average at the end {os.getloadavg()[0]:.1f}.", ""]
     publish("\n".join(lines), write=not args.no_append)
     return 0

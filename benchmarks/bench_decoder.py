@@ -161,80 +161,119 @@ def forward_time(model, n_tokens: int, context: int = 64, reps: int = 60, device
     return median_times({"forward": call}, lambda: kv.crop(cache, context), reps, device)["forward"]
 
 
+@dataclasses.dataclass
+class Pair:
+    """What every decode of a run shares: the two models, the prompts and the lengths."""
+    target: object
+    drafter: object
+    t_calls: ForwardCounter  # counts target forwards inside transformers generate
+    prompts: list[list[int]]
+    n: int  # new tokens per generation (EOS ignored: every method generates exactly n)
+    k: int  # ours fixed K, and transformers' num_assistant_tokens at equal K
+
+
+def hf_generate(pair: Pair, prompt, sampling: SamplingConfig, assistant_k: int | None, assisted: bool):
+    """transformers generate, alone or assisted by the drafter -> (tokens generated, target forwards)."""
+    target, drafter, n = pair.target, pair.drafter, pair.n
+    kwargs = dict(max_new_tokens=n, min_new_tokens=n, do_sample=not sampling.greedy, eos_token_id=None, pad_token_id=0)
+    if not sampling.greedy:
+        kwargs.update(temperature=sampling.temperature, top_k=0, top_p=1.0)
+    if assisted:
+        kwargs["assistant_model"] = drafter
+        # transformers reads these from the *assistant's* generation config (generate() kwargs do
+        # not reach it); None restores its defaults: 20 tokens, constant, confidence stop at 0.4
+        gc = drafter.generation_config
+        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = assistant_k, "constant" if assistant_k else None
+        gc.assistant_confidence_threshold = 0.0 if assistant_k else None  # equal K: no early stop
+    ids = torch.tensor([prompt], device=target.device)
+    pair.t_calls.calls = 0
+    # an explicit mask: otherwise prompt tokens equal to pad_token_id would be masked as padding
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    return out.shape[1] - len(prompt), pair.t_calls.calls
+
+
+def decode_prompt(pair: Pair, i: int, prompt, sampling: SamplingConfig, runs: int, device: str) -> dict:
+    """Every method on prompt i, interleaved over `runs` timed runs (`interleaved`), each seeded by i."""
+    target, drafter, n, k = pair.target, pair.drafter, pair.n, pair.k
+    gen = lambda: torch.Generator().manual_seed(i)  # noqa: E731
+
+    def seeded_hf(assistant_k, assisted):
+        torch.manual_seed(i)
+        return hf_generate(pair, prompt, sampling, assistant_k, assisted)
+
+    return interleaved({
+        "ar": lambda: generate_autoregressive(target, prompt, n, sampling, generator=gen()),
+        "ar_d": lambda: generate_autoregressive(drafter, prompt, n, sampling, generator=gen()),
+        "spec": lambda: generate_with_drafter(target, drafter, prompt, n, sampling, k=k, generator=gen()),
+        "hf": lambda: seeded_hf(None, False),
+        "hf_k": lambda: seeded_hf(k, True),
+        "hf_def": lambda: seeded_hf(None, True),
+    }, runs, device)
+
+
+def measure_mode(pair: Pair, sampling: SamplingConfig, runs: int, device: str) -> tuple[dict, dict, list, list]:
+    """One sampling mode over every prompt: per method [(median seconds, tokens)], per drafting method
+    [(tokens, target forwards)], our speculative decodes' metrics, and our AR's [(median wall seconds, tokens)]."""
+    per = {key: [] for key in ("ar", "ar_d", "spec", "hf", "hf_k", "hf_def")}
+    mats = {key: [] for key in ("spec", "hf_k", "hf_def")}
+    spec_metrics = []
+    ar_wall = []  # (median wall seconds, tokens): the decoder's own split (`mode_row`) is wall time
+    for i, prompt in enumerate(pair.prompts):
+        res = decode_prompt(pair, i, prompt, sampling, runs, device)
+        for key in ("ar", "ar_d", "spec"):
+            per[key].append((res[key][0], res[key][2].metrics.n_generated))
+        ar_wall.append((res["ar"][1], res["ar"][2].metrics.n_generated))
+        r = res["spec"][2]
+        mats["spec"].append((r.metrics.n_generated, r.metrics.n_target))
+        spec_metrics.append(r.metrics)
+        for key in ("hf", "hf_k", "hf_def"):
+            toks, calls = res[key][2]
+            per[key].append((res[key][0], toks))
+            if key != "hf":
+                mats[key].append((toks, calls))
+    return per, mats, spec_metrics, ar_wall
+
+
+def mode_row(mode: str, k: int, per: dict, mats: dict, spec_metrics: list, ar_wall: list, v_model: float) -> tuple:
+    """A mode's measurements as the table's quantities: tokens/s, MAT, c, acceptance, speedup against the
+    analytic one, where our decoder's time goes, and its verify forward against its AR forward."""
+    tps = {key: sum(tok for _, tok in v) / sum(t for t, _ in v) for key, v in per.items()}
+    mat = {key: sum(a for a, _ in v) / sum(b for _, b in v) for key, v in mats.items()}
+    t_target, t_draft = 1 / tps["ar"], 1 / tps["ar_d"]
+    c = t_draft / t_target
+    a = acceptance_from_mat(min(max(mat["spec"], 1.0), k + 1), k)
+    speedup = tps["spec"] / tps["ar"]
+    analytic = analytic_speedup(a, k, c)
+    split = aggregate(spec_metrics)
+    where = [t / split.time_total for t in (split.time_draft, split.time_target, split.time_other)]
+    # K+1-token forward vs 1-token forward inside the decoder: both wall-clock (the loop's own split)
+    verify_cost = (split.time_target / split.n_target) / (sum(t for t, _ in ar_wall) / sum(x for _, x in ar_wall))
+    return (mode, tps, mat, c, a, speedup, analytic, where, verify_cost, v_model)
+
+
 def bench(args) -> str:
+    """Load the pair, time its bare forwards, measure greedy then sampled decoding, render both tables."""
     device = args.device
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
     target, drafter = load(args.target, device, dtype), load(args.drafter, device, dtype)
-    t_calls = ForwardCounter(target)  # counts target forwards inside transformers generate
+    t_calls = ForwardCounter(target)
     prompts = load_prompts(args, target.config.vocab_size)
-    n, k = args.max_new_tokens, args.k
+    pair = Pair(target, drafter, t_calls, prompts, args.max_new_tokens, args.k)
     # what the hardware charges for K+1 tokens at once, in units of its 1-token forward (both measured here)
-    t_verify_model = forward_time(target, k + 1, device=device)
+    t_verify_model = forward_time(target, args.k + 1, device=device)
     t_one_model = forward_time(target, 1, device=device)
-
-    def hf(prompt, sampling: SamplingConfig, assistant_k: int | None, assisted: bool):
-        kwargs = dict(max_new_tokens=n, min_new_tokens=n, do_sample=not sampling.greedy, eos_token_id=None, pad_token_id=0)
-        if not sampling.greedy:
-            kwargs.update(temperature=sampling.temperature, top_k=0, top_p=1.0)
-        if assisted:
-            kwargs["assistant_model"] = drafter
-            # transformers reads these from the *assistant's* generation config (generate() kwargs do
-            # not reach it); None restores its defaults: 20 tokens, constant, confidence stop at 0.4
-            gc = drafter.generation_config
-            gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = assistant_k, "constant" if assistant_k else None
-            gc.assistant_confidence_threshold = 0.0 if assistant_k else None  # equal K: no early stop
-        ids = torch.tensor([prompt], device=target.device)
-        t_calls.calls = 0
-        # an explicit mask: otherwise prompt tokens equal to pad_token_id would be masked as padding
-        out = target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
-        return out.shape[1] - len(prompt), t_calls.calls
-
+    v = t_verify_model / t_one_model  # the bare (K+1)-token forward in units of its 1-token forward
     rows = []
     for mode, sampling in (("greedy", SamplingConfig(0.0)), (f"T={args.temperature}", SamplingConfig(args.temperature))):
-        per = {key: [] for key in ("ar", "ar_d", "spec", "hf", "hf_k", "hf_def")}
-        mats = {key: [] for key in ("spec", "hf_k", "hf_def")}
-        spec_metrics = []
-        ar_wall = []  # (median wall seconds, tokens): the decoder's own split below is wall time
-        for i, prompt in enumerate(prompts):
-            gen = lambda: torch.Generator().manual_seed(i)  # noqa: E731
+        rows.append(mode_row(mode, args.k, *measure_mode(pair, sampling, args.runs, device), v))
+    lines = decoder_table(args, pair, rows)
+    lines += policy_table(args, target, drafter, prompts)
+    return "\n".join(lines)
 
-            def seeded_hf(assistant_k, assisted):
-                torch.manual_seed(i)
-                return hf(prompt, sampling, assistant_k, assisted)
 
-            res = interleaved({
-                "ar": lambda: generate_autoregressive(target, prompt, n, sampling, generator=gen()),
-                "ar_d": lambda: generate_autoregressive(drafter, prompt, n, sampling, generator=gen()),
-                "spec": lambda: generate_with_drafter(target, drafter, prompt, n, sampling, k=k, generator=gen()),
-                "hf": lambda: seeded_hf(None, False),
-                "hf_k": lambda: seeded_hf(k, True),
-                "hf_def": lambda: seeded_hf(None, True),
-            }, args.runs, device)
-            for key in ("ar", "ar_d", "spec"):
-                per[key].append((res[key][0], res[key][2].metrics.n_generated))
-            ar_wall.append((res["ar"][1], res["ar"][2].metrics.n_generated))
-            r = res["spec"][2]
-            mats["spec"].append((r.metrics.n_generated, r.metrics.n_target))
-            spec_metrics.append(r.metrics)
-            for key in ("hf", "hf_k", "hf_def"):
-                toks, calls = res[key][2]
-                per[key].append((res[key][0], toks))
-                if key != "hf":
-                    mats[key].append((toks, calls))
-        tps = {key: sum(tok for _, tok in v) / sum(t for t, _ in v) for key, v in per.items()}
-        mat = {key: sum(a for a, _ in v) / sum(b for _, b in v) for key, v in mats.items()}
-        t_target, t_draft = 1 / tps["ar"], 1 / tps["ar_d"]
-        c = t_draft / t_target
-        a = acceptance_from_mat(min(max(mat["spec"], 1.0), k + 1), k)
-        speedup = tps["spec"] / tps["ar"]
-        analytic = analytic_speedup(a, k, c)
-        split = aggregate(spec_metrics)
-        where = [t / split.time_total for t in (split.time_draft, split.time_target, split.time_other)]
-        # K+1-token forward vs 1-token forward inside the decoder: both wall-clock (the loop's own split)
-        verify_cost = (split.time_target / split.n_target) / (sum(t for t, _ in ar_wall) / sum(x for _, x in ar_wall))
-        v = t_verify_model / t_one_model  # the bare (K+1)-token forward in units of its 1-token forward
-        rows.append((mode, tps, mat, c, a, speedup, analytic, where, verify_cost, v))
-
+def decoder_table(args, pair: Pair, rows: list) -> list[str]:
+    """The first table: ours against transformers per mode, with the efficiency columns explained below it."""
+    device, n, k = args.device, pair.n, pair.k
     machine = (
         f"{platform.machine()} {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
         f"device {device}, {args.dtype}"
@@ -242,7 +281,7 @@ def bench(args) -> str:
     lines = [
         f"## Decoder vs transformers assisted generation ({datetime.date.today()}, {machine})",
         "",
-        f"`python benchmarks/bench_decoder.py {' '.join(args.argv)}`: {len(prompts)} prompts, batch 1, "
+        f"`python benchmarks/bench_decoder.py {' '.join(args.argv)}`: {len(pair.prompts)} prompts, batch 1, "
         f"max_new_tokens={n}, K={k}, median of {args.runs} timed runs after one warm-up, the methods interleaved "
         f"within each run; times are this process's CPU time ({'CUDA events' if device.startswith('cuda') else 'CPU'}); "
         f"tokens/s over all prompts. "
@@ -261,7 +300,7 @@ def bench(args) -> str:
             f"{where[0]:.0%} / {where[1]:.0%} / {where[2]:.0%} | {verify_cost:.2f} | {v:.2f} | "
             f"{analytic_speedup(a, k, c, v):.2f} | {implementation_efficiency(speedup, a, k, c, v):.2f} |"
         )
-    lines += [
+    return lines + [
         "",
         "c = t_draft / t_target from autoregressive per-token times; a = per-token acceptance whose fixed-K "
         "expected tokens per round equals our MAT; speedup = ours SD / ours AR; efficiency = speedup / analytic "
@@ -272,8 +311,6 @@ def bench(args) -> str:
         "(per-round sampling, verification, cache rollback, bookkeeping).",
         "",
     ]
-    lines += policy_table(args, target, drafter, prompts)
-    return "\n".join(lines)
 
 
 def policy_table(args, target, drafter, prompts) -> list[str]:

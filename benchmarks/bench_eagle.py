@@ -97,13 +97,8 @@ def position_acceptance(metrics_list, k: int) -> list[float | None]:
     return [taken[i] / reached[i] if reached[i] else None for i in range(k)]
 
 
-def run_bench(args) -> str:
-    torch.set_num_threads(args.threads)
-    run = Path(args.run)
-    bundle = load_bundle(run / "bundle")
-    tok = bundle.load_tokenizer()
-    target = bundle.load_target(device="cpu")
-    sps = bundle.load_drafter(args.drafter, device="cpu", target=target)
+def eagle_drafter(args, run: Path, bundle, target) -> tuple:
+    """(EAGLE drafter, its directory, its training info or None): trained here, or loaded from --eagle."""
     out = Path(args.workdir or run / "bench_eagle")
     info = None
     if args.eagle is None:
@@ -112,23 +107,32 @@ def run_bench(args) -> str:
     else:
         eagle_dir = Path(args.eagle)
     eagle = load_eagle(eagle_dir, target=target, target_hash=target_dir_hash(bundle.target_path))
-    meta = json.loads((eagle_dir / "eagle_config.json").read_text())
+    return eagle, eagle_dir, info
+
+
+def dev_alignment(run: Path, target, eagle) -> dict:
+    """{domain: the EAGLE drafter's teacher-forced alignment on the domain's dev responses}."""
     from specdraft.pipelines.readers import load_distill_data
     from specdraft.pipelines.train_eagle import eagle_alignment
 
     dev = [dict(r) for r in load_distill_data(run / "distill_data")["dev"]]
-    align = {d: eagle_alignment(target, eagle, [r for r in dev if r["domain"] == d], target.config.pad_token_id or 0,
-                                256) for d in sorted({r["domain"] for r in dev})}
-    sps_align = bundle.drafter(args.drafter).alignment
-    depth, top_k, nodes = (int(x) for x in args.tree.split(","))
-    tree = TreeShape(depth, top_k, nodes)
-    methods = {
+    return {d: eagle_alignment(target, eagle, [r for r in dev if r["domain"] == d], target.config.pad_token_id or 0,
+                               256) for d in sorted({r["domain"] for r in dev})}
+
+
+def build_methods(args, sps, eagle, tree: TreeShape) -> dict:
+    """{name: a fresh speculator per decode}, AR (None) first: the baseline of every speedup."""
+    return {
         "AR (target alone)": None,
         f"SpS: {args.drafter} K={args.k}": lambda: DrafterSpeculator(sps, FixedK(args.k)),
         f"EAGLE chain K={args.k}": lambda: EagleSpeculator(eagle, FixedK(args.k)),
-        f"EAGLE-2 tree {depth}x{top_k}x{nodes}": lambda: EagleSpeculator(eagle, FixedK(depth), tree),
+        f"EAGLE-2 tree {tree.depth}x{tree.top_k}x{tree.nodes}": lambda: EagleSpeculator(eagle, FixedK(tree.depth), tree),
     }
-    prompts = [(d, p) for d, ps in load_prompts(run, args.prompts_per_domain, tok).items() for p in ps]
+
+
+def timed_passes(args, target, eos, methods: dict, prompts: list) -> tuple[dict, dict]:
+    """--reps passes over the prompts, every method on each prompt in an order rotating by pass and prompt:
+    -> ({method: first pass's metrics per prompt}, {method: [seconds split per decode]})."""
     counts: dict[str, list] = {m: [] for m in methods}
     times: dict[str, list[dict]] = {m: [] for m in methods}
     with torch.inference_mode():
@@ -141,9 +145,9 @@ def run_bench(args) -> str:
                     make = methods[name]
                     t0 = time.perf_counter()
                     if make is None:
-                        res = generate_autoregressive(target, ids, args.tokens, GREEDY, tok.eos_token_id)
+                        res = generate_autoregressive(target, ids, args.tokens, GREEDY, eos)
                     else:
-                        res = generate_speculative(target, make(), ids, args.tokens, GREEDY, tok.eos_token_id)
+                        res = generate_speculative(target, make(), ids, args.tokens, GREEDY, eos)
                     total = time.perf_counter() - t0
                     m = res.metrics
                     split[name] = {"total": total, "draft": m.time_draft, "target": m.time_target, "n": m.n_generated}
@@ -151,31 +155,73 @@ def run_bench(args) -> str:
                         counts[name].append(m)
                 for name in order:
                     times[name].append(split[name])
-    ar_name = next(iter(methods))
-    lines = [f"## EAGLE drafters: chain vs tree vs the independent drafter ({datetime.date.today()}, "
-             f"{platform.machine()}, {args.threads} thread(s))", "",
-             f"`python benchmarks/bench_eagle.py {' '.join(args.argv)}`", "",
-             f"Target: {bundle.target_path} ({target.config.num_hidden_layers} layers, hidden "
-             f"{target.config.hidden_size}). EAGLE drafter ({meta.get('variant', 'eagle1')}): one decoder layer + its input projection, "
-             f"{meta['parameters']:,} parameters of its own (the target's embedding and LM head are shared); "
-             + (f"trained here for {info['steps']} steps (batch {args.batch_size}) on {info['examples']} self-distilled "
-                f"responses of every domain in **{info['seconds']} s** wall (features online; final loss "
-                f"{info['final_loss']}). " if info else f"loaded from {eagle_dir}. ")
-             + f"Independent drafter: the bundle's `{args.drafter}` ({bundle.drafter(args.drafter).parameters:,} "
-             f"parameters). Greedy; {len(prompts)} test prompts ({args.prompts_per_domain} per domain), "
-             f"{args.tokens} new tokens; counts from the first pass, times median [min, max] over {args.reps} "
-             "interleaved passes.", "",
-             "Teacher-forced alignment on the dev responses (1 - TV at T=1 / greedy agreement; EAGLE reads the "
+    return counts, times
+
+
+def run_bench(args) -> str:
+    """Load the bundle, train (or load) the EAGLE drafter, measure its alignment, decode every method
+    interleaved, then render the tables."""
+    torch.set_num_threads(args.threads)
+    run = Path(args.run)
+    bundle = load_bundle(run / "bundle")
+    tok = bundle.load_tokenizer()
+    target = bundle.load_target(device="cpu")
+    sps = bundle.load_drafter(args.drafter, device="cpu", target=target)
+    eagle, eagle_dir, info = eagle_drafter(args, run, bundle, target)
+    meta = json.loads((eagle_dir / "eagle_config.json").read_text())
+    align = dev_alignment(run, target, eagle)
+    sps_align = bundle.drafter(args.drafter).alignment
+    depth, top_k, nodes = (int(x) for x in args.tree.split(","))
+    tree = TreeShape(depth, top_k, nodes)
+    methods = build_methods(args, sps, eagle, tree)
+    prompts = [(d, p) for d, ps in load_prompts(run, args.prompts_per_domain, tok).items() for p in ps]
+    counts, times = timed_passes(args, target, tok.eos_token_id, methods, prompts)
+    lines = header_lines(args, bundle, target, meta, info, eagle_dir, len(prompts))
+    lines += alignment_table(args, align, sps_align)
+    lines += method_table(methods, counts, times)
+    lines += position_table(args, methods, counts)
+    lines += ["", "Rounds with no draft (EAGLE's first round: the target's prefill makes the features) are left out "
+              "of the per-round acceptance; MAT counts every round. The tree verifies up to "
+              f"{tree.nodes} nodes in one tree-masked target forward; the per-round split is per round of each method."]
+    return "\n".join(lines) + "\n"
+
+
+def header_lines(args, bundle, target, meta: dict, info: dict | None, eagle_dir: Path, n_prompts: int) -> list[str]:
+    """The section's title, command line, the two drafters (the EAGLE one's training) and the decodes."""
+    return [f"## EAGLE drafters: chain vs tree vs the independent drafter ({datetime.date.today()}, "
+            f"{platform.machine()}, {args.threads} thread(s))", "",
+            f"`python benchmarks/bench_eagle.py {' '.join(args.argv)}`", "",
+            f"Target: {bundle.target_path} ({target.config.num_hidden_layers} layers, hidden "
+            f"{target.config.hidden_size}). EAGLE drafter ({meta.get('variant', 'eagle1')}): one decoder layer + its input projection, "
+            f"{meta['parameters']:,} parameters of its own (the target's embedding and LM head are shared); "
+            + (f"trained here for {info['steps']} steps (batch {args.batch_size}) on {info['examples']} self-distilled "
+               f"responses of every domain in **{info['seconds']} s** wall (features online; final loss "
+               f"{info['final_loss']}). " if info else f"loaded from {eagle_dir}. ")
+            + f"Independent drafter: the bundle's `{args.drafter}` ({bundle.drafter(args.drafter).parameters:,} "
+            f"parameters). Greedy; {n_prompts} test prompts ({args.prompts_per_domain} per domain), "
+            f"{args.tokens} new tokens; counts from the first pass, times median [min, max] over {args.reps} "
+            "interleaved passes.", ""]
+
+
+def alignment_table(args, align: dict, sps_align: dict) -> list[str]:
+    """Teacher-forced alignment per domain, the EAGLE drafter beside the independent one."""
+    lines = ["Teacher-forced alignment on the dev responses (1 - TV at T=1 / greedy agreement; EAGLE reads the "
              "target's true features, i.e. the first draft position of a round):", "",
              "| domain | EAGLE | " + f"{args.drafter} (independent) |", "| --- | ---: | ---: |"]
     for d, a in align.items():
         s = sps_align.get(d, {})
         lines.append(f"| {d} | {a['acceptance']:.3f} / {a['agreement']:.3f} | "
                      f"{s.get('acceptance', float('nan')):.3f} / {s.get('agreement', float('nan')):.3f} |")
-    lines += ["", "| method | MAT | accepted / round (no bonus) | accepted / round (with bonus) | draft fwd / token "
-              "| draft s / round | target s / round | other s / round | timed speedup |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    ar_tok = [t["total"] / t["n"] for t in times[ar_name]]
+    return lines
+
+
+def method_table(methods: dict, counts: dict, times: dict) -> list[str]:
+    """Per method: MAT, accepted length per round, draft forwards per token, the per-round cost split and the
+    timed speedup over AR."""
+    lines = ["", "| method | MAT | accepted / round (no bonus) | accepted / round (with bonus) | draft fwd / token "
+             "| draft s / round | target s / round | other s / round | timed speedup |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    ar_tok = [t["total"] / t["n"] for t in times[next(iter(methods))]]
     for name in methods:
         agg = aggregate(counts[name])
         rounds = [(d, a) for m in counts[name] for d, a in zip(m.drafted, m.accepted) if d > 0]
@@ -190,16 +236,18 @@ def run_bench(args) -> str:
             f"{statistics.median(t['target'] for t in ts) / rps * 1e3:.2f} ms | "
             f"{statistics.median(other) / rps * 1e3:.2f} ms | "
             f"{statistics.median(speed):.2f} [{min(speed):.2f}, {max(speed):.2f}] |")
-    lines += ["", "Acceptance at each draft position, P(position i accepted | 1..i-1 accepted) (chain methods):", "",
-              "| method | " + " | ".join(f"pos {i + 1}" for i in range(args.k)) + " |",
-              "| --- |" + " ---: |" * args.k]
+    return lines
+
+
+def position_table(args, methods: dict, counts: dict) -> list[str]:
+    """Acceptance at each draft position, for the two chain methods."""
+    lines = ["", "Acceptance at each draft position, P(position i accepted | 1..i-1 accepted) (chain methods):", "",
+             "| method | " + " | ".join(f"pos {i + 1}" for i in range(args.k)) + " |",
+             "| --- |" + " ---: |" * args.k]
     for name in list(methods)[1:3]:
         pa = position_acceptance(counts[name], args.k)
         lines.append(f"| {name} | " + " | ".join("-" if x is None else f"{x:.3f}" for x in pa) + " |")
-    lines += ["", "Rounds with no draft (EAGLE's first round: the target's prefill makes the features) are left out "
-              "of the per-round acceptance; MAT counts every round. The tree verifies up to "
-              f"{nodes} nodes in one tree-masked target forward; the per-round split is per round of each method."]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 # flag, type, default, help

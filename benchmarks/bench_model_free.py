@@ -22,6 +22,7 @@ here from the run's distill_data (the build time is printed). Writes the tables 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import statistics
@@ -136,7 +137,8 @@ def fmt_spread(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (the module docstring says what each table measures)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("root", nargs="?", default="/work/runs/demo-base", help="a finished run (prompts/, bundle/)")
     ap.add_argument("--bundle", default=None, help="default: ROOT/bundle")
@@ -151,9 +153,12 @@ def main() -> None:
     ap.add_argument("--distill-prompts", type=int, default=20,
                     help="without a datastore or distill_data: train prompts per domain to distill one from")
     ap.add_argument("--no-append", action="store_true")
-    args = ap.parse_args()
-    torch.set_num_threads(1)  # a shared 2-core box: one thread gives the steadiest times
-    root = Path(args.root)
+    return ap
+
+
+def load_models(args, root: Path) -> tuple:
+    """(tokenizer, target, drafter, datastore index, where the datastore came from, K): from the bundle, or
+    from the stages' outputs of a run stopped before export."""
     bundle_dir = Path(args.bundle) if args.bundle else root / "bundle"
     if bundle_dir.is_dir():
         bundle = load_bundle(bundle_dir)
@@ -161,109 +166,141 @@ def main() -> None:
         target = bundle.load_target(device="cpu", dtype="float32")
         drafter = bundle.load_drafter(args.drafter, device="cpu", dtype="float32", target=target)
         index, ds_note = get_datastore(bundle, root, target, tok, args.distill_prompts, args.tokens)
-        k = bundle.defaults.k
-    else:  # a run stopped before export: its stages' outputs directly (target/, drafters/, distill_data/)
-        from specdraft.decoding.compat import check_pair
-        from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
+        return tok, target, drafter, index, ds_note, bundle.defaults.k
+    # a run stopped before export: its stages' outputs directly (target/, drafters/, distill_data/)
+    from specdraft.decoding.compat import check_pair
+    from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
 
-        tok = load_tokenizer(root / "target")
-        target = load_causal_lm(root / "target", "float32", "cpu")
-        drafter = load_causal_lm(root / "drafters" / args.drafter, "float32", "cpu")
-        check_pair(target, drafter)
-        index, ds_note = get_datastore(None, root, target, tok, args.distill_prompts, args.tokens)
-        k = DEFAULTS.k  # no bundle: the library's default draft length
-    eos = tok.eos_token_id
-    prompts = load_prompts(root, tok, args.set, args.prompts, 384)
-    domains = sorted({d for d, *_ in prompts})
-    res = ArmResources({args.drafter: drafter}, index)
-    singles = list(SINGLE) + [args.drafter]
-    bandit_arms = args.bandit_arms.split(",") if args.bandit_arms else singles
-    if not set(bandit_arms) <= set(singles) or len(bandit_arms) < 2:
-        sys.exit(f"--bandit-arms must name at least two of {','.join(singles)}")
+    tok = load_tokenizer(root / "target")
+    target = load_causal_lm(root / "target", "float32", "cpu")
+    drafter = load_causal_lm(root / "drafters" / args.drafter, "float32", "cpu")
+    check_pair(target, drafter)
+    index, ds_note = get_datastore(None, root, target, tok, args.distill_prompts, args.tokens)
+    return tok, target, drafter, index, ds_note, DEFAULTS.k  # no bundle: the library's default draft length
 
-    def run(method: str, ids, cost: dict[str, float]):
-        if method == "AR":
-            return generate_autoregressive(target, ids, args.tokens, GREEDY, eos), None
-        if method in singles:
-            arm = build_arms([method], res, n_max=k)[0]
-            return generate_speculative(target, arm.speculator, ids, args.tokens, GREEDY, eos), arm.speculator
-        _, sel, reward = next(b for b in BANDITS if b[0] == method)
-        entries = [{"kind": "drafter" if a == args.drafter else a, **({"drafter": a} if a == args.drafter else {}),
-                    "cost_ratio": cost[a]} for a in bandit_arms]
-        arms = build_arms(entries, res, n_max=k)
-        bandit = MultiDrafterSpeculator(arms, make_selector(sel, len(arms), max_len=k, seed=args.seed),
-                                        reward=reward, n_max=k)
-        return generate_speculative(target, bandit, ids, args.tokens, GREEDY, eos), bandit
 
-    # pass 0: warm-up and the unit costs: t_T per target forward (AR), per-arm draft seconds per drafted token
-    warm: dict[str, list] = {m: [] for m in ["AR"] + singles}
-    for _, _, _, ids in prompts:
+@dataclasses.dataclass
+class World:
+    """What every decode and table shares: the models, the arms' resources, the prompts and the arm names."""
+    args: argparse.Namespace
+    target: object
+    drafter: object
+    index: SuffixIndex
+    k: int  # K = N_max
+    eos: int | None
+    prompts: list  # (domain, id, prompt text, ids)
+    singles: list[str]  # the single arms: lookup, rest, suffix and the drafter
+    bandit_arms: list[str]  # the arms the bandits choose among
+    res: ArmResources
+
+
+def decode(w: World, method: str, ids, cost: dict[str, float]):
+    """One greedy decode by AR, a single arm or a bandit over the arms (throughput reward priced by `cost`):
+    -> (result, its speculator, or None for AR)."""
+    args, target, k = w.args, w.target, w.k
+    if method == "AR":
+        return generate_autoregressive(target, ids, args.tokens, GREEDY, w.eos), None
+    if method in w.singles:
+        arm = build_arms([method], w.res, n_max=k)[0]
+        return generate_speculative(target, arm.speculator, ids, args.tokens, GREEDY, w.eos), arm.speculator
+    _, sel, reward = next(b for b in BANDITS if b[0] == method)
+    entries = [{"kind": "drafter" if a == args.drafter else a, **({"drafter": a} if a == args.drafter else {}),
+                "cost_ratio": cost[a]} for a in w.bandit_arms]
+    arms = build_arms(entries, w.res, n_max=k)
+    bandit = MultiDrafterSpeculator(arms, make_selector(sel, len(arms), max_len=k, seed=args.seed),
+                                    reward=reward, n_max=k)
+    return generate_speculative(target, bandit, ids, args.tokens, GREEDY, w.eos), bandit
+
+
+def unit_costs(w: World) -> tuple[float, float, dict[str, float]]:
+    """Pass 0, the warm-up, measures the unit costs: (t_T per target forward (AR), t_D per drafter forward,
+    {single arm: its draft seconds per drafted token / t_T})."""
+    warm: dict[str, list] = {m: [] for m in ["AR"] + w.singles}
+    for _, _, _, ids in w.prompts:
         for m in warm:
-            warm[m].append(run(m, ids, {})[0].metrics)
+            warm[m].append(decode(w, m, ids, {})[0].metrics)
     t_T = sum(x.time_total for x in warm["AR"]) / sum(x.n_target for x in warm["AR"])
-    dm = warm[args.drafter]
+    dm = warm[w.args.drafter]
     t_D = sum(x.time_draft for x in dm) / max(1, sum(x.n_draft for x in dm))
     cost = {m: (sum(x.time_draft for x in warm[m]) / max(1, sum(sum(x.drafted) for x in warm[m]))) / t_T
-            for m in singles}
+            for m in w.singles}
+    return t_T, t_D, cost
 
-    methods = ["AR"] + singles + [b[0] for b in BANDITS]
+
+def timed_passes(w: World, methods: list[str], cost: dict[str, float]) -> tuple[dict, dict, dict]:
+    """--repeats passes, the methods interleaved per prompt in a rotating order: -> ({(method, prompt): result},
+    {(method, prompt): [seconds per pass]}, {(method, prompt): datastore bytes read})."""
     # counts are exact and repeat (greedy, seeded bandits); times are noisy: interleave methods per prompt
     counts: dict[tuple[str, int], object] = {}
     seconds: dict[tuple[str, int], list[float]] = {}
     reads: dict[tuple[str, int], int] = {}
-    for r in range(args.repeats):
-        for p, (_, _, _, ids) in enumerate(prompts):
+    for r in range(w.args.repeats):
+        for p, (_, _, _, ids) in enumerate(w.prompts):
             order = methods[r % len(methods):] + methods[: r % len(methods)]
             for m in order:
-                rb = index.bytes_read
-                out, spec = run(m, ids, cost)
+                rb = w.index.bytes_read
+                out, spec = decode(w, m, ids, cost)
                 counts[m, p] = out
                 seconds.setdefault((m, p), []).append(out.metrics.time_total)
                 extra = sum(a.speculator.request_bytes() for a in spec.arms if isinstance(a.speculator, SuffixSpeculator)) \
                     if isinstance(spec, MultiDrafterSpeculator) else (spec.request_bytes() if isinstance(spec, SuffixSpeculator) else 0)
-                reads[m, p] = index.bytes_read - rb + extra
+                reads[m, p] = w.index.bytes_read - rb + extra
+    return counts, seconds, reads
 
-    def group(m: str, d: str) -> list[int]:
-        return [p for p, row in enumerate(prompts) if d in ("all", row[0])]
 
+def group(prompts: list, d: str) -> list[int]:
+    """The indices of domain d's prompts ("all": every prompt)."""
+    return [p for p, row in enumerate(prompts) if d in ("all", row[0])]
+
+
+def speed_table(w: World, methods: list[str], domains: list[str], counts: dict, seconds: dict, t_T: float,
+                t_D: float) -> tuple[list[str], dict]:
+    """Table 1's rows per domain and method, and {(domain, method): median timed tokens/s}."""
     table1 = ["| domain | method | MAT | tokens/s timed, median (min-max) | tokens/s counted | N_target | N_draft | regret (target calls / prompt) |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     summary: dict[tuple[str, str], float] = {}
     for d in domains + ["all"]:
-        ps = group("", d)
-        best_single = {p: min(counts[a, p].metrics.n_target for a in bandit_arms) for p in ps}
+        ps = group(w.prompts, d)
+        best_single = {p: min(counts[a, p].metrics.n_target for a in w.bandit_arms) for p in ps}
         for m in methods:
             ms = [counts[m, p].metrics for p in ps]
             tokens = sum(x.n_generated for x in ms)
             n_t, n_d = sum(x.n_target for x in ms), sum(x.n_draft for x in ms)
-            timed = [tokens / sum(seconds[m, p][r] for p in ps) for r in range(args.repeats)]
+            timed = [tokens / sum(seconds[m, p][r] for p in ps) for r in range(w.args.repeats)]
             counted = tokens / (n_t * t_T + n_d * t_D)
             regret = (sum(counts[m, p].metrics.n_target - best_single[p] for p in ps) / len(ps)
-                      if m not in ("AR",) + tuple(singles) else None)
+                      if m not in ("AR",) + tuple(w.singles) else None)
             summary[d, m] = statistics.median(timed)
             table1.append(f"| {d} | {m} | {tokens / n_t:.3f} | {fmt_spread(timed)} | {counted:.1f} | {n_t} | {n_d} | "
                           + (f"{regret:+.2f}" if regret is not None else "-") + " |")
+    return table1, summary
 
-    # where a model-free arm beats the drafter, prompt by prompt (MAT; counted cost orders the same way here)
+
+def wins_table(w: World, domains: list[str], counts: dict) -> list[str]:
+    """Where a model-free arm beats the drafter, prompt by prompt (MAT; counted cost orders the same way here)."""
     wins = ["| domain | prompts | a model-free arm has the best MAT | best model-free arm's MAT / drafter MAT (median) |",
             "| --- | ---: | ---: | ---: |"]
     for d in domains:
-        ps = group("", d)
+        ps = group(w.prompts, d)
         ratio, n_win = [], 0
         for p in ps:
             mf = max(counts[a, p].metrics.mat for a in SINGLE)
-            dr = counts[args.drafter, p].metrics.mat
+            dr = counts[w.args.drafter, p].metrics.mat
             n_win += mf > dr
             ratio.append(mf / dr)
         wins.append(f"| {d} | {len(ps)} | {n_win} | {statistics.median(ratio):.3f} |")
+    return wins
 
-    # Table 2: counted memory and bytes read per generated token, normalised to the drafter arm
-    Wt, Wd = param_bytes(target), param_bytes(drafter)
-    kv_t, kv_d = kv_bytes_per_token(target), kv_bytes_per_token(drafter)
-    longest = max(len(ids) for *_, ids in prompts) + args.tokens
-    mean_ctx = statistics.mean(len(ids) for *_, ids in prompts) + args.tokens / 2
+
+def memory_table(w: World, methods: list[str], counts: dict, reads: dict) -> list[str]:
+    """Table 2: counted memory and bytes read per generated token, normalised to the drafter arm."""
+    args, index = w.args, w.index
+    Wt, Wd = param_bytes(w.target), param_bytes(w.drafter)
+    kv_t, kv_d = kv_bytes_per_token(w.target), kv_bytes_per_token(w.drafter)
+    longest = max(len(ids) for *_, ids in w.prompts) + args.tokens
+    mean_ctx = statistics.mean(len(ids) for *_, ids in w.prompts) + args.tokens / 2
     resident = {"AR": Wt + kv_t * longest}
-    for a in singles:
+    for a in w.singles:
         resident[a] = resident["AR"]
     resident[args.drafter] += Wd + kv_d * longest
     resident["rest"] += index.nbytes
@@ -274,7 +311,7 @@ def main() -> None:
               "| --- | ---: | ---: | ---: | ---: | ---: |"]
     per_token = {}
     for m in methods:
-        ps = range(len(prompts))
+        ps = range(len(w.prompts))
         tokens = sum(counts[m, p].metrics.n_generated for p in ps)
         n_t = sum(counts[m, p].metrics.n_target for p in ps)
         n_d = sum(counts[m, p].metrics.n_draft for p in ps)
@@ -285,36 +322,75 @@ def main() -> None:
     for m in methods:
         table2.append(f"| {m} | {resident[m] / 2**20:.2f} MiB | {resident[m] / ref_mem:.4f} | "
                       f"{per_token[m][0] / 2**20:.2f} MiB | {per_token[m][0] / ref_bw:.4f} | {per_token[m][1] / 1024:.1f} KiB |")
+    return table2
 
-    best_single_all = max(singles, key=lambda a: summary["all", a])
+
+def verdict_lines(w: World, domains: list[str], summary: dict) -> list[str]:
+    """Per domain, the best bandit against the best single arm among the bandits' arms (median timed tokens/s)."""
     verdict = []
     for d in domains + ["all"]:
-        b_single = max(bandit_arms, key=lambda a: summary[d, a])
+        b_single = max(w.bandit_arms, key=lambda a: summary[d, a])
         b_bandit = max((b[0] for b in BANDITS), key=lambda b: summary[d, b])
         verdict.append(f"{d}: best single {b_single} {summary[d, b_single]:.1f} tok/s, best bandit {b_bandit} "
                        f"{summary[d, b_bandit]:.1f} tok/s ({summary[d, b_bandit] / summary[d, b_single] - 1:+.1%})")
-    text = "\n".join([
+    return verdict
+
+
+def intro_lines(w: World, ds_note: str, t_T: float, t_D: float, cost: dict[str, float]) -> list[str]:
+    """The section's title, command line, arms and measured unit costs."""
+    args, k = w.args, w.k
+    return [
         f"## Model-free arms and bandits over arms of any kind: BanditSpec Tables 1-2 on the demo world "
         f"({time.strftime('%Y-%m-%d')}, {platform.machine()} {os.cpu_count()} cores, 1 torch thread)", "",
         f"`python benchmarks/bench_model_free.py {args.root} --prompts {args.prompts} --tokens {args.tokens} "
         f"--repeats {args.repeats} --drafter {args.drafter}"
-        + (f" --bandit-arms {args.bandit_arms}" if args.bandit_arms else "") + f"`: {len(prompts)} {args.set} prompts ({args.prompts} per domain), "
+        + (f" --bandit-arms {args.bandit_arms}" if args.bandit_arms else "") + f"`: {len(w.prompts)} {args.set} prompts ({args.prompts} per domain), "
         f"{args.tokens} new tokens, greedy, K = N_max = {k}. Datastore {ds_note}. Arms: prompt lookup (n-gram 3..1), "
         f"REST (longest suffix <= 16, most frequent chain), suffix decoding (global + per request, alpha = 1, "
         f"min_prob = 0.1), drafter `{args.drafter}` at K = {k}. Unit costs measured in the warm-up pass: "
         f"t_T = {t_T * 1e3:.2f} ms per target forward, t_D = {t_D * 1e3:.2f} ms per drafter forward; "
         "the throughput reward's cost per drafted token c (t / t_T): "
-        + ", ".join(f"{a} {cost[a]:.4f}" for a in singles) + ".", "",
+        + ", ".join(f"{a} {cost[a]:.4f}" for a in w.singles) + ".", ""]
+
+
+def table_lines(w: World, table1: list[str], verdict: list[str], wins: list[str], table2: list[str]) -> list[str]:
+    """The tables, each under the sentence that says how it was measured."""
+    drafter = w.args.drafter
+    return [
         "Table 1 shape: MAT, tokens/s (timed: median and min-max over interleaved repeats; counted: from "
         "N_target and N_draft with the unit costs above, retrieval time left out), stopping-time regret "
-        f"(target calls per prompt beyond the prompt's best single arm among the bandits' arms {', '.join(bandit_arms)}):", "", *table1, "",
+        f"(target calls per prompt beyond the prompt's best single arm among the bandits' arms {', '.join(w.bandit_arms)}):", "", *table1, "",
         "Bandits vs the best single arm by timed tokens/s (medians; compare with the spread in the table):", "",
         *[f"- {v}" for v in verdict], "",
-        f"Prompts on which a model-free arm beats drafter `{args.drafter}` (MAT):", "", *wins, "",
+        f"Prompts on which a model-free arm beats drafter `{drafter}` (MAT):", "", *wins, "",
         "Table 2 shape (counted, not measured: CPU run): resident memory = target weights and KV cache at the "
         "longest context + the arm's drafter weights and KV, datastore and per-request index; bytes read per "
         "generated token = weights and KV (mean context) per forward + suffix-array bytes the retrieval touched; "
-        f"NM and NMB normalised to the drafter arm `{args.drafter}`:", "", *table2, ""])
+        f"NM and NMB normalised to the drafter arm `{drafter}`:", "", *table2, ""]
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    torch.set_num_threads(1)  # a shared 2-core box: one thread gives the steadiest times
+    root = Path(args.root)
+    tok, target, drafter, index, ds_note, k = load_models(args, root)
+    prompts = load_prompts(root, tok, args.set, args.prompts, 384)
+    domains = sorted({d for d, *_ in prompts})
+    singles = list(SINGLE) + [args.drafter]
+    bandit_arms = args.bandit_arms.split(",") if args.bandit_arms else singles
+    if not set(bandit_arms) <= set(singles) or len(bandit_arms) < 2:
+        sys.exit(f"--bandit-arms must name at least two of {','.join(singles)}")
+    w = World(args, target, drafter, index, k, tok.eos_token_id, prompts, singles, bandit_arms,
+              ArmResources({args.drafter: drafter}, index))
+    t_T, t_D, cost = unit_costs(w)
+    methods = ["AR"] + singles + [b[0] for b in BANDITS]
+    counts, seconds, reads = timed_passes(w, methods, cost)
+    table1, summary = speed_table(w, methods, domains, counts, seconds, t_T, t_D)
+    wins = wins_table(w, domains, counts)
+    table2 = memory_table(w, methods, counts, reads)
+    best_single_all = max(singles, key=lambda a: summary["all", a])
+    text = "\n".join(intro_lines(w, ds_note, t_T, t_D, cost)
+                     + table_lines(w, table1, verdict_lines(w, domains, summary), wins, table2))
     publish(text, write=not args.no_append)
     print(f"best single arm overall: {best_single_all}")
 

@@ -35,7 +35,9 @@ the rule's draft graphs (a recompile), so --paired refuses --compile.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import functools
 import pathlib
 import statistics
 import sys
@@ -172,7 +174,8 @@ def bundle_pair(args):
             f"{args.bundle}: drafter {name}, head {head_name}, rows stop at the target's EOS")
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (the module docstring says what each mode measures)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch-sizes", default="1,4,16")
     ap.add_argument("--ks", default="2,4")
@@ -196,13 +199,29 @@ def main(argv=None) -> int:
                     help="eager: each pass profiles its own table and decodes every method once right after; the error "
                          "is the median of per-pass errors (module docstring)")
     ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md as it is")
-    args = ap.parse_args(argv)
-    fail_past_recompile_limit()  # a shape run eagerly past dynamo's limit would be timed as compiled
-    if args.paired and (args.compile != "none" or args.profile_each_batch):
-        ap.error("--paired profiles a table every pass: eager only (--compile none), and it replaces --profile-each-batch")
-    torch.set_num_threads(args.threads)
-    sizes = args.sizes = [int(x) for x in args.batch_sizes.split(",")]
-    ks = [int(x) for x in args.ks.split(",")]
+    return ap
+
+
+@dataclasses.dataclass
+class Setup:
+    """What every batch size's profiles, predictions and decodes share."""
+    args: argparse.Namespace
+    target: object
+    drafter: object
+    head: object  # the bundle drafter's greedy head; None on the random pair
+    prior: object  # the head's prior; None on the random pair
+    prompts: list[list[int]]  # the first max(B) prompts: every B decodes exactly these
+    eos: int | None
+    ks: list[int]
+    k_max: int  # the widest round every table prices (its max_drafts)
+    context: int  # the prompts' median length, where the tables are timed
+    slots: int  # the cache length the decodes allocate
+    summary: object  # the acceptance of exactly the prompts decoded
+    compiler: StepCompiler
+
+
+def load_pair(ap: argparse.ArgumentParser, args) -> tuple:
+    """(target, drafter, head, prior, prompts, what, eos): a bundle's, or the random demo-shaped pair's."""
     eos = None  # the random pair has no EOS: every row decodes n tokens
     if args.bundle:
         target, drafter, head, prior, prompts, pair = bundle_pair(args)
@@ -210,94 +229,142 @@ def main(argv=None) -> int:
     else:
         target, drafter = demo_shaped_pair(2048, 0.05, args.device, torch.float32)
         gen = torch.Generator().manual_seed(args.seed)
-        prompts = [torch.randint(3, 2048, (args.prompt_length,), generator=gen).tolist() for _ in range(max(sizes))]
+        prompts = [torch.randint(3, 2048, (args.prompt_length,), generator=gen).tolist() for _ in range(max(args.sizes))]
         head, prior, pair = None, None, "random demo-shaped pair"
-    if len(prompts) < max(sizes):
-        ap.error(f"{len(prompts)} prompts, fewer than the largest batch size {max(sizes)}")
-    n = args.max_new_tokens
-    agree, sigma = greedy_agreement(target, drafter, prompts[:max(sizes)], n, head, eos)
-    # timed over the prompts' median length: a call's start is mostly its prefill, which grows with the prompt
-    context = int(statistics.median(len(p) for p in prompts[:max(sizes)]))
-    # re-timed in every run (refresh): a table cached by an earlier run carries that run's load
-    # over the cache the decodes allocate: the longest batch's longest prompt, n new tokens and the widest round
-    k_max = max(8, max(ks))  # the widest round every table prices (its max_drafts)
-    slots = cache_length_for(max(len(p) for p in prompts[:max(sizes)]), n, k_max, args.compile)
+    if len(prompts) < max(args.sizes):
+        ap.error(f"{len(prompts)} prompts, fewer than the largest batch size {max(args.sizes)}")
+    return target, drafter, head, prior, prompts, pair, eos
 
-    def profile(batch_sizes):
-        table = cached_cost_table(target, drafter, batch_sizes, k_max + 1, args.compile, seed=args.seed,
-                                  calibrate=True, context=context, refresh=True, cache_length=slots)[0]
-        if head is not None:  # the head's forward and the rules' decisions, which a head policy's rounds pay
-            table = price_head_rules(table, head, drafter.config.hidden_size, prior, table.max_drafts)
-        return table
-    # --paired profiles its own table every pass: none before them
-    table = None if args.paired else profile(sorted({1, sizes[0]}) if args.profile_each_batch else sizes)
-    device = table.device if table is not None else device_name(input_device(target))
-    lines = [f"## Predicted vs measured throughput ({datetime.date.today()}, {device}, torch {torch.__version__})", "",
-             f"`python benchmarks/bench_predict.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
-             f"{pair}; mean greedy agreement {float(torch.cat(agree).mean()):.3f}; {args.runs} interleaved runs, "
-             f"{n} new tokens, the first {max(sizes)} prompts (median length {context} tokens) in batches of B at every B, "
-             f"compile {args.compile}, {args.threads} thread(s); "
-             + ("each pass profiles its own table at B and decodes every method once right after it (--paired; "
-                "the last pass's table per B below)." if args.paired else
-                "each batch size's cost table profiled right before its decodes (below)." if args.profile_each_batch
-                else "cost table profiled in this run."), "",
-             *(() if args.profile_each_batch or args.paired else ("```", table.render(), "```")), "",
-             *(PAIRED_HEADER if args.paired else FASTEST_HEADER)]
-    worst: dict[str, float] = {}
-    worst_fastest: dict[str, float] = {}
-    everything = prompts[:max(sizes)]
+
+def prepare(args, ks: list[int], target, drafter, head, prior, prompts, eos) -> tuple[Setup, list]:
+    """Measure the decoded prompts' greedy agreement and size the tables: -> (the shared setup, the agreement)."""
+    n, everything = args.max_new_tokens, prompts[:max(args.sizes)]
+    agree, sigma = greedy_agreement(target, drafter, everything, n, head, eos)
+    # timed over the prompts' median length: a call's start is mostly its prefill, which grows with the prompt
+    context = int(statistics.median(len(p) for p in everything))
+    k_max = max(8, max(ks))  # the widest round every table prices (its max_drafts)
+    # over the cache the decodes allocate: the longest batch's longest prompt, n new tokens and the widest round
+    slots = cache_length_for(max(len(p) for p in everything), n, k_max, args.compile)
     # the acceptance of exactly the prompts decoded; static batches of n new tokens, as generate_batch decodes
     # them (rounds = batches simulated); without a head, sigma = the measured agreement itself (odds 1)
     summary = summarize_acceptance(agree, sigma, k_max=k_max)
     # one compiler for every decode: a mode string gives each call a compiler, and each its compilation again
-    compiler = StepCompiler(args.compile)
-    rendered = []
+    return Setup(args, target, drafter, head, prior, everything, eos, ks, k_max, context, slots, summary,
+                 StepCompiler(args.compile)), agree
 
-    def predicted_at(table, groups, b):
-        # a call's prefill runs at its batch's longest prompt (right-padded; compiled, rounded up to a power of two)
-        width = statistics.mean(table.prefill_positions(max(len(p) for p in g)) for g in groups)
-        pred = predict_throughput(summary, table, [b], prior or summary_prior(summary, 1.0), k_max=table.max_drafts,
-                                  rounds=args.rounds, seed=args.seed, new_tokens=n, prompt_lengths={b: width})
-        return {r["method"]: r for r in pred["predictions"]}
 
-    def methods(table):
-        """{name: fn(batch of prompts, seed) -> its results}"""
-        def one_batch(**kw):
-            return lambda g, seed: generate_batch(target, g, n, compile=compiler, eos_token_id=eos, **kw)
-        fns = {"AR": one_batch()}
-        for k in ks:
-            fns[f"K={k}"] = one_batch(drafter=drafter, policy=FixedK(k))
-        if head is not None:  # the rule `specdraft generate --stop-rule batch-aware` serves with
-            fns["batch-aware lockstep"] = one_batch(drafter=drafter, policy=LockstepBatchAwareSpecDec(
-                head, table, prior, table.max_drafts))
-        return fns
+def profile(s: Setup, batch_sizes):
+    """A cost table at `batch_sizes`, priced with the head's forward and the rules' decisions when there is a head."""
+    # re-timed in every run (refresh): a table cached by an earlier run carries that run's load
+    table = cached_cost_table(s.target, s.drafter, batch_sizes, s.k_max + 1, s.args.compile, seed=s.args.seed,
+                              calibrate=True, context=s.context, refresh=True, cache_length=s.slots)[0]
+    if s.head is not None:  # the head's forward and the rules' decisions, which a head policy's rounds pay
+        table = price_head_rules(table, s.head, s.drafter.config.hidden_size, s.prior, table.max_drafts)
+    return table
 
-    for b in sizes:
-        groups = [everything[i:i + b] for i in range(0, len(everything), b)]
-        if args.paired:
-            rows, last = paired_rows(b, groups, lambda: profile(sorted({1, b})), predicted_at,
-                                     lambda table, groups: {name: (lambda fn=fn: [r for g in groups for r in fn(g, 0)])
-                                                            for name, fn in methods(table).items()}, args.runs, worst,
-                                     args.device)
-            lines += rows
-            print("\n".join(rows), flush=True)  # a long run shows each batch size as it ends
-            rendered.append(last.render())
-            continue
-        if args.profile_each_batch:  # minutes, not tens of minutes, between a table and the decodes it prices
-            # eager decodes drop finished rows (down to one), which the simulation prices at B = 1 too
-            table = table if b == sizes[0] else profile([b] if args.compile != "none" else sorted({1, b}))
-            rendered.append(table.render())
-        predicted = predicted_at(table, groups, b)
-        times, outs = interleave(methods(table), groups, args.runs, args.device)  # batch by batch
-        rows = unpaired_rows(b, predicted, times, outs, worst, worst_fastest)
-        lines += rows
-        print("\n".join(rows), flush=True)  # a long run shows each batch size as it ends
-    lines += ["", "Worst |error| per method: " + ", ".join(f"{m} {e:.1%}" for m, e in worst.items()) + "."]
+
+def predicted_at(s: Setup, table, groups, b) -> dict:
+    """{method: its prediction} at batch size b, priced by `table`, for the batches `groups`."""
+    # a call's prefill runs at its batch's longest prompt (right-padded; compiled, rounded up to a power of two)
+    width = statistics.mean(table.prefill_positions(max(len(p) for p in g)) for g in groups)
+    pred = predict_throughput(s.summary, table, [b], s.prior or summary_prior(s.summary, 1.0),
+                              k_max=table.max_drafts, rounds=s.args.rounds, seed=s.args.seed,
+                              new_tokens=s.args.max_new_tokens, prompt_lengths={b: width})
+    return {r["method"]: r for r in pred["predictions"]}
+
+
+def methods(s: Setup, table) -> dict:
+    """{name: fn(batch of prompts, seed) -> its results}"""
+    def one_batch(**kw):
+        return lambda g, seed: generate_batch(s.target, g, s.args.max_new_tokens, compile=s.compiler,
+                                              eos_token_id=s.eos, **kw)
+    fns = {"AR": one_batch()}
+    for k in s.ks:
+        fns[f"K={k}"] = one_batch(drafter=s.drafter, policy=FixedK(k))
+    if s.head is not None:  # the rule `specdraft generate --stop-rule batch-aware` serves with
+        fns["batch-aware lockstep"] = one_batch(drafter=s.drafter, policy=LockstepBatchAwareSpecDec(
+            s.head, table, s.prior, table.max_drafts))
+    return fns
+
+
+def header_lines(s: Setup, argv, agree: list, table, pair: str) -> list[str]:
+    """The section's title, what was decoded and how, the cost table (when one prices every B) and the header."""
+    args, sizes = s.args, s.args.sizes
+    device = table.device if table is not None else device_name(input_device(s.target))
+    return [f"## Predicted vs measured throughput ({datetime.date.today()}, {device}, torch {torch.__version__})", "",
+            f"`python benchmarks/bench_predict.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
+            f"{pair}; mean greedy agreement {float(torch.cat(agree).mean()):.3f}; {args.runs} interleaved runs, "
+            f"{args.max_new_tokens} new tokens, the first {max(sizes)} prompts (median length {s.context} tokens) in "
+            f"batches of B at every B, compile {args.compile}, {args.threads} thread(s); "
+            + ("each pass profiles its own table at B and decodes every method once right after it (--paired; "
+               "the last pass's table per B below)." if args.paired else
+               "each batch size's cost table profiled right before its decodes (below)." if args.profile_each_batch
+               else "cost table profiled in this run."), "",
+            *(() if args.profile_each_batch or args.paired else ("```", table.render(), "```")), "",
+            *(PAIRED_HEADER if args.paired else FASTEST_HEADER)]
+
+
+def paired_batch_size(s: Setup, b: int, groups, worst: dict) -> tuple[list[str], str]:
+    """--paired at batch size b (`paired_rows`): -> (rows, the last pass's table rendered)."""
+    def decodes(table, groups):
+        return {name: (lambda fn=fn: [r for g in groups for r in fn(g, 0)]) for name, fn in methods(s, table).items()}
+    rows, last = paired_rows(b, groups, lambda: profile(s, sorted({1, b})), functools.partial(predicted_at, s),
+                             decodes, s.args.runs, worst, s.args.device)
+    return rows, last.render()
+
+
+def unpaired_batch_size(s: Setup, b: int, groups, table, worst: dict, worst_fastest: dict, rendered: list
+                        ) -> tuple[list[str], object]:
+    """One table's prediction at batch size b against the decodes (`unpaired_rows`): -> (rows, the table,
+    profiled anew here with --profile-each-batch past the first B and added to `rendered`)."""
+    args = s.args
+    if args.profile_each_batch:  # minutes, not tens of minutes, between a table and the decodes it prices
+        # eager decodes drop finished rows (down to one), which the simulation prices at B = 1 too
+        table = table if b == args.sizes[0] else profile(s, [b] if args.compile != "none" else sorted({1, b}))
+        rendered.append(table.render())
+    predicted = predicted_at(s, table, groups, b)
+    times, outs = interleave(methods(s, table), groups, args.runs, args.device)  # batch by batch
+    return unpaired_rows(b, predicted, times, outs, worst, worst_fastest), table
+
+
+def closing_lines(worst: dict, worst_fastest: dict, rendered: list[str]) -> list[str]:
+    """The worst errors per method, and the tables profiled along the way."""
+    lines = ["", "Worst |error| per method: " + ", ".join(f"{m} {e:.1%}" for m, e in worst.items()) + "."]
     if worst_fastest:
         lines += ["", "Worst |error| against the fastest passes: "
                   + ", ".join(f"{m} {e:.1%}" for m, e in worst_fastest.items()) + "."]
     if rendered:
         lines += ["", "```", *rendered, "```"]
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    fail_past_recompile_limit()  # a shape run eagerly past dynamo's limit would be timed as compiled
+    if args.paired and (args.compile != "none" or args.profile_each_batch):
+        ap.error("--paired profiles a table every pass: eager only (--compile none), and it replaces --profile-each-batch")
+    torch.set_num_threads(args.threads)
+    sizes = args.sizes = [int(x) for x in args.batch_sizes.split(",")]
+    ks = [int(x) for x in args.ks.split(",")]
+    target, drafter, head, prior, prompts, pair, eos = load_pair(ap, args)
+    s, agree = prepare(args, ks, target, drafter, head, prior, prompts, eos)
+    # --paired profiles its own table every pass: none before them
+    table = None if args.paired else profile(s, sorted({1, sizes[0]}) if args.profile_each_batch else sizes)
+    lines = header_lines(s, argv, agree, table, pair)
+    worst: dict[str, float] = {}
+    worst_fastest: dict[str, float] = {}
+    rendered = []
+    for b in sizes:
+        groups = [s.prompts[i:i + b] for i in range(0, len(s.prompts), b)]
+        if args.paired:
+            rows, last = paired_batch_size(s, b, groups, worst)
+            rendered.append(last)
+        else:
+            rows, table = unpaired_batch_size(s, b, groups, table, worst, worst_fastest, rendered)
+        lines += rows
+        print("\n".join(rows), flush=True)  # a long run shows each batch size as it ends
+    lines += closing_lines(worst, worst_fastest, rendered)
     publish("\n".join(lines), write=not args.no_append)
     return 0
 

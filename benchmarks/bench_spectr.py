@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime
 import platform
 import statistics
@@ -158,108 +159,158 @@ def load_models(args):
     return tok, target, {"each domain's own drafter": per_domain}, prompt_set
 
 
-def run(args) -> str:
-    torch.set_num_threads(args.threads)
-    tok, target, drafter_sets, prompt_set = load_models(args)
-    prompts = load_prompts(prompt_set, args.prompts_per_domain, tok, args.max_prompt_tokens)
-    domains = sorted(prompts)
+@dataclasses.dataclass
+class Decodes:
+    """The method grid and what its decodes measured: what the measurement fills and every table reads."""
+    drafter_sets: dict  # {drafter set label: {domain or None: (drafter name, model)}}
+    domains: list[str]
+    ks: list[int]
+    ls: list[int]
+    configs: list[tuple]  # ("ar", None, 0, 0), then ("spectr", drafter set label, K, L)
+    metrics: dict  # {config: {domain: [metrics per prompt]}}
+    seconds: dict  # {config: [seconds per seed, over all prompts]}
 
-    def drafter_for(label: str, domain: str):
-        chosen = drafter_sets[label]
-        return chosen.get(domain) or chosen[None]
+    @property
+    def labels(self) -> list[str]:
+        return list(self.drafter_sets)
 
+
+def drafter_for(drafter_sets: dict, label: str, domain: str):
+    """(name, model) of the drafter set `label` uses on `domain`: the domain's own, else the set's only one."""
+    chosen = drafter_sets[label]
+    return chosen.get(domain) or chosen[None]
+
+
+def method_grid(drafter_sets: dict, domains: list[str], ks: list[int], ls: list[int]) -> Decodes:
+    """Autoregressive first (every speedup's baseline), then SpecTr at every (drafter set, L, K)."""
+    configs = [("ar", None, 0, 0)] + [("spectr", lab, K, L) for lab in drafter_sets for L in ls for K in ks]
+    return Decodes(drafter_sets, domains, ks, ls, configs, {c: {d: [] for d in domains} for c in configs},
+                   {c: [] for c in configs})
+
+
+def decode_one(args, target, grid: Decodes, config: tuple, domain: str, ids: list[int], gen, eos):
+    """One timed decode of one prompt by one method: (result, timing)."""
+    _, label, K, L = config
     sampling = SamplingConfig(temperature=1.0)
-    eos = tok.eos_token_id
-    ks, ls = [int(x) for x in args.ks.split(",")], [int(x) for x in args.ls.split(",")]
-    labels = list(drafter_sets)
-    configs = [("ar", None, 0, 0)] + [("spectr", lab, K, L) for lab in labels for L in ls for K in ks]
-    metrics: dict = {c: {d: [] for d in domains} for c in configs}
-    seconds: dict = {c: [] for c in configs}  # per seed, over all prompts
+    if K == 0:
+        return timed_call(lambda: generate_autoregressive(target, ids, args.tokens, sampling, eos, gen), args.device)
+    speculator = drafter_speculator(drafter_for(grid.drafter_sets, label, domain)[1], FixedK(L), K)
+    return timed_call(lambda: generate_speculative(target, speculator, ids, args.tokens, sampling, eos, gen),
+                      args.device)
+
+
+def decode_interleaved(args, target, grid: Decodes, prompts: dict, eos) -> None:
+    """Every seed runs every method once over all prompts, the methods in an order rotating by seed (no fixed
+    position bias); fills the grid's per-prompt metrics and per-seed seconds."""
+    configs = grid.configs
     for seed in range(args.seeds):
         order = configs[seed % len(configs):] + configs[: seed % len(configs)]  # rotate: no fixed position bias
         for config in order:
-            _, label, K, L = config
             total = 0.0
-            for d in domains:
+            for d in grid.domains:
                 for i, ids in enumerate(prompts[d]):
                     gen = torch.Generator().manual_seed(1000 * seed + i)
-                    if K == 0:
-                        res, t = timed_call(lambda: generate_autoregressive(target, ids, args.tokens, sampling, eos,
-                                                                            gen), args.device)
-                    else:
-                        speculator = drafter_speculator(drafter_for(label, d)[1], FixedK(L), K)
-                        res, t = timed_call(lambda: generate_speculative(target, speculator, ids, args.tokens,
-                                                                         sampling, eos, gen), args.device)
+                    res, t = decode_one(args, target, grid, config, d, ids, gen, eos)
                     total += t.time
-                    metrics[config][d].append(res.metrics)
-            seconds[config].append(total)
+                    grid.metrics[config][d].append(res.metrics)
+            grid.seconds[config].append(total)
         print(f"[bench_spectr] seed {seed} done", flush=True)
 
-    ar = aggregate(m for d in domains for m in metrics[configs[0]][d])
+
+def run(args) -> str:
+    """Load the models and prompts, decode every method interleaved, then render the tables (each drafter
+    set's forward costs timed right before its tables)."""
+    torch.set_num_threads(args.threads)
+    tok, target, drafter_sets, prompt_set = load_models(args)
+    prompts = load_prompts(prompt_set, args.prompts_per_domain, tok, args.max_prompt_tokens)
+    ks, ls = [int(x) for x in args.ks.split(",")], [int(x) for x in args.ls.split(",")]
+    grid = method_grid(drafter_sets, sorted(prompts), ks, ls)
+    decode_interleaved(args, target, grid, prompts, tok.eos_token_id)
+    lines = header_lines(args, grid)
+    costs_by_label = {}
+    for label in grid.labels:
+        drafter = drafter_for(drafter_sets, label, grid.domains[0])[1]
+        costs_by_label[label] = forward_costs(target, drafter, ks, ls, reps=args.reps, device=args.device)
+        lines += drafter_set_tables(grid, label, costs_by_label[label])
+    if len(grid.labels) > 1:  # App. E Table 4 shape: block efficiency by drafter size and K
+        lines += drafter_size_table(grid)
+    lines += forward_cost_table(args, grid, costs_by_label[grid.labels[-1]])
+    return "\n".join(lines) + "\n"
+
+
+def header_lines(args, grid: Decodes) -> list[str]:
+    """The section's title (date, machine), command line and how each column is measured."""
+    ar = aggregate(m for d in grid.domains for m in grid.metrics[grid.configs[0]][d])
     source = f"target {args.target}" if args.target else f"bundle {args.bundle}"
     machine = (torch.cuda.get_device_name(args.device) if torch.device(args.device).type == "cuda"
                else f"{platform.node()}, {args.threads} thread{'s' if args.threads > 1 else ''}")
-    lines = [f"## SpecTr: K drafts x L tokens at T = 1 ({datetime.date.today()}, {machine})", "",
-             f"`python benchmarks/bench_spectr.py {' '.join(args.argv)}`: {source}, "
-             f"{len(domains)} domains x {args.prompts_per_domain} test prompts, max_new_tokens={args.tokens}, "
-             f"{args.seeds} seeds (each seed: every method once, methods interleaved in a rotating order). "
-             f"Autoregressive: {ar.n_generated} tokens over all seeds. Block efficiency = tokens per target call "
-             "(bonus counted). Counted speedup = block efficiency / (1 + c N_draft / N_target), c = t_draft / "
-             "t_target of 1-token forwards: SpecTr's computational model, where K rows and K L tree tokens "
-             "cost what one token does. Timed speedup = autoregressive seconds / SpecTr seconds per seed "
-             "(process CPU seconds on a CPU, CUDA event seconds on a GPU).", ""]
-    costs_by_label = {}
-    for label in labels:
-        drafter = drafter_for(label, domains[0])[1]
-        costs = forward_costs(target, drafter, ks, ls, reps=args.reps, device=args.device)
-        costs_by_label[label] = costs
-        c = costs[("draft", 1)] / costs[("plain", 1)]
-        lines += [f"Drafter: {label} (c = {c:.3f}).", "",
-                  "| K | L | block efficiency | paper (Table 1) | draft forwards / token | nodes / round | "
-                  "counted speedup | timed speedup: median (min-max) |",
-                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for config in configs[1:]:
-            _, lab, K, L = config
-            if lab != label:
-                continue
-            m = aggregate(x for d in domains for x in metrics[config][d])
-            nodes = (m.n_discarded + sum(m.accepted)) / m.n_rounds
-            counted = m.mat / (1 + c * m.n_draft / m.n_target)
-            speedups = [a / s for a, s in zip(seconds[configs[0]], seconds[config])]
-            paper = PAPER_TABLE1.get((K, L))
-            lines.append(f"| {K} | {L} | {m.mat:.3f} | {paper if paper else '-'} | "
-                         f"{m.n_draft / m.n_generated:.3f} | {nodes:.1f} | {counted:.2f}x | "
-                         f"{statistics.median(speedups):.2f}x ({min(speedups):.2f}-{max(speedups):.2f}) |")
-        L = max(ls)
-        lines += ["", f"Block efficiency by domain (L = {L}):", "",
-                  "| domain | drafter | " + " | ".join(f"K={K}" for K in ks) + " |",
-                  "| --- | --- |" + " ---: |" * len(ks)]
-        for d in domains:
-            cells = [f"{aggregate(metrics[('spectr', label, K, L)][d]).mat:.3f}" for K in ks]
-            lines.append(f"| {d} | {drafter_for(label, d)[0]} | " + " | ".join(cells) + " |")
-        lines.append("")
-    if len(labels) > 1:  # App. E Table 4 shape: block efficiency by drafter size and K
-        L = max(ls)
-        lines += [f"Block efficiency by drafter and K (L = {L}; SpecTr App. E Table 4 shape):", "",
-                  "| drafter | " + " | ".join(f"K={K}" for K in ks) + " |", "| --- |" + " ---: |" * len(ks)]
-        for label in labels:
-            cells = [f"{aggregate(x for d in domains for x in metrics[('spectr', label, K, L)][d]).mat:.3f}"
-                     for K in ks]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines.append("")
-    costs = costs_by_label[labels[-1]]
-    lines += [f"Forward cost on this machine (median of {args.reps}, 64-token cache; SpecTr App. E Tables 2-3 "
-              "shape): the target's tree-masked forward over 1 + K L tokens (K drafts sharing no prefix) relative "
-              f"to a plain 4-token forward (1 + 3 drafts), and the drafter's ({labels[-1]}) one-token step over "
-              "K rows relative to 1 row.", "",
-              "| K | " + " | ".join(f"target, L={L} (tokens)" for L in ls) + " | drafter step, K rows |",
-              "| ---: |" + " ---: |" * (len(ls) + 1)]
+    return [f"## SpecTr: K drafts x L tokens at T = 1 ({datetime.date.today()}, {machine})", "",
+            f"`python benchmarks/bench_spectr.py {' '.join(args.argv)}`: {source}, "
+            f"{len(grid.domains)} domains x {args.prompts_per_domain} test prompts, max_new_tokens={args.tokens}, "
+            f"{args.seeds} seeds (each seed: every method once, methods interleaved in a rotating order). "
+            f"Autoregressive: {ar.n_generated} tokens over all seeds. Block efficiency = tokens per target call "
+            "(bonus counted). Counted speedup = block efficiency / (1 + c N_draft / N_target), c = t_draft / "
+            "t_target of 1-token forwards: SpecTr's computational model, where K rows and K L tree tokens "
+            "cost what one token does. Timed speedup = autoregressive seconds / SpecTr seconds per seed "
+            "(process CPU seconds on a CPU, CUDA event seconds on a GPU).", ""]
+
+
+def drafter_set_tables(grid: Decodes, label: str, costs: dict) -> list[str]:
+    """Table 1's shape for one drafter set (per K and L), then its block efficiency by domain at the largest L."""
+    c = costs[("draft", 1)] / costs[("plain", 1)]
+    lines = [f"Drafter: {label} (c = {c:.3f}).", "",
+             "| K | L | block efficiency | paper (Table 1) | draft forwards / token | nodes / round | "
+             "counted speedup | timed speedup: median (min-max) |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for config in grid.configs[1:]:
+        _, lab, K, L = config
+        if lab != label:
+            continue
+        m = aggregate(x for d in grid.domains for x in grid.metrics[config][d])
+        nodes = (m.n_discarded + sum(m.accepted)) / m.n_rounds
+        counted = m.mat / (1 + c * m.n_draft / m.n_target)
+        speedups = [a / s for a, s in zip(grid.seconds[grid.configs[0]], grid.seconds[config])]
+        paper = PAPER_TABLE1.get((K, L))
+        lines.append(f"| {K} | {L} | {m.mat:.3f} | {paper if paper else '-'} | "
+                     f"{m.n_draft / m.n_generated:.3f} | {nodes:.1f} | {counted:.2f}x | "
+                     f"{statistics.median(speedups):.2f}x ({min(speedups):.2f}-{max(speedups):.2f}) |")
+    L = max(grid.ls)
+    lines += ["", f"Block efficiency by domain (L = {L}):", "",
+              "| domain | drafter | " + " | ".join(f"K={K}" for K in grid.ks) + " |",
+              "| --- | --- |" + " ---: |" * len(grid.ks)]
+    for d in grid.domains:
+        cells = [f"{aggregate(grid.metrics[('spectr', label, K, L)][d]).mat:.3f}" for K in grid.ks]
+        lines.append(f"| {d} | {drafter_for(grid.drafter_sets, label, d)[0]} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def drafter_size_table(grid: Decodes) -> list[str]:
+    """App. E Table 4's shape: block efficiency by drafter set and K, at the largest L."""
+    L = max(grid.ls)
+    lines = [f"Block efficiency by drafter and K (L = {L}; SpecTr App. E Table 4 shape):", "",
+             "| drafter | " + " | ".join(f"K={K}" for K in grid.ks) + " |", "| --- |" + " ---: |" * len(grid.ks)]
+    for label in grid.labels:
+        cells = [f"{aggregate(x for d in grid.domains for x in grid.metrics[('spectr', label, K, L)][d]).mat:.3f}"
+                 for K in grid.ks]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def forward_cost_table(args, grid: Decodes, costs: dict) -> list[str]:
+    """App. E Tables 2-3's shape: the round's forwards on this machine, relative to the plain ones."""
+    ks, ls = grid.ks, grid.ls
+    lines = [f"Forward cost on this machine (median of {args.reps}, 64-token cache; SpecTr App. E Tables 2-3 "
+             "shape): the target's tree-masked forward over 1 + K L tokens (K drafts sharing no prefix) relative "
+             f"to a plain 4-token forward (1 + 3 drafts), and the drafter's ({grid.labels[-1]}) one-token step over "
+             "K rows relative to 1 row.", "",
+             "| K | " + " | ".join(f"target, L={L} (tokens)" for L in ls) + " | drafter step, K rows |",
+             "| ---: |" + " ---: |" * (len(ls) + 1)]
     for K in ks:
         cells = [f"{costs[('tree', K, L)] / costs[('plain', 4)]:.2f} ({1 + K * L})" for L in ls]
         lines.append(f"| {K} | " + " | ".join(cells) + f" | {costs[('draft', K)] / costs[('draft', 1)]:.2f} |")
     lines.append(f"\nPlain target forwards: 1 token {costs[('plain', 1)] * 1e3:.2f} ms, 4 tokens "
                  f"{costs[('plain', 4)] * 1e3:.2f} ms; drafter 1-row step {costs[('draft', 1)] * 1e3:.2f} ms.")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv=None) -> int:
