@@ -57,7 +57,7 @@ from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
 from specdraft.decoding.rounds.sampling import SamplingConfig, probs, sample
 from specdraft.decoding.speculative import generate_speculative
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
-from specdraft.decoding.policies.stopping import FixedK
+from specdraft.decoding.policies.spec import PolicySpec, build_policy
 from specdraft.decoding.bandits.rewards import tv_distance
 
 SPECULATIVE_RULES = ("chow", "diff", "opt", "token_v1", "token_v2", "token_v3", "lossy", "bild")
@@ -370,7 +370,7 @@ class CascadeMethod:
         if self.rule == "seq_chow":
             return generate_seq_cascade(target, drafter, prompt_ids, max_new_tokens, self.alpha, sampling,
                                         eos_token_id, generator, self.seq_confidence)
-        return generate_speculative(target, DrafterSpeculator(drafter, FixedK(k)), prompt_ids, max_new_tokens,
+        return generate_speculative(target, DrafterSpeculator(drafter, build_policy(PolicySpec("fixed", k=k))), prompt_ids, max_new_tokens,
                                     sampling, eos_token_id, generator, self.verification_distribution())
 
 

@@ -68,7 +68,7 @@ from specdraft.decoding.batched import GREEDY, compiled_segment, forward_step, h
 from specdraft.decoding.defaults import COMPILE_MODES
 from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.policies.cost_model import CostTable, nnls2, padded_width
-from specdraft.decoding.policies.stopping import FixedK
+from specdraft.decoding.policies.spec import PolicySpec, build_policy
 from specdraft.decoding.rounds.shapes import CACHE_ROUND, HEAD_SEGMENT, decode_cache_length, static_length
 from specdraft.decoding.rounds.static_cache import forward_rows
 from specdraft.decoding.timing import timed_call
@@ -264,7 +264,7 @@ def _draft_graph(compiler: StepCompiler, drafter: torch.nn.Module, feeds: int) -
     the graph against 0.20 called alone), and pricing the called step overpriced long rounds (a K = 8 round at
     8.3 ms against 6.5 measured; the batch-aware rule stopped at 4 drafts and ran 0.87x fixed K = 8)."""
     width = feeds + 1
-    graph = compiled_segment(compiler, drafter, FixedK(width), (0, width), width, GREEDY)
+    graph = compiled_segment(compiler, drafter, build_policy(PolicySpec("fixed", k=width)), (0, width), width, GREEDY)
 
     def run(cache, logits):
         rows = logits.shape[0]
@@ -352,7 +352,7 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
     for batch in table.batch_sizes:
         prompts = [torch.randint(0, vocab, (prompt_length,), generator=gen).tolist()] * batch
         calls.update({(batch, k, n): (lambda prompts=prompts, k=k, n=n: generate_batch(
-            target, prompts, n, drafter=drafter if k else None, policy=FixedK(k) if k else None,
+            target, prompts, n, drafter=drafter if k else None, policy=build_policy(PolicySpec("fixed", k=k)) if k else None,
             compile=compiler)) for k in (0, *ks) for n in (n1, n2)})
     times: dict[tuple, list[float]] = {key: [] for key in calls}
     drafted: dict[tuple, list[int]] = {}
@@ -475,7 +475,7 @@ def price_rules(table: CostTable, policies: Sequence, hidden_size: int, *, repea
         device = param.device if param is not None else torch.device("cpu")
         # compiled: one segment of HEAD_SEGMENT positions and its host read; eagerly D = min(4, K - 1) drafts
         drafts = HEAD_SEGMENT if table.compile != "none" else max(1, min(4, policy.max_tokens - 1))
-        baseline = FixedK(max(policy.max_tokens, drafts))
+        baseline = build_policy(PolicySpec("fixed", k=max(policy.max_tokens, drafts)))
         per_round, per_draft = [], []
         for batch in table.batch_sizes:
             hidden = torch.randn(batch, hidden_size, generator=torch.Generator().manual_seed(batch)).to(device)
@@ -512,13 +512,11 @@ def price_head_rules(table: CostTable, head: torch.nn.Module, hidden_size: int, 
     """`price_rules` for every rule the decoder and `specdraft predict` run with a head: SpecDec++ per row and
     lockstep (at `threshold`), the batch-aware rules (with `prior`) and the global verify budget, at K_max
     `k_max` (the budget at min(4, k_max): its per-draft work hardly depends on K)."""
-    from specdraft.decoding.policies.batch_aware import BatchAwareSpecDec, GlobalVerifyBudget, LockstepBatchAwareSpecDec
-    from specdraft.decoding.policies.stopping import LockstepSpecDecPP, SpecDecPP
-
     k_max = min(k_max, table.max_drafts)
-    rules = [SpecDecPP(head, threshold, k_max), LockstepSpecDecPP(head, threshold, k_max),
-             BatchAwareSpecDec(head, table, prior, k_max), LockstepBatchAwareSpecDec(head, table, prior, k_max),
-             GlobalVerifyBudget(head, table, prior, min(4, k_max))]
+    specs = [PolicySpec("specdecpp", threshold=threshold, k_max=k_max, lockstep=lockstep) for lockstep in (False, True)]
+    specs += [PolicySpec("batch-aware", k_max=k_max, lockstep=lockstep) for lockstep in (False, True)]
+    specs += [PolicySpec("global-budget", k=min(4, k_max))]
+    rules = [build_policy(spec, head=head, table=table, prior=prior) for spec in specs]
     return price_rules(table, rules, hidden_size)
 
 

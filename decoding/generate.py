@@ -32,7 +32,7 @@ from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.rounds.shapes import decode_cache_length
 from specdraft.decoding.rounds.static_cache import full_attention_over
 from specdraft.decoding.speculative import generate_speculative
-from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP
+from specdraft.decoding.policies.spec import PolicySpec, build_policy
 
 
 
@@ -42,7 +42,7 @@ class Plan:
 
     name: str  # the drafter's name (bundle) or directory; "target" for autoregressive decoding
     drafter: torch.nn.Module | None = None
-    policy: Callable[[], Any] | None = None  # a fresh stopping policy (FixedK / SpecDecPP)
+    policy: Callable[[], Any] | None = None  # a fresh stopping policy (`build_policy` of a PolicySpec)
     head: str | None = None  # the SpecDec++ head's name, if one drafts
     drafts: int = 1
     cascade: Any = None  # a decoding.cascades.CascadeMethod
@@ -65,11 +65,6 @@ def decode_batch(target, prompts: list[list[int]], max_new_tokens: int, plan: Pl
     compiler = compile if isinstance(compile, StepCompiler) else StepCompiler(compile)
     if batched_plan(plan) and full_attention_decode(target, plan, prompts, max_new_tokens, compiler.mode):
         policy = plan.policy() if plan.drafter is not None else None
-        if type(policy) is SpecDecPP and len(prompts) > 1:
-            # the batch stops drafting together (the same decisions at batch 1): per-row stops save no verify
-            # work in a lockstep batch (RESULTS.md bench_batch_decoder, demo pair, h = 0.7: lockstep 1.17 / 1.00 /
-            # 0.90 / 0.88 of batched AR at B = 4 / 8 / 16 / 32 against 1.07 / 0.87 / 0.78 / 0.72 per row)
-            policy = LockstepSpecDecPP(policy.head, policy.threshold, policy.max_tokens)
         return generate_batch(target, prompts, max_new_tokens, drafter=plan.drafter, policy=policy, sampling=sampling,
                               eos_token_id=eos_token_id, seed=seed, compile=compiler)
     if not compiler.eager:
@@ -121,14 +116,14 @@ def decode_one(target, ids: list[int], max_new_tokens: int, plan: Plan, sampling
                                 generator=generator)
 
 
-def head_policy(head, threshold: float | None, head_config: dict | None, k_max: int) -> Callable[[], SpecDecPP]:
-    """SpecDec++ with a head loaded from its own directory (no bundle): at `threshold`, else the h recorded
-    with the head, capped at the head's K_max, else `k_max`. A bundle's heads go through `Bundle.policy_for`."""
+def head_spec(threshold: float | None, head_config: dict | None, k_max: int, lockstep: bool = False) -> PolicySpec:
+    """SpecDec++ for a head loaded from its own directory (no bundle): at `threshold`, else the h recorded
+    with the head, capped at the head's K_max, else `k_max`. A bundle's heads go through `Bundle.policy_spec`."""
     h = threshold if threshold is not None else (head_config or {}).get("threshold")
     if h is None:
         raise InputError("the head records no threshold; pass --threshold H (SpecDec++ h in (0, 1))")
     cap = (head_config or {}).get("k_max") or k_max
-    return lambda: SpecDecPP(head, h, cap)
+    return PolicySpec("specdecpp", threshold=h, k_max=cap, lockstep=lockstep)
 
 
 def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = DEFAULTS.max_new_tokens,
@@ -149,12 +144,14 @@ def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = DEFAU
         raise InputError("k is a drafter's fixed K; a cascade drafts cascade_block tokens a round: pass cascade_block")
     if method == "ar":
         plan = Plan("target")
-    elif head is not None and k is None:
-        plan = Plan("drafter", drafter, head_policy(head, threshold, head_config, k_max), drafts=drafts,
-                    cascade=cascade, cascade_block=cascade_block, tree=tree)
     else:
-        kk = k if k is not None else DEFAULTS.k
-        plan = Plan("drafter", drafter, lambda: FixedK(kk), drafts=drafts, cascade=cascade,
+        if head is not None and k is None:
+            spec = head_spec(threshold, head_config, k_max)
+        elif threshold is not None:
+            raise InputError("threshold is SpecDec++'s h and fixed K drafting has none: give a head, or leave it out")
+        else:
+            spec = PolicySpec("fixed", k=k if k is not None else DEFAULTS.k)
+        plan = Plan("drafter", drafter, lambda: build_policy(spec, head=head), drafts=drafts, cascade=cascade,
                     cascade_block=cascade_block, tree=tree)
     ids = format_prompt(tok, user_turn(prompt), chat)
     res = decode_batch(target, [ids], max_new_tokens, plan, sampling, end_of_turn_ids(tok, target), seed)[0]

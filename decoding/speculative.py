@@ -29,7 +29,8 @@ from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
 from specdraft.decoding.rounds.sampling import SamplingConfig, probs_on_cpu
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
 from specdraft.decoding.speculators.protocol import RoundOutcome, Speculator
-from specdraft.decoding.policies.stopping import FixedK, HindsightOracle, StoppingPolicy
+from specdraft.decoding.policies.spec import PolicySpec, build_policy
+from specdraft.decoding.policies.stopping import StoppingPolicy
 from specdraft.decoding.rounds.tree import verify_tree
 from specdraft.decoding.rounds.verify import Verification, verify
 
@@ -148,7 +149,7 @@ def generate_with_drafter(
     generator: torch.Generator | None = None,
 ) -> GenerationResult:
     """`generate_speculative` with one causal-LM drafter drafting under `stopping` (default FixedK(k))."""
-    speculator = DrafterSpeculator(drafter, stopping if stopping is not None else FixedK(k))
+    speculator = DrafterSpeculator(drafter, stopping if stopping is not None else build_policy(PolicySpec("fixed", k=k)))
     return generate_speculative(target, speculator, prompt_ids, max_new_tokens, sampling, eos_token_id, generator)
 
 
@@ -164,5 +165,5 @@ def hindsight_oracle(
     greedy = SamplingConfig(temperature=0.0)
     prompt = as_token_list(prompt_ids)
     reference = generate_autoregressive(target, prompt, max_new_tokens, greedy, eos_token_id).tokens
-    speculator = DrafterSpeculator(drafter, HindsightOracle(prompt + reference))
+    speculator = DrafterSpeculator(drafter, build_policy(PolicySpec("oracle"), reference=prompt + reference))
     return generate_speculative(target, speculator, prompt, max_new_tokens, greedy, eos_token_id)

@@ -33,9 +33,8 @@ import torch
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.rounds.shapes import round_feeds
-from specdraft.decoding.policies.stopping import SpecDecPP
-from specdraft.decoding.policies.batch_aware import (BatchAwareSpecDec, GlobalVerifyBudget, KPerBatchSize,
-                                                     LockstepBatchAwareSpecDec, Prior, k_per_batch_size)
+from specdraft.decoding.policies.batch_aware import Prior, k_per_batch_size
+from specdraft.decoding.policies.spec import PolicySpec, build_policy
 from specdraft.decoding.policies.cost_model import CostTable
 
 ACCEPTANCE_FORMAT = "specdraft-acceptance-summary/1"
@@ -290,16 +289,19 @@ def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes
     methods: dict[str, Callable[[int], tuple]] = {}
     for k in FIXED_KS:
         if k <= table.max_drafts:
-            methods[f"K={k}"] = lambda b, k=k: (KPerBatchSize({1: k}), None)
-    methods[f"SpecDec++ h={summary.threshold:g}"] = lambda b: (SpecDecPP(None, summary.threshold, k_max), None)
-    methods["batch-aware"] = lambda b: (BatchAwareSpecDec(None, table, prior, k_max), None)
-    methods["batch-aware lockstep"] = lambda b: (LockstepBatchAwareSpecDec(None, table, prior, k_max), None)
+            methods[f"K={k}"] = lambda b, k=k: (build_policy(PolicySpec("k-per-batch-size", ks=((1, k),))), None)
+    # the head rules read the summary's sigmas, not a head (head=None)
+    methods[f"SpecDec++ h={summary.threshold:g}"] = lambda b: (
+        build_policy(PolicySpec("specdecpp", threshold=summary.threshold, k_max=k_max)), None)
+    for name, lockstep in (("batch-aware", False), ("batch-aware lockstep", True)):
+        methods[name] = lambda b, lockstep=lockstep: (build_policy(
+            PolicySpec("batch-aware", k_max=k_max, lockstep=lockstep), table=table, prior=prior), None)
 
     def budget(b):
-        policy = GlobalVerifyBudget(None, table, prior, budget_k)
+        policy = build_policy(PolicySpec("global-budget", k=budget_k), table=table, prior=prior)
         return policy, policy.widths
     methods[f"global budget K={budget_k}"] = budget
-    methods["K table"] = lambda b: (KPerBatchSize({b: ks[b]}), None)
+    methods["K table"] = lambda b: (build_policy(PolicySpec("k-per-batch-size", ks=((b, ks[b]),))), None)
     rows = []
     for b in batch_sizes:
         # every method at this B from one seed: the same responses and draws (common random numbers)
@@ -308,7 +310,7 @@ def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes
                                    finish, new_tokens, drafter=drafter, prompt_length=(prompt_lengths or {}).get(b))
         # batched AR: a plain target step and the loop's own work per token, B rows at a time (static batches:
         # simulated too, as their rows end at different lengths)
-        ar = b / table.round_cost(b, 0) if new_tokens is None else simulate(KPerBatchSize({1: 0}), drafter=False)[0]
+        ar = b / table.round_cost(b, 0) if new_tokens is None else simulate(build_policy(PolicySpec("k-per-batch-size", ks=((1, 0),))), drafter=False)[0]
         rows.append(Prediction("AR", b, ar, 1.0, 0.0, 1.0))
         for name, build in methods.items():
             rate, mean_k, mat = simulate(*build(b))

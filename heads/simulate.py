@@ -45,7 +45,7 @@ import torch
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.defaults import DEFAULTS
-from specdraft.decoding.policies.stopping import SpecDecPP
+from specdraft.decoding.policies.spec import PolicySpec, build_policy
 from specdraft.decoding.rounds.lengths import decisions, draft_forwards, round_length
 
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -107,7 +107,7 @@ def specdecpp_round_lengths(
     padded = torch.cat([sigma.double(), torch.ones(B, k_max, dtype=torch.float64)], dim=1)
     windows = padded.unfold(1, k_max, 1)[:, :T]  # (B, T, k_max): sigma_j .. sigma_{j+k_max-1}
     # the decoder's own rule (SpecDecPP.stop_rows), one policy per threshold of the sweep
-    fires = torch.stack([decisions(SpecDecPP(None, h, k_max), windows) for h in thresholds])  # (S, B, T, k_max + 1)
+    fires = torch.stack([decisions(build_policy(PolicySpec("specdecpp", threshold=h, k_max=k_max)), windows) for h in thresholds])  # (S, B, T, k_max + 1)
     return _cap_to_end(round_length(fires, k_max), lengths)
 
 

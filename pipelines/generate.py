@@ -43,9 +43,9 @@ from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
 from specdraft.decoding.cascades import DEFAULT_BLOCK as CASCADE_BLOCK
 from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.defaults import DEFAULTS, DecodingDefaults
-from specdraft.decoding.generate import (Plan, decode_batch, head_policy, load_bundle_drafter, load_drafter_dir)
+from specdraft.decoding.generate import Plan, decode_batch, head_spec, load_bundle_drafter, load_drafter_dir
 from specdraft.decoding.metrics import GenerationResult
-from specdraft.decoding.policies.stopping import FixedK
+from specdraft.decoding.policies.spec import PolicySpec, build_policy
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculators.eagle_model import is_eagle
 from specdraft.pipelines.generate_args import bundle_of
@@ -292,13 +292,15 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
         raise InputError(f"--threshold sets a SpecDec++ head's h, but drafter '{name}' has none; "
                          "give --head, or --k for fixed K")
     table, prior = batch_aware_table(args, b, name, target, dft, head, head_name, hcfg, settings, note, longest_prompt)
+    lockstep = args.batch_size > 1  # a batch stops drafting together (the same decisions at batch 1)
     if b is not None:
-        policy = b.policy_for(name, head if args.k is None else None, head_name, args.k, args.threshold, table, prior)
+        spec = b.policy_spec(name, head_name if args.k is None else None, args.k, args.threshold,
+                             table.max_drafts if table is not None else None, lockstep)
     elif args.k is None and head is not None:
-        policy = head_policy(head, args.threshold, hcfg, DEFAULTS.k_max)
+        spec = head_spec(args.threshold, hcfg, DEFAULTS.k_max, lockstep)
     else:
-        k = args.k if args.k is not None else DEFAULTS.k
-        policy = lambda: FixedK(k)  # noqa: E731
+        spec = PolicySpec("fixed", k=args.k if args.k is not None else DEFAULTS.k)
+    policy = lambda: build_policy(spec, head=head, table=table, prior=prior)  # noqa: E731  (fresh per decode)
     if args.k is not None:
         head_name = None
     tree = eagle_tree(args, b, name) if is_eagle(dft) else None

@@ -137,31 +137,25 @@ class Bundle:
         entry = self.drafters.get(drafter)
         return AcceptanceSummary.load(entry.acceptance / ACCEPTANCE_FILE) if entry and entry.acceptance else None
 
-    def policy_for(self, drafter: str, head=None, head_name: str | None = None,
-                   k: int | None = None, threshold: float | None = None, cost_table=None, prior=None):
-        """How `drafter` drafts, as a factory of fresh stopping policies: `k` given -> fixed K; a head (its
-        module and its name in the bundle) -> SpecDec++ at `head_rule`, or with `cost_table` (the decoder's
-        measured costs, decoding/cost_profile.py) the lockstep batch-aware rule priced with it, its prior the
-        drafter's acceptance summary; else fixed K at `fixed_k`. Used by `specdraft generate`, evaluate and
-        `generate_text`, so a value reaches every decode the same way."""
-        from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
+    def policy_spec(self, drafter: str, head_name: str | None = None, k: int | None = None,
+                    threshold: float | None = None, max_drafts: int | None = None, lockstep: bool = False):
+        """How `drafter` drafts (decoding.policies.spec.PolicySpec): `k` given, or no head -> fixed K (`k`, else
+        `fixed_k`); its head `head_name` -> SpecDec++ at `head_rule` (in `lockstep` when the batch stops
+        together), or, with `max_drafts` (the widest round the caller's cost table prices), the lockstep
+        batch-aware rule capped there. The one place `specdraft generate` resolves a drafter's policy."""
+        from specdraft.decoding.policies.spec import PolicySpec
 
-        if k is not None or head is None:
+        if k is not None or head_name is None:
             if threshold is not None:
                 raise InputError(f"a threshold sets a SpecDec++ head's h, but drafter '{drafter}' decodes with "
                                  "fixed K here; give a head, or leave the threshold out")
-            kk = k if k is not None else self.fixed_k(drafter)
-            return lambda: FixedK(kk)
+            return PolicySpec("fixed", k=k if k is not None else self.fixed_k(drafter))
         h, k_max = self.head_rule(drafter, head_name, threshold)
-        if cost_table is None:
-            return lambda: SpecDecPP(head, h, k_max)
-        from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec
-
+        if max_drafts is None:
+            return PolicySpec("specdecpp", threshold=h, k_max=k_max, lockstep=lockstep)
         if threshold is not None:
             raise InputError("--threshold sets SpecDec++'s fixed h; the batch-aware rule has none (leave one out)")
-        prior = self.prior_for(drafter, head_name) if prior is None else prior  # `prior`: one the caller built
-        k_max = min(k_max, cost_table.max_drafts)
-        return lambda: LockstepBatchAwareSpecDec(head, cost_table, prior, k_max)
+        return PolicySpec("batch-aware", k_max=min(k_max, max_drafts), lockstep=True)
 
     def prior_for(self, drafter: str, head: str | None = None, summary=None):
         """The batch-aware rules' prior (decoding.policies.batch_aware.Prior) for `drafter` read through

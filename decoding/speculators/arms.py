@@ -31,7 +31,7 @@ from specdraft.decoding.speculators.multi_drafter import Arm, NoDraftSpeculator
 from specdraft.decoding.speculators.prompt_lookup import PromptLookupSpeculator
 from specdraft.decoding.speculators.rest import RestSpeculator
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
-from specdraft.decoding.policies.stopping import FixedK
+from specdraft.decoding.policies.spec import PolicySpec, build_policy
 from specdraft.decoding.speculators.suffix import SuffixSpeculator
 
 MODEL_FREE = ("lookup", "rest", "suffix")
@@ -117,8 +117,8 @@ def build_arm(entry: Any, resources: ArmResources, n_max: int) -> Arm:
             from specdraft.decoding.speculators.eagle import EagleSpeculator
 
             # its own feature store and layer cache (no hand-over between arms: each catches up alone)
-            return Arm(name, EagleSpeculator(model, FixedK(k)), cost_ratio=cost)
-        return Arm(name, DrafterSpeculator(model, FixedK(k)), drafter_key=f"drafter:{drafter}", cost_ratio=cost)
+            return Arm(name, EagleSpeculator(model, build_policy(PolicySpec("fixed", k=k))), cost_ratio=cost)
+        return Arm(name, DrafterSpeculator(model, build_policy(PolicySpec("fixed", k=k))), drafter_key=f"drafter:{drafter}", cost_ratio=cost)
     if kind == "none":
         if d:
             raise InputError(f"arm 'none' takes no parameters, got {', '.join(sorted(d))}")

@@ -33,7 +33,7 @@ from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.bandits.selectors import EXP3, EXP3Spec, MetaSDUCB, SequentialHalving, UCBSpec
 from specdraft.decoding.speculators.drafter import DrafterSpeculator
 from specdraft.decoding.speculators.protocol import Draft, RoundOutcome, Speculator, common_prefix
-from specdraft.decoding.policies.stopping import FixedK
+from specdraft.decoding.policies.spec import PolicySpec, build_policy
 
 REWARDS = ("bd", "bd-argmax", "be", "accepted", "throughput")
 
@@ -71,7 +71,7 @@ def gamma_arms(drafter: torch.nn.Module, gammas: list[int], key: str = "drafter"
     arms = []
     for g in gammas:
         require_int(g, "speculation length gamma", minimum=0)
-        spec = NoDraftSpeculator() if g == 0 else DrafterSpeculator(drafter, FixedK(g))
+        spec = NoDraftSpeculator() if g == 0 else DrafterSpeculator(drafter, build_policy(PolicySpec("fixed", k=g)))
         arms.append(Arm(f"gamma={g}", spec, None if g == 0 else key))
     return arms
 

@@ -59,7 +59,7 @@ def load_heads(bundle: Bundle, drafters, modes: dict[str, SamplingConfig], devic
             name = bundle.head_for(n, transform)
             if name is not None:
                 module, _ = bundle.load_head(n, name, device=device)
-                h, k_max = bundle.head_rule(n, name)  # as `specdraft generate` serves it (Bundle.policy_for)
+                h, k_max = bundle.head_rule(n, name)  # as `specdraft generate` serves it (Bundle.policy_spec)
                 heads[mode][n] = Head(module, h, k_max, name)
         lacking = sorted(n for n in drafters if n not in heads[mode] and bundle.heads.get(n))
         if lacking:

@@ -320,20 +320,22 @@ def test_another_family_qwen2(ragged):
     assert sum(r.metrics.n_target for r in results) < 16 * len(prompts)
 
 
-def test_generate_decodes_a_batch_with_specdecpp_in_lockstep(llama_pair, ragged):
-    """`specdraft generate`'s batches (decoding.generate.decode_batch) turn the bundle's SpecDec++ head into
-    LockstepSpecDecPP for B > 1 (the same decisions at B = 1)."""
+def test_a_lockstep_spec_decodes_a_batch_in_lockstep_and_batch_one_as_per_row(llama_pair, ragged):
+    """A SpecDec++ spec with lockstep (what `specdraft generate --batch-size B > 1` asks for) decodes through
+    `decode_batch` as LockstepSpecDecPP; at batch 1 it takes the per-row rule's decisions."""
     from specdraft.decoding.generate import Plan, decode_batch
+    from specdraft.decoding.policies.spec import PolicySpec, build_policy
 
     target, drafter = llama_pair
     prompts, eos, _ = ragged
     head = random_head(drafter.config.hidden_size, 0)
-    plan = Plan("d", drafter, lambda: SpecDecPP(head, threshold=0.5))
+    spec = PolicySpec("specdecpp", threshold=0.5, k_max=8, lockstep=True)
+    plan = Plan("d", drafter, lambda: build_policy(spec, head=head))
     got = decode_batch(target, prompts, MAX_NEW, plan, GREEDY, eos, seed=0)
-    want = generate_batch(target, prompts, MAX_NEW, drafter=drafter, policy=LockstepSpecDecPP(head, 0.5), eos_token_id=eos)
+    want = generate_batch(target, prompts, MAX_NEW, drafter=drafter, policy=LockstepSpecDecPP(head, 0.5, 8), eos_token_id=eos)
     assert [(r.tokens, r.metrics.drafted) for r in got] == [(r.tokens, r.metrics.drafted) for r in want]
     [one] = decode_batch(target, prompts[:1], MAX_NEW, plan, GREEDY, eos, seed=0)
-    [alone] = generate_batch(target, prompts[:1], MAX_NEW, drafter=drafter, policy=SpecDecPP(head, 0.5), eos_token_id=eos)
+    [alone] = generate_batch(target, prompts[:1], MAX_NEW, drafter=drafter, policy=SpecDecPP(head, 0.5, 8), eos_token_id=eos)
     assert one.metrics.drafted == alone.metrics.drafted
 
 

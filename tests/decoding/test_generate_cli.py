@@ -255,9 +255,9 @@ def test_compiled_batches_give_the_eager_tokens(bundle, tmp_path, capsys):
 
 def test_each_decoding_value_walks_from_the_cli_and_the_bundle_to_the_policy(bundle, monkeypatch, capsys):
     """K, K_max and h: given on the command line they decide; left out, the bundle decides, each defaulted in
-    one place (`Bundle.policy_for`: K -> the drafter's fixed_k; h -> the pinned decoding.threshold, else the
+    one place (`Bundle.policy_spec`: K -> the drafter's fixed_k; h -> the pinned decoding.threshold, else the
     head's own; K_max -> the head's). Evaluate's heads serve at the same (h, K_max) (`Bundle.head_rule`)."""
-    from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
+    from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP
     from specdraft.pipelines.evaluate.load import load_heads
 
     seen = []
@@ -275,6 +275,8 @@ def test_each_decoding_value_walks_from_the_cli_and_the_bundle_to_the_policy(bun
     assert policy("--drafter", "code", "--k", "3").max_tokens == 3
     p = policy("--drafter", "math")  # its head, at the head's h and K_max
     assert type(p) is SpecDecPP and (p.threshold, p.max_tokens) == (0.7, 6)
+    p = policy("--drafter", "math", "--batch-size", "2")  # a batch stops drafting together (lockstep in the spec)
+    assert type(p) is LockstepSpecDecPP and (p.threshold, p.max_tokens) == (0.7, 6)
     p = policy("--drafter", "math", "--threshold", "0.4")
     assert (p.threshold, p.max_tokens) == (0.4, 6)
     assert type(policy("--drafter", "math", "--k", "2")) is FixedK
