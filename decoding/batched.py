@@ -41,6 +41,7 @@ from specdraft.decoding.compat import check_head, check_pair, check_prompt
 from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.metrics import GenerationMetrics, GenerationResult
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB, RowBandits
+from specdraft.decoding.policies.decide import decide
 from specdraft.decoding.rounds.batch_verify import verify_greedy, verify_sampled
 from specdraft.decoding.rounds.kv import input_device
 from specdraft.decoding.rounds.sampling import SamplingConfig, probs, sample_inverse
@@ -82,7 +83,7 @@ def check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eo
         raise InputError(f"the batched decoder drafts with a causal LM or an EAGLE drafter, not {type(drafter).__name__}; "
                          "decode model-free speculators one prompt at a time with generate_speculative")
     check_pair(target, drafter)
-    if not hasattr(policy, "stop_rows"):
+    if not hasattr(policy, "stop_rows") or getattr(policy, "hindsight", False):
         raise InputError(f"the batched decoder supports FixedK, SpecDecPP and LengthUCB policies, not {policy!r}; "
                          "decode other speculators one prompt at a time with generate_speculative")
     if isinstance(getattr(policy, "head", None), torch.nn.Module):
@@ -119,14 +120,6 @@ def pick(logits: torch.Tensor, sampling: SamplingConfig, u: torch.Tensor | None)
         return logits.argmax(-1), None
     q = probs(logits, sampling)
     return sample_inverse(q, u), q
-
-
-def head_sigma(head, hidden: torch.Tensor) -> torch.Tensor:
-    """sigmoid(head(e)) per row, (B,) float64: the predicted acceptance a stopping rule reads."""
-    param = next(head.parameters(), None) if isinstance(head, torch.nn.Module) else None
-    if param is not None:
-        hidden = hidden.to(device=param.device, dtype=param.dtype)
-    return torch.sigmoid(head(hidden).float()).reshape(hidden.shape[0]).to(hidden.device).double()
 
 
 @dataclass
@@ -169,8 +162,7 @@ def draft_positions(step, policy, cache, cap, eos, sampling: SamplingConfig, uni
         go_on = drafting & (k < cap)
         if eos is not None:
             go_on &= ~torch.isin(y, eos)  # drafting past EOS is wasted work
-        sigma = head_sigma(policy.head, hidden) if policy.needs_hidden and hidden is not None else None
-        rule, stop = policy.stop_rows(rule, i + 1, sigma, go_on)
+        rule, stop = decide(policy, rule, i + 1, go_on, hidden=hidden)
         drafting = go_on & ~stop
         if i == width - 1:
             break  # y_W is never fed in its own round
@@ -200,7 +192,7 @@ def compiled_segment(compiler: StepCompiler, model: torch.nn.Module, policy, bou
             return forward_rows(model, cache, ids, hidden)
         if decide_zero:
             tokens, qs, k, drafting, logits, hidden, _ = carry
-            rule, stop = policy.stop_rows(policy.round_state(drafting.shape[0], drafting.device), 0, None, drafting)
+            rule, stop = decide(policy, policy.round_state(drafting.shape[0], drafting.device), 0, drafting)
             carry = (tokens, qs, k, drafting & ~stop, logits, hidden, rule)
         return draft_positions(step, policy, cache, cap, eos, sampling, uniforms, carry, range(*bounds), width)
     return compiler.apply(segment, model, ("draft", rule_key(policy), sampling, bounds, width, decide_zero))
@@ -402,7 +394,7 @@ def draft(d: Decode, state: RowState, room: int) -> Drafts:
     if known is False:
         rule, drafting = None, cap > 0
     else:
-        rule, stop = d.policy.stop_rows(d.policy.round_state(rows, device), 0, None, cap > 0)
+        rule, stop = decide(d.policy, d.policy.round_state(rows, device), 0, cap > 0)
         drafting = (cap > 0) & ~stop
     if d.behind and bool(drafting.any()):  # some row drafts: the drafter first sees what it missed
         catch_up_behind(d, state, 2 + d.behind)

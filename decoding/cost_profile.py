@@ -64,7 +64,8 @@ import torch
 
 from specdraft.core.devices import device_name
 from specdraft.core.errors import InputError
-from specdraft.decoding.batched import GREEDY, compiled_segment, forward_step, head_sigma, reads_each_decision, rule_key
+from specdraft.decoding.batched import GREEDY, compiled_segment, forward_step, reads_each_decision, rule_key
+from specdraft.decoding.policies.decide import decide
 from specdraft.decoding.defaults import COMPILE_MODES
 from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.policies.cost_model import CostTable, nnls2, padded_width
@@ -420,13 +421,12 @@ def _rule_round(policy, hidden: torch.Tensor, drafts: int) -> None:
     widths."""
     rows, device = hidden.shape[0], hidden.device
     drafting = torch.ones(rows, dtype=torch.bool, device=device)
-    state, _ = policy.stop_rows(policy.round_state(rows, device), 0, None, drafting)
+    state, _ = decide(policy, policy.round_state(rows, device), 0, drafting)
     first = getattr(policy, "decides_at_zero", False)
     if first:
         bool(drafting.any())
     for i in range(drafts):
-        sigma = head_sigma(policy.head, hidden) if policy.needs_hidden and i >= 1 else None
-        state, _ = policy.stop_rows(state, i + 1, sigma, drafting)
+        state, _ = decide(policy, state, i + 1, drafting, hidden=hidden if i >= 1 else None)
         if reads_each_decision(policy):
             bool(drafting.any())
     widths = getattr(policy, "widths", None)
@@ -440,8 +440,7 @@ def _rule_segment(compiler: StepCompiler, policy) -> Callable:
     (state, hidden, drafting) -> (state, drafting)."""
     def segment(state, hidden, drafting):
         for i in range(HEAD_SEGMENT):
-            sigma = head_sigma(policy.head, hidden) if policy.needs_hidden else None
-            state, stop = policy.stop_rows(state, i + 1, sigma, drafting)
+            state, stop = decide(policy, state, i + 1, drafting, hidden=hidden)
             drafting = drafting & ~stop
         return state, drafting
     return compiler.apply(segment, None, ("rule segment", rule_key(policy)))

@@ -34,6 +34,7 @@ import torch
 from specdraft.core.errors import InputError
 from specdraft.decoding.rounds.shapes import round_feeds
 from specdraft.decoding.policies.batch_aware import Prior, k_per_batch_size
+from specdraft.decoding.policies.decide import decide_round
 from specdraft.decoding.policies.spec import PolicySpec, build_policy
 from specdraft.decoding.policies.cost_model import CostTable
 
@@ -109,28 +110,6 @@ def summarize_acceptance(accept: Sequence[torch.Tensor], sigma: Sequence[torch.T
     return AcceptanceSummary(accept=[rounded(accept[i]) for i in keep], sigma=[rounded(sigma[i]) for i in keep],
                              mean_accept=round(float(all_a.mean()), 6), mean_sigma=round(float(all_s.mean()), 6),
                              dev_sequences=len(accept), positions=int(all_a.numel()), **info)
-
-
-def decide_round(policy, sigma: torch.Tensor, cap: torch.Tensor | int | None = None):
-    """One round's decisions by `policy` (the tensor protocol), driven as the batched loop drives them:
-    sigma (rows, W >= K_max) float64, sigma[:, j - 1] = sigmoid(head(e_j)); decision k reads e_{k-1};
-    cap: drafts each row may make at most (its remaining room). Returns ((rows,) drafts, final state, steps:
-    the drafter steps the lockstep batch ran)."""
-    rows = sigma.shape[0]
-    cap = torch.as_tensor(policy.max_tokens if cap is None else cap, device=sigma.device).expand(rows)
-    state = policy.round_state(rows, sigma.device)
-    drafting = torch.ones(rows, dtype=torch.bool, device=sigma.device)
-    k_rows = torch.zeros(rows, dtype=torch.long, device=sigma.device)
-    steps = 0
-    for k in range(policy.max_tokens + 1):
-        drafting = drafting & (k < cap)
-        state, stop = policy.stop_rows(state, k, sigma[:, k - 2] if k >= 2 else None, drafting)
-        drafting = drafting & ~stop
-        if not bool(drafting.any()):  # the batched loop ends the round here too
-            break
-        k_rows += drafting  # the row drafts y_{k+1}
-        steps = k + 1
-    return k_rows, state, steps
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ Policies:
 - SpecDec++ (decoding/policies/stopping.py's SpecDecPP, paper Alg. 1): after sampling y_k the head has read
   e_1..e_{k-1} (the forward on y_{k-1} yields q_k and e_{k-1}), so y_k rides along unpredicted:
   K(j) = min{k >= 1 : 1 - prod_{i=j}^{j+k-2} sigma_i > h}, capped at k_max (= 20) and N - j; every
-  uncapped round is >= 2 tokens. The decisions are SpecDecPP.stop_rows (via `decoding.rounds.lengths.decisions`), the rule the
+  uncapped round is >= 2 tokens. The decisions are SpecDecPP.stop_rows (via `decoding.policies.decide.decisions`), the rule the
   decoder runs, so the h chosen here is chosen under the cost the decoder pays (a test decodes
   teacher-forced greedy sequences and checks the counts equal).
 - Fixed K: K(j) = min(K, N - j).
@@ -46,7 +46,8 @@ import torch
 from specdraft.core.errors import InputError
 from specdraft.decoding.defaults import DEFAULTS
 from specdraft.decoding.policies.spec import PolicySpec, build_policy
-from specdraft.decoding.rounds.lengths import decisions, draft_forwards, round_length
+from specdraft.decoding.policies.decide import decisions
+from specdraft.decoding.rounds.lengths import draft_forwards, round_length
 
 THRESHOLDS = (0.1, 0.3, 0.5, 0.7, 0.9)
 K_MAX = DEFAULTS.k_max  # the decoder's SpecDec++ cap (decoding/defaults.py)

@@ -26,13 +26,14 @@ import torch
 from specdraft.decoding.rounds import kv
 from specdraft.decoding.compat import check_k, check_threshold
 from specdraft.decoding.defaults import DEFAULTS, SPECDECPP_PAPER_THRESHOLD
+from specdraft.decoding.policies.decide import decide, head_sigma
 from specdraft.core.errors import InputError
 
 
 class StoppingPolicy(Protocol):
     """A length policy. The rule itself is the tensor method `stop_rows`, over the rows of a batch: the
     batched decoder calls it inside its draft graph, the one-prompt loop calls it through `stop` on a batch
-    of one, and the offline simulator (`heads/simulate.py`, via `decoding.rounds.lengths.decisions`) over
+    of one, and the offline simulator (`heads/simulate.py`, via `decoding.policies.decide.decisions`) over
     every start position of its dev sequences at once: one definition, three callers."""
 
     max_tokens: int  # hard cap on draft tokens per round
@@ -77,12 +78,9 @@ class OnePromptRule:
         self._state = self.round_state(1, torch.device("cpu"))
 
     def stop(self, k: int, hidden: torch.Tensor | None) -> bool:
-        sigma = None
-        if k >= 2 and self.needs_hidden:
-            device, dtype = _module_device_dtype(self.head)
-            e = hidden.to(device=device or hidden.device, dtype=dtype or hidden.dtype)
-            sigma = torch.sigmoid(self.head(e).float()).reshape(1).double().cpu()
-        self._state, stop = self.stop_rows(self._state, k, sigma, torch.ones(1, dtype=torch.bool))
+        # the round state lives on the host (one row): the head's prediction comes back to it
+        sigma = head_sigma(self.head, hidden).cpu() if k >= 2 and self.needs_hidden else None
+        self._state, stop = decide(self, self._state, k, torch.ones(1, dtype=torch.bool), sigma=sigma)
         return bool(stop[0])
 
 
@@ -107,11 +105,6 @@ class FixedK(OnePromptRule):
 
     def __repr__(self) -> str:
         return f"FixedK({self.max_tokens})"
-
-
-def _module_device_dtype(module: Callable) -> tuple[torch.device | None, torch.dtype | None]:
-    param = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
-    return (param.device, param.dtype) if param is not None else (None, None)
 
 
 class SpecDecPP(OnePromptRule):
@@ -167,7 +160,7 @@ class LockstepSpecDecPP(SpecDecPP):
         return f"LockstepSpecDecPP(h={self.threshold}, K_max={self.max_tokens})"
 
 
-class HindsightOracle:
+class HindsightOracle(OnePromptRule):
     """Greedy-only analysis mode (SpecDec++ Theorem 4.1): knowing the target's greedy continuation and
     where the drafter's greedy tokens, conditioned on it, disagree with it (S), stop every round right
     before a disagreement. Zero discards, N_target = |S| + 1 (|S| when the last token is itself a
@@ -176,15 +169,20 @@ class HindsightOracle:
     reference: prompt + the target's greedy tokens (e.g. from `generate_autoregressive`). The hindsight
     is one teacher-forced drafter forward over it in `start`, outside the decode's counters (like the
     target's reference decode); a round that starts right before a disagreement drafts nothing (decision
-    0) and spends no drafter forward.
+    0) and spends no drafter forward. Its rule is a `stop_rows` like every other policy's, its round state
+    the reference index the round starts at; it runs in the one-prompt loop (`stop`, a batch of one).
     """
 
     needs_hidden = False
+    head = None
+    decides_at_zero = True  # a round right before a disagreement drafts nothing
+    hindsight = True  # its rounds follow the reference its `start` reads: the one-prompt loop only
 
     def __init__(self, reference: list[int]):
         self.reference = list(reference)
         self.max_tokens = len(self.reference)  # effectively unbounded: the length limit ends rounds
-        self.agree: list[bool] = []  # agree[i]: the drafter's greedy token at reference index i is reference[i]
+        # agree[i]: the drafter's greedy token at reference index i is reference[i] (index 0: no token before it)
+        self.agree = torch.zeros(0, dtype=torch.bool)
         self.position = 0
 
     def start(self, drafter: torch.nn.Module) -> None:
@@ -193,14 +191,24 @@ class HindsightOracle:
         with torch.inference_mode():
             logits, _ = kv.forward(drafter, kv.new_cache(), self.reference, last=len(self.reference))
         guess = logits[:-1].argmax(-1).cpu()  # (L - 1,): the drafter's token for reference index 1..L-1
-        self.agree = [False] + (guess == torch.tensor(self.reference[1:])).tolist()
+        self.agree = torch.cat([torch.zeros(1, dtype=torch.bool), guess == torch.tensor(self.reference[1:])])
 
     def start_round(self, context: list[int]) -> None:
         self.position = len(context)
+        super().start_round(context)
 
-    def stop(self, k: int, hidden: torch.Tensor | None) -> bool:
-        i = self.position + k  # reference index of the token the drafter would propose next, y_{k+1}
-        return i >= len(self.agree) or not self.agree[i]
+    def round_state(self, rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        return (torch.full((rows,), self.position, dtype=torch.long, device=device),)
+
+    def stop_rows(self, state, k: int, sigma, drafting: torch.Tensor):
+        """Stop before y_{k+1} when the reference index it would take, position + k, is past the reference or
+        a disagreement."""
+        (position,) = state
+        i = position + k
+        agree = self.agree.to(i.device)
+        inside = i < len(agree)
+        ok = inside & agree[i.clamp(max=max(len(agree) - 1, 0))] if len(agree) else inside
+        return state, drafting & ~ok
 
     def __repr__(self) -> str:
         return "HindsightOracle()"

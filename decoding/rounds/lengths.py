@@ -1,6 +1,7 @@
 """Round lengths and forward counts of a stopping policy: the one definition that the decoder
 (`decoding.speculators.drafter.DrafterSpeculator` with a `decoding.policies.stopping` policy) and the offline simulator
-that picks a head's threshold (`heads/simulate.py`) share; `decisions` runs a policy's own rule over whole rounds.
+that picks a head's threshold (`heads/simulate.py`) share; `decoding.policies.decide.decisions` runs a
+policy's own rule over whole rounds.
 
 A round is a sequence of per-position decisions (SpecDec++ §4.2, Alg. 1). Decision k (k = 0, 1, ...)
 is taken once k candidates y_1..y_k are drafted: stop and verify y_1..y_k, or draft y_{k+1}.
@@ -42,23 +43,6 @@ def round_length(fires: torch.Tensor, cap: int | torch.Tensor) -> torch.Tensor:
     first = fires.to(torch.int8).argmax(-1)
     k = torch.where(fires.any(-1), first, torch.full_like(first, W))
     return torch.minimum(k, torch.as_tensor(cap, dtype=k.dtype))
-
-
-def decisions(policy, sigma: torch.Tensor) -> torch.Tensor:
-    """A length policy's decisions over whole rounds, from its own tensor rule (`stop_rows`, the one the
-    decoders run). sigma (..., W): sigmoid(f(e_i)) at the round's draft tokens y_1..y_W in order. Returns
-    (..., W + 1) bool, decision k at index k: decision k reads sigma_1..sigma_{k-1} (e_k is not computed
-    yet when y_k is drafted). Every row is taken as drafting throughout: the caps (K_max, EOS, the
-    length limit) are `round_length`'s."""
-    lead, W = sigma.shape[:-1], sigma.shape[-1]
-    flat = sigma.reshape(-1, W).double()
-    drafting = torch.ones(flat.shape[0], dtype=torch.bool, device=sigma.device)
-    state = policy.round_state(flat.shape[0], sigma.device)
-    fires = []
-    for k in range(W + 1):
-        state, stop = policy.stop_rows(state, k, flat[:, k - 2] if k >= 2 else None, drafting)
-        fires.append(stop)
-    return torch.stack(fires, dim=-1).reshape(*lead, W + 1)
 
 
 def lemma_3_1_gap(n_draft: int, n_target: int, n_generated: int, n_discarded: int) -> int:

@@ -11,8 +11,8 @@ from specdraft.decoding.policies.batch_aware import (BatchAwareSpecDec, GlobalVe
 from specdraft.heads.losses import weighted_bce_terms
 from specdraft.decoding.policies.cost_model import CostTable
 from specdraft.decoding.policies.stopping import SpecDecPP
-from specdraft.decoding.rounds.lengths import decisions, round_length
-from specdraft.decoding.throughput import decide_round
+from specdraft.decoding.policies.decide import decide_round, decisions
+from specdraft.decoding.rounds.lengths import round_length
 
 
 def table(verify, draft, catchup=None, batch_sizes=(1, 256), k_max=4, compile="none") -> CostTable:

@@ -311,7 +311,7 @@ def test_rules_are_priced_per_draft_and_per_round(profiled):
 def test_compiled_rules_are_priced_from_a_compiled_segment(profiled):
     """Under a compile mode a rule's work is priced from a compiled segment of it (HEAD_SEGMENT positions of
     head and decision, as inside the decoder's draft graphs), which decides as the eager rule does."""
-    from specdraft.decoding.batched import head_sigma
+    from specdraft.decoding.policies.decide import head_sigma
     from specdraft.decoding.rounds.shapes import HEAD_SEGMENT
     from specdraft.decoding.compilation import StepCompiler
     from specdraft.decoding.cost_profile import _rule_segment

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from specdraft.decoding.speculators.multi_drafter import Arm, MultiDrafterSpeculator, gamma_arms
-from specdraft.decoding.rounds.lengths import decisions, lemma_3_1_gap, round_length
+from specdraft.decoding.policies.decide import decisions
+from specdraft.decoding.rounds.lengths import lemma_3_1_gap, round_length
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.bandits.selectors import make_selector
 from specdraft.decoding.speculative import generate_speculative, hindsight_oracle, generate_with_drafter
