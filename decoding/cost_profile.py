@@ -47,11 +47,13 @@ forward and the rule's decisions per draft step, timed apart from decodes in a f
 
 A table is cached on disk per (device, torch version, compile mode, models, batch sizes, widths,
 context, head shape): a second decoder start on the same machine reads it in milliseconds instead of
-re-timing (`cached_cost_table`). The directory: `cache_dir`, else $SPECDRAFT_COST_CACHE, else
+re-timing (`cached_cost_table`), and processes started together profile one at a time, each reading what
+the others wrote. The directory: `cache_dir`, else $SPECDRAFT_COST_CACHE, else
 ~/.cache/specdraft/cost_tables.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -557,24 +559,60 @@ def cached_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_s
                       max_width: int, compile: str = "none", *, repeats: int = 5, context: int = 64, seed: int = 0,
                       directory: str | Path | None = None, refresh: bool = False,
                       calibrate: bool = False, head: torch.nn.Module | None = None, prior=None,
-                      threshold: float = 0.7, cache_length: int | None = None) -> tuple[CostTable, Path, bool]:
+                      threshold: float = 0.7, cache_length: int | None = None,
+                      on_wait: Callable[[str], object] | None = None) -> tuple[CostTable, Path, bool]:
     """profile_cost_table through the on-disk cache: (table, its file, whether it was a cache hit).
     refresh: re-time and overwrite. A cached file that no longer reads is re-profiled, not trusted.
     head (with the batch-aware rules' `prior`, and SpecDec++'s `threshold`): the head rules' own work priced
-    too (`price_head_rules`, K_max = max_width - 1) and cached with the table."""
+    too (`price_head_rules`, K_max = max_width - 1) and cached with the table.
+
+    One process profiles at a time per cache directory (`profiling_lock`): two would time each other's load
+    into both tables and take twice as long; a process that waited reads the table the other one wrote
+    instead of timing it again. on_wait(message): told once when another process holds the lock."""
     sizes = _check(batch_sizes, max_width, compile, repeats, context)
     if head is not None and prior is None:
         raise InputError("pricing a head's rules needs the batch-aware prior (Bundle.prior_for); pass prior=...")
     key = cache_key(target, drafter, sizes, max_width, compile, context, calibrate, head, cache_length)
     path = cache_dir(directory) / f"{key}.json"
-    if path.is_file() and not refresh:
-        try:
-            return CostTable.load(path), path, True
-        except InputError:
-            pass  # a torn or foreign file: time again and overwrite it
-    table = profile_cost_table(target, drafter, sizes, max_width, compile, repeats=repeats, context=context, seed=seed,
-                               calibrate=calibrate, cache_length=cache_length)
-    if head is not None:
-        table = price_head_rules(table, head, drafter.config.hidden_size, prior, max_width - 1, threshold)
-    table.save(path)
+    table = None if refresh else _read_cached(path)
+    if table is not None:
+        return table, path, True
+    with profiling_lock(path.parent, on_wait):
+        table = None if refresh else _read_cached(path)  # written by the process this one waited for
+        if table is not None:
+            return table, path, True
+        table = profile_cost_table(target, drafter, sizes, max_width, compile, repeats=repeats, context=context,
+                                   seed=seed, calibrate=calibrate, cache_length=cache_length)
+        if head is not None:
+            table = price_head_rules(table, head, drafter.config.hidden_size, prior, max_width - 1, threshold)
+        table.save(path)
     return table, path, False
+
+
+def _read_cached(path: Path) -> CostTable | None:
+    if not path.is_file():
+        return None
+    try:
+        return CostTable.load(path)
+    except InputError:
+        return None  # a torn or foreign file: time again and overwrite it
+
+
+@contextlib.contextmanager
+def profiling_lock(directory: Path, on_wait: Callable[[str], object] | None = None):
+    """An exclusive advisory lock on `directory`/.profiling.lock (fcntl.flock: released by the kernel when the
+    holder exits, even killed), held while this process profiles."""
+    import fcntl
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".profiling.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait(f"waiting for another process profiling into {directory} (its table may be this one)")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -351,7 +351,7 @@ def cost_table_for(args, target, drafter, settings: Settings, head_config: dict 
     # over the cache the command's decodes allocate (its steps attend over every slot; cached per length), with
     # room for the calibration's decodes of LOOP_SPAN new tokens
     slots = cache_length_for(longest_prompt, max(settings.max_new_tokens, LOOP_SPAN), k_max, settings.compile)
-    table, path, hit = cached_cost_table(target, drafter, sizes, k_max + 1, settings.compile, calibrate=True,
+    table, path, hit = cached_cost_table(target, drafter, sizes, k_max + 1, settings.compile, calibrate=True, on_wait=note,
                                          head=head, prior=prior, context=longest_prompt, cache_length=slots)
     note(f"cost table {'read from' if hit else 'profiled into'} {path}")
     if args.verbose:

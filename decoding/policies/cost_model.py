@@ -7,6 +7,8 @@ fixed-K speedup over the target alone, per-token acceptance a, cost ratio c = t_
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from typing import Hashable, Iterable, Sequence
 
@@ -389,7 +391,7 @@ class CostTable:
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")  # per process: two writers never share one
         tmp.write_text(json.dumps(self.as_dict(), indent=1) + "\n")
         tmp.replace(path)  # atomic: a reader never sees half a table
 

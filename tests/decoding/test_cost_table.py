@@ -266,6 +266,32 @@ def test_the_cache_is_hit_on_a_second_start(pair, tmp_path, monkeypatch):
     assert not hit3 and CostTable.load(path) == third
 
 
+def test_a_process_that_waits_for_anothers_profile_reads_its_table(pair, tmp_path, monkeypatch):
+    """Two starts on an empty cache: while one process profiles (holding the profiling lock), the other waits,
+    says so once, and then reads the table the first wrote instead of timing it again."""
+    import subprocess
+    import sys
+
+    import specdraft.decoding.cost_profile as cp
+
+    table, path, _ = cached_cost_table(*pair, [1], 3, repeats=1, directory=tmp_path / "made")
+    written = tmp_path / "cache" / path.name
+    # a second process takes the lock, then (after we start waiting) writes the table and lets go
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, pathlib, shutil, sys, time\n"
+        f"d = pathlib.Path({str(tmp_path / 'cache')!r}); d.mkdir(parents=True, exist_ok=True)\n"
+        "f = open(d / '.profiling.lock', 'a'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "print('locked', flush=True); time.sleep(1.5)\n"
+        f"shutil.copy({str(path)!r}, {str(written)!r})\n")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    monkeypatch.setattr(cp, "profile_cost_table", lambda *a, **k: pytest.fail("profiled while another process did"))
+    waits = []
+    got, got_path, hit = cached_cost_table(*pair, [1], 3, repeats=1, directory=tmp_path / "cache", on_wait=waits.append)
+    assert holder.wait(timeout=30) == 0
+    assert hit and got_path == written and got == table
+    assert len(waits) == 1 and "waiting for another process" in waits[0]
+
+
 class SlowHead(torch.nn.Module):
     """A head whose forward burns `ms` of this process's CPU time: what a rule's pricing must find per draft."""
 
