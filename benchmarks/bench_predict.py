@@ -55,7 +55,9 @@ from specdraft.decoding.cost_profile import cache_length_for, cached_cost_table,
 from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
-from specdraft.decoding.throughput import predict_throughput, summarize_acceptance, summary_prior  # noqa: E402
+from specdraft.decoding.policies.batch_aware import k_per_batch_size  # noqa: E402
+from specdraft.decoding.throughput import (acceptance_curve, predict_throughput, summarize_acceptance,  # noqa: E402
+                                           summary_prior)
 from specdraft.decoding.timing import timed_call  # noqa: E402
 from bench_batch_decoder import demo_shaped_pair, fastest_total, interleave  # noqa: E402
 from publish import publish  # noqa: E402
@@ -110,17 +112,19 @@ def unpaired_rows(b: int, predicted: dict, times: dict, outs: dict, worst: dict,
     return rows
 
 
-def paired_rows(b: int, groups, profile, predicted_at, methods, runs: int, worst: dict, device: str = "cpu"
-                ) -> tuple[list[str], object]:
+def paired_rows(b: int, groups, profile, predicted_at, methods, runs: int, worst: dict, device: str = "cpu",
+                decisions: dict | None = None) -> tuple[list[str], object]:
     """--paired at batch size b: a warm-up pass (its table profiled and its methods decoded, untimed), then `runs`
     passes, each profiling a table, predicting from it and decoding every method once, in turn (one timed call
     each, in rotating order so no method always follows the profile). Rows: medians of the passes' predicted and
     measured tokens/s, and the median (min-max) of the per-pass errors; `worst` takes each method's |median error|.
-    Returns (rows, the last pass's table)."""
+    Returns (rows, the last pass's table). With a "K table" method (the K predict chooses at b, decoded) and
+    `decisions`, decisions[b] takes each pass's (chosen K, measured best fixed K, its rate / the best's)."""
     preds: dict[str, list[float]] = {}
     rates: dict[str, list[float]] = {}
     mats: dict[str, tuple[float, float]] = {}
     errs: dict[str, list[float]] = {}
+    chosen: list = []
     for i in range(runs + 1):
         table = profile()
         predicted = predicted_at(table, groups, b)
@@ -129,6 +133,7 @@ def paired_rows(b: int, groups, profile, predicted_at, methods, runs: int, worst
             for fn in fns.values():
                 fn()
             continue
+        chosen.append(predicted.get("K table", {}).get("k"))
         names = list(fns)
         for name in names[(i - 1) % len(names):] + names[:(i - 1) % len(names)]:
             out, t = timed_call(fns[name], device)
@@ -139,6 +144,8 @@ def paired_rows(b: int, groups, profile, predicted_at, methods, runs: int, worst
             rates.setdefault(name, []).append(rate)
             errs.setdefault(name, []).append(p / rate - 1)
             mats[name] = (predicted[name]["mat"], tokens / sum(r.metrics.n_target for r in out))
+    if decisions is not None and "K table" in rates:
+        decisions[b] = decision_quality(rates, chosen)
     rows = []
     for name in fns:
         e = errs[name]
@@ -174,6 +181,30 @@ def bundle_pair(args):
             f"{args.bundle}: drafter {name}, head {head_name}, rows stop at the target's EOS")
 
 
+def decision_quality(rates: dict[str, list[float]], chosen: list) -> list[tuple]:
+    """Per pass: (the K predict chose, the measured best fixed K, the chosen K's rate / the best's). The fixed Ks
+    are the measured "K=k" methods and AR (K = 0, which predict may choose), all from the same pass."""
+    fixed = {0 if name == "AR" else int(name[2:]): r for name, r in rates.items() if name == "AR" or name.startswith("K=")}
+    out = []
+    for i, k in enumerate(chosen):
+        best = max(fixed, key=lambda kk: fixed[kk][i])
+        out.append((k, best, rates["K table"][i] / fixed[best][i]))
+    return out
+
+
+def decision_lines(decisions: dict) -> list[str]:
+    """The decisions table: per B the K predict chose in each pass, the measured best, and the ratio's spread."""
+    lines = ["", "Decisions: the K `specdraft predict` chooses at B (its K table, decoded as fixed K; 0 = AR) against the "
+             "measured best of AR and the fixed Ks, in the same pass.", "",
+             "| B | chosen K per pass | measured best K per pass | chosen / best, median (min..max) |",
+             "| ---: | --- | --- | ---: |"]
+    for b, per_pass in decisions.items():
+        ratios = [r for _, _, r in per_pass]
+        lines.append(f"| {b} | {', '.join(str(k) for k, _, _ in per_pass)} | {', '.join(str(x) for _, x, _ in per_pass)} | "
+                     f"{statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f}) |")
+    return lines
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line (the module docstring says what each mode measures)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -198,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--paired", action="store_true",
                     help="eager: each pass profiles its own table and decodes every method once right after; the error "
                          "is the median of per-pass errors (module docstring)")
+    ap.add_argument("--decisions", action="store_true",
+                    help="with --paired: also decode the K predict chooses at each B (its K table) and report it as a "
+                         "fraction of the measured best fixed K (use --ks 1,2,4,8)")
     ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md as it is")
     return ap
 
@@ -270,17 +304,24 @@ def predicted_at(s: Setup, table, groups, b) -> dict:
     pred = predict_throughput(s.summary, table, [b], s.prior or summary_prior(s.summary, 1.0),
                               k_max=table.max_drafts, rounds=s.args.rounds, seed=s.args.seed,
                               new_tokens=s.args.max_new_tokens, prompt_lengths={b: width})
-    return {r["method"]: r for r in pred["predictions"]}
+    out = {r["method"]: r for r in pred["predictions"]}
+    out["K table"] = {**out["K table"], "k": pred["k_per_batch_size"][b]}  # the K predict recommends at b
+    return out
 
 
-def methods(s: Setup, table) -> dict:
-    """{name: fn(batch of prompts, seed) -> its results}"""
+def methods(s: Setup, table, b: int | None = None) -> dict:
+    """{name: fn(batch of prompts, seed) -> its results}; with --decisions and b, also "K table": fixed K at the K
+    predict chooses at b from `table` (AR when it chooses 0), as predict_throughput chooses it."""
     def one_batch(**kw):
         return lambda g, seed: generate_batch(s.target, g, s.args.max_new_tokens, compile=s.compiler,
                                               eos_token_id=s.eos, **kw)
     fns = {"AR": one_batch()}
     for k in s.ks:
         fns[f"K={k}"] = one_batch(drafter=s.drafter, policy=FixedK(k))
+    if s.args.decisions and b is not None:
+        k_max = table.max_drafts
+        k = k_per_batch_size(table, acceptance_curve(s.summary, k_max), [b], k_max)[b]
+        fns["K table"] = one_batch(drafter=s.drafter, policy=FixedK(k)) if k else one_batch()
     if s.head is not None:  # the rule `specdraft generate --stop-rule batch-aware` serves with
         fns["batch-aware lockstep"] = one_batch(drafter=s.drafter, policy=LockstepBatchAwareSpecDec(
             s.head, table, s.prior, table.max_drafts))
@@ -304,12 +345,12 @@ def header_lines(s: Setup, argv, agree: list, table, pair: str) -> list[str]:
             *(PAIRED_HEADER if args.paired else FASTEST_HEADER)]
 
 
-def paired_batch_size(s: Setup, b: int, groups, worst: dict) -> tuple[list[str], str]:
+def paired_batch_size(s: Setup, b: int, groups, worst: dict, decisions: dict) -> tuple[list[str], str]:
     """--paired at batch size b (`paired_rows`): -> (rows, the last pass's table rendered)."""
     def decodes(table, groups):
-        return {name: (lambda fn=fn: [r for g in groups for r in fn(g, 0)]) for name, fn in methods(s, table).items()}
+        return {name: (lambda fn=fn: [r for g in groups for r in fn(g, 0)]) for name, fn in methods(s, table, b).items()}
     rows, last = paired_rows(b, groups, lambda: profile(s, sorted({1, b})), functools.partial(predicted_at, s),
-                             decodes, s.args.runs, worst, s.args.device)
+                             decodes, s.args.runs, worst, s.args.device, decisions)
     return rows, last.render()
 
 
@@ -344,6 +385,8 @@ def main(argv=None) -> int:
     fail_past_recompile_limit()  # a shape run eagerly past dynamo's limit would be timed as compiled
     if args.paired and (args.compile != "none" or args.profile_each_batch):
         ap.error("--paired profiles a table every pass: eager only (--compile none), and it replaces --profile-each-batch")
+    if args.decisions and not args.paired:
+        ap.error("--decisions compares each pass's choice with that pass's decodes: add --paired")
     torch.set_num_threads(args.threads)
     sizes = args.sizes = [int(x) for x in args.batch_sizes.split(",")]
     ks = [int(x) for x in args.ks.split(",")]
@@ -355,16 +398,17 @@ def main(argv=None) -> int:
     worst: dict[str, float] = {}
     worst_fastest: dict[str, float] = {}
     rendered = []
+    decisions: dict[int, list] = {}
     for b in sizes:
         groups = [s.prompts[i:i + b] for i in range(0, len(s.prompts), b)]
         if args.paired:
-            rows, last = paired_batch_size(s, b, groups, worst)
+            rows, last = paired_batch_size(s, b, groups, worst, decisions)
             rendered.append(last)
         else:
             rows, table = unpaired_batch_size(s, b, groups, table, worst, worst_fastest, rendered)
         lines += rows
         print("\n".join(rows), flush=True)  # a long run shows each batch size as it ends
-    lines += closing_lines(worst, worst_fastest, rendered)
+    lines += closing_lines(worst, worst_fastest, rendered) + (decision_lines(decisions) if decisions else [])
     publish("\n".join(lines), write=not args.no_append)
     return 0
 

@@ -55,3 +55,18 @@ def test_unpaired_rows_measure_by_the_median_pass_and_by_each_batchs_fastest(ben
     rows = bench.unpaired_rows(4, {"K=4": {"tokens_per_s": 6.0, "mat": 2.4}}, times, outs, worst, worst_fastest)
     assert rows == ["| K=4 | 4 | 6.0 | 5.0 | +20.0% | 8.0 | -25.0% | 2.40 | 2.50 |"]
     assert worst == {"K=4": pytest.approx(0.2)} and worst_fastest == {"K=4": pytest.approx(0.25)}
+
+
+def test_a_decision_is_judged_against_the_best_fixed_k_of_its_own_pass(bench):
+    # pass 0: K=4 fastest, predict chose 4 (ratio 1); pass 1: AR fastest (K = 0), predict chose 2 (ratio 90 / 120)
+    rates = {"AR": [100.0, 120.0], "K=2": [150.0, 90.0], "K=4": [180.0, 80.0], "K table": [180.0, 90.0],
+             "batch-aware lockstep": [500.0, 500.0]}  # not a fixed K: never the best
+    assert bench.decision_quality(rates, [4, 2]) == [(4, 4, 1.0), (2, 0, pytest.approx(0.75))]
+    lines = bench.decision_lines({2: bench.decision_quality(rates, [4, 2])})
+    assert lines[-1] == "| 2 | 4, 2 | 4, 0 | 0.875 (0.750..1.000) |"
+
+
+def test_decisions_need_paired_passes(bench, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--decisions", "--no-append"])
+    assert exit_.value.code == 2 and "add --paired" in capsys.readouterr().err
