@@ -4,8 +4,13 @@ bundle's acceptance summary (decoding/throughput.py) and the decoder's cost tabl
 --cost-table FILE). Nothing is decoded: the prediction is a simulation of rounds priced with measured
 step times (docs/decoder.md, "Predicting served throughput").
 
+With --write-engine-config the K it recommends per batch size (the "K per B" column) goes into the bundle's
+vllm/<drafter>/ configs as vLLM's `num_speculative_tokens_per_batch_size` (pipelines/vllm_export.py,
+`engine_config_files`): the schedule export wrote from its own machine's table, rewritten for this device.
+
   specdraft predict runs/demo/bundle [--batch-sizes 1,2,4,8,16,32,64] [--device cpu] [--compile none]
       [--drafter NAME] [--cost-table FILE] [--cache-dir DIR] [--refresh] [--rounds 200] [--seed 0] [--json FILE]
+      [--write-engine-config]
 """
 from __future__ import annotations
 
@@ -37,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=200, help="simulated rounds per (method, batch size) (default 200)")
     p.add_argument("--seed", type=int, default=0, help="seeds the simulated acceptance draws (default 0)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the prediction and the cost table as JSON")
+    p.add_argument("--write-engine-config", action="store_true",
+                   help="write the K per batch size into the bundle's vllm/<drafter>/ speculative configs (vLLM's "
+                        "num_speculative_tokens_per_batch_size), priced for this device")
 
 
 def parse_batch_sizes(text: str) -> list[int]:
@@ -47,6 +55,36 @@ def parse_batch_sizes(text: str) -> list[int]:
     if not sizes or any(b < 1 for b in sizes):
         raise InputError(f"--batch-sizes must be integers >= 1, got {text!r}")
     return sorted(set(sizes))
+
+
+def pick_drafter(bundle, name: str | None) -> str:
+    """The drafter to predict for: `name`, or the all-domain drafter when it has an acceptance summary, else
+    the first that has one; one line when the one picked has none (nothing to predict from)."""
+    with_summary = [n for n, d in bundle.drafters.items() if d.acceptance is not None]
+    if name is None:
+        general = bundle.general_drafter() if bundle.drafters else None
+        name = general if general in with_summary or not with_summary else with_summary[0]
+    if bundle.drafter(name).acceptance is None:
+        raise InputError(f"drafter '{name}' has no acceptance summary in the bundle "
+                         + (f"(drafters with one: {', '.join(with_summary)}; pick one with --drafter)" if with_summary
+                            else "(exported before train-heads wrote it); re-run train-heads and export with --force"))
+    return name
+
+
+def write_engine_config(bundle, name: str, ks: dict[int, int], table, summary, torch_threads: int | None) -> dict:
+    """--write-engine-config: the K per batch size just predicted, as vLLM's schedule in the bundle's
+    vllm/<name>/ configs, hashes kept (pipelines/vllm_export.py); printed, and returned for --json."""
+    from specdraft.pipelines.vllm_export import (ENGINE_SCHEDULE, engine_config_files, rewrite_bundle_files,
+                                                 schedule_device, schedule_ranges, schedule_tokens)
+
+    changed = rewrite_bundle_files(bundle, engine_config_files(bundle, name, ks, table, summary, "specdraft predict",
+                                                               torch_threads))
+    ranges = schedule_ranges(ks)
+    where = schedule_device(table, torch_threads)
+    print(f"\nengine config: vllm/{name}/ serves K by batch size {ranges} (num_speculative_tokens "
+          f"{schedule_tokens(ranges)}), priced on {where}; "
+          + (f"rewrote {', '.join(changed)}" if changed else f"unchanged (already this schedule, {ENGINE_SCHEDULE} included)"))
+    return {"num_speculative_tokens_per_batch_size": ranges, "device": where, "changed": changed}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -63,17 +101,12 @@ def run(args: argparse.Namespace) -> dict:
     if args.compile not in COMPILE_MODES:
         raise InputError(f"--compile must be one of {', '.join(COMPILE_MODES)}, got {args.compile!r}")
     bundle = load_bundle(args.bundle)
-    with_summary = [n for n, d in bundle.drafters.items() if d.acceptance is not None]
-    name = args.drafter
-    if name is None:  # the all-domain drafter when it has a summary, else the first that has one
-        general = bundle.general_drafter() if bundle.drafters else None
-        name = general if general in with_summary or not with_summary else with_summary[0]
-    entry = bundle.drafter(name)
-    if entry.acceptance is None:
-        raise InputError(f"drafter '{name}' has no acceptance summary in the bundle "
-                         + (f"(drafters with one: {', '.join(with_summary)}; pick one with --drafter)" if with_summary
-                            else "(exported before train-heads wrote it); re-run train-heads and export with --force"))
-    summary = bundle.acceptance_summary(name)
+    name = pick_drafter(bundle, args.drafter)
+    entry, summary = bundle.drafter(name), bundle.acceptance_summary(name)
+    if args.write_engine_config:  # before minutes of profiling: a bundle with no configs to rewrite stops here
+        from specdraft.pipelines.vllm_export import vllm_config_dir
+
+        vllm_config_dir(bundle, name)
     prior = bundle.prior_for(name, summary=summary)
     k_max = min(bundle.defaults.k_max, summary.k_max)
     if args.cost_table is not None:
@@ -100,6 +133,9 @@ def run(args: argparse.Namespace) -> dict:
           f"sequences, mean acceptance {summary.mean_accept:.3f}, mean head prediction {summary.mean_sigma:.3f})")
     print(f"{table.render()}\n({source})\n")
     print(render_prediction(result, table))
+    if args.write_engine_config:
+        threads = None if args.cost_table is not None else torch.get_num_threads()  # a saved table's are unknown
+        result["engine_config"] = write_engine_config(bundle, name, result["k_per_batch_size"], table, summary, threads)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return result

@@ -120,13 +120,21 @@ def test_layers_need_an_eagle3_variant(tmp_path):
 
 
 def test_export_writes_a_draft_model_speculative_config_per_independent_drafter(_exported):
+    """At its best fixed K, or, with an acceptance summary, at the K per batch-size range export priced (its
+    largest K as num_speculative_tokens); the eagle3 config keeps the bundle's K (no schedule: no summary)."""
     bundle = _exported / "bundle"
     meta = json.loads((bundle / "bundle.json").read_text())
+    assert any(entry.get("acceptance") for entry in meta["drafters"].values())
     for name, entry in meta["drafters"].items():
         spec = json.loads((bundle / "vllm" / name / "speculative_config.json").read_text())
         k = entry.get("fixed_k") or meta["decoding"]["k"]
+        if entry.get("acceptance"):
+            ranges = spec.pop("num_speculative_tokens_per_batch_size")
+            vllm_export.check_schedule(ranges, spec["num_speculative_tokens"])
+            k = vllm_export.schedule_tokens(ranges)
         assert spec == {"method": "draft_model", "model": str((bundle / "drafters" / name).resolve()),
                         "num_speculative_tokens": k}
+    assert "num_speculative_tokens_per_batch_size" not in (bundle / "vllm" / "eagle-ofa" / "speculative_config.json").read_text()
 
 
 def test_export_paths_points_a_copied_eagle3_export_at_itself(_exported, tmp_path):

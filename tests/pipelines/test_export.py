@@ -266,6 +266,78 @@ def test_each_drafter_ships_its_acceptance_profile_for_vllm_synthetic_sampling(r
         assert rel in meta["files"] and meta["files"][rel] == manifest.files[rel]
 
 
+def test_each_drafter_ships_the_k_per_batch_size_predict_recommends(run_root, tmp_path, capsys):
+    """vllm/<name>/: both speculative configs carry vLLM's batch-size schedule, valid by vLLM's rules, with
+    num_speculative_tokens its largest K; engine_schedule.json beside them names the device and holds the cost
+    table export timed, and the schedule is a function of that table: `specdraft predict --cost-table` with
+    it writes the same configs byte for byte. Listed and hashed like every file (bundle.json, the manifest)."""
+    from specdraft.decoding.policies.cost_model import CostTable
+    from specdraft.decoding.throughput import AcceptanceSummary
+    from specdraft.pipelines.artifacts import verify_files
+    from specdraft.pipelines.vllm_export import (SCHEDULE_BATCH_SIZES, SCHEDULE_THREADS, check_schedule, schedule_ks,
+                                                 schedule_ranges, schedule_tokens)
+
+    out = run_stage(_config(run_root), "export")
+    meta, manifest = json.loads((out / BUNDLE_JSON).read_text()), read_manifest(out)
+    # the tiny drafters share one shape, so one table (none when an earlier export this session cached it)
+    assert manifest.metrics["engine_schedule"]["tables_profiled"] <= 1
+    for name in meta["drafters"]:
+        d = out / "vllm" / name
+        spec = json.loads((d / "speculative_config.json").read_text())
+        record = json.loads((d / "engine_schedule.json").read_text())
+        ranges, n = spec["num_speculative_tokens_per_batch_size"], spec["num_speculative_tokens"]
+        check_schedule(ranges, n)
+        assert n == schedule_tokens(ranges) and ranges[-1][1] == SCHEDULE_BATCH_SIZES[-1]
+        assert record["device"].startswith("cpu: ") and record["device"].endswith(f"torch threads {SCHEDULE_THREADS}")
+        assert record["written_by"] == "export" and record["num_speculative_tokens_per_batch_size"] == ranges
+        table = CostTable.from_dict(record["cost_table"])
+        summary = AcceptanceSummary.load(out / "acceptance" / name / "acceptance_summary.json")
+        k_max = min(meta["decoding"]["k_max"], summary.k_max)
+        assert ranges == schedule_ranges(schedule_ks(summary, table, SCHEDULE_BATCH_SIZES, k_max))
+        for rel in ("speculative_config.json", "synthetic_speculative_config.json", "engine_schedule.json"):
+            assert meta["files"][f"vllm/{name}/{rel}"] == manifest.files[f"vllm/{name}/{rel}"]
+    load_bundle(out)
+    verify_files(out)
+
+    name = "math"
+    (tmp_path / "t.json").write_text(json.dumps(json.loads((out / "vllm" / name / "engine_schedule.json").read_text())["cost_table"]))
+    configs = {p: p.read_bytes() for p in (out / "vllm" / name).glob("*speculative_config.json")}
+    assert cli_main(["predict", str(out), "--drafter", name, "--batch-sizes", ",".join(map(str, SCHEDULE_BATCH_SIZES)),
+                     "--cost-table", str(tmp_path / "t.json"), "--rounds", "3", "--write-engine-config"]) == 0
+    assert f"rewrote vllm/{name}/engine_schedule.json" in capsys.readouterr().out  # only who wrote it changed
+    assert {p: p.read_bytes() for p in configs} == configs
+    load_bundle(out)
+    verify_files(out)
+
+
+def test_a_profile_over_budget_leaves_the_schedule_to_predict(run_root, tmp_path, monkeypatch, capsys):
+    """Where export's cost table would take longer than its budget (a real target on a CPU), the configs keep
+    the best fixed K and engine_schedule.json says why and what to run; `specdraft predict
+    --write-engine-config` then writes the schedule into the verified bundle."""
+    from specdraft.pipelines import vllm_export
+    from specdraft.pipelines.artifacts import verify_files
+    from tests.decoding.test_batch_aware import table
+
+    monkeypatch.setattr(vllm_export, "SCHEDULE_BUDGET_S", 0.0)
+    out = run_stage(_config(run_root), "export")
+    assert "not priced at export" in capsys.readouterr().out
+    meta = json.loads((out / BUNDLE_JSON).read_text())
+    assert read_manifest(out).metrics["engine_schedule"]["ranges"] is None
+    for name, entry in meta["drafters"].items():
+        spec = json.loads((out / "vllm" / name / "speculative_config.json").read_text())
+        assert spec["num_speculative_tokens"] == entry["fixed_k"] and "num_speculative_tokens_per_batch_size" not in spec
+        record = json.loads((out / "vllm" / name / "engine_schedule.json").read_text())
+        assert record["num_speculative_tokens_per_batch_size"] is None and "--write-engine-config" in record["note"]
+    steep = table(verify=lambda b, w: 1e-3 * (1 + (b / 4) * (w - 1)), draft=lambda b: 1e-4, batch_sizes=(1, 64), k_max=8)
+    steep.save(tmp_path / "t.json")
+    assert cli_main(["predict", str(out), "--drafter", "math", "--batch-sizes", "1,64", "--cost-table",
+                     str(tmp_path / "t.json"), "--rounds", "3", "--write-engine-config"]) == 0
+    spec = json.loads((out / "vllm" / "math" / "speculative_config.json").read_text())
+    assert spec["num_speculative_tokens_per_batch_size"][-1] == [64, 64, 0]
+    load_bundle(out)
+    verify_files(out)
+
+
 def test_export_paths_points_a_copied_bundle_at_itself(run_root, tmp_path, capsys):
     """A copied bundle's vLLM configs name the original; `specdraft export-paths` rewrites them to paths
     inside the copy, that exist, and updates the hashes (bundle.json and the manifest still verify). In
@@ -280,7 +352,7 @@ def test_export_paths_points_a_copied_bundle_at_itself(run_root, tmp_path, capsy
 
     moved = tmp_path / "elsewhere" / "bundle"
     shutil.copytree(out, moved)
-    configs = sorted((moved / "vllm").rglob("*.json"))
+    configs = sorted(p for p in (moved / "vllm").rglob("*.json") if p.name != "engine_schedule.json")
     assert configs and all(str(out.resolve()) in p.read_text() for p in configs)  # stale: the original's paths
     assert main(["export-paths", str(moved)]) == 0
     assert f"rewrote {len(configs)} vLLM config(s)" in capsys.readouterr().out

@@ -4,6 +4,7 @@ table profiled here, the on-disk cache on a second start, a saved table giving t
 one-line errors with exit code 2. Beside it the simulator against heads/simulate's exact expectation."""
 import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -194,3 +195,87 @@ def test_the_batch_aware_rule_beats_the_best_fixed_k_in_its_own_model():
         ours = rate(LockstepBatchAwareSpecDec(None, t, prior, 8))
         own = rate(LockstepBatchAwareSpecDec(None, t, prior, 8, reference_rate=None))
         assert ours > best_k and ours > own, (b, ours, best_k, own)
+
+
+@pytest.fixture
+def served(headed):
+    """The headed bundle with export's vLLM configs for 'math' (K = 3, and its synthetic twin), hashed in."""
+    from specdraft.pipelines.vllm_export import synthetic_acceptance_rates, write_speculative_config, write_synthetic_config
+
+    out = headed / "vllm" / "math"
+    write_speculative_config(out, "draft_model", headed / "drafters" / "math", 3)
+    summary = AcceptanceSummary.load(headed / "acceptance" / "math" / ACCEPTANCE_FILE)
+    write_synthetic_config(out, "draft_model", headed / "drafters" / "math", 3, synthetic_acceptance_rates(summary, 3))
+    meta = json.loads((headed / BUNDLE_JSON).read_text())
+    meta.pop("files")
+    write_bundle_json(headed, meta)
+    return headed
+
+
+def _steep_table(tmp_path):
+    """A saved cost table where drafting pays at small batches and not at 64 (every verified position costs
+    a quarter of a step per row at B = 4): a schedule with several K and a K = 0 range."""
+    t = table(verify=lambda b, w: 1e-3 * (1 + (b / 4) * (w - 1)), draft=lambda b: 1e-4, batch_sizes=(1, 2, 4, 8, 64),
+              k_max=8)
+    t.save(tmp_path / "t.json")
+    return tmp_path / "t.json"
+
+
+def test_write_engine_config_puts_the_predicted_k_per_batch_size_into_the_vllm_configs(served, tmp_path, capsys):
+    """--write-engine-config: speculative_config.json and its synthetic twin take the K per B just predicted as
+    vLLM's schedule (num_speculative_tokens its largest K, the synthetic rates recomputed at that length),
+    engine_schedule.json names the table's device and holds the table, and the bundle still verifies."""
+    from specdraft.decoding.bundle.directory import load_bundle
+    from specdraft.pipelines.vllm_export import (check_schedule, schedule_ranges, synthetic_acceptance_rates)
+
+    args = ["predict", str(served), "--batch-sizes", "1,2,4,8,64", "--cost-table", str(_steep_table(tmp_path)),
+            "--rounds", "5", "--json", str(tmp_path / "p.json"), "--write-engine-config"]
+    assert main(args) == 0
+    assert "engine config: vllm/math/ serves K by batch size" in capsys.readouterr().out
+    result = json.loads((tmp_path / "p.json").read_text())
+    ks = {int(b): k for b, k in result["k_per_batch_size"].items()}
+    ranges = schedule_ranges(ks)
+    assert ks[64] == 0 < ks[1] and len(ranges) >= 2 and result["engine_config"]["num_speculative_tokens_per_batch_size"] == ranges
+    d = served / "vllm" / "math"
+    spec = json.loads((d / "speculative_config.json").read_text())
+    n = max(ks.values())
+    assert spec == {"method": "draft_model", "model": str(served / "drafters" / "math"), "num_speculative_tokens": n,
+                    "num_speculative_tokens_per_batch_size": ranges}
+    check_schedule(spec["num_speculative_tokens_per_batch_size"], n)
+    synthetic = json.loads((d / "synthetic_speculative_config.json").read_text())
+    summary = AcceptanceSummary.load(served / "acceptance" / "math" / ACCEPTANCE_FILE)
+    assert synthetic["synthetic_acceptance_rates"] == synthetic_acceptance_rates(summary, n)
+    assert {k: v for k, v in synthetic.items() if k not in ("rejection_sample_method", "synthetic_acceptance_rates")} == spec
+    record = json.loads((d / "engine_schedule.json").read_text())
+    assert record["device"] == "test" and record["torch_threads"] is None and record["written_by"] == "specdraft predict"
+    assert record["num_speculative_tokens_per_batch_size"] == ranges
+    assert CostTable.from_dict(record["cost_table"]) == CostTable.load(tmp_path / "t.json")
+    b = load_bundle(served)  # every hash checked, the rewritten and the new file included
+    assert "vllm/math/engine_schedule.json" in b.spec.files
+    # the same decision again: the configs keep their bytes
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    assert main(args) == 0 and "unchanged" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+
+
+def _refused(bundle, extra, message, capsys):
+    before = {p: p.read_bytes() for p in sorted(bundle.rglob("*")) if p.is_file()}
+    assert main(["predict", str(bundle), "--device", "cpu", "--batch-sizes", "1,64", "--rounds", "5",
+                 "--write-engine-config", *extra]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert message in err and "\n" not in err and "cost table" not in captured.out  # before any profiling
+    assert {p: p.read_bytes() for p in sorted(bundle.rglob("*")) if p.is_file()} == before
+    return err
+
+
+def test_write_engine_config_without_vllm_configs_names_the_fix(headed, capsys):
+    """A bundle exported before export wrote vLLM configs: exit 2 before profiling, one line, nothing written."""
+    err = _refused(headed, [], "has no vllm/math/speculative_config.json", capsys)
+    assert "re-run `specdraft export CONFIG --force`" in err
+
+
+def test_write_engine_config_never_overwrites_a_hand_edited_config(served, tmp_path, capsys):
+    spec = served / "vllm" / "math" / "speculative_config.json"
+    spec.write_text(spec.read_text().replace('"num_speculative_tokens": 3', '"num_speculative_tokens": 5'))
+    _refused(served, ["--cost-table", str(_steep_table(tmp_path))], "does not match its sha256", capsys)
