@@ -56,12 +56,12 @@ from specdraft.decoding.policies.batch_length_ucb import LengthUCB  # noqa: E402
 from specdraft.decoding.batched import forward_step, generate_batch  # noqa: E402
 from specdraft.decoding.compilation import StepCompiler, fail_past_recompile_limit  # noqa: E402
 from specdraft.decoding.rounds.static_cache import forward_rows  # noqa: E402
-from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
+from specdraft.decoding.costs.model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
-from specdraft.decoding.cost_profile import cache_length_for, price_head_rules, profile_cost_table  # noqa: E402
-from specdraft.decoding.policies.cost_model import CostTable  # noqa: E402
+from specdraft.decoding.costs.profile import cache_length_for, price_head_rules, profile_cost_table  # noqa: E402
+from specdraft.decoding.costs.model import CostTable  # noqa: E402
 from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec, Prior  # noqa: E402
-from specdraft.decoding.throughput import ACCEPTANCE_FILE, AcceptanceSummary, summary_prior  # noqa: E402
+from specdraft.decoding.costs.throughput import ACCEPTANCE_FILE, AcceptanceSummary, summary_prior  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP  # noqa: E402
 from specdraft.decoding.timing import bootstrap_rate_ratio, timed_call  # noqa: E402
 from bench_decoder import (ForwardCounter, _cpu_name, early_exit_pair, forward_time, interleaved, load,  # noqa: E402

@@ -43,7 +43,7 @@ from specdraft.data.quality import PRIMARY_METRIC, SCORED_DOMAINS, score_set  # 
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
 from specdraft.decoding.bundle.directory import load_bundle  # noqa: E402
 from specdraft.decoding.cascades import DISPLAY_NAMES, canonical_rule, sweep  # noqa: E402
-from specdraft.decoding.policies.cost_model import fit_costs  # noqa: E402
+from specdraft.decoding.costs.model import fit_costs  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 

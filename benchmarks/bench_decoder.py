@@ -42,10 +42,10 @@ from specdraft.data.chat import row_messages  # noqa: E402
 from specdraft.decoding.bundle.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
 from specdraft.decoding.rounds import kv  # noqa: E402
-from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
+from specdraft.decoding.costs.model import acceptance_from_mat, analytic_speedup, implementation_efficiency  # noqa: E402
 from specdraft.decoding.metrics import aggregate  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
-from specdraft.decoding.policies.cost_model import fit_costs  # noqa: E402
+from specdraft.decoding.costs.model import fit_costs  # noqa: E402
 from specdraft.decoding.speculative import hindsight_oracle, generate_with_drafter  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK, SpecDecPP  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402

@@ -5,7 +5,7 @@ costs about a fixed amount per layer whatever the width, so c = t_draft / t_targ
 ratio of depths. Random weights (the cost does not depend on them), the demo vocabulary (2048), the demo
 drafter (1 layer x 128), context 120 tokens, K = 4, one thread unless --threads.
 
-The costs are the evaluate stage's own calibration (`pipelines.calibration.calibrate`: process CPU time, 10%
+The costs are the evaluate stage's own calibration (`decoding.costs.calibration.calibrate`: process CPU time, 10%
 quantile over interleaved passes), with the drafter timed two ways after each target forward: one lone
 forward (how the calibration priced a drafted token before 2026-11-23) and a run of K forwards, as a round
 drafts (how it does now). Only the first forward after the target's finds the drafter's weights evicted
@@ -27,7 +27,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from specdraft.drafters.model import CausalLMConfig, build_causal_lm, preset  # noqa: E402
-from specdraft.pipelines.calibration import calibrate  # noqa: E402
+from specdraft.decoding.costs.calibration import calibrate  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 VOCAB = 2048
@@ -81,7 +81,7 @@ def main() -> None:
         f"`python benchmarks/bench_forward_costs.py --repeats {args.repeats} --passes {args.passes} --threads "
         f"{args.threads}`: this CPU box, cached forwards after {CONTEXT} tokens, drafter 1 x 128, K = {args.k}, "
         f"{args.threads} thread(s); process CPU time, 10% quantile over {args.passes} interleaved passes "
-        f"(pipelines.calibration.calibrate); median over {args.repeats} repeats (min-max). Drafter per drafted token: "
+        f"(decoding.costs.calibration.calibrate); median over {args.repeats} repeats (min-max). Drafter per drafted token: "
         f"one lone forward after a target forward, or a run of {args.k} forwards after it (a round).", "",
         "| target | params | target ms/token | drafter ms, lone forward | drafter ms/token, run of K "
         "| c (lone) | c (run of K) | v(K) |",

@@ -35,7 +35,7 @@ from specdraft.data.chat import row_messages  # noqa: E402
 from specdraft.decoding.bundle.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
 from specdraft.decoding.rounds import kv  # noqa: E402
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
-from specdraft.decoding.policies.cost_model import acceptance_from_mat, analytic_speedup  # noqa: E402
+from specdraft.decoding.costs.model import acceptance_from_mat, analytic_speedup  # noqa: E402
 from specdraft.decoding.metrics import aggregate  # noqa: E402
 from specdraft.decoding.speculative import generate_with_drafter  # noqa: E402
 from bench_decoder import ForwardCounter, early_exit_pair  # noqa: E402  (benchmarks/bench_decoder.py)

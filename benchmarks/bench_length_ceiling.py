@@ -53,8 +53,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from specdraft.decoding.batched import generate_batch  # noqa: E402
 from specdraft.decoding.compilation import StepCompiler, fail_past_recompile_limit  # noqa: E402
-from specdraft.decoding.cost_profile import cache_length_for, profile_cost_table  # noqa: E402
-from specdraft.decoding.policies.cost_model import CostTable, padded_width  # noqa: E402
+from specdraft.decoding.costs.profile import cache_length_for, profile_cost_table  # noqa: E402
+from specdraft.decoding.costs.model import CostTable
+from specdraft.decoding.rounds.shapes import verify_width  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from bench_batch_decoder import warm_then_interleave  # noqa: E402
@@ -166,7 +167,7 @@ def measured_costs(args, target, drafter, prompts, table: CostTable) -> tuple[li
     cheaper than a rule drafting k would pay for its drafting. Returns (costs for k = 0..K_max, {method: measured
     (tokens/s median, min, max)})."""
     compiler = StepCompiler(args.compile)
-    widths = sorted({0, *args.ks, *(padded_width(k, args.k_max) for k in range(1, args.k_max + 1))})
+    widths = sorted({0, *args.ks, *(verify_width(k, args.k_max) for k in range(1, args.k_max + 1))})
     fns = {k: (lambda k=k: [generate_batch(target, [p], args.max_new_tokens, drafter=drafter if k else None,
                                            policy=FixedK(k) if k else None, compile=compiler,
                                            eos_token_id=args.eos)[0] for p in prompts]) for k in widths}
@@ -179,7 +180,7 @@ def measured_costs(args, target, drafter, prompts, table: CostTable) -> tuple[li
         per_round[k] = (statistics.median(times[k]) - starts) / rounds
         rates["AR" if k == 0 else f"K={k}"] = (tokens / statistics.median(times[k]), tokens / max(times[k]),
                                                 tokens / min(times[k]))
-    return [per_round[padded_width(k, args.k_max) if k else 0] for k in range(args.k_max + 1)], rates
+    return [per_round[verify_width(k, args.k_max) if k else 0] for k in range(args.k_max + 1)], rates
 
 
 def main(argv=None) -> int:

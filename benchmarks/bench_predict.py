@@ -1,4 +1,4 @@
-"""`specdraft predict`'s model against measurement: predicted tokens/s (decoding/throughput.py, priced with
+"""`specdraft predict`'s model against measurement: predicted tokens/s (decoding/costs/throughput.py, priced with
 the cost table profiled here) beside the batched decoder's measured tokens/s, per batch size, for AR and
 fixed K, on the demo-shaped random pair (bench_batch_decoder.demo_shaped_pair), or with --bundle on a bundle's
 target and drafter, where the drafter's greedy head also decodes with the lockstep batch-aware rule.
@@ -23,7 +23,7 @@ batches.
 The prediction simulates static batches as `generate_batch` runs them (rows finish at different rounds,
 finished rows cost compute until the eager decoder drops them) and prices the loop's own work per round
 and per draft step, and a call's start (prefills, setup) once per batch, from the table's calibration
-(`cost_profile.calibrate_loop`, at prompts of the table's context length).
+(`costs.profile.calibrate_loop`, at prompts of the table's context length).
 
 --paired (eager only) separates the model's error from the machine's drift: on a shared box the load moves by
 a third between a table profiled once and decodes minutes later, more than the error the goal bounds. Each pass
@@ -51,12 +51,12 @@ from specdraft.core.devices import device_name  # noqa: E402
 from specdraft.decoding.batched import generate_batch  # noqa: E402
 from specdraft.decoding.rounds.kv import input_device  # noqa: E402
 from specdraft.decoding.compilation import StepCompiler, fail_past_recompile_limit  # noqa: E402
-from specdraft.decoding.cost_profile import cache_length_for, cached_cost_table, price_head_rules  # noqa: E402
+from specdraft.decoding.costs.profile import cache_length_for, cached_cost_table, price_head_rules  # noqa: E402
 from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.policies.batch_aware import k_per_batch_size  # noqa: E402
-from specdraft.decoding.throughput import (acceptance_curve, predict_throughput, summarize_acceptance,  # noqa: E402
+from specdraft.decoding.costs.throughput import (acceptance_curve, predict_throughput, summarize_acceptance,  # noqa: E402
                                            summary_prior)
 from specdraft.decoding.timing import timed_call  # noqa: E402
 from bench_batch_decoder import demo_shaped_pair, fastest_total, interleave  # noqa: E402

@@ -57,7 +57,7 @@ class GenerationMetrics:
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted / drafted tokens (not the i.i.d. `a` of the analytic model; see cost_model)."""
+        """Accepted / drafted tokens (not the i.i.d. `a` of the analytic model; see decoding.costs.model)."""
         drafted = sum(self.drafted)
         return sum(self.accepted) / drafted if drafted else 0.0
 

@@ -8,7 +8,7 @@
    `best_head`), or all of them, named "<transform tag>/<head>"; the drafter's default head is the best
    one labelled under the serving transform (the config's decoding section). Each must have been trained on exactly
    the exported drafter (its recorded drafter_hash); beside them acceptance/<drafter>/acceptance_summary.json,
-   the default head's dev acceptance statistics (decoding/throughput.py), which `specdraft predict` reads;
+   the default head's dev acceptance statistics (decoding/costs/throughput.py), which `specdraft predict` reads;
 3b. per drafter its best fixed K (bundle.json, generation_config.json) and vllm/<name>/speculative_config.json,
    with synthetic_speculative_config.json beside it: the acceptance summary as vLLM's synthetic acceptance
    rates (pipelines/vllm_export.py). Those configs name absolute paths, right where the stage wrote the
@@ -45,7 +45,7 @@ from specdraft.core.hashing import content_hash, file_sha256
 from specdraft.decoding.defaults import DecodingDefaults
 from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.decoding.speculators.datastore import build_datastore
-from specdraft.decoding.throughput import ACCEPTANCE_FILE
+from specdraft.decoding.costs.throughput import ACCEPTANCE_FILE
 from specdraft.core.errors import InputError
 from specdraft.decoding.bundle.loading import load_tokenizer
 from specdraft.decoding.rounds.sampling import SamplingConfig
@@ -341,7 +341,7 @@ def export_heads(ctx: Context, drafters: dict[str, DrafterEntry], serving: Sampl
                     label_transform=hc["label_transform"], threshold=hc["threshold"], k_max=hc["k_max"],
                     best=head == s["best_head"], simulated=hc.get("simulated", {}))
         drafters[name] = replace(drafters[name], head=f"{tags[0]}/{by_tag[tags[0]]['best_head']}")
-        # the default head's acceptance summary (decoding/throughput.py), what `specdraft predict` reads; heads
+        # the default head's acceptance summary (decoding/costs/throughput.py), what `specdraft predict` reads; heads
         # trained before train-heads wrote it have none (predict then asks for a re-run)
         if f"{name}/{tags[0]}/{ACCEPTANCE_FILE}" in heads_manifest.files:
             rel = f"acceptance/{name}"
@@ -356,7 +356,7 @@ def export_fixed_k(ctx: Context, drafters: dict[str, DrafterEntry], heads: dict,
     generation_config, where transformers' assistant_model reads it, and in vLLM's speculative_config
     (method draft_model); beside it, for a drafter with an acceptance summary, the same config with vLLM's
     synthetic rejection sampling at the drafter's dev acceptance (its acceptance profile for simulators)."""
-    from specdraft.decoding.throughput import AcceptanceSummary
+    from specdraft.decoding.costs.throughput import AcceptanceSummary
     from specdraft.pipelines.vllm_export import (synthetic_acceptance_rates, write_speculative_config,
                                                  write_synthetic_config)
 
@@ -390,7 +390,7 @@ def export_engine_schedules(bundle, defaults: DecodingDefaults) -> dict:
     import torch
 
     from specdraft.core.devices import device_name, resolve_device
-    from specdraft.decoding.cost_profile import cached_cost_table
+    from specdraft.decoding.costs.profile import cached_cost_table
     from specdraft.pipelines.vllm_export import (SCHEDULE_BATCH_SIZES, SCHEDULE_K_MAX, SCHEDULE_REPEATS,
                                                  SCHEDULE_THREADS, engine_config_files, rewrite_bundle_files,
                                                  schedule_ks, schedule_ranges)

@@ -341,9 +341,9 @@ def cost_table_for(args, target, drafter, settings: Settings, head_config: dict 
                    head=None, prior=None, *, longest_prompt: int):
     """The decoder's own step times for the batch-aware rule: batch sizes 1..--batch-size, widths up to the
     head's K_max + 1, in the command's compile mode, calibrated, profiled once per device, models and mode
-    and cached (decoding/cost_profile.py); with `head` and `prior`, the head rules' own work priced on top
+    and cached (decoding/costs/profile.py); with `head` and `prior`, the head rules' own work priced on top
     (`price_head_rules`, cached with the table)."""
-    from specdraft.decoding.cost_profile import LOOP_SPAN, cache_length_for, cached_cost_table
+    from specdraft.decoding.costs.profile import LOOP_SPAN, cache_length_for, cached_cost_table
 
     k_max = int((head_config or {}).get("k_max") or DEFAULTS.k_max)
     sizes = sorted({1, args.batch_size})

@@ -1,6 +1,6 @@
 """`specdraft predict BUNDLE`: served throughput per batch size predicted before deployment, from the
-bundle's acceptance summary (decoding/throughput.py) and the decoder's cost table on this device
-(decoding/cost_profile.py: profiled here, or read from the on-disk cache a previous start left, or from
+bundle's acceptance summary (decoding/costs/throughput.py) and the decoder's cost table on this device
+(decoding/costs/profile.py: profiled here, or read from the on-disk cache a previous start left, or from
 --cost-table FILE). Nothing is decoded: the prediction is a simulation of rounds priced with measured
 step times (docs/decoder.md, "Predicting served throughput").
 
@@ -93,9 +93,9 @@ def run(args: argparse.Namespace) -> dict:
     from specdraft.core.devices import resolve_device
     from specdraft.decoding.defaults import COMPILE_MODES
     from specdraft.decoding.bundle.directory import load_bundle
-    from specdraft.decoding.cost_profile import cached_cost_table
-    from specdraft.decoding.policies.cost_model import CostTable
-    from specdraft.decoding.throughput import predict_throughput, render_prediction
+    from specdraft.decoding.costs.profile import cached_cost_table
+    from specdraft.decoding.costs.model import CostTable
+    from specdraft.decoding.costs.throughput import predict_throughput, render_prediction
 
     sizes = parse_batch_sizes(args.batch_sizes)
     if args.compile not in COMPILE_MODES:

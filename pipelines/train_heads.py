@@ -15,7 +15,7 @@ Writes heads/
   <drafter>/<tag>/<D{d}_w{w}>/   head.safetensors + head_config.json (D, hidden size, tying, drafter path and
                            hash, w_rej, label transform, chosen h, metrics)
   <drafter>/<tag>/acceptance_summary.json   the dev sequences' P_i and the best head's sigma_i (the first 64,
-                           decoding/throughput.py): export ships it, `specdraft predict` simulates from it
+                           decoding/costs/throughput.py): export ships it, `specdraft predict` simulates from it
   sweep.json               drafter -> transform tag -> every metric, simulation and reference above
 """
 from __future__ import annotations
@@ -36,18 +36,18 @@ from specdraft.heads.lit_head import HeadTrainConfig, predict_logits, train_head
 from specdraft.heads.metrics import constant_baseline, overlap_reference
 from specdraft.heads.online import OnlineFeatures, compute_features
 from specdraft.heads.simulate import best, greedy_oracle, simulate_fixed_k, simulate_specdecpp
-from specdraft.decoding.throughput import ACCEPTANCE_FILE, summarize_acceptance
+from specdraft.decoding.costs.throughput import ACCEPTANCE_FILE, summarize_acceptance
 from specdraft.pipelines.readers import load_features, read_acceptance_info, transform_dirs
 from specdraft.pipelines.stage import Context
 
 
 def measure_cost_ratio(target, drafter, device: str, seed: int, draft_run: int, reps: int = 60) -> dict:
-    """c = t_draft / t_target measured as evaluate calibrates it (`pipelines.calibration.calibrate`: passes that
+    """c = t_draft / t_target measured as evaluate calibrates it (`decoding.costs.calibration.calibrate`: passes that
     interleave the two models, the drafter timed over `draft_run` forwards in a row right after a target
     forward, as a round drafts, a low quantile over the passes), so the heads, thresholds and the assistant
     K are picked with the c their counted speedup is later priced with. Timing a lone drafter forward
     instead prices every drafted token as the cold first one (0.076-0.090 here against evaluate's 0.097)."""
-    from specdraft.pipelines.calibration import calibrate
+    from specdraft.decoding.costs.calibration import calibrate
 
     calib = calibrate(target, {"drafter": drafter}, 1, 64, reps, device, seed, draft_run=draft_run)
     t_draft, t_target = calib.drafter_s["drafter"], calib.target_s[1]
@@ -116,7 +116,7 @@ def build(ctx: Context) -> dict:
         refs = fixed_k_references(seqs_ds["dev"], accept, c, k_max)
         heads_out = choose_thresholds(ctx, name, tag, info, trained, dev, seqs, accept, c, k_max)
         sweep.setdefault(name, {})[tag] = sweep_entry(info, cost, tr, dev, heads_out, refs)
-        # what `specdraft predict` simulates from once exported (decoding/throughput.py documents it): the
+        # what `specdraft predict` simulates from once exported (decoding/costs/throughput.py documents it): the
         # dev sequences' acceptance probabilities and the best head's predictions at the same positions
         chosen = next(th for th in trained if th.spec.name == sweep[name][tag]["best_head"])
         sigma = torch.sigmoid(predict_logits(chosen.head, dev["features"]).double())

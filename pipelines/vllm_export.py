@@ -147,10 +147,10 @@ def write_speculative_config(out: Path, method: str, model: Path, k: int) -> dic
 
 def synthetic_acceptance_rates(summary, k: int) -> list[float]:
     """vLLM's `synthetic_acceptance_rates` for a drafter served at K from its acceptance summary
-    (decoding/throughput.py): entry i = P(the first i + 1 drafts all accepted) over round starts at every
+    (decoding/costs/throughput.py): entry i = P(the first i + 1 drafts all accepted) over round starts at every
     dev position, the cumulative product of the per-position conditional acceptance (`acceptance_curve`).
     Non-increasing, in [0, 1], length K; 6 decimals (rounding keeps the order)."""
-    from specdraft.decoding.throughput import acceptance_curve
+    from specdraft.decoding.costs.throughput import acceptance_curve
 
     rates, reach = [], 1.0
     for a in acceptance_curve(summary, k):
@@ -183,7 +183,7 @@ def schedule_ks(summary, table, batch_sizes: Sequence[int], k_max: int) -> dict[
     (`k_per_batch_size`) over the dev acceptance curve, K_max capped by the widest verify the table prices,
     exactly as `predict_throughput` computes its "K per B" column (export has no prediction to read it from)."""
     from specdraft.decoding.policies.batch_aware import k_per_batch_size
-    from specdraft.decoding.throughput import acceptance_curve
+    from specdraft.decoding.costs.throughput import acceptance_curve
 
     k = min(k_max, table.max_drafts)
     return k_per_batch_size(table, acceptance_curve(summary, k), list(batch_sizes), k)

@@ -8,7 +8,7 @@ Written by the `export` stage (pipelines/export.py), read here:
     drafters/<name>/        HF dirs (safetensors + tokenizer + drafter.json)
     heads/<drafter>/<transform tag>/<head>/ head.safetensors + head_config.json (head name "<tag>/<head>")
     acceptance/<drafter>/acceptance_summary.json  its default head's dev acceptance statistics, what
-                            `specdraft predict` simulates from (optional; decoding/throughput.py)
+                            `specdraft predict` simulates from (optional; decoding/costs/throughput.py)
     router/                 the routing baseline (optional)
     datastore/              datastore.safetensors + datastore.json: the distilled responses' suffix array,
                             read by the REST and suffix-decoding arms (optional; decoding/speculators/datastore.py)
@@ -130,9 +130,9 @@ class Bundle:
         return h, entry.k_max or self.defaults.k_max
 
     def acceptance_summary(self, drafter: str):
-        """The drafter's default head's dev acceptance statistics (decoding.throughput.AcceptanceSummary), or
+        """The drafter's default head's dev acceptance statistics (decoding.costs.throughput.AcceptanceSummary), or
         None when the bundle ships none (exported before train-heads wrote them)."""
-        from specdraft.decoding.throughput import ACCEPTANCE_FILE, AcceptanceSummary
+        from specdraft.decoding.costs.throughput import ACCEPTANCE_FILE, AcceptanceSummary
 
         entry = self.drafters.get(drafter)
         return AcceptanceSummary.load(entry.acceptance / ACCEPTANCE_FILE) if entry and entry.acceptance else None
@@ -162,7 +162,7 @@ class Bundle:
         `head` (default: its default head, whose statistics the summary holds): the dev acceptance curve of the drafter's
         acceptance summary and the head's w_rej / w_acc (w_acc = 1 as train-heads trains), which undoes the
         weighting of the head's sigma. summary: the drafter's acceptance summary when the caller has read it."""
-        from specdraft.decoding.throughput import summary_prior
+        from specdraft.decoding.costs.throughput import summary_prior
 
         summary = self.acceptance_summary(drafter) if summary is None else summary
         if summary is None:

@@ -76,7 +76,7 @@ class DrafterEntry:
     # train-heads' best fixed K for this drafter at the serving transform (None: no heads; decoding.k serves)
     fixed_k: int | None = None
     # acceptance/<drafter>/ (acceptance_summary.json inside): its default head's dev acceptance statistics, what
-    # `specdraft predict` simulates from (decoding/throughput.py); absent in bundles exported before it
+    # `specdraft predict` simulates from (decoding/costs/throughput.py); absent in bundles exported before it
     acceptance: Path | None = field(default=None, metadata=OMIT)
 
 

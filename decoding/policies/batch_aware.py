@@ -27,15 +27,33 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import torch
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.compat import check_k
-from specdraft.decoding.policies.cost_model import CostTable, padded_width
 from specdraft.decoding.policies.stopping import OnePromptRule
-from specdraft.decoding.rounds.shapes import round_feeds
+from specdraft.decoding.rounds.shapes import round_feeds, verify_width
+
+
+class RoundPrices(Protocol):
+    """What the batch-aware rules read of a cost table (decoding.costs.model.CostTable): read, not imported,
+    since the tables' package (which profiles the loops) sits above the loops that run these policies."""
+
+    batch_sizes: tuple[int, ...]
+    compile: str
+    max_drafts: int
+
+    def round_cost(self, batch: float, k: int, rule: str | None = None, feeds: int | None = None) -> float: ...
+
+    def round_costs(self, batch: float, k_max: int | None = None, rule: str | None = None) -> list[float]: ...
+
+    def t_verify(self, batch: float, width: int) -> float: ...
+
+    def t_draft(self, batch: float) -> float: ...
+
+    def t_catchup(self, batch: float) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -83,9 +101,11 @@ class Prior:
 BEST_K = "best-k"  # reference_rate: the cost model's best fixed-K rate at the batch size (`row_rate`)
 
 
-def _check_k_max(k_max: int | None, table: CostTable) -> int:
-    if not isinstance(table, CostTable):
-        raise InputError(f"a batch-aware policy needs a CostTable, got {type(table).__name__}")
+def _check_k_max(k_max: int | None, table: RoundPrices) -> int:
+    # read, not imported: the cost tables (decoding/costs/) sit above the loops that run these policies
+    if not callable(getattr(table, "round_cost", None)) or not isinstance(getattr(table, "max_drafts", None), int):
+        raise InputError(f"a batch-aware policy needs a cost table (decoding.costs.model.CostTable), got "
+                         f"{type(table).__name__}")
     k_max = table.max_drafts if k_max is None else k_max
     check_k(k_max, "K_max")
     if k_max > table.max_drafts:
@@ -115,7 +135,7 @@ class BatchAwareSpecDec(OnePromptRule):
     lockstep = False
     decides_at_zero = True  # decision 0 may stop rows before any draft (`decoding.batched.draft` reads it)
 
-    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None, table: CostTable, prior: Prior | float,
+    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None, table: RoundPrices, prior: Prior | float,
                  k_max: int | None = None, reference_rate: float | str | None = BEST_K):
         self.head = head
         self.table = table
@@ -255,7 +275,7 @@ class LockstepBatchAwareSpecDec(BatchAwareSpecDec):
         return (p_hat, known, tokens, drafting & ~stop, rows), stop
 
 
-def budget_widths(survival: torch.Tensor, table: CostTable, drafted: int | None = None) -> torch.Tensor:
+def budget_widths(survival: torch.Tensor, table: RoundPrices, drafted: int | None = None) -> torch.Tensor:
     """vLLM #47808's global verify budget in our decoder's terms. survival (rows, W) float: s_bj for the
     drafts y_1..y_W of each row (0 where a row drafted no y_j), non-increasing along a row. The N drafts of
     highest survival across the batch are verified (a row's are a prefix of it: ties go to the earlier
@@ -281,7 +301,7 @@ def budget_widths(survival: torch.Tensor, table: CostTable, drafted: int | None 
     width = counts.amax(-1)
     drafting = 0.0 if drafted == 0 else table.t_catchup(rows) + (drafted - 1) * table.t_draft(rows)
     pad = table.compile != "none"
-    verify = torch.tensor([table.t_verify(rows, (padded_width(w, table.max_drafts) if pad else w) + 1)
+    verify = torch.tensor([table.t_verify(rows, (verify_width(w, table.max_drafts) if pad else w) + 1)
                            for w in range(W + 1)], dtype=torch.float64, device=device)
     tokens = rows + torch.cat([torch.zeros(1, dtype=torch.float64, device=device), flat[order].cumsum(0)])
     rate = tokens / (drafting + verify[width])
@@ -297,7 +317,7 @@ class GlobalVerifyBudget(OnePromptRule):
 
     needs_hidden = True
 
-    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None, table: CostTable, prior: Prior | float,
+    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor] | None, table: RoundPrices, prior: Prior | float,
                  k: int | None = None):
         self.head = head
         self.table = table
@@ -338,7 +358,7 @@ def expected_round_tokens(acceptance: Sequence[float], k: int) -> float:
     return total
 
 
-def k_per_batch_size(table: CostTable, acceptance: Sequence[float], batch_sizes: Sequence[int] | None = None,
+def k_per_batch_size(table: RoundPrices, acceptance: Sequence[float], batch_sizes: Sequence[int] | None = None,
                      k_max: int | None = None) -> dict[int, int]:
     """vLLM #32374's `num_speculative_tokens_per_batch_size`, filled from the cost model: per batch size B
     the K in 0..K_max with the most expected tokens per second, expected_round_tokens(acceptance, K) /

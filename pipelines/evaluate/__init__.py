@@ -32,7 +32,7 @@ Five steps, one module each (this package's files are its jobs; each reads only 
    (CPU time of this process and wall time on CPU; CUDA events, synchronized, on a GPU). Counts come
    from the first pass (greedy and seeded sampling repeat exactly); every pass's times are kept, and a
    run's time is the mean over its passes (see `Record.time`). After each
-   prompt, a few `Calibrator` passes (pipelines/calibration.py, shared with train-heads) time the
+   prompt, a few `Calibrator` passes (decoding/costs/calibration.py, shared with train-heads) time the
    target's n-token cached forward for every n a round can verify and each drafter's 1-token forward
    (interleaved; spread through the loop, so they see the same load phases as the runs they price).
    The plan runs in units (`units`: a prompt, a batch, or a stream bandit's (set, domain)); N shards
@@ -90,11 +90,11 @@ from specdraft.decoding.compat import check_k
 from specdraft.decoding.speculators.eagle import TreeShape
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.drafters.roles import drafter_roles
-from specdraft.pipelines.calibration import Calibrator
+from specdraft.decoding.costs.calibration import Calibrator
 from specdraft.pipelines.evaluate.aggregate import (Setup, beside_measured, quality_scores, score_quality, summarize,
                                                    target_quality)
 from specdraft.pipelines.evaluate.claims import judge
-from specdraft.decoding.throughput import predict_throughput
+from specdraft.decoding.costs.throughput import predict_throughput
 from specdraft.pipelines.evaluate.load import (load_heads, load_prompts, load_routers, load_target, target_placement,
                                                throughput_costs)
 from specdraft.pipelines.evaluate.plan import Env, Run, batches, build_plan

@@ -15,11 +15,11 @@ import torch
 
 from specdraft.core.hashing import derive_seed
 from specdraft.data.quality import PRIMARY_METRIC, SCORED_DOMAINS, score, score_set
-from specdraft.decoding.policies.cost_model import fit_costs
+from specdraft.decoding.costs.model import fit_costs
 from specdraft.decoding.metrics import aggregate
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.timing import bootstrap_ratio
-from specdraft.pipelines.calibration import Calibration
+from specdraft.decoding.costs.calibration import Calibration
 from specdraft.pipelines.evaluate.methods import MethodKey, key_of, label
 from specdraft.pipelines.evaluate.plan import BATCH_SET, Head, Prompt
 from specdraft.pipelines.evaluate.run import Record, relative_half_width
@@ -392,13 +392,13 @@ def method_keys(metrics: dict, families: tuple[str, ...], **where) -> list[dict]
     return [key for _, key in sorted(seen.values(), key=lambda x: (x[0], label(x[1])))]
 
 
-# the measured throughput rows' names in `specdraft predict`'s table (decoding/throughput.py)
+# the measured throughput rows' names in `specdraft predict`'s table (decoding/costs/throughput.py)
 PREDICTED_NAME = {"ar": lambda k: "AR", "fixed": lambda k: f"K={k}", "batch-aware-lockstep": lambda k: "batch-aware lockstep",
                   "global-budget": lambda k: f"global budget K={k}"}
 
 
 def beside_measured(predicted: dict, throughput: dict) -> dict:
-    """`predicted` (decoding.throughput.predict_throughput) with each prediction's measured tokens/s and the
+    """`predicted` (decoding.costs.throughput.predict_throughput) with each prediction's measured tokens/s and the
     relative error predicted / measured - 1, where the throughput rows ran the same method at that B."""
     spec = next((x["method"] for x in predicted["predictions"] if x["method"].startswith("SpecDec++")), None)
     measured = {}

@@ -11,7 +11,7 @@ from specdraft.data.chat import row_messages
 from specdraft.data.prompts import fit_prompt, load_prompt_sets
 from specdraft.decoding.bundle.directory import Bundle
 from specdraft.decoding.bundle.chat import ChatFormat, format_prompt
-from specdraft.decoding.policies.cost_model import CostTable
+from specdraft.decoding.costs.model import CostTable
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.routers.router import load_router
 from specdraft.pipelines.evaluate.plan import Head, Prompt
@@ -97,12 +97,12 @@ def throughput_costs(bundle: Bundle, target, drafters: dict, heads: dict, ofa: s
     when they cannot run: the all-domain drafter's greedy head and the bundle's acceptance summary for it are needed.
     The table is the decoder's own steps timed here, eager as evaluate decodes, at every batch size of the rows
     and every width up to the head's K_max + 1, calibrated, with the head rules' own work priced
-    (decoding/cost_profile.py) over prompts of
+    (decoding/costs/profile.py) over prompts of
     `context` tokens (the test prompts' median: a call's start is mostly its prefill) in the cache a decode of the
     `longest` test prompt allocates (its steps attend over every slot), kept at `shared` (the stage's
     work directory): the first process to profile it fixes it for every shard and rerun, so their
     batch-aware decisions, which read it, are the decisions of one process."""
-    from specdraft.decoding.cost_profile import cache_length_for, price_head_rules, profile_cost_table
+    from specdraft.decoding.costs.profile import cache_length_for, price_head_rules, profile_cost_table
     head = heads["greedy"].get(ofa) if ofa is not None else None
     if not ecfg.batch_sizes or head is None:
         return None, None, None

@@ -9,7 +9,7 @@ from specdraft.decoding.policies.batch_aware import (BatchAwareSpecDec, GlobalVe
                                                      LockstepBatchAwareSpecDec, Prior, budget_widths,
                                                      expected_round_tokens, k_per_batch_size)
 from specdraft.heads.losses import weighted_bce_terms
-from specdraft.decoding.policies.cost_model import CostTable
+from specdraft.decoding.costs.model import CostTable
 from specdraft.decoding.policies.stopping import SpecDecPP
 from specdraft.decoding.policies.decide import decide_round, decisions
 from specdraft.decoding.rounds.lengths import round_length
@@ -221,7 +221,7 @@ def test_the_rules_first_decision_inside_a_draft_graph_breaks_no_graph():
     constants there. A keyed max() among them (tried for a segment plan) broke the graph, and the priced per-draft
     work of the batch-aware rules came out 0.09-0.10 ms at B = 1 against 0.03."""
     from specdraft.decoding.compilation import StepCompiler
-    from specdraft.decoding.cost_profile import _rule_segment
+    from specdraft.decoding.costs.profile import _rule_segment
     from tests.decoding.test_greedy_equivalence import random_head
 
     head = random_head(32, 0)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specdraft.decoding.policies.cost_model import (
+from specdraft.decoding.costs.model import (
     acceptance_from_mat,
     analytic_speedup,
     expected_tokens_per_round,

@@ -1,5 +1,5 @@
-"""The decoder's measured cost table (decoding/policies/cost_model.CostTable) and its profiler
-(decoding/cost_profile.py) on tiny random models: shape, the sanity that must hold, the on-disk cache,
+"""The decoder's measured cost table (decoding/costs/model.CostTable) and its profiler
+(decoding/costs/profile.py) on tiny random models: shape, the sanity that must hold, the on-disk cache,
 the JSON round trip, and one-line errors."""
 import dataclasses
 import json
@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.cost_profile import (cached_cost_table, isotonic, model_identity, monotone_grid,
+from specdraft.decoding.costs.profile import (cached_cost_table, isotonic, model_identity, monotone_grid,
                                              price_head_rules, price_rules, profile_cost_table, profiled_widths)
-from specdraft.decoding.policies.cost_model import CostTable, padded_width
+from specdraft.decoding.costs.model import CostTable
+from specdraft.decoding.rounds.shapes import verify_width
 from tests.decoding.conftest import tiny_llama
 
 
@@ -42,7 +43,7 @@ def test_shape_identity_and_sanity(profiled, pair):
 
 def profiler_reads(clock: list, monkeypatch) -> None:
     """The profiler's timer reads clock[0], a virtual clock the test advances."""
-    import specdraft.decoding.cost_profile as cp
+    import specdraft.decoding.costs.profile as cp
     from specdraft.decoding.timing import Timing
 
     def virtual_timed_call(fn, device="cpu"):
@@ -56,7 +57,7 @@ def profiler_reads(clock: list, monkeypatch) -> None:
 def on_a_virtual_clock(pair, monkeypatch, cost) -> None:
     """Every model step the profiler makes costs cost(is_drafter, ids) seconds on a virtual clock, which its
     timer reads (the steps still run, so the caches move as in a profile)."""
-    import specdraft.decoding.cost_profile as cp
+    import specdraft.decoding.costs.profile as cp
 
     clock = [0.0]
     real_step = cp.forward_step
@@ -153,7 +154,7 @@ def test_calibration_decodes_are_timed_after_their_own_batch_and_method(pair, mo
     batch size's decode the short one paid for refilling the CPU's caches, and the difference of the two lengths
     took it from the loop (compiled, B = 1's loop came out 0 in a table of B = 1, 8, 32, 0.44 ms alone)."""
     import specdraft.decoding.batched as batched
-    import specdraft.decoding.cost_profile as cp
+    import specdraft.decoding.costs.profile as cp
 
     calls, timed = [], []
     real, real_timed = batched.generate_batch, cp.timed_call
@@ -242,10 +243,10 @@ def test_save_load_round_trip(profiled, tmp_path):
     assert CostTable.load(tmp_path / "t.json") == profiled
 
 
-def test_compiled_tables_price_the_padded_width():
+def test_compiled_tables_price_the_verify_width():
     assert profiled_widths(9, "default") == (1, 2, 3, 5, 9)
     assert profiled_widths(4, "none") == (1, 2, 3, 4)
-    assert [padded_width(k, 8) for k in range(9)] == [0, 1, 2, 4, 4, 8, 8, 8, 8]
+    assert [verify_width(k, 8) for k in range(9)] == [0, 1, 2, 4, 4, 8, 8, 8, 8]
     t = CostTable(batch_sizes=(1,), widths=(1, 2, 3, 5, 9), verify=((1.0, 2.0, 3.0, 5.0, 9.0),), draft=(0.5,),
                   catchup=(0.7,), device="x", torch_version="x", compile="default", target_id="t", drafter_id="d")
     assert t.round_cost(1, 3) == pytest.approx(0.7 + 2 * 0.5 + 5.0)  # 3 drafts verify at width 4 + 1
@@ -254,7 +255,7 @@ def test_compiled_tables_price_the_padded_width():
 def test_the_cache_is_hit_on_a_second_start(pair, tmp_path, monkeypatch):
     first, path, hit = cached_cost_table(*pair, [1, 2], 3, repeats=1, directory=tmp_path)
     assert not hit and path.is_file() and path.parent == tmp_path
-    import specdraft.decoding.cost_profile as cp
+    import specdraft.decoding.costs.profile as cp
 
     monkeypatch.setattr(cp, "profile_cost_table", lambda *a, **k: pytest.fail("re-profiled despite the cache"))
     second, path2, hit2 = cached_cost_table(*pair, [2, 1], 3, repeats=1, directory=tmp_path)
@@ -272,7 +273,7 @@ def test_a_process_that_waits_for_anothers_profile_reads_its_table(pair, tmp_pat
     import subprocess
     import sys
 
-    import specdraft.decoding.cost_profile as cp
+    import specdraft.decoding.costs.profile as cp
 
     table, path, _ = cached_cost_table(*pair, [1], 3, repeats=1, directory=tmp_path / "made")
     written = tmp_path / "cache" / path.name
@@ -340,7 +341,7 @@ def test_compiled_rules_are_priced_from_a_compiled_segment(profiled):
     from specdraft.decoding.policies.decide import head_sigma
     from specdraft.decoding.rounds.shapes import HEAD_SEGMENT
     from specdraft.decoding.compilation import StepCompiler
-    from specdraft.decoding.cost_profile import _rule_segment
+    from specdraft.decoding.costs.profile import _rule_segment
     from specdraft.decoding.policies.stopping import LockstepSpecDecPP, SpecDecPP
     from tests.decoding.test_greedy_equivalence import random_head
 
@@ -457,7 +458,7 @@ def test_calibration_prices_a_drafting_round_apart_from_its_draft_steps(pair, mo
     (on one H200 the decodes ran a target step in ~13 ms against 17.3 alone), the per-round term is -4 ms: clamped
     at 0 it left every prediction there 3-31% low."""
     import specdraft.decoding.batched as batched
-    import specdraft.decoding.cost_profile as cp
+    import specdraft.decoding.costs.profile as cp
 
     spec, per_draft, start = 5e-3, 0.5e-3, 20e-3
     table = CostTable(batch_sizes=(1, 2), widths=tuple(range(1, 10)), verify=(tuple(0.01 + 0.001 * w for w in range(1, 10)),

@@ -292,7 +292,7 @@ def test_each_decoding_value_walks_from_the_cli_and_the_bundle_to_the_policy(bun
 
 def _ship_acceptance_summary(bundle) -> None:
     """Give the bundle's math drafter an acceptance summary (the batch-aware rule's prior), as export copies it."""
-    from specdraft.decoding.throughput import ACCEPTANCE_FILE, summarize_acceptance
+    from specdraft.decoding.costs.throughput import ACCEPTANCE_FILE, summarize_acceptance
 
     gen = torch.Generator().manual_seed(0)
     accept = [torch.rand(12, generator=gen) for _ in range(3)]

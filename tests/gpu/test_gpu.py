@@ -210,7 +210,7 @@ def test_batched_greedy_in_bf16_equals_each_prompt_alone(compile):
     every batched policy (the head rules deciding inside the draft graph, the batch-aware ones priced by a
     table profiled here); fixed K and SpecDec++ with CUDA graphs (reduce-overhead) too."""
     from specdraft.decoding.batched import generate_batch
-    from specdraft.decoding.cost_profile import cache_length_for, profile_cost_table
+    from specdraft.decoding.costs.profile import cache_length_for, profile_cost_table
 
     target = _llama(0, layers=4).to("cuda", torch.bfloat16)
     drafter = noisy_copy(_llama(0, layers=4), 0.05, seed=1).to("cuda", torch.bfloat16)

@@ -149,7 +149,7 @@ def test_label_transforms_share_the_logits_and_get_their_own_heads(drafted_run, 
     assert b.head_for("math", SamplingConfig(0.7, 20)).startswith("T0.7_k20/")
     assert b.head_for("math", SamplingConfig(1.0)) is None
     # the default head's acceptance summary ships with the bundle: greedy labels, the exported head's name
-    from specdraft.decoding.throughput import ACCEPTANCE_FILE, AcceptanceSummary
+    from specdraft.decoding.costs.throughput import ACCEPTANCE_FILE, AcceptanceSummary
 
     summary = AcceptanceSummary.load(b.drafter("math").acceptance / ACCEPTANCE_FILE)
     assert b.drafter("math").head == "greedy/" + summary.head and summary.label_transform["temperature"] == 0.0
@@ -187,7 +187,7 @@ def test_train_heads_exports_grid_with_thresholds(drafted):
 def test_train_heads_prices_its_picks_with_evaluates_calibration(drafted, monkeypatch):
     """cost_ratio null: c is calibrated as evaluate calibrates it (the drafter timed over the bundle's
     default K forwards right after a target forward), once for drafters of one architecture."""
-    import specdraft.pipelines.calibration as evaluate
+    import specdraft.decoding.costs.calibration as evaluate
 
     calls, real = [], evaluate.calibrate
 

@@ -182,7 +182,7 @@ def _throughput_counts_are_the_batched_decoders(root: Path, metrics: dict) -> No
     t = metrics["throughput"]
     # the batch-aware rows were priced with the cost table the stage profiled (in metrics.json) and the bundle's prior
     from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec
-    from specdraft.decoding.policies.cost_model import CostTable
+    from specdraft.decoding.costs.model import CostTable
 
     table, prior = CostTable.from_dict(t["cost_table"]), bundle.prior_for(ofa)
     policies["batch-aware-lockstep"] = lambda k: LockstepBatchAwareSpecDec(head, table, prior, h["k_max"])
@@ -293,7 +293,7 @@ def test_shards_merge_to_the_counts_of_one_process(_exported, tmp_path, monkeypa
     missing; the last shard to finish merges, and every count equals an unsharded run's. The batch-aware
     rows read the cost table: one process profiles it for every shard (a fixed table here, the same for
     the unsharded run: the counts, not the clock)."""
-    import specdraft.decoding.cost_profile as cost_profile
+    import specdraft.decoding.costs.profile as cost_profile
     from tests.decoding.test_batch_decode import cost_table
 
     profiled = []

@@ -8,7 +8,7 @@ import torch
 from specdraft.decoding.metrics import GenerationMetrics
 from specdraft.decoding.speculators.prompt_lookup import PromptLookupSpeculator
 from specdraft.decoding.rounds.sampling import SamplingConfig
-from specdraft.pipelines.calibration import Calibration, calibrate
+from specdraft.decoding.costs.calibration import Calibration, calibrate
 from specdraft.pipelines.evaluate.aggregate import Setup, summarize
 from specdraft.pipelines.evaluate.methods import MethodKey, label, params
 from specdraft.pipelines.evaluate.plan import PLANNERS, Built, Env, Prompt, Run, build_plan
@@ -193,7 +193,7 @@ def test_calibration_times_each_drafter_as_a_round_right_after_a_target_forward(
     """Decoding alternates one verification forward with a run of K drafting forwards; the calibration
     prices a drafted token the same way (a lone forward after the target's would price every drafted token
     as the cold first one of a round)."""
-    import specdraft.pipelines.calibration as evaluate
+    import specdraft.decoding.costs.calibration as evaluate
 
     calls, forward = [], evaluate.kv.forward
     names = {id(env.target): "target", **{id(m): n for n, m in env.drafters.items()}}

@@ -10,7 +10,7 @@ from specdraft.decoding.batched import generate_batch
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP
 from specdraft.decoding.rounds.sampling import SamplingConfig
-from specdraft.pipelines.calibration import calibrate
+from specdraft.decoding.costs.calibration import calibrate
 from specdraft.pipelines.evaluate.aggregate import Setup, summarize
 from specdraft.pipelines.evaluate.claims import judge, throughput_verdict as claims_throughput
 from specdraft.pipelines.evaluate.plan import BATCH_SET, Env, Head, Prompt, batches, build_plan
@@ -183,7 +183,7 @@ def test_batch_aware_rows_decode_in_the_product_loop_and_the_report_sets_predict
     global verify budget (each equal to generate_batch called directly), and the report puts `specdraft
     predict`'s numbers for the same batch sizes beside the measured tokens/s."""
     from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec
-    from specdraft.decoding.throughput import predict_throughput, summarize_acceptance, summary_prior
+    from specdraft.decoding.costs.throughput import predict_throughput, summarize_acceptance, summary_prior
     from specdraft.pipelines.evaluate.aggregate import beside_measured
     from tests.decoding.test_batch_decode import cost_table
 

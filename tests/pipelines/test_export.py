@@ -271,8 +271,8 @@ def test_each_drafter_ships_the_k_per_batch_size_predict_recommends(run_root, tm
     num_speculative_tokens its largest K; engine_schedule.json beside them names the device and holds the cost
     table export timed, and the schedule is a function of that table: `specdraft predict --cost-table` with
     it writes the same configs byte for byte. Listed and hashed like every file (bundle.json, the manifest)."""
-    from specdraft.decoding.policies.cost_model import CostTable
-    from specdraft.decoding.throughput import AcceptanceSummary
+    from specdraft.decoding.costs.model import CostTable
+    from specdraft.decoding.costs.throughput import AcceptanceSummary
     from specdraft.pipelines.artifacts import verify_files
     from specdraft.pipelines.vllm_export import (SCHEDULE_BATCH_SIZES, SCHEDULE_THREADS, check_schedule, schedule_ks,
                                                  schedule_ranges, schedule_tokens)

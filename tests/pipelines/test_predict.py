@@ -11,8 +11,8 @@ import torch
 
 from specdraft.decoding.bundle.directory import BUNDLE_JSON, write_bundle_json
 from specdraft.decoding.policies.batch_aware import KPerBatchSize
-from specdraft.decoding.policies.cost_model import CostTable
-from specdraft.decoding.throughput import (ACCEPTANCE_FILE, AcceptanceSummary, predict_throughput, simulate_policy,
+from specdraft.decoding.costs.model import CostTable
+from specdraft.decoding.costs.throughput import (ACCEPTANCE_FILE, AcceptanceSummary, predict_throughput, simulate_policy,
                                            summarize_acceptance, summary_prior)
 from specdraft.heads.simulate import simulate_fixed_k
 from specdraft.pipelines.cli import main
@@ -176,7 +176,7 @@ def test_the_batch_aware_rule_beats_the_best_fixed_k_in_its_own_model():
     (rounds start after rejections, which cluster in hard stretches), so the rule stops early: 0.95x the best
     fixed K there (own rate 0.96x)."""
     from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec
-    from specdraft.decoding.throughput import summary_prior
+    from specdraft.decoding.costs.throughput import summary_prior
 
     gen = torch.Generator().manual_seed(5)
     seqs = []

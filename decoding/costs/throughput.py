@@ -36,7 +36,7 @@ from specdraft.decoding.rounds.shapes import round_feeds
 from specdraft.decoding.policies.batch_aware import Prior, k_per_batch_size
 from specdraft.decoding.policies.decide import decide_round
 from specdraft.decoding.policies.spec import PolicySpec, build_policy
-from specdraft.decoding.policies.cost_model import CostTable
+from specdraft.decoding.costs.model import CostTable
 
 ACCEPTANCE_FORMAT = "specdraft-acceptance-summary/1"
 ACCEPTANCE_FILE = "acceptance_summary.json"  # train-heads' name, beside a drafter's heads
@@ -258,7 +258,7 @@ def predict_throughput(summary: AcceptanceSummary, table: CostTable, batch_sizes
             raise InputError(f"batch size {b} is outside the cost table's {table.batch_sizes[0]}..{table.batch_sizes[-1]}; "
                              "profile the table over every batch size to predict")
     if not isinstance(prior, Prior):
-        raise InputError(f"prior must be a Prior (decoding.throughput.summary_prior), got {type(prior).__name__}")
+        raise InputError(f"prior must be a Prior (decoding.costs.throughput.summary_prior), got {type(prior).__name__}")
     k_max = min(summary.k_max, table.max_drafts) if k_max is None else k_max
     # the j-th draft's acceptance given the earlier ones, from the dev sequences' windows (for the K table)
     curve = acceptance_curve(summary, k_max)

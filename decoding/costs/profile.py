@@ -1,4 +1,4 @@
-"""Profiling the decoder's own costs into a `CostTable` (decoding/policies/cost_model.py): the one module
+"""Profiling the decoder's own costs into a `CostTable` (decoding/costs/model.py): the one module
 that runs models to price rounds.
 
     table = profile_cost_table(target, drafter, batch_sizes=(1, 2, 4, 8), max_width=9, compile="none")
@@ -32,7 +32,7 @@ profile priced B = 16's 9-wide verify at 41 ms where a quieter profile found 29,
 and 16), and a phase spanning all of them slows every entry
 alike, which the rules' decisions (costs against costs, lam from the same table) do not see. The price: a
 table of fastest passes predicts a decode timed by its median a few % fast. Under a compile mode only the widths
-the compiled decoder runs are timed (1 and 2^j + 1, `cost_model.padded_width`): a width is a graph.
+the compiled decoder runs are timed (1 and 2^j + 1, `rounds.shapes.verify_width`): a width is a graph.
 With `calibrate` (off by default: it decodes, minutes where the steps take seconds; `specdraft predict`
 turns it on) the prefill steps are timed too, target's and drafter's, at every power of two from 16 positions
 to the cache's slots (the widths a compiled call pads its prompts to; an eager call's are interpolated), for a
@@ -70,9 +70,10 @@ from specdraft.decoding.batched import GREEDY, compiled_segment, forward_step, r
 from specdraft.decoding.policies.decide import decide
 from specdraft.decoding.defaults import COMPILE_MODES
 from specdraft.decoding.compilation import StepCompiler
-from specdraft.decoding.policies.cost_model import CostTable, nnls2, padded_width
+from specdraft.decoding.costs.model import CostTable, nnls2
 from specdraft.decoding.policies.spec import PolicySpec, build_policy
-from specdraft.decoding.rounds.shapes import CACHE_ROUND, HEAD_SEGMENT, decode_cache_length, static_length
+from specdraft.decoding.rounds.shapes import (CACHE_ROUND, HEAD_SEGMENT, decode_cache_length, static_length,
+                                              verify_width)
 from specdraft.decoding.rounds.static_cache import forward_rows
 from specdraft.decoding.timing import timed_call
 
@@ -90,10 +91,10 @@ def model_identity(model: torch.nn.Module) -> str:
 
 def profiled_widths(max_width: int, compile: str) -> tuple[int, ...]:
     """The verify widths a table measures: every w in 1..max_width eagerly; under compile the widths the
-    compiled decoder runs, 1 and padded_width(k) + 1 for k = 1..max_width - 1."""
+    compiled decoder runs, 1 and verify_width(k) + 1 for k = 1..max_width - 1."""
     if compile == "none":
         return tuple(range(1, max_width + 1))
-    return tuple(sorted({1} | {padded_width(k, max_width - 1) + 1 for k in range(1, max_width)}))
+    return tuple(sorted({1} | {verify_width(k, max_width - 1) + 1 for k in range(1, max_width)}))
 
 
 def fastest(samples: Sequence[float]) -> float:

@@ -136,12 +136,6 @@ def implementation_efficiency(measured_speedup: float, a: float, k: int, c: floa
 COST_TABLE_FORMAT = "specdraft-cost-table/1"
 
 
-def padded_width(k: int, k_max: int) -> int:
-    """The drafts a compiled round verifies when its longest row drafted k: `decoding.rounds.shapes.verify_width`,
-    so the cost of a round is priced at the width the compiled decoder really runs."""
-    return verify_width(k, k_max)
-
-
 def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float, what: str) -> float:
     """Linear interpolation over measured points xs (ascending); InputError outside [xs[0], xs[-1]]: a
     cost is never extrapolated silently."""
@@ -163,7 +157,7 @@ class CostTable:
         draft[B]      one drafter step at batch B, width 1 (y_i fed to get q_{i+1})
         catchup[B]    the drafter's end-of-round catch-up at batch B, width 2 (it yields next round's q_1)
         loop[B]       the decode loop's own work per round beyond those steps (verification and commit ops,
-                      the host transfer), from short decodes (`decoding.cost_profile`); () when not calibrated.
+                      the host transfer), from short decodes (`decoding.costs.profile`); () when not calibrated.
                       Signed: negative where the loop runs a round's steps faster than they time alone
         loop_spec[B]  what a round that drafts adds to `loop` whatever its length (its draft graph's call, the
                       acceptance and commit of drafts); () when not calibrated
@@ -177,14 +171,14 @@ class CostTable:
         prefill_draft[B][p] the drafter's
         rules         a stopping rule's own work, per rule (its class name): per round (its round state and
                       decision 0) and per draft step (the head's forward on e_i and the decision), beyond fixed
-                      K's (`decoding.cost_profile.price_rules`); a round of a rule not listed pays nothing extra
+                      K's (`decoding.costs.profile.price_rules`); a round of a rule not listed pays nothing extra
     The fastest of repeated, interleaved calls after a warm-up over a static cache of `cache_length` slots
     holding `context` tokens: attention runs over every slot of the decoder's static cache (masked), so a step's
     cost grows with the cache a decode allocates (`decoding.rounds.shapes.decode_cache_length`; on the
     demo pair at B = 32 a 1-wide verify took 13 / 17 / 21 ms over 64 / 128 / 192 slots), and a table prices
     the decodes of its cache length.
     Under a compile mode only the widths the compiled decoder runs are measured (1 and 2^j + 1, see
-    `padded_width`), and `round_cost` prices a round at its padded width."""
+    `decoding.rounds.shapes.verify_width`), and `round_cost` prices a round at its padded width."""
 
     batch_sizes: tuple[int, ...]
     widths: tuple[int, ...]
@@ -194,7 +188,7 @@ class CostTable:
     device: str  # e.g. "cpu: AMD EPYC 7B13" or "cuda: NVIDIA H100 80GB HBM3"
     torch_version: str
     compile: str  # "none" | "default" | "reduce-overhead"
-    target_id: str  # the model's identity (config hash, see `decoding.cost_profile.model_identity`)
+    target_id: str  # the model's identity (config hash, see `decoding.costs.profile.model_identity`)
     drafter_id: str
     context: int = 64  # tokens in the cache while timing
     cache_length: int = 0  # the static cache's slots the steps attended over; 0: not recorded (an older table)
@@ -248,7 +242,7 @@ class CostTable:
                                                                    for v in part) for part in rule[1:]))
             if not ok:
                 raise InputError("cost table rule costs must name a rule and give one finite number >= 0 per batch size, "
-                                 "per round and per draft; re-price them (decoding.cost_profile.price_rules)")
+                                 "per round and per draft; re-price them (decoding.costs.profile.price_rules)")
 
     @property
     def max_drafts(self) -> int:
@@ -280,7 +274,7 @@ class CostTable:
         if k < 0 or k > self.max_drafts:
             raise InputError(f"the cost table prices rounds of 0..{self.max_drafts} drafts, not {k}; profile a "
                              "wider table (max_width)")
-        w = padded_width(k, self.max_drafts) if self.compile != "none" else k
+        w = verify_width(k, self.max_drafts) if self.compile != "none" else k
         feeds = k - 1 if feeds is None else feeds
         drafting = 0.0 if k == 0 else self.t_catchup(batch) + feeds * self.t_draft(batch)
         per_round, per_draft = self.t_rule(batch, rule)
