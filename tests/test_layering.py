@@ -342,3 +342,40 @@ def test_the_room_checks_see_an_upward_import_and_a_circle(tmp_path):
     assert decoding_room("specdraft.decoding.timing", rooms) == "?" and decoding_room("specdraft.core.x", rooms) is None
     assert upward_imports(edges, rooms) == ["specdraft.decoding.policies.rule imports specdraft.decoding.batched"]
     assert cycles(room_graph(edges, rooms)) == [["loops", "policies"]]
+
+
+# --- sizes and citations -------------------------------------------------------------------------------
+
+LONGEST_FUNCTION = 80  # lines, def to last line: a step a reader holds in view; longer ones split into named steps
+
+
+def long_functions(paths, root: Path = REPO) -> list[str]:
+    out = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > LONGEST_FUNCTION:
+                    out.append(f"{path.relative_to(root)}:{node.lineno} {node.name} ({lines} lines)")
+    return out
+
+
+def test_no_product_or_benchmark_function_runs_over_80_lines():
+    paths = [p for package in (*PACKAGES, "benchmarks") for p in sorted((REPO / package).rglob("*.py"))]
+    assert long_functions(paths) == []
+
+
+def test_the_size_check_sees_a_long_function(tmp_path):
+    (tmp_path / "m.py").write_text("def f():\n" + "    x = 1\n" * 80 + "\n\ndef g():\n" + "    x = 1\n" * 79)
+    assert long_functions([tmp_path / "m.py"], tmp_path) == ["m.py:1 f (81 lines)"]
+
+
+def test_docs_and_code_cite_the_projects_own_algorithms_page():
+    """The algorithms the code cites are written up in docs/algorithms.md; a file outside the repository is
+    no citation a user can follow. RESULTS.md holds each benchmark's current run, its history is git's."""
+    places = [REPO / "README.md", *(p for top in (*PACKAGES, "benchmarks", "docs", "tests", "configs", "slurm")
+                                      for p in sorted((REPO / top).rglob("*")) if p.suffix in (".py", ".md"))]
+    cited = [str(p.relative_to(REPO)) for p in places if "SPEC" + ".md" in p.read_text(errors="ignore")]
+    assert cited == []
+    results = (REPO / "benchmarks" / "RESULTS.md").read_text()
+    assert "the run before" not in results.lower() and "before those:" not in results.lower()
