@@ -50,6 +50,7 @@ from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculators.eagle_model import is_eagle
 from specdraft.pipelines.generate_args import bundle_of
 
+START_REPEATS = 3  # timed passes of a cost table profiled at a decoder's start (cost_table_for)
 METRIC_KEYS = ("N", "N_target", "N_draft", "N_discarded", "rounds", "MAT", "discard_rate", "verification_rate",
                "tokens_per_s")
 
@@ -189,6 +190,7 @@ def run(args) -> None:
     compiler = StepCompiler(settings.compile)  # one for the command: each graph compiles once
     from tqdm import tqdm
 
+    longest = max(len(r.ids) for r in requests)  # every drafter's table priced for the same decodes: one key
     with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr,
               disable=args.prompts is None) as bar:
         for name in dict.fromkeys(choices):  # by drafter, in order of first use: each loads once
@@ -196,7 +198,7 @@ def run(args) -> None:
             if name not in plans:
                 plans[name] = make_plan(args, b, name, target, tok, settings,
                                         note=lambda msg: bar.write(msg, file=sys.stderr),
-                                        longest_prompt=max(len(r.ids) for r in group))
+                                        longest_prompt=longest)
             for start in range(0, len(group), args.batch_size):
                 batch = group[start:start + args.batch_size]
                 # a batch samples from seed + its first prompt's index (one prompt per batch: seed + i)
@@ -344,15 +346,21 @@ def cost_table_for(args, target, drafter, settings: Settings, head_config: dict 
     and cached (decoding/costs/profile.py); with `head` and `prior`, the head rules' own work priced on top
     (`price_head_rules`, cached with the table)."""
     from specdraft.decoding.costs.profile import LOOP_SPAN, cache_length_for, cached_cost_table
+    from specdraft.decoding.rounds.shapes import static_length
 
     k_max = int((head_config or {}).get("k_max") or DEFAULTS.k_max)
     sizes = sorted({1, args.batch_size})
+    # timed over a context of the longest prompt rounded up as caches are (64 tokens): starts whose prompts round
+    # alike share one table, and drafters of one shape share it within a start (the table is per shape, not weights)
+    context = static_length(longest_prompt)
     # calibrated: the loop's own work per round and per draft is part of what a longer round costs
     # over the cache the command's decodes allocate (its steps attend over every slot; cached per length), with
     # room for the calibration's decodes of LOOP_SPAN new tokens
-    slots = cache_length_for(longest_prompt, max(settings.max_new_tokens, LOOP_SPAN), k_max, settings.compile)
+    slots = cache_length_for(context, max(settings.max_new_tokens, LOOP_SPAN), k_max, settings.compile)
+    # 3 timed passes, not predict's 5: a decoder start waits for them, and its rule compares costs with costs
     table, path, hit = cached_cost_table(target, drafter, sizes, k_max + 1, settings.compile, calibrate=True, on_wait=note,
-                                         head=head, prior=prior, context=longest_prompt, cache_length=slots)
+                                         repeats=START_REPEATS, head=head, prior=prior, context=context,
+                                         cache_length=slots)
     note(f"cost table {'read from' if hit else 'profiled into'} {path}")
     if args.verbose:
         note(table.render())

@@ -539,9 +539,10 @@ def head_identity(head: torch.nn.Module | None) -> str:
 
 def cache_key(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Sequence[int], max_width: int,
               compile: str, context: int, calibrate: bool = False, head: torch.nn.Module | None = None,
-              cache_length: int | None = None) -> str:
+              cache_length: int | None = None, repeats: int = 5) -> str:
     """What a cached table must match: the device and torch version it was timed under, the compile mode,
-    both models' identities, the grid it covers, and the head its rules were priced with."""
+    both models' identities, the grid it covers, the head its rules were priced with, and its timed passes
+    (a decoder's start times fewer than `specdraft predict`, and reads only its own)."""
     device = target.get_input_embeddings().weight.device
     # "start": calibrated tables price a call's start since that field came; "chain": drafter steps are timed
     # in a round's chains, "fastest": a table keeps each step's fastest pass, "prefill": calibrated tables
@@ -552,7 +553,8 @@ def cache_key(target: torch.nn.Module, drafter: torch.nn.Module, batch_sizes: Se
     blob = json.dumps([device_name(device), torch.__version__, compile, model_identity(target),
                        model_identity(drafter), sorted(set(batch_sizes)), max_width, context, calibrate, "start",
                        "chain", "fastest", "prefill", "prefill-at", "fused", "spec", "monotone", head_identity(head),
-                       static_length(cache_length) if cache_length else least_cache_length(context, max_width)])
+                       static_length(cache_length) if cache_length else least_cache_length(context, max_width),
+                       *((f"repeats={repeats}",) if repeats != 5 else ())])
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -573,7 +575,7 @@ def cached_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_s
     sizes = _check(batch_sizes, max_width, compile, repeats, context)
     if head is not None and prior is None:
         raise InputError("pricing a head's rules needs the batch-aware prior (Bundle.prior_for); pass prior=...")
-    key = cache_key(target, drafter, sizes, max_width, compile, context, calibrate, head, cache_length)
+    key = cache_key(target, drafter, sizes, max_width, compile, context, calibrate, head, cache_length, repeats)
     path = cache_dir(directory) / f"{key}.json"
     table = None if refresh else _read_cached(path)
     if table is not None:

@@ -357,3 +357,18 @@ def test_the_batch_aware_rule_is_the_default_where_the_bundle_holds_its_prior(bu
                  "--drafts", "2", "--temperature", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert "SpecTr drafts or a cascade" in err and "\n" not in err
+
+
+def test_starts_whose_prompts_round_alike_share_one_cost_table(bundle, tmp_path, monkeypatch, capsys):
+    """The batch-aware rule's table is timed over the longest prompt rounded up as caches are: a second start
+    with a longer (but similarly short) prompt reads the first one's table instead of profiling again; the
+    command's fewer timed passes are part of the key, so `specdraft predict`'s tables stay apart."""
+    monkeypatch.setenv("SPECDRAFT_COST_CACHE", str(tmp_path / "costs"))
+    _ship_acceptance_summary(bundle)
+    argv = ["generate", str(bundle), "--drafter", "math", "--stop-rule", "batch-aware", "--prompt"]
+    assert main(argv + [MATH]) == 0
+    assert "profiled into" in capsys.readouterr().err
+    assert main(argv + [MATH + " Show each step."]) == 0
+    assert "read from" in capsys.readouterr().err
+    tables = list((tmp_path / "costs").glob("*.json"))
+    assert len(tables) == 1 and json.loads(tables[0].read_text())["repeats"] == 3
