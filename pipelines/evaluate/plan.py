@@ -122,12 +122,12 @@ class Env:
         return [n for n in dict.fromkeys([self.own.get(domain), self.ofa]) if n is not None]
 
 
-def fixed_k(k: int):
+def fixed_k_policy(k: int):
     """A fresh fixed-K policy (`build_policy`, the one constructor)."""
     return build_policy(PolicySpec("fixed", k=k))
 
 
-def specdecpp(head: Head, lockstep: bool = False):
+def specdecpp_policy(head: Head, lockstep: bool = False):
     """A fresh SpecDec++ policy reading `head` at its (h, K_max), the batch stopping together with `lockstep`."""
     return build_policy(PolicySpec("specdecpp", threshold=head.threshold, k_max=head.k_max, lockstep=lockstep),
                         head=head.module)
@@ -151,12 +151,12 @@ def plan_greedy_drafters(env: Env, p: Prompt) -> list[Run]:
     fixed = list(dict.fromkeys([(n, env.k) for n in per_drafter]
                                + [(n, env.served_k[n]) for n in per_drafter if n in env.served_k]
                                + [(n, k) for n in env.sweep_for(p.domain) for k in env.cfg.ks]))
-    runs += [Run(MethodKey("fixed", drafter=n, k=k), p, _drafter(env, n, lambda k=k: fixed_k(k))) for n, k in fixed]
+    runs += [Run(MethodKey("fixed", drafter=n, k=k), p, _drafter(env, n, lambda k=k: fixed_k_policy(k))) for n, k in fixed]
     for n in env.sweep_for(p.domain):
         head = env.heads["greedy"].get(n)
         if head is not None:
             runs.append(Run(MethodKey("specdecpp", drafter=n), p,
-                            _drafter(env, n, lambda h=head: specdecpp(h))))
+                            _drafter(env, n, lambda h=head: specdecpp_policy(h))))
         runs.append(Run(MethodKey("oracle", drafter=n), p, lambda done, n=n: Built(
             DrafterSpeculator(env.drafters[n], build_policy(PolicySpec("oracle"), reference=list(p.ids) + done[AR_GREEDY].tokens)), drafter=n)))
     return runs
@@ -166,7 +166,7 @@ def plan_routers(env: Env, p: Prompt) -> list[Run]:
     def build(router) -> Callable[..., Built]:
         def make(done) -> Built:
             name = router.route(list(p.ids))  # inside the timed call: routing is part of the method's cost
-            return Built(None, drafter=name, draft_model=env.drafters[name], policy=fixed_k(env.k))
+            return Built(None, drafter=name, draft_model=env.drafters[name], policy=fixed_k_policy(env.k))
         return make
 
     return [Run(MethodKey("router", k=env.k, router=kind), p, build(r), timed_build=True)
@@ -176,7 +176,7 @@ def plan_routers(env: Env, p: Prompt) -> list[Run]:
 def make_bandit(env: Env, name: str, seed: int, persistent: bool = False,
                 best_arm: int | None = None) -> MultiDrafterSpeculator:
     """The bandit `name` of BANDITS (or the ceiling, told `best_arm`) over one fixed-K arm per drafter."""
-    arms = [Arm(n, DrafterSpeculator(env.drafters[n], fixed_k(env.k)), drafter_key=n) for n in env.arms]
+    arms = [Arm(n, DrafterSpeculator(env.drafters[n], fixed_k_policy(env.k)), drafter_key=n) for n in env.arms]
     if best_arm is not None:  # no learning: its reward is never read
         return MultiDrafterSpeculator(arms, make_selector("one-pass-oracle", len(arms), best_arm=best_arm),
                                       reward="be", n_max=env.k, cost_ratio=env.cost_ratio)
@@ -227,11 +227,11 @@ def plan_sampling(env: Env, p: Prompt) -> list[Run]:
     runs = [Run(key, p, lambda done: Built(None), seed=seed(key))]
     for n in env.sweep_for(p.domain):
         key = MethodKey("fixed", mode="sampling", drafter=n, k=env.k)
-        runs.append(Run(key, p, _drafter(env, n, lambda: fixed_k(env.k)), seed=seed(key)))
+        runs.append(Run(key, p, _drafter(env, n, lambda: fixed_k_policy(env.k)), seed=seed(key)))
         head = env.heads["sampling"].get(n)
         if head is not None:
             key = MethodKey("specdecpp", mode="sampling", drafter=n)
-            runs.append(Run(key, p, _drafter(env, n, lambda h=head: specdecpp(h)),
+            runs.append(Run(key, p, _drafter(env, n, lambda h=head: specdecpp_policy(h)),
                             seed=seed(key)))
     return runs
 
@@ -257,7 +257,7 @@ def plan_spectr(env: Env, p: Prompt) -> list[Run]:
     for drafts in env.cfg.spectr_drafts:
         key = MethodKey("spectr", mode="sampling", drafter=n, k=env.k, params=params(drafts=drafts))
         runs.append(Run(key, p, lambda done, d=drafts: Built(
-            drafter_speculator(env.drafters[n], fixed_k(env.k), d), drafter=n),
+            drafter_speculator(env.drafters[n], fixed_k_policy(env.k), d), drafter=n),
             seed=derive_seed(env.seed, p.id, "spectr", drafts)))
     return runs
 
@@ -278,7 +278,7 @@ def plan_cascades(env: Env, p: Prompt) -> list[Run]:
         key = MethodKey("cascade", mode="sampling", drafter=n, k=env.k,
                         params=params(rule=method.rule, alpha=method.alpha))
         if method.speculative:
-            build = (lambda done, m=method: Built(DrafterSpeculator(env.drafters[n], fixed_k(env.k)), drafter=n,
+            build = (lambda done, m=method: Built(DrafterSpeculator(env.drafters[n], fixed_k_policy(env.k)), drafter=n,
                                                   verification=m.verification_distribution()))
         else:
             build = (lambda done, m=method: Built(None, drafter=n, decode=lambda target, ids, max_new, sampling, eos, gen:
@@ -319,8 +319,8 @@ def eagle_chain(env: Env, name: str) -> Callable[..., Built]:
     variants through the one-prompt loop (the batched decoder drafts EAGLE-1 chains only)."""
     drafter = env.eagle[name]
     if drafter.variant == "eagle1":
-        return lambda done: Built(None, drafter=name, draft_model=drafter, policy=fixed_k(env.k))
-    return lambda done: Built(EagleSpeculator(drafter, fixed_k(env.k)), drafter=name)
+        return lambda done: Built(None, drafter=name, draft_model=drafter, policy=fixed_k_policy(env.k))
+    return lambda done: Built(EagleSpeculator(drafter, fixed_k_policy(env.k)), drafter=name)
 
 
 def plan_eagle(env: Env, p: Prompt) -> list[Run]:
@@ -336,7 +336,7 @@ def plan_eagle(env: Env, p: Prompt) -> list[Run]:
         if tree is not None:
             shape = f"tree {tree.depth}x{tree.top_k}x{tree.nodes}"
             runs.append(Run(MethodKey("eagle", drafter=n, k=env.k, params=params(draft=shape)), p,
-                            lambda done, n=n, t=tree: Built(EagleSpeculator(env.eagle[n], fixed_k(env.k), t),
+                            lambda done, n=n, t=tree: Built(EagleSpeculator(env.eagle[n], fixed_k_policy(env.k), t),
                                                             drafter=n)))
     specialists = [n for n in env.eagle if n != env.eagle_ofa]  # MetaEagle's arms, as MetaSD-UCB's are
     if len(specialists) > 1:
@@ -344,7 +344,7 @@ def plan_eagle(env: Env, p: Prompt) -> list[Run]:
             _, _, reward = BANDITS[b]
 
             def build(done, reward=reward, b=b) -> Built:
-                arms = [Arm(n, EagleSpeculator(env.eagle[n], fixed_k(env.k))) for n in specialists]
+                arms = [Arm(n, EagleSpeculator(env.eagle[n], fixed_k_policy(env.k))) for n in specialists]
                 selector = make_selector("ucb", len(arms), seed=derive_seed(env.seed, p.id, "eagle", b), beta=env.cfg.beta)
                 return Built(MultiDrafterSpeculator(arms, selector, reward=reward, n_max=env.k,
                                                     cost_ratio=env.cost_ratio))
@@ -416,13 +416,13 @@ def plan_batches(env: Env, prompts: list[Prompt]) -> list[Run]:
                 continue
             for k in env.cfg.ks:
                 runs.append(Run(MethodKey("batched", drafter=n, k=k, policy="fixed", params=at_b), batch,
-                                lambda done, k=k: Built(None, n, draft_model=env.drafters[n], policy=fixed_k(k)),
+                                lambda done, k=k: Built(None, n, draft_model=env.drafters[n], policy=fixed_k_policy(k)),
                                 seed=seed))
             if head is not None:  # the paper's per-row stops, and the batch stopping together (decoding.batched)
                 for name, lockstep in (("specdecpp", False), ("specdecpp-lockstep", True)):
                     runs.append(Run(MethodKey("batched", drafter=n, policy=name, params=at_b), batch,
                                     lambda done, lockstep=lockstep: Built(None, n, draft_model=env.drafters[n],
-                                                                          policy=specdecpp(head, lockstep)),
+                                                                          policy=specdecpp_policy(head, lockstep)),
                                     seed=seed))
             if head is not None and env.cost_table is not None:  # priced with the decoder's measured costs at B
                 priced = dict(head=head.module, table=env.cost_table, prior=env.prior)
