@@ -147,10 +147,8 @@ def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = DEFAU
     else:
         if head is not None and k is None:
             spec = head_spec(threshold, head_config, k_max)
-        elif threshold is not None:
-            raise InputError("threshold is SpecDec++'s h and fixed K drafting has none: give a head, or leave it out")
-        else:
-            spec = PolicySpec("fixed", k=k if k is not None else DEFAULTS.k)
+        else:  # a threshold here is refused by the spec: fixed K reads none
+            spec = PolicySpec("fixed", k=k if k is not None else DEFAULTS.k, threshold=threshold)
         plan = Plan("drafter", drafter, lambda: build_policy(spec, head=head), drafts=drafts, cascade=cascade,
                     cascade_block=cascade_block, tree=tree)
     ids = format_prompt(tok, user_turn(prompt), chat)

@@ -54,3 +54,11 @@ def import_benchmark(name: str):
         return importlib.import_module(name)
     finally:
         sys.path.remove(bench)
+
+
+def examples_digest(examples) -> str:
+    """One hash of a built split's (id, prompt, response) triples: equal iff the worlds built the same examples."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps([(e.id, e.prompt, e.response) for e in examples]).encode()).hexdigest()

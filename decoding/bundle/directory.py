@@ -145,17 +145,13 @@ class Bundle:
         batch-aware rule capped there. The one place `specdraft generate` resolves a drafter's policy."""
         from specdraft.decoding.policies.spec import PolicySpec
 
+        # a threshold given with fixed K or the batch-aware rule is refused by the spec: neither reads an h
         if k is not None or head_name is None:
-            if threshold is not None:
-                raise InputError(f"a threshold sets a SpecDec++ head's h, but drafter '{drafter}' decodes with "
-                                 "fixed K here; give a head, or leave the threshold out")
-            return PolicySpec("fixed", k=k if k is not None else self.fixed_k(drafter))
+            return PolicySpec("fixed", k=k if k is not None else self.fixed_k(drafter), threshold=threshold)
         h, k_max = self.head_rule(drafter, head_name, threshold)
         if max_drafts is None:
             return PolicySpec("specdecpp", threshold=h, k_max=k_max, lockstep=lockstep)
-        if threshold is not None:
-            raise InputError("--threshold sets SpecDec++'s fixed h; the batch-aware rule has none (leave one out)")
-        return PolicySpec("batch-aware", k_max=min(k_max, max_drafts), lockstep=True)
+        return PolicySpec("batch-aware", k_max=min(k_max, max_drafts), lockstep=True, threshold=threshold)
 
     def prior_for(self, drafter: str, head: str | None = None, summary=None):
         """The batch-aware rules' prior (decoding.policies.batch_aware.Prior) for `drafter` read through

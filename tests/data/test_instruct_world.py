@@ -1,22 +1,17 @@
-import hashlib
-import json
 
 import pytest
 
 from specdraft.core.errors import InputError
 from specdraft.data import instruct_world
 from specdraft.data.prompts import demo_prompt_sets
-
-
-def _digest(examples):
-    return hashlib.sha256(json.dumps([(e.id, e.prompt, e.response) for e in examples]).encode()).hexdigest()
+from tests.conftest import examples_digest
 
 
 @pytest.mark.parametrize("domain", instruct_world.ALL_DOMAINS)
 def test_deterministic_in_seed_and_no_prompt_in_two_splits(domain):
     a = instruct_world.build_split(domain, "train", 60, seed=3)
-    assert _digest(a) == _digest(instruct_world.build_split(domain, "train", 60, seed=3))
-    assert _digest(a) != _digest(instruct_world.build_split(domain, "train", 60, seed=4))
+    assert examples_digest(a) == examples_digest(instruct_world.build_split(domain, "train", 60, seed=3))
+    assert examples_digest(a) != examples_digest(instruct_world.build_split(domain, "train", 60, seed=4))
     splits = {s: {e.prompt for e in instruct_world.build_split(domain, s, n, 0)}
               for s, n in (("train", 150), ("dev", 20), ("test", 20))}
     assert [len(p) for p in splits.values()] == [150, 20, 20]  # distinct within a split

@@ -1,7 +1,5 @@
 """The quality world (data/quality_world.py): deterministic in its seed, disjoint splits, right answers, and
 the scorers (data/quality.py) on hand-computed cases of its three answer forms."""
-import hashlib
-import json
 import random
 import re
 
@@ -10,20 +8,17 @@ import pytest
 from specdraft.core.errors import InputError
 from specdraft.data import quality_world as qw
 from specdraft.data.prompts import demo_prompt_sets
+from tests.conftest import examples_digest
 from specdraft.data.quality import PRIMARY_METRIC, score
 from specdraft.pipelines.schema import DemoSection
-
-
-def _digest(examples):
-    return hashlib.sha256(json.dumps([(e.id, e.prompt, e.response) for e in examples]).encode()).hexdigest()
 
 
 @pytest.mark.parametrize("domain", qw.DOMAINS)
 def test_same_seed_same_examples_other_seed_other_examples(domain):
     a = qw.build_split(domain, "train", 20, seed=3)
-    assert _digest(a) == _digest(qw.build_split(domain, "train", 20, seed=3))
+    assert examples_digest(a) == examples_digest(qw.build_split(domain, "train", 20, seed=3))
     other = qw.build_split(domain, "train", 20, seed=4)
-    assert _digest(a) != _digest(other)
+    assert examples_digest(a) != examples_digest(other)
     assert {e.prompt for e in a} != {e.prompt for e in other}  # not a shuffle of the same prompts either
 
 
