@@ -5,8 +5,9 @@ Prompts are formatted as the target is served (its chat template, prompts.* keys
 conversation's earlier turns are context, and the target answers its last user turn.
 
 Work is cut into chunks of (prompt, temperature) jobs with a fixed order; chunk i belongs to shard
-i mod N, so N processes (Slurm array tasks, torchrun ranks, or SPECDRAFT_SHARD=i/N) split the work
-without talking to each other. A finished chunk is one JSON file written atomically into the stage's
+i mod N, so N processes (Slurm array tasks, torchrun ranks, SPECDRAFT_SHARD=i/N, or the
+`distill_data.processes` this one starts on its own machine, which then merges) split the work without
+talking to each other. A finished chunk is one JSON file written atomically into the stage's
 work dir; "done" is the set of chunk files present, so a killed run redoes only its unfinished chunk
 and nothing is duplicated. Each batch is seeded from (run seed, chunk, batch), so a redone chunk is
 identical. The shard that finds every chunk done merges them into the output dataset (one
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from pathlib import Path
 from types import SimpleNamespace
 
 import datasets
@@ -42,7 +44,8 @@ from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.core.hashing import derive_seed
 from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer, resolve_dtype
-from specdraft.pipelines.shards import claim_merge, read_piece, shard_from_env, write_json_atomic
+from specdraft.pipelines.shards import (claim_merge, is_helper, processes_started_here, read_piece, this_share,
+                                        threads_per_process, write_json_atomic)
 from specdraft.pipelines.stage import Context, StageIncomplete
 
 
@@ -154,8 +157,22 @@ def open_backend(ctx: Context, tok):
         yield engine_backend(CompletionsClient(url, "target", dcfg.engine_timeout_s, dcfg.batch_size), stops, dcfg)
 
 
-def build(ctx: Context) -> dict:
+def generate_chunks(ctx: Context, todo: list[dict], chunk_dir: Path, shard: tuple[int, int], done_before: int,
+                    side_by_side: int) -> None:
+    """This process's chunks, each written atomically when done (a killed run redoes only unfinished ones)."""
     cfg, dcfg = ctx.cfg, ctx.cfg.distill_data
+    tok = load_tokenizer(ctx.target_path(), cfg.target.trust_remote_code)
+    i, n = shard
+    print(f"[distill-data] shard {i}/{n}: {len(todo)} chunks to generate ({dcfg.backend} backend)"
+          + (f" ({done_before} already done)" if done_before and n == 1 else ""))
+    with open_backend(ctx, tok) as generate, threads_per_process(side_by_side):
+        for chunk in tqdm(todo, desc=f"distill-data shard {i}", unit="chunk"):
+            rows = run_chunk(chunk, generate, tok, dcfg, cfg.run.seed, chat_format(cfg.prompts))
+            write_json_atomic(chunk_dir / f"{chunk['name']}.json", rows)
+
+
+def build(ctx: Context) -> dict:
+    dcfg = ctx.cfg.distill_data
     sets = load_prompt_sets(ctx.input("prepare-data"))
     for split in dcfg.splits:
         if len(sets[split]) == 0:
@@ -163,24 +180,22 @@ def build(ctx: Context) -> dict:
     chunks = plan_chunks(sets, dcfg.splits, dcfg.temperatures, dcfg.chunk_size)
     chunk_dir = ctx.work / "chunks"
     chunk_dir.mkdir(parents=True, exist_ok=True)
-    shard, n_shards = shard_from_env()
+    place = this_share(dcfg.processes)
+    shard, n_shards, started_here = place.shard, place.count, place.started_here
     todo = [c for i, c in enumerate(chunks) if i % n_shards == shard and not (chunk_dir / f"{c['name']}.json").exists()]
 
-    if todo:
-        tok = load_tokenizer(ctx.target_path(), cfg.target.trust_remote_code)
-        done_before = len(chunks) - len(todo) if n_shards == 1 else None
-        print(f"[distill-data] shard {shard}/{n_shards}: {len(todo)} chunks to generate ({dcfg.backend} backend)"
-              + (f" ({done_before} already done)" if done_before else ""))
-        with open_backend(ctx, tok) as generate:
-            for chunk in tqdm(todo, desc=f"distill-data shard {shard}", unit="chunk"):
-                rows = run_chunk(chunk, generate, tok, dcfg, cfg.run.seed, chat_format(cfg.prompts))
-                write_json_atomic(chunk_dir / f"{chunk['name']}.json", rows)
+    with processes_started_here(ctx, "distill-data", place):
+        if todo:
+            generate_chunks(ctx, todo, chunk_dir, (shard, n_shards), done_before=len(chunks) - len(todo),
+                            side_by_side=place.side_by_side)
+    if not started_here and is_helper():
+        raise StageIncomplete(f"shard {shard}/{n_shards} is done; the process that started it merges")
 
     missing = [c["name"] for c in chunks if not (chunk_dir / f"{c['name']}.json").exists()]
     if missing:
         raise StageIncomplete(f"shard {shard}/{n_shards} is done; {len(missing)} chunks remain for other shards "
                               "(the shard that finishes last, or a rerun, writes the dataset)")
-    if n_shards > 1 and not claim_merge(ctx.work, shard):
+    if n_shards > 1 and not started_here and not claim_merge(ctx.work, shard):
         # shards finishing together all see every chunk done; one merges (its commit then removes the
         # work dir, which the others must not be reading from)
         raise StageIncomplete(f"shard {shard}/{n_shards} is done; another shard merges the dataset")

@@ -155,8 +155,18 @@ class DistillDataSection:
     engine_model: Optional[str] = None  # openai backend: the name the server serves the target under (checked on /v1/models)
     engine_python: Optional[str] = None  # vllm backend: python of vLLM's own venv; null: $SPECDRAFT_VLLM_PYTHON or .venv-vllm (make vllm)
     engine_timeout_s: float = 600.0  # vllm/openai backends: seconds for the server to start and for one request
+    # processes on this machine that share the chunks (`specdraft distill-data --shard` started here; this one
+    # merges), the machine's torch threads split between them; the same bytes as one process, as each batch is
+    # seeded by its chunk. 1: this process alone. Unused where the stage already runs as one of several shards
+    # (--shard, a Slurm array, torchrun ranks)
+    processes: int = 1
 
     def check(self) -> None:
+        if self.processes < 1:
+            raise InputError(f"distill_data.processes must be >= 1, got {self.processes}")
+        if self.processes > 1 and self.backend == "vllm":
+            raise InputError("distill_data.processes > 1 would start one vLLM server per process; the server batches "
+                             "requests itself: set distill_data.processes: 1 with backend vllm")
         if self.backend == "openai" and not (self.engine_url and self.engine_model):
             raise InputError("distill_data.backend openai needs distill_data.engine_url (e.g. http://localhost:8000/v1) "
                              "and distill_data.engine_model (the name the server serves the target under)")
@@ -340,8 +350,14 @@ class TrainHeadsSection:
     # c = t_draft / t_target the thresholds and the best fixed K are chosen with, and that export writes into
     # the bundle (unless decoding.cost_ratio pins another); null: calibrated on this machine as evaluate calibrates it
     cost_ratio: Optional[float] = None
+    # processes on this machine that share the (drafter, label transform) grids (`specdraft train-heads --shard`
+    # started here; this one measures c first and merges), the machine's torch threads split between them; the
+    # same files as one process. 1: this process alone
+    processes: int = 1
 
     def check(self) -> None:
+        if self.processes < 1:
+            raise InputError(f"train_heads.processes must be >= 1, got {self.processes}")
         if any(d < 0 or d > 8 for d in self.depths) or not self.depths:
             raise InputError(f"train_heads.depths must be a non-empty list of 0..8, got {self.depths}")
         if not self.w_rejs or any(w <= 0 for w in self.w_rejs):

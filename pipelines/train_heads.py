@@ -21,7 +21,10 @@ Writes heads/
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
@@ -38,7 +41,9 @@ from specdraft.heads.online import OnlineFeatures, compute_features
 from specdraft.heads.simulate import best, greedy_oracle, simulate_fixed_k, simulate_specdecpp
 from specdraft.decoding.costs.throughput import ACCEPTANCE_FILE, summarize_acceptance
 from specdraft.pipelines.readers import load_features, read_acceptance_info, transform_dirs
-from specdraft.pipelines.stage import Context
+from specdraft.pipelines.shards import (claim_merge, is_helper, processes_started_here, read_piece, this_share,
+                                        threads_per_process, write_json_atomic)
+from specdraft.pipelines.stage import Context, StageIncomplete
 
 
 def measure_cost_ratio(target, drafter, device: str, seed: int, draft_run: int, reps: int = 60) -> dict:
@@ -77,54 +82,117 @@ def dev_sequences(features: dict[str, torch.Tensor]) -> list[torch.Tensor]:
 
 def build(ctx: Context) -> dict:
     cfg, hcfg = ctx.cfg, ctx.cfg.train_heads
-    k_max = cfg.decoding.k_max  # the decoder's SpecDec++ cap: rounds are simulated as they will be served
     acc_dir = ctx.input("acceptance-data")
     sets = transform_dirs(acc_dir)  # <drafter>/<transform tag>/: one grid of heads each
     if not sets:
         raise InputError(f"{acc_dir} holds no drafters; rerun `specdraft acceptance-data`")
     device = resolve_device("auto")  # train-heads has no device key: the GPU when there is one
-    tok = load_tokenizer(ctx.target_path(), cfg.target.trust_remote_code)
-    if hcfg.cost_ratio is None:
+    # only `--shard` (or the processes started below) splits this stage: a Slurm array or torchrun rank around
+    # a whole run must not
+    place = this_share(hcfg.processes, from_env="SPECDRAFT_SHARD" in os.environ)
+    shard, n_shards, started_here = place.shard, place.count, place.started_here
+    cost = shared_cost(ctx, sets[0], device)  # before the processes start: they read it
+    store = ctx.work / "units"
+    todo = [d for i, d in enumerate(sets) if i % n_shards == shard and not (unit_dir(store, d) / UNIT_FILE).exists()]
+    with processes_started_here(ctx, "train-heads", place), \
+            threads_per_process(place.side_by_side):
+        if todo:
+            tok = load_tokenizer(ctx.target_path(), cfg.target.trust_remote_code)
+        for data_dir in todo:
+            train_unit(ctx, data_dir, cost, unit_dir(store, data_dir), tok, device)
+    if not started_here and is_helper():
+        raise StageIncomplete(f"shard {shard}/{n_shards} is done; the process that started it merges")
+    missing = [d for d in sets if not (unit_dir(store, d) / UNIT_FILE).exists()]
+    if missing:
+        raise StageIncomplete(f"shard {shard}/{n_shards} is done; {len(missing)} head grids remain for other shards "
+                              "(the shard that finishes last, or a rerun, writes the heads)")
+    if n_shards > 1 and not started_here and not claim_merge(ctx.work, shard):
+        raise StageIncomplete(f"shard {shard}/{n_shards} is done; another shard merges the heads")
+    return merge_units(ctx, sets, store, printed_here={unit_dir(store, d) for d in todo})
+
+
+UNIT_FILE = "unit.json"  # a finished grid's sweep entry, table and seconds: written last, so present = done
+
+
+def unit_dir(store: Path, data_dir: Path) -> Path:
+    return store / data_dir.parent.name / data_dir.name
+
+
+def shared_cost(ctx: Context, first_set: Path, device: str) -> dict:
+    """c for every grid of the stage: from the config, or measured once (drafters share one architecture:
+    carefully, on the first drafter) and kept in the work dir, so every process prices with the same c.
+    Processes that measure at once keep the first file written (an exclusive link)."""
+    cfg, hcfg = ctx.cfg, ctx.cfg.train_heads
+    if hcfg.cost_ratio is not None:
+        return {"cost_ratio": hcfg.cost_ratio, "source": "config"}
+    path = ctx.work / "cost.json"
+    if not path.exists():
         target = load_causal_lm(ctx.target_path(), cfg.target.dtype, device)
+        info = read_acceptance_info(first_set)
+        drafter = load_drafter(ctx.input("train-drafters") / info["drafter"], "float32").to(
+            target.get_input_embeddings().weight.device).eval()
+        cost = measure_cost_ratio(target, drafter, device, cfg.run.seed, draft_run=cfg.decoding.k)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(cost))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        tmp.unlink()
+    return read_piece(path, "train-heads cost", lambda c: float(c["cost_ratio"]))
+
+
+def train_unit(ctx: Context, data_dir: Path, cost: dict, dest: Path, tok, device: str) -> None:
+    """One drafter's grid under one label transform: its heads, their thresholds, the acceptance summary and
+    the sweep entry, all under `dest` (the work dir), UNIT_FILE last."""
+    cfg, hcfg = ctx.cfg, ctx.cfg.train_heads
+    k_max = cfg.decoding.k_max  # the decoder's SpecDec++ cap: rounds are simulated as they will be served
     train_cfg = HeadTrainConfig(lr=hcfg.lr, epochs=hcfg.epochs, batch_size=hcfg.batch_size, tie_blocks=hcfg.tie_blocks,
                                 zero_init=hcfg.zero_init, seed=cfg.run.seed)
-    # seconds go to the manifest's metrics, never into sweep.json: an output file holds only what a rerun
-    # reproduces exactly (a killed and resumed stage must leave the same files as an uninterrupted one)
-    sweep, printed, cost, seconds = {}, [], None, {}
+    name, tag = data_dir.parent.name, data_dir.name
+    info = read_acceptance_info(data_dir)
+    tr, dev, seqs_ds, loader = load_acceptance_data(ctx, data_dir, info, tok, device)
+    online = loader is not None  # acceptance_data.cache_features was off: features recomputed every epoch
+    c = cost["cost_ratio"]
+    t0 = time.time()
+    print(f"[train-heads] {name} ({tag} labels): {len(hcfg.depths) * len(hcfg.w_rejs)} heads on {len(tr['labels'])} positions "
+          f"(dev {len(dev['labels'])}){' with features recomputed online' if online else ''}, "
+          f"c = t_draft/t_target = {c:.3f}")
+    trained = train_head_grid(None if online else (tr["features"], tr["labels"]), (dev["features"], dev["labels"]),
+                              hcfg.depths, hcfg.w_rejs, train_cfg, train_loader=loader)
+    seconds = round(time.time() - t0, 1)
+
+    seqs = dev_sequences(dev)
+    accept = [dev["labels"][i] for i in seqs]
+    refs = fixed_k_references(seqs_ds["dev"], accept, c, k_max)
+    heads_out = choose_thresholds(ctx, name, info, trained, dev, seqs, accept, c, k_max, dest)
+    entry = sweep_entry(info, cost, tr, dev, heads_out, refs)
+    # what `specdraft predict` simulates from once exported (decoding/costs/throughput.py documents it): the
+    # dev sequences' acceptance probabilities and the best head's predictions at the same positions
+    chosen = next(th for th in trained if th.spec.name == entry["best_head"])
+    sigma = torch.sigmoid(predict_logits(chosen.head, dev["features"]).double())
+    summarize_acceptance(accept, [sigma[i] for i in seqs], head=chosen.spec.name,
+                         threshold=next(r["threshold"] for r in heads_out if r["head"] == chosen.spec.name),
+                         k_max=k_max, label_transform=info["label_transform"]).save(dest / ACCEPTANCE_FILE)
+    table = _table(f"{name} ({tag} labels)", entry)
+    print(table)
+    write_json_atomic(dest / UNIT_FILE, {"sweep": entry, "table": table, "seconds": seconds})
+
+
+def merge_units(ctx: Context, sets: list[Path], store: Path, printed_here: set[Path]) -> dict:
+    """Every grid's files into the stage output and sweep.json in the drafters' order; the tables of grids
+    another process trained printed here. Seconds go to the manifest's metrics, never into sweep.json: an output
+    file holds only what a rerun reproduces exactly (a killed and resumed stage leaves the same files)."""
+    sweep, seconds = {}, {}
     for data_dir in sets:
         name, tag = data_dir.parent.name, data_dir.name
-        info = read_acceptance_info(data_dir)
-        tr, dev, seqs_ds, loader = load_acceptance_data(ctx, data_dir, info, tok, device)
-        online = loader is not None  # acceptance_data.cache_features was off: features recomputed every epoch
-        if hcfg.cost_ratio is not None:
-            cost = {"cost_ratio": hcfg.cost_ratio, "source": "config"}
-        elif cost is None:  # drafters share one architecture: measure once, carefully, and reuse
-            drafter = load_drafter(ctx.input("train-drafters") / info["drafter"], "float32").to(
-                target.get_input_embeddings().weight.device).eval()
-            cost = measure_cost_ratio(target, drafter, device, cfg.run.seed, draft_run=cfg.decoding.k)
-        c = cost["cost_ratio"]
-        t0 = time.time()
-        print(f"[train-heads] {name} ({tag} labels): {len(hcfg.depths) * len(hcfg.w_rejs)} heads on {len(tr['labels'])} positions "
-              f"(dev {len(dev['labels'])}){' with features recomputed online' if online else ''}, "
-              f"c = t_draft/t_target = {c:.3f}")
-        trained = train_head_grid(None if online else (tr["features"], tr["labels"]), (dev["features"], dev["labels"]),
-                                  hcfg.depths, hcfg.w_rejs, train_cfg, train_loader=loader)
-        seconds.setdefault(name, {})[tag] = round(time.time() - t0, 1)
-
-        seqs = dev_sequences(dev)
-        accept = [dev["labels"][i] for i in seqs]
-        refs = fixed_k_references(seqs_ds["dev"], accept, c, k_max)
-        heads_out = choose_thresholds(ctx, name, tag, info, trained, dev, seqs, accept, c, k_max)
-        sweep.setdefault(name, {})[tag] = sweep_entry(info, cost, tr, dev, heads_out, refs)
-        # what `specdraft predict` simulates from once exported (decoding/costs/throughput.py documents it): the
-        # dev sequences' acceptance probabilities and the best head's predictions at the same positions
-        chosen = next(th for th in trained if th.spec.name == sweep[name][tag]["best_head"])
-        sigma = torch.sigmoid(predict_logits(chosen.head, dev["features"]).double())
-        summarize_acceptance(accept, [sigma[i] for i in seqs], head=chosen.spec.name,
-                             threshold=next(r["threshold"] for r in heads_out if r["head"] == chosen.spec.name),
-                             k_max=k_max, label_transform=info["label_transform"]).save(ctx.out / name / tag / ACCEPTANCE_FILE)
-        printed.append(_table(f"{name} ({tag} labels)", sweep[name][tag]))
-        print(printed[-1])
+        src = unit_dir(store, data_dir)
+        unit = read_piece(src / UNIT_FILE, "train-heads grid", lambda u: (u["sweep"]["best_head"], u["table"]))
+        shutil.copytree(src, ctx.out / name / tag, ignore=shutil.ignore_patterns(UNIT_FILE))
+        sweep.setdefault(name, {})[tag] = unit["sweep"]
+        seconds.setdefault(name, {})[tag] = unit["seconds"]
+        if src not in printed_here:
+            print(unit["table"])
     (ctx.out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
     return {"drafters": {n: {tag: {"best_head": s["best_head"], "best_fixed_k": s["best_fixed_k"]["policy"],
                                    "train_seconds": seconds[n][tag]} for tag, s in by_tag.items()}
@@ -169,8 +237,8 @@ def fixed_k_references(dev_rows, accept: list[torch.Tensor], c: float, k_max: in
             "best_k": ks[fixed.index(best_fixed)], "best_k_greedy": ks[fixed_greedy.index(best_fixed_greedy)]}
 
 
-def choose_thresholds(ctx: Context, name: str, tag: str, info: dict, trained, dev: dict, seqs: list[torch.Tensor],
-                      accept: list[torch.Tensor], c: float, k_max: int) -> list[dict]:
+def choose_thresholds(ctx: Context, name: str, info: dict, trained, dev: dict, seqs: list[torch.Tensor],
+                      accept: list[torch.Tensor], c: float, k_max: int, dest: Path) -> list[dict]:
     """Step 3: each head's threshold h by simulating its stopping rule on the dev sequences; each head saved
     with its h and metrics; -> one row per head with its simulation at every threshold."""
     hcfg = ctx.cfg.train_heads
@@ -184,7 +252,7 @@ def choose_thresholds(ctx: Context, name: str, tag: str, info: dict, trained, de
                 "w_rej": th.spec.w_rej, "w_acc": 1.0, "label_transform": info["label_transform"],
                 "threshold": h, "k_max": k_max, "train_metrics": th.train_metrics,
                 "eval_metrics": th.eval_metrics, "simulated": chosen.as_dict()}
-        save_head(th.head, ctx.out / name / tag / th.spec.name, meta)
+        save_head(th.head, dest / th.spec.name, meta)
         heads_out.append({"head": th.spec.name, "depth": th.spec.depth, "w_rej": th.spec.w_rej,
                           "train": th.train_metrics, "eval": th.eval_metrics, "threshold": h,
                           "simulated": chosen.as_dict(),  # at the chosen h; every h of the sweep below

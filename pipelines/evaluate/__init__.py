@@ -70,12 +70,7 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 from typing import Callable
-
-import yaml
 
 import torch
 from tqdm.auto import tqdm
@@ -102,7 +97,7 @@ from specdraft.pipelines.evaluate.render import write_report
 from specdraft.pipelines.evaluate.run import Record, TimingPolicy, calls, execute
 from specdraft.pipelines.evaluate.units import missing, read_back, run_units, share, unfinished_error, units
 from specdraft.pipelines.schema import EvaluateSection
-from specdraft.pipelines.shards import claim_merge, shard_from_env
+from specdraft.pipelines.shards import claim_merge, is_helper, processes_started_here, this_share
 from specdraft.pipelines.stage import Context, StageIncomplete
 
 
@@ -142,28 +137,19 @@ def _run_shard(ctx: Context, plan: list[Run], execute_runs: Callable[[list[Run],
     store.mkdir(parents=True, exist_ok=True)
     all_units = units(plan)
     merge_only = os.environ.get("SPECDRAFT_MERGE") == "1"
-    shard, n_shards = (0, 1) if merge_only else shard_from_env()
-    helpers = []
-    if not merge_only and n_shards == 1 and ctx.cfg.evaluate.processes > 1:
-        # this process is shard 0 of `processes`; the others start here, after the throughput table is on disk
-        n_shards = ctx.cfg.evaluate.processes
-        helpers = start_helpers(ctx, n_shards)
+    # with `processes`, shard 0 starts the others here, after the throughput table is on disk
+    place = this_share(1 if merge_only else ctx.cfg.evaluate.processes, from_env=not merge_only)
+    shard, n_shards, started_here = place.shard, place.count, place.started_here
     if not merge_only:
-        mine = share(all_units, shard, n_shards)
-        todo = missing(mine, store)
-        if n_shards > 1 or len(todo) < len(mine):
-            print(f"[evaluate] shard {shard}/{n_shards}: {len(todo)} of its {len(mine)} units to run")
-        try:
+        with processes_started_here(ctx, "evaluate", place):
+            mine = share(all_units, shard, n_shards)
+            todo = missing(mine, store)
+            if n_shards > 1 or len(todo) < len(mine):
+                print(f"[evaluate] shard {shard}/{n_shards}: {len(todo)} of its {len(mine)} units to run")
             with tqdm(total=sum(calls(list(u.runs), ctx.cfg.evaluate.repeats) for u in todo), disable=not todo,
                       desc=f"evaluate shard {shard}/{n_shards}" if n_shards > 1 else "evaluate", unit="run") as bar:
                 run_units(todo, store, lambda runs: execute_runs(runs, bar), calibrator.take)
-        except BaseException:
-            for process, _ in helpers:  # no process left decoding for a stage that stopped (a rerun resumes)
-                process.terminate()
-            raise
-    if helpers:
-        wait_for_helpers(helpers)
-    elif os.environ.get(HELPER) == "1":
+    if not started_here and is_helper():
         raise StageIncomplete(f"shard {shard}/{n_shards} is done; the process that started it merges")
     left = missing(all_units, store)
     if left and merge_only:
@@ -171,48 +157,13 @@ def _run_shard(ctx: Context, plan: list[Run], execute_runs: Callable[[list[Run],
     if left:
         raise StageIncomplete(f"shard {shard}/{n_shards} is done; {len(left)} units remain for other shards "
                               "(the shard that finishes last, or `specdraft evaluate --merge`, writes the report)")
-    if n_shards > 1 and not helpers and not claim_merge(ctx.work, shard):
+    if n_shards > 1 and not started_here and not claim_merge(ctx.work, shard):
         # shards finishing together all see every unit done; one merges (its commit removes the work dir)
         raise StageIncomplete(f"shard {shard}/{n_shards} is done; another shard merges the report (should it die, "
                               "`specdraft evaluate --merge` does)")
     records, samples = read_back(plan, all_units, store)
     calibrator.pool(samples)
     return records
-
-
-HELPER = "SPECDRAFT_EVALUATE_HELPER"  # set in the processes `start_helpers` starts: they leave the merge to it
-
-
-def start_helpers(ctx: Context, n: int) -> list[tuple[subprocess.Popen, Path]]:
-    """Shards 1..n-1 of evaluate as `specdraft evaluate --shard i/n` processes on this machine, on this run's
-    config (written to the work dir: the same stage key, so the same units store), each logging to the work
-    dir. -> (process, log) per shard."""
-    from specdraft.pipelines.config import to_dict
-
-    config = ctx.work / "processes_config.yaml"
-    config.write_text(yaml.safe_dump(to_dict(ctx.cfg), sort_keys=False))
-    env = {**os.environ, HELPER: "1"}
-    started = []
-    for i in range(1, n):
-        log = ctx.work / f"process-{i}.log"
-        with open(log, "w") as out:
-            started.append((subprocess.Popen([sys.executable, "-m", "specdraft.pipelines.cli", "evaluate", str(config),
-                                              "--shard", f"{i}/{n}"], env=env, stdout=out, stderr=subprocess.STDOUT),
-                            log))
-    print(f"[evaluate] {n} processes share the plan's units: this one and {n - 1} started here "
-          f"(logs: {ctx.work}/process-*.log)")
-    return started
-
-
-def wait_for_helpers(started: list[tuple[subprocess.Popen, Path]]) -> None:
-    """Every helper's exit; one that failed ends the stage with its log's last line (its finished units stay:
-    a rerun does only what is missing)."""
-    failed = [(p, log) for p, log in started if p.wait() != 0]
-    if failed:
-        p, log = failed[0]
-        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-        raise RuntimeError(f"an evaluate process started here failed (exit {p.returncode}): "
-                           f"{lines[-1] if lines else 'no output'}; see {log}, then rerun the stage")
 
 
 def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, device: str) -> dict:

@@ -76,6 +76,29 @@ def test_two_processes_share_the_work(tiny_run):
     assert any("shard 0/2" in o for o in outs) and any("shard 1/2" in o for o in outs)
 
 
+def test_processes_started_here_write_the_rows_of_one_process(tiny_run, tmp_path, capsys):
+    """distill_data.processes = 2: this process starts `distill-data --shard 1/2` beside its own share, waits for
+    it and merges: the rows of one process (each batch is seeded by its chunk, not by who runs it), the work dir
+    committed away."""
+    import shutil
+
+    reference_root = tmp_path / "ref"
+    shutil.copytree(tiny_run, reference_root)
+    run_stage(tiny_config(reference_root), "distill-data")
+    run_stage(tiny_config(tiny_run, distill_data={"processes": 2}), "distill-data")
+    printed = capsys.readouterr().out
+    assert "2 processes share the work" in printed and "shard 0/2" in printed
+    assert _rows(tiny_run) == _rows(reference_root)
+    assert not list((tiny_run / ".work").glob("distill_data-*"))
+
+
+def test_processes_are_refused_where_they_cannot_mean_one_thing(tmp_path):
+    with pytest.raises(InputError, match="distill_data.processes must be >= 1, got 0"):
+        tiny_config(tmp_path, distill_data={"processes": 0}).distill_data.check()
+    with pytest.raises(InputError, match="one vLLM server per process"):
+        tiny_config(tmp_path, distill_data={"processes": 2, "backend": "vllm"}).distill_data.check()
+
+
 def test_long_prompts_truncate_or_refuse():
     ids = [1] + list(range(10, 30))
     kept, dropped = fit_prompt(ids, 8, "truncate", "x")

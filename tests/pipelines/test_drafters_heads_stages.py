@@ -207,6 +207,24 @@ def test_train_heads_prices_its_picks_with_evaluates_calibration(drafted, monkey
     assert all(entry["cost"] == cost for per_tag in sweep.values() for entry in per_tag.values())
 
 
+def test_train_heads_in_two_processes_writes_the_files_of_one(drafted, capsys):
+    """train_heads.processes = 2: this process starts `train-heads --shard 1/2` beside its own grids and merges:
+    the files of one process; with c measured, it is measured once, here, and every grid (the other process's
+    too) is priced with it."""
+    run_stage(drafted, "acceptance-data")
+    one = read_manifest(run_stage(drafted, "train-heads")).files
+    two = dataclasses.replace(drafted, train_heads=dataclasses.replace(drafted.train_heads, processes=2))
+    out = run_stage(two, "train-heads")
+    assert "2 processes share the work" in capsys.readouterr().out
+    assert read_manifest(out).files == one
+    measured = dataclasses.replace(two, train_heads=dataclasses.replace(two.train_heads, cost_ratio=None))
+    sweep = json.loads((run_stage(measured, "train-heads") / "sweep.json").read_text())
+    costs = [entry["cost"] for per_tag in sweep.values() for entry in per_tag.values()]
+    assert len(costs) == 3 and costs[0]["source"] == "calibrated" and all(c == costs[0] for c in costs)
+    with pytest.raises(InputError, match="train_heads.processes must be >= 1, got 0"):
+        dataclasses.replace(drafted.train_heads, processes=0).check()
+
+
 def test_nan_in_cached_features_names_the_example(drafted):
     from safetensors.torch import save_file
 

@@ -389,7 +389,7 @@ def test_processes_share_the_plan_and_the_one_that_started_them_merges(run_root)
 
 
 def test_a_failed_helper_process_ends_the_stage_with_its_last_line(tmp_path):
-    from specdraft.pipelines.evaluate import wait_for_helpers
+    from specdraft.pipelines.shards import wait_for_helpers
 
     class Done:
         def __init__(self, code):
@@ -401,9 +401,10 @@ def test_a_failed_helper_process_ends_the_stage_with_its_last_line(tmp_path):
     ok, bad = tmp_path / "process-1.log", tmp_path / "process-2.log"
     ok.write_text("fine\n")
     bad.write_text("loading\nspecdraft: error: out of memory\n\n")
-    wait_for_helpers([(Done(0), ok)])
-    with pytest.raises(RuntimeError, match=r"failed \(exit 1\): specdraft: error: out of memory; see .*process-2.log"):
-        wait_for_helpers([(Done(0), ok), (Done(1), bad)])
+    wait_for_helpers([(Done(0), ok)], "evaluate")
+    with pytest.raises(RuntimeError, match=r"process-2, started here for evaluate, failed \(exit 1\): specdraft: "
+                                           r"error: out of memory; see .*process-2.log"):
+        wait_for_helpers([(Done(0), ok), (Done(1), bad)], "evaluate")
     with pytest.raises(InputError, match="evaluate.processes must be >= 1, got 0"):
         tiny_config(tmp_path, evaluate={**TINY_EVAL, "processes": 0}).evaluate.check()
 
@@ -414,6 +415,7 @@ def test_processes_started_here_stop_when_this_ones_share_fails(tmp_path, monkey
     import types
 
     import specdraft.pipelines.evaluate as evaluate
+    import specdraft.pipelines.shards as shards
 
     class Helper:
         terminated = False
@@ -423,7 +425,7 @@ def test_processes_started_here_stop_when_this_ones_share_fails(tmp_path, monkey
 
     helper = Helper()
     monkeypatch.delenv("SPECDRAFT_SHARD", raising=False)
-    monkeypatch.setattr(evaluate, "start_helpers", lambda ctx, n: [(helper, tmp_path / "process-1.log")])
+    monkeypatch.setattr(shards, "start_helpers", lambda ctx, stage, n: [(helper, tmp_path / "process-1.log")])
     monkeypatch.setattr(evaluate, "run_units", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
     prompt = types.SimpleNamespace(set="test", domain="math", id="p0")
     plan = [types.SimpleNamespace(prompt=prompt, repeatable=True)]
