@@ -6,6 +6,7 @@
 #   make test   the test suite (slow and gpu tests are off by default: make test-slow / test-gpu)
 #   make test-slurm  the sbatch templates on a throwaway local Slurm cluster (installs Debian's slurm + munge)
 #   make test-vllm   exported drafters and the distill-data engine backends inside vLLM (its own venv, ~3 min to build)
+#   make bench-speculators  our EAGLE-3 drafter against vLLM's speculators 0.9.0 trainer on runs/real (its own venv)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -15,7 +16,7 @@ TORCH  ?= torch==2.13.0
 # one worker (--dist loadfile), so a module's fixtures (the real target's conversion) run once
 TEST_WORKERS ?= 2
 
-.PHONY: demo reproduce quality real test test-slow test-gpu test-slurm test-vllm vllm install clean-runs
+.PHONY: demo reproduce quality real test test-slow test-gpu test-slurm test-vllm vllm bench-speculators install clean-runs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -101,6 +102,30 @@ vllm: $(VLLM_STAMP)
 HAS_VLLM_HW := $(shell { command -v nvidia-smi || grep -qw avx512f /proc/cpuinfo && echo yes; } >/dev/null 2>&1 && echo yes)
 test-vllm: $(STAMP) $(if $(HAS_VLLM_HW),$(VLLM_STAMP))
 	SPECDRAFT_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY) $(PY) -m pytest -q -rs -m vllm tests/engines
+
+# vLLM's speculators (the peer EAGLE-3 trainer) in its own venv: it pins transformers <= 5.19 and torch <= 2.14.1, so
+# its python runs only as a subprocess (benchmarks/speculators_launch.py, which points its trainer at the CPU).
+# torchvision / torchaudio are declared but not imported by its trainer, and pip would fetch a CUDA torch for them:
+# the wheel goes in --no-deps and its other dependencies (and hs-connectors, its hidden-state files) by name.
+SPEC_VENV  := .venv-speculators
+SPEC_PY    := $(SPEC_VENV)/bin/python
+SPEC_STAMP := $(SPEC_VENV)/.installed
+SPEC_DEPS  := aiohttp click 'datasets>=4.0.0,<=5.1.0' httpx huggingface-hub 'loguru>=0.7.2,<=0.7.3' \
+              'numpy>=2.0.0,<=2.5.4' 'openai>=2.0.0' protobuf psutil 'pydantic>=2.0.0' pydantic-settings rich \
+              safetensors 'tqdm>=4.66.3,<=4.70.1' 'transformers>=5.0.0,<=5.19.0' 'typer>=0.12.0'
+$(SPEC_STAMP):
+	$(PYTHON) -m venv $(SPEC_VENV)
+	$(SPEC_PY) -m pip install --quiet --upgrade pip
+	$(SPEC_PY) -m pip install --quiet $(TORCH)
+	$(SPEC_PY) -m pip install --quiet --no-deps speculators==0.9.0 hs-connectors==0.9.0
+	$(SPEC_PY) -m pip install --quiet $(TORCH) $(SPEC_DEPS)
+	$(SPEC_PY) -c 'import speculators.train.cli, speculators.models.eagle3'
+	touch $(SPEC_STAMP)
+
+# on `make real`'s run (a cache hit once it finished; about 55 min from nothing): trains both drafters and decodes
+# 3 test prompts a domain at K = 1..5 (81 min on 2 shared cores)
+bench-speculators: real $(SPEC_STAMP)
+	nice -n 10 $(PY) benchmarks/bench_speculators.py --run runs/real --spec-python $(SPEC_PY)
 
 clean-runs:
 	rm -rf runs/
