@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from specdraft.core.errors import InputError  # noqa: E402
 from specdraft.decoding.speculators.eagle_model import Eagle3Drafter  # noqa: E402
+from specdraft.decoding.timing import bootstrap_ratio  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 LAUNCHER = REPO / "benchmarks" / "speculators_launch.py"
@@ -424,13 +425,10 @@ def greedy_reference(target, prompts, tokens: int, eos) -> list[list[int]]:
 
 
 def pooled_mal(tokens, calls, seed: int = 0, n_boot: int = 2000, level: float = 0.9) -> tuple[float, float, float]:
-    """sum tokens / sum target forwards over prompts, with a percentile-bootstrap interval over prompts."""
-    t, c = np.asarray(tokens, dtype=float), np.asarray(calls, dtype=float)
-    point = float(t.sum() / c.sum())
-    idx = np.random.default_rng(seed).integers(0, len(t), size=(n_boot, len(t)))
-    stats = t[idx].sum(1) / c[idx].sum(1)
-    tail_ = (1 - level) / 2
-    return point, float(np.quantile(stats, tail_)), float(np.quantile(stats, 1 - tail_))
+    """sum tokens / sum target forwards over prompts, with a percentile-bootstrap interval over prompts (the
+    decoder's own pooled ratio, decoding/timing.py)."""
+    spread = bootstrap_ratio(list(zip(tokens, calls)), seed, n_boot, level)
+    return spread.median, spread.lo, spread.hi
 
 
 def paired_difference(a: dict, b: dict, seed: int = 0, n_boot: int = 2000, level: float = 0.9) -> tuple[float, float, float]:

@@ -44,7 +44,7 @@ from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.core.hashing import derive_seed
 from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer, resolve_dtype
-from specdraft.pipelines.shards import (claim_merge, is_helper, processes_started_here, read_piece, this_share,
+from specdraft.pipelines.shards import (Share, claim_merge, is_helper, processes_started_here, read_piece, this_share,
                                         threads_per_process, write_json_atomic)
 from specdraft.pipelines.stage import Context, StageIncomplete
 
@@ -157,15 +157,14 @@ def open_backend(ctx: Context, tok):
         yield engine_backend(CompletionsClient(url, "target", dcfg.engine_timeout_s, dcfg.batch_size), stops, dcfg)
 
 
-def generate_chunks(ctx: Context, todo: list[dict], chunk_dir: Path, shard: tuple[int, int], done_before: int,
-                    side_by_side: int) -> None:
+def generate_chunks(ctx: Context, todo: list[dict], chunk_dir: Path, place: Share, done_before: int) -> None:
     """This process's chunks, each written atomically when done (a killed run redoes only unfinished ones)."""
     cfg, dcfg = ctx.cfg, ctx.cfg.distill_data
     tok = load_tokenizer(ctx.target_path(), cfg.target.trust_remote_code)
-    i, n = shard
+    i, n = place.shard, place.count
     print(f"[distill-data] shard {i}/{n}: {len(todo)} chunks to generate ({dcfg.backend} backend)"
           + (f" ({done_before} already done)" if done_before and n == 1 else ""))
-    with open_backend(ctx, tok) as generate, threads_per_process(side_by_side):
+    with open_backend(ctx, tok) as generate, threads_per_process(place.side_by_side):
         for chunk in tqdm(todo, desc=f"distill-data shard {i}", unit="chunk"):
             rows = run_chunk(chunk, generate, tok, dcfg, cfg.run.seed, chat_format(cfg.prompts))
             write_json_atomic(chunk_dir / f"{chunk['name']}.json", rows)
@@ -186,8 +185,7 @@ def build(ctx: Context) -> dict:
 
     with processes_started_here(ctx, "distill-data", place):
         if todo:
-            generate_chunks(ctx, todo, chunk_dir, (shard, n_shards), done_before=len(chunks) - len(todo),
-                            side_by_side=place.side_by_side)
+            generate_chunks(ctx, todo, chunk_dir, place, done_before=len(chunks) - len(todo))
     if not started_here and is_helper():
         raise StageIncomplete(f"shard {shard}/{n_shards} is done; the process that started it merges")
 
