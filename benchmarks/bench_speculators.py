@@ -619,11 +619,12 @@ def ablation_lines(work: Path, ks: list[int], ours: dict | None) -> list[str]:
         diff = [paired_difference(ours[k], res[k]) for k in ks] if ours else None
         lines.append(f"| speculators s0 {flags} | {saved['train']['seconds']} | {saved['train']['peak_rss_mib']:,} | "
                      + " | ".join(fmt_mal(res[k]) for k in ks)
-                     + (" | " + ", ".join(f"{p:+.3f}" for p, _, _ in diff) if diff else "") + " |")
+                     + (" | " + ", ".join(f"{p:+.3f} [{lo:+.3f}, {hi:+.3f}]" for p, lo, hi in diff) if diff else "")
+                     + " |")
     if not lines:
         return []
     head = ["", "Ablations of the speculators run (seed 0's data; wall s and peak RSS of its training; specdraft s0 minus "
-            "it per K last):", "", "| drafter | wall s | peak RSS MiB | " + " | ".join(f"K={k}" for k in ks) + " | "
+            "it per K last, paired over prompts with its 90% bootstrap interval):", "", "| drafter | wall s | peak RSS MiB | " + " | ".join(f"K={k}" for k in ks) + " | "
             "specdraft minus it |", "|---|---|---|" + "---|" * len(ks) + "---|"]
     return head + lines
 

@@ -17,9 +17,10 @@ A round (SpecDec++ Alg. 1 order, `decoding.rounds.lengths`):
     4. catch-up: the drafter re-feeds the last two committed tokens at slots C - 2, C - 1 (a fixed
        width of 2 covers both "y_k and the bonus" and "the correction"; re-writing an already cached
        slot writes the same K/V), which yields next round's q_1; counted as that round's first
-       drafter forward, exactly as the batch-1 catch-up. An EAGLE-1 drafter instead writes its entries
+       drafter forward, exactly as the batch-1 catch-up. An EAGLE drafter instead writes its entries
        (f_j, x_{j+1}) for the positions the round committed, f_j from the verify forward's hidden states
-       (its cache holds C - 1 entries; the prompt's come from the target's prefill)
+       (EAGLE-1: the final state; EAGLE-3: its low, middle and high layers, concatenated) (its cache holds
+       C - 1 entries; the prompt's come from the target's prefill)
     5. one `.cpu()` of per-row counts (k, n, dropped, active, done): the only host transfer
        (a rule with a head, or one that decides at 0, adds one flag per draft step: whether any row still
        drafts, read eagerly before the feed, so a round that stopped feeds nothing more)
@@ -75,9 +76,6 @@ def check_request(target, prompts, max_new_tokens, drafter, policy, sampling, eo
         return eos
     if drafter is None:
         raise InputError(f"policy {policy!r} needs a drafter; pass drafter=... or policy=None for autoregressive decoding")
-    if isinstance(drafter, EagleDrafter) and drafter.variant != "eagle1":
-        raise InputError(f"the batched decoder drafts with EAGLE-1 chains; decode this {drafter.variant} drafter one "
-                         "prompt at a time with generate_speculative (EagleSpeculator)")
     if not isinstance(drafter, EagleDrafter) and (not hasattr(drafter, "get_output_embeddings")
                                                   or getattr(drafter, "config", None) is None):
         raise InputError(f"the batched decoder drafts with a causal LM or an EAGLE drafter, not {type(drafter).__name__}; "
@@ -323,6 +321,13 @@ class Decode:
         return self.eagle_step is not None
 
     @property
+    def feature_layers(self) -> tuple[int, ...] | None:
+        """The target hidden states an EAGLE-3 drafter reads (its low, middle and high layers, fused by its own
+        fc); None: the final state (EAGLE-1, and no EAGLE drafter)."""
+        layers = tuple(getattr(self.drafter, "feature_layers", None) or ()) if self.eagle else ()
+        return None if layers in ((), (-1,)) else layers
+
+    @property
     def fused(self) -> bool:
         """Drafting runs as compiled segments (`compiled_segment`): causal-LM drafters."""
         return not self.compiler.eager and self.drafter is not None and not self.eagle
@@ -337,7 +342,8 @@ def prefill(d: Decode, ids: torch.Tensor, plens: torch.Tensor) -> RowState:
     if ids.shape[1] > 1:  # the target never holds the last committed token (it goes out with the drafts)
         # no logits read: the head runs at one position per row only (`forward_rows`' at)
         none_read = torch.zeros(B, dtype=torch.long, device=device)
-        features = d.target_step(d.tcache, ids if not d.compiler.eager else ids[:, :-1], d.eagle, none_read)[1]
+        features = d.target_step(d.tcache, ids if not d.compiler.eager else ids[:, :-1], d.eagle, none_read,
+                                 d.feature_layers)[1]
     d.tcache.rollback(plens - 1)
     state = RowState(origin=torch.arange(B, device=device), last=gather_row(ids, plens - 1),
                      prev=gather_row(ids, (plens - 2).clamp_min(0)), plens=plens,
@@ -447,7 +453,8 @@ def verify_and_commit(d: Decode, state: RowState, drafts: Drafts):
     stats, the verify's hidden states, each row's committed length before the round)."""
     width = verify_width(drafts.steps, d.width) if not d.compiler.eager else drafts.steps
     tokens = drafts.tokens[:, :width]
-    logits, verified = d.target_step(d.tcache, torch.cat([state.last[:, None], tokens], dim=1), d.eagle)
+    logits, verified = d.target_step(d.tcache, torch.cat([state.last[:, None], tokens], dim=1), d.eagle,
+                                     None, d.feature_layers)
     committed_before = state.plens + state.n_out
     rest = (state.n_out, state.done, state.last, state.prev, d.tcache.lengths, d.out, state.origin, d.eos, d.max_new)
     if d.sampling.greedy:
@@ -550,8 +557,8 @@ def forward_step(compiler: StepCompiler, model: torch.nn.Module) -> Callable:
         def step(cache, features, ids):
             return eagle_rows(model, cache, features, ids)
     else:
-        def step(cache, ids, hidden=False, at=None):
-            return forward_rows(model, cache, ids, hidden, at)
+        def step(cache, ids, hidden=False, at=None, layers=None):
+            return forward_rows(model, cache, ids, hidden, at, layers)
     return compiler.apply(step, model, "forward", graphs=True)
 
 

@@ -58,7 +58,7 @@ def decode_batch(target, prompts: list[list[int]], max_new_tokens: int, plan: Pl
     """Decode a batch of prompts (token id lists) with one plan: the one place batches meet the decoder.
 
     Plans the batched decoder serves (the target alone, or one drafter drafting a chain under a stopping
-    policy: fixed K, SpecDec++, an EAGLE-1 chain) decode together in `decoding.batched.generate_batch`,
+    policy: fixed K, SpecDec++, an EAGLE chain) decode together in `decoding.batched.generate_batch`,
     sampling from one device generator seeded with `seed`. The rest (SpecTr drafts, cascades, EAGLE
     trees) decode one prompt after another with the single-sequence decoder, prompt i with seed + i;
     they cannot be compiled. compile: a mode, or the `StepCompiler` a caller keeps over many batches."""
@@ -69,7 +69,7 @@ def decode_batch(target, prompts: list[list[int]], max_new_tokens: int, plan: Pl
                               eos_token_id=eos_token_id, seed=seed, compile=compiler)
     if not compiler.eager:
         raise InputError(f"--compile {compiler.mode} applies to the batched decoder (the target alone, fixed K, SpecDec++, "
-                         "EAGLE-1 chains, models attending over the whole decode); SpecTr drafts, cascades, EAGLE trees "
+                         "EAGLE chains, models attending over the whole decode); SpecTr drafts, cascades, EAGLE trees "
                          "and sliding-window models decode uncompiled: use --compile none")
     return [decode_one(target, ids, max_new_tokens, plan, sampling, eos_token_id,
                        torch.Generator().manual_seed(seed + i)) for i, ids in enumerate(prompts)]
@@ -87,13 +87,13 @@ def full_attention_decode(target, plan: Plan, prompts: list[list[int]], max_new_
 
 def batched_plan(plan: Plan) -> bool:
     """Whether `decoding.batched` decodes this plan: no drafter, or one chain drafter (a causal LM, or
-    an EAGLE-1 drafter drafting a chain) with no SpecTr drafts and no cascade."""
+    an EAGLE drafter of any variant drafting a chain) with no SpecTr drafts and no cascade."""
     if plan.drafter is None:
         return True
     if plan.drafts != 1 or plan.cascade is not None:
         return False
     if isinstance(plan.drafter, EagleDrafter):
-        return plan.tree is None and plan.drafter.variant == "eagle1"
+        return plan.tree is None
     return True
 
 

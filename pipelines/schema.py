@@ -231,13 +231,14 @@ class EagleSection:
     drafters: Optional[list[str]] = None  # names of drafters (as train_drafters names them) to give an
     #                                       EAGLE twin "eagle-<name>" with the same domains; null: all of them
     n_layers: int = 1  # decoder layers of the target's architecture
+    # eagle3 (the default: what an engine serves): vLLM's Llama EAGLE-3 drafter (fc over 3 target layers,
+    # [embedding ; hidden] into the layer, own lm_head over draft_vocab), token loss only, trained with the
+    # training-time test (ttt_steps unrolled steps on its own predictions; no noise); export writes it as a
+    # directory vLLM loads as method eagle3; needs a target of >= 3 layers;
     # eagle1: reads the target's final hidden state, SmoothL1 feature + token loss, feature noise;
-    # eagle3: vLLM's Llama EAGLE-3 drafter (fc over 3 target layers, [embedding ; hidden] into the layer, own
-    # lm_head over draft_vocab), token loss only, trained with the training-time test (ttt_steps unrolled
-    # steps on its own predictions; no noise); export writes it as a directory vLLM loads as method eagle3;
     # eagle3-proj: specdraft's earlier EAGLE-3 ([embedding ; fused] projected to d, the target's head),
-    # the same training, served by specdraft's decoder only
-    variant: Literal["eagle1", "eagle3", "eagle3-proj"] = "eagle1"
+    # the same training; eagle1 and eagle3-proj are served by specdraft's decoder only
+    variant: Literal["eagle1", "eagle3", "eagle3-proj"] = "eagle3"
     # eagle3: 3 increasing target layer ids (id i = the input of layer i, hidden_states[i]); null: vLLM's
     # 2, L/2, L-3. eagle3-proj: 3 hidden-state indices in [0, L]; null: EAGLE-3's 2, L/2, L-3
     layers: Optional[list[int]] = None

@@ -173,6 +173,10 @@ def build(ctx: Context) -> dict:
     train_domains = sorted({r["domain"] for r in train_rows})
     specs = drafter_specs(cfg, train_domains)
     device = resolve_device(tcfg.device)
+    if tcfg.eagle.enabled:  # an EAGLE variant this target cannot hold stops now, not after the drafters trained
+        from specdraft.pipelines import train_eagle
+
+        train_eagle.check_target(tcfg.eagle, target_path, cfg.target.trust_remote_code)
 
     timings: dict[str, dict] = {}  # wall clock of the fits run by this process (not of resumed-over ones)
     base_dir = train_base(ctx, tok, train_rows, timings)  # phase 1

@@ -44,6 +44,16 @@ def eagle_specs(ecfg, specs: list[tuple[str, list[str]]]) -> list[tuple[str, lis
     return [(PREFIX + name, by_name[name]) for name in chosen]
 
 
+def check_target(ecfg, target_path, trust_remote_code: bool) -> None:
+    """The drafter `ecfg` asks for, built on the meta device from the target's config alone (no weights): its
+    InputError (an eagle3 drafter over a target of fewer than 3 layers, layer ids past the target's depth)."""
+    from transformers import AutoConfig
+
+    target_config = AutoConfig.from_pretrained(target_path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        new_eagle_drafter(target_config, variant=ecfg.variant, n_layers=ecfg.n_layers, feature_layers=ecfg.layers)
+
+
 def train_eagle(ctx, target, specs, train_rows: list[dict], pad_id: int, seed: int, target_path) -> dict:
     """Train the EAGLE drafters not yet in the work dir; -> {name: timing} of the fits this process ran."""
     ecfg = ctx.cfg.train_drafters.eagle

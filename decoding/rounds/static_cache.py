@@ -30,6 +30,7 @@ import torch
 from transformers.cache_utils import Cache, StaticLayer
 
 from specdraft.core.errors import InputError
+from specdraft.decoding.rounds.kv import layer_features
 
 
 class RowStaticLayer(StaticLayer):
@@ -153,13 +154,14 @@ def eagle_rows(drafter: torch.nn.Module, cache: RowStaticCache, features: torch.
 
 
 def forward_rows(model: torch.nn.Module, cache: RowStaticCache, ids: torch.Tensor, hidden: bool = False,
-                 at: torch.Tensor | None = None):
+                 at: torch.Tensor | None = None, layers: tuple[int, ...] | None = None):
     """Feed ids (B, T) at slots cache.lengths[b] + t (the lengths are not advanced: the caller decides
     what is kept). Returns the logits (B, T, V) and, if asked, the final hidden states (B, T, H), the
-    base model's output after its final norm (what the LM head reads). at (B,): the one position per row
-    whose logits the caller reads, (B, 1, V) then: a prefill reads one of its T (at B = 16 over 128 padded
-    positions and a 128k vocabulary, all of them would be 1 GiB of float32). Fixed shapes throughout: this
-    is the function `torch.compile` wraps."""
+    base model's output after its final norm (what the LM head reads), or with `layers` the hidden states
+    at those indices concatenated (B, T, H * len(layers)) (what an EAGLE-3 drafter reads). at (B,): the one
+    position per row whose logits the caller reads, (B, 1, V) then: a prefill reads one of its T (at B = 16
+    over 128 padded positions and a 128k vocabulary, all of them would be 1 GiB of float32). Fixed shapes
+    throughout: this is the function `torch.compile` wraps."""
     width = ids.shape[1]
     positions = cache.lengths[:, None] + torch.arange(width, device=ids.device)
     cache.slots = positions.clamp(max=cache.max_len - 1)  # a finished row never writes out of bounds
@@ -167,9 +169,11 @@ def forward_rows(model: torch.nn.Module, cache: RowStaticCache, ids: torch.Tenso
     mask = attention_mask(cache.lengths, width, cache.max_len, None if sdpa else model.get_input_embeddings().weight.dtype)
     base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     out = base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-               **{cache.forward_kwarg: cache})
+               output_hidden_states=layers is not None, **{cache.forward_kwarg: cache})
     states = out.last_hidden_state
     read = states if at is None else states.gather(1, at[:, None, None].expand(-1, 1, states.shape[-1]))
     logits = model.get_output_embeddings()(read)
+    if hidden and layers is not None:
+        states = layer_features(out.hidden_states, layers)
     # under device_map the head may sit elsewhere: the round's tensors live with the input ids (no-op otherwise)
     return logits.to(ids.device), (states.to(ids.device) if hidden else None)

@@ -315,12 +315,9 @@ def plan_model_free(env: Env, p: Prompt) -> list[Run]:
 
 
 def eagle_chain(env: Env, name: str) -> Callable[..., Built]:
-    """An EAGLE chain at fixed K: an EAGLE-1 drafter through the product loop (`generate_batch`); other
-    variants through the one-prompt loop (the batched decoder drafts EAGLE-1 chains only)."""
+    """An EAGLE chain at fixed K, through the product loop (`generate_batch`), every variant."""
     drafter = env.eagle[name]
-    if drafter.variant == "eagle1":
-        return lambda done: Built(None, drafter=name, draft_model=drafter, policy=fixed_k_policy(env.k))
-    return lambda done: Built(EagleSpeculator(drafter, fixed_k_policy(env.k)), drafter=name)
+    return lambda done: Built(None, drafter=name, draft_model=drafter, policy=fixed_k_policy(env.k))
 
 
 def plan_eagle(env: Env, p: Prompt) -> list[Run]:

@@ -141,9 +141,10 @@ def test_compiled_sampled_drafting_equals_eager(llama_pair):
 @pytest.mark.slow
 def test_compiled_autoregressive_bandit_and_eagle_equal_eager(llama_pair):
     """The other compiled paths: autoregressive (a width-1 verify), UCBSpec lengths (per-row caps under
-    a padded verify) and an EAGLE-1 chain (its layer's step and the target's verify with features)."""
+    a padded verify) and EAGLE-1 and EAGLE-3 chains (the drafter's step and the target's verify with features:
+    the final state, or three layers' hidden states)."""
     from specdraft.decoding.policies.batch_length_ucb import LengthUCB
-    from tests.decoding.eagle_fixtures import mimic_drafter, tiny_target
+    from tests.decoding.eagle_fixtures import mimic_drafter, tiny_target, trained_eagle3
 
     target, drafter = llama_pair
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11]]
@@ -152,12 +153,13 @@ def test_compiled_autoregressive_bandit_and_eagle_equal_eager(llama_pair):
         comp = generate_batch(target, prompts, 16, compile="default", **kwargs)
         assert [c.tokens for c in comp] == [e.tokens for e in eager]
         assert [c.metrics.drafted for c in comp] == [e.metrics.drafted for e in eager]
-    eagle_target = tiny_target("llama", 0)
-    eagle = mimic_drafter(eagle_target, 0.3, seed=1)
-    eager = generate_batch(eagle_target, prompts, 16, drafter=eagle, policy=FixedK(3))
-    comp = generate_batch(eagle_target, prompts, 16, drafter=eagle, policy=FixedK(3), compile="default")
-    assert [c.tokens for c in comp] == [e.tokens for e in eager]
-    assert [c.metrics.accepted for c in comp] == [e.metrics.accepted for e in eager]
+    eagle1_target, eagle3_target = tiny_target("llama", 0), tiny_target("llama", 0, layers=3)
+    for eagle_target, eagle in ((eagle1_target, mimic_drafter(eagle1_target, 0.3, seed=1)),
+                                (eagle3_target, trained_eagle3(eagle3_target, steps=60, greedy=True))):
+        eager = generate_batch(eagle_target, prompts, 16, drafter=eagle, policy=FixedK(3))
+        comp = generate_batch(eagle_target, prompts, 16, drafter=eagle, policy=FixedK(3), compile="default")
+        assert [c.tokens for c in comp] == [e.tokens for e in eager]
+        assert [c.metrics.accepted for c in comp] == [e.metrics.accepted for e in eager]
 
 
 def test_sliding_windows_shorter_than_the_decode_are_refused():

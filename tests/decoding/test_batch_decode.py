@@ -5,7 +5,8 @@ decoded alone by `generate_autoregressive`, token for token, for autoregressive 
 SpecDec++ and per-row UCBSpec over lengths; fixed K and SpecDec++ also take exactly the rounds the
 batch-1 speculative decoder takes (drafted / accepted per round), and every row satisfies Lemma 3.1.
 Fixed K synchronises with the host once per round and no more; finished rows leave an eager batch;
-EAGLE-1 chains decode every row exactly too; bad requests raise one-line InputErrors.
+EAGLE chains (EAGLE-1, and both EAGLE-3 layouts) decode every row exactly too, EAGLE-3 in the rounds the
+one-prompt EAGLE loop takes; bad requests raise one-line InputErrors.
 """
 import pytest
 import torch
@@ -14,7 +15,6 @@ from specdraft.core.errors import InputError
 from specdraft.decoding.autoregressive import generate_autoregressive
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB
 from specdraft.decoding.batched import generate_batch
-from specdraft.decoding.speculators.eagle_model import EagleDrafter
 from specdraft.decoding.rounds.lengths import lemma_3_1_gap
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.speculative import generate_with_drafter
@@ -260,7 +260,6 @@ def test_seeded_sampling_repeats(llama_pair, ragged):
         ({"policy": FixedK(2)}, "needs a drafter"),
         ({"drafter": "D"}, "without a policy"),
         ({"drafter": "D", "policy": HindsightOracle([1, 2, 3])}, "supports FixedK"),
-        ({"drafter": "EAGLE3", "policy": FixedK(2)}, "EAGLE-1 chains"),
         ({"compile": "max"}, "compile must be one of"),
         ({"prompts": [[1, 2], []]}, "prompt is empty"),
         ({"prompts": []}, "non-empty list"),
@@ -272,8 +271,6 @@ def test_bad_requests_raise_one_line(llama_pair, kwargs, message):
     kwargs = dict(kwargs)
     if kwargs.get("drafter") == "D":
         kwargs["drafter"] = drafter
-    if kwargs.get("drafter") == "EAGLE3":
-        kwargs["drafter"] = EagleDrafter(target.config, variant="eagle3-proj")
     prompts = kwargs.pop("prompts", [[1, 2, 3]])
     max_new = kwargs.pop("max_new", 4)
     with pytest.raises(InputError, match=message):
@@ -304,6 +301,41 @@ def test_eagle_chain_rows_equal_their_prompt_decoded_alone(make_policy):
     accepted = sum(sum(r.metrics.accepted) for r in results)
     assert 0 < accepted < sum(sum(r.metrics.drafted) for r in results)
     assert results[0].metrics.drafted[0] == 0  # the one-token prompt: no EAGLE entry yet in round 1
+
+
+@pytest.mark.parametrize("variant", ["eagle3", "eagle3-proj"])
+def test_eagle3_chain_rows_take_the_rounds_of_the_one_prompt_eagle_loop(variant):
+    """Both EAGLE-3 layouts read the target's low, middle and high layers, fused. The one-prompt EAGLE loop
+    spends its first round on a plain target step (no features yet) and then holds the features of the prompt,
+    the state the batched decoder starts from for the prompt extended by that round's token: from there every
+    row of a ragged batch takes the same rounds (drafted / accepted) and tokens, and equals the prompt decoded
+    alone by the target."""
+    from specdraft.decoding.speculative import generate_speculative
+    from specdraft.decoding.speculators.eagle import EagleSpeculator
+    from tests.decoding.eagle_fixtures import mimic_drafter, tiny_target, trained_eagle3
+
+    gen = torch.Generator().manual_seed(5)
+    if variant == "eagle3":
+        target = tiny_target("llama", 0, layers=3)
+        served = [torch.randint(0, 96, (6,), generator=gen).tolist() for _ in range(3)]
+        drafter = trained_eagle3(target, steps=150, greedy=True, prompts=served)
+        prompts = served + [served[0][:1], served[1][:3]]
+    else:
+        target = tiny_target("llama", 0)
+        drafter = mimic_drafter(target, 0.3, seed=1, variant="eagle3-proj", feature_layers=(0, 0, 1))
+        prompts = [torch.randint(0, 96, (n,), generator=gen).tolist() for n in (6, 1, 11, 3)]
+    alone = [generate_speculative(target, EagleSpeculator(drafter, FixedK(3)), p, MAX_NEW, GREEDY) for p in prompts]
+    assert all(a.metrics.drafted[0] == 0 for a in alone)
+    results = generate_batch(target, [p + a.tokens[:1] for p, a in zip(prompts, alone)], MAX_NEW - 1,
+                             drafter=drafter, policy=FixedK(3))
+    for prompt, a, result in zip(prompts, alone, results):
+        assert a.tokens == generate_autoregressive(target, prompt, MAX_NEW, GREEDY).tokens
+        assert result.tokens == a.tokens[1:]
+        assert (result.metrics.drafted, result.metrics.accepted) == (a.metrics.drafted[1:], a.metrics.accepted[1:])
+        m = result.metrics
+        assert lemma_3_1_gap(m.n_draft, m.n_target, m.n_generated, m.n_discarded) == 0
+    accepted = sum(sum(r.metrics.accepted) for r in results)
+    assert 0 < accepted < sum(sum(r.metrics.drafted) for r in results)
 
 
 def test_another_family_qwen2(ragged):

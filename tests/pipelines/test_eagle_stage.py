@@ -14,18 +14,21 @@ from specdraft.pipelines.artifacts import read_manifest
 from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import fresh_copy, tiny_config
 
-EAGLE = {"eagle": {"enabled": True, "drafters": ["ofa", "math", "translate"], "lr": 1e-3, "max_length": 64,
+EAGLE = {"eagle": {"enabled": True, "variant": "eagle1", "drafters": ["ofa", "math", "translate"], "lr": 1e-3, "max_length": 64,
                    "train": {"max_steps": 3, "batch_size": 4, "wandb": {"mode": "disabled"}},
                    "tree": {"depth": 3, "top_k": 2, "nodes": 5}}}
 FAST = {"train_heads": {"depths": [0], "w_rejs": [1.0], "epochs": 1, "cost_ratio": 0.2},
         "acceptance_data": {"max_sequences": {"train": 6, "dev": 3}}}
 
 
-def _config(root, **sections):
+def _drafters(root) -> dict:
     import dataclasses
 
-    drafters = dict(dataclasses.asdict(tiny_config(root).train_drafters), **EAGLE)
-    return tiny_config(root, **FAST, train_drafters=drafters, **sections)
+    return dict(dataclasses.asdict(tiny_config(root).train_drafters), **EAGLE)
+
+
+def _config(root, **sections):
+    return tiny_config(root, **FAST, **{"train_drafters": _drafters(root), **sections})
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +116,14 @@ def test_evaluate_reports_metaeagle_rows(run_root):
     report = (out / "report.md").read_text()
     assert "## EAGLE drafters vs independent drafters" in report and "MetaEagle-UCB (BD)" in report
     assert "EAGLE eagle-ofa tree 3x2x5" in report and "domain drafter K=2" in report
+
+
+def test_the_default_eagle3_on_a_target_of_too_few_layers_stops_before_training(_bundled, tmp_path):
+    """The default variant (vLLM's EAGLE-3) reads three distinct target layers; this one-layer target cannot give
+    them, so train-drafters stops with one line before it trains anything, and writes nothing."""
+    root = fresh_copy(_bundled, tmp_path)
+    shutil.rmtree(root / "drafters")
+    eagle = {k: v for k, v in EAGLE["eagle"].items() if k != "variant"}
+    with pytest.raises(InputError, match="reads 3 distinct target layers; this target has 1") as err:
+        run_stage(_config(root, train_drafters={**_drafters(root), "eagle": eagle}), "train-drafters")
+    assert "\n" not in str(err.value) and not (root / "drafters").exists()

@@ -97,7 +97,7 @@ def run_recorded(cfg, monkeypatch) -> dict[str, set[str]]:
 
 
 def test_every_stage_reads_only_the_config_in_its_cache_key(tmp_path, monkeypatch):
-    eagle = {"enabled": True, "drafters": ["math"], "train": {"max_steps": 1, "batch_size": 4, "wandb": {"mode": "disabled"}}}
+    eagle = {"enabled": True, "variant": "eagle1", "drafters": ["math"], "train": {"max_steps": 1, "batch_size": 4, "wandb": {"mode": "disabled"}}}
     cfg = tiny_config(tmp_path / "run", **FAST, evaluate=TINY_EVAL, train_drafters={"eagle": eagle})
     per_stage = run_recorded(cfg, monkeypatch)
     assert set(per_stage) == {s.name for s in STAGES} - {"convert-target"}
