@@ -556,6 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="batch sizes of part (b) under a compile mode (each B compiles its own graphs)")
     parser.add_argument("--compiled-ks", default="4", help="fixed K columns of part (b) under a compile mode")
     parser.add_argument("--skip", default="", help="comma list of parts to skip: a, b, c")
+    parser.add_argument("--compiled-skip", default="",
+                        help="parts to skip under a compile mode only (e.g. b, c: a large target's compiled batch-1 "
+                             "row without compiling every policy at every B)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -564,7 +567,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(parser: argparse.ArgumentParser, args) -> tuple[list[str], set[str]]:
-    """The comma lists as ints, checked before any model loads: -> (the compile modes, the parts to skip)."""
+    """The comma lists as ints, checked before any model loads: -> (the compile modes, the parts to skip;
+    args.compiled_skip becomes the set skipped under a compile mode besides)."""
     args.ks = [int(k) for k in args.ks.split(",")]
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     args.goal_ks = [int(k) for k in args.goal_ks.split(",")]
@@ -572,6 +576,7 @@ def check_args(parser: argparse.ArgumentParser, args) -> tuple[list[str], set[st
     modes = args.compile.split(",")
     if any(mode not in ("none", "default", "reduce-overhead") for mode in modes):
         parser.error(f"--compile takes none, default, reduce-overhead (comma separated), got {args.compile!r}")
+    args.compiled_skip = set(filter(None, args.compiled_skip.split(",")))
     return modes, set(filter(None, args.skip.split(",")))
 
 
@@ -639,7 +644,8 @@ def mode_tables(args, skip: set[str], target, drafter, head, prompts) -> list[st
     return lines
 
 
-def main(argv=None) -> int:
+def main(argv=None, section: str | None = None) -> int:
+    """The benchmark; its section of RESULTS.md is `section` (default: this script's)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     fail_past_recompile_limit()  # a shape run eagerly past dynamo's limit would be timed as compiled
@@ -658,9 +664,9 @@ def main(argv=None) -> int:
         compiled = mode != "none"
         args.batch_sizes = [int(b) for b in args.compiled_batch_sizes.split(",")] if compiled else eager_sizes
         args.ks = [int(k) for k in args.compiled_ks.split(",")] if compiled else eager_ks
-        lines += mode_tables(args, skip, target, drafter, head, prompts)
+        lines += mode_tables(args, skip | (args.compiled_skip if compiled else set()), target, drafter, head, prompts)
     lines += [f"Run time {time.time() - start:.0f} s; load average at the end {os.getloadavg()[0]:.1f}.", ""]
-    publish("\n".join(lines), write=not args.no_append)
+    publish("\n".join(lines), write=not args.no_append, script=section or pathlib.Path(__file__).name)
     return 0
 
 

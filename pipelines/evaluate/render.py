@@ -512,8 +512,9 @@ def _further_sections(metrics: dict) -> list[str]:
         ms = metrics["calibration"].get("drafter_ms", {})
         costs = ", ".join(f"{n} {t:.3f} ms" for n, t in sorted(ms.items()))
         parts += ["## EAGLE drafters vs independent drafters (MetaSD Tables 4 / 7 shape; greedy)", "",
-                  "EAGLE: one decoder layer of the target's architecture over the target's features (its own "
-                  "embedding and LM head); chain at K, and the EAGLE-2 dynamic tree verified in one tree-masked "
+                  "EAGLE: one decoder layer over the target's features and the target's embedding (EAGLE-3, "
+                  "vLLM's layout: three of the target's layers fused, its own LM head; EAGLE-1: the final hidden "
+                  "state, the target's LM head); chain at K, and the EAGLE-2 dynamic tree verified in one tree-masked "
                   "target forward (its counted cost prices the verification by tree depth, as for SpecTr, so it "
                   "flatters the tree: read its MAT and timed speedup). The domain drafter row is the independent "
                   f"(SpS) drafter at K. One draft forward per drafter on this machine: {costs}.", "", eagle, ""]
