@@ -330,13 +330,16 @@ def batch1_table(args, target, drafter, prompts) -> list[str]:
     return lines + [""]
 
 
-def curve_policies(args, target, drafter, head, prompts) -> tuple[dict, CostTable]:
-    """Part (b)'s methods, {name: policy} (AR's None), and the cost table the batch-aware rules read."""
+def curve_policies(args, target, drafter, head, prompts) -> tuple[dict, CostTable | None]:
+    """Part (b)'s methods, {name: policy} (AR's None), and the cost table the batch-aware rules read (None
+    with --no-table-rules: no such rules, no profile)."""
     n = args.max_new_tokens
     policies = {"AR": None, **{f"K={k}": FixedK(k) for k in args.ks}}
     policies["SpecDec++"] = SpecDecPP(head, threshold=args.h, k_max=args.k_max)
     policies["SpecDec++ lockstep"] = LockstepSpecDecPP(head, threshold=args.h, k_max=args.k_max)
     policies["UCBSpec 0..4"] = LengthUCB((0, 1, 2, 3, 4), cost_ratio=args.cost_ratio)
+    if not args.table_rules:
+        return policies, None
     # the batch-aware rule and vLLM's global verify budget, priced with the decoder's own step times on this
     # device and mode (profiled here, over the curve's batch sizes and widths up to K_max + 1, the loop calibrated,
     # over the cache the curve's decodes allocate)
@@ -430,7 +433,7 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
     return lines + curve_notes(args, paired, pooled, table, compile_s)
 
 
-def curve_notes(args, paired: list, pooled: list, table: CostTable, compile_s: dict) -> list[str]:
+def curve_notes(args, paired: list, pooled: list, table: CostTable | None, compile_s: dict) -> list[str]:
     """What part (b)'s methods are, its paired (and, sampled, pooled) comparisons, its cost table, compile times."""
     lines = ["", f"SpecDec++: {'head ' + args.head if args.head else 'an untrained random head (its stops mean nothing)'}"
              f", h = {args.h}, K_max = {args.k_max}; each row stops alone (the paper's rule), or, lockstep, the batch "
@@ -449,7 +452,9 @@ def curve_notes(args, paired: list, pooled: list, table: CostTable, compile_s: d
         lines += [""] + paired_table([(B, *every) for B, _, every in paired], args.ks)
         if pooled:
             lines += [""] + pooled_table([every for _, every in pooled], args.ks)
-    lines += ["", "Cost table (this run):", "", "```", table.render(), "```"]
+    lines += (["", "Cost table (this run):", "", "```", table.render(), "```"] if table is not None else
+              ["", "Left out (--no-table-rules): the batch-aware rule and the global verify budget, and the cost table "
+               "they read (profiling it at every B and width takes longer than the curve on a large target)."])
     if compile_s:
         lines += ["", "Compile + first decode per B (wall s, all methods): "
                   + ", ".join(f"B={b}: {s:.1f}" for b, s in compile_s.items())]
@@ -556,6 +561,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="batch sizes of part (b) under a compile mode (each B compiles its own graphs)")
     parser.add_argument("--compiled-ks", default="4", help="fixed K columns of part (b) under a compile mode")
     parser.add_argument("--skip", default="", help="comma list of parts to skip: a, b, c")
+    parser.add_argument("--table-rules", action=argparse.BooleanOptionalAction, default=True,
+                        help="part (b)'s rules that read a cost table profiled here (the batch-aware rule, the global "
+                             "verify budget); --no-table-rules leaves them and the profile out")
     parser.add_argument("--compiled-skip", default="",
                         help="parts to skip under a compile mode only (e.g. b, c: a large target's compiled batch-1 "
                              "row without compiling every policy at every B)")

@@ -4,13 +4,14 @@ keeps the demo-shaped pair).
 
     python benchmarks/bench_real_pair.py [--run runs/real] [--drafter math] [bench_batch_decoder.py options]
 
-By default: (a) batch 1, eager and compiled (`--compile none,default`): ours autoregressive and fixed K = 4
-against transformers' greedy generate and assisted generation at equal K, on the drafter's domain's test
-prompts in the target's chat template; (b) eagerly, the batch curve over B = 1, 2, 4, 8, 16 for fixed K in
-{1, 2, 4, 8}, SpecDec++ with the drafter's greedy head from train-heads, the batch-aware rule, the global
-verify budget and UCBSpec lengths; (c) the cost of deciding at batch 1. Under compile only part (a) runs
-(`--compiled-skip b,c`): each policy at each B compiles its own graphs, minutes apiece for a 30-layer target.
-Any bench_batch_decoder.py option given after these overrides the defaults.
+By default (what its RESULTS.md section measured): (a) batch 1, eager: ours autoregressive and fixed K = 4 against
+transformers' greedy generate and assisted generation at equal K, on the drafter's domain's test prompts in the
+target's chat template; (b) the batch curve over B = 1, 2, 4, 8, 16 for fixed K in {1, 2, 4, 8}, SpecDec++ with
+the drafter's greedy head from train-heads and UCBSpec lengths; (c) the cost of deciding at batch 1. Left out by
+default, as each takes tens of minutes on 2 CPU cores: the rules that read a profiled cost table
+(the batch-aware rule, the global verify budget: `--table-rules` profiles every B and width first) and the compiled
+mode (`--compile none,default`: under it only part (a) runs, `--compiled-skip b,c`; that batch-1 row alone did not
+finish within 1000 s). Any bench_batch_decoder.py option given after these overrides the defaults.
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import bench_batch_decoder  # noqa: E402
 
-DEFAULTS = ["--compile", "none,default", "--compiled-skip", "b,c", "--batch-sizes", "1,2,4,8,16", "--ks", "1,2,4,8",
-            "--n-prompts", "4", "--max-new-tokens", "32", "--runs", "2"]
+DEFAULTS = ["--compile", "none", "--compiled-skip", "b,c", "--no-table-rules", "--batch-sizes", "1,2,4,8,16",
+            "--ks", "1,2,4,8", "--n-prompts", "4", "--max-new-tokens", "32", "--runs", "2"]
 
 
 def greedy_head(run: pathlib.Path, drafter: str) -> pathlib.Path:

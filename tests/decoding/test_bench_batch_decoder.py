@@ -112,3 +112,19 @@ def test_methods_take_turns_unit_by_unit_and_each_unit_is_timed_apart(bench, mon
                      ("c", "x"), ("a", "x"), ("b", "x"), ("a", "y"), ("b", "y"), ("c", "y")]
     assert out["a"] == [["ax", "ay"], ["ax", "ay"]]
     assert times["a"] == [[0, 5], [7, 9]] and times["c"] == [[2, 4], [6, 11]]
+
+
+def test_without_table_rules_the_curve_profiles_nothing(bench, monkeypatch):
+    """--no-table-rules: part (b) keeps fixed K, SpecDec++ and UCBSpec, and neither profiles a cost table nor
+    builds the rules that read one (on a 135M target that profile ran past 25 minutes)."""
+    import torch
+
+    def no_profile(*args, **kwargs):
+        raise AssertionError("profiled a cost table")
+
+    monkeypatch.setattr(bench, "profile_cost_table", no_profile)
+    args = bench.build_parser().parse_args(["--no-table-rules", "--ks", "1,2"])
+    bench.check_args(bench.build_parser(), args)
+    policies, table = bench.curve_policies(args, None, None, torch.nn.Linear(4, 1), [[1, 2, 3]])
+    assert table is None
+    assert list(policies) == ["AR", "K=1", "K=2", "SpecDec++", "SpecDec++ lockstep", "UCBSpec 0..4"]
