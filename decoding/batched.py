@@ -324,8 +324,8 @@ class Decode:
     def feature_layers(self) -> tuple[int, ...] | None:
         """The target hidden states an EAGLE-3 drafter reads (its low, middle and high layers, fused by its own
         fc); None: the final state (EAGLE-1, and no EAGLE drafter)."""
-        layers = tuple(getattr(self.drafter, "feature_layers", None) or ()) if self.eagle else ()
-        return None if layers in ((), (-1,)) else layers
+        layers = tuple(self.drafter.feature_layers) if self.eagle else (-1,)
+        return None if layers == (-1,) else layers
 
     @property
     def fused(self) -> bool:
