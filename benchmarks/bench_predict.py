@@ -1,7 +1,8 @@
 """`specdraft predict`'s model against measurement: predicted tokens/s (decoding/costs/throughput.py, priced with
 the cost table profiled here) beside the batched decoder's measured tokens/s, per batch size, for AR and
 fixed K, on the demo-shaped random pair (bench_batch_decoder.demo_shaped_pair), or with --bundle on a bundle's
-target and drafter, where the drafter's greedy head also decodes with the lockstep batch-aware rule.
+target and drafter, where the drafter's greedy head also decodes with SpecDec++ (each row stopping alone) and the
+lockstep batch-aware rule.
 
     python benchmarks/bench_predict.py [--batch-sizes 1,4,16] [--ks 2,4] [--max-new-tokens 48] [--runs 3]
         [--compile none] [--rounds 400] [--seed 0] [--bundle runs/demo/bundle [--drafter ofa]
@@ -53,7 +54,7 @@ from specdraft.decoding.rounds.kv import input_device  # noqa: E402
 from specdraft.decoding.compilation import StepCompiler, fail_past_recompile_limit  # noqa: E402
 from specdraft.decoding.costs.profile import cache_length_for, cached_cost_table, price_head_rules  # noqa: E402
 from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec  # noqa: E402
-from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
+from specdraft.decoding.policies.stopping import FixedK, SpecDecPP  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.policies.batch_aware import k_per_batch_size  # noqa: E402
 from specdraft.decoding.costs.throughput import (acceptance_curve, predict_throughput, summarize_acceptance,  # noqa: E402
@@ -306,6 +307,7 @@ def predicted_at(s: Setup, table, groups, b) -> dict:
                               new_tokens=s.args.max_new_tokens, prompt_lengths={b: width})
     out = {r["method"]: r for r in pred["predictions"]}
     out["K table"] = {**out["K table"], "k": pred["k_per_batch_size"][b]}  # the K predict recommends at b
+    out["SpecDec++"] = out[f"SpecDec++ h={s.summary.threshold:g}"]  # decoded with the head at that h
     return out
 
 
@@ -322,6 +324,8 @@ def methods(s: Setup, table, b: int | None = None) -> dict:
         k_max = table.max_drafts
         k = k_per_batch_size(table, acceptance_curve(s.summary, k_max), [b], k_max)[b]
         fns["K table"] = one_batch(drafter=s.drafter, policy=FixedK(k)) if k else one_batch()
+    if s.head is not None:  # the paper's rule, each row stopping alone, at the h and K_max the prediction prices
+        fns["SpecDec++"] = one_batch(drafter=s.drafter, policy=SpecDecPP(s.head, s.summary.threshold, table.max_drafts))
     if s.head is not None:  # the rule `specdraft generate --stop-rule batch-aware` serves with
         fns["batch-aware lockstep"] = one_batch(drafter=s.drafter, policy=LockstepBatchAwareSpecDec(
             s.head, table, s.prior, table.max_drafts))

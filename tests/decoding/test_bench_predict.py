@@ -70,3 +70,25 @@ def test_decisions_need_paired_passes(bench, capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--decisions", "--no-append"])
     assert exit_.value.code == 2 and "add --paired" in capsys.readouterr().err
+
+
+def test_with_a_head_specdecpp_decodes_at_the_h_and_k_max_it_is_predicted_at(bench, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(bench, "generate_batch", lambda target, group, n, **kw: seen.update(kw) or [])
+    head = SimpleNamespace()  # the rule only keeps it here; nothing is decoded
+    s = bench.Setup(args=SimpleNamespace(max_new_tokens=8, decisions=False, rounds=2, seed=0), target=None,
+                    drafter="d", head=head, prior="the head's prior", prompts=[], eos=None, ks=[2], k_max=8, context=4,
+                    slots=64,
+                    summary=SimpleNamespace(threshold=0.6), compiler=None)
+    monkeypatch.setattr(bench, "LockstepBatchAwareSpecDec", lambda *a: "the batch-aware rule")  # needs a real table
+    fns = bench.methods(s, SimpleNamespace(max_drafts=6))
+    assert list(fns) == ["AR", "K=2", "SpecDec++", "batch-aware lockstep"]
+    fns["SpecDec++"]([[1]], 0)
+    rule = seen["policy"]
+    assert isinstance(rule, bench.SpecDecPP) and rule.head is head and rule.threshold == 0.6 and rule.max_tokens == 6
+    predicted = {"AR": {}, "K table": {"k": 0}, "SpecDec++ h=0.6": {"mat": 3.0}}
+    monkeypatch.setattr(bench, "predict_throughput", lambda *a, **kw: {
+        "predictions": [{"method": m, **v} for m, v in predicted.items()], "k_per_batch_size": {1: 2}})
+    table = SimpleNamespace(prefill_positions=lambda n: n, max_drafts=6)
+    out = bench.predicted_at(s, table, [[[1, 2]]], 1)  # one batch of one prompt
+    assert out["SpecDec++"]["mat"] == 3.0  # the row the decode is set beside is the prediction at the same h
