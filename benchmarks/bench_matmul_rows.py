@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
+from specdraft.core.devices import device_name  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 SHAPES = {  # name -> (in, out, weights in the stack: a real forward's count where it fits in memory)
@@ -86,9 +87,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--rows must start at 1 and hold positive counts; --layers and --repeats must be >= 1")
     torch.set_num_threads(args.threads)
     samples = measure(rows, args.layers, args.repeats, args.seed)
-    cpu = platform.processor() or platform.machine()
     text = "\n".join([
-        f"## fp32 linear layers at M rows ({datetime.date.today()}, {cpu}, torch {torch.__version__}, "
+        f"## fp32 linear layers at M rows ({datetime.date.today()}, {device_name('cpu')}, torch {torch.__version__}, "
         f"{args.threads} thread(s))", "",
         f"`python benchmarks/bench_matmul_rows.py --rows {args.rows} --layers {args.layers} --repeats {args.repeats} "
         f"--threads {args.threads}`: ms per weight (median over {args.repeats} repeats, min-max), each weight of a stack "

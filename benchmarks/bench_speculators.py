@@ -553,6 +553,12 @@ def fmt_mal(rows: dict) -> str:
     return f"{point:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
+def fmt_difference(cell: tuple[float, float, float]) -> str:
+    """A paired difference (point, lo, hi) as the tables print it."""
+    point, lo, hi = cell
+    return f"{point:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
 def mal_table(results: dict, ks: list[int]) -> list[str]:
     lines = ["| drafter | " + " | ".join(f"K={k}" for k in ks) + " | greedy output = target's |",
              "|---|" + "---|" * len(ks) + "---|"]
@@ -568,12 +574,11 @@ def difference_table(results: dict, seeds: list[int], ks: list[int]) -> list[str
     for seed in seeds:
         a, b = results[f"specdraft s{seed}"], results[f"speculators s{seed}"]
         cells = [paired_difference(a[k], b[k]) for k in ks]
-        lines.append(f"| {seed} | " + " | ".join(f"{p:+.3f} [{lo:+.3f}, {hi:+.3f}]" for p, lo, hi in cells) + " |")
+        lines.append(f"| {seed} | " + " | ".join(map(fmt_difference, cells)) + " |")
     if len(seeds) > 1:  # each prompt's counts summed over the seeds: the interval resamples prompts, not seeds
         a, b = (seed_sum([results[f"{tool} s{seed}"] for seed in seeds], ks) for tool in ("specdraft", "speculators"))
         cells = [paired_difference(a[k], b[k]) for k in ks]
-        lines.append("| all, per prompt summed over seeds | "
-                     + " | ".join(f"{p:+.3f} [{lo:+.3f}, {hi:+.3f}]" for p, lo, hi in cells) + " |")
+        lines.append("| all, per prompt summed over seeds | " + " | ".join(map(fmt_difference, cells)) + " |")
     return lines
 
 
@@ -631,7 +636,7 @@ def ablation_lines(work: Path, ks: list[int], ours: dict | None) -> list[str]:
         diff = [paired_difference(ours[k], res[k]) for k in ks] if ours else None
         lines.append(f"| speculators s0 {flags} | {saved['train']['seconds']} | {saved['train']['peak_rss_mib']:,} | "
                      + " | ".join(fmt_mal(res[k]) for k in ks)
-                     + (" | " + ", ".join(f"{p:+.3f} [{lo:+.3f}, {hi:+.3f}]" for p, lo, hi in diff) if diff else "")
+                     + (" | " + ", ".join(map(fmt_difference, diff)) if diff else "")
                      + " |")
     if not lines:
         return []

@@ -78,8 +78,7 @@ def test_with_a_head_specdecpp_decodes_at_the_h_and_k_max_it_is_predicted_at(ben
     head = SimpleNamespace()  # the rule only keeps it here; nothing is decoded
     s = bench.Setup(args=SimpleNamespace(max_new_tokens=8, decisions=False, rounds=2, seed=0), target=None,
                     drafter="d", head=head, prior="the head's prior", prompts=[], eos=None, ks=[2], k_max=8, context=4,
-                    slots=64,
-                    summary=SimpleNamespace(threshold=0.6), compiler=None)
+                    slots=64, summary=SimpleNamespace(threshold=0.6), compiler=None)
     monkeypatch.setattr(bench, "LockstepBatchAwareSpecDec", lambda *a: "the batch-aware rule")  # needs a real table
     fns = bench.methods(s, SimpleNamespace(max_drafts=6))
     assert list(fns) == ["AR", "K=2", "SpecDec++", "batch-aware lockstep"]
