@@ -114,9 +114,10 @@ def this_share(processes: int, from_env: bool = True) -> Share:
 
 
 def start_helpers(ctx, stage: str, n: int) -> list[tuple[subprocess.Popen, Path]]:
-    """Shards 1..n-1 of `stage` as `specdraft STAGE --shard i/n` processes on this machine, on this run's
+    """Shards 1..n-1 of `stage` as `specdraft STAGE --shard i/n --force` processes on this machine, on this run's
     config (written to the work dir: the same stage key, so the same store of finished pieces), each
-    logging to the work dir. -> (process, log) per shard."""
+    logging to the work dir. -> (process, log) per shard. `--force`: this process is building the stage, so a
+    finished output already there (a forced rerun) is no cache hit for its helpers."""
     from specdraft.pipelines.config import to_dict
 
     import yaml
@@ -129,7 +130,7 @@ def start_helpers(ctx, stage: str, n: int) -> list[tuple[subprocess.Popen, Path]
         log = ctx.work / f"process-{i}.log"
         with open(log, "w") as out:
             started.append((subprocess.Popen([sys.executable, "-m", "specdraft.pipelines.cli", stage, str(config),
-                                              "--shard", f"{i}/{n}"], env=env, stdout=out, stderr=subprocess.STDOUT),
+                                              "--shard", f"{i}/{n}", "--force"], env=env, stdout=out, stderr=subprocess.STDOUT),
                             log))
     print(f"[{stage}] {n} processes share the work: this one and {n - 1} started here "
           f"(logs: {ctx.work}/process-*.log)")

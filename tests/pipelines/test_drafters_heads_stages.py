@@ -217,6 +217,8 @@ def test_train_heads_in_two_processes_writes_the_files_of_one(drafted, capsys):
     out = run_stage(two, "train-heads")
     assert "2 processes share the work" in capsys.readouterr().out
     assert read_manifest(out).files == one
+    # forced over its own finished output: the started process redoes its share too (no cache hit for it)
+    assert run_stage(two, "train-heads", force=True) == out and read_manifest(out).files == one
     measured = dataclasses.replace(two, train_heads=dataclasses.replace(two.train_heads, cost_ratio=None))
     sweep = json.loads((run_stage(measured, "train-heads") / "sweep.json").read_text())
     costs = [entry["cost"] for per_tag in sweep.values() for entry in per_tag.values()]
