@@ -148,7 +148,7 @@ def render(args, tables: dict[bool, list[dict]], drafters: list[str], arms: list
            ofa: str | None) -> str:
     """The section: one table per EOS setting whose rows are all decoded (ignore_eos -> rows)."""
     seconds = sum(r["seconds"] for rows in tables.values() for r in rows)
-    lines = [f"## bench_metasd_long.py ({datetime.date.today()}, {device_name('cpu')}, torch threads "
+    lines = [f"## MetaSD-UCB on long generations ({datetime.date.today()}, {device_name('cpu')}, torch threads "
              f"{torch.get_num_threads()}, run {args.run})", "",
              f"`python benchmarks/bench_metasd_long.py {args.run} --config {args.config} --prompts {args.prompts} "
              f"--tokens {args.tokens} --k {args.k} [--ignore-eos]`: {args.prompts} test prompts per domain, greedy, up "
