@@ -8,7 +8,7 @@ over the specialised drafters (N_max = K, the evaluate stage's bandit, seeded as
 one-prompt loop (`generate_speculative`), and prints per domain and pooled:
   - each drafter's MAT (tokens per target forward) and the bandit's;
   - the bandit's MAT as a fraction of the domain's best single drafter (chosen in hindsight, OFA included) and of
-    each prompt's own best arm, with 90% bootstrap intervals over prompts (resampled within each domain);
+    each prompt's own best arm, with 90% bootstrap intervals over prompts (`decoding.timing.bootstrap_rate_ratio`);
   - the domain's own drafter's MAT as a fraction of the OFA drafter's (MetaSD Table 3's premise: specialists earn
     their place).
 MAT is counted (a forward is a forward whatever the box's load), so the figures are exact for these prompts.
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -42,14 +41,15 @@ from specdraft.data.chat import chat_format  # noqa: E402
 from specdraft.decoding.bandits.selectors import make_selector  # noqa: E402
 from specdraft.decoding.bundle.chat import end_of_turn_ids  # noqa: E402
 from specdraft.decoding.bundle.directory import load_bundle  # noqa: E402
-from specdraft.decoding.policies.spec import PolicySpec, build_policy  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
-from specdraft.decoding.speculative import generate_speculative  # noqa: E402
+from specdraft.decoding.speculative import generate_speculative, generate_with_drafter  # noqa: E402
 from specdraft.decoding.speculators.drafter import DrafterSpeculator  # noqa: E402
 from specdraft.decoding.speculators.multi_drafter import Arm, MultiDrafterSpeculator  # noqa: E402
 from specdraft.drafters.roles import drafter_roles  # noqa: E402
 from specdraft.pipelines.config import load_config  # noqa: E402
+from specdraft.decoding.timing import bootstrap_rate_ratio  # noqa: E402
 from specdraft.pipelines.evaluate.load import load_prompts  # noqa: E402
+from specdraft.pipelines.evaluate.plan import fixed_k_policy  # noqa: E402
 from specdraft.pipelines.schema import BANDITS, EvaluateSection, RunConfig  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
@@ -60,7 +60,7 @@ GREEDY = SamplingConfig(temperature=0.0)
 def bandit(drafters: dict, arms: list[str], k: int, beta: float, seed: int) -> MultiDrafterSpeculator:
     """MetaSD-UCB over one fixed-K arm per drafter, as the evaluate stage builds it (`plan.make_bandit`)."""
     _, selector, reward = BANDITS[BANDIT]
-    built = [Arm(n, DrafterSpeculator(drafters[n], build_policy(PolicySpec("fixed", k=k))), drafter_key=n) for n in arms]
+    built = [Arm(n, DrafterSpeculator(drafters[n], fixed_k_policy(k)), drafter_key=n) for n in arms]
     return MultiDrafterSpeculator(built, make_selector(selector, len(built), seed=seed, beta=beta), reward=reward,
                                   n_max=k)
 
@@ -69,30 +69,30 @@ def decode_prompt(target, drafters: dict, arms: list[str], prompt, tokens: int, 
                   eos) -> dict:
     """One row: every drafter at fixed K and the bandit on this prompt -> {method: (generated, target forwards)},
     and whether all of them gave the same tokens."""
-    counts, outputs = {}, []
-    methods = [(n, DrafterSpeculator(drafters[n], build_policy(PolicySpec("fixed", k=k)))) for n in drafters]
-    methods.append((BANDIT, bandit(drafters, arms, k, beta, derive_seed(seed, prompt.id, BANDIT))))
-    for name, speculator in methods:
-        res = generate_speculative(target, speculator, prompt.ids, tokens, GREEDY, eos)
-        counts[name] = (res.metrics.n_generated, res.metrics.n_target)
-        outputs.append(list(res.tokens))
+    results = {n: generate_with_drafter(target, d, prompt.ids, tokens, GREEDY, k=k, eos_token_id=eos)
+               for n, d in drafters.items()}
+    results[BANDIT] = generate_speculative(target, bandit(drafters, arms, k, beta, derive_seed(seed, prompt.id, BANDIT)),
+                                           prompt.ids, tokens, GREEDY, eos)
+    counts = {n: (res.metrics.n_generated, res.metrics.n_target) for n, res in results.items()}
+    outputs = [list(res.tokens) for res in results.values()]
     return {"domain": prompt.domain, "id": prompt.id, "counts": counts,
             "same_tokens": all(o == outputs[0] for o in outputs)}
 
 
+def counts_of(row: dict, method: str | dict) -> tuple[int, int]:
+    """(generated, target forwards) of `method` on the row: a name, or domain -> name (each domain's pick)."""
+    return tuple(row["counts"][method[row["domain"]] if isinstance(method, dict) else method])
+
+
 def pooled_mat(rows: list[dict], method: str | dict) -> float:
-    """Tokens over target forwards, summed over rows; `method` a name, or domain -> name (each domain's pick)."""
-    pick = (lambda r: method[r["domain"]]) if isinstance(method, dict) else (lambda r: method)
-    made = sum(r["counts"][pick(r)][0] for r in rows)
-    calls = sum(r["counts"][pick(r)][1] for r in rows)
+    """Tokens over target forwards, summed over rows."""
+    made, calls = (sum(c) for c in zip(*(counts_of(r, method) for r in rows)))
     return made / calls if calls else 0.0
 
 
-def per_prompt_best(rows: list[dict], arms: list[str]) -> float:
-    """Pooled MAT of each prompt's own best arm (the ceiling a bandit over `arms` could reach on that prompt)."""
-    best = [max((r["counts"][a] for a in arms), key=lambda c: (c[0] / c[1] if c[1] else 0.0)) for r in rows]
-    calls = sum(c[1] for c in best)
-    return sum(c[0] for c in best) / calls if calls else 0.0
+def best_arm(row: dict, arms: list[str]) -> tuple[int, int]:
+    """The counts of the prompt's own best arm (the ceiling a bandit over `arms` could reach on it)."""
+    return max((counts_of(row, a) for a in arms), key=lambda c: c[0] / c[1] if c[1] else 0.0)
 
 
 def best_single(rows: list[dict], drafters: list[str]) -> dict[str, str]:
@@ -101,21 +101,10 @@ def best_single(rows: list[dict], drafters: list[str]) -> dict[str, str]:
     return {d: max(drafters, key=lambda n: pooled_mat([r for r in rows if r["domain"] == d], n)) for d in domains}
 
 
-def ratio_interval(rows: list[dict], ratio, seed: int = 0, n_boot: int = 2000, level: float = 0.9
-                   ) -> tuple[float, float, float]:
-    """ratio(rows) and its bootstrap interval, prompts resampled within each domain (the domains' mix is fixed)."""
-    rng = random.Random(seed)
-    by_domain: dict[str, list[dict]] = {}
-    for r in rows:
-        by_domain.setdefault(r["domain"], []).append(r)
-    stats = sorted(ratio([rng.choice(rs) for rs in by_domain.values() for _ in rs]) for _ in range(n_boot))
-    tail = (1 - level) / 2
-    return ratio(rows), stats[int(tail * n_boot)], stats[int((1 - tail) * n_boot) - 1]
-
-
-def cell(interval: tuple[float, float, float]) -> str:
-    value, lo, hi = interval
-    return f"{value:.3f} [{lo:.3f}, {hi:.3f}]"
+def ratio_cell(rows: list[dict], num, den) -> str:
+    """Pooled MAT of `num` over that of `den` (each row -> its counts) with a 90% interval over prompts."""
+    s = bootstrap_rate_ratio([(*num(r), *den(r)) for r in rows])
+    return f"{s.median:.3f} [{s.lo:.3f}, {s.hi:.3f}]"
 
 
 def domain_rows(rows: list[dict], drafters: list[str], arms: list[str], own: dict[str, str], ofa: str | None
@@ -130,16 +119,16 @@ def domain_rows(rows: list[dict], drafters: list[str], arms: list[str], own: dic
     for domain in sorted(picks) + ["all"]:
         rs = rows if domain == "all" else [r for r in rows if r["domain"] == domain]
         pick = picks if domain == "all" else picks[domain]
-        vs_single = ratio_interval(rs, lambda x: pooled_mat(x, BANDIT) / pooled_mat(x, pick))
-        vs_prompt = ratio_interval(rs, lambda x: pooled_mat(x, BANDIT) / per_prompt_best(x, arms))
+        vs_single = ratio_cell(rs, lambda r: counts_of(r, BANDIT), lambda r: counts_of(r, pick))
+        vs_prompt = ratio_cell(rs, lambda r: counts_of(r, BANDIT), lambda r: best_arm(r, arms))
         mine = [r for r in rs if r["domain"] in own]
-        vs_ofa = "-" if ofa is None or not mine else cell(ratio_interval(
-            mine, lambda x: pooled_mat(x, own) / pooled_mat(x, ofa)))
+        vs_ofa = "-" if ofa is None or not mine else ratio_cell(mine, lambda r: counts_of(r, own),
+                                                                 lambda r: counts_of(r, ofa))
         mean_tokens = sum(r["counts"][BANDIT][0] for r in rs) / len(rs)
         lines.append(f"| {domain} | {len(rs)} | {mean_tokens:.0f} | "
                      + " | ".join(f"{pooled_mat(rs, n):.3f}" for n in drafters)
                      + f" | {pooled_mat(rs, BANDIT):.3f} | {'per domain' if domain == 'all' else pick} | "
-                     + f"{cell(vs_single)} | {cell(vs_prompt)} | {vs_ofa} | "
+                     + f"{vs_single} | {vs_prompt} | {vs_ofa} | "
                      + f"{sum(r['same_tokens'] for r in rs)}/{len(rs)} |")
     return lines
 

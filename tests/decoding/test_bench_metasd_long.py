@@ -35,9 +35,9 @@ def test_hindsight_picks_and_ratios_pool_counts_per_domain(bench):
             row("math", {"a": (30, 30), "b": (30, 10), bench.BANDIT: (30, 15)}, same=False)]
     assert bench.best_single(rows, ["a", "b"]) == {"code": "a", "math": "b"}  # code: a and b tie 80/30, a first
     assert bench.pooled_mat(rows, {"code": "a", "math": "b"}) == pytest.approx(110 / 40)
-    assert bench.per_prompt_best(rows, ["a", "b"]) == pytest.approx(110 / 30)  # each prompt's 10-call arm
-    value, lo, hi = bench.ratio_interval(rows[2:], lambda x: bench.pooled_mat(x, bench.BANDIT) / bench.pooled_mat(x, "b"))
-    assert (value, lo, hi) == (pytest.approx(10 / 15),) * 3  # one prompt: every resample is that prompt
+    assert [bench.best_arm(r, ["a", "b"]) for r in rows] == [(40, 10), (40, 10), (30, 10)]  # each prompt's 10-call arm
+    one = bench.ratio_cell(rows[2:], lambda r: bench.counts_of(r, bench.BANDIT), lambda r: bench.counts_of(r, "b"))
+    assert one == f"{10 / 15:.3f} [{10 / 15:.3f}, {10 / 15:.3f}]"  # one prompt: every resample is that prompt
     lines = bench.domain_rows(rows, ["a", "b"], ["a", "b"], own={"code": "a"}, ofa="b")
     cells = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines[2:]}
     assert cells["all"][-1] == "2/3" and cells["math"][-1] == "0/1"
