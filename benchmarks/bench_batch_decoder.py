@@ -3,12 +3,13 @@ transformers, and tokens/s over batch sizes.
 
     python benchmarks/bench_batch_decoder.py [--target DIR --drafter DIR [--head DIR --h 0.7]]
         [--batch-sizes 1,2,4,8,16,32] [--max-new-tokens 48] [--runs 3] [--compile none,default]
-        [--device cuda --dtype bfloat16] [--no-append]
+        [--device cuda --dtype bfloat16] [--shape demo|1b] [--section NAME] [--no-append]
 
 Without --target/--drafter it builds a random pair shaped like the demo pair (16 x 128 target, a
 one-layer drafter made of the target's first layer with the deeper layers damped, `bench_decoder.
 early_exit_pair`): its acceptance reflects that construction, not a trained drafter; only the cost
-side (forwards, overheads, batching) carries over. Prompts are random token ids unless --prompt-set.
+side (forwards, overheads, batching) carries over. `--shape 1b` builds the same construction at a ~1B target's
+shape (TinyLlama-1.1B's; bandwidth-bound on a GPU, gpu_check.py). Prompts are random token ids unless --prompt-set.
 
 (a) Batch 1, per prompt, methods interleaved and repeated (`bench_decoder.interleaved`: one warm-up,
     then --runs passes; median per prompt; this process's CPU time on CPU, CUDA events on a GPU):
@@ -52,6 +53,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+from specdraft.core.devices import device_name  # noqa: E402
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB  # noqa: E402
 from specdraft.decoding.batched import forward_step, generate_batch  # noqa: E402
 from specdraft.decoding.compilation import StepCompiler, fail_past_recompile_limit  # noqa: E402
@@ -78,18 +80,30 @@ def bench_prior(constant: float | None, head_dir: pathlib.Path, head_config: dic
     return summary_prior(AcceptanceSummary.load(head_dir.parent / ACCEPTANCE_FILE), odds)
 
 
-def demo_shaped_pair(vocab: int, nudge: float, device: str, dtype: torch.dtype):
-    """A random 16 x 128 target (the demo's shape) and its first layer as the drafter; `nudge` damps the
-    deeper layers (0.05: greedy MAT about 2.7 at K = 4, near the demo's math drafter)."""
+# the random pairs' shapes: the demo's target (16 x 128), and a bandwidth-bound ~1B target for a GPU (TinyLlama-1.1B's
+# shape: 22 x 2048, 4 KV heads, vocabulary 32000; 1.03B parameters streamed a step, its 1-layer drafter 0.11 of them)
+RANDOM_SHAPES = {
+    "demo": dict(vocab_size=2048, hidden_size=128, intermediate_size=352, num_hidden_layers=16, num_attention_heads=4,
+                 num_key_value_heads=4, initializer_range=0.1, tie_word_embeddings=True),
+    "1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+               num_key_value_heads=4, initializer_range=0.02, tie_word_embeddings=False),
+}
+
+
+def demo_shaped_pair(vocab: int | None, nudge: float, device: str, dtype: torch.dtype, shape: str = "demo"):
+    """A random target of `shape` (RANDOM_SHAPES; the demo's 16 x 128 by default; `vocab`: its vocabulary, None for
+    the shape's own) and its first layer as the drafter; `nudge` damps the deeper layers (0.05: greedy MAT about
+    2.7 at K = 4 on the demo shape, near the demo's math drafter). Built on `device` in `dtype` directly, so a 1B
+    target never exists in float32 on the host."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=352, num_hidden_layers=16,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
-                      initializer_range=0.1, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None,
-                      pad_token_id=None)
-    target, drafter = early_exit_pair(LlamaForCausalLM(cfg).eval(), nudge)
-    return target.to(device=device, dtype=dtype), drafter.to(device=device, dtype=dtype)
+    dims = {**RANDOM_SHAPES[shape], **({} if vocab is None else {"vocab_size": vocab})}
+    cfg = LlamaConfig(**dims, max_position_embeddings=512, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    with torch.device(device):
+        target = LlamaForCausalLM(cfg).to(dtype).eval()
+    target, drafter = early_exit_pair(target, nudge)
+    return target, drafter
 
 
 def untrained_head(hidden: int, device: str) -> torch.nn.Module:
@@ -536,7 +550,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prior", type=float, default=None,
                         help="the batch-aware rule's prior, one acceptance for every position (default: with --head "
                              "the acceptance curve of train-heads' summary beside it, else 0.7)")
-    parser.add_argument("--vocab", type=int, default=2048, help="vocabulary of the random demo-shaped pair")
+    parser.add_argument("--shape", default="demo", choices=sorted(RANDOM_SHAPES),
+                        help="the random pair's shape without --target: the demo's 16 x 128, or a ~1B target (GPU)")
+    parser.add_argument("--vocab", type=int, default=None, help="vocabulary of the random pair (default: its shape's)")
     parser.add_argument("--nudge", type=float, default=0.05, help="damping of the random pair's deeper layers")
     parser.add_argument("--prompt-set", help="a run's prompts/sets dir: use its test prompts of --domain")
     parser.add_argument("--prompts", help="text file, one prompt per line")
@@ -571,6 +587,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--no-append", action="store_true")
+    parser.add_argument("--section", help="the RESULTS.md section to rewrite (default: this script's; gpu_check.py "
+                                          "gives its GPU runs their own)")
     return parser
 
 
@@ -596,8 +614,10 @@ def load_models(args) -> tuple:
         target, drafter = load(args.target, args.device, dtype), load(args.drafter, args.device, dtype)
         pair = f"target {args.target}, drafter {args.drafter}"
     else:
-        target, drafter = demo_shaped_pair(args.vocab, args.nudge, args.device, dtype)
-        pair = (f"random demo-shaped pair (16 x 128 target, its first layer as drafter, deeper layers damped by "
+        target, drafter = demo_shaped_pair(args.vocab, args.nudge, args.device, dtype, args.shape)
+        cfg = target.config
+        pair = (f"random {args.shape}-shaped pair ({cfg.num_hidden_layers} x {cfg.hidden_size} target of "
+                f"{target.num_parameters() / 1e6:.0f}M parameters, its first layer as drafter, deeper layers damped by "
                 f"{args.nudge}): acceptance reflects that construction, not a trained drafter")
     if args.head:
         from specdraft.decoding.policies.acceptance_head import load_head
@@ -631,6 +651,8 @@ def header_lines(args, argv_text: str, pair: str) -> list[str]:
     """The section's title (date, machine), command line and what the times are."""
     machine = (f"{platform.machine()} {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
                f"device {args.device}, {args.dtype}")
+    if args.device.startswith("cuda"):  # a GPU's figures name the GPU and the CUDA torch was built with
+        machine += f", {device_name(args.device)}, CUDA {torch.version.cuda}"
     return [
         f"## Batched static-cache decoder ({datetime.date.today()}, {machine})",
         "",
@@ -674,7 +696,7 @@ def main(argv=None, section: str | None = None) -> int:
         args.ks = [int(k) for k in args.compiled_ks.split(",")] if compiled else eager_ks
         lines += mode_tables(args, skip | (args.compiled_skip if compiled else set()), target, drafter, head, prompts)
     lines += [f"Run time {time.time() - start:.0f} s; load average at the end {os.getloadavg()[0]:.1f}.", ""]
-    publish("\n".join(lines), write=not args.no_append, script=section or pathlib.Path(__file__).name)
+    publish("\n".join(lines), write=not args.no_append, script=section or args.section or pathlib.Path(__file__).name)
     return 0
 
 

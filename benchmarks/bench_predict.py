@@ -6,7 +6,8 @@ lockstep batch-aware rule.
 
     python benchmarks/bench_predict.py [--batch-sizes 1,4,16] [--ks 2,4] [--max-new-tokens 48] [--runs 3]
         [--compile none] [--rounds 400] [--seed 0] [--bundle runs/demo/bundle [--drafter ofa]
-        [--prompt-set runs/demo/prompts/sets]] [--profile-each-batch | --paired]
+        [--prompt-set runs/demo/prompts/sets]] [--profile-each-batch | --paired] [--decisions]
+        [--shape demo|1b] [--dtype float32|bfloat16] [--device cuda] [--section NAME]
 
 The acceptance side is what greedy decoding of these prompts really meets: for each prompt the target's greedy
 continuation, and at each of its positions whether the drafter's greedy token (teacher-forced on the target's
@@ -32,6 +33,11 @@ profiles its own table at B (seconds, eager), predicts from it, then decodes eve
 median over passes of each pass's predicted / measured - 1 (spread: min-max). The batch-aware rule decodes with
 its pass's table, as a decoder that profiles at start would. Compiled, a new table is a new set of constants in
 the rule's draft graphs (a recompile), so --paired refuses --compile.
+
+--decisions also decodes, at each B, fixed K at the K predict chooses there (its K table; AR where it chooses 0) and
+judges it pass by pass against the best of AR and the measured fixed Ks in the same pass: paired, each pass's own
+table chooses; unpaired (compiled runs, gpu_check.py), the one table does. --shape 1b --dtype bfloat16 is the random
+~1B pair a GPU run uses (bench_batch_decoder.RANDOM_SHAPES).
 """
 from __future__ import annotations
 
@@ -60,7 +66,7 @@ from specdraft.decoding.policies.batch_aware import k_per_batch_size  # noqa: E4
 from specdraft.decoding.costs.throughput import (acceptance_curve, predict_throughput, summarize_acceptance,  # noqa: E402
                                            summary_prior)
 from specdraft.decoding.timing import timed_call  # noqa: E402
-from bench_batch_decoder import demo_shaped_pair, fastest_total, interleave  # noqa: E402
+from bench_batch_decoder import RANDOM_SHAPES, demo_shaped_pair, fastest_total, interleave  # noqa: E402
 from publish import publish  # noqa: E402
 
 
@@ -222,7 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt-set", default=None, help="with --bundle: a run's prompts/sets dir (its test prompts, "
                                                         "every domain in order); default: random ids")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--device", default="cpu", help="where the pair runs and is timed (cuda: CUDA events; float32)")
+    ap.add_argument("--device", default="cpu", help="where the pair runs and is timed (cuda: CUDA events)")
+    ap.add_argument("--shape", default="demo", choices=sorted(RANDOM_SHAPES),
+                    help="the random pair's shape without --bundle (bench_batch_decoder.RANDOM_SHAPES)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the random pair's dtype")
     ap.add_argument("--profile-each-batch", action="store_true",
                     help="profile each batch size's cost table right before its decodes, not one table first: on a "
                          "shared machine whose load drifts over a long (compiled) run, the table then prices the "
@@ -231,9 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="eager: each pass profiles its own table and decodes every method once right after; the error "
                          "is the median of per-pass errors (module docstring)")
     ap.add_argument("--decisions", action="store_true",
-                    help="with --paired: also decode the K predict chooses at each B (its K table) and report it as a "
-                         "fraction of the measured best fixed K (use --ks 1,2,4,8)")
+                    help="also decode the K predict chooses at each B (its K table) and report it as a fraction of the "
+                         "measured best fixed K, pass by pass (use --ks 1,2,4,8)")
     ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md as it is")
+    ap.add_argument("--section", help="the RESULTS.md section to rewrite (default: this script's)")
     return ap
 
 
@@ -262,10 +272,12 @@ def load_pair(ap: argparse.ArgumentParser, args) -> tuple:
         target, drafter, head, prior, prompts, pair = bundle_pair(args)
         eos = target.generation_config.eos_token_id  # decoded as served: a row ends at EOS
     else:
-        target, drafter = demo_shaped_pair(2048, 0.05, args.device, torch.float32)
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+        target, drafter = demo_shaped_pair(None, 0.05, args.device, dtype, args.shape)
+        vocab = target.config.vocab_size
         gen = torch.Generator().manual_seed(args.seed)
-        prompts = [torch.randint(3, 2048, (args.prompt_length,), generator=gen).tolist() for _ in range(max(args.sizes))]
-        head, prior, pair = None, None, "random demo-shaped pair"
+        prompts = [torch.randint(3, vocab, (args.prompt_length,), generator=gen).tolist() for _ in range(max(args.sizes))]
+        head, prior, pair = None, None, f"random {args.shape}-shaped pair, {args.dtype}"
     if len(prompts) < max(args.sizes):
         ap.error(f"{len(prompts)} prompts, fewer than the largest batch size {max(args.sizes)}")
     return target, drafter, head, prior, prompts, pair, eos
@@ -358,17 +370,22 @@ def paired_batch_size(s: Setup, b: int, groups, worst: dict, decisions: dict) ->
     return rows, last.render()
 
 
-def unpaired_batch_size(s: Setup, b: int, groups, table, worst: dict, worst_fastest: dict, rendered: list
-                        ) -> tuple[list[str], object]:
+def unpaired_batch_size(s: Setup, b: int, groups, table, worst: dict, worst_fastest: dict, rendered: list,
+                        decisions: dict) -> tuple[list[str], object]:
     """One table's prediction at batch size b against the decodes (`unpaired_rows`): -> (rows, the table,
-    profiled anew here with --profile-each-batch past the first B and added to `rendered`)."""
+    profiled anew here with --profile-each-batch past the first B and added to `rendered`). With --decisions,
+    decisions[b] takes each pass's (the K predict chose from this one table, the pass's best fixed K, the ratio)."""
     args = s.args
     if args.profile_each_batch:  # minutes, not tens of minutes, between a table and the decodes it prices
         # eager decodes drop finished rows (down to one), which the simulation prices at B = 1 too
         table = table if b == args.sizes[0] else profile(s, [b] if args.compile != "none" else sorted({1, b}))
         rendered.append(table.render())
     predicted = predicted_at(s, table, groups, b)
-    times, outs = interleave(methods(s, table), groups, args.runs, args.device)  # batch by batch
+    times, outs = interleave(methods(s, table, b), groups, args.runs, args.device)  # batch by batch
+    if "K table" in times:  # greedy: every pass decodes the same tokens, so a pass's rate is tokens / its time
+        rates = {name: [sum(r.metrics.n_generated for res in outs[name][0] for r in res) / sum(per_pass)
+                        for per_pass in passes] for name, passes in times.items()}
+        decisions[b] = decision_quality(rates, [predicted["K table"]["k"]] * args.runs)
     return unpaired_rows(b, predicted, times, outs, worst, worst_fastest), table
 
 
@@ -383,14 +400,14 @@ def closing_lines(worst: dict, worst_fastest: dict, rendered: list[str]) -> list
     return lines
 
 
-def main(argv=None) -> int:
+def main(argv=None, section: str | None = None) -> int:
+    """Run the benchmark; `section`: the RESULTS.md section it rewrites (default: this script's), for a wrapper
+    that runs it on another pair (bench_predict_real.py)."""
     ap = build_parser()
     args = ap.parse_args(argv)
     fail_past_recompile_limit()  # a shape run eagerly past dynamo's limit would be timed as compiled
     if args.paired and (args.compile != "none" or args.profile_each_batch):
         ap.error("--paired profiles a table every pass: eager only (--compile none), and it replaces --profile-each-batch")
-    if args.decisions and not args.paired:
-        ap.error("--decisions compares each pass's choice with that pass's decodes: add --paired")
     torch.set_num_threads(args.threads)
     sizes = args.sizes = [int(x) for x in args.batch_sizes.split(",")]
     ks = [int(x) for x in args.ks.split(",")]
@@ -409,11 +426,11 @@ def main(argv=None) -> int:
             rows, last = paired_batch_size(s, b, groups, worst, decisions)
             rendered.append(last)
         else:
-            rows, table = unpaired_batch_size(s, b, groups, table, worst, worst_fastest, rendered)
+            rows, table = unpaired_batch_size(s, b, groups, table, worst, worst_fastest, rendered, decisions)
         lines += rows
         print("\n".join(rows), flush=True)  # a long run shows each batch size as it ends
     lines += closing_lines(worst, worst_fastest, rendered) + (decision_lines(decisions) if decisions else [])
-    publish("\n".join(lines), write=not args.no_append)
+    publish("\n".join(lines), write=not args.no_append, script=section or args.section or pathlib.Path(__file__).name)
     return 0
 
 

@@ -66,10 +66,20 @@ def test_a_decision_is_judged_against_the_best_fixed_k_of_its_own_pass(bench):
     assert lines[-1] == "| 2 | 4, 2 | 4, 0 | 0.875 (0.750..1.000) |"
 
 
-def test_decisions_need_paired_passes(bench, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        bench.main(["--decisions", "--no-append"])
-    assert exit_.value.code == 2 and "add --paired" in capsys.readouterr().err
+def test_unpaired_decisions_judge_one_tables_k_against_each_passs_best(bench, monkeypatch):
+    # one table chooses K = 2 at B = 2; pass 0 decodes K=2 fastest, pass 1 AR: the decision is judged per pass
+    row = SimpleNamespace(metrics=SimpleNamespace(n_generated=10, n_target=5))
+    pass_time = {"AR": [2.0, 1.0], "K=2": [1.0, 2.0], "K table": [1.0, 2.0]}
+    monkeypatch.setattr(bench, "predicted_at", lambda s, table, groups, b: {
+        name: {"tokens_per_s": 10.0, "mat": 2.0, **({"k": 2} if name == "K table" else {})} for name in pass_time})
+    monkeypatch.setattr(bench, "methods", lambda s, table, b=None: dict.fromkeys(pass_time if b else ("AR", "K=2")))
+    monkeypatch.setattr(bench, "interleave", lambda fns, groups, runs, device: (
+        {name: [[pass_time[name][i]] for i in range(runs)] for name in fns},
+        {name: [[[row]] for _ in range(runs)] for name in fns}))
+    s = SimpleNamespace(args=SimpleNamespace(profile_each_batch=False, runs=2, device="cpu"))
+    decisions = {}
+    rows, _ = bench.unpaired_batch_size(s, 2, [[[1]]], "table", {}, {}, [], decisions)
+    assert decisions == {2: [(2, 2, 1.0), (2, 0, 0.5)]} and len(rows) == 3
 
 
 def test_with_a_head_specdecpp_decodes_at_the_h_and_k_max_it_is_predicted_at(bench, monkeypatch):
@@ -91,3 +101,22 @@ def test_with_a_head_specdecpp_decodes_at_the_h_and_k_max_it_is_predicted_at(ben
     table = SimpleNamespace(prefill_positions=lambda n: n, max_drafts=6)
     out = bench.predicted_at(s, table, [[[1, 2]]], 1)  # one batch of one prompt
     assert out["SpecDec++"]["mat"] == 3.0  # the row the decode is set beside is the prediction at the same h
+
+
+def test_the_real_wrapper_runs_bench_predict_on_the_run_in_its_own_section(monkeypatch, tmp_path, capsys):
+    real = import_benchmark("bench_predict_real")
+    with pytest.raises(SystemExit) as exit_:
+        real.main(["--run", str(tmp_path)])
+    assert exit_.value.code == 2 and "make real" in capsys.readouterr().err
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "bundle" / "bundle.json").write_text("{}")
+    (tmp_path / "prompts" / "sets").mkdir(parents=True)
+    seen = {}
+    monkeypatch.setattr(real.bench_predict, "main", lambda argv, section: seen.update(argv=argv, section=section) or 0)
+    assert real.main(["--run", str(tmp_path), "--runs", "5"]) == 0
+    argv = seen["argv"]
+    assert seen["section"] == "bench_predict_real.py"
+    assert argv[:4] == ["--bundle", str(tmp_path / "bundle"), "--prompt-set", str(tmp_path / "prompts" / "sets")]
+    # an option given after the defaults wins: argparse keeps the last
+    assert real.bench_predict.build_parser().parse_args(argv).runs == 5
+    assert {"--paired", "--decisions"} <= set(argv)

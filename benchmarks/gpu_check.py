@@ -1,0 +1,143 @@
+"""Issue 71's GPU run, prepared: one command on a lent GPU machine that measures the decoder against the bandwidth
+floor, the batch curve to B = 64 with every length rule under CUDA graphs, `predict`'s decisions there, and runs
+`make test-gpu`, within one device call.
+
+    python3 benchmarks/gpu_check.py [--out DIR] [--budget-s 540] [--smoke]
+
+On the device machine, after `make gpu-wheels` here (the packages its image lacks, as wheels in .whl/):
+    device run: command "PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out $OUT", carry [".whl"], timeout 600
+
+Steps, in this order, each a subprocess with its share of --budget-s (one that overruns is stopped, its log kept,
+and the next one runs; a benchmark prints its rows as they finish, so a stopped one's log still holds those):
+  install   the project (pip, no dependencies, no network) and the carried wheels into a scratch site directory
+  floor     bench_gpu_floor.py: the copy bandwidth; the ~1B bf16 target's batch-1 step under CUDA graphs against
+            weight bytes / bandwidth (goal: within 1.5x)
+  test-gpu  make test-gpu with this interpreter
+  predict   bench_predict.py on the ~1B pair (its first layer as drafter, c about 0.1), CUDA graphs, B = 1, 4, 16,
+            64, fixed K in {1, 2, 4, 8}: predicted against measured, and the K predict chooses against the measured
+            best (--decisions)
+  curve     bench_batch_decoder.py part (b) on the same pair: AR, fixed K, SpecDec++ (an untrained head: its stops
+            cost what a trained one's do), UCBSpec, the batch-aware rule and the global verify budget (a cost table
+            profiled there), at B = 1, 4, 16, 64
+Each benchmark rewrites its own GPU section of benchmarks/RESULTS.md ("<script> (GPU)", device, torch and CUDA
+named); the run copies RESULTS.md, every step's log and summary.md (each step's exit code and seconds) into --out.
+Copy the GPU sections back here by hand (only they differ from the tree that was sent).
+
+Without CUDA it stops at once: one line, exit 2. --smoke runs every step but test-gpu on this CPU instead, at the
+demo shape, eager, B = 1 and 2, a few tokens, RESULTS.md left alone: the steps proven before GPU time is spent.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SITE = pathlib.Path("/tmp/specdraft-site")  # the device machine's scratch site directory (it starts bare)
+
+# (step, share of the budget, command after the interpreter); GPU figures: the ~1B pair in bf16 under CUDA graphs
+GPU_PAIR = ["--shape", "1b", "--dtype", "bfloat16", "--device", "cuda"]
+STEPS = [
+    ("floor", 0.12, ["benchmarks/bench_gpu_floor.py", "--section", "bench_gpu_floor.py (GPU)"]),
+    ("test-gpu", 0.2, None),  # make test-gpu
+    ("predict", 0.28, ["benchmarks/bench_predict.py", *GPU_PAIR, "--compile", "reduce-overhead",
+                       "--batch-sizes", "1,4,16,64", "--ks", "1,2,4,8", "--decisions", "--runs", "2",
+                       "--max-new-tokens", "32", "--section", "bench_predict.py (GPU)"]),
+    ("curve", 0.4, ["benchmarks/bench_batch_decoder.py", *GPU_PAIR, "--compile", "reduce-overhead", "--skip", "a,c",
+                    "--compiled-batch-sizes", "1,4,16,64", "--compiled-ks", "1,2,4,8", "--goal-ks", "1,2,4,8",
+                    "--batch-sizes", "1,4,16,64", "--n-prompts", "4", "--max-new-tokens", "32", "--runs", "2",
+                    "--section", "bench_batch_decoder.py (GPU)"]),
+]
+# --smoke: the same scripts on this CPU, small and eager, printing only
+SMOKE = {
+    "floor": ["benchmarks/bench_gpu_floor.py", "--device", "cpu", "--shape", "demo", "--dtype", "float32",
+              "--compile", "none", "--copy-mib", "16", "--steps", "5", "--tokens", "8", "--no-append"],
+    "predict": ["benchmarks/bench_predict.py", "--batch-sizes", "1,2", "--ks", "1,2", "--decisions", "--runs", "1",
+                "--max-new-tokens", "8", "--no-append"],
+    "curve": ["benchmarks/bench_batch_decoder.py", "--skip", "a,c", "--batch-sizes", "1,2", "--ks", "1,2",
+              "--goal-ks", "1,2", "--k-max", "2", "--n-prompts", "2", "--max-new-tokens", "8", "--runs", "1",
+              "--no-append"],
+}
+
+
+def has_cuda(python: str) -> bool:
+    """Whether `python`'s torch sees a CUDA device (asked in a subprocess: this driver imports no torch)."""
+    probe = subprocess.run([python, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+def install(python: str, log) -> int:
+    """The project and the carried wheels into SITE, offline, no dependencies (the image has the rest)."""
+    wheels = sorted(str(p) for p in (ROOT / ".whl").glob("*.whl"))
+    pip = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+           "--upgrade", "--target", str(SITE)]
+    for cmd in ([*pip, "--no-build-isolation", str(ROOT)], [*pip, *wheels] if wheels else None):
+        if cmd and subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode:
+            return 1
+    return 0
+
+
+def run_step(cmd: list[str], limit: float, log, env: dict) -> int:
+    """`cmd` with at most `limit` seconds; its exit code, or 124 when stopped at the limit (as timeout(1))."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=max(1.0, limit))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # the whole group: pytest's workers, compile workers
+        proc.wait()
+        return 124
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/reports/gpu_check"),
+                    help="where the logs, summary.md and RESULTS.md go (default: $OUT, else benchmarks/reports/gpu_check)")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="seconds for every step together (9 minutes)")
+    ap.add_argument("--smoke", action="store_true", help="every step but test-gpu on this CPU, small, printing only")
+    args = ap.parse_args(argv)
+    python = sys.executable
+    if not args.smoke and not has_cuda(python):
+        print(f"gpu_check.py: {python}'s torch sees no CUDA device; run it on the GPU machine (see the module "
+              "docstring), or give --smoke to prove the steps on this CPU", file=sys.stderr)
+        return 2
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    deadline = time.monotonic() + args.budget_s
+    summary = ["| step | exit code | seconds |", "| --- | ---: | ---: |"]
+    if not args.smoke:
+        with open(out / "install.log", "w") as log:
+            start = time.monotonic()
+            code = install(python, log)
+            summary.append(f"| install | {code} | {time.monotonic() - start:.0f} |")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), env.get("PYTHONPATH")]))
+    steps = [(name, share, SMOKE[name] if args.smoke else cmd) for name, share, cmd in STEPS
+             if not (args.smoke and name == "test-gpu")]
+    total_share = sum(share for _, share, _ in steps)
+    for i, (name, share, cmd) in enumerate(steps):
+        # each step's share of what is left, so time a step did not use goes to the later ones
+        left = deadline - time.monotonic()
+        limit = left * share / sum(s for _, s, _ in steps[i:]) if total_share else left
+        full = ["make", "test-gpu", f"GPU_PY={python}"] if cmd is None else [python, *cmd]
+        start = time.monotonic()
+        with open(out / f"{name}.log", "w") as log:
+            log.write(f"$ {' '.join(full)}  (limit {limit:.0f} s)\n")
+            log.flush()
+            code = run_step(full, limit, log, env)
+        summary.append(f"| {name} | {code}{' (stopped at its limit)' if code == 124 else ''} | "
+                       f"{time.monotonic() - start:.0f} |")
+        print(summary[-1], flush=True)
+    (out / "summary.md").write_text("\n".join(summary) + "\n")
+    if not args.smoke:
+        shutil.copy(ROOT / "benchmarks" / "RESULTS.md", out / "RESULTS.md")
+    print("\n".join(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
