@@ -344,9 +344,9 @@ def batch1_table(args, target, drafter, prompts) -> list[str]:
     return lines + [""]
 
 
-def curve_policies(args, target, drafter, head, prompts) -> tuple[dict, CostTable | None]:
-    """Part (b)'s methods, {name: policy} (AR's None), and the cost table the batch-aware rules read (None
-    with --no-table-rules: no such rules, no profile)."""
+def curve_policies(args, target, drafter, head, prompts, sizes: list[int]) -> tuple[dict, CostTable | None]:
+    """Part (b)'s methods, {name: policy} (AR's None), and the cost table the batch-aware rules read, profiled at
+    the batch sizes `sizes` (None with --no-table-rules: no such rules, no profile)."""
     n = args.max_new_tokens
     policies = {"AR": None, **{f"K={k}": FixedK(k) for k in args.ks}}
     policies["SpecDec++"] = SpecDecPP(head, threshold=args.h, k_max=args.k_max)
@@ -361,7 +361,7 @@ def curve_policies(args, target, drafter, head, prompts) -> tuple[dict, CostTabl
     # fixed 64 did not fit the cache of short decodes)
     lengths = [len(p) for p in prompts[:max(args.batch_sizes)]]
     slots = cache_length_for(max(lengths), n, args.k_max, args.compile)
-    table = profile_cost_table(target, drafter, sorted({1, *args.batch_sizes}), args.k_max + 1, args.compile,
+    table = profile_cost_table(target, drafter, sorted(set(sizes)), args.k_max + 1, args.compile,
                                calibrate=True, cache_length=slots, context=int(statistics.median(lengths)))
     # the head's forward and the rules' decisions, which their rounds pay beyond fixed K's (eager only)
     table = price_head_rules(table, head, drafter.config.hidden_size, args.prior, args.k_max, args.h)
@@ -428,12 +428,24 @@ def curve_row(B: int, policies: dict, rates: dict, mats: dict) -> str:
 
 
 def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
-    """(b) Every method's tokens/s at each batch size, each adaptive method paired with the best fixed K."""
+    """(b) Every method's tokens/s at each batch size, each adaptive method paired with the best fixed K. With
+    --profile-each-batch the table rules' cost table is profiled at B right before B's decodes (and their
+    policies built on it), so each B's row prints before the next B's graphs are built; eager, at {1, B}: an eager
+    batch drops its finished rows, and the rules then price smaller batches."""
     sampling = SamplingConfig(args.curve_temperature)  # the head given must be trained for it (--head)
-    policies, table = curve_policies(args, target, drafter, head, prompts)
+    each = args.profile_each_batch
+
+    def sizes(B: int) -> list[int]:
+        return [B] if args.compile != "none" else [1, B]
+    policies, table = curve_policies(args, target, drafter, head, prompts,
+                                     sizes(args.batch_sizes[0]) if each else [1, *args.batch_sizes])
+    tables = [table]
     lines = curve_header(args, sampling, policies)
     compile_s, paired, pooled = {}, [], []
     for B in args.batch_sizes:
+        if each and B != args.batch_sizes[0]:
+            policies, table = curve_policies(args, target, drafter, head, prompts, sizes(B))
+            tables.append(table)
         seconds, unit_times, cell_tokens, rates, mats, fastest = curve_batch_size(args, target, drafter, policies,
                                                                                    prompts, B, sampling)
         if seconds is not None:
@@ -444,10 +456,10 @@ def batch_curve_table(args, target, drafter, head, prompts) -> list[str]:
                            for best in (paired[-1][1][0], paired[-1][2][0])])
         lines.append(curve_row(B, policies, rates, mats))
         print(lines[-1], flush=True)
-    return lines + curve_notes(args, paired, pooled, table, compile_s)
+    return lines + curve_notes(args, paired, pooled, [t for t in tables if t is not None], compile_s)
 
 
-def curve_notes(args, paired: list, pooled: list, table: CostTable | None, compile_s: dict) -> list[str]:
+def curve_notes(args, paired: list, pooled: list, tables: list[CostTable], compile_s: dict) -> list[str]:
     """What part (b)'s methods are, its paired (and, sampled, pooled) comparisons, its cost table, compile times."""
     lines = ["", f"SpecDec++: {'head ' + args.head if args.head else 'an untrained random head (its stops mean nothing)'}"
              f", h = {args.h}, K_max = {args.k_max}; each row stops alone (the paper's rule), or, lockstep, the batch "
@@ -466,7 +478,8 @@ def curve_notes(args, paired: list, pooled: list, table: CostTable | None, compi
         lines += [""] + paired_table([(B, *every) for B, _, every in paired], args.ks)
         if pooled:
             lines += [""] + pooled_table([every for _, every in pooled], args.ks)
-    lines += (["", "Cost table (this run):", "", "```", table.render(), "```"] if table is not None else
+    lines += (["", "Cost table (this run; one per B with --profile-each-batch):", "", "```",
+               *(t.render() for t in tables), "```"] if tables else
               ["", "Left out (--no-table-rules): the batch-aware rule and the global verify budget, and the cost table "
                "they read (profiling it at every B and width takes longer than the curve on a large target)."])
     if compile_s:
@@ -580,6 +593,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--table-rules", action=argparse.BooleanOptionalAction, default=True,
                         help="part (b)'s rules that read a cost table profiled here (the batch-aware rule, the global "
                              "verify budget); --no-table-rules leaves them and the profile out")
+    parser.add_argument("--profile-each-batch", action="store_true",
+                        help="part (b): profile the table rules' cost table at B right before each B's decodes "
+                             "(a compiled run on a GPU then prints B = 1's row before building B = 64's graphs)")
     parser.add_argument("--compiled-skip", default="",
                         help="parts to skip under a compile mode only (e.g. b, c: a large target's compiled batch-1 "
                              "row without compiling every policy at every B)")

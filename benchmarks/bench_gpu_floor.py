@@ -57,11 +57,10 @@ def streamed_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if tied or p is not embedding)
 
 
-def step_times(target: torch.nn.Module, compile: str, context: int, steps: int, seed: int) -> list[float]:
+def step_times(target: torch.nn.Module, compiler: StepCompiler, context: int, steps: int, seed: int) -> list[float]:
     """Seconds of `steps` one-token target steps at batch 1 over a static cache holding `context` tokens, after
     5 untimed ones (and, compiled, the capture), each rolled back to `context` first."""
     device = target.get_input_embeddings().weight.device
-    compiler = StepCompiler(compile)
     step = forward_step(compiler, target)
     gen = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
@@ -78,12 +77,11 @@ def step_times(target: torch.nn.Module, compile: str, context: int, steps: int, 
     return [timed_call(call, device)[1].time for _ in range(steps)]
 
 
-def decode_per_token(target: torch.nn.Module, compile: str, context: int, tokens: int, seed: int) -> float:
+def decode_per_token(target: torch.nn.Module, compiler: StepCompiler, context: int, tokens: int, seed: int) -> float:
     """Seconds per token of a greedy batch-1 AR decode of `tokens` tokens after a `context`-token prompt, the
     second of two identical calls (the first builds the graphs)."""
     device = target.get_input_embeddings().weight.device
     prompt = torch.randint(0, target.config.vocab_size, (context,), generator=torch.Generator().manual_seed(seed))
-    compiler = StepCompiler(compile)
 
     def decode():
         return generate_batch(target, [prompt.tolist()], tokens, compile=compiler)
@@ -121,8 +119,9 @@ def main(argv=None) -> int:
     target, _ = demo_shaped_pair(None, 0.05, args.device, dtype, args.shape)
     weights = streamed_bytes(target)
     floor = weights / bandwidth
-    steps = step_times(target, args.compile, args.context, args.steps, args.seed)
-    per_token = decode_per_token(target, args.compile, args.context, args.tokens, args.seed)
+    compiler = StepCompiler(args.compile)  # one for both: the decode reuses the step's compiled forward
+    steps = step_times(target, compiler, args.context, args.steps, args.seed)
+    per_token = decode_per_token(target, compiler, args.context, args.tokens, args.seed)
     step = statistics.median(steps)
     cuda = f", CUDA {torch.version.cuda}" if args.device.startswith("cuda") else ""
     lines = [

@@ -4,12 +4,13 @@ bench_predict.py on a real target, in a RESULTS.md section of its own (bench_pre
     python benchmarks/bench_predict_real.py [--run runs/real] [bench_predict.py options]
 
 By default (what its RESULTS.md section measured): the bundle's all-domain drafter and its greedy head on the run's
-first 16 test prompts in the target's chat template (code, math, then summarisation), rows ending at EOS or 24 new
-tokens, B = 1, 2, 4, 8, 16; --paired (each pass profiles its own cost table, then decodes AR, fixed K in
-{1, 2, 4, 8}, SpecDec++, the batch-aware rule and the K predict chooses, once each) over 2 passes and a warm-up,
-with --decisions (the chosen K's rate over the pass's best fixed K, AR counted as K = 0). Fewer tokens and
-passes than bench_predict.py's defaults: a 135M target decodes at ~12 tokens/s at batch 1 on one core, and
-every pass decodes 8 methods over 16 prompts at every B (about an hour in all on 2 CPU cores). Any
+first 16 test prompts in the target's chat template (code, math, then summarisation), rows ending at EOS or 16 new
+tokens, B = 1, 2, 4, 8, 16; each B's cost table profiled right before its decodes (--profile-each-batch), then AR,
+fixed K in {1, 2, 4, 8}, SpecDec++, the batch-aware rule and the K predict chooses from that table decoded over 2
+interleaved passes and a warm-up, with --decisions (the chosen K's rate over each pass's best fixed K, AR counted as
+K = 0). Fewer tokens and passes than bench_predict.py's defaults, and one table per B rather than --paired's one per
+pass: a 135M target decodes ~12 tokens/s at batch 1 on one core, its table at B = 16 and widths to 9 takes minutes,
+and every pass decodes 8 methods over 16 prompts at every B (about 45 minutes in all on 2 CPU cores). Any
 bench_predict.py option given after these overrides the defaults.
 """
 from __future__ import annotations
@@ -22,8 +23,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import bench_predict  # noqa: E402
 
-DEFAULTS = ["--batch-sizes", "1,2,4,8,16", "--ks", "1,2,4,8", "--paired", "--decisions", "--max-new-tokens", "24",
-            "--runs", "2"]
+DEFAULTS = ["--batch-sizes", "1,2,4,8,16", "--ks", "1,2,4,8", "--profile-each-batch", "--decisions",
+            "--max-new-tokens", "16", "--runs", "2"]
 
 
 def real_argv(run: pathlib.Path, rest: list[str]) -> list[str]:

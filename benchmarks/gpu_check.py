@@ -8,7 +8,8 @@ On the device machine, after `make gpu-wheels` here (the packages its image lack
     device run: command "PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out $OUT", carry [".whl"], timeout 600
 
 Steps, in this order, each a subprocess with its share of --budget-s (one that overruns is stopped, its log kept,
-and the next one runs; a benchmark prints its rows as they finish, so a stopped one's log still holds those):
+and the next one runs). The benchmarks profile each B's cost table right before its decodes (--profile-each-batch)
+and print each B's rows as they finish, so a B = 64 whose CUDA graphs do not fit leaves B = 1..16 in the log:
   install   the project (pip, no dependencies, no network) and the carried wheels into a scratch site directory
   floor     bench_gpu_floor.py: the copy bandwidth; the ~1B bf16 target's batch-1 step under CUDA graphs against
             weight bytes / bandwidth (goal: within 1.5x)
@@ -42,14 +43,15 @@ SITE = pathlib.Path("/tmp/specdraft-site")  # the device machine's scratch site 
 # (step, share of the budget, command after the interpreter); GPU figures: the ~1B pair in bf16 under CUDA graphs
 GPU_PAIR = ["--shape", "1b", "--dtype", "bfloat16", "--device", "cuda"]
 STEPS = [
-    ("floor", 0.12, ["benchmarks/bench_gpu_floor.py", "--section", "bench_gpu_floor.py (GPU)"]),
+    ("floor", 0.15, ["benchmarks/bench_gpu_floor.py", "--section", "bench_gpu_floor.py (GPU)"]),
     ("test-gpu", 0.2, None),  # make test-gpu
-    ("predict", 0.28, ["benchmarks/bench_predict.py", *GPU_PAIR, "--compile", "reduce-overhead",
-                       "--batch-sizes", "1,4,16,64", "--ks", "1,2,4,8", "--decisions", "--runs", "2",
+    ("predict", 0.25, ["benchmarks/bench_predict.py", *GPU_PAIR, "--compile", "reduce-overhead",
+                       "--batch-sizes", "1,4,16,64", "--ks", "1,2,4,8", "--decisions", "--profile-each-batch", "--runs", "2",
                        "--max-new-tokens", "32", "--section", "bench_predict.py (GPU)"]),
     ("curve", 0.4, ["benchmarks/bench_batch_decoder.py", *GPU_PAIR, "--compile", "reduce-overhead", "--skip", "a,c",
                     "--compiled-batch-sizes", "1,4,16,64", "--compiled-ks", "1,2,4,8", "--goal-ks", "1,2,4,8",
                     "--batch-sizes", "1,4,16,64", "--n-prompts", "4", "--max-new-tokens", "32", "--runs", "2",
+                    "--profile-each-batch",
                     "--section", "bench_batch_decoder.py (GPU)"]),
 ]
 # --smoke: the same scripts on this CPU, small and eager, printing only
@@ -57,9 +59,11 @@ SMOKE = {
     "floor": ["benchmarks/bench_gpu_floor.py", "--device", "cpu", "--shape", "demo", "--dtype", "float32",
               "--compile", "none", "--copy-mib", "16", "--steps", "5", "--tokens", "8", "--no-append"],
     "predict": ["benchmarks/bench_predict.py", "--batch-sizes", "1,2", "--ks", "1,2", "--decisions", "--runs", "1",
+                "--profile-each-batch",
                 "--max-new-tokens", "8", "--no-append"],
     "curve": ["benchmarks/bench_batch_decoder.py", "--skip", "a,c", "--batch-sizes", "1,2", "--ks", "1,2",
               "--goal-ks", "1,2", "--k-max", "2", "--n-prompts", "2", "--max-new-tokens", "8", "--runs", "1",
+              "--profile-each-batch",
               "--no-append"],
 }
 
@@ -84,7 +88,11 @@ def install(python: str, log) -> int:
 
 def run_step(cmd: list[str], limit: float, log, env: dict) -> int:
     """`cmd` with at most `limit` seconds; its exit code, or 124 when stopped at the limit (as timeout(1))."""
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+    except FileNotFoundError as err:  # e.g. no make on the machine: the step fails, the run goes on
+        log.write(f"{err}\n")
+        return 127
     try:
         return proc.wait(timeout=max(1.0, limit))
     except subprocess.TimeoutExpired:

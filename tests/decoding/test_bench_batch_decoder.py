@@ -125,6 +125,34 @@ def test_without_table_rules_the_curve_profiles_nothing(bench, monkeypatch):
     monkeypatch.setattr(bench, "profile_cost_table", no_profile)
     args = bench.build_parser().parse_args(["--no-table-rules", "--ks", "1,2"])
     bench.check_args(bench.build_parser(), args)
-    policies, table = bench.curve_policies(args, None, None, torch.nn.Linear(4, 1), [[1, 2, 3]])
+    policies, table = bench.curve_policies(args, None, None, torch.nn.Linear(4, 1), [[1, 2, 3]], args.batch_sizes)
     assert table is None
     assert list(policies) == ["AR", "K=1", "K=2", "SpecDec++", "SpecDec++ lockstep", "UCBSpec 0..4"]
+
+
+def test_profile_each_batch_prices_each_b_with_its_own_table_before_its_decodes(bench, monkeypatch):
+    """--profile-each-batch: B's table is profiled right before B's decodes and its rules read it, so a compiled
+    GPU run prints B = 1's row before it builds a larger B's graphs; eager, at {1, B} (a batch drops finished rows),
+    compiled at B alone (a compiled batch keeps its rows, and B = 1's graphs are not built again)."""
+    events = []
+    monkeypatch.setattr(bench, "curve_policies", lambda args, t, d, h, p, sizes: (
+        events.append(("profile", tuple(sizes))) or ({"AR": None, "K=1": sizes[-1]}, f"table {sizes}")))
+
+    def decode(args, target, drafter, policies, prompts, B, sampling):
+        events.append(("decode", B, policies["K=1"]))
+        rates = {"AR": [1.0], "K=1": [2.0]}
+        return None, {}, {}, rates, {"AR": 1.0, "K=1": 2.0}, rates
+    monkeypatch.setattr(bench, "curve_batch_size", decode)
+    seen = {}
+    monkeypatch.setattr(bench, "curve_notes", lambda args, paired, pooled, tables, compile_s: seen.update(tables=tables) or [])
+    monkeypatch.setattr(bench, "curve_header", lambda *a: [])
+    for compile, first, at4, at16 in [("none", (1, 1), (1, 4), (1, 16)), ("reduce-overhead", (1,), (4,), (16,))]:
+        events.clear()
+        args = bench.build_parser().parse_args(["--profile-each-batch", "--ks", "1", "--goal-ks", "1",
+                                                "--batch-sizes", "1,4,16"])
+        bench.check_args(bench.build_parser(), args)
+        args.compile = compile
+        bench.batch_curve_table(args, None, None, None, [[1]])
+        assert events == [("profile", first), ("decode", 1, 1), ("profile", at4), ("decode", 4, 4),
+                          ("profile", at16), ("decode", 16, 16)]
+        assert seen["tables"] == [f"table {list(first)}", f"table {list(at4)}", f"table {list(at16)}"]

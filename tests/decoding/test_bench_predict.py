@@ -119,4 +119,4 @@ def test_the_real_wrapper_runs_bench_predict_on_the_run_in_its_own_section(monke
     assert argv[:4] == ["--bundle", str(tmp_path / "bundle"), "--prompt-set", str(tmp_path / "prompts" / "sets")]
     # an option given after the defaults wins: argparse keeps the last
     assert real.bench_predict.build_parser().parse_args(argv).runs == 5
-    assert {"--paired", "--decisions"} <= set(argv)
+    assert {"--profile-each-batch", "--decisions"} <= set(argv)
