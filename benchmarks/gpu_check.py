@@ -126,11 +126,10 @@ def main(argv=None) -> int:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), env.get("PYTHONPATH")]))
     steps = [(name, share, SMOKE[name] if args.smoke else cmd) for name, share, cmd in STEPS
              if not (args.smoke and name == "test-gpu")]
-    total_share = sum(share for _, share, _ in steps)
     for i, (name, share, cmd) in enumerate(steps):
         # each step's share of what is left, so time a step did not use goes to the later ones
         left = deadline - time.monotonic()
-        limit = left * share / sum(s for _, s, _ in steps[i:]) if total_share else left
+        limit = left * share / sum(s for _, s, _ in steps[i:])
         full = ["make", "test-gpu", f"GPU_PY={python}"] if cmd is None else [python, *cmd]
         start = time.monotonic()
         with open(out / f"{name}.log", "w") as log:
