@@ -22,6 +22,8 @@ import datetime
 import pathlib
 import statistics
 import sys
+import time
+from typing import Callable
 
 import torch
 
@@ -57,7 +59,8 @@ def streamed_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if tied or p is not embedding)
 
 
-def step_times(target: torch.nn.Module, compiler: StepCompiler, context: int, steps: int, seed: int) -> list[float]:
+def step_times(target: torch.nn.Module, compiler: StepCompiler, context: int, steps: int, seed: int,
+               progress: Callable[[str], None] = lambda what: None) -> list[float]:
     """Seconds of `steps` one-token target steps at batch 1 over a static cache holding `context` tokens, after
     5 untimed ones (and, compiled, the capture), each rolled back to `context` first."""
     device = target.get_input_embeddings().weight.device
@@ -72,7 +75,9 @@ def step_times(target: torch.nn.Module, compiler: StepCompiler, context: int, st
     def call():
         cache.rollback(at)
         return step(cache, ids)
-    for _ in range(5):
+    call()
+    progress("first step called (compile and capture, when compiled)")
+    for _ in range(4):
         call()
     return [timed_call(call, device)[1].time for _ in range(steps)]
 
@@ -115,14 +120,24 @@ def main(argv=None) -> int:
         ap.error(f"--device {args.device}: torch sees no CUDA device here; run it on a GPU, or give --device cpu")
     torch.set_num_threads(args.threads)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    began = time.monotonic()
+
+    def progress(what: str) -> None:
+        # each phase as it ends: a run stopped at its limit (the GPU run's steps are time-boxed) still says how far
+        # it got and what the time went on (the first compiled call holds compile and capture)
+        print(f"[{time.monotonic() - began:6.1f} s] {what}", file=sys.stderr, flush=True)
     bandwidth = copy_bandwidth(args.device, args.copy_mib, args.reps)
+    progress(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     target, _ = demo_shaped_pair(None, 0.05, args.device, dtype, args.shape)
     weights = streamed_bytes(target)
     floor = weights / bandwidth
+    progress(f"target built: {weights / 1e6:.0f} MB streamed a step, floor {floor * 1e3:.3f} ms")
     compiler = StepCompiler(args.compile)  # one for both: the decode reuses the step's compiled forward
-    steps = step_times(target, compiler, args.context, args.steps, args.seed)
-    per_token = decode_per_token(target, compiler, args.context, args.tokens, args.seed)
+    steps = step_times(target, compiler, args.context, args.steps, args.seed, progress)
     step = statistics.median(steps)
+    progress(f"{len(steps)} steps timed: median {step * 1e3:.3f} ms, {step / floor:.2f}x the floor")
+    per_token = decode_per_token(target, compiler, args.context, args.tokens, args.seed)
+    progress(f"AR decode: {per_token * 1e3:.3f} ms a token")
     cuda = f", CUDA {torch.version.cuda}" if args.device.startswith("cuda") else ""
     lines = [
         f"## Batch-1 target step against the memory floor ({datetime.date.today()}, {device_name(args.device)}, "

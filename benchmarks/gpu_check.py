@@ -2,7 +2,7 @@
 floor, the batch curve to B = 64 with every length rule under CUDA graphs, `predict`'s decisions there, and runs
 `make test-gpu`, within one device call.
 
-    python3 benchmarks/gpu_check.py [--out DIR] [--budget-s 540] [--smoke]
+    python3 benchmarks/gpu_check.py [--out DIR] [--budget-s 540] [--only STEP,...] [--smoke]
 
 On the device machine, after `make gpu-wheels` here (the packages its image lacks, as wheels in .whl/):
     device run: command "PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out $OUT", carry [".whl"], timeout 600
@@ -106,9 +106,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/reports/gpu_check"),
                     help="where the logs, summary.md and RESULTS.md go (default: $OUT, else benchmarks/reports/gpu_check)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="seconds for every step together (9 minutes)")
+    ap.add_argument("--only", help="comma-separated steps to run, the others skipped (default: every step): "
+                    + ", ".join(name for name, _, _ in STEPS))
     ap.add_argument("--smoke", action="store_true", help="every step but test-gpu on this CPU, small, printing only")
     args = ap.parse_args(argv)
     python = sys.executable
+    only = args.only.split(",") if args.only else [name for name, _, _ in STEPS]
+    unknown = sorted(set(only) - {name for name, _, _ in STEPS})
+    if unknown:
+        ap.error(f"--only {args.only}: no step named {', '.join(unknown)}; give some of "
+                 + ", ".join(name for name, _, _ in STEPS))
     if not args.smoke and not has_cuda(python):
         print(f"gpu_check.py: {python}'s torch sees no CUDA device; run it on the GPU machine (see the module "
               "docstring), or give --smoke to prove the steps on this CPU", file=sys.stderr)
@@ -125,7 +132,7 @@ def main(argv=None) -> int:
             summary.append(f"| install | {code} | {time.monotonic() - start:.0f} |")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), env.get("PYTHONPATH")]))
     steps = [(name, share, SMOKE[name] if args.smoke else cmd) for name, share, cmd in STEPS
-             if not (args.smoke and name == "test-gpu")]
+             if name in only and not (args.smoke and name == "test-gpu")]
     for i, (name, share, cmd) in enumerate(steps):
         # each step's share of what is left, so time a step did not use goes to the later ones
         left = deadline - time.monotonic()

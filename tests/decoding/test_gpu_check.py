@@ -23,6 +23,15 @@ def test_without_cuda_the_run_stops_at_once_in_one_line_and_writes_nothing(tmp_p
     assert not out.exists()
 
 
+def test_an_unknown_step_is_refused_by_name_before_anything_runs(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--only", "floor,curves", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "no step named curves" in proc.stderr and "floor, test-gpu, predict, curve" in proc.stderr
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_smoke_runs_every_benchmark_step_on_the_cpu(tmp_path):
     out = tmp_path / "out"
@@ -37,6 +46,8 @@ def test_smoke_runs_every_benchmark_step_on_the_cpu(tmp_path):
     assert "Decisions:" in (out / "predict.log").read_text()
     assert "batch-aware lockstep" in (out / "curve.log").read_text()
     assert (ROOT / "benchmarks" / "RESULTS.md").read_bytes() == results  # --smoke prints only
+    # the floor reports each phase as it ends, so a step stopped at its limit says how far it got
+    assert "copy bandwidth" in (out / "floor.log").read_text() and "first step called" in (out / "floor.log").read_text()
 
 
 @pytest.mark.parametrize("tied", [True, False])
