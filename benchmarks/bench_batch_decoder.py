@@ -350,8 +350,9 @@ def curve_policies(args, target, drafter, head, prompts, sizes: list[int]) -> tu
     n = args.max_new_tokens
     policies = {"AR": None, **{f"K={k}": FixedK(k) for k in args.ks}}
     policies["SpecDec++"] = SpecDecPP(head, threshold=args.h, k_max=args.k_max)
-    policies["SpecDec++ lockstep"] = LockstepSpecDecPP(head, threshold=args.h, k_max=args.k_max)
-    policies["UCBSpec 0..4"] = LengthUCB((0, 1, 2, 3, 4), cost_ratio=args.cost_ratio)
+    if args.methods == "all":
+        policies["SpecDec++ lockstep"] = LockstepSpecDecPP(head, threshold=args.h, k_max=args.k_max)
+        policies["UCBSpec 0..4"] = LengthUCB((0, 1, 2, 3, 4), cost_ratio=args.cost_ratio)
     if not args.table_rules:
         return policies, None
     # the batch-aware rule and vLLM's global verify budget, priced with the decoder's own step times on this
@@ -366,9 +367,10 @@ def curve_policies(args, target, drafter, head, prompts, sizes: list[int]) -> tu
     # the head's forward and the rules' decisions, which their rounds pay beyond fixed K's (eager only)
     table = price_head_rules(table, head, drafter.config.hidden_size, args.prior, args.k_max, args.h)
     policies["batch-aware lockstep"] = LockstepBatchAwareSpecDec(head, table, args.prior, args.k_max)
-    # the rule's earlier form: lam = the round's own rate, which weighs the tokens a round has already banked
-    policies["batch-aware lockstep, own rate"] = LockstepBatchAwareSpecDec(head, table, args.prior, args.k_max,
-                                                                          reference_rate=None)
+    if args.methods == "all":
+        # the rule's earlier form: lam = the round's own rate, which weighs the tokens a round has already banked
+        policies["batch-aware lockstep, own rate"] = LockstepBatchAwareSpecDec(head, table, args.prior, args.k_max,
+                                                                              reference_rate=None)
     policies["global budget K=4"] = GlobalVerifyBudget(head, table, args.prior, min(4, args.k_max))
     return policies, table
 
@@ -593,6 +595,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--table-rules", action=argparse.BooleanOptionalAction, default=True,
                         help="part (b)'s rules that read a cost table profiled here (the batch-aware rule, the global "
                              "verify budget); --no-table-rules leaves them and the profile out")
+    parser.add_argument("--methods", default="all", choices=["all", "core"],
+                        help="part (b)'s methods: all, or core: AR, fixed K, SpecDec++, the batch-aware rule and the "
+                             "global verify budget (without SpecDec++ lockstep, UCBSpec and the batch-aware rule's "
+                             "own-rate form: fewer graphs to compile where a cold compile is dear, as on a lent GPU)")
     parser.add_argument("--profile-each-batch", action="store_true",
                         help="part (b): profile the table rules' cost table at B right before each B's decodes "
                              "(a compiled run on a GPU then prints B = 1's row before building B = 64's graphs)")

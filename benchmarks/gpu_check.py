@@ -7,8 +7,8 @@ floor, the batch curve to B = 64 with every length rule under CUDA graphs, `pred
 On the device machine, after `make gpu-wheels` here (the packages its image lacks, as wheels in .whl/):
     device run: command "PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out $OUT", carry [".whl"], timeout 600
 
-Steps, in this order, each a subprocess with its share of --budget-s (one that overruns is stopped, its log kept,
-and the next one runs). The benchmarks profile each B's cost table right before its decodes (--profile-each-batch)
+Steps, in this order (or in --only's), each a subprocess with its share of what is left of --budget-s (one that
+overruns is stopped, its log kept, and the next one runs). The benchmarks profile each B's cost table right before its decodes (--profile-each-batch)
 and print each B's rows as they finish, so a B = 64 whose CUDA graphs do not fit leaves B = 1..16 in the log:
   install   the project (pip, no dependencies, no network) and the carried wheels into a scratch site directory
   floor     bench_gpu_floor.py: the copy bandwidth; the ~1B bf16 target's batch-1 step under CUDA graphs against
@@ -18,11 +18,17 @@ and print each B's rows as they finish, so a B = 64 whose CUDA graphs do not fit
             64, fixed K in {1, 2, 4, 8}: predicted against measured, and the K predict chooses against the measured
             best (--decisions)
   curve     bench_batch_decoder.py part (b) on the same pair: AR, fixed K, SpecDec++ (an untrained head: its stops
-            cost what a trained one's do), UCBSpec, the batch-aware rule and the global verify budget (a cost table
-            profiled there), at B = 1, 4, 16, 64
+            cost what a trained one's do), the batch-aware rule and the global verify budget (a cost table
+            profiled there), at B = 1, 4, 16, 64 (--methods core: the rules the issue names, fewer graphs)
 Each benchmark rewrites its own GPU section of benchmarks/RESULTS.md ("<script> (GPU)", device, torch and CUDA
 named); the run copies RESULTS.md, every step's log and summary.md (each step's exit code and seconds) into --out.
 Copy the GPU sections back here by hand (only they differ from the tree that was sent).
+
+The first run (H200, 2026-11-29) found a cold compile and capture of the ~1B target at 35 s a graph, and every step
+ended at its share (RESULTS.md, bench_gpu_floor.py (GPU)). Since: shapes compile as automatic dynamic ones (a
+later batch size compiles nothing new: decoding/compilation.py), the floor's AR decode reuses its step's graph,
+and the curve runs --methods core. The floor is measured; a next lease runs the rest, the curve first:
+    device run: "PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --only curve,predict,test-gpu --out $OUT"
 
 Without CUDA it stops at once: one line, exit 2. --smoke runs every step but test-gpu on this CPU instead, at the
 demo shape, eager, B = 1 and 2, a few tokens, RESULTS.md left alone: the steps proven before GPU time is spent.
@@ -51,7 +57,7 @@ STEPS = [
     ("curve", 0.4, ["benchmarks/bench_batch_decoder.py", *GPU_PAIR, "--compile", "reduce-overhead", "--skip", "a,c",
                     "--compiled-batch-sizes", "1,4,16,64", "--compiled-ks", "1,2,4,8", "--goal-ks", "1,2,4,8",
                     "--batch-sizes", "1,4,16,64", "--n-prompts", "4", "--max-new-tokens", "32", "--runs", "2",
-                    "--profile-each-batch",
+                    "--profile-each-batch", "--methods", "core",
                     "--section", "bench_batch_decoder.py (GPU)"]),
 ]
 # --smoke: the same scripts on this CPU, small and eager, printing only
@@ -63,7 +69,7 @@ SMOKE = {
                 "--max-new-tokens", "8", "--no-append"],
     "curve": ["benchmarks/bench_batch_decoder.py", "--skip", "a,c", "--batch-sizes", "1,2", "--ks", "1,2",
               "--goal-ks", "1,2", "--k-max", "2", "--n-prompts", "2", "--max-new-tokens", "8", "--runs", "1",
-              "--profile-each-batch",
+              "--profile-each-batch", "--methods", "core",
               "--no-append"],
 }
 
@@ -106,8 +112,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/reports/gpu_check"),
                     help="where the logs, summary.md and RESULTS.md go (default: $OUT, else benchmarks/reports/gpu_check)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="seconds for every step together (9 minutes)")
-    ap.add_argument("--only", help="comma-separated steps to run, the others skipped (default: every step): "
-                    + ", ".join(name for name, _, _ in STEPS))
+    ap.add_argument("--only", help="comma-separated steps to run, in that order, the others skipped (default: every "
+                    "step: " + ", ".join(name for name, _, _ in STEPS) + ")")
     ap.add_argument("--smoke", action="store_true", help="every step but test-gpu on this CPU, small, printing only")
     args = ap.parse_args(argv)
     python = sys.executable
@@ -131,8 +137,10 @@ def main(argv=None) -> int:
             code = install(python, log)
             summary.append(f"| install | {code} | {time.monotonic() - start:.0f} |")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), env.get("PYTHONPATH")]))
-    steps = [(name, share, SMOKE[name] if args.smoke else cmd) for name, share, cmd in STEPS
-             if name in only and not (args.smoke and name == "test-gpu")]
+    # in --only's order: a rerun puts first the step whose figures matter most (each step's share is of what is left)
+    by_name = {name: (share, cmd) for name, share, cmd in STEPS}
+    steps = [(name, by_name[name][0], SMOKE[name] if args.smoke else by_name[name][1]) for name in only
+             if not (args.smoke and name == "test-gpu")]
     for i, (name, share, cmd) in enumerate(steps):
         # each step's share of what is left, so time a step did not use goes to the later ones
         left = deadline - time.monotonic()

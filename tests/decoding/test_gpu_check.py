@@ -44,7 +44,9 @@ def test_smoke_runs_every_benchmark_step_on_the_cpu(tmp_path):
         assert f"| {step} | 0 |" in summary, summary
     assert "step <= 1.5x floor" in (out / "floor.log").read_text()
     assert "Decisions:" in (out / "predict.log").read_text()
-    assert "batch-aware lockstep" in (out / "curve.log").read_text()
+    curve = (out / "curve.log").read_text()
+    assert "batch-aware lockstep" in curve and "global budget" in curve
+    assert "UCBSpec 0..4 tok/s" not in curve  # --methods core: the GPU's curve compiles only the rules
     assert (ROOT / "benchmarks" / "RESULTS.md").read_bytes() == results  # --smoke prints only
     # the floor reports each phase as it ends, so a step stopped at its limit says how far it got
     assert "copy bandwidth" in (out / "floor.log").read_text() and "first step called" in (out / "floor.log").read_text()
