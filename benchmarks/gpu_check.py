@@ -1,6 +1,6 @@
 """Issue 71's GPU run, prepared: one command on a lent GPU machine that measures the decoder against the bandwidth
 floor, the batch curve to B = 64 with every length rule under CUDA graphs, `predict`'s decisions there, and runs
-`make test-gpu`, within one device call.
+`make test-gpu`, within one device call (a cold machine's compiles need two: below).
 
     python3 benchmarks/gpu_check.py [--out DIR] [--budget-s 540] [--only STEP,...] [--smoke]
 
@@ -8,8 +8,9 @@ On the device machine, after `make gpu-wheels` here (the packages its image lack
     device run: command "PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out $OUT", carry [".whl"], timeout 600
 
 Steps, in this order (or in --only's), each a subprocess with its share of what is left of --budget-s (one that
-overruns is stopped, its log kept, and the next one runs). The benchmarks profile each B's cost table right before its decodes (--profile-each-batch)
-and print each B's rows as they finish, so a B = 64 whose CUDA graphs do not fit leaves B = 1..16 in the log:
+overruns is stopped, its log kept, and the next one runs). The benchmarks profile each B's cost table right before
+its decodes (--profile-each-batch) and print each B's rows as they finish, so a B = 64 whose CUDA graphs do not fit
+leaves B = 1..16 in the log:
   install   the project (pip, no dependencies, no network) and the carried wheels into a scratch site directory
   floor     bench_gpu_floor.py: the copy bandwidth; the ~1B bf16 target's batch-1 step under CUDA graphs against
             weight bytes / bandwidth (goal: within 1.5x)

@@ -103,8 +103,9 @@ def compile_for_model(fn: Callable, model: torch.nn.Module | None, mode: str) ->
     graph and a compile of its own (`dynamic=False`); a compile of the ~1B target on an H200 took 35 s cold,
     so a batch curve over B = 1-64 ran out of its budget compiling. On the demo pair (CPU, "default", one
     thread, cold inductor cache; AR and fixed K = 1, 2, 4, 8 at B = 1 then 4, 24 tokens): 32 graphs and 901 s
-    against 45 graphs and 1308 s, the same tokens in all 10 decodes, and warm decodes no slower (AR 109 against
-    125 ms, K = 4 123 against 130 ms; one run each, 3 calls). A later batch size compiles nothing new: AR and
+    against 45 graphs and 1308 s, the same tokens in all 10 decodes; warm, the fastest of 3 decodes at B = 4 took
+    AR 109 against 125 ms and K = 4 123 against 130 ms (one process each while another benchmark ran: no speed
+    claim, only no sign of a loss). A later batch size compiles nothing new: AR and
     K = 4 at B = 1, 4, 8, 16 compiled 3, 6, 3, 8 new graphs at B = 1 and 4 and none at 8 or 16 (0.2-0.4 s a
     decode there, against 120-180 s at the first two)."""
     import torch._dynamo.config as dynamo_config
