@@ -10,7 +10,7 @@ fixed K in {1, 2, 4, 8}, SpecDec++, the batch-aware rule and the K predict choos
 interleaved passes and a warm-up, with --decisions (the chosen K's rate over each pass's best fixed K, AR counted as
 K = 0). Fewer tokens and passes than bench_predict.py's defaults, and one table per B rather than --paired's one per
 pass: a 135M target decodes ~12 tokens/s at batch 1 on one core, its table at B = 16 and widths to 9 takes minutes,
-and every pass decodes 8 methods over 16 prompts at every B (about 45 minutes in all on 2 CPU cores). Any
+and every pass decodes 8 methods over 16 prompts at every B (about 95 minutes in all on 2 CPU cores). Any
 bench_predict.py option given after these overrides the defaults.
 """
 from __future__ import annotations

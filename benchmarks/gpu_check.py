@@ -29,8 +29,9 @@ The first run (H200, 2026-11-29) found a cold compile and capture of the ~1B tar
 ended at its share (RESULTS.md, bench_gpu_floor.py (GPU)). Since: shapes compile as automatic dynamic ones (a
 later batch size compiles nothing new: decoding/compilation.py), the floor's AR decode reuses its step's graph,
 and the curve runs --methods core. Still, a cold curve compiles its graphs twice (B = 1, whose sizes stay
-specialized, then B = 4, which makes them symbolic; B = 16 and 64 compile nothing): by an estimate from the 35 s
-a target graph took, some 400 s, more than one call leaves it beside test-gpu and predict (not measured). The
+specialized, then B = 4, which makes them symbolic; later sizes compile nothing: bench_compile_shapes.py): by an
+estimate from the 35 s a target graph took, some 400 s, more than one call leaves it beside test-gpu and predict
+(not measured). The
 floor is measured; a next lease (15 minutes; a start took ~35 s here) runs the rest in two calls, the second
 within the machine's 30 s warm window, so it finds the first call's inductor cache:
     device run: "PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --only curve,predict --out $OUT" (timeout 600)

@@ -29,10 +29,11 @@ class StepCompiler:
     calls (its buffers keep the addresses the graphs, and CUDA graphs, were built against). A compiled step
     holds its model for the life of the compiler."""
 
-    def __init__(self, mode: str = "none"):
+    def __init__(self, mode: str = "none", dynamic_shapes: bool = True):
         if mode not in COMPILE_MODES:
             raise InputError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
         self.mode = mode
+        self.dynamic_shapes = dynamic_shapes  # False: one graph per size (benchmarks/bench_compile_shapes.py)
         self._steps: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
         self._caches: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
         self._free: dict[Hashable, Callable] = {}  # functions of no model (the round's tails)
@@ -52,7 +53,7 @@ class StepCompiler:
         table = self._free if model is None else self._steps.setdefault(model, {})
         if name not in table:
             mode = self.mode if graphs else "default"
-            compiled = compile_for_model(fn, model, mode)
+            compiled = compile_for_model(fn, model, mode, self.dynamic_shapes)
             table[name] = fresh_outputs(compiled) if mode == "reduce-overhead" else compiled
         return table[name]
 
@@ -91,7 +92,8 @@ def layer_devices(model: torch.nn.Module) -> list[torch.device] | None:
     return devices if len(devices) == len(layers) else None
 
 
-def compile_for_model(fn: Callable, model: torch.nn.Module | None, mode: str) -> Callable:
+def compile_for_model(fn: Callable, model: torch.nn.Module | None, mode: str,
+                      dynamic_shapes: bool = True) -> Callable:
     """torch.compile of `fn`, a closure over `model` alone, with `compile_options` and the weights in the
     graph. dynamo keeps its graphs with the function's code object, which every closure of `fn` shares, and
     the guards kept (`argument_guards`) do not tell models (nor policies) apart: each compiled function
@@ -101,13 +103,10 @@ def compile_for_model(fn: Callable, model: torch.nn.Module | None, mode: str) ->
     shapes, and a size that differs at a later call (a batch size, a verify width, a cache length) recompiles
     once as a symbol, which later sizes reuse (sizes 0 and 1 stay specialized). Each compiled size had been a
     graph and a compile of its own (`dynamic=False`); a compile of the ~1B target on an H200 took 35 s cold,
-    so a batch curve over B = 1-64 ran out of its budget compiling. On the demo pair (CPU, "default", one
-    thread, cold inductor cache; AR and fixed K = 1, 2, 4, 8 at B = 1 then 4, 24 tokens): 32 graphs and 901 s
-    against 45 graphs and 1308 s, the same tokens in all 10 decodes; warm, the fastest of 3 decodes at B = 4 took
-    AR 109 against 125 ms and K = 4 123 against 130 ms (one process each while another benchmark ran: no speed
-    claim, only no sign of a loss). A later batch size compiles nothing new: AR and
-    K = 4 at B = 1, 4, 8, 16 compiled 3, 6, 3, 8 new graphs at B = 1 and 4 and none at 8 or 16 (0.2-0.4 s a
-    decode there, against 120-180 s at the first two)."""
+    so a batch curve over B = 1-64 ran out of its budget compiling. benchmarks/bench_compile_shapes.py (demo
+    pair, CPU, cold cache, AR and K = 4 at B = 1, 4, 8): the same tokens; 20 graphs and 651 s against 30 and
+    829 s; B = 4's symbolic recompile costs more than its static compile would (AR 186 against 132 s), and B = 8
+    then compiles nothing (0.3 s a decode against 115-129 s). `dynamic_shapes=False` keeps one graph per size."""
     import torch._dynamo.config as dynamo_config
     # one graph per shape the caller runs where a size stays specialized (the first shapes, sizes 0 and 1),
     # far more than dynamo's default 8:
@@ -120,7 +119,7 @@ def compile_for_model(fn: Callable, model: torch.nn.Module | None, mode: str) ->
     fn = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     device = model.get_input_embeddings().weight.device if model is not None else torch.device("cpu")
     options = compile_options(mode, device) if model is not None else {"guard_filter_fn": argument_guards}
-    return weights_in_graph(torch.compile(fn, dynamic=None, options=options))
+    return weights_in_graph(torch.compile(fn, dynamic=None if dynamic_shapes else False, options=options))
 
 
 def fail_past_recompile_limit() -> None:
