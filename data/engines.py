@@ -25,6 +25,12 @@ import httpx
 from specdraft.core.errors import InputError
 
 VLLM_PYTHON_ENV = "SPECDRAFT_VLLM_PYTHON"
+# vLLM's speculative-decoding counters on its Prometheus /metrics (a counter's samples carry the `_total` suffix);
+# data/vllm_offline.py reads the same counters from an offline engine under the names without it
+SPEC_COUNTERS = {"vllm:spec_decode_num_drafts_total": "num_drafts",
+                 "vllm:spec_decode_num_draft_tokens_total": "num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens_total": "num_accepted_tokens"}
+SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 DEFAULT_VLLM_VENV = ".venv-vllm"
 SEED_MOD = 2**31  # engines take a 32-bit request seed
 
@@ -43,6 +49,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def parse_spec_counters(text: str) -> dict:
+    """vLLM's speculative-decoding counters from a Prometheus text exposition, summed over label sets (engines,
+    models): {"num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos": [per draft position]}.
+    num_draft_tokens / num_drafts is the mean K of the verification steps; accepted_per_pos[i] counts steps whose
+    first i + 1 drafts were all accepted."""
+    out: dict = {name: 0 for name in SPEC_COUNTERS.values()}
+    per_pos: dict[int, int] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:spec_decode_"):
+            continue
+        series, _, value = line.rpartition(" ")
+        name, _, labels = series.partition("{")
+        if name in SPEC_COUNTERS:
+            out[SPEC_COUNTERS[name]] += int(float(value))
+        elif name == SPEC_PER_POS:
+            position = next(int(v.strip('"')) for k, _, v in (kv.partition("=") for kv in labels.rstrip("}").split(","))
+                            if k.strip() == "position")
+            per_pos[position] = per_pos.get(position, 0) + int(float(value))
+    out["accepted_per_pos"] = [per_pos.get(i, 0) for i in range(max(per_pos, default=-1) + 1)]
+    return out
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -83,6 +111,19 @@ class CompletionsClient:
         if self.model not in served:
             raise InputError(f"the server at {self.url} serves {served}, not '{self.model}'; "
                              "point distill_data.engine_url at the target's server or fix distill_data.engine_model")
+
+    def spec_decode_counters(self) -> dict:
+        """The server's speculative-decoding counters now (`parse_spec_counters` of its /metrics, served beside
+        /v1): cumulative since it started, so a caller takes differences around the requests it measures."""
+        try:
+            with httpx.Client(timeout=self.timeout_s) as http:
+                response = http.get(self.url.removesuffix("/v1") + "/metrics")
+        except httpx.HTTPError as e:
+            response = e
+        if isinstance(response, Exception) or response.is_error:
+            raise InputError(f"the server at {self.url} did not answer /metrics ({_one_line(str(response), 120)}); "
+                             "start it with its Prometheus metrics on (vLLM's default)")
+        return parse_spec_counters(response.text)
 
     def _body(self, prompt: list[int], stops: list[int], temperature: float, top_k: int, top_p: float,
               max_new_tokens: int, seed: int) -> dict:

