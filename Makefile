@@ -8,6 +8,7 @@
 #   make test-slurm  the sbatch templates on a throwaway local Slurm cluster (installs Debian's slurm + munge)
 #   make test-vllm   exported drafters and the distill-data engine backends inside vLLM (its own venv, ~3 min to build)
 #   make bench-speculators  our EAGLE-3 drafter against vLLM's speculators 0.9.0 trainer on runs/real (its own venv)
+#   make bench-vllm-real  runs/real's exported drafters (and bench-speculators' pair, once trained) under `vllm serve`
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -17,7 +18,8 @@ TORCH  ?= torch==2.13.0
 # one worker (--dist loadfile), so a module's fixtures (the real target's conversion) run once
 TEST_WORKERS ?= 2
 
-.PHONY: demo reproduce quality real test test-slow test-gpu gpu-wheels test-slurm test-vllm vllm bench-speculators install clean-runs
+.PHONY: demo reproduce quality real test test-slow test-gpu gpu-wheels test-slurm test-vllm vllm bench-speculators \
+        bench-vllm-real install clean-runs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -143,6 +145,11 @@ $(SPEC_STAMP):
 # 3 test prompts a domain at K = 1..5 (81 min on 2 shared cores)
 bench-speculators: real $(SPEC_STAMP)
 	nice -n 10 $(PY) benchmarks/bench_speculators.py --run runs/real --spec-python $(SPEC_PY)
+
+# vLLM's acceptance counters for the real target's drafters, one `vllm serve` per drafter and K (AVX-512 or a GPU;
+# elsewhere it says why and writes nothing); serves bench-speculators' seed-0 pair when that has run
+bench-vllm-real: real $(if $(HAS_VLLM_HW),$(VLLM_STAMP))
+	SPECDRAFT_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY) nice -n 10 $(PY) benchmarks/bench_vllm_real.py --run runs/real
 
 clean-runs:
 	rm -rf runs/

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -71,6 +72,23 @@ def parse_spec_counters(text: str) -> dict:
             per_pos[position] = per_pos.get(position, 0) + int(float(value))
     out["accepted_per_pos"] = [per_pos.get(i, 0) for i in range(max(per_pos, default=-1) + 1)]
     return out
+
+
+# an exception as a traceback ends it, bare or behind vLLM's `(EngineCore pid=N) ERROR date time [file:line] ` prefix
+EXCEPTION_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) (?:ERROR|CRITICAL) \S+ \S+ \[[^\]]*\] )?([\w.]*(?:Error|Exception): .*)$")
+
+
+def first_error(log: Path) -> str:
+    """What stopped a server, from its log: the first exception line (`SomeError: message`, with its next line when
+    that continues it, as pydantic's validation errors do), else the log's last line. A dying vLLM prints its root
+    cause first, then the shutdown's own errors and warnings."""
+    lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+    for i, line in enumerate(lines):
+        found = EXCEPTION_LINE.match(line)
+        if found:
+            more = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].startswith(" ") else ""
+            return f"{found.group(1)} {more}".strip()
+    return lines[-1] if lines else "(empty log)"
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -216,9 +234,8 @@ class VllmServer:
         while time.monotonic() < deadline:
             code = self.proc.poll()
             if code is not None:
-                tail = self.log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(empty log)"]
                 self.stop()
-                raise InputError(f"vLLM exited with code {code} while starting ({_one_line(tail[0])}); "
+                raise InputError(f"vLLM exited with code {code} while starting ({_one_line(first_error(self.log_path))}); "
                                  f"its log: {self.log_path}")
             try:
                 client.check_model()

