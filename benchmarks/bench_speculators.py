@@ -433,15 +433,22 @@ def pooled_mal(tokens, calls, seed: int = 0, n_boot: int = 2000, level: float = 
     return spread.median, spread.lo, spread.hi
 
 
-def paired_difference(a: dict, b: dict, seed: int = 0, n_boot: int = 2000, level: float = 0.9) -> tuple[float, float, float]:
-    """MAL(a) - MAL(b), both pooled over the same prompts, with a bootstrap interval resampling prompts jointly."""
+def paired_bootstrap(a: dict, b: dict, combine=np.subtract, seed: int = 0, n_boot: int = 2000,
+                     level: float = 0.9) -> tuple[float, float, float]:
+    """combine(MAL(a), MAL(b)), both pooled over the same prompts, with a bootstrap interval resampling prompts
+    jointly (np.subtract: the difference; np.divide: the ratio)."""
     ta, ca = np.asarray(a["tokens"], float), np.asarray(a["calls"], float)
     tb, cb = np.asarray(b["tokens"], float), np.asarray(b["calls"], float)
-    point = float(ta.sum() / ca.sum() - tb.sum() / cb.sum())
+    point = float(combine(ta.sum() / ca.sum(), tb.sum() / cb.sum()))
     idx = np.random.default_rng(seed).integers(0, len(ta), size=(n_boot, len(ta)))
-    stats = ta[idx].sum(1) / ca[idx].sum(1) - tb[idx].sum(1) / cb[idx].sum(1)
+    stats = combine(ta[idx].sum(1) / ca[idx].sum(1), tb[idx].sum(1) / cb[idx].sum(1))
     tail_ = (1 - level) / 2
     return point, float(np.quantile(stats, tail_)), float(np.quantile(stats, 1 - tail_))
+
+
+def paired_difference(a: dict, b: dict, seed: int = 0, n_boot: int = 2000, level: float = 0.9) -> tuple[float, float, float]:
+    """MAL(a) - MAL(b), both pooled over the same prompts, with a bootstrap interval resampling prompts jointly."""
+    return paired_bootstrap(a, b, np.subtract, seed, n_boot, level)
 
 
 # ---- the benchmark ----------------------------------------------------------------------------------------

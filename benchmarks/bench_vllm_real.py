@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from specdraft.core.errors import InputError  # noqa: E402
-from bench_speculators import paired_difference, pooled_mal, test_prompts, vllm_hardware  # noqa: E402
+from bench_speculators import paired_bootstrap, paired_difference, pooled_mal, test_prompts, vllm_hardware  # noqa: E402
 from publish import publish  # noqa: E402  (benchmarks/publish.py)
 
 
@@ -136,7 +136,7 @@ def vllm_layout(model_dir: Path, out: Path, bundle) -> Path:
 def serve(python: Path, target: str, item: dict, prompts, tokens: int, eos: list[int], log: Path) -> dict:
     """One server for `item`, the prompts one at a time. -> {"outputs", "drafts", "accepted", "seconds"} per
     prompt, and the server's start time."""
-    from specdraft.data.engines import CompletionsClient, VllmServer
+    from specdraft.data.engines import CompletionsClient, VllmServer, spec_counter_difference
 
     # eager: the counts do not depend on it, and a cold compile costs some 3 minutes a server on this box
     extra = ("--enforce-eager",) + (() if item["config"] is None else ("--speculative-config", json.dumps(item["config"])))
@@ -150,21 +150,20 @@ def serve(python: Path, target: str, item: dict, prompts, tokens: int, eos: list
             t = time.perf_counter()
             out, _ = client.complete(ids, eos, 0.0, 0, 1.0, tokens, seed=0)
             rows["seconds"].append(round(time.perf_counter() - t, 3))
-            after = client.spec_decode_counters()
+            counts = spec_counter_difference(client.spec_decode_counters(), before)
             rows["outputs"].append(out)
-            rows["drafts"].append(after["num_drafts"] - before["num_drafts"])
-            rows["accepted"].append(after["num_accepted_tokens"] - before["num_accepted_tokens"])
+            rows["drafts"].append(counts["num_drafts"])
+            rows["accepted"].append(counts["num_accepted_tokens"])
     return {**rows, "start_seconds": round(started, 1)}
 
 
-def ours_at_k(bundle, name: str, k: int, prompts, tokens: int, eos) -> dict:
+def ours_at_k(bundle, target, name: str, k: int, prompts, tokens: int, eos) -> dict:
     """specdraft's decoder on drafter `name` at fixed K, greedy: per prompt the rounds that drafted and the
     accepted tokens (vLLM's acceptance length 1 + accepted / drafts, taken on our rounds), and the output."""
     from specdraft.decoding.generate import Plan, decode_batch
     from specdraft.decoding.policies.spec import PolicySpec, build_policy
     from specdraft.decoding.rounds.sampling import SamplingConfig
 
-    target = bundle.load_target(device="cpu")
     drafter = bundle.load_drafter(name, device="cpu", target=target)
     spec = PolicySpec("fixed", k=k)
     plan = Plan(f"K={k}", drafter, lambda: build_policy(spec))
@@ -178,11 +177,10 @@ def ours_at_k(bundle, name: str, k: int, prompts, tokens: int, eos) -> dict:
     return rows
 
 
-def greedy_ours(bundle, prompts, tokens: int, eos) -> list[list[int]]:
+def greedy_ours(target, prompts, tokens: int, eos) -> list[list[int]]:
     from specdraft.decoding.autoregressive import generate_autoregressive
     from specdraft.decoding.rounds.sampling import SamplingConfig
 
-    target = bundle.load_target(device="cpu")
     with torch.inference_mode():
         return [generate_autoregressive(target, ids, tokens, SamplingConfig(0.0), eos).tokens for _, ids in prompts]
 
@@ -199,16 +197,6 @@ def mal(rows: dict) -> tuple[float, float, float]:
 def as_ratio(rows: dict) -> dict:
     d = np.asarray(rows["drafts"], float)
     return {"tokens": list(d + np.asarray(rows["accepted"], float)), "calls": list(d)}
-
-
-def paired_ratio(a: dict, b: dict, seed: int = 0, n_boot: int = 2000, level: float = 0.9) -> tuple[float, float, float]:
-    """MAL(a) / MAL(b), both pooled over the same prompts, with a bootstrap interval resampling prompts jointly."""
-    ta, ca = np.asarray(a["tokens"], float), np.asarray(a["calls"], float)
-    tb, cb = np.asarray(b["tokens"], float), np.asarray(b["calls"], float)
-    idx = np.random.default_rng(seed).integers(0, len(ta), size=(n_boot, len(ta)))
-    stats = (ta[idx].sum(1) / ca[idx].sum(1)) / (tb[idx].sum(1) / cb[idx].sum(1))
-    lo, hi = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
-    return float((ta.sum() / ca.sum()) / (tb.sum() / cb.sum())), float(lo), float(hi)
 
 
 def fmt(cell) -> str:
@@ -247,7 +235,7 @@ def render(args, results: dict, facts: dict) -> str:
             cells = []
             for k in ks:
                 d = paired_difference(as_ratio(results[ours][k]), as_ratio(results[peer][k]))
-                r = paired_ratio(as_ratio(results[ours][k]), as_ratio(results[peer][k]))
+                r = paired_bootstrap(as_ratio(results[ours][k]), as_ratio(results[peer][k]), np.divide)
                 cells.append(f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]; {r[0]:.3f}x [{r[1]:.3f}, {r[2]:.3f}]")
             lines.append(f"| {ours.split()[-1]} | " + " | ".join(cells) + " |")
     draft = sorted(label for label, r in results.items() if r.get("family") == "draft_model")
@@ -314,7 +302,8 @@ def main(argv=None) -> None:
     torch.set_num_threads(max(os.cpu_count() or 1, 1))
     bundle = load_bundle(str(run / "bundle"))
     tok = bundle.load_tokenizer()
-    eos = list(end_of_turn_ids(tok, bundle.load_target(device="cpu")))
+    model = bundle.load_target(device="cpu")  # specdraft's side: end of turn, its greedy decode, its drafters' decodes
+    eos = list(end_of_turn_ids(tok, model))
     prompts = test_prompts(run, tok, bundle.chat, args.prompts_per_domain)
     items = servings(args, run, work, bundle)
     target = str(Path(bundle.target_path).resolve())
@@ -343,10 +332,10 @@ def main(argv=None) -> None:
             continue
         for k in [k for k in r if isinstance(k, int) and k > 0 and k not in r.get("ours", {})]:
             t0 = time.perf_counter()
-            r.setdefault("ours", {})[k] = ours_at_k(bundle, label, k, prompts, args.tokens, eos)
+            r.setdefault("ours", {})[k] = ours_at_k(bundle, model, label, k, prompts, args.tokens, eos)
             print(f"[bench_vllm_real] specdraft decoder, {label} K={k}: {time.perf_counter() - t0:.0f} s", flush=True)
             save(work, results, {"partial": "specdraft's decoder under way", "seconds": earlier_s}, args)
-    ours_plain = greedy_ours(bundle, prompts, args.tokens, eos)
+    ours_plain = greedy_ours(model, prompts, args.tokens, eos)
     version = subprocess.run([str(python), "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
                              text=True).stdout.strip()
     facts = {"run": str(run), "domains": sorted({d for d, _ in prompts}), "prompt_domains": [d for d, _ in prompts],

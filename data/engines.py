@@ -74,6 +74,14 @@ def parse_spec_counters(text: str) -> dict:
     return out
 
 
+def spec_counter_difference(after: dict, before: dict) -> dict:
+    """What happened between two readings of `parse_spec_counters` (the counters are cumulative)."""
+    out = {k: after[k] - before[k] for k in SPEC_COUNTERS.values()}
+    pad = before["accepted_per_pos"] + [0] * (len(after["accepted_per_pos"]) - len(before["accepted_per_pos"]))
+    out["accepted_per_pos"] = [a - b for a, b in zip(after["accepted_per_pos"], pad)]
+    return out
+
+
 # an exception as a traceback ends it, bare or behind vLLM's `(EngineCore pid=N) ERROR date time [file:line] ` prefix
 EXCEPTION_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) (?:ERROR|CRITICAL) \S+ \S+ \[[^\]]*\] )?([\w.]*(?:Error|Exception): .*)$")
 

@@ -32,7 +32,7 @@ import pytest
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.data.engines import CompletionsClient, VllmServer, first_error
+from specdraft.data.engines import CompletionsClient, VllmServer, first_error, spec_counter_difference
 from specdraft.decoding.bundle.directory import load_bundle
 from specdraft.decoding.costs.model import CostTable
 from specdraft.pipelines.cli import main as cli_main
@@ -123,20 +123,12 @@ def client(servers, name: str) -> CompletionsClient:
     return servers[name]
 
 
-def difference(after: dict, before: dict) -> dict:
-    out = {k: after[k] - before[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
-    n = len(after["accepted_per_pos"])
-    pad = before["accepted_per_pos"] + [0] * (n - len(before["accepted_per_pos"]))
-    out["accepted_per_pos"] = [a - b for a, b in zip(after["accepted_per_pos"], pad)]
-    return out
-
-
 def run_at(client: CompletionsClient, concurrency: int, batch: list[list[int]]) -> tuple[list[list[int]], dict]:
     """`batch` through the server with `concurrency` requests in flight, greedy; -> (outputs, counter deltas)."""
     client.concurrency = concurrency
     before = client.spec_decode_counters()
     outputs = [ids for ids, _ in client.generate(batch, [], 0.0, 0, 1.0, MAX_TOKENS, [0] * len(batch))]
-    return outputs, difference(client.spec_decode_counters(), before)
+    return outputs, spec_counter_difference(client.spec_decode_counters(), before)
 
 
 def test_served_greedy_equals_the_server_without_speculation_and_the_schedule_sets_k_per_step(servers):
