@@ -291,14 +291,20 @@ def test_shards_merge_to_the_counts_of_one_process(_exported, tmp_path, monkeypa
     """Two shards split the plan; a stream bandit's (set, domain) stays on one; a shard killed after
     some units reruns only its unfinished ones; --merge before every unit is done names what is
     missing; the last shard to finish merges, and every count equals an unsharded run's. The batch-aware
-    rows read the cost table: one process profiles it for every shard (a fixed table here, the same for
-    the unsharded run: the counts, not the clock)."""
+    rows read the cost table: one process profiles it for every shard (a fixed table here, its rules
+    priced at fixed costs too, the same for the unsharded run: the counts, not the clock; the rules' timed
+    prices differed between the two runs and moved a batch-aware row's decisions)."""
+    import dataclasses
+
     import specdraft.decoding.costs.profile as cost_profile
     from tests.decoding.test_batch_decode import cost_table
 
     profiled = []
     monkeypatch.setattr(cost_profile, "profile_cost_table",
                         lambda *a, **k: profiled.append(1) or cost_table(k_max=a[3] - 1, batch_sizes=tuple(a[2])))
+    rules = ("SpecDecPP", "LockstepSpecDecPP", "BatchAwareSpecDec", "LockstepBatchAwareSpecDec", "GlobalVerifyBudget")
+    monkeypatch.setattr(cost_profile, "price_head_rules", lambda table, *a, **k: dataclasses.replace(
+        table, rules=tuple((r, (0.02,) * len(table.batch_sizes), (0.01,) * len(table.batch_sizes)) for r in rules)))
     whole_out = run_stage(_config(fresh_copy(_exported, tmp_path, "whole")), "evaluate")
     whole = json.loads((whole_out / "metrics.json").read_text())
     root = fresh_copy(_exported, tmp_path, "sharded")
