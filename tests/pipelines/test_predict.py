@@ -153,6 +153,35 @@ def test_static_batches_as_the_batched_decoder_runs_them():
     assert rate == pytest.approx(5 * 6 / (t.round_cost(5, 4) + t.round_cost(5, 0) + 2 * started.t_start(5, True)))
 
 
+def test_static_batches_take_every_response_equally_often_so_greedy_mat_is_exact():
+    """Greedy (P_i in {0, 1}, bench_predict's summary of the decoded prompts): whole passes over the sequences
+    make the predicted MAT and drafts per round exactly those of decoding each response once, at any B (here
+    against a row walked by hand). One batch asked for is rounded up to whole passes (4 sequences: 4 batches
+    at B = 1 and 3, 2 at B = 2); drawn with replacement the B = 1 figure moved by several percent with the seed."""
+    gen = torch.Generator().manual_seed(5)
+    accept = [(torch.rand(n, generator=gen) < 0.6).double() for n in (9, 15, 4, 20)]
+    summary = summarize_acceptance(accept, accept)
+    t = table(verify=lambda b, w: 1.0, draft=lambda b: 0.1, k_max=8)
+    k, n = 3, 12
+
+    def walked(a):  # (tokens, rounds, drafts) of one row: its own cap, its leading accepted drafts, the bonus
+        out = pos = rounds = drafts = 0
+        while out < n and pos < len(a):
+            cap = min(k, len(a) - pos - 1, n - out - 1)
+            accepted = 0
+            while accepted < cap and a[pos + accepted] == 1:
+                accepted += 1
+            out, pos, rounds, drafts = out + min(accepted + 1, n - out), pos + accepted + 1, rounds + 1, drafts + cap
+        return out, rounds, drafts
+
+    tokens, rounds, drafts = map(sum, zip(*(walked(a.tolist()) for a in accept)))
+    for b in (1, 2, 3):
+        for seed in range(3):
+            _, mean_k, mat = simulate_policy(KPerBatchSize({1: k}), summary, t, b, 1, torch.Generator().manual_seed(seed),
+                                             new_tokens=n)
+            assert mat == pytest.approx(tokens / rounds, rel=1e-12) and mean_k == pytest.approx(drafts / rounds, rel=1e-12)
+
+
 def test_a_priced_rule_pays_its_own_work_in_the_simulation():
     """The simulator prices each round with the rule's own costs where the table lists them (by the policy's
     class name): always accepted, K = 4, 10 tokens per row, 2 rounds of 4 drafts, each paying per round
