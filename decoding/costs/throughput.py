@@ -14,12 +14,11 @@ train-heads for each drafter and label transform and copied by export for the dr
 
 The simulator (`simulate_policy`): B rows decode side by side, each walking through a dev sequence
 (random start, the next sequence when one ends: a server whose batch stays full; every sequence in turn, in a
-seeded order, `_SequenceOrder`). A round asks the
-policy's `stop_rows` exactly as the batched loop does (`decide_round`: decision k reads sigma of e_{k-1}),
-caps every row at its sequence's end, and draws each row's accepted prefix from its P_i (seeded); the round
-costs `CostTable.round_cost(B, longest row's k)` (rows draft in lockstep and verify at the longest width),
-and its tokens are counted in expectation, 1 + sum_{j <= k} prod_{i <= j} P_i per row (less variance than
-the draw, the same mean). tokens/s = sum of tokens / sum of round costs; batched AR = B / round_cost(B, 0)
+seeded order, `_SequenceOrder`). A round asks the policy's `stop_rows` exactly as the batched loop does
+(`decide_round`: decision k reads sigma of e_{k-1}), caps every row at its sequence's end, and draws each
+row's accepted prefix from its P_i (seeded); the round costs `CostTable.round_cost(B, longest row's k)` (rows
+draft in lockstep and verify at the longest width), and its tokens are counted in expectation,
+1 + sum_{j <= k} prod_{i <= j} P_i per row (less variance than the draw, the same mean). tokens/s = sum of tokens / sum of round costs; batched AR = B / round_cost(B, 0)
 (a plain target step and the loop's own work per round). `new_tokens` simulates static batches instead, as
 `generate_batch` decodes them (`simulate_policy`): what bench_predict.py compares with measurement.
 """
@@ -190,8 +189,8 @@ def simulate_policy(policy, summary: AcceptanceSummary, table: CostTable, batch:
 
     new_tokens None: a batch kept full (served), `rounds` rounds, tokens counted in expectation.
     new_tokens n: static batches as `generate_batch` decodes them, `rounds` batches rounded up to whole passes
-    over the sequences (`_SequenceOrder`): each row decodes from
-    the start of the next dev sequence until n tokens or the sequence's end (the response's EOS; a sequence
+    over the sequences (`_SequenceOrder`): each row decodes from the start of the next dev sequence until n
+    tokens or the sequence's end (the response's EOS; a sequence
     cut at MAX_POSITIONS goes on into a further one), the batch runs until every row is done, finished
     rows are masked but keep costing compute until (drop_half; default: an eager table) half the rows are
     done and the finished ones leave, as the eager decoder drops them; tokens are the drawn ones; each
