@@ -310,12 +310,13 @@ def profile(s: Setup, batch_sizes):
     return table
 
 
-def predicted_at(s: Setup, table, groups, b) -> dict:
-    """{method: its prediction} at batch size b, priced by `table`, for the batches `groups`."""
+def predicted_at(s: Setup, table, groups, b, seed: int | None = None) -> dict:
+    """{method: its prediction} at batch size b, priced by `table`, for the batches `groups` (simulated from
+    `seed`, default --seed)."""
     # a call's prefill runs at its batch's longest prompt (right-padded; compiled, rounded up to a power of two)
     width = statistics.mean(table.prefill_positions(max(len(p) for p in g)) for g in groups)
     pred = predict_throughput(s.summary, table, [b], s.prior or summary_prior(s.summary, 1.0),
-                              k_max=table.max_drafts, rounds=s.args.rounds, seed=s.args.seed,
+                              k_max=table.max_drafts, rounds=s.args.rounds, seed=s.args.seed if seed is None else seed,
                               new_tokens=s.args.max_new_tokens, prompt_lengths={b: width})
     out = {r["method"]: r for r in pred["predictions"]}
     out["K table"] = {**out["K table"], "k": pred["k_per_batch_size"][b]}  # the K predict recommends at b

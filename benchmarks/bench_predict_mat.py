@@ -28,7 +28,7 @@ import bench_predict  # noqa: E402
 from bench_predict_real import real_argv  # noqa: E402
 from publish import publish  # noqa: E402
 from specdraft.decoding.costs.model import CostTable  # noqa: E402
-from specdraft.decoding.costs.throughput import FIXED_KS, predict_throughput, summary_prior  # noqa: E402
+from specdraft.decoding.costs.throughput import FIXED_KS  # noqa: E402
 
 
 def flat_table(batch_sizes: list[int], k_max: int) -> CostTable:
@@ -48,17 +48,11 @@ def counted_mat(fn, groups) -> float:
 def batch_size_rows(s, table: CostTable, fns: dict, names: list[str], b: int, seeds: int) -> tuple[list[str], float]:
     """The table rows at batch size b and their worst |predicted / counted - 1| over the seeds."""
     groups = [s.prompts[i:i + b] for i in range(0, len(s.prompts), b)]
-    predicted: dict[str, list[float]] = {}
-    for seed in range(seeds):
-        pred = predict_throughput(s.summary, table, [b], s.prior or summary_prior(s.summary, 1.0), k_max=table.max_drafts,
-                                  rounds=s.args.rounds, seed=seed, new_tokens=s.args.max_new_tokens)
-        for r in pred["predictions"]:
-            name = "SpecDec++" if r["method"].startswith("SpecDec++") else r["method"]
-            predicted.setdefault(name, []).append(r["mat"])
+    predicted = [bench_predict.predicted_at(s, table, groups, b, seed=seed) for seed in range(seeds)]
     rows, worst = [], 0.0
     for name in names:
         counted = counted_mat(fns[name], groups)
-        p = predicted[name]
+        p = [by_method[name]["mat"] for by_method in predicted]
         err = max((x / counted - 1 for x in p), key=abs)
         worst = max(worst, abs(err))
         rows.append(f"| {name} | {b} | {p[0]:.4f} | {min(p):.4f}-{max(p):.4f} | {counted:.4f} | {err:+.2%} |")

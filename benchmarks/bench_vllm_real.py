@@ -157,14 +157,13 @@ def serve(python: Path, target: str, item: dict, prompts, tokens: int, eos: list
     return {**rows, "start_seconds": round(started, 1)}
 
 
-def ours_at_k(bundle, target, name: str, k: int, prompts, tokens: int, eos) -> dict:
-    """specdraft's decoder on drafter `name` at fixed K, greedy: per prompt the rounds that drafted and the
+def ours_at_k(target, drafter, k: int, prompts, tokens: int, eos) -> dict:
+    """specdraft's decoder on `drafter` at fixed K, greedy: per prompt the rounds that drafted and the
     accepted tokens (vLLM's acceptance length 1 + accepted / drafts, taken on our rounds), and the output."""
     from specdraft.decoding.generate import Plan, decode_batch
     from specdraft.decoding.policies.spec import PolicySpec, build_policy
     from specdraft.decoding.rounds.sampling import SamplingConfig
 
-    drafter = bundle.load_drafter(name, device="cpu", target=target)
     spec = PolicySpec("fixed", k=k)
     plan = Plan(f"K={k}", drafter, lambda: build_policy(spec))
     rows = {"outputs": [], "drafts": [], "accepted": []}
@@ -330,9 +329,11 @@ def main(argv=None) -> None:
     for label, r in results.items():  # specdraft's decoder beside vLLM for the bundle's independent drafters
         if r["family"] != "draft_model":
             continue
-        for k in [k for k in r if isinstance(k, int) and k > 0 and k not in r.get("ours", {})]:
+        todo_k = [k for k in r if isinstance(k, int) and k > 0 and k not in r.get("ours", {})]
+        drafter = bundle.load_drafter(label, device="cpu", target=model) if todo_k else None  # once for its Ks
+        for k in todo_k:
             t0 = time.perf_counter()
-            r.setdefault("ours", {})[k] = ours_at_k(bundle, model, label, k, prompts, args.tokens, eos)
+            r.setdefault("ours", {})[k] = ours_at_k(model, drafter, k, prompts, args.tokens, eos)
             print(f"[bench_vllm_real] specdraft decoder, {label} K={k}: {time.perf_counter() - t0:.0f} s", flush=True)
             save(work, results, {"partial": "specdraft's decoder under way", "seconds": earlier_s}, args)
     ours_plain = greedy_ours(model, prompts, args.tokens, eos)
