@@ -22,9 +22,10 @@ from specdraft.core.errors import InputError
 from specdraft.core.jsonl import jsonl_objects
 
 COLUMNS = ("id", "domain", "prompt", "messages", "response", "split")
-# the built-in worlds (`demo.world`): each a module with DOMAINS, HELDOUT_DOMAINS, ALL_DOMAINS, CORPUS (whether it
-# has pretraining documents), build_split(domain, split, n, seed), and render_prompt(domain, fields, rephrasing)
-# and REPHRASINGS for the perturbed set
+# the built-in worlds (`demo.world`): each a module with DOMAINS, HELDOUT_DOMAINS, ALL_DOMAINS, GENERATED_DOMAINS
+# (those written by a generator, whose phrases recur across splits; every other domain embeds source items, each in
+# one split for all domains), CORPUS (whether it has pretraining documents), build_split(domain, split, n, seed),
+# and render_prompt(domain, fields, rephrasing) and REPHRASINGS for the perturbed set
 WORLDS = {"demo": demo_world, "quality": quality_world, "instruct": instruct_world}
 SPLITS = ("train", "dev", "test")
 
