@@ -6,14 +6,19 @@ characters of a dev, test or held-out prompt of any domain is in a training prom
 of the other evaluation split. Domains a generator writes (word problems, counters) share their phrases across
 splits by design ("How many apples does Ava have now?"); between two of those only whole prompts must differ.
 """
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from specdraft.data.prompts import WORLDS
 from specdraft.data.source_split import split_sentences
+from specdraft.pipelines.cli import main
 
 SIZES = (("train", 160), ("dev", 20), ("test", 16))
+REPO = Path(__file__).resolve().parents[2]
 
 
 def embedded(fields: dict) -> set[str]:
@@ -67,3 +72,23 @@ def test_the_check_sees_a_leak():
 
     assert leaks(Leaky) == ["'This sentence is in a training paragraph and a dev prompt.' in "
                             "[('dev', 'translate'), ('train', 'summarize')]"]
+
+
+def test_a_heldout_domain_that_also_trains_is_refused_in_one_line():
+    r = subprocess.run([sys.executable, "-m", "specdraft.pipelines.cli", "validate", str(REPO / "configs/demo.yaml"),
+                        "demo.heldout_domains=[code]"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("specdraft: error:")
+    assert "demo.heldout_domains names code, also in demo.domains" in r.stderr
+
+
+@pytest.mark.parametrize("name", sorted(WORLDS))
+def test_every_world_refuses_a_heldout_domain_that_also_trains(name, capsys):
+    world = WORLDS[name]
+    base = [f"demo.world={name}", f"demo.domains=[{','.join(world.DOMAINS)}]"]
+    assert main(["validate", str(REPO / "configs/demo.yaml"), *base, f"demo.heldout_domains=[{world.DOMAINS[-1]}]"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"demo.heldout_domains names {world.DOMAINS[-1]}, also in demo.domains" in err[0]
+    # the world's own held-out domains beside its training domains are fine
+    heldout = f"demo.heldout_domains=[{','.join(world.HELDOUT_DOMAINS)}]"
+    assert main(["validate", str(REPO / "configs/demo.yaml"), *base, heldout]) == 0
