@@ -12,13 +12,14 @@ generator from text already on the machine:
   spell      (held out: no drafter trains on it) a word -> its letters joined by dashes
 
 Source items (functions, sentences, paragraphs, words) are split by a stable hash into a pool for the
-pretraining corpus and the train prompts, and a disjoint pool for the dev and test prompts, so the
-evaluation prompts are never seen verbatim in training.
+pretraining corpus and the train prompts, and disjoint pools for the dev and test prompts, so the
+evaluation prompts are never seen verbatim in training. Items that share text (a sentence and the paragraph
+or docstring that holds it, two functions with a common line) share their split (data/source_split.py), so
+no sentence or code line of an evaluation prompt appears in a training prompt of any domain.
 """
 from __future__ import annotations
 
 import ast
-import hashlib
 import random
 import re
 import sysconfig
@@ -26,11 +27,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from specdraft.data.source_split import (clean, code_material, fields_bucket, group_buckets,
+                                          split_sentences, stable_bucket, text_material)
 from specdraft.data.templates import REPHRASINGS, render_prompt  # noqa: F401 (the world interface: data/prompts.py)
 
 DOMAINS = ("code", "math", "translate", "summarize", "chat")
 HELDOUT_DOMAINS = ("spell",)
 ALL_DOMAINS = DOMAINS + HELDOUT_DOMAINS
+# domains whose prompts a generator writes from drawn names and numbers: their phrases recur in every split by
+# design, and a split keeps the whole prompts that hash into its bucket (every other domain embeds source items)
+GENERATED_DOMAINS = ("math",)
 CORPUS = True  # pretraining documents for the demo target and the drafters' general phase
 
 
@@ -47,12 +53,6 @@ class Example:
 
 
 # --------------------------------------------------------------------------- source text
-
-
-def stable_bucket(key: str) -> str:
-    """Stable split of source items: 84% 'train' (corpus and train prompts), 8% 'dev', 8% 'test'."""
-    u = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return "dev" if u < 0.08 else "test" if u < 0.16 else "train"
 
 
 @lru_cache(maxsize=1)
@@ -104,16 +104,7 @@ def stdlib_docstrings() -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-_SENTENCE_END = re.compile(r"(?<=[a-z0-9)][.!?])\s+(?=[A-Z])")
 _PLAIN = re.compile(r"^[A-Z][A-Za-z ,'-]+[a-z][.!?]$")
-
-
-def _clean(text: str) -> str:
-    return " ".join(text.split())
-
-
-def split_sentences(paragraph: str) -> list[str]:
-    return [s.strip() for s in _SENTENCE_END.split(_clean(paragraph)) if s.strip()]
 
 
 @lru_cache(maxsize=1)
@@ -135,7 +126,7 @@ def docstring_paragraphs() -> tuple[str, ...]:
     seen, out = set(), []
     for _, doc in stdlib_docstrings():
         for para in doc.split("\n\n"):
-            text = _clean(para)
+            text = clean(para)
             sents = split_sentences(text)
             if (len(sents) >= 2 and 15 <= len(text.split()) <= 70 and 5 <= len(sents[0].split()) <= 25
                     and sents[0][-1] in ".!?" and ">>>" not in text and sents[0] not in seen):
@@ -236,17 +227,32 @@ def make_math(rng: random.Random) -> tuple[dict, str]:
     return {"question": q}, s
 
 
+def _greeting(rng: random.Random) -> tuple[dict, str]:
+    name = rng.choice(_NAMES)
+    greet = rng.choice(["Hi", "Hello", "Hey there", "Good morning"])
+    return {"message": f"{greet}, I am {name}."}, f" {greet}, {name}! It is nice to meet you. How can I help you today?"
+
+
+def _arithmetic(rng: random.Random) -> tuple[dict, str]:
+    a, b = rng.randint(2, 20), rng.randint(2, 20)
+    op, word, val = rng.choice([("+", "plus", a + b), ("*", "times", a * b)])
+    return {"message": f"What is {a} {word} {b}?"}, f" {a} {word} {b} is {val}."
+
+
+def in_bucket(make, rng: random.Random, domain: str, bucket: str) -> tuple[dict, str]:
+    """A generated example whose prompt fields hash into the bucket (drawn again until one does), so a generated
+    prompt, not only a source item, lies in one split."""
+    for _ in range(10_000):  # a dev or test draw succeeds with p = 0.08: this bound is never reached
+        fields, response = make(rng)
+        if fields_bucket(domain, fields) == bucket:
+            return fields, response
+    raise RuntimeError(f"no generated {domain} prompt hashed into {bucket!r} in 10000 draws")
+
+
 def _chat(rng: random.Random, bucket: str) -> tuple[dict, str]:
     kind = rng.randrange(4)
-    if kind == 0:
-        name = rng.choice(_NAMES)
-        greet = rng.choice(["Hi", "Hello", "Hey there", "Good morning"])
-        return ({"message": f"{greet}, I am {name}."},
-                f" {greet}, {name}! It is nice to meet you. How can I help you today?")
-    if kind == 1:
-        a, b = rng.randint(2, 20), rng.randint(2, 20)
-        op, word, val = rng.choice([("+", "plus", a + b), ("*", "times", a * b)])
-        return {"message": f"What is {a} {word} {b}?"}, f" {a} {word} {b} is {val}."
+    if kind < 2:
+        return in_bucket((_greeting, _arithmetic)[kind], rng, "chat", bucket)
     if kind == 2:
         fns = _pool(documented_functions(), _first, bucket)
         name, first = rng.choice(fns)
@@ -264,23 +270,39 @@ def _first(x):
     return x[0]
 
 
-def _function_key(x):
-    return f"{x[0]}.{x[1]}.{x[2][:200]}"
+def function_key(f: tuple[str, str, str]) -> str:
+    """A stdlib_functions item's key: module, name and the start of its text (a name repeats across classes)."""
+    return f"{f[0]}.{f[1]}.{f[2][:200]}"
+
+
+@lru_cache(maxsize=1)
+def source_buckets() -> dict[str, str]:
+    """The split of every source item the demo and instruct worlds embed, and of every piece of their text:
+    functions, sentences, paragraphs and documented names grouped at once (data/source_split.py)."""
+    return group_buckets([*((function_key(f), code_material(f[2])) for f in stdlib_functions()),
+                          *((s, (s,)) for s in english_sentences()),
+                          *((p, text_material(p)) for p in docstring_paragraphs()),
+                          *((name, (first,)) for name, first in documented_functions())])
+
+
+def bucket_of(key: str) -> str:
+    """A source item's split: its group's, or its own stable hash for an item that embeds no sentence (a word)."""
+    return source_buckets().get(key) or stable_bucket(key)
 
 
 @lru_cache(maxsize=None)
 def _pool(items: tuple, key, bucket: str) -> list:
-    """The part of `items` whose stable bucket is `bucket` ('train', 'dev' or 'test')."""
-    return [x for x in items if stable_bucket(key(x)) == bucket]
+    """The part of `items` whose split is `bucket` ('train', 'dev' or 'test')."""
+    return [x for x in items if bucket_of(key(x)) == bucket]
 
 
 def make_example(domain: str, rng: random.Random, bucket: str) -> tuple[dict, str]:
     if domain == "math":
-        return make_math(rng)
+        return in_bucket(make_math, rng, "math", bucket)
     if domain == "chat":
         return _chat(rng, bucket)
     if domain == "code":
-        module, name, text = rng.choice(_pool(stdlib_functions(), _function_key, bucket))
+        module, name, text = rng.choice(_pool(stdlib_functions(), function_key, bucket))
         lines = text.splitlines()
         k = min(len(lines) - 1, rng.randint(1, 3))
         rest = "\n".join(lines[k : k + 10])

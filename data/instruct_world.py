@@ -16,8 +16,11 @@ interpreter's standard library, the rest from the demo world's generators and fi
   translate  (held out: no drafter is trained on it) an English docstring sentence to translate into French
 
 The split is by source item (a function, a paragraph, a sentence) or by the prompt's fields (math, chat) through a
-stable hash (demo_world.stable_bucket: ~84% train, 8% dev, 8% test), so no dev or test prompt appears in training,
-and dev and test never share a prompt. Each domain has canonical templates and rephrasings (the perturbed set).
+stable hash (~84% train, 8% dev, 8% test), so no dev or test prompt appears in training, and dev and test never
+share a prompt. Source items take the demo world's splits, which give items that share text one split
+(data/source_split.py): a sentence to translate lies in the split of every paragraph and docstring that holds it,
+so no sentence of an evaluation prompt appears in a training prompt of any domain. Each domain has canonical
+templates and rephrasings (the perturbed set).
 """
 from __future__ import annotations
 
@@ -28,11 +31,13 @@ from functools import lru_cache
 
 from specdraft.core.errors import InputError
 from specdraft.data import demo_world
-from specdraft.data.demo_world import stable_bucket
+from specdraft.data.source_split import fields_bucket
+from specdraft.data.templates import render_from
 
 DOMAINS = ("code", "math", "summarize", "chat")
 HELDOUT_DOMAINS = ("translate",)
 ALL_DOMAINS = DOMAINS + HELDOUT_DOMAINS
+GENERATED_DOMAINS = ("math", "chat")  # written by generators from drawn values (demo_world.GENERATED_DOMAINS)
 CORPUS = False  # its target is a real model: nothing to pretrain
 
 # canonical template per domain (the `chat` domain's vary with its kind of request: CHAT_KINDS)
@@ -128,11 +133,13 @@ def make_math(rng: random.Random) -> tuple[dict, str]:
 
 
 @lru_cache(maxsize=1)
-def documented_functions() -> tuple[tuple[str, str, str], ...]:
-    """(signature, first docstring sentence, source) of public, documented module-level standard-library
-    functions (4-40 lines, one per name and sentence): each a "write this function" task with its answer."""
+def documented_functions() -> tuple[tuple[str, str, str, str], ...]:
+    """(signature, first docstring sentence, source, the function's demo_world.function_key) of public,
+    documented module-level standard-library functions (4-40 lines, one per name and sentence): each a "write
+    this function" task with its answer."""
     seen, out = set(), []
-    for _, name, source in demo_world.stdlib_functions():
+    for function in demo_world.stdlib_functions():
+        _, name, source = function
         if name.startswith("_"):
             continue
         try:  # a dedented method can break a multi-line string literal: skip it
@@ -147,26 +154,27 @@ def documented_functions() -> tuple[tuple[str, str, str], ...]:
         if not sents or not 4 <= len(sents[0].split()) <= 30 or sents[0][-1] != "." or (name, sents[0]) in seen:
             continue
         seen.add((name, sents[0]))
-        out.append((f"{name}({ast.unparse(node.args)})", sents[0], source))
+        out.append((f"{name}({ast.unparse(node.args)})", sents[0], source, demo_world.function_key(function)))
     return tuple(out)
 
 
-# the domains drawn from a pool of source items: where the items come from and what each is hashed by
-POOL_SOURCES = {"code": (documented_functions, lambda x: x[0] + x[1]),
+# the domains drawn from a pool of source items: where the items come from and each one's key among the demo
+# world's source items (demo_world.bucket_of gives its split, shared with every item it shares text with)
+POOL_SOURCES = {"code": (documented_functions, lambda x: x[3]),
                 "summarize": (demo_world.docstring_paragraphs, str),
                 "translate": (demo_world.english_sentences, str)}
 
 
 @lru_cache(maxsize=None)
 def pool(domain: str, bucket: str) -> tuple:
-    """The source items of a pooled domain that hash into one split's bucket (cached: drawing a prompt is then a
-    choice from a tuple, not a pass over the standard library)."""
+    """The source items of a pooled domain in one split's bucket (cached: drawing a prompt is then a choice from
+    a tuple, not a pass over the standard library)."""
     items, key = POOL_SOURCES[domain]
-    return tuple(x for x in items() if stable_bucket(key(x)) == bucket)
+    return tuple(x for x in items() if demo_world.bucket_of(key(x)) == bucket)
 
 
 def make_code(rng: random.Random, bucket: str) -> tuple[dict, str]:
-    signature, doc, source = rng.choice(pool("code", bucket))
+    signature, doc, source, _ = rng.choice(pool("code", bucket))
     return {"signature": signature, "doc": doc}, f"```python\n{source}\n```"
 
 
@@ -179,21 +187,21 @@ def make_translate(rng: random.Random, bucket: str) -> tuple[dict, str]:
     return {"sentence": rng.choice(pool("translate", bucket))}, ""
 
 
+def render_prompt(domain: str, fields: dict, rephrasing: int | None = None) -> str:
+    return render_from(TEMPLATES, REPHRASINGS, domain, fields, rephrasing)
+
+
 @dataclass(frozen=True)
 class Example:
     id: str
     domain: str
     fields: dict  # template fields
     response: str  # reference answer ("" where the world knows none)
+    render = staticmethod(render_prompt)  # (domain, fields) -> prompt text: the world's templates
 
     @property
     def prompt(self) -> str:
-        return render_prompt(self.domain, self.fields)
-
-
-def render_prompt(domain: str, fields: dict, rephrasing: int | None = None) -> str:
-    template = TEMPLATES[domain] if rephrasing is None else REPHRASINGS[domain][rephrasing % len(REPHRASINGS[domain])]
-    return template.format(**fields)
+        return self.render(self.domain, self.fields)
 
 
 # --------------------------------------------------------------------------- splits
@@ -201,10 +209,6 @@ def render_prompt(domain: str, fields: dict, rephrasing: int | None = None) -> s
 # domains drawn from a pool of source items already split by bucket, and those whose prompt fields are hashed
 POOLED = {"code": make_code, "summarize": make_summarize, "translate": make_translate}
 GENERATED = {"math": make_math, "chat": make_chat}
-
-
-def _bucket_of(domain: str, fields: dict) -> str:
-    return stable_bucket(domain + "|" + "|".join(f"{k}={v}" for k, v in sorted(fields.items())))
 
 
 def build_split(domain: str, split: str, n: int, seed: int) -> list[Example]:
@@ -225,7 +229,7 @@ def build_split(domain: str, split: str, n: int, seed: int) -> list[Example]:
             fields, response = POOLED[domain](rng, bucket)
         else:
             fields, response = GENERATED[domain](rng)
-            if _bucket_of(domain, fields) != bucket:
+            if fields_bucket(domain, fields) != bucket:
                 continue
         key = tuple(sorted(fields.items()))
         if key in seen:

@@ -16,16 +16,17 @@ from pathlib import Path
 
 import datasets
 
-from specdraft.data import demo_world, instruct_world, quality_world
+from specdraft.data import coder_world, demo_world, instruct_world, quality_world
 from specdraft.data.chat import encode_messages, record_messages
 from specdraft.core.errors import InputError
 from specdraft.core.jsonl import jsonl_objects
 
 COLUMNS = ("id", "domain", "prompt", "messages", "response", "split")
-# the built-in worlds (`demo.world`): each a module with DOMAINS, HELDOUT_DOMAINS, ALL_DOMAINS, CORPUS (whether it
-# has pretraining documents), build_split(domain, split, n, seed), and render_prompt(domain, fields, rephrasing)
-# and REPHRASINGS for the perturbed set
-WORLDS = {"demo": demo_world, "quality": quality_world, "instruct": instruct_world}
+# the built-in worlds (`demo.world`): each a module with DOMAINS, HELDOUT_DOMAINS, ALL_DOMAINS, GENERATED_DOMAINS
+# (those written by a generator, whose phrases recur across splits; every other domain embeds source items, each in
+# one split for all domains), CORPUS (whether it has pretraining documents), build_split(domain, split, n, seed),
+# and render_prompt(domain, fields, rephrasing) and REPHRASINGS for the perturbed set
+WORLDS = {"demo": demo_world, "quality": quality_world, "instruct": instruct_world, "coder": coder_world}
 SPLITS = ("train", "dev", "test")
 
 

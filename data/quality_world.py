@@ -28,7 +28,7 @@ ones), which depth makes easy and one layer does not.
 The prompts use the demo's templates (data/templates.py), so the perturbed set rewords them the same way and
 data/quality.py scores them. The world is a pure function of its seed: each split draws from its own seeded
 stream, and a candidate example is kept only when the stable hash of its prompt fields falls in the split's
-bucket (demo_world.stable_bucket: corpus and train share one pool; dev and test have their own), so no
+bucket (source_split.stable_bucket: corpus and train share one pool; dev and test have their own), so no
 evaluation prompt is ever seen in pretraining or distillation.
 """
 from __future__ import annotations
@@ -37,12 +37,14 @@ import random
 import re
 
 from specdraft.core.errors import InputError
-from specdraft.data.demo_world import Example, stable_bucket
+from specdraft.data.demo_world import Example
+from specdraft.data.source_split import fields_bucket
 from specdraft.data.templates import REPHRASINGS, render_prompt  # noqa: F401 (the world interface: data/prompts.py)
 
 DOMAINS = ("math", "translate", "summarize")
 HELDOUT_DOMAINS: tuple[str, ...] = ()
 ALL_DOMAINS = DOMAINS + HELDOUT_DOMAINS
+GENERATED_DOMAINS = DOMAINS  # every prompt is written from a drawn start (demo_world.GENERATED_DOMAINS)
 CORPUS = True  # pretraining documents for the quality target
 
 # --------------------------------------------------------------------------- a counter, three ways
@@ -119,10 +121,6 @@ def final_value(question: str) -> int:
 GENERATORS = {"math": make_math, "translate": make_translate, "summarize": make_summarize}
 
 
-def _bucket_of(domain: str, fields: dict) -> str:
-    return stable_bucket(domain + "|" + "|".join(f"{k}={v}" for k, v in sorted(fields.items())))
-
-
 def build_split(domain: str, split: str, n: int, seed: int) -> list[Example]:
     """n examples of one domain for one split ('corpus', 'train', 'dev', 'test'), deterministic in seed. A
     candidate is kept when its prompt fields hash into the split's bucket (~84% 'train', which 'corpus' shares,
@@ -136,7 +134,7 @@ def build_split(domain: str, split: str, n: int, seed: int) -> list[Example]:
     for _ in range(200 * n + 1000):  # each domain has 756 distinct prompts (starts): ~60 in each of dev and test
         fields, response = GENERATORS[domain](rng)
         key = tuple(sorted(fields.items()))
-        if (key not in seen or bucket == "train") and _bucket_of(domain, fields) == bucket:
+        if (key not in seen or bucket == "train") and fields_bucket(domain, fields) == bucket:
             seen.add(key)
             out.append(Example(f"{domain}/{split}/{len(out):06d}", domain, fields, response))
             if len(out) == n:

@@ -44,6 +44,12 @@ REPHRASINGS: dict[str, list[str]] = {
 }
 
 
-def render_prompt(domain: str, fields: dict[str, str], rephrasing: int | None = None) -> str:
-    template = TEMPLATES[domain] if rephrasing is None else REPHRASINGS[domain][rephrasing % len(REPHRASINGS[domain])]
+def render_from(templates: dict[str, str], rephrasings: dict[str, list[str]], domain: str, fields: dict,
+                rephrasing: int | None = None) -> str:
+    """A prompt in its domain's canonical template (rephrasing None) or in one of its rephrasings (any world's)."""
+    template = templates[domain] if rephrasing is None else rephrasings[domain][rephrasing % len(rephrasings[domain])]
     return template.format(**fields)
+
+
+def render_prompt(domain: str, fields: dict[str, str], rephrasing: int | None = None) -> str:
+    return render_from(TEMPLATES, REPHRASINGS, domain, fields, rephrasing)

@@ -1,8 +1,9 @@
 """Stage `prepare-data`: the prompt sets every later stage reads, plus the demo pretraining corpus.
 
 Demo run (no `prompts.sources`): builds the built-in world `demo.world` offline: the demo world from the
-interpreter's standard library (data/demo_world.py), the quality world's rule tasks (data/quality_world.py), or
-the instruct world's chat requests for a real instruction model (data/instruct_world.py; no corpus). Real run:
+interpreter's standard library (data/demo_world.py), the quality world's rule tasks (data/quality_world.py), the
+instruct world's chat requests for a real instruction model (data/instruct_world.py; no corpus), or the coder
+world's requests for a coder-instruct model (data/coder_world.py; no corpus). Real run:
 converts the user's JSONL files / datasets directories (records with a `prompt`, OpenAI `messages` or ShareGPT
 `conversations`; data/chat.py).
 

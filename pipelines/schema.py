@@ -59,9 +59,11 @@ class TargetSection:
 class DemoSection:
     # which built-in world: demo (stdlib text: code, math, translate, summarize, chat; spell held out),
     # quality (rule tasks a small target learns and a one-layer drafter does not: math, translate, summarize;
-    # data/quality_world.py) or instruct (requests for a real chat model: code, math, summarize, chat; translate
-    # held out; data/instruct_world.py); domains / heldout_domains must name the chosen world's domains
-    world: Literal["demo", "quality", "instruct"] = "demo"
+    # data/quality_world.py), instruct (requests for a real chat model: code, math, summarize, chat; translate
+    # held out; data/instruct_world.py) or coder (requests for a coder-instruct model: write, explain, tests,
+    # math; fix held out; data/coder_world.py); domains / heldout_domains must name the chosen world's domains,
+    # and no domain may be both (its OOD set would be in-domain)
+    world: Literal["demo", "quality", "instruct", "coder"] = "demo"
     seed: int = 0  # the world is a pure function of this seed (the demo world's also of the interpreter's stdlib)
     domains: list[str] = field(default_factory=lambda: list(DOMAINS))  # domains with a drafter each
     heldout_domains: list[str] = field(default_factory=lambda: list(HELDOUT_DOMAINS))  # OOD: no drafter
@@ -83,6 +85,10 @@ class DemoSection:
                                  f"'{hint[0]}'? (its domains: {', '.join(world_domains)})")
         if not self.domains:
             raise InputError("demo.domains is empty; name at least one of " + ", ".join(world_domains))
+        both = [d for d in self.heldout_domains if d in self.domains]
+        if both:
+            raise InputError(f"demo.heldout_domains names {', '.join(both)}, also in demo.domains: a held-out domain "
+                             f"is one no drafter trains on; drop {'it' if len(both) == 1 else 'them'} from one of the two")
         for name in ("corpus_per_domain", "train_per_domain", "dev_per_domain", "test_per_domain"):
             if getattr(self, name) < 1:
                 raise InputError(f"demo.{name} must be >= 1, got {getattr(self, name)}")
