@@ -171,6 +171,17 @@ def test_a_converted_target_pinned_by_sha256_needs_no_file_again(pair, tmp_path)
     assert log == [f"[convert-target] cache hit: {root / 'target'} (use --force to redo)"]
 
 
+def test_without_a_sha256_the_file_keys_the_conversion_and_its_absence_says_how_to_pin_it(pair, tmp_path):
+    root = tmp_path / "run"
+    local = shutil.copy(pair["target"][2], tmp_path / "model.gguf")
+    cfg = pair_config(root, pair, target={"gguf": {"file": str(local)}})
+    run_stage(cfg, "convert-target")
+    os.remove(local)
+    with pytest.raises(InputError, match=r"does not exist; .* \(or give target.gguf.sha256: a run then needs the "
+                                         "file only to convert it\)"):
+        run_stage(cfg, "convert-target")
+
+
 def _cli(tmp_path, gguf: dict, capsys) -> tuple[int, list[str]]:
     """`specdraft run` (convert-target only) on a config naming `gguf` -> (exit code, its non-empty stderr lines)."""
     from specdraft.pipelines.cli import main
