@@ -234,8 +234,11 @@ def gguf_pins(cfg: RunConfig, stage: str) -> dict[str, dict[str, str]]:
     everything after it)."""
     from specdraft.pipelines.gguf_file import gguf_pin
 
+    sources = gguf_sources(cfg, stage)
+    if not sources:
+        return {}
     cache = HashCache(Path(cfg.run.root) / ".work" / "hash-cache.json")
-    pins = {key: gguf_pin(source, key, cache) for key, source in gguf_sources(cfg, stage).items()}
+    pins = {key: gguf_pin(source, key, cache) for key, source in sources.items()}
     cache.save()
     return pins
 
