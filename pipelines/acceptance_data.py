@@ -55,7 +55,7 @@ def select_rows(rows: list[dict], domains: list[str], max_sequences: int, seed: 
     by the same seeded hash and takes its first ones, so an all-domain drafter's picks are among the specialists'
     (the first rows overall are among the first of their own domain): the target runs once per row, and a
     row shared by several drafters costs one forward."""
-    chosen = [r for r in rows if r["domain"] in domains]
+    chosen = [r for r in rows if not domains or r["domain"] in domains]  # no domains (an untouched init): all
     if len(chosen) > max_sequences:
         chosen = sorted(sorted(chosen, key=lambda r: derive_seed(seed, split, r["id"]))[:max_sequences],
                         key=lambda r: r["id"])

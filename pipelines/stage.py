@@ -49,13 +49,13 @@ class StageSpec:
 def _demo_only(cfg: RunConfig) -> str | None:
     if cfg.target.name_or_path is not None:
         return f"the target is given (target.name_or_path={cfg.target.name_or_path!r})"
-    if cfg.target.gguf_file is not None:
-        return f"the target is given (target.gguf_file={cfg.target.gguf_file!r})"
+    if cfg.target.gguf is not None:
+        return "the target is given (target.gguf)"
     return None
 
 
 def _gguf_only(cfg: RunConfig) -> str | None:
-    return None if cfg.target.gguf_file is not None else "no GGUF target (target.gguf_file is null)"
+    return None if cfg.target.gguf is not None else "no GGUF target (target.gguf is null)"
 
 
 # the two stages that make the target inside the run (one runs, the other is skipped): every stage that reads
@@ -65,7 +65,7 @@ IN_RUN_TARGET = ("convert-target", "pretrain-target")
 
 STAGES: tuple[StageSpec, ...] = (
     # first: a truncated or foreign GGUF file stops the run before any stage has written
-    StageSpec("convert-target", "target", (), ("target.gguf_file",), "convert_target", _gguf_only),
+    StageSpec("convert-target", "target", (), ("target.gguf",), "convert_target", _gguf_only),
     StageSpec("prepare-data", "prompts", (), ("demo", "prompts"), "prepare_data"),
     StageSpec("pretrain-target", "target", ("prepare-data",), ("prompts", "pretrain_target"), "pretrain_target", _demo_only),
     StageSpec("distill-data", "distill_data", ("prepare-data", *IN_RUN_TARGET), ("target", "prompts", "distill_data"), "distill_data"),
@@ -217,15 +217,30 @@ def target_pin(cfg: RunConfig):
     return pin
 
 
-def gguf_pin(cfg: RunConfig) -> dict[str, str]:
-    """The GGUF file's content hash, for convert-target's cache key: a new file under the same name converts
-    again (and, through convert-target's manifest, rebuilds everything after it)."""
-    from specdraft.pipelines.gguf_file import resolve_gguf
+def gguf_sources(cfg: RunConfig, stage: str) -> dict:
+    """The GGUF models a stage converts, by config key: convert-target's target.gguf, train-drafters' init_from
+    when it names a GGUF (a string there is a checkpoint dir)."""
+    if stage == "convert-target" and cfg.target.gguf is not None:
+        return {"target.gguf": cfg.target.gguf}
+    init = cfg.train_drafters.init_from
+    if stage == "train-drafters" and init is not None and not isinstance(init, str):
+        return {"train_drafters.init_from": init}
+    return {}
 
+
+def gguf_pins(cfg: RunConfig, stage: str) -> dict[str, dict[str, str]]:
+    """What pins the bytes of each GGUF model the stage converts, for its cache key: the config's sha256, else the
+    file's content hash (a new file under the same name converts again and, through the manifests, rebuilds
+    everything after it)."""
+    from specdraft.pipelines.gguf_file import gguf_pin
+
+    sources = gguf_sources(cfg, stage)
+    if not sources:
+        return {}
     cache = HashCache(Path(cfg.run.root) / ".work" / "hash-cache.json")
-    record = {"gguf_file": cfg.target.gguf_file, "content_hash": cache.sha256(resolve_gguf(cfg.target.gguf_file))}
+    pins = {key: gguf_pin(source, key, cache) for key, source in sources.items()}
     cache.save()
-    return record
+    return pins
 
 
 # Config reads that never change what a stage writes, so no cache key holds them: where the run lives,
@@ -246,8 +261,9 @@ def _cache_key(cfg: RunConfig, spec: StageSpec, inputs: dict[str, Manifest]) -> 
     relevant["seed"] = cfg.run.seed
     if "target" in spec.sections and cfg.target.name_or_path is not None:
         relevant["target_pin"] = target_pin(cfg).record  # new weights under the same name rebuild
-    if spec.name == "convert-target":
-        relevant["gguf_pin"] = gguf_pin(cfg)
+    pins = gguf_pins(cfg, spec.name)
+    if pins:
+        relevant["gguf_pin"] = pins
     blob = json.dumps({"stage": spec.name, "version": STAGE_VERSION, "config": relevant,
                        "inputs": {k: m.content_hash for k, m in sorted(inputs.items())}},
                       sort_keys=True, default=str)

@@ -10,15 +10,22 @@ target's own responses (self-distillation). Here:
   3. alignment table on distill_data dev rows: 1 - TV(p, q) at T=1 and greedy agreement, per
      drafter x domain, with the general-only base drafter as the no-distillation reference
 
+Every drafter starts from random weights of train_drafters.model or from init_from: a drafter checkpoint, or a
+GGUF model such as the target's smaller sibling (converted once in the work dir, its tokenizer checked to be the
+target's). init_drafter keeps that untouched model as a serving drafter of its own, with no domains: neither a
+specialist nor the all-domain drafter, measured beside them.
+
 Each finished drafter is kept in the work dir, so a killed run resumes with the next drafter (and a
 drafter killed mid-training resumes from its last checkpoint).
 
 Writes drafters/
-  <name>/           save_pretrained (safetensors) + tokenizer + drafter.json (domains, data hash, steps, metrics)
+  <name>/           save_pretrained (safetensors) + tokenizer + drafter.json (domains, data hash, steps, metrics);
+                    also base/ and the init_drafter's (drafter.json phase "init", domains [])
   alignment.json    drafter -> domain -> {acceptance, agreement, positions}
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -43,9 +50,12 @@ from specdraft.decoding.bundle.loading import load_causal_lm as load_drafter
 from specdraft.core.tokenizers import check_same_vocabulary
 from specdraft.pipelines.readers import load_distill_data
 from specdraft.pipelines.readers import BASE
+from specdraft.pipelines.gguf_convert import convert_gguf
+from specdraft.pipelines.gguf_file import describe, gguf_path
 from specdraft.pipelines.stage import Context, StageIncomplete, global_rank, on_rank_zero
 from specdraft.training.trainer import build_trainer, fit
 
+INIT_KEY = "train_drafters.init_from"
 
 
 
@@ -179,7 +189,11 @@ def build(ctx: Context) -> dict:
         train_eagle.check_target(tcfg.eagle, target_path, cfg.target.trust_remote_code)
 
     timings: dict[str, dict] = {}  # wall clock of the fits run by this process (not of resumed-over ones)
-    base_dir = train_base(ctx, tok, train_rows, timings)  # phase 1
+    kept = tcfg.init_drafter  # the untouched init, a drafter of its own
+    if kept in [n for n, _ in specs] + [BASE]:
+        raise InputError(f"train_drafters.init_drafter '{kept}' is also the name of a trained drafter; choose another "
+                         "name (e.g. sibling)")
+    base_dir = train_base(ctx, tok, train_rows, timings, target_path)  # phase 1
     teacher = None
     if tcfg.finetune.loss != "ce":
         teacher = load_causal_lm(target_path, cfg.target.dtype, device, cfg.target.device_map,
@@ -201,13 +215,17 @@ def build(ctx: Context) -> dict:
         target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
         cfg.target.trust_remote_code)
     names = [n for n, _ in specs] + [BASE]
-    drafters = {n: load_drafter(ctx.work / n / "model", "float32").to(device).eval() for n in names}
+    # with no general phase, base is the untouched init: the same weights, loaded and measured once
+    aliases = {kept: BASE} if kept is not None and not tcfg.general.enabled else {}
+    measured = names + ([kept] if kept is not None and not aliases else [])
+    drafters = {n: load_drafter(ctx.work / n / "model", "float32").to(device).eval() for n in measured}
     dev_rows = [dict(r) for r in distill["dev"]]
     if not dev_rows:
         raise InputError("distill_data has no dev rows; keep 'dev' in distill_data.splits for the alignment table")
-    table = alignment_table(target, drafters, dev_rows, tok.pad_token_id, tcfg, [n for n, _ in specs], seed)
+    serving = [n for n, _ in specs] + ([kept] if kept is not None else [])  # a specialist's rivals: every drafter
+    table = alignment_table(target, drafters, dev_rows, tok.pad_token_id, tcfg, serving, seed, aliases)
 
-    metrics = write_drafters(ctx, names, table, timings)
+    metrics = write_drafters(ctx, serving + [BASE], table, timings)
     if tcfg.eagle.enabled:
         from specdraft.pipelines import train_eagle
 
@@ -217,21 +235,20 @@ def build(ctx: Context) -> dict:
     return metrics
 
 
-def train_base(ctx: Context, tok, train_rows: list[dict], timings: dict[str, dict]) -> Path:
+def train_base(ctx: Context, tok, train_rows: list[dict], timings: dict[str, dict], target_path: str) -> Path:
     """Phase 1: the general base drafter every drafter starts from (trained on the demo corpus or on the
-    self-distilled mixture `train_rows`, or untrained, or `init_from`), in the work dir unless a resumed run
-    finds it there; -> its directory."""
+    self-distilled mixture `train_rows`, or untrained, from random weights or `init_from`), in the work dir unless
+    a resumed run finds it there; -> its directory. The untouched init is kept first when init_drafter names it."""
     cfg, tcfg = ctx.cfg, ctx.cfg.train_drafters
     seed = cfg.run.seed
     base_dir = ctx.work / BASE / "model"
     if base_dir.is_dir():
         return base_dir
-    if tcfg.init_from is not None:
-        model = load_drafter(tcfg.init_from, "float32")
-        check_same_vocabulary(model.config.vocab_size, len(tok), name=f"init_from {tcfg.init_from}")
-    else:
-        model = build_causal_lm(tcfg.model, len(tok), seed=seed, bos_token_id=tok.bos_token_id,
-                                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = init_model(ctx, tok, target_path)
+    kept = ctx.work / str(tcfg.init_drafter) / "model"
+    if tcfg.init_drafter is not None and not kept.is_dir() and global_rank() == 0:
+        _export(model, tok, kept, {"name": tcfg.init_drafter, "domains": [], "parameters": num_parameters(model),
+                                   "phase": "init"})
     info = {"name": BASE, "domains": [], "parameters": num_parameters(model), "phase": "general"}
     if tcfg.general.enabled:
         examples = general_examples(ctx, tok, train_rows)
@@ -243,6 +260,49 @@ def train_base(ctx: Context, tok, train_rows: list[dict], timings: dict[str, dic
     else:
         _wait_for(base_dir)  # no process group yet to wait on: rank 0 writes the untrained base
     return base_dir
+
+
+def init_model(ctx: Context, tok, target_path: str):
+    """The model every drafter starts from (train_drafters.init_from): random weights of train_drafters.model, a
+    drafter checkpoint dir, or a GGUF model converted once into the work dir, whose tokenizer must be the target's
+    (the same vocabulary, ids and special tokens)."""
+    cfg, tcfg = ctx.cfg, ctx.cfg.train_drafters
+    init = tcfg.init_from
+    if init is None:
+        return build_causal_lm(tcfg.model, len(tok), seed=cfg.run.seed, bos_token_id=tok.bos_token_id,
+                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    if isinstance(init, str):
+        model = load_drafter(init, "float32")
+        check_same_vocabulary(model.config.vocab_size, len(tok), name=f"init_from {init}")
+        return model
+    from transformers import AutoConfig
+
+    directory = converted_init(ctx, init)
+    model = load_drafter(directory, "float32")
+    target_vocab = AutoConfig.from_pretrained(target_path, trust_remote_code=cfg.target.trust_remote_code).vocab_size
+    check_same_vocabulary(model.config.vocab_size, target_vocab, directory, tok,
+                          name=f"the init_from model ({describe(init, INIT_KEY)})")
+    return model
+
+
+def converted_init(ctx: Context, source) -> Path:
+    """init_from's GGUF model as a safetensors directory in the work dir, converted once (a resumed run finds it;
+    the assembled parts are dropped once converted). Other ranks wait for rank 0's."""
+    out = ctx.work / ".init"  # dot names: no drafter's work dir can be called so
+    if out.is_dir():
+        return out
+    if global_rank() != 0:
+        _wait_for(out, timeout_s=3600)
+        return out
+    tmp = ctx.work / ".init.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    path, sha256 = gguf_path(source, INIT_KEY, ctx.work / ".init-gguf")
+    info = convert_gguf(path, tmp, describe(source, INIT_KEY), "train-drafters")
+    print(f"[train-drafters] every drafter starts from the init_from model ({info['parameters'] / 1e6:.0f}M "
+          f"parameters, GGUF sha256 {sha256[:12]})")
+    tmp.rename(out)
+    shutil.rmtree(ctx.work / ".init-gguf", ignore_errors=True)
+    return out
 
 
 def general_examples(ctx: Context, tok, train_rows: list[dict]) -> list[dict]:
@@ -298,12 +358,14 @@ def finetune(ctx: Context, tok, specs, train_rows: list[dict], base_dir: Path, t
 
 
 def alignment_table(target, drafters: dict, dev_rows: list[dict], pad_id: int, tcfg, rivals: list[str],
-                    seed: int) -> dict:
+                    seed: int, aliases: dict[str, str]) -> dict:
     """The alignment table on the dev responses (drafter -> domain -> acceptance, agreement and each
-    specialist's margin over its rivals), printed."""
+    specialist's margin over its rivals), printed; `aliases` (name -> measured drafter of the same weights) get
+    that drafter's rows."""
     print(f"[train-drafters] alignment on {len(dev_rows)} dev responses")
     table, by_domain = alignment_by_domain(target, drafters, dev_rows, pad_id, tcfg.alignment_batch_size,
                                            tcfg.finetune.max_length)
+    table.update({alias: copy.deepcopy(table[same]) for alias, same in aliases.items()})
     specialist_margins(table, by_domain, rivals=rivals, seed=seed)
     print("[train-drafters] acceptance 1 - TV(p, q) at T=1 (rows: drafters, columns: dev domain)\n"
           + format_alignment(table, "acceptance"))

@@ -173,7 +173,9 @@ class Bundle:
 
     def general_drafter(self) -> str:
         """The bundle's all-domain (OFA) drafter: the one whose domains cover every other drafter's (an
-        empty list means every domain); InputError when none does (then name one with --drafter)."""
+        empty list means every domain, and is chosen only where no drafter names them all: a drafter trained
+        on no domain, e.g. train-drafters' untouched init, is not the OFA drafter); InputError when none does
+        (then name one with --drafter)."""
         if not self.drafters:
             raise InputError("the bundle has no drafters; decode with the target alone (--method ar)")
         every = set().union(*(d.domains for d in self.drafters.values()))
@@ -181,7 +183,7 @@ class Bundle:
         if not covering:
             raise InputError(f"the bundle has no all-domain drafter among {', '.join(self.drafters)}; "
                              "name one with --drafter")
-        return max(covering, key=lambda n: (not self.drafters[n].domains, len(self.drafters[n].domains), n))
+        return max(covering, key=lambda n: (len(self.drafters[n].domains), n))
 
     def default_router(self) -> str | None:
         """The router the bundle routes with when the caller names none: the trained classifier, else

@@ -48,7 +48,8 @@ def _leaves(data: dict, section: dict, prefix: str = ""):
     """(dotted key, resolved value, default value) for every leaf a YAML file sets."""
     for key, value in data.items():
         if isinstance(value, dict) and isinstance(section["resolved"].get(key), dict) \
-                and key not in ("max_sequences", "device_map", "cascade"):
+                and isinstance(section["default"].get(key), dict) \
+                and key not in ("max_sequences", "device_map", "cascade"):  # a section null by default: one leaf
             sub = {"resolved": section["resolved"][key], "default": section["default"][key]}
             yield from _leaves(value, sub, f"{prefix}{key}.")
         else:

@@ -29,7 +29,7 @@ def real_config(root, **sections) -> RunConfig:
     """configs/real.yaml's shape at a test's size: two domains, a few prompts, a tiny drafter, a step or two."""
     data = {
         "run": {"root": str(root)},
-        "target": {"gguf_file": GGUF},
+        "target": {"gguf": {"file": GGUF}},
         "demo": {"world": "instruct", "domains": ["code", "math"], "heldout_domains": ["translate"],
                  "train_per_domain": 4, "dev_per_domain": 2, "test_per_domain": 1},
         "distill_data": {"temperatures": [0.0], "max_new_tokens": 6, "batch_size": 8, "chunk_size": 8},
@@ -115,7 +115,7 @@ def _cli(root, tmp_path, gguf: str, capsys) -> tuple[int, list[str]]:
     from specdraft.pipelines.cli import main
 
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(f"run: {{root: {root}}}\ntarget: {{gguf_file: '{gguf}'}}\n"
+    cfg.write_text(f"run: {{root: {root}}}\ntarget: {{gguf: {{file: '{gguf}'}}}}\n"
                    "demo: {world: instruct, domains: [code, math], heldout_domains: [translate]}\n")
     capsys.readouterr()
     code = main(["run", str(cfg)])
@@ -132,7 +132,7 @@ def test_bad_gguf_stops_with_one_line_and_writes_nothing(converted, tmp_path, ca
         spec, words = "no_such_wheel_pkg/model.gguf", "no installed package 'no_such_wheel_pkg'"
     elif case == "foreign":
         bad.write_text("not a model\n")
-        spec, words = str(bad), "is not a GGUF file"
+        spec, words = str(bad), "does not start as a GGUF file does"
     elif case == "truncated":
         with open(gguf_path, "rb") as src, open(bad, "wb") as dst:
             dst.write(src.read(gguf_path.stat().st_size // 2))
