@@ -171,7 +171,7 @@ FURTHER_FAMILIES = ("spectr", "cascade", "model_free")
 def _further_table(metrics: dict) -> str | None:
     """SpecTr, speculative cascades and the model-free arms (BanditSpec Table 1's), pooled over the prompts
     they ran on, each speedup against the target alone in the same mode (cascades are lossy: their
-    quality is in "The papers' claims" (claims.cascades) and benchmarks/bench_cascades.py)."""
+    quality is in "The papers' claims" (claims.cascades) and benchmarks/families/bench_cascades.py)."""
     rows = []
     for mode in ("greedy", "sampling"):
         for key in method_keys(metrics, FURTHER_FAMILIES, mode=mode, set="test"):

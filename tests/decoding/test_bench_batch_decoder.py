@@ -1,4 +1,4 @@
-"""benchmarks/bench_batch_decoder.py's pairing of adaptive methods with the best fixed K, pass by pass."""
+"""benchmarks/decoder/bench_batch_decoder.py's pairing of adaptive methods with the best fixed K, pass by pass."""
 import pytest
 
 from tests.conftest import import_benchmark

@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/bench_decoder.py on two random tiny models, so the script keeps running on a
+"""Smoke test of benchmarks/decoder/bench_decoder.py on two random tiny models, so the script keeps running on a
 fresh clone (slow: 4-9 s on the shared 2-core box; run with -m slow)."""
 import pytest
 

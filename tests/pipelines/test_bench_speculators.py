@@ -1,4 +1,4 @@
-"""benchmarks/bench_speculators.py's pure parts on tiny models (no speculators install, no run directory): the
+"""benchmarks/engines/bench_speculators.py's pure parts on tiny models (no speculators install, no run directory): the
 key mapping from speculators' / vLLM's eagle3 layout to specdraft's, its decoder adapter, the hidden-state file
 writer, the rows both trainers see, the vocabulary files and the pooled acceptance length."""
 import json

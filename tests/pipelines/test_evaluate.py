@@ -140,7 +140,7 @@ def test_report_numbers_come_from_metrics_json(run_root):
             assert any(abs(x - y) < 5e-4 for y in known), f"{x} in '{line}' is not in metrics.json"
     head = headline(metrics)
     assert head.startswith("| method") and "AR" in head
-    # benchmarks/bench_multi_drafter.py builds its tables from this same metrics.json
+    # benchmarks/adaptive/bench_multi_drafter.py builds its tables from this same metrics.json
     from tests.conftest import import_benchmark
 
     bench = import_benchmark("bench_multi_drafter")
