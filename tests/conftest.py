@@ -43,7 +43,7 @@ torch.set_num_threads(1)
 
 def import_benchmark(name: str):
     """A script of benchmarks/ as a module, found by its name in whichever question's folder holds it
-    (`bench_decoder` -> benchmarks.decoder.bench_decoder; `publish` -> benchmarks.harness.publish)."""
+    (`bench_batch_decoder` -> benchmarks.decoder.bench_batch_decoder; `publish` -> benchmarks.harness.publish)."""
     import importlib
     import pathlib
 

@@ -41,7 +41,6 @@ import argparse
 import datetime
 import os
 import pathlib
-import platform
 import statistics
 import sys
 import time
@@ -57,8 +56,9 @@ from specdraft.decoding.costs.model import CostTable
 from specdraft.decoding.rounds.shapes import verify_width  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
-from benchmarks.decoder.bench_batch_decoder import warm_then_interleave  # noqa: E402
-from benchmarks.decoder.bench_decoder import _cpu_name, load, load_prompts  # noqa: E402
+from benchmarks.harness.timing import warm_then_interleave  # noqa: E402
+from benchmarks.harness.machine import machine  # noqa: E402
+from benchmarks.harness.models import add_pair_flags, load, load_prompts  # noqa: E402
 from benchmarks.harness.publish import publish  # noqa: E402
 
 
@@ -184,12 +184,7 @@ def measured_costs(args, target, drafter, prompts, table: CostTable) -> tuple[li
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--drafter", required=True)
-    parser.add_argument("--prompt-set", required=True, help="a run's prompts/sets dir: its test prompts of --domain")
-    parser.add_argument("--prompts", help=argparse.SUPPRESS)
-    parser.add_argument("--domain", default="math")
-    parser.add_argument("--n-prompts", type=int, default=8)
+    add_pair_flags(parser, required=True)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--eos", action="store_true", help="rows stop at the target's EOS, as served")
     parser.add_argument("--ks", default="1,2,4,8", help="the fixed Ks the best is chosen from")
@@ -205,6 +200,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-append", action="store_true")
     args = parser.parse_args(argv)
+    if not args.prompt_set:
+        parser.error("give --prompt-set: the ceiling is measured on a run's test prompts")
     fail_past_recompile_limit()  # a shape run eagerly past dynamo's limit would be timed as compiled
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     args.ks = sorted({int(k) for k in args.ks.split(",")})
@@ -233,8 +230,8 @@ def main(argv=None) -> int:
         if args.save_table:
             table.save(args.save_table)
     lines = [
-        f"## Adaptive length's ceiling at batch 1 ({datetime.date.today()}, {platform.machine()} {_cpu_name()}, "
-        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), costs of compile {args.compile})", "",
+        f"## Adaptive length's ceiling at batch 1 ({datetime.date.today()}, {machine()}, "
+        f"costs of compile {args.compile})", "",
         f"`python benchmarks/adaptive/bench_length_ceiling.py {argv_text}`: {len(prompts)} {args.domain} prompts x "
         f"{args.max_new_tokens} tokens{' (up to EOS)' if args.eos is not None else ''}, K_max = {args.k_max}; every "
         "round a real decode's, priced with the cost table below; no rule's own work priced.", ""]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import pathlib
-import platform
 import statistics
 import sys
 import time
@@ -31,7 +30,8 @@ from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, Spec
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
 from benchmarks.decoder.bench_batch_decoder import ours  # noqa: E402
-from benchmarks.decoder.bench_decoder import _cpu_name, load, load_prompts  # noqa: E402
+from benchmarks.harness.machine import machine  # noqa: E402
+from benchmarks.harness.models import add_pair_flags, load, load_prompts  # noqa: E402
 from benchmarks.harness.publish import publish  # noqa: E402
 
 CORE = ("AR", "K=4")
@@ -65,13 +65,8 @@ def block(decode, methods: dict, n_prompts: int, runs: int, device: str) -> dict
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--drafter", required=True)
+    add_pair_flags(parser, required=True)
     parser.add_argument("--head", help="acceptance head dir: SpecDec++ (h = 0.7, K_max = 8) joins the middle block")
-    parser.add_argument("--prompt-set", help="a run's prompts/sets dir: use its test prompts of --domain")
-    parser.add_argument("--prompts", help="text file, one prompt per line")
-    parser.add_argument("--domain", default="math")
-    parser.add_argument("--n-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--eos", action="store_true", help="stop each row at the target's EOS, as served")
     parser.add_argument("--compile", default="default", choices=["none", "default"])
@@ -113,8 +108,7 @@ def main(argv=None) -> int:
                 print(rows[-1], flush=True)
             rows.append(f"| {name} | K=4 / AR | {rate['K=4'][0] / rate['AR'][0]:.2f} | {rate['K=4'][1] / rate['AR'][1]:.2f} |")
             print(rows[-1], flush=True)
-    machine = f"{platform.machine()} {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
-    lines = [f"## Batch 1 measured as parts (a) and (b) measure it ({datetime.date.today()}, {machine}, compile {args.compile})",
+    lines = [f"## Batch 1 measured as parts (a) and (b) measure it ({datetime.date.today()}, {machine()}, compile {args.compile})",
              "", f"`python benchmarks/decoder/bench_batch1_agreement.py {argv_text}`: {len(prompts)} prompts x "
              f"{args.max_new_tokens} tokens{' (up to EOS)' if eos is not None else ''}, greedy, batch 1, {args.runs} passes per "
              "shape; tokens/s from process CPU time. (a)-shape: per prompt, passes in a row, per-prompt medians summed "

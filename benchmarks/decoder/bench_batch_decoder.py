@@ -6,12 +6,12 @@ transformers, and tokens/s over batch sizes.
         [--device cuda --dtype bfloat16] [--shape demo|1b] [--section NAME] [--no-append]
 
 Without --target/--drafter it builds a random pair shaped like the demo pair (16 x 128 target, a
-one-layer drafter made of the target's first layer with the deeper layers damped, `bench_decoder.
+one-layer drafter made of the target's first layer with the deeper layers damped, `harness.models.
 early_exit_pair`): its acceptance reflects that construction, not a trained drafter; only the cost
 side (forwards, overheads, batching) carries over. `--shape 1b` builds the same construction at a ~1B target's
 shape (TinyLlama-1.1B's; bandwidth-bound on a GPU, gpu_check.py). Prompts are random token ids unless --prompt-set.
 
-(a) Batch 1, per prompt, methods interleaved and repeated (`bench_decoder.interleaved`: one warm-up,
+(a) Batch 1, per prompt, methods interleaved and repeated (`harness.timing.interleaved`: one warm-up,
     then --runs passes; median per prompt; this process's CPU time on CPU, CUDA events on a GPU):
     ours autoregressive, ours fixed K, transformers greedy `generate`, transformers assisted generation
     with num_assistant_tokens=K (constant schedule, no confidence stop), greedy and T = --temperature.
@@ -21,7 +21,7 @@ shape (TinyLlama-1.1B's; bandwidth-bound on a GPU, gpu_check.py). Prompts are ra
     first B prompts as one batch), decoded by every method (AR, fixed K for
     --ks, SpecDec++ with --head or an untrained random head, per row and lockstep (the batch stops
     together), UCBSpec over lengths 0..4), --runs passes, the methods taking turns batch by batch
-    (`interleave`); tokens/s = the median over passes of generated tokens / time, with the spread (min-max over
+    (`harness.timing.interleave`); tokens/s = the median over passes of generated tokens / time, with the spread (min-max over
     passes) and the speedup over batched AR at the same B.
     Sampled (--curve-temperature > 0), run i draws with seed i for every method (the warm-up decodes every seed
     first, so no pass compiles): the median then spans draws.
@@ -42,7 +42,6 @@ import argparse
 import datetime
 import os
 import pathlib
-import platform
 import re
 import statistics
 import sys
@@ -52,7 +51,6 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository: benchmarks.harness
 
-from specdraft.core.devices import device_name  # noqa: E402
 from specdraft.decoding.policies.batch_length_ucb import LengthUCB  # noqa: E402
 from specdraft.decoding.batched import forward_step, generate_batch  # noqa: E402
 from specdraft.decoding.compilation import StepCompiler, fail_past_recompile_limit  # noqa: E402
@@ -64,9 +62,12 @@ from specdraft.decoding.costs.model import CostTable  # noqa: E402
 from specdraft.decoding.policies.batch_aware import GlobalVerifyBudget, LockstepBatchAwareSpecDec, Prior  # noqa: E402
 from specdraft.decoding.costs.throughput import ACCEPTANCE_FILE, AcceptanceSummary, summary_prior  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP  # noqa: E402
-from specdraft.decoding.timing import bootstrap_rate_ratio, timed_call  # noqa: E402
-from benchmarks.decoder.bench_decoder import (ForwardCounter, _cpu_name, early_exit_pair, forward_time, interleaved, load,  # noqa: E402
-                           load_prompts, median_times)
+from specdraft.decoding.timing import bootstrap_rate_ratio  # noqa: E402
+from benchmarks.harness.machine import machine  # noqa: E402
+from benchmarks.harness.models import (DTYPES, RANDOM_SHAPES, ForwardCounter, add_device_flags, add_pair_flags,  # noqa: E402
+                                       demo_shaped_pair, hf_generate, load, load_prompts)
+from benchmarks.harness.timing import (compile_times, fastest_total, forward_time, interleave,  # noqa: E402
+                                       interleaved, median_times)
 from benchmarks.harness.publish import add_section_flags, publish_for  # noqa: E402
 
 
@@ -79,32 +80,6 @@ def bench_prior(constant: float | None, head_dir: pathlib.Path, head_config: dic
     return summary_prior(AcceptanceSummary.load(head_dir.parent / ACCEPTANCE_FILE), odds)
 
 
-# the random pairs' shapes: the demo's target (16 x 128), and a bandwidth-bound ~1B target for a GPU (TinyLlama-1.1B's
-# shape: 22 x 2048, 4 KV heads, vocabulary 32000; 1.03B parameters streamed a step, its 1-layer drafter 0.11 of them)
-RANDOM_SHAPES = {
-    "demo": dict(vocab_size=2048, hidden_size=128, intermediate_size=352, num_hidden_layers=16, num_attention_heads=4,
-                 num_key_value_heads=4, initializer_range=0.1, tie_word_embeddings=True),
-    "1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-               num_key_value_heads=4, initializer_range=0.02, tie_word_embeddings=False),
-}
-
-
-def demo_shaped_pair(vocab: int | None, nudge: float, device: str, dtype: torch.dtype, shape: str = "demo"):
-    """A random target of `shape` (RANDOM_SHAPES; the demo's 16 x 128 by default; `vocab`: its vocabulary, None for
-    the shape's own) and its first layer as the drafter; `nudge` damps the deeper layers (0.05: greedy MAT about
-    2.7 at K = 4 on the demo shape, near the demo's math drafter). Built on `device` in `dtype` directly, so a 1B
-    target never exists in float32 on the host."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    dims = {**RANDOM_SHAPES[shape], **({} if vocab is None else {"vocab_size": vocab})}
-    cfg = LlamaConfig(**dims, max_position_embeddings=512, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    with torch.device(device):
-        target = LlamaForCausalLM(cfg).to(dtype).eval()
-    target, drafter = early_exit_pair(target, nudge)
-    return target, drafter
-
-
 def untrained_head(hidden: int, device: str) -> torch.nn.Module:
     """A random linear head with sigmoid around 0.8: SpecDec++ rounds of a few tokens that vary by
     context. It predicts nothing; a trained head (--head) is what SpecDec++ is about."""
@@ -115,76 +90,9 @@ def untrained_head(hidden: int, device: str) -> torch.nn.Module:
     return head.to(device)
 
 
-def hf_generate(target, drafter, counter, prompt, n, sampling: SamplingConfig, k: int | None, seed: int,
-                eos: int | None = None):
-    """transformers generate (assisted when k is given, K constant, no confidence stop) -> (tokens, target calls).
-    eos None: exactly n tokens (min_new_tokens), else up to n, stopping at eos as ours does."""
-    torch.manual_seed(seed)
-    kwargs = dict(max_new_tokens=n, do_sample=not sampling.greedy, eos_token_id=eos, pad_token_id=0)
-    if eos is None:
-        kwargs["min_new_tokens"] = n
-    if not sampling.greedy:
-        kwargs.update(temperature=sampling.temperature, top_k=0, top_p=1.0)
-    if k is not None:
-        kwargs["assistant_model"] = drafter
-        gc = drafter.generation_config
-        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = k, "constant", 0.0
-    ids = torch.tensor([prompt], device=target.device)
-    counter.calls = 0
-    out = target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
-    return out.shape[1] - len(prompt), counter.calls
-
-
 def ours(target, prompts, n, sampling, seed, compile, drafter=None, policy=None, eos=None):
     return generate_batch(target, prompts, n, drafter=drafter, policy=policy, sampling=sampling, seed=seed,
                           compile=compile, eos_token_id=eos)
-
-
-def interleave(fns: dict, units: list, runs: int, device: str, seeded: bool = False) -> tuple[dict, dict]:
-    """Methods timed unit by unit: for each unit (a batch of prompts), every method's call on it, back to back,
-    the order turning by one each unit and pass. First one untimed call of each method on each unit (the
-    warm-up; compiled, its graphs), then `runs` passes. fns: {name: fn(unit, seed)}. Returns ({name: [[seconds
-    per unit] per pass]}, {name: [[output per unit] per pass]}).
-    Why by unit: this box's load moves within seconds. A pass that runs each method over all units before the
-    next puts seconds between two methods' decodes of the same prompts (B = 1 on 16 prompts: ~2.5 s a method), and
-    their per-pass ratio spanned 0.49-1.31 in one run; by unit, they are a decode apart.
-    seeded: pass i calls with seed = i (sampled decodes: one seed would repeat one draw of every method's tokens,
-    and a method's MAT then moves by a draw's luck: at T = 0.7 on the demo pair, K = 8's MAT over seeds 0..7 was
-    6.4-7.7 and K = 16's 8.3-10.9, more than the methods differ by), and the warm-up decodes every seed a pass
-    will: a compiled decode builds a graph the first time a round needs its width, and a seed the warm-up did not
-    draw may round differently (SpecDec++ at T = 0.7, batch 1, compiled: one pass at 49-79 tokens/s against ~700
-    when only seed 0 was warmed). Not seeded: every call gets seed 0."""
-    seeds = range(runs) if seeded else [0]
-    for unit in units:
-        for fn in fns.values():
-            for seed in seeds:
-                fn(unit, seed)
-    names = list(fns)
-    times: dict[str, list[list[float]]] = {name: [[] for _ in range(runs)] for name in names}
-    out: dict[str, list[list]] = {name: [[] for _ in range(runs)] for name in names}
-    for run in range(runs):
-        for u, unit in enumerate(units):
-            turn = (run * len(units) + u) % len(names)
-            for name in names[turn:] + names[:turn]:
-                result, t = timed_call(lambda: fns[name](unit, run if seeded else 0), device)
-                out[name][run].append(result)
-                times[name][run].append(t.time)
-    return times, out
-
-
-def fastest_total(per_pass: list[list[float]]) -> float:
-    """Seconds of one pass made of each unit's fastest time over the passes (`interleave`'s [[seconds per unit]
-    per pass]): the least-disturbed estimate where every pass does the same work (greedy)."""
-    return sum(map(min, zip(*per_pass)))
-
-
-def warm_then_interleave(fns: dict, runs: int, device: str, seeded: bool = False) -> tuple[dict[str, list[float]], dict]:
-    """`interleave` with one unit: fns {name: fn() or, seeded, fn(seed=...)} -> ({name: [seconds per pass]},
-    {name: [each pass's output]})."""
-    calls = {name: (lambda unit, seed, fn=fn: fn(seed=seed) if seeded else fn()) for name, fn in fns.items()}
-    times, out = interleave(calls, [None], runs, device, seeded)
-    return ({name: [t for (t,) in ts] for name, ts in times.items()},
-            {name: [o for (o,) in os_] for name, os_ in out.items()})
 
 
 def is_baseline(name: str) -> bool:
@@ -250,11 +158,6 @@ def pooled_table(pooled: list, ks) -> list[str]:
         for B, best, ratios in pooled]
 
 
-def compile_times(methods: dict, device: str) -> dict[str, float]:
-    """The first call of each method, timed alone: the compilation (plus one decode)."""
-    return {name: timed_call(fn, device)[1].wall for name, fn in methods.items()}
-
-
 @torch.inference_mode()
 def step_v(target, width: int, compile: StepCompiler, device: str, context: int = 64, reps: int = 60, warmup: int = 5) -> float:
     """The decoder's own verify step alone (no round around it): median robust seconds of one `width`-token
@@ -303,7 +206,7 @@ def batch1_table(args, target, drafter, prompts) -> list[str]:
                     mats["spec"][0] += m.n_generated
                     mats["spec"][1] += m.n_target
             for key in ("hf", "hf_k"):
-                toks, calls = res[key][2]
+                toks, calls = len(res[key][2][0]), res[key][2][1]
                 sums[key][0] += res[key][0]
                 sums[key][1] += toks
                 if key == "hf_k":
@@ -554,8 +457,7 @@ def check_goal_ks(parser: argparse.ArgumentParser, args) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The command line (the module docstring says what each part measures)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--target")
-    parser.add_argument("--drafter")
+    add_pair_flags(parser)
     parser.add_argument("--head", help="acceptance head dir (train-heads output) for the SpecDec++ column")
     parser.add_argument("--h", type=float, default=0.7)
     parser.add_argument("--cost-ratio", type=float, default=0.2,
@@ -568,10 +470,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the random pair's shape without --target: the demo's 16 x 128, or a ~1B target (GPU)")
     parser.add_argument("--vocab", type=int, default=None, help="vocabulary of the random pair (default: its shape's)")
     parser.add_argument("--nudge", type=float, default=0.05, help="damping of the random pair's deeper layers")
-    parser.add_argument("--prompt-set", help="a run's prompts/sets dir: use its test prompts of --domain")
-    parser.add_argument("--prompts", help="text file, one prompt per line")
-    parser.add_argument("--domain", default="math")
-    parser.add_argument("--n-prompts", type=int, default=8, help="batch-1 prompts")
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--ks", default="2,4,8")
     parser.add_argument("--goal-ks", default="1,2,4,8",
@@ -604,10 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compiled-skip", default="",
                         help="parts to skip under a compile mode only (e.g. b, c: a large target's compiled batch-1 "
                              "row without compiling every policy at every B)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--no-append", action="store_true")
+    add_device_flags(parser)
     add_section_flags(parser)
     return parser
 
@@ -629,7 +524,7 @@ def check_args(parser: argparse.ArgumentParser, args) -> tuple[list[str], set[st
 def load_models(args) -> tuple:
     """(target, drafter, head, what the pair is): --target/--drafter or the random demo-shaped pair; the head
     from --head or an untrained one; sets args.prior, the batch-aware rules' prior."""
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     if args.target and args.drafter:
         target, drafter = load(args.target, args.device, dtype), load(args.drafter, args.device, dtype)
         pair = f"target {args.target}, drafter {args.drafter}"
@@ -669,12 +564,9 @@ def bench_prompts(parser: argparse.ArgumentParser, args, target) -> list[list[in
 
 def header_lines(args, argv_text: str, pair: str) -> list[str]:
     """The section's title (date, machine), command line and what the times are."""
-    machine = (f"{platform.machine()} {_cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
-               f"device {args.device}, {args.dtype}")
-    if args.device.startswith("cuda"):  # a GPU's figures name the GPU and the CUDA torch was built with
-        machine += f", {device_name(args.device)}, CUDA {torch.version.cuda}"
+    # a GPU's figures name the GPU and the CUDA torch was built with
     return [
-        f"## Batched static-cache decoder ({datetime.date.today()}, {machine})",
+        f"## Batched static-cache decoder ({datetime.date.today()}, {machine(args.device, args.dtype)})",
         "",
         f"`python benchmarks/decoder/bench_batch_decoder.py {argv_text}`; {pair}. Times: this process's "
         f"{'CUDA events' if args.device.startswith('cuda') else 'CPU time'}.",

@@ -30,7 +30,7 @@ def one_mode(args) -> dict:
     import torch
     import torch._dynamo.utils as dynamo_utils
 
-    from benchmarks.decoder.bench_batch_decoder import demo_shaped_pair
+    from benchmarks.harness.models import demo_shaped_pair
     from specdraft.decoding.batched import generate_batch
     from specdraft.decoding.compilation import StepCompiler
     from specdraft.decoding.policies.stopping import FixedK

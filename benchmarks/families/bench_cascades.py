@@ -45,6 +45,7 @@ from specdraft.decoding.bundle.directory import load_bundle  # noqa: E402
 from specdraft.decoding.cascades import DISPLAY_NAMES, canonical_rule, sweep  # noqa: E402
 from specdraft.decoding.costs.model import fit_costs  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
+from benchmarks.harness.timing import rotated  # noqa: E402
 from benchmarks.harness.publish import publish  # noqa: E402
 
 MAIN_RULES = ("seq_chow", "token_chow", "lossy", "bild", "chow", "diff", "opt", "token_v3")
@@ -88,8 +89,8 @@ def run_sweep(args) -> list[dict]:
             ids = format_prompt(tok, row_messages(ex))
             configs = [(None, SamplingConfig(t), who) for t in args.temperatures for who in (TARGET, DRAFTER)]
             configs += [(m, s, m.name) for m, s in plan]
-            shift = (i * 7 + len(rows)) % len(configs)  # rotate the order prompt by prompt
-            for method, sampling, label in configs[shift:] + configs[:shift]:
+            # rotate the order prompt by prompt
+            for method, sampling, label in rotated(configs, i * 7 + len(rows)):
                 seed = args.seed * 100_003 + zlib.crc32(f"{domain}/{i}/{sampling.temperature}".encode()) % 100_000
                 gen = torch.Generator().manual_seed(seed)
                 c0 = time.process_time()

@@ -46,6 +46,7 @@ from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.bandits.selectors import make_selector  # noqa: E402
 from specdraft.decoding.speculative import generate_speculative  # noqa: E402
 from specdraft.decoding.speculators.suffix import SuffixSpeculator  # noqa: E402
+from benchmarks.harness.timing import rotated  # noqa: E402
 from benchmarks.harness.publish import publish  # noqa: E402
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -236,7 +237,7 @@ def timed_passes(w: World, methods: list[str], cost: dict[str, float]) -> tuple[
     reads: dict[tuple[str, int], int] = {}
     for r in range(w.args.repeats):
         for p, (_, _, _, ids) in enumerate(w.prompts):
-            order = methods[r % len(methods):] + methods[: r % len(methods)]
+            order = rotated(methods, r)
             for m in order:
                 rb = w.index.bytes_read
                 out, spec = decode(w, m, ids, cost)

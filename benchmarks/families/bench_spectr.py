@@ -47,6 +47,7 @@ from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.speculative import generate_speculative  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
+from benchmarks.harness.timing import rotated  # noqa: E402
 from benchmarks.harness.publish import publish  # noqa: E402
 
 PAPER_TABLE1 = {(1, 4): 2.4, (8, 4): 3.1, (1, 8): 2.9, (8, 8): 4.0}  # PaLM-2 Gecko -> Bison, block efficiency
@@ -204,7 +205,7 @@ def decode_interleaved(args, target, grid: Decodes, prompts: dict, eos) -> None:
     position bias); fills the grid's per-prompt metrics and per-seed seconds."""
     configs = grid.configs
     for seed in range(args.seeds):
-        order = configs[seed % len(configs):] + configs[: seed % len(configs)]  # rotate: no fixed position bias
+        order = rotated(configs, seed)  # rotate: no fixed position bias
         for config in order:
             total = 0.0
             for d in grid.domains:

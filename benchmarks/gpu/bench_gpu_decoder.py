@@ -12,8 +12,8 @@ whose deeper layers only nudge the residual stream, and a drafter made of its fi
 embeddings, norm and head), so the drafter agrees often without training.
 
 Efficiency: the analytic tokens/s of a fixed-K round is MAT / (t_verify(K+1) + (N_draft/N_target) * t_draft),
-with t_verify and t_draft the bare models' cached forwards measured here (synchronised, outside any
-decoder); measured tokens/s over it is what the decoder's own overhead (sampling, verification, host
+with t_verify and t_draft the bare models' cached forwards measured here (CUDA events, outside any
+decoder: harness.timing.forward_time); measured tokens/s over it is what the decoder's own overhead (sampling, verification, host
 round trips, cache rollback, Python) leaves. The same number in the cost model's terms:
 analytic_speedup(a, K, c, v) with c = t_draft / t_target and v = t_verify / t_target.
 """
@@ -31,14 +31,17 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository: benchmarks.harness
 
-from specdraft.data.chat import row_messages  # noqa: E402
-from specdraft.decoding.bundle.chat import format_prompt  # noqa: E402  # prompts as the pipeline serves them
 from specdraft.decoding.rounds import kv  # noqa: E402
 from specdraft.decoding.autoregressive import generate_autoregressive  # noqa: E402
 from specdraft.decoding.costs.model import acceptance_from_mat, analytic_speedup  # noqa: E402
 from specdraft.decoding.metrics import aggregate  # noqa: E402
 from specdraft.decoding.speculative import generate_with_drafter  # noqa: E402
-from benchmarks.decoder.bench_decoder import ForwardCounter, early_exit_pair  # noqa: E402  (benchmarks/decoder/bench_decoder.py)
+from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
+from specdraft.decoding.timing import timed_call  # noqa: E402
+from benchmarks.harness.models import DTYPES, ForwardCounter, early_exit_pair, hf_generate, load, load_prompts  # noqa: E402
+from benchmarks.harness.timing import forward_time  # noqa: E402
+
+GREEDY = SamplingConfig(0.0)
 
 
 def synthetic_pair(device: str, dtype: torch.dtype):
@@ -51,66 +54,6 @@ def synthetic_pair(device: str, dtype: torch.dtype):
                       bos_token_id=None, eos_token_id=None, pad_token_id=None)
     target, drafter = early_exit_pair(LlamaForCausalLM(cfg).eval(), 0.1)
     return target.to(device, dtype), drafter.to(device, dtype)
-
-
-def load_pair(args, device, dtype):
-    from transformers import AutoModelForCausalLM
-
-    def load(path):
-        m = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, trust_remote_code=False, dtype=dtype)
-        return m.to(device).eval()
-
-    return load(args.target), load(args.drafter)
-
-
-def prompts_for(args, vocab: int) -> list[list[int]]:
-    if args.prompt_set:
-        from datasets import load_from_disk
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(args.target, trust_remote_code=False)
-        rows = [r for r in load_from_disk(args.prompt_set)["test"] if r["domain"] == args.domain]
-        return [format_prompt(tok, row_messages(r)) for r in rows[: args.n_prompts]]
-    gen = torch.Generator().manual_seed(0)
-    return [torch.randint(3, vocab, (int(n),), generator=gen).tolist()
-            for n in torch.randint(16, 64, (args.n_prompts,), generator=gen)]
-
-
-def sync_time(fn):
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - start, out
-
-
-@torch.inference_mode()
-def forward_ms(model, n_tokens: int, context: int = 64, reps: int = 50) -> float:
-    """Median ms of one bare n-token cached forward (input ids already on the device), synchronised."""
-    dev = kv.input_device(model)
-    cache = kv.new_cache()
-    kv.forward(model, cache, list(range(3, 3 + context)))
-    ids = torch.arange(3, 3 + n_tokens, device=dev)[None]
-    times = []
-    for i in range(reps + 5):
-        t, _ = sync_time(lambda: model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=n_tokens))
-        if i >= 5:
-            times.append(t)
-        kv.crop(cache, context)
-    return 1e3 * statistics.median(times)
-
-
-def hf_generate(target, drafter, prompt, n, k, counter):
-    kwargs = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-    if k is not None:
-        kwargs["assistant_model"] = drafter
-        # transformers reads these from the assistant's generation config: constant K, no confidence stop
-        gc = drafter.generation_config
-        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = k, "constant", 0.0
-    ids = torch.tensor([prompt], device=kv.input_device(target))
-    counter.calls = 0
-    out = target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
-    return out[0, len(prompt):].tolist(), counter.calls
 
 
 def profile_rounds(target, drafter, prompt, n, k, path: pathlib.Path | None) -> dict:
@@ -183,28 +126,44 @@ def profile_rounds(target, drafter, prompt, n, k, path: pathlib.Path | None) -> 
     return summary
 
 
+def sync_time(fn, device: str) -> tuple[float, object]:
+    """(wall seconds of fn(), its result), the device synchronised at both ends."""
+    out, t = timed_call(fn, device)
+    return t.wall, out
+
+
+def forward_ms(model, n_tokens: int, device: str) -> float:
+    """Median ms of the bare model's n-token cached forward (CUDA events, after a warm-up)."""
+    return 1e3 * forward_time(model, n_tokens, device=device)
+
+
 def bench(args) -> dict:
-    device, dtype = "cuda", {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
-    target, drafter = synthetic_pair(device, dtype) if args.synthetic else load_pair(args, device, dtype)
+    device, dtype = "cuda", DTYPES[args.dtype]
+    if args.synthetic:
+        target, drafter = synthetic_pair(device, dtype)
+    else:
+        target, drafter = load(args.target, device, dtype), load(args.drafter, device, dtype)
     n_params = sum(p.numel() for p in target.parameters()), sum(p.numel() for p in drafter.parameters())
     counter = ForwardCounter(target)
-    prompts = prompts_for(args, target.config.vocab_size)
+    prompts = load_prompts(args, target.config.vocab_size, lengths=(16, 64), lowest_id=3)
     n = args.max_new_tokens
     out = {"label": args.label, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "dtype": args.dtype, "params": n_params, "n_prompts": len(prompts), "max_new_tokens": n,
            "runs": args.runs, "ks": {}}
-    t1_target, t1_draft = forward_ms(target, 1), forward_ms(drafter, 1)
+    t1_target, t1_draft = forward_ms(target, 1, device), forward_ms(drafter, 1, device)
     out["t_target_1_ms"], out["t_draft_1_ms"] = t1_target, t1_draft
     for k in args.k:
-        t_verify = forward_ms(target, k + 1)
+        t_verify = forward_ms(target, k + 1, device)
         times = {m: [] for m in ("ours_ar", "ours_sd", "hf", "hf_assisted")}
         metrics, hf_calls, equal = [], [], True
         for prompt in prompts:
             for rep in range(args.runs + 1):  # the first repetition warms up; methods interleaved
-                t_ar, r_ar = sync_time(lambda: generate_autoregressive(target, prompt, n))
-                t_sd, r_sd = sync_time(lambda: generate_with_drafter(target, drafter, prompt, n, k=k))
-                t_hf, (hf_tokens, _) = sync_time(lambda: hf_generate(target, drafter, prompt, n, None, counter))
-                t_as, (as_tokens, calls) = sync_time(lambda: hf_generate(target, drafter, prompt, n, k, counter))
+                t_ar, r_ar = sync_time(lambda: generate_autoregressive(target, prompt, n), device)
+                t_sd, r_sd = sync_time(lambda: generate_with_drafter(target, drafter, prompt, n, k=k), device)
+                t_hf, (hf_tokens, _) = sync_time(lambda: hf_generate(target, drafter, counter, prompt, n, GREEDY, None),
+                                                 device)
+                t_as, (as_tokens, calls) = sync_time(lambda: hf_generate(target, drafter, counter, prompt, n, GREEDY, k),
+                                                     device)
                 if rep == 0:
                     metrics.append(r_sd.metrics)
                     hf_calls.append(calls)

@@ -38,7 +38,7 @@ from specdraft.decoding.defaults import COMPILE_MODES  # noqa: E402
 from specdraft.decoding.rounds.shapes import decode_cache_length  # noqa: E402
 from specdraft.decoding.rounds.static_cache import forward_rows  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
-from benchmarks.decoder.bench_batch_decoder import RANDOM_SHAPES, demo_shaped_pair  # noqa: E402
+from benchmarks.harness.models import DTYPES, RANDOM_SHAPES, demo_shaped_pair  # noqa: E402
 from benchmarks.harness.publish import add_section_flags, publish_for  # noqa: E402
 
 GOAL = 1.5  # issue 71: the batch-1 step within 1.5x of weight bytes / measured bandwidth
@@ -128,7 +128,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (the host's, on a GPU)")
     add_section_flags(ap)
-    ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md as it is")
     return ap
 
 
@@ -138,7 +137,7 @@ def main(argv=None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: torch sees no CUDA device here; run it on a GPU, or give --device cpu")
     torch.set_num_threads(args.threads)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     began = time.monotonic()
 
     def progress(what: str) -> None:

@@ -51,6 +51,10 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the repository: benchmarks.harness
+
+from benchmarks.harness.machine import cuda_in  # noqa: E402  (asked in a subprocess: this driver imports no torch)
+
 GPU_PAGE = pathlib.Path(__file__).resolve().with_name("RESULTS.md")  # every step's GPU section goes to this folder's page
 SITE = pathlib.Path("/tmp/specdraft-site")  # the device machine's scratch site directory (it starts bare)
 
@@ -80,13 +84,6 @@ SMOKE = {
               "--profile-each-batch", "--methods", "core",
               "--no-append"],
 }
-
-
-def has_cuda(python: str) -> bool:
-    """Whether `python`'s torch sees a CUDA device (asked in a subprocess: this driver imports no torch)."""
-    probe = subprocess.run([python, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"],
-                           capture_output=True)
-    return probe.returncode == 0
 
 
 def install(python: str, log) -> int:
@@ -130,7 +127,7 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"--only {args.only}: no step named {', '.join(unknown)}; give some of "
                  + ", ".join(name for name, _, _ in STEPS))
-    if not args.smoke and not has_cuda(python):
+    if not args.smoke and not cuda_in(python):
         print(f"gpu_check.py: {python}'s torch sees no CUDA device; run it on the GPU machine (see the module "
               "docstring), or give --smoke to prove the steps on this CPU", file=sys.stderr)
         return 2

@@ -61,8 +61,9 @@ def publish(text: str, write: bool = True, script: str | None = None, results: P
 
 
 def add_section_flags(parser) -> None:
-    """--section and --page, for a run that writes another section or page than its script's own (gpu_check.py
-    gives its GPU runs sections of their own, on the GPU's page)."""
+    """--no-append, and --section and --page for a run that writes another section or page than its script's own
+    (gpu_check.py gives its GPU runs sections of their own, on the GPU's page)."""
+    parser.add_argument("--no-append", action="store_true", help="print only; leave the RESULTS page as it is")
     parser.add_argument("--section", help="the section to rewrite (default: the script's file name)")
     parser.add_argument("--page", help="the RESULTS page to rewrite (default: the RESULTS.md of the script's folder)")
 

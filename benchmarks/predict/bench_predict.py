@@ -1,6 +1,6 @@
 """`specdraft predict`'s model against measurement: predicted tokens/s (decoding/costs/throughput.py, priced with
 the cost table profiled here) beside the batched decoder's measured tokens/s, per batch size, for AR and
-fixed K, on the demo-shaped random pair (bench_batch_decoder.demo_shaped_pair), or with --bundle on a bundle's
+fixed K, on the demo-shaped random pair (harness.models.demo_shaped_pair), or with --bundle on a bundle's
 target and drafter, where the drafter's greedy head also decodes with SpecDec++ (each row stopping alone) and the
 lockstep batch-aware rule.
 
@@ -15,7 +15,7 @@ prefix) agrees (P_i in {0, 1}: the hindsight oracle's indicators, docs/algorithm
 with a bundle its head's sigma at the same positions (the batch-aware rule's input; its prior is the bundle's).
 The measured side decodes the first max(B) prompts at every B, in consecutive batches of B with
 `generate_batch` (so a B = 1 figure is not one prompt's, and every B decodes the same responses), `--runs`
-passes after a warm-up, the methods taking turns batch by batch (`bench_batch_decoder.interleave`), process CPU
+passes after a warm-up, the methods taking turns batch by batch (`harness.timing.interleave`), process CPU
 time (CUDA events with --device cuda; `decoding.timing`). Measured twice: the median over passes, and each
 batch's fastest pass summed (the least-disturbed estimate; the table's entries are each step's fastest timing,
 so on a loaded box this is the like-for-like figure). Error = predicted / measured - 1, against each. Each
@@ -37,7 +37,7 @@ the rule's draft graphs (a recompile), so --paired refuses --compile.
 --decisions also decodes, at each B, fixed K at the K predict chooses there (its K table; AR where it chooses 0) and
 judges it pass by pass against the best of AR and the measured fixed Ks in the same pass: paired, each pass's own
 table chooses; unpaired (compiled runs, gpu_check.py), the one table does. --shape 1b --dtype bfloat16 is the random
-~1B pair a GPU run uses (bench_batch_decoder.RANDOM_SHAPES).
+~1B pair a GPU run uses (harness.models.RANDOM_SHAPES).
 """
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ from specdraft.decoding.policies.batch_aware import k_per_batch_size  # noqa: E4
 from specdraft.decoding.costs.throughput import (acceptance_curve, predict_throughput, summarize_acceptance,  # noqa: E402
                                            summary_prior)
 from specdraft.decoding.timing import timed_call  # noqa: E402
-from benchmarks.decoder.bench_batch_decoder import RANDOM_SHAPES, demo_shaped_pair, fastest_total, interleave  # noqa: E402
+from benchmarks.harness.models import DTYPES, RANDOM_SHAPES, add_device_flags, demo_shaped_pair  # noqa: E402
+from benchmarks.harness.timing import fastest_total, interleave, rotated  # noqa: E402
 from benchmarks.harness.publish import add_section_flags, publish_for  # noqa: E402
 
 
@@ -141,7 +142,7 @@ def paired_rows(b: int, groups, profile, predicted_at, methods, runs: int, worst
             continue
         chosen.append(predicted.get("K table", {}).get("k"))
         names = list(fns)
-        for name in names[(i - 1) % len(names):] + names[:(i - 1) % len(names)]:
+        for name in rotated(names, i - 1):
             out, t = timed_call(fns[name], device)
             tokens = sum(r.metrics.n_generated for r in out)
             rate = tokens / t.time
@@ -226,11 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--drafter", default=None, help="with --bundle: the drafter (default: its all-domain one)")
     ap.add_argument("--prompt-set", default=None, help="with --bundle: a run's prompts/sets dir (its test prompts, "
                                                         "every domain in order); default: random ids")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--device", default="cpu", help="where the pair runs and is timed (cuda: CUDA events)")
+    add_device_flags(ap, ("float32", "bfloat16"), "the random pair's dtype")
+    add_section_flags(ap)
     ap.add_argument("--shape", default="demo", choices=sorted(RANDOM_SHAPES),
-                    help="the random pair's shape without --bundle (bench_batch_decoder.RANDOM_SHAPES)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the random pair's dtype")
+                    help="the random pair's shape without --bundle (harness.models.RANDOM_SHAPES)")
     ap.add_argument("--profile-each-batch", action="store_true",
                     help="profile each batch size's cost table right before its decodes, not one table first: on a "
                          "shared machine whose load drifts over a long (compiled) run, the table then prices the "
@@ -241,8 +241,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--decisions", action="store_true",
                     help="also decode the K predict chooses at each B (its K table) and report it as a fraction of the "
                          "measured best fixed K, pass by pass (use --ks 1,2,4,8)")
-    ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md as it is")
-    add_section_flags(ap)
     return ap
 
 
@@ -271,7 +269,7 @@ def load_pair(ap: argparse.ArgumentParser, args) -> tuple:
         target, drafter, head, prior, prompts, pair = bundle_pair(args)
         eos = target.generation_config.eos_token_id  # decoded as served: a row ends at EOS
     else:
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+        dtype = DTYPES[args.dtype]
         target, drafter = demo_shaped_pair(None, 0.05, args.device, dtype, args.shape)
         vocab = target.config.vocab_size
         gen = torch.Generator().manual_seed(args.seed)

@@ -43,6 +43,7 @@ from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.speculative import generate_speculative  # noqa: E402
 from specdraft.decoding.speculators.drafter import DrafterSpeculator  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
+from benchmarks.harness.timing import rotated  # noqa: E402
 from benchmarks.harness.publish import publish  # noqa: E402
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -139,9 +140,8 @@ def timed_passes(args, target, eos, methods: dict, prompts: list) -> tuple[dict,
         for rep in range(args.reps):
             for j, (_, ids) in enumerate(prompts):
                 order = list(methods)
-                shift = (rep + j) % len(order)  # rotate the order: a slow phase hits every method alike
                 split = {m: None for m in order}
-                for name in order[shift:] + order[:shift]:
+                for name in rotated(order, rep + j):  # rotate the order: a slow phase hits every method alike
                     make = methods[name]
                     t0 = time.perf_counter()
                     if make is None:

@@ -69,51 +69,6 @@ def test_pooled_ratio_is_of_totals_and_its_interval_narrows_with_more_cells(benc
     assert lines[-1] == "| 1 | K=8 | 1.000 [0.900-1.100] |" and "bootstrap" in lines[0]
 
 
-def test_sampled_passes_decode_only_seeds_the_warm_up_decoded(bench):
-    calls = []
-
-    def method(name):
-        def fn(seed=0):
-            calls.append((name, seed))
-            return seed
-        return fn
-
-    times, out = bench.warm_then_interleave({"a": method("a"), "b": method("b")}, 3, "cpu", seeded=True)
-    warm, timed = calls[:6], calls[6:]
-    assert sorted(warm) == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
-    # the passes take turns (the order turning each pass), pass i at seed i, and return each pass's output
-    assert timed == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2)]
-    assert out == {"a": [0, 1, 2], "b": [0, 1, 2]} and all(len(t) == 3 for t in times.values())
-    calls.clear()
-    bench.warm_then_interleave({"a": method("a")}, 3, "cpu")  # greedy: one warm-up, every pass the default seed
-    assert calls == [("a", 0)] * 4
-
-
-def test_methods_take_turns_unit_by_unit_and_each_unit_is_timed_apart(bench, monkeypatch):
-    calls, clock = [], iter(range(1000))
-
-    class Timing:  # a virtual clock: call i takes i seconds, so each call's time says which call it was
-        def __init__(self, t):
-            self.time = t
-
-    monkeypatch.setattr(bench, "timed_call", lambda fn, device: (fn(), Timing(next(clock))))
-
-    def method(name):
-        def fn(unit, seed):
-            calls.append((name, unit))
-            return f"{name}{unit}"
-        return fn
-
-    times, out = bench.interleave({"a": method("a"), "b": method("b"), "c": method("c")}, ["x", "y"], 2, "cpu")
-    warm, timed = calls[:6], calls[6:]
-    assert sorted(warm) == sorted((m, u) for m in "abc" for u in "xy")
-    # every unit decoded by every method back to back, the order turning by one each unit and each pass
-    assert timed == [("a", "x"), ("b", "x"), ("c", "x"), ("b", "y"), ("c", "y"), ("a", "y"),
-                     ("c", "x"), ("a", "x"), ("b", "x"), ("a", "y"), ("b", "y"), ("c", "y")]
-    assert out["a"] == [["ax", "ay"], ["ax", "ay"]]
-    assert times["a"] == [[0, 5], [7, 9]] and times["c"] == [[2, 4], [6, 11]]
-
-
 def test_without_table_rules_the_curve_profiles_nothing(bench, monkeypatch):
     """--no-table-rules: part (b) keeps fixed K, SpecDec++ and UCBSpec, and neither profiles a cost table nor
     builds the rules that read one (on a 135M target that profile ran past 25 minutes)."""
