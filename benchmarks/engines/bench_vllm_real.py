@@ -42,12 +42,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.harness
 
 from specdraft.core.errors import InputError  # noqa: E402
-from benchmarks.engines.bench_speculators import paired_bootstrap, paired_difference, pooled_mal, test_prompts, vllm_hardware  # noqa: E402
+from benchmarks.engines.acceptance import (decode_counts, greedy_reference, ids_digest, paired_difference,  # noqa: E402
+                                           paired_ratio, pooled_mal, run_key, test_prompts)
+from benchmarks.harness.machine import vllm_unavailable  # noqa: E402
 from benchmarks.harness.publish import publish  # noqa: E402
+from benchmarks.harness.tables import interval, table  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -133,8 +135,8 @@ def vllm_layout(model_dir: Path, out: Path, bundle) -> Path:
 
 
 def serve(python: Path, target: str, item: dict, prompts, tokens: int, eos: list[int], log: Path) -> dict:
-    """One server for `item`, the prompts one at a time. -> {"outputs", "drafts", "accepted", "seconds"} per
-    prompt, and the server's start time."""
+    """One server for `item`, the prompts one at a time. -> {"outputs", "seconds", and `prompt_counts`' fields}
+    per prompt, and the server's start time."""
     from specdraft.data.engines import CompletionsClient, VllmServer, spec_counter_difference
 
     # eager: the counts do not depend on it, and a cold compile costs some 3 minutes a server on this box
@@ -143,44 +145,28 @@ def serve(python: Path, target: str, item: dict, prompts, tokens: int, eos: list
     with VllmServer(python, target, "target", log, "float32", timeout_s=900, extra_args=extra) as url:
         started = time.perf_counter() - t0
         client = CompletionsClient(url, "target", timeout_s=900, concurrency=1)
-        rows = {"outputs": [], "drafts": [], "accepted": [], "seconds": []}
+        rows = {"outputs": [], "seconds": [], **{key: [] for key in COUNTS}}
         for _, ids in prompts:
             before = client.spec_decode_counters()
             t = time.perf_counter()
             out, _ = client.complete(ids, eos, 0.0, 0, 1.0, tokens, seed=0)
             rows["seconds"].append(round(time.perf_counter() - t, 3))
-            counts = spec_counter_difference(client.spec_decode_counters(), before)
             rows["outputs"].append(out)
-            rows["drafts"].append(counts["num_drafts"])
-            rows["accepted"].append(counts["num_accepted_tokens"])
+            for key, value in prompt_counts(spec_counter_difference(client.spec_decode_counters(), before)).items():
+                rows[key].append(value)
     return {**rows, "start_seconds": round(started, 1)}
 
 
-def ours_at_k(target, drafter, k: int, prompts, tokens: int, eos) -> dict:
-    """specdraft's decoder on `drafter` at fixed K, greedy: per prompt the rounds that drafted and the
-    accepted tokens (vLLM's acceptance length 1 + accepted / drafts, taken on our rounds), and the output."""
-    from specdraft.decoding.generate import Plan, decode_batch
-    from specdraft.decoding.policies.spec import PolicySpec, build_policy
-    from specdraft.decoding.rounds.sampling import SamplingConfig
-
-    spec = PolicySpec("fixed", k=k)
-    plan = Plan(f"K={k}", drafter, lambda: build_policy(spec))
-    rows = {"outputs": [], "drafts": [], "accepted": []}
-    with torch.inference_mode():
-        for _, ids in prompts:
-            res = decode_batch(target, [ids], tokens, plan, SamplingConfig(0.0), eos, seed=0)[0]
-            rows["outputs"].append(res.tokens)
-            rows["drafts"].append(sum(d > 0 for d in res.metrics.drafted))
-            rows["accepted"].append(sum(res.metrics.accepted))
-    return rows
+# what a prompt's serving records of vLLM's counters (data/engines.parse_spec_counters' names, differenced around it)
+COUNTS = {"drafts": "num_drafts", "accepted": "num_accepted_tokens", "draft_tokens": "num_draft_tokens",
+          "accepted_per_pos": "accepted_per_pos"}
 
 
-def greedy_ours(target, prompts, tokens: int, eos) -> list[list[int]]:
-    from specdraft.decoding.autoregressive import generate_autoregressive
-    from specdraft.decoding.rounds.sampling import SamplingConfig
-
-    with torch.inference_mode():
-        return [generate_autoregressive(target, ids, tokens, SamplingConfig(0.0), eos).tokens for _, ids in prompts]
+def prompt_counts(counts: dict) -> dict:
+    """One prompt's counter difference as the benchmark keeps it: the verification steps that had drafts, the drafts
+    accepted, the draft tokens the drafter made (draft_tokens / drafts is the K vLLM drafted at) and the steps whose
+    first i + 1 drafts were all accepted, per position i."""
+    return {key: counts[name] for key, name in COUNTS.items()}
 
 
 # ---- report -----------------------------------------------------------------------------------------------
@@ -197,70 +183,102 @@ def as_ratio(rows: dict) -> dict:
     return {"tokens": list(d + np.asarray(rows["accepted"], float)), "calls": list(d)}
 
 
-def fmt(cell) -> str:
-    point, lo, hi = cell
-    return f"{point:.3f} [{lo:.3f}, {hi:.3f}]"
+def drafted(rows: dict) -> str:
+    """What vLLM's counters say it drafted at one K, pooled over prompts: draft tokens per draft (K itself where K
+    is honoured), then the fraction of drafts whose first i + 1 tokens were all accepted, position by position (a
+    K honoured with nothing accepted past position 2 reads K; x / y / 0.000 / ...). '?' where the serving predates
+    the draft-token counter."""
+    if "draft_tokens" not in rows:
+        return "?"
+    drafts = max(sum(rows["drafts"]), 1)
+    positions = max((len(p) for p in rows["accepted_per_pos"]), default=0)
+    per_pos = [sum(p[i] for p in rows["accepted_per_pos"] if i < len(p)) / drafts for i in range(positions)]
+    return f"{sum(rows['draft_tokens']) / drafts:.2f}; " + " / ".join(f"{a:.3f}" for a in per_pos)
+
+
+def opening_lines(args, facts: dict, n: int) -> list[str]:
+    return [f"## Exported drafters of the real target in `vllm serve` (vLLM {facts['vllm']}, {platform.machine()}, "
+            f"{os.cpu_count()} cores)", "",
+            f"The target ({facts['run']}/bundle/target, fp32) served by `vllm serve --enforce-eager` from vLLM's venv, greedy, "
+            f"{n} test prompts ({', '.join(facts['domains'])}), at most {args.tokens} new tokens, one request at a "
+            "time. Acceptance length is vLLM's: 1 + accepted / drafts from the server's /metrics counters, pooled "
+            "over prompts (90% bootstrap interval over prompts). \"= plain\" counts prompts whose output equals the "
+            "plain server's token for token.", "",
+            f"The plain server's outputs equal specdraft's own greedy decode of the target on {facts['plain_equal_ours']}"
+            f"/{n} prompts.", ""]
+
+
+def eagle_lines(args, results: dict, plain: list) -> list[str]:
+    """The EAGLE-3 drafters' acceptance lengths at each K, and what vLLM drafted at each K (its own counters)."""
+    ks, n = args.k_list, len(plain)
+    eagle = sorted({label for label, r in results.items() if r.get("family") == "eagle3"}, key=eagle_order)
+    rows, counted = [], []
+    for label in eagle:
+        by_k = results[label]
+        equal = sum(by_k[k]["outputs"][i] == plain[i] for k in ks if k in by_k for i in range(n))
+        rows.append([label, *(interval(mal(by_k[k])) if k in by_k else "-" for k in ks),
+                     f"{equal}/{n * sum(k in by_k for k in ks)}"])
+        counted.append([label, *(drafted(by_k[k]) if k in by_k else "-" for k in ks)])
+    return (["EAGLE-3 drafters (vLLM `eagle3`):", "", *table(["drafter", *(f"K={k}" for k in ks), "= plain"], rows),
+             "", "What vLLM drafted (its /metrics counters, pooled over prompts): draft tokens per draft, which is K "
+             "where the K asked for is served; then, per draft position, the fraction of drafts whose tokens up to it "
+             "were all accepted:", "", *table(["drafter", *(f"K={k}" for k in ks)], counted)])
+
+
+def pair_lines(args, results: dict) -> list[str]:
+    """specdraft's EAGLE-3 drafter against speculators' in vLLM, seed by seed."""
+    ks = args.k_list
+    pairs = [(f"specdraft s{s}", f"speculators s{s}") for s in args.seed_list
+             if f"specdraft s{s}" in results and f"speculators s{s}" in results]
+    rows = []
+    for ours, peer in pairs:
+        cells = []
+        for k in ks:
+            x, y = as_ratio(results[ours][k]), as_ratio(results[peer][k])
+            ratio = paired_ratio(x, y)
+            cells.append(f"{interval(paired_difference(x, y), signed=True)}; {ratio[0]:.3f}x [{ratio[1]:.3f}, {ratio[2]:.3f}]")
+        rows.append([ours.split()[-1], *cells])
+    if not rows:
+        return []
+    return ["", "specdraft against speculators in vLLM's acceptance length: the difference and the ratio, each with its "
+            "90% bootstrap interval (prompts resampled jointly for both drafters):", "",
+            *table(["seed", *(f"K={k}" for k in ks)], rows)]
+
+
+def draft_model_lines(results: dict, facts: dict, plain: list) -> list[str]:
+    """The bundle's independent drafters at their exported K and the others asked for, in vLLM and in specdraft."""
+    draft = sorted(label for label, r in results.items() if r.get("family") == "draft_model")
+    if not draft:
+        return []
+    domains, n = facts["domains"], len(plain)
+    rows = []
+    for label in draft:
+        r = results[label]
+        for k in sorted(k for k in r if isinstance(k, int)):
+            served, ours = r[k], r.get("ours", {}).get(k)
+            by_domain = []
+            for dom in domains:
+                idx = [i for i, d in enumerate(facts["prompt_domains"]) if d == dom]
+                sub = {key: [served[key][i] for i in idx] for key in ("drafts", "accepted")}
+                by_domain.append(f"{mal(sub)[0]:.3f}" if k else "-")
+            # K = 0 (an exported schedule that drafts nothing at batch 1) is plain decoding: no acceptance
+            rows.append([label, f"{k}{'*' if k == r['exported_k'] else ''}",
+                         interval(mal(served)) if k else "- (no drafts)", *by_domain,
+                         interval(mal(ours)) if ours else "-",
+                         f"{sum(served['outputs'][i] == plain[i] for i in range(n))}/{n}",
+                         f"{sum(ours['outputs'][i] == plain[i] for i in range(n))}/{n}" if ours else "-"])
+    return ["", "The bundle's independent drafters (vLLM `draft_model`): each config as exported (K marked *: the "
+            "exported K) and at the other K asked for, vLLM's acceptance length on every prompt and on each "
+            "domain's, beside specdraft's decoder at the same K on the same prompts (the same definition on its "
+            "rounds):", "",
+            *table(["drafter", "K", "vLLM, all", *(f"vLLM, {d}" for d in domains), "specdraft decoder, all",
+                    "= plain (vLLM)", "= plain (specdraft)"], rows)]
 
 
 def render(args, results: dict, facts: dict) -> str:
-    ks = args.k_list
     plain = results["plain"]["outputs"]
-    n = len(plain)
-    lines = [f"## Exported drafters of the real target in `vllm serve` (vLLM {facts['vllm']}, {platform.machine()}, "
-             f"{os.cpu_count()} cores)", "",
-             f"The target ({facts['run']}/bundle/target, fp32) served by `vllm serve --enforce-eager` from vLLM's venv, greedy, "
-             f"{n} test prompts ({', '.join(facts['domains'])}), at most {args.tokens} new tokens, one request at a "
-             "time. Acceptance length is vLLM's: 1 + accepted / drafts from the server's /metrics counters, pooled "
-             "over prompts (90% bootstrap interval over prompts). \"= plain\" counts prompts whose output equals the "
-             "plain server's token for token.", "",
-             f"The plain server's outputs equal specdraft's own greedy decode of the target on {facts['plain_equal_ours']}"
-             f"/{n} prompts.", ""]
-    lines += ["EAGLE-3 drafters (vLLM `eagle3`):", "",
-              "| drafter | " + " | ".join(f"K={k}" for k in ks) + " | = plain |", "|---|" + "---|" * (len(ks) + 1)]
-    eagle = sorted({label for label, r in results.items() if r.get("family") == "eagle3"}, key=eagle_order)
-    for label in eagle:
-        cells = [fmt(mal(results[label][k])) if k in results[label] else "-" for k in ks]
-        equal = sum(results[label][k]["outputs"][i] == plain[i] for k in ks if k in results[label] for i in range(n))
-        total = n * sum(k in results[label] for k in ks)
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {equal}/{total} |")
-    pairs = [(f"specdraft s{s}", f"speculators s{s}") for s in args.seed_list
-             if f"specdraft s{s}" in results and f"speculators s{s}" in results]
-    if pairs:
-        lines += ["", "specdraft against speculators in vLLM's acceptance length: the difference and the ratio, each "
-                  "with its 90% bootstrap interval (prompts resampled jointly for both drafters):", "", "| seed | " + " | ".join(f"K={k}" for k in ks) + " |",
-                  "|---|" + "---|" * len(ks)]
-        for ours, peer in pairs:
-            cells = []
-            for k in ks:
-                d = paired_difference(as_ratio(results[ours][k]), as_ratio(results[peer][k]))
-                r = paired_bootstrap(as_ratio(results[ours][k]), as_ratio(results[peer][k]), np.divide)
-                cells.append(f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]; {r[0]:.3f}x [{r[1]:.3f}, {r[2]:.3f}]")
-            lines.append(f"| {ours.split()[-1]} | " + " | ".join(cells) + " |")
-    draft = sorted(label for label, r in results.items() if r.get("family") == "draft_model")
-    if draft:
-        domains = facts["domains"]
-        lines += ["", "The bundle's independent drafters (vLLM `draft_model`): each config as exported (K marked *: the "
-                  "exported K) and at the other K asked for, vLLM's acceptance length on every prompt and on each "
-                  "domain's, beside specdraft's decoder at the same K on the same prompts (the same definition on its "
-                  "rounds):", "",
-                  "| drafter | K | vLLM, all | " + " | ".join(f"vLLM, {d}" for d in domains)
-                  + " | specdraft decoder, all | = plain (vLLM) | = plain (specdraft) |",
-                  "|---|---|---|" + "---|" * len(domains) + "---|---|---|"]
-        for label in draft:
-            r = results[label]
-            for k in sorted(k for k in r if isinstance(k, int)):
-                rows, ours = r[k], r.get("ours", {}).get(k)
-                by_domain = []
-                for dom in domains:
-                    idx = [i for i, d in enumerate(facts["prompt_domains"]) if d == dom]
-                    sub = {key: [rows[key][i] for i in idx] for key in ("drafts", "accepted")}
-                    by_domain.append(f"{mal(sub)[0]:.3f}" if k else "-")
-                # K = 0 (an exported schedule that drafts nothing at batch 1) is plain decoding: no acceptance
-                lines.append(f"| {label} | {k}{'*' if k == r['exported_k'] else ''} | "
-                             f"{fmt(mal(rows)) if k else '- (no drafts)'} | " + " | ".join(by_domain)
-                             + f" | {fmt(mal(ours)) if ours else '-'} | "
-                             + f"{sum(rows['outputs'][i] == plain[i] for i in range(n))}/{n} | "
-                             + (f"{sum(ours['outputs'][i] == plain[i] for i in range(n))}/{n}" if ours else "-") + " |")
+    lines = opening_lines(args, facts, len(plain)) + eagle_lines(args, results, plain) + pair_lines(args, results)
+    lines += draft_model_lines(results, facts, plain)
     starts = [results[label][k]["start_seconds"] for label, r in results.items() if label != "plain"
               for k in r if isinstance(k, int)]
     lines += ["", f"- Servers: {len(starts) + 1}, {args.parallel} alive at once; a server's start (load, warm-up, "
@@ -275,10 +293,59 @@ def eagle_order(label: str) -> tuple:
     return (0 if label.startswith("bundle") else 1, label.split()[-1], label)
 
 
+def vllm_python(args) -> Path | None:
+    """vLLM's python where it exists (data/engines.engine_python), else None."""
+    from specdraft.data.engines import engine_python
+
+    try:
+        return engine_python(args.vllm_python)
+    except InputError:
+        return None
+
+
+def serve_all(args, python: Path, work: Path, items: list[dict], prompts, eos, target: str, kept: tuple) -> dict:
+    """Every serving not kept from an earlier call, --parallel servers at once, saved as each ends."""
+    results, earlier_s = kept
+
+    def one(item):
+        name = f"{item['label'].replace(' ', '-')}-k{item['k']}"
+        t0 = time.perf_counter()
+        rows = serve(python, target, item, prompts, args.tokens, eos, work / f"{name}.log")
+        print(f"[bench_vllm_real] {name}: {time.perf_counter() - t0:.0f} s (start {rows['start_seconds']} s)", flush=True)
+        return item, rows
+
+    todo = [item for item in items if item["k"] not in results.get(item["label"], {})]
+    if len(todo) < len(items):
+        print(f"[bench_vllm_real] {len(items) - len(todo)} servings kept from {work}/results.json", flush=True)
+    with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
+        for item, rows in pool.map(one, todo):
+            entry = results.setdefault(item["label"], {"family": item["family"], "exported_k": item["k"]})
+            entry[item["k"]] = rows
+            save(work, results, {"partial": "served", "seconds": earlier_s}, args)
+    results["plain"]["outputs"] = results["plain"][0]["outputs"]
+    save(work, results, {"partial": "served", "seconds": earlier_s}, args)
+    return results
+
+
+def decode_ours(args, work: Path, bundle, model, results: dict, prompts, eos, earlier_s: float) -> None:
+    """specdraft's decoder beside vLLM for the bundle's independent drafters, at the Ks they were served at."""
+    for label, r in results.items():
+        if r["family"] != "draft_model":
+            continue
+        todo_k = [k for k in r if isinstance(k, int) and k > 0 and k not in r.get("ours", {})]
+        drafter = bundle.load_drafter(label, device="cpu", target=model) if todo_k else None  # once for its Ks
+        for k in todo_k:
+            t0 = time.perf_counter()
+            r.setdefault("ours", {})[k] = decode_counts(model, drafter, prompts, [k], args.tokens, eos)[k]
+            print(f"[bench_vllm_real] specdraft decoder, {label} K={k}: {time.perf_counter() - t0:.0f} s", flush=True)
+            save(work, results, {"partial": "specdraft's decoder under way", "seconds": earlier_s}, args)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     run = Path(args.run)
-    why = vllm_hardware()
+    python = vllm_python(args)
+    why = vllm_unavailable(python)  # a GPU asked of vLLM's own torch
     if why:
         print(f"[bench_vllm_real] skipped: {why}")
         return
@@ -294,7 +361,7 @@ def main(argv=None) -> None:
         for key in ("seeds", "seed_list", "prompts_per_domain", "tokens", "k_list", "draft_k_list", "parallel"):
             setattr(args, key, kept[key])
         return publish(render(args, results, facts), write=not args.no_append)
-    python = engine_python(args.vllm_python)
+    python = python or engine_python(args.vllm_python)  # its error says how to build the venv
     work.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     torch.set_num_threads(max(os.cpu_count() or 1, 1))
@@ -303,44 +370,19 @@ def main(argv=None) -> None:
     model = bundle.load_target(device="cpu")  # specdraft's side: end of turn, its greedy decode, its drafters' decodes
     eos = list(end_of_turn_ids(tok, model))
     prompts = test_prompts(run, tok, bundle.chat, args.prompts_per_domain)
+    # what the kept servings must have been made for: this run's target and distilled data, these prompts' ids
+    args.key = {"run": run_key(run), "prompts": ids_digest(ids for _, ids in prompts)}
     items = servings(args, run, work, bundle)
-    target = str(Path(bundle.target_path).resolve())
     print(f"[bench_vllm_real] {len(items)} servings, {len(prompts)} prompts each, {args.parallel} at once", flush=True)
-
-    def one(item):
-        name = f"{item['label'].replace(' ', '-')}-k{item['k']}"
-        t0 = time.perf_counter()
-        rows = serve(python, target, item, prompts, args.tokens, eos, work / f"{name}.log")
-        print(f"[bench_vllm_real] {name}: {time.perf_counter() - t0:.0f} s (start {rows['start_seconds']} s)", flush=True)
-        return item, rows
-
-    results, earlier_s = kept_results(work, args)
-    todo = [item for item in items if item["k"] not in results.get(item["label"], {})]
-    if len(todo) < len(items):
-        print(f"[bench_vllm_real] {len(items) - len(todo)} servings kept from {work}/results.json", flush=True)
-    with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
-        for item, rows in pool.map(one, todo):
-            entry = results.setdefault(item["label"], {"family": item["family"], "exported_k": item["k"]})
-            entry[item["k"]] = rows
-            save(work, results, {"partial": "served", "seconds": earlier_s}, args)
-    results["plain"]["outputs"] = results["plain"][0]["outputs"]
-    save(work, results, {"partial": "served", "seconds": earlier_s}, args)
-    for label, r in results.items():  # specdraft's decoder beside vLLM for the bundle's independent drafters
-        if r["family"] != "draft_model":
-            continue
-        todo_k = [k for k in r if isinstance(k, int) and k > 0 and k not in r.get("ours", {})]
-        drafter = bundle.load_drafter(label, device="cpu", target=model) if todo_k else None  # once for its Ks
-        for k in todo_k:
-            t0 = time.perf_counter()
-            r.setdefault("ours", {})[k] = ours_at_k(model, drafter, k, prompts, args.tokens, eos)
-            print(f"[bench_vllm_real] specdraft decoder, {label} K={k}: {time.perf_counter() - t0:.0f} s", flush=True)
-            save(work, results, {"partial": "specdraft's decoder under way", "seconds": earlier_s}, args)
-    ours_plain = greedy_ours(model, prompts, args.tokens, eos)
+    kept = kept_results(work, args)
+    results = serve_all(args, python, work, items, prompts, eos, str(Path(bundle.target_path).resolve()), kept)
+    decode_ours(args, work, bundle, model, results, prompts, eos, kept[1])
+    ours_plain = greedy_reference(model, prompts, args.tokens, eos)
     version = subprocess.run([str(python), "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
                              text=True).stdout.strip()
     facts = {"run": str(run), "domains": sorted({d for d, _ in prompts}), "prompt_domains": [d for d, _ in prompts],
              "plain_equal_ours": sum(a == b for a, b in zip(ours_plain, results["plain"]["outputs"])),
-             "vllm": version or "?", "seconds": earlier_s + time.perf_counter() - t_start}
+             "vllm": version or "?", "seconds": kept[1] + time.perf_counter() - t_start}
     save(work, results, facts, args)
     publish(render(args, results, facts), write=not args.no_append)
 
@@ -350,14 +392,15 @@ def save(work: Path, results: dict, facts: dict, args) -> None:
 
 
 def kept_results(work: Path, args) -> tuple[dict, float]:
-    """The servings (and specdraft decodes) of an earlier run in WORK/results.json on the same prompts and tokens,
-    kept rather than served again: a second call with --seeds adds only the new pair. -> (results, the seconds
+    """The servings (and specdraft decodes) of an earlier call in WORK/results.json for the same run and prompts
+    (`args.key`: the target's and the distilled data's hashes, the prompts' token ids) and tokens, kept rather than
+    served again: a second call with --seeds adds only the new pair. -> (results, the seconds
     the earlier calls took), or ({}, 0)."""
     try:
         results, facts, kept = load(work)
     except InputError:
         return {}, 0.0
-    same = all(kept.get(key) == getattr(args, key) for key in ("prompts_per_domain", "tokens"))
+    same = all(kept.get(key) == getattr(args, key) for key in ("key", "prompts_per_domain", "tokens"))
     return (results, facts.get("seconds", 0.0)) if same else ({}, 0.0)
 
 

@@ -14,8 +14,9 @@ of speculators is edited or vendored; two of its names are replaced in memory, b
   accelerator exists, instead of raising: CPU work is already finished when the call returns.
 
 --steps-per-epoch N picks `--total-seq-len` (speculators packs rows into batches of at most that many
-tokens) as the smallest budget whose packing of the train split is N batches, with speculators' own sampler
-and seed: one epoch then takes as many optimizer steps over the same rows as specdraft's run took.
+tokens) as the smallest budget whose packing of the train split is at most N batches, with speculators' own sampler
+and seed: one epoch then takes as many optimizer steps over the same rows as specdraft's run took, or fewer where
+no budget packs them into exactly N; the log's `--total-seq-len` line says how many.
 """
 from __future__ import annotations
 
@@ -50,8 +51,10 @@ def flag(argv: list[str], name: str, default: str | None = None) -> str | None:
     return default
 
 
-def packed_budget(data_path: str, ratio: float, seed: int, steps: int) -> int:
-    """The smallest token budget per batch whose packing of the train split is at most `steps` batches."""
+def packed_budget(data_path: str, ratio: float, seed: int, steps: int) -> tuple[int, int]:
+    """The smallest token budget per batch whose packing of the train split is at most `steps` batches, and the
+    number of batches that packing makes (the optimizer steps an epoch runs: fewer than `steps` where no budget
+    packs the rows into exactly `steps`)."""
     from datasets import load_from_disk
     from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2
 
@@ -63,11 +66,11 @@ def packed_budget(data_path: str, ratio: float, seed: int, steps: int) -> int:
 
     lo, hi = max(lengths), sum(lengths)
     if batches(lo) <= steps:
-        return lo
+        return lo, batches(lo)
     while hi - lo > 1:  # batches(lo) > steps >= batches(hi); the count falls as the budget grows
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if batches(mid) <= steps else (mid, hi)
-    return hi
+    return hi, batches(hi)
 
 
 def main(argv: list[str]) -> None:
@@ -79,9 +82,11 @@ def main(argv: list[str]) -> None:
     if args.steps_per_epoch is not None:
         if flag(flags, "--total-seq-len") is not None:
             sys.exit("give --steps-per-epoch or --total-seq-len, not both")
-        budget = packed_budget(flag(flags, "--data-path", "./output"), float(flag(flags, "--train-data-ratio", "0.9")),
-                               int(flag(flags, "--seed", "42")), args.steps_per_epoch)
-        print(f"[speculators_launch] --total-seq-len {budget}: {args.steps_per_epoch} packed batches an epoch", flush=True)
+        budget, packed = packed_budget(flag(flags, "--data-path", "./output"),
+                                       float(flag(flags, "--train-data-ratio", "0.9")), int(flag(flags, "--seed", "42")),
+                                       args.steps_per_epoch)
+        # the steps an epoch runs, as bench_speculators.py reads them back from this log (speculators_peer.steps_run)
+        print(f"[speculators_launch] --total-seq-len {budget}: {packed} packed batches an epoch", flush=True)
         flags += ["--total-seq-len", str(budget)]
     patch_for_cpu()
     from speculators.train.cli import main as train_main
