@@ -29,9 +29,8 @@ from specdraft.decoding.compilation import StepCompiler, fail_past_recompile_lim
 from specdraft.decoding.policies.stopping import FixedK, LockstepSpecDecPP, SpecDecPP  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
-from benchmarks.decoder.bench_batch_decoder import ours  # noqa: E402
 from benchmarks.harness.machine import machine  # noqa: E402
-from benchmarks.harness.models import add_pair_flags, load, load_prompts  # noqa: E402
+from benchmarks.harness.models import add_pair_flags, load, load_prompts, ours  # noqa: E402
 from benchmarks.harness.publish import publish  # noqa: E402
 
 CORE = ("AR", "K=4")

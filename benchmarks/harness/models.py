@@ -114,6 +114,15 @@ def demo_shaped_pair(vocab: int | None, nudge: float, device: str, dtype: torch.
     return early_exit_pair(target, nudge)
 
 
+def ours(target, prompts: list[list[int]], n: int, sampling: SamplingConfig, seed: int, compile, drafter=None,
+         policy=None, eos: int | None = None):
+    """The project's decoder on a batch of prompts (`decoding.batched.generate_batch`): AR without a drafter."""
+    from specdraft.decoding.batched import generate_batch
+
+    return generate_batch(target, prompts, n, drafter=drafter, policy=policy, sampling=sampling, seed=seed,
+                          compile=compile, eos_token_id=eos)
+
+
 class ForwardCounter:
     """Counts forward calls of a model (transformers' generate has no per-call counters)."""
 

@@ -235,9 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="profile each batch size's cost table right before its decodes, not one table first: on a "
                          "shared machine whose load drifts over a long (compiled) run, the table then prices the "
                          "load its decodes meet")
-    ap.add_argument("--paired", action="store_true",
-                    help="eager: each pass profiles its own table and decodes every method once right after; the error "
-                         "is the median of per-pass errors (module docstring)")
+    paired = "eager: each pass profiles its own table and decodes every method once right after (module docstring)"
+    ap.add_argument("--paired", action="store_true", help=paired + "; the error is the median of per-pass errors")
     ap.add_argument("--decisions", action="store_true",
                     help="also decode the K predict chooses at each B (its K table) and report it as a fraction of the "
                          "measured best fixed K, pass by pass (use --ks 1,2,4,8)")
