@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: 
 from specdraft.pipelines.config import load_config  # noqa: E402
 from specdraft.pipelines.evaluate.aggregate import method_keys, one, select  # noqa: E402
 from specdraft.pipelines.evaluate.methods import key_of, label  # noqa: E402
-from specdraft.pipelines.evaluate.render import regret_table  # noqa: E402
+from specdraft.pipelines.evaluate.tables import regret_table  # noqa: E402
 from specdraft.pipelines.schema import RunConfig  # noqa: E402
 from specdraft.pipelines.stage import run_stage  # noqa: E402
 from benchmarks.harness.publish import publish  # noqa: E402
