@@ -247,21 +247,14 @@ def _render_metaeagle(v: dict) -> list[str]:
             + gaps + ".", ""]
 
 
+# each paper's verdicts (claims.paper_verdicts' keys) in words, in the report's order
+CLAIM_TEXT = {"specdecpp": _render_specdecpp, "spectr": _render_spectr, "quality_gap": _render_quality_gap,
+              "cascades": _render_cascades, "banditspec": _render_banditspec, "metaeagle": _render_metaeagle}
+
+
 def render_verdicts(metrics: dict) -> list[str]:
     v = metrics.get("verdicts") or paper_verdicts(metrics)
-    parts = []
-    if v.get("specdecpp"):
-        parts += _render_specdecpp(v["specdecpp"])
-    if v.get("spectr"):
-        parts += _render_spectr(v["spectr"])
-    if v.get("quality_gap"):
-        parts += _render_quality_gap(v["quality_gap"])
-    if v.get("cascades"):
-        parts += _render_cascades(v["cascades"])
-    if v.get("banditspec"):
-        parts += _render_banditspec(v["banditspec"])
-    if v.get("metaeagle"):
-        parts += _render_metaeagle(v["metaeagle"])
+    parts = [line for name, words in CLAIM_TEXT.items() if v.get(name) for line in words(v[name])]
     return ["## The papers' claims on this bundle", "",
             "Each claim is checked on this run's own numbers; the interval is a bootstrap 90% interval over prompts, "
             "and a claim is called only where it clears the line.", "", *parts] if parts else []

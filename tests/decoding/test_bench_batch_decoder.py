@@ -4,18 +4,11 @@ import pytest
 
 from tests.conftest import import_benchmark
 
-
-@pytest.fixture(scope="module")
-def bench():
-    return import_benchmark("bench_batch_decoder")
+bench = import_benchmark("bench_batch_decoder")
+curve = import_benchmark("batch_curve")
 
 
-@pytest.fixture(scope="module")
-def curve():
-    return import_benchmark("batch_curve")
-
-
-def test_pairs_each_pass_with_the_best_fixed_k_of_the_goal_set(curve):
+def test_pairs_each_pass_with_the_best_fixed_k_of_the_goal_set():
     # K = 16 has the highest median but is outside the goal's set; K = 8 beats K = 4 on the median
     rates = {"AR": [100.0, 50.0, 90.0], "K=4": [300.0, 150.0, 280.0], "K=8": [400.0, 200.0, 390.0],
              "K=16": [900.0, 900.0, 900.0], "SpecDec++": [440.0, 180.0, 390.0]}
@@ -28,19 +21,19 @@ def test_pairs_each_pass_with_the_best_fixed_k_of_the_goal_set(curve):
     assert ratios["SpecDec++"][3] == pytest.approx(1.1)
 
 
-def test_a_goal_set_nothing_measured_is_an_error(curve):
+def test_a_goal_set_nothing_measured_is_an_error():
     with pytest.raises(ValueError, match="none of the fixed K"):
         curve.paired_with_best_k({"AR": [1.0], "K=16": [2.0], "SpecDec++": [2.0]}, [1, 2, 4, 8])
 
 
-def test_the_command_line_refuses_goal_ks_that_no_mode_measures(bench, capsys):
+def test_the_command_line_refuses_goal_ks_that_no_mode_measures(capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--compile", "none,default", "--ks", "2,4", "--compiled-ks", "16", "--no-append"])
     assert exit_.value.code == 2
     assert "--compiled-ks [16] measures none of them" in capsys.readouterr().err
 
 
-def test_the_table_names_the_best_k_and_each_ratio(curve):
+def test_the_table_names_the_best_k_and_each_ratio():
     lines = curve.paired_table([(1, "K=8", {"SpecDec++": (1.0, 0.9, 1.1, None)})], [1, 2, 4, 8])
     assert lines[-1] == "| 1 | K=8 | 1.00 (0.90-1.10) |"
     assert "best fixed K in {1, 2, 4, 8}" in lines[0] and "fastest" not in lines[0]
@@ -48,7 +41,7 @@ def test_the_table_names_the_best_k_and_each_ratio(curve):
     assert lines[-1] == "| 1 | K=8 | 1.00 (0.90-1.10); 0.97 |" and "fastest pass" in lines[0]
 
 
-def test_pooled_ratio_is_of_totals_and_its_interval_narrows_with_more_cells(curve):
+def test_pooled_ratio_is_of_totals_and_its_interval_narrows_with_more_cells():
     import torch
 
     # two passes of two batches; the rule's cells: 10 tokens in 1 s, 30 in 1 s; K=8's: 20 in 1 s, 20 in 2 s
@@ -75,7 +68,7 @@ def test_pooled_ratio_is_of_totals_and_its_interval_narrows_with_more_cells(curv
     assert lines[-1] == "| 1 | K=8 | 1.000 [0.900-1.100] |" and "bootstrap" in lines[0]
 
 
-def test_without_table_rules_the_curve_profiles_nothing(bench, monkeypatch, curve):
+def test_without_table_rules_the_curve_profiles_nothing(monkeypatch):
     """--no-table-rules: part (b) keeps fixed K, SpecDec++ and UCBSpec, and neither profiles a cost table nor
     builds the rules that read one (on a 135M target that profile ran past 25 minutes)."""
     import torch
@@ -91,7 +84,7 @@ def test_without_table_rules_the_curve_profiles_nothing(bench, monkeypatch, curv
     assert list(policies) == ["AR", "K=1", "K=2", "SpecDec++", "SpecDec++ lockstep", "UCBSpec 0..4"]
 
 
-def test_profile_each_batch_prices_each_b_with_its_own_table_before_its_decodes(bench, monkeypatch, curve):
+def test_profile_each_batch_prices_each_b_with_its_own_table_before_its_decodes(monkeypatch):
     """--profile-each-batch: B's table is profiled right before B's decodes and its rules read it, so a compiled
     GPU run prints B = 1's row before it builds a larger B's graphs; eager, at {1, B} (a batch drops finished rows),
     compiled at B alone (a compiled batch keeps its rows, and B = 1's graphs are not built again)."""

@@ -4,18 +4,11 @@ import pytest
 
 from tests.conftest import import_benchmark
 
-
-@pytest.fixture(scope="module")
-def timing():
-    return import_benchmark("timing")
+timing = import_benchmark("timing")
+tables = import_benchmark("tables")
 
 
-@pytest.fixture(scope="module")
-def tables():
-    return import_benchmark("tables")
-
-
-def test_sampled_passes_decode_only_seeds_the_warm_up_decoded(timing):
+def test_sampled_passes_decode_only_seeds_the_warm_up_decoded():
     calls = []
 
     def method(name):
@@ -35,7 +28,7 @@ def test_sampled_passes_decode_only_seeds_the_warm_up_decoded(timing):
     assert calls == [("a", 0)] * 4
 
 
-def test_methods_take_turns_unit_by_unit_and_each_unit_is_timed_apart(timing, monkeypatch):
+def test_methods_take_turns_unit_by_unit_and_each_unit_is_timed_apart(monkeypatch):
     calls, clock = [], iter(range(1000))
 
     class Timing:  # a virtual clock: call i takes i seconds, so each call's time says which call it was
@@ -66,7 +59,7 @@ def test_rotated_starts_each_turn_one_further_and_wraps():
     assert rotated("abc", -1) == list("cab")
 
 
-def test_a_table_has_its_rule_under_its_header_and_refuses_a_ragged_row(tables):
+def test_a_table_has_its_rule_under_its_header_and_refuses_a_ragged_row():
     assert tables.table(["method", "tok/s"], [["AR", 12.5], ["K=4", 30]], "lr") == [
         "| method | tok/s |", "| --- | ---: |", "| AR | 12.5 |", "| K=4 | 30 |"]
     with pytest.raises(ValueError, match="2 columns"):

@@ -13,30 +13,11 @@ from specdraft.decoding.speculators.eagle_model import new_eagle_drafter
 from specdraft.pipelines.vllm_export import vllm_weights
 from tests.conftest import import_benchmark
 
-
-@pytest.fixture(scope="module")
-def bench():
-    return import_benchmark("bench_speculators")
-
-
-@pytest.fixture(scope="module")
-def data():
-    return import_benchmark("speculators_data")
-
-
-@pytest.fixture(scope="module")
-def speculators_peer():
-    return import_benchmark("speculators_peer")
-
-
-@pytest.fixture(scope="module")
-def report():
-    return import_benchmark("speculators_report")
-
-
-@pytest.fixture(scope="module")
-def acceptance():
-    return import_benchmark("acceptance")
+bench = import_benchmark("bench_speculators")
+data = import_benchmark("speculators_data")
+speculators_peer = import_benchmark("speculators_peer")
+report = import_benchmark("speculators_report")
+acceptance = import_benchmark("acceptance")
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +39,7 @@ def tiny_drafter(target, seed: int = 1, norm_before_residual: bool = False):
     return drafter
 
 
-def test_speculators_keys_map_back_onto_our_drafter(speculators_peer, target):
+def test_speculators_keys_map_back_onto_our_drafter(target):
     drafter = tiny_drafter(target)
     exported = vllm_weights(drafter)  # the layout vLLM and speculators share: layers.0.*, fc, norm, lm_head, d2t
     assert any(k.startswith("layers.0.") for k in exported) and not any(k.startswith("body.") for k in exported)
@@ -86,7 +67,7 @@ def write_peer_checkpoint(tmp_path, drafter, target, norm_before_fc=False, norm_
     return {"target_config": target.config.to_dict(), "target_hash": None}
 
 
-def test_a_peer_checkpoint_without_extras_decodes_as_our_drafter(speculators_peer, target, tmp_path):
+def test_a_peer_checkpoint_without_extras_decodes_as_our_drafter(target, tmp_path):
     drafter = tiny_drafter(target, norm_before_residual=True).attach_target(target).eval()
     # speculators saves in bf16: its embedding copy is the target's rounded, which is still the target's
     bf16 = {"embed_tokens.weight": target.get_input_embeddings().weight.detach().to(torch.bfloat16)}
@@ -98,7 +79,7 @@ def test_a_peer_checkpoint_without_extras_decodes_as_our_drafter(speculators_pee
         torch.testing.assert_close(peer.lm_logits(peer(feats, ids)), drafter.lm_logits(drafter(feats, ids)))
 
 
-def test_the_adapter_applies_speculators_input_norm_and_normed_output(speculators_peer, target, tmp_path):
+def test_the_adapter_applies_speculators_input_norm_and_normed_output(target, tmp_path):
     drafter = tiny_drafter(target).attach_target(target).eval()
     meta = write_peer_checkpoint(tmp_path, drafter, target, norm_before_fc=True, norm_output=True)
     peer = speculators_peer.load_peer(tmp_path, meta, target)
@@ -113,7 +94,7 @@ def test_the_adapter_applies_speculators_input_norm_and_normed_output(speculator
         assert not torch.allclose(peer.draft_logits(out), drafter.draft_logits(drafter(feats, ids)))
 
 
-def test_a_trained_embedding_or_fc_norm_is_refused_in_one_line(speculators_peer, target, tmp_path):
+def test_a_trained_embedding_or_fc_norm_is_refused_in_one_line(target, tmp_path):
     drafter = tiny_drafter(target)
     meta = write_peer_checkpoint(tmp_path, drafter, target, extra={"embed_tokens.weight": torch.zeros(64, 32)})
     with pytest.raises(speculators_peer.InputError, match="embedding differs"):
@@ -125,7 +106,7 @@ def test_a_trained_embedding_or_fc_norm_is_refused_in_one_line(speculators_peer,
         speculators_peer.load_peer(tmp_path, meta, target)
 
 
-def test_hidden_state_files_hold_three_layer_inputs_and_the_pre_norm_last_layer(data, target, tmp_path):
+def test_hidden_state_files_hold_three_layer_inputs_and_the_pre_norm_last_layer(target, tmp_path):
     from safetensors.torch import load_file
 
     ids = [3, 9, 27, 5, 11, 2]
@@ -145,7 +126,7 @@ def test_hidden_state_files_hold_three_layer_inputs_and_the_pre_norm_last_layer(
     assert sorted(p.name for p in (tmp_path / "data" / "hidden_states").iterdir()) == ["hs_0.safetensors", "hs_1.safetensors"]
 
 
-def test_rows_carry_our_collators_loss_mask_and_our_sampler_order(data):
+def test_rows_carry_our_collators_loss_mask_and_our_sampler_order():
     from types import SimpleNamespace
 
     from specdraft.drafters.data import CausalLMCollator
@@ -160,13 +141,13 @@ def test_rows_carry_our_collators_loss_mask_and_our_sampler_order(data):
     assert batches != data.our_batches(12, ecfg, seed=1)
 
 
-def test_vocab_files_are_speculators_offsets_and_mask(data, tmp_path):
+def test_vocab_files_are_speculators_offsets_and_mask(tmp_path):
     d2t_path, t2d_path = data.vocab_files([9, 2, 4], 12, tmp_path)
     d2t, t2d = np.load(d2t_path), np.load(t2d_path)
     assert (np.arange(3) + d2t).tolist() == [2, 4, 9] and t2d.dtype == bool and np.flatnonzero(t2d).tolist() == [2, 4, 9]
 
 
-def test_pooled_mal_pools_before_dividing(acceptance):
+def test_pooled_mal_pools_before_dividing():
     point, lo, hi = acceptance.pooled_mal([10, 30], [10, 10])
     assert point == 2.0 and 1.0 <= lo <= point <= hi <= 3.0
     a, b = {"tokens": [10, 30, 20], "calls": [10, 10, 5]}, {"tokens": [10, 10, 6], "calls": [10, 10, 4]}
@@ -178,7 +159,7 @@ def test_pooled_mal_pools_before_dividing(acceptance):
     assert (d_lo > 0) == (r_lo > 1)
 
 
-def test_a_rerun_keeps_only_seeds_finished_with_the_same_settings(bench, tmp_path):
+def test_a_rerun_keeps_only_seeds_finished_with_the_same_settings(tmp_path):
     import argparse
 
     rows = {"1": {"tokens": [4], "calls": [2], "equal": [True]}}
@@ -201,7 +182,7 @@ def test_a_rerun_keeps_only_seeds_finished_with_the_same_settings(bench, tmp_pat
         assert bench.finished_seeds(tmp_path, args) == ({}, {}, {})
 
 
-def test_the_all_seeds_row_sums_each_prompt_over_seeds(report):
+def test_the_all_seeds_row_sums_each_prompt_over_seeds():
     run = lambda t: {4: {"tokens": t, "calls": [2, 2], "equal": [True, True]}}
     results = {"specdraft s0": run([4, 6]), "speculators s0": run([2, 4]),
                "specdraft s1": run([6, 4]), "speculators s1": run([4, 2])}
@@ -224,7 +205,7 @@ def write_stage_manifest(directory, stage: str, content: str) -> None:
     (directory / MANIFEST).write_text(json.dumps(dataclasses.asdict(manifest)))
 
 
-def test_the_run_key_follows_the_target_and_the_distilled_data(acceptance, tmp_path):
+def test_the_run_key_follows_the_target_and_the_distilled_data(tmp_path):
     write_stage_manifest(tmp_path / "target", "convert-target", "weights 1")
     write_stage_manifest(tmp_path / "distill_data", "distill-data", "answers 1")
     first = acceptance.run_key(tmp_path)
@@ -235,7 +216,7 @@ def test_the_run_key_follows_the_target_and_the_distilled_data(acceptance, tmp_p
     assert len({first, second, acceptance.run_key(tmp_path)}) == 3
 
 
-def test_a_cached_hidden_state_of_other_token_ids_is_computed_again(data, target, tmp_path):
+def test_a_cached_hidden_state_of_other_token_ids_is_computed_again(target, tmp_path):
     """A cache file left by another run's rows (same index, other tokens) is not trained on."""
     from safetensors.torch import load_file, save_file
 
@@ -256,7 +237,7 @@ def test_a_cached_hidden_state_of_other_token_ids_is_computed_again(data, target
                 data.hs_cache(tmp_path, "a", [0, 1, 2])}) == 3
 
 
-def test_a_seeds_dataset_is_rebuilt_for_another_run_or_other_rows(data, tmp_path):
+def test_a_seeds_dataset_is_rebuilt_for_another_run_or_other_rows(tmp_path):
     from types import SimpleNamespace
 
     from datasets import load_from_disk
@@ -284,7 +265,7 @@ def test_a_seeds_dataset_is_rebuilt_for_another_run_or_other_rows(data, tmp_path
         [b"states of row %d" % j for j in order]
 
 
-def test_the_speculators_row_prints_the_steps_its_log_says_it_ran(speculators_peer, report, tmp_path):
+def test_the_speculators_row_prints_the_steps_its_log_says_it_ran(tmp_path):
     """speculators packs the rows into at most the steps asked for: 24 asked, 22 packed, 22 run."""
     log = tmp_path / "speculators_train.log"
     log.write_text("loading\n[speculators_launch] --total-seq-len 4096: 22 packed batches an epoch\nEpoch 0: 22/22\n")
@@ -298,7 +279,7 @@ def test_the_speculators_row_prints_the_steps_its_log_says_it_ran(speculators_pe
         speculators_peer.steps_run(log)
 
 
-def test_decode_counts_give_both_definitions_and_the_target_as_its_own_drafter_accepts_every_draft(acceptance):
+def test_decode_counts_give_both_definitions_and_the_target_as_its_own_drafter_accepts_every_draft():
     """The counts both engines' benchmarks read: tokens per target forward (the decoder's acceptance length) and
     drafts / accepted (vLLM's, 1 + accepted / drafts), from one decode."""
     torch.manual_seed(0)
