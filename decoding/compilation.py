@@ -33,7 +33,7 @@ class StepCompiler:
         if mode not in COMPILE_MODES:
             raise InputError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
         self.mode = mode
-        self.dynamic_shapes = dynamic_shapes  # False: one graph per size (benchmarks/bench_compile_shapes.py)
+        self.dynamic_shapes = dynamic_shapes  # False: one graph per size (benchmarks/decoder/bench_compile_shapes.py)
         self._steps: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
         self._caches: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
         self._free: dict[Hashable, Callable] = {}  # functions of no model (the round's tails)
@@ -103,7 +103,7 @@ def compile_for_model(fn: Callable, model: torch.nn.Module | None, mode: str,
     shapes, and a size that differs at a later call (a batch size, a verify width, a cache length) recompiles
     once as a symbol, which later sizes reuse (sizes 0 and 1 stay specialized). Each compiled size had been a
     graph and a compile of its own (`dynamic=False`); a compile of the ~1B target on an H200 took 35 s cold,
-    so a batch curve over B = 1-64 ran out of its budget compiling. benchmarks/bench_compile_shapes.py (demo
+    so a batch curve over B = 1-64 ran out of its budget compiling. benchmarks/decoder/bench_compile_shapes.py (demo
     pair, CPU, cold cache, AR and K = 4 at B = 1, 4, 8): the same tokens; 20 graphs and 651 s against 30 and
     829 s; B = 4's symbolic recompile costs more than its static compile would (AR 186 against 132 s), and B = 8
     then compiles nothing (0.3 s a decode against 115-129 s). `dynamic_shapes=False` keeps one graph per size."""

@@ -10,7 +10,7 @@ of equal depth are stacked into one `StackedHeads`, the one `AcceptanceHead` def
 stacked parameters, so a training step costs a handful of batched kernels instead of ~60 small ones.
 The heads share no parameters, the loss is the sum of the per-head losses and Adam acts per element,
 so this is exactly separate training runs that see the same batch order (a test checks it). On the
-2-core CPU box stacked heads trained 4.5-6x faster than 20 separate runs (benchmarks/bench_heads.py,
+2-core CPU box stacked heads trained 4.5-6x faster than 20 separate runs (benchmarks/training/bench_heads.py,
 measured with the earlier hand-written batched matmuls); tiny matmuls also run faster on one thread
 than on two contended ones, hence `HeadTrainConfig.cpu_threads`.
 """

@@ -4,7 +4,7 @@ For drafters whose cached features would not fit on disk or in memory (a 68M dra
 prompt set caches H floats per response token). Each epoch walks the acceptance sequences in a seeded
 order, runs the drafter on (prompt, Z) in small batches, and yields (features, labels) head batches
 of the Y positions only: the same inputs the cache would hold, at the price of one draft forward per
-sequence per epoch (benchmarks/bench_heads_online.py measures that price).
+sequence per epoch (benchmarks/training/bench_heads_online.py measures that price).
 """
 from __future__ import annotations
 

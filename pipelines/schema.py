@@ -296,7 +296,7 @@ class TrainDraftersSection:
     general_on: Literal["corpus", "distilled"] = "corpus"
     finetune: PhaseSection = field(default_factory=PhaseSection)  # phase 2 on self-distilled responses
     # distilled: the target's own responses (self-distillation); reference: the prompt sets' reference
-    # answers instead (the no-distillation control of benchmarks/bench_distillation.py)
+    # answers instead (the no-distillation control of benchmarks/training/bench_distillation.py)
     finetune_on: Literal["distilled", "reference"] = "distilled"
     # same_epochs: the OFA drafter runs the finetune epochs over the whole mixture (MetaSD);
     # same_steps: it gets as many optimizer steps as one specialist (an equal-compute comparison)
@@ -493,7 +493,7 @@ class EvaluateSection:
     threads: int = 1
     # processes on this machine that share the plan's units (`specdraft evaluate --shard` started here, one core
     # each at threads 1; this one merges): 2 on a 2-core box finished the demo's plan 1.61x sooner
-    # (benchmarks/RESULTS.md, bench_evaluate_shards); 1: this process alone. Unused where the stage already runs as
+    # (benchmarks/pipeline/RESULTS.md, bench_evaluate_shards); 1: this process alone. Unused where the stage already runs as
     # one of several shards (--shard, a Slurm array, torchrun ranks)
     processes: int = 1
 

@@ -42,18 +42,15 @@ torch.set_num_threads(1)
 
 
 def import_benchmark(name: str):
-    """A script of benchmarks/ as a module, imported the way the scripts run (benchmarks/ first on the
-    path, so its own `from publish import ...` resolves)."""
+    """A script of benchmarks/ as a module, found by its name in whichever question's folder holds it
+    (`bench_batch_decoder` -> benchmarks.decoder.bench_batch_decoder; `publish` -> benchmarks.harness.publish)."""
     import importlib
     import pathlib
-    import sys
 
-    bench = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks")
-    sys.path.insert(0, bench)
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(bench)
+    root = pathlib.Path(__file__).resolve().parents[1]
+    found = sorted((root / "benchmarks").glob(f"*/{name}.py"))
+    assert len(found) == 1, f"benchmarks/*/{name}.py: {len(found)} files"
+    return importlib.import_module(".".join(found[0].relative_to(root).with_suffix("").parts))
 
 
 def examples_digest(examples) -> str:

@@ -1,4 +1,5 @@
-"""benchmarks/publish.py: a benchmark rewrites its own section of RESULTS.md and touches nothing else."""
+"""benchmarks/harness/publish.py: a benchmark rewrites its own section of RESULTS.md and touches nothing else."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,14 +71,71 @@ def test_an_unclosed_section_is_refused_and_the_file_left_alone(tmp_path):
     assert results.read_text() == broken
 
 
+def test_the_page_is_the_one_of_the_calling_scripts_folder(tmp_path):
+    folder = tmp_path / "question"
+    folder.mkdir()
+    (folder / "RESULTS.md").write_text(OTHERS)
+    caller = {"__file__": str(folder / "bench_z.py"), "publish": publish.publish}
+    exec("publish('## Z\\n\\nz numbers')", caller)
+    page = (folder / "RESULTS.md").read_text()
+    assert page.startswith(OTHERS.rstrip("\n")) and sections(page, "bench_z.py") == 1 and "z numbers" in page
+    assert not (tmp_path / "RESULTS.md").exists()
+
+
+def test_a_wrapper_publishes_in_its_own_section_on_its_own_page(tmp_path):
+    (tmp_path / "decoder").mkdir()
+    (tmp_path / "real").mkdir()
+    publish.publish_for("## Pair\n\nreal numbers", True, tmp_path / "real" / "bench_real_pair.py")
+    assert sections((tmp_path / "real" / "RESULTS.md").read_text(), "bench_real_pair.py") == 1
+    assert not (tmp_path / "decoder" / "RESULTS.md").exists()
+    publish.publish_for("## GPU\n\nnumbers", True, tmp_path / "decoder" / "bench_x.py", "bench_x.py (GPU)",
+                        tmp_path / "real" / "RESULTS.md")
+    assert sections((tmp_path / "real" / "RESULTS.md").read_text(), "bench_x.py (GPU)") == 1
+
+
 def test_a_shell_benchmark_publishes_through_the_command_line(tmp_path):
-    script = Path(publish.__file__)
-    results = tmp_path / "RESULTS.md"
-    results.write_text(OTHERS)
-    # the command line writes the real RESULTS.md, so run it on a copy of publish.py beside tmp_path's file
-    copy = tmp_path / "publish.py"
-    copy.write_text(script.read_text())
-    subprocess.run([sys.executable, str(copy), "bench_install.sh"], input="## Install\n\n12 s\n", text=True,
-                   check=True, capture_output=True)
-    new = results.read_text()
+    page = tmp_path / "RESULTS.md"
+    page.write_text(OTHERS)
+    # the command line names the script by its path: its section, on its folder's page (here tmp_path's)
+    subprocess.run([sys.executable, publish.__file__, str(tmp_path / "bench_install.sh")], input="## Install\n\n12 s\n",
+                   text=True, check=True, capture_output=True)
+    new = page.read_text()
     assert new.startswith(OTHERS.rstrip("\n")) and sections(new, "bench_install.sh") == 1 and "12 s" in new
+
+
+# --- the pages themselves: a page per question, short enough to read ----------------------------------------
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+QUESTIONS = sorted(p.parent for p in BENCHMARKS.glob("*/RESULTS.md"))
+
+
+def test_every_folder_but_the_harness_is_a_question_with_its_page():
+    folders = sorted(p for p in BENCHMARKS.iterdir() if p.is_dir() and p.name not in ("harness", "__pycache__"))
+    assert folders == QUESTIONS and len(QUESTIONS) >= 5
+    assert not (BENCHMARKS / "RESULTS.md").exists()  # the map is benchmarks/README.md
+
+
+@pytest.mark.parametrize("folder", QUESTIONS, ids=lambda p: p.name)
+def test_a_question_holds_at_most_ten_files_and_its_page_under_400_lines(folder):
+    files = [p for p in folder.iterdir() if p.name != "__pycache__"]
+    assert len(files) <= 10, sorted(p.name for p in files)
+    assert len((folder / "RESULTS.md").read_text().splitlines()) < 400
+
+
+@pytest.mark.parametrize("folder", QUESTIONS, ids=lambda p: p.name)
+def test_each_section_of_a_page_belongs_to_a_script_that_publishes_there(folder):
+    """A section is named after its script (or the script with a qualifier, as "bench_x.py (GPU)"), and the page
+    names no machine-local scratch path a reader could not rerun."""
+    page = (folder / "RESULTS.md").read_text()
+    scripts = {p.name for p in BENCHMARKS.glob("*/bench_*")}
+    named = re.findall(r"^<!-- (?!/)(\S+)", page, flags=re.MULTILINE)
+    assert named and set(named) <= scripts, set(named) - scripts
+    assert "/tmp/" not in page
+
+
+def test_the_map_names_every_benchmark_and_every_page():
+    readme = (BENCHMARKS / "README.md").read_text()
+    for script in BENCHMARKS.glob("*/bench_*"):
+        assert f"{script.parent.name}/{script.name}" in readme, script
+    for folder in QUESTIONS:
+        assert f"({folder.name}/RESULTS.md)" in readme, folder

@@ -95,7 +95,7 @@ class Calibrator:
         # a drafter drafts `draft_run` tokens in a row after each verification, and only the first of them
         # finds its weights evicted from the CPU caches by the target's forward; timing a lone forward
         # would price every drafted token as that cold first one (1.4x too dear on the demo pair:
-        # benchmarks/bench_forward_costs.py)
+        # benchmarks/predict/bench_forward_costs.py)
         self.draft_run = max(1, draft_run)
         self.feed = torch.randint(3, vocab, (max(max_n, self.draft_run),), generator=gen).tolist()
         self.times: dict[Any, list[float]] = {}

@@ -123,7 +123,7 @@ def monotone_grid(rows: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], .
     Why: the fastest of a few passes still carries a slow phase that caught every pass of one entry, and an
     entry out of order is a decision the rules get wrong, not just a price off by its noise: a 3-wide verify
     priced below a 1-wide one makes a round of 2 drafts look cheaper than a plain target step, so the
-    batch-aware rules draft at any acceptance (tables in benchmarks/RESULTS.md, bench_predict: B = 1's v(w=3)
+    batch-aware rules draft at any acceptance (tables in benchmarks/predict/RESULTS.md, bench_predict: B = 1's v(w=3)
     9.33 ms under its v(w=1) 10.13, B = 32's v(w=3) 43.15 over its v(w=4) 38.12)."""
     by_width = [isotonic(row) for row in rows]
     by_batch = [isotonic(column) for column in zip(*by_width)]
@@ -296,7 +296,7 @@ def calibration_ks(max_drafts: int) -> tuple[int, ...]:
     price. With one K a round's fixed work could only be charged per draft, which prices long
     rounds against short ones by an assumption: the adaptive rules choose between exactly those. On the demo
     pair on this CPU the split found little fixed work (compiled: 0.34 ms a drafting round at B = 1, none at
-    B = 4..16, 0.18-0.24 ms a draft; benchmarks/RESULTS.md, bench_batch_decoder); a decoder whose round has a
+    B = 4..16, 0.18-0.24 ms a draft; benchmarks/decoder/RESULTS.md, bench_batch_decoder); a decoder whose round has a
     host cost of its own (a GPU's launches) is where the two differ. It adds ~20% to a calibration (eager, demo
     pair, B = 1 and 3, widths to 21: 16 -> 19 s)."""
     hi = min(8, max_drafts)
@@ -328,7 +328,7 @@ def calibrate_loop(target: torch.nn.Module, drafter: torch.nn.Module, table: Cos
     (without: the whole start, scaled from the prompts' length to `context` tokens). `loop` is signed: where the
     decodes run a round's steps faster than the steps time alone, the table's steps are what is off and every round
     carries the difference (on one H200, eager, the demo pair: ~13 ms a target step inside the decodes against 17.3
-    timed alone, and clamped at 0 this term left every prediction 3-31% low; benchmarks/RESULTS.md, bench_predict).
+    timed alone, and clamped at 0 this term left every prediction 3-31% low; benchmarks/predict/RESULTS.md, bench_predict).
     It stays above minus the one-wide step (a step is never free). The others are clamped at 0: noise must not
     make a round's own work, or a call's start, negative."""
     from specdraft.decoding.batched import generate_batch

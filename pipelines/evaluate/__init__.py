@@ -52,7 +52,8 @@ Five steps, one module each (this package's files are its jobs; each reads only 
 4. **claims** (`claims.judge`): the papers' effects and verdicts, as data read from that dict (each
    comparison a ratio over shared prompts with its bootstrap interval), stored in it.
 5. **render** (`render.write_report`): report.md and the plots, from the dict alone; every label and
-   sentence is made there (rows carry key fields, never display strings).
+   sentence is made there and in the rooms it reads (cells, tables, verdicts, plots; rows carry key fields,
+   never display strings).
 
 How to add a family (SpecTr multi-draft, speculative cascades, prompt lookup / REST / suffix, EAGLE...):
 write a planner `def plan_myfamily(env: Env, prompt: Prompt) -> list[Run]` that returns one `Run` per
@@ -61,10 +62,10 @@ rule="...", alpha=0.3))` and a `build(done) -> Built` factory (`done`: this prom
 by key, e.g. AR's tokens); give `Built.verification` for a family whose output follows another
 distribution than the target's (cascades). Add the planner to `plan.PLANNERS`, its config to
 `EvaluateSection`. The loop, the timing, the aggregation and metrics.json need no change; `methods.label`
-names an unknown family generically, and a table of its own is a function in render.py.
+names an unknown family generically, and a table of its own is a function in tables.py.
 
 Writes report/: report.md, metrics.json (rows with key fields, every run's raw repeat times in `runs`),
-*.png (`render.PLOTS` lists them).
+*.png (`plots.PLOTS` lists them).
 """
 from __future__ import annotations
 

@@ -183,7 +183,7 @@ def _spread(pairs: list[tuple[float, float]], seed: int) -> tuple[float | None, 
     A pooled ratio, not the median of per-prompt ratios: on a shared CPU one 48-token decode's time moves by
     ~9% between two passes (median; 29% at the 90th percentile), and a median over the 3 prompts of a small
     cell keeps one prompt's noise whole, where the ratio of totals averages every prompt's (
-    benchmarks/bench_evaluate_load.py --estimators compares estimators on the same runs)."""
+    benchmarks/pipeline/bench_evaluate_load.py --estimators compares estimators on the same runs)."""
     pairs = [(a, b) for a, b in pairs if b > 0]
     if not pairs:
         return None, None, None

@@ -1,7 +1,7 @@
 """The papers' claims on an evaluated bundle, as data: every comparison is a ratio over the prompts both
 methods ran on, with its bootstrap 90% interval and a verdict against its line ("above", "below",
 "within noise"; none from fewer than MIN_PROMPTS prompts where a paper's table is judged), all read from
-the metrics dict of aggregate.summarize and nothing else. render.py turns them into sentences.
+the metrics dict of aggregate.summarize and nothing else. verdicts.py turns them into sentences.
 
   effects                                 the demo's three effects: specialised drafters win in domain,
                                           bandits reach the hindsight-best drafter and beat OFA, SpecDec++

@@ -1,4 +1,4 @@
-"""benchmarks/bench_batch1_agreement.py's bookkeeping: one block times every method in both shapes and counts each
+"""benchmarks/decoder/bench_batch1_agreement.py's bookkeeping: one block times every method in both shapes and counts each
 core method's tokens once per prompt (a stub decode: no model)."""
 from types import SimpleNamespace
 

@@ -1,4 +1,4 @@
-"""benchmarks/bench_cascades.py's Table 2 logic on synthetic generations (no models)."""
+"""benchmarks/families/bench_cascades.py's Table 2 logic on synthetic generations (no models)."""
 import pytest
 
 from tests.conftest import import_benchmark

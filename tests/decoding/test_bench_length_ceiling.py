@@ -1,4 +1,4 @@
-"""benchmarks/bench_length_ceiling.py's bookkeeping: the teacher-forced replay of a greedy decode equals the
+"""benchmarks/adaptive/bench_length_ceiling.py's bookkeeping: the teacher-forced replay of a greedy decode equals the
 decoder's own rounds, and the dynamic program is the cheapest schedule (brute force on small outputs)."""
 import random
 

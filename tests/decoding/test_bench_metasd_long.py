@@ -1,4 +1,4 @@
-"""benchmarks/bench_metasd_long.py: its decode on tiny models (the bandit over one arm is that arm) and its
+"""benchmarks/real/bench_metasd_long.py: its decode on tiny models (the bandit over one arm is that arm) and its
 table's hindsight picks and ratios on synthetic counts."""
 from types import SimpleNamespace
 

@@ -1,4 +1,4 @@
-"""benchmarks/bench_predict.py --paired: each pass's prediction against the decodes right after its own table."""
+"""benchmarks/predict/bench_predict.py --paired: each pass's prediction against the decodes right after its own table."""
 from types import SimpleNamespace
 
 import pytest
@@ -112,10 +112,11 @@ def test_the_real_wrapper_runs_bench_predict_on_the_run_in_its_own_section(monke
     (tmp_path / "bundle" / "bundle.json").write_text("{}")
     (tmp_path / "prompts" / "sets").mkdir(parents=True)
     seen = {}
-    monkeypatch.setattr(real.bench_predict, "main", lambda argv, section: seen.update(argv=argv, section=section) or 0)
+    monkeypatch.setattr(real.bench_predict, "main", lambda argv, owner: seen.update(argv=argv, owner=owner) or 0)
     assert real.main(["--run", str(tmp_path), "--runs", "5"]) == 0
     argv = seen["argv"]
-    assert seen["section"] == "bench_predict_real.py"
+    # its section on its own page: the one of its folder, not bench_predict.py's
+    assert seen["owner"].name == "bench_predict_real.py" and seen["owner"].parent.name == "predict"
     assert argv[:4] == ["--bundle", str(tmp_path / "bundle"), "--prompt-set", str(tmp_path / "prompts" / "sets")]
     # an option given after the defaults wins: argparse keeps the last
     assert real.bench_predict.build_parser().parse_args(argv).runs == 5

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py (issue 71's prepared GPU run) and bench_gpu_floor.py, on this CPU: the run refuses a
+"""benchmarks/gpu/gpu_check.py (issue 71's prepared GPU run) and bench_gpu_floor.py, on this CPU: the run refuses a
 machine without CUDA at once, its steps run end to end in --smoke, and the floor's byte count is the step's."""
 import subprocess
 import sys
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_without_cuda_the_run_stops_at_once_in_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--out", str(out)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "benchmarks/gpu/gpu_check.py", "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "sees no CUDA device" in proc.stderr and "--smoke" in proc.stderr
@@ -25,7 +25,7 @@ def test_without_cuda_the_run_stops_at_once_in_one_line_and_writes_nothing(tmp_p
 
 def test_an_unknown_step_is_refused_by_name_before_anything_runs(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--only", "floor,curves", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "benchmarks/gpu/gpu_check.py", "--only", "floor,curves", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "no step named curves" in proc.stderr and "floor, test-gpu, predict, curve" in proc.stderr
@@ -35,8 +35,8 @@ def test_an_unknown_step_is_refused_by_name_before_anything_runs(tmp_path):
 @pytest.mark.slow
 def test_smoke_runs_every_benchmark_step_on_the_cpu(tmp_path):
     out = tmp_path / "out"
-    results = (ROOT / "benchmarks" / "RESULTS.md").read_bytes()
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--smoke", "--out", str(out)], cwd=ROOT,
+    pages = {p: p.read_bytes() for p in (ROOT / "benchmarks").glob("*/RESULTS.md")}
+    proc = subprocess.run([sys.executable, "benchmarks/gpu/gpu_check.py", "--smoke", "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     summary = (out / "summary.md").read_text()
@@ -47,7 +47,7 @@ def test_smoke_runs_every_benchmark_step_on_the_cpu(tmp_path):
     curve = (out / "curve.log").read_text()
     assert "batch-aware lockstep" in curve and "global budget" in curve
     assert "UCBSpec 0..4 tok/s" not in curve  # --methods core: the GPU's curve compiles only the issue's rules
-    assert (ROOT / "benchmarks" / "RESULTS.md").read_bytes() == results  # --smoke prints only
+    assert {p: p.read_bytes() for p in (ROOT / "benchmarks").glob("*/RESULTS.md")} == pages  # --smoke prints only
     # the floor reports each phase as it ends, so a step stopped at its limit says how far it got
     assert "copy bandwidth" in (out / "floor.log").read_text() and "first step called" in (out / "floor.log").read_text()
 

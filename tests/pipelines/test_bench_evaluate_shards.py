@@ -1,4 +1,4 @@
-"""benchmarks/bench_evaluate_shards.py's arguments and count comparison on hand-made inputs (no model)."""
+"""benchmarks/pipeline/bench_evaluate_shards.py's arguments and count comparison on hand-made inputs (no model)."""
 import json
 
 import pytest

@@ -1,4 +1,4 @@
-"""benchmarks/bench_matmul_rows.py's table and argument checks (its timing needs ~0.5 GB of weights: not run here)."""
+"""benchmarks/real/bench_matmul_rows.py's table and argument checks (its timing needs ~0.5 GB of weights: not run here)."""
 import pytest
 
 from tests.conftest import import_benchmark

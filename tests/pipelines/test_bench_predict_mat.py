@@ -1,4 +1,4 @@
-"""benchmarks/bench_predict_mat.py on a tiny exported run: the MAT the simulation predicts for fixed K and
+"""benchmarks/predict/bench_predict_mat.py on a tiny exported run: the MAT the simulation predicts for fixed K and
 SpecDec++ is the MAT the batched decoder counts on the same prompts, at every B and seed (no clock)."""
 import re
 

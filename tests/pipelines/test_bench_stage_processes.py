@@ -1,4 +1,4 @@
-"""benchmarks/bench_stage_processes.py's arguments and table on hand-made inputs (no stage is run)."""
+"""benchmarks/pipeline/bench_stage_processes.py's arguments and table on hand-made inputs (no stage is run)."""
 import pytest
 
 from tests.conftest import import_benchmark

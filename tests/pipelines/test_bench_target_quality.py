@@ -1,4 +1,4 @@
-"""benchmarks/bench_target_quality.py's arguments, table and CSV loss reader on hand-made inputs (no models)."""
+"""benchmarks/training/bench_target_quality.py's arguments, table and CSV loss reader on hand-made inputs (no models)."""
 import pytest
 
 from tests.conftest import import_benchmark

@@ -1,4 +1,4 @@
-"""benchmarks/bench_teacher_cache.py's arguments and table on hand-made inputs (no model)."""
+"""benchmarks/training/bench_teacher_cache.py's arguments and table on hand-made inputs (no model)."""
 import pytest
 
 from tests.conftest import import_benchmark

@@ -8,7 +8,8 @@ import pytest
 
 from specdraft.core.errors import InputError
 from specdraft.pipelines.evaluate.methods import key_of, label
-from specdraft.pipelines.evaluate.render import PLOTS, headline
+from specdraft.pipelines.evaluate.plots import PLOTS
+from specdraft.pipelines.evaluate.render import headline
 from specdraft.pipelines.schema import EvaluateSection
 from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import FAST, fresh_copy, run_template, tiny_config
@@ -140,7 +141,7 @@ def test_report_numbers_come_from_metrics_json(run_root):
             assert any(abs(x - y) < 5e-4 for y in known), f"{x} in '{line}' is not in metrics.json"
     head = headline(metrics)
     assert head.startswith("| method") and "AR" in head
-    # benchmarks/bench_multi_drafter.py builds its tables from this same metrics.json
+    # benchmarks/adaptive/bench_multi_drafter.py builds its tables from this same metrics.json
     from tests.conftest import import_benchmark
 
     bench = import_benchmark("bench_multi_drafter")
@@ -445,7 +446,8 @@ def test_processes_started_here_stop_when_this_ones_share_fails(tmp_path, monkey
 def test_robustness_table_shows_only_the_sets_decoded():
     """A set left out of evaluate.sets (the demo leaves out the perturbed one) is no column of MetaSD's Table 6
     shape, not a column of dashes."""
-    from specdraft.pipelines.evaluate.render import _robustness_table, decoded_sets, headline
+    from specdraft.pipelines.evaluate.cells import decoded_sets
+    from specdraft.pipelines.evaluate.tables import robustness_table
 
     key = {"bandit": None, "drafter": None, "family": "ar", "k": None, "mode": "greedy", "params": {}, "policy": None,
            "reward": None, "router": None, "stream": False}
@@ -453,9 +455,9 @@ def test_robustness_table_shows_only_the_sets_decoded():
                           for v in ("MAT", "counted_speedup")}}
     metrics = {"headline": [row]}
     assert decoded_sets(metrics) == ["test", "ood"]
-    header = _robustness_table(metrics).splitlines()[0]
+    header = robustness_table(metrics).splitlines()[0]
     assert "OOD MAT" in header and "perturbed" not in header
     row.update({f"test_speedup{end}": 1.0 for end in ("", "_lo", "_hi")})
     assert "OOD counted speedup" in headline(metrics) and "perturbed" not in headline(metrics)
     row["perturbed_MAT"] = row["perturbed_counted_speedup"] = 2.0
-    assert decoded_sets(metrics) == ["test", "perturbed", "ood"] and "perturbed MAT" in _robustness_table(metrics)
+    assert decoded_sets(metrics) == ["test", "perturbed", "ood"] and "perturbed MAT" in robustness_table(metrics)

@@ -14,7 +14,8 @@ from specdraft.decoding.costs.calibration import calibrate
 from specdraft.pipelines.evaluate.aggregate import Setup, summarize
 from specdraft.pipelines.evaluate.claims import judge, throughput_verdict as claims_throughput
 from specdraft.pipelines.evaluate.plan import BATCH_SET, Env, Head, Prompt, batches, build_plan
-from specdraft.pipelines.evaluate.render import render, throughput_section
+from specdraft.pipelines.evaluate.render import render
+from specdraft.pipelines.evaluate.tables import throughput_section
 from specdraft.pipelines.evaluate.run import execute
 from specdraft.pipelines.schema import EvaluateSection
 from tests.decoding.conftest import noisy_copy, tiny_llama
@@ -218,9 +219,9 @@ def test_batch_aware_rows_decode_in_the_product_loop_and_the_report_sets_predict
     predicted = text[text.index("Predicted before decoding"):]
     measured_ar = next(r["tokens_per_s"] for r in metrics["throughput"]["rows"] if r["policy"] == "ar"
                        and r["batch_size"] == 1)
-    from specdraft.pipelines.evaluate.render import _fmt
+    from specdraft.pipelines.evaluate.cells import fmt
     ar_line = predicted.split("| 1 | AR |")[1].split("\n")[0]  # the measured tokens/s sits beside the predicted
-    assert _fmt(measured_ar) in ar_line
+    assert fmt(measured_ar) in ar_line
     budget = next(r for r in metrics["throughput"]["predicted"]["predictions"]
                   if r["method"] == f"global budget K={env.k}" and r["batch"] == 1)
     assert budget["measured_tokens_per_s"] is not None  # the measured budget rows are matched to the prediction

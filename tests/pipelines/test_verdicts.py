@@ -1,7 +1,7 @@
 """The papers' verdicts (pipelines/evaluate/claims.py, in words by render.py) on hand-made metrics: each verdict follows the numbers, and
 no verdict is drawn from fewer than MIN_PROMPTS prompts."""
 from specdraft.pipelines.evaluate.claims import MIN_PROMPTS, banditspec, cascades, metaeagle, paper_verdicts, spectr
-from specdraft.pipelines.evaluate.render import render_verdicts
+from specdraft.pipelines.evaluate.verdicts import render_verdicts
 
 
 def run(prompt, family, n_target, mode="greedy", n=12, domain="x", counted_per_call=0.01, **key):

