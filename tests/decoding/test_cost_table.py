@@ -9,7 +9,8 @@ import torch
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.costs.profile import (cached_cost_table, isotonic, model_identity, monotone_grid,
-                                             price_head_rules, price_rules, profile_cost_table, profiled_widths)
+                                             profile_cost_table, profiled_widths)
+from specdraft.decoding.costs.rules import price_head_rules, price_rules
 from specdraft.decoding.costs.model import CostTable
 from specdraft.decoding.rounds.shapes import verify_width
 from tests.decoding.conftest import tiny_llama
@@ -341,7 +342,7 @@ def test_compiled_rules_are_priced_from_a_compiled_segment(profiled):
     from specdraft.decoding.policies.decide import head_sigma
     from specdraft.decoding.rounds.shapes import HEAD_SEGMENT
     from specdraft.decoding.compilation import StepCompiler
-    from specdraft.decoding.costs.profile import _rule_segment
+    from specdraft.decoding.costs.rules import _rule_segment
     from specdraft.decoding.policies.stopping import LockstepSpecDecPP, SpecDecPP
     from tests.decoding.test_greedy_equivalence import random_head
 
