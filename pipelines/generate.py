@@ -39,7 +39,7 @@ from specdraft.core.errors import InputError
 from specdraft.core.jsonl import jsonl_objects
 from specdraft.data.chat import record_messages
 from specdraft.decoding.bundle.chat import ChatFormat, end_of_turn_ids, format_prompt, user_turn
-from specdraft.decoding.bundle.loading import check_device, choose_dtype, load_causal_lm, load_tokenizer
+from specdraft.decoding.bundle.loading import check_device, choose_dtype, dtype_of, load_causal_lm, load_tokenizer
 from specdraft.decoding.cascades import DEFAULT_BLOCK as CASCADE_BLOCK
 from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.defaults import DEFAULTS, DecodingDefaults
@@ -304,7 +304,7 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
     if b is not None:
         dft, head, hcfg = load_bundle_drafter(b, name, target, args.head, settings.sampling, device)
     else:
-        dft, head, hcfg = load_drafter_dir(name, args.target, tok, target, args.head, args.dtype, device)
+        dft, head, hcfg = load_drafter_dir(name, args.target, tok, target, args.head, dtype_of(target), device)
     head_name = None
     if head is not None and hcfg is not None:
         lt = hcfg.get("label_transform", {})
