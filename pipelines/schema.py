@@ -38,7 +38,11 @@ class TargetSection:
     # manifest (a local dir is pinned by the content hash of its files instead; pipelines/pinning.py)
     revision: Optional[str] = None
     trust_remote_code: bool = False  # never on unless you trust the model repository
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    # what the target and its drafters run in wherever a stage or the decoder runs them for inference (training
+    # keeps its own precision). auto: bf16 on a GPU with bf16 and on a CPU with bf16 units (avx512_bf16 or AMX),
+    # where a (K + 1)-token verify costs about one forward; fp32 on other CPUs. float16 on a CPU without float16
+    # units is refused (slower than fp32 there)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     quantization: Literal["none", "int8", "nf4"] = "none"  # bitsandbytes loading of the target
     device_map: Union[str, dict[str, Any], None] = None  # "auto", an explicit map, or null (one device)
     # a target shipped as GGUF (one file, or one split over package files); stage convert-target loads it with
