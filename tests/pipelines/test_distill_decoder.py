@@ -184,3 +184,19 @@ def test_a_quantized_target_is_the_hf_backends(tiny_run):
     cfg = tiny_config(tiny_run, target={"quantization": "int8"}, distill_data={"backend": "decoder"})
     with pytest.raises(InputError, match="backend decoder runs the target unquantized, not int8"):
         run_stage(cfg, "distill-data")
+
+
+def test_answer_rate_times_a_backend_as_the_stage_calls_it(tiny_run):
+    """The benchmark's measure: open_backend's generate over batches, each seeded as the measure says; the
+    answered tokens are the answers' lengths."""
+    from specdraft.decoding.bundle.loading import load_tokenizer
+
+    cfg = tiny_config(tiny_run, distill_data={"backend": "decoder", "max_new_tokens": 6})
+    tok = load_tokenizer(str(tiny_run / "target"))
+    prompts = [[1, 5 + i, 7, 9 + 2 * i][: 2 + i % 3] for i in range(5)]
+    with dd.open_backend(cfg, str(tiny_run / "target"), tiny_run, tok) as generate:
+        rate = dd.answer_rate(generate, prompts, 2, 1.0, 10)
+        by_hand = [r for b, s in ((0, 10), (2, 12), (4, 14)) for r, _ in generate(prompts[b:b + 2], 1.0, s, [])]
+    assert rate["answers"] == by_hand
+    assert rate["answered_tokens"] == sum(map(len, by_hand)) > 0
+    assert rate["tokens_per_s"] == pytest.approx(rate["answered_tokens"] / rate["wall_s"])
