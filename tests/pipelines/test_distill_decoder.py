@@ -78,22 +78,25 @@ def save_drafter(model, tok, path):
     return str(path)
 
 
-@pytest.mark.parametrize("drafter", ["target", "random"])
+@pytest.mark.parametrize("drafter", ["target", "random", "eagle"])
 def test_speculative_answers_are_the_target_alones(two_runs, tmp_path, drafter, capsys):
-    """Lossless: with a drafter (the target's own copy: every draft accepted; a random one: most rejected) the greedy
-    answers are the target-alone decoder's token for token, in fewer target forwards where drafts are accepted."""
+    """Lossless: with a drafter (the target's own copy: every draft accepted; a random one, or an untrained EAGLE
+    drafter of this target: most rejected) the greedy answers are the target-alone decoder's token for token, in
+    fewer target forwards where drafts are accepted."""
     from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
+    from specdraft.decoding.speculators.eagle_model import new_eagle_drafter, save_eagle, target_dir_hash
 
     alone_root, spec_root = two_runs
     target_dir = alone_root / "target"
     tok, target = load_tokenizer(str(target_dir)), load_causal_lm(str(target_dir), "float32")
-    if drafter == "target":
-        model = target
+    torch.manual_seed(1)
+    if drafter == "eagle":
+        path = str(save_eagle(new_eagle_drafter(target.config, target_hash=target_dir_hash(target_dir)),
+                              tmp_path / "eagle"))
     else:
-        torch.manual_seed(1)
-        model = LlamaForCausalLM(LlamaConfig(**{**target.config.to_dict(), "num_hidden_layers": 1,
-                                                "initializer_range": 0.5})).eval()
-    path = save_drafter(model, tok, tmp_path / "drafter")
+        model = target if drafter == "target" else LlamaForCausalLM(LlamaConfig(
+            **{**target.config.to_dict(), "num_hidden_layers": 1, "initializer_range": 0.5})).eval()
+        path = save_drafter(model, tok, tmp_path / "drafter")
     alone = distilled(alone_root, backend="decoder", **GREEDY)
     capsys.readouterr()
     assert distilled(spec_root, backend="decoder", drafter=path, k=3, **GREEDY) == alone
