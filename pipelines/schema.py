@@ -156,11 +156,22 @@ class DistillDataSection:
     long_prompts: Literal["truncate", "refuse"] = "truncate"  # truncate keeps BOS and the last tokens
     splits: list[str] = field(default_factory=lambda: ["train", "dev"])  # prompt splits the target answers
     device: str = "auto"  # where the target runs without a device_map: auto = cuda if available, else cpu
-    # who generates: hf = transformers generate in this process; vllm = a vLLM OpenAI-compatible server this
-    # stage starts on the target from engine_python and stops when done; openai = a server you run at
-    # engine_url (an engine whose /v1/completions takes token-id prompts and returns token ids, e.g. vLLM).
-    # The engine_* keys say where, not what: a rerun at another URL resumes the same work
-    backend: Literal["hf", "vllm", "openai"] = "hf"
+    # who generates: hf = transformers generate in this process; decoder = the project's batched decoder in this
+    # process (static KV cache, ragged rows, optionally compiled and speculative: compile, drafter); vllm = a vLLM
+    # OpenAI-compatible server this stage starts on the target from engine_python and stops when done; openai = a
+    # server you run at engine_url (an engine whose /v1/completions takes token-id prompts and returns token ids,
+    # e.g. vLLM). The engine_* keys say where, not what: a rerun at another URL resumes the same work
+    backend: Literal["hf", "decoder", "vllm", "openai"] = "hf"
+    # decoder backend: torch.compile mode of the decoder's steps (none | default | reduce-overhead); one compiler
+    # serves the whole stage, so each graph (a batch size, a padded prompt width) compiles once
+    compile: Literal["none", "default", "reduce-overhead"] = "none"
+    # decoder backend: a drafter whose drafts the target verifies: a model directory with the target's tokenizer (a
+    # causal LM such as the target's small sibling or a first round's drafter, or an EAGLE drafter of this target).
+    # Lossless: the answers are the target's own (greedy: the same tokens; sampled: the same distribution, other
+    # draws), made in fewer target forwards where its drafts are accepted. null: the target alone
+    drafter: Optional[str] = None
+    k: Optional[int] = None  # drafts per round with a drafter (fixed K); null: 4, or the head's own rounds with head
+    head: Optional[str] = None  # a SpecDec++ head directory of the drafter: each round's length, at the head's threshold
     engine_url: Optional[str] = None  # openai backend: the server's base URL, e.g. http://localhost:8000/v1
     engine_model: Optional[str] = None  # openai backend: the name the server serves the target under (checked on /v1/models)
     engine_python: Optional[str] = None  # vllm backend: python of vLLM's own venv; null: $SPECDRAFT_VLLM_PYTHON or .venv-vllm (make vllm)
@@ -182,6 +193,7 @@ class DistillDataSection:
                              "and distill_data.engine_model (the name the server serves the target under)")
         if self.engine_timeout_s <= 0:
             raise InputError(f"distill_data.engine_timeout_s must be > 0, got {self.engine_timeout_s}")
+        self.check_decoder()
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise InputError(f"distill_data.temperatures must be a non-empty list of values >= 0, got {self.temperatures}")
         if not 0 < self.top_p <= 1 or self.top_k < 0:
@@ -192,6 +204,23 @@ class DistillDataSection:
         for s in self.splits:
             if s not in ("train", "dev", "test"):
                 raise InputError(f"distill_data.splits: unknown split '{s}'; use train, dev or test")
+
+    def check_decoder(self) -> None:
+        """The decoder backend's keys: set only with it, a drafter's only with a drafter, one rule per round."""
+        if self.backend != "decoder":
+            given = [f"{k}: {v}" for k, v in (("compile", self.compile if self.compile != "none" else None),
+                                              ("drafter", self.drafter), ("k", self.k), ("head", self.head)) if v]
+            if given:
+                raise InputError(f"distill_data.{given[0]} applies to backend decoder, not {self.backend}; set "
+                                 "distill_data.backend: decoder or leave it out")
+        if self.drafter is None and (self.k is not None or self.head is not None):
+            raise InputError("distill_data.k and distill_data.head shape a drafter's rounds; name it with "
+                             "distill_data.drafter: DIR or leave them out")
+        if self.k is not None and self.head is not None:
+            raise InputError("distill_data.k (fixed K) and distill_data.head (SpecDec++ rounds) both set the round's "
+                             "length; keep one")
+        if self.k is not None:
+            require_int(self.k, "distill_data.k")
 
 
 @dataclass
