@@ -225,8 +225,9 @@ class EagleTreeSection:
 
 @dataclass
 class EagleSection:
-    """White-box EAGLE drafters over the target's features (EAGLE-1; drafters/eagle.py), trained on the
-    same self-distilled rows as the independent drafters, with the target's features computed online."""
+    """White-box EAGLE drafters over the target's features (drafters/eagle.py), trained on the same
+    self-distilled rows as the independent drafters, with the target's features and distribution from stage
+    teacher-data's stored signal (computed by the target in every step where that stage did not run)."""
     enabled: bool = False  # train EAGLE drafters beside the independent ones
     drafters: Optional[list[str]] = None  # names of drafters (as train_drafters names them) to give an
     #                                       EAGLE twin "eagle-<name>" with the same domains; null: all of them

@@ -162,16 +162,18 @@ def link_chunks(chunks: list[dict], chunk_dir: Path, out: Path) -> None:
 
 
 def summary(chunks: list[dict], chunk_dir: Path, out: Path) -> dict:
-    """Rows per split and source, tokens, bytes on disk and scoring time (of the chunks' own runs)."""
-    scored = [json.loads((chunk_dir / c["name"] / "scored.json").read_text()) for c in chunks]
-    rows: dict[str, dict[str, int]] = {}
+    """Rows, tokens and scoring time (of the chunks' own runs) per split and source; bytes on disk."""
+    per: dict[str, dict[str, dict]] = {}
     for c in chunks:
-        for r in c["rows"]:
-            rows.setdefault(c["split"], {}).setdefault(r["source"], 0)
-            rows[c["split"]][r["source"]] += 1
-    tokens, seconds = sum(s["tokens"] for s in scored), sum(s["seconds"] for s in scored)
+        scored = json.loads((chunk_dir / c["name"] / "scored.json").read_text())
+        entry = per.setdefault(c["split"], {}).setdefault(c["rows"][0]["source"], {"rows": 0, "tokens": 0, "seconds": 0.0})
+        entry["rows"] += len(c["rows"])
+        entry["tokens"] += scored["tokens"]
+        entry["seconds"] = round(entry["seconds"] + scored["seconds"], 1)
+    tokens = sum(e["tokens"] for split in per.values() for e in split.values())
+    seconds = sum(e["seconds"] for split in per.values() for e in split.values())
     size = sum(f.stat().st_size for f in (out / "data").rglob("*") if f.is_file())
-    return {"rows": rows, "tokens": tokens, "bytes": size, "bytes_per_token": round(size / max(tokens, 1), 1),
+    return {"rows": per, "tokens": tokens, "bytes": size, "bytes_per_token": round(size / max(tokens, 1), 1),
             "score_seconds": round(seconds, 1), "seconds_per_1k_tokens": round(1000 * seconds / max(tokens, 1), 3)}
 
 

@@ -55,7 +55,9 @@ def test_the_stage_stores_topk_and_features_of_every_row_and_reference_answers(_
     assert len(refs) == 8 and {r["domain"] for r in refs} == {"math", "translate"}  # 4 per domain
     assert all(r["id"] == f"reference:{r['prompt_id']}" for r in refs)
     metrics = read_manifest(_stored / "teacher_data").metrics
-    assert metrics["rows"]["train"] == {"distilled": len(distill["train"]), "reference": 8}
+    assert {k: v["rows"] for k, v in metrics["rows"]["train"].items()} == {"distilled": len(distill["train"]),
+                                                                          "reference": 8}
+    assert metrics["tokens"] == sum(v["tokens"] for split in metrics["rows"].values() for v in split.values())
     tokens = sum(len(r["prompt_ids"]) + len(r["response_ids"]) for s in stored.splits.values() for r in s)
     assert metrics["tokens"] == tokens and metrics["bytes"] > tokens * 3 * 64 * 2  # bf16 features at every token
     assert sum(len(b) for s in stored.splits.values() for b in s["features"]) == tokens * 3 * 64 * 2
