@@ -264,8 +264,9 @@ class EagleTreeSection:
 
 @dataclass
 class EagleSection:
-    """White-box EAGLE drafters over the target's features (EAGLE-1; drafters/eagle.py), trained on the
-    same self-distilled rows as the independent drafters, with the target's features computed online."""
+    """White-box EAGLE drafters over the target's features (drafters/eagle.py), trained on the same
+    self-distilled rows as the independent drafters, with the target's features and distribution from stage
+    teacher-data's stored signal (computed by the target in every step where that stage did not run)."""
     enabled: bool = False  # train EAGLE drafters beside the independent ones
     drafters: Optional[list[str]] = None  # names of drafters (as train_drafters names them) to give an
     #                                       EAGLE twin "eagle-<name>" with the same domains; null: all of them
@@ -290,6 +291,9 @@ class EagleSection:
     token_weight: float = 0.1  # EAGLE-1: 0.1 x token loss (forward KL to the target) + SmoothL1 on features
     max_length: int = 512  # tokens per (prompt + response) training sequence
     train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=3, batch_size=8))  # the loop
+    # every this many optimizer steps (and at the end), the drafter's teacher-forced dev agreement and acceptance
+    # go into its eagle_config.json (`dev_curve`): acceptance against training steps. 0: none
+    eval_every_n_steps: int = 0
     tree: EagleTreeSection = field(default_factory=EagleTreeSection)  # the tree rows of evaluate / generate
 
     def check(self) -> None:
@@ -299,6 +303,9 @@ class EagleSection:
             raise InputError("train_drafters.eagle: lr must be > 0, feature_noise and token_weight >= 0")
         if self.ttt_steps < 1:
             raise InputError("train_drafters.eagle.ttt_steps must be >= 1 (1 = no training-time test)")
+        if self.eval_every_n_steps < 0:
+            raise InputError(f"train_drafters.eagle.eval_every_n_steps must be >= 0 (0: no dev curve), got "
+                             f"{self.eval_every_n_steps}")
         if self.layers is not None and (self.variant == "eagle1" or len(self.layers) != 3):
             raise InputError("train_drafters.eagle.layers takes 3 hidden-state indices (low, middle, high) and only "
                              "with variant: eagle3; drop it for EAGLE-3's default or for eagle1")
@@ -348,6 +355,53 @@ class TrainDraftersSection:
         if not self.finetune.enabled:
             raise InputError("train_drafters.finetune.enabled: false is not supported (the finetune phase makes the "
                              "serving drafters); turn off train_drafters.general.enabled instead, or drop the key")
+
+
+@dataclass
+class TeacherDataSection:
+    """The target's signal over the training rows, computed once (stage teacher-data) so that no drafter's training
+    runs the target: its top-k distribution at every trained-on position and, for EAGLE drafters, the hidden
+    states they read at every token."""
+    # false: no stored signal; fkl / tvd and the EAGLE drafters then run the target at every training step
+    enabled: bool = True
+    top_k: int = 64  # the target's most likely tokens kept per trained-on position (the distillation target)
+    hidden_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # how the EAGLE features are stored
+    logprob_dtype: Literal["float16", "float32"] = "float16"  # how the top-k log-probabilities are stored
+    # a second source of training rows at prefill speed, text the target did not write, scored in the same pass:
+    # reference = the train prompts' reference answers (each after its prompt), corpus = prepare-data's corpus
+    # (demo and quality worlds; held-out domains excluded). ce trains on the target's greedy token there, fkl / tvd
+    # and EAGLE on its top-k. []: the target's own answers only
+    extra: list[Literal["reference", "corpus"]] = field(default_factory=list)
+    extra_per_domain: Optional[int] = None  # at most this many extra rows per source and domain; null: all
+    batch_size: int = 16  # rows per teacher-forced forward
+    chunk_size: int = 64  # rows per resumable shard (the unit of sharding and of redo after a kill)
+    # processes on this machine that share the chunks (as distill_data.processes); 1: this process alone
+    processes: int = 1
+    device: str = "auto"  # where the target runs without a device_map: auto = cuda if available, else cpu
+
+    def check(self) -> None:
+        for name in ("top_k", "batch_size", "chunk_size", "processes"):
+            if getattr(self, name) < 1:
+                raise InputError(f"teacher_data.{name} must be >= 1, got {getattr(self, name)}")
+        if self.extra_per_domain is not None and self.extra_per_domain < 1:
+            raise InputError(f"teacher_data.extra_per_domain must be >= 1 or null (all), got {self.extra_per_domain}")
+        if len(set(self.extra)) != len(self.extra):
+            raise InputError(f"teacher_data.extra names a source twice ({self.extra}); name each once")
+
+
+def stored_signal_readers(cfg: "RunConfig") -> dict[str, int]:
+    """The training phases that read the target's stored signal, each with the context length it trains at:
+    the finetune phase (fkl / tvd, or extra rows), the EAGLE drafters. Empty: stage teacher-data has nothing to
+    do (it is off, or the drafters train on reference answers it does not score)."""
+    tcfg, dcfg = cfg.train_drafters, cfg.teacher_data
+    if not dcfg.enabled or tcfg.finetune_on != "distilled":
+        return {}
+    readers = {}
+    if tcfg.finetune.loss != "ce" or dcfg.extra:
+        readers["train_drafters.finetune"] = tcfg.finetune.max_length
+    if tcfg.eagle.enabled:
+        readers["train_drafters.eagle"] = tcfg.eagle.max_length
+    return readers
 
 
 @dataclass
@@ -600,6 +654,7 @@ class RunConfig:
     prompts: PromptsSection = field(default_factory=PromptsSection)  # user prompt sets for a real run
     pretrain_target: PretrainTargetSection = field(default_factory=PretrainTargetSection)  # demo only: the tiny target's tokenizer and pretraining
     distill_data: DistillDataSection = field(default_factory=DistillDataSection)  # the target answers the train/dev prompts (MetaSD App. F.2)
+    teacher_data: TeacherDataSection = field(default_factory=TeacherDataSection)  # the target's signal over the training rows, computed once
     train_drafters: TrainDraftersSection = field(default_factory=TrainDraftersSection)  # general pretraining, then self-distillation per domain + OFA (MetaSD App. F.2)
     acceptance_data: AcceptanceDataSection = field(default_factory=AcceptanceDataSection)  # SpecDec++ §4.4: token-mixed acceptance labels and drafter features
     train_heads: TrainHeadsSection = field(default_factory=TrainHeadsSection)  # SpecDec++ §5.1 grid of acceptance heads; thresholds chosen by simulation
@@ -614,3 +669,8 @@ class RunConfig:
         from specdraft.decoding.cascades import method_from_spec
 
         method_from_spec(self.decoding.cascade, "decoding.cascade")  # bundle.json's reader checks it again
+        lengths = stored_signal_readers(self)
+        if len(set(lengths.values())) > 1:  # one stored signal, computed over one context
+            raise InputError(f"{' and '.join(f'{k}.max_length ({v})' for k, v in lengths.items())} differ, and both "
+                             "read the target's stored signal (teacher-data), computed over one context: set them "
+                             "equal, or teacher_data.enabled: false")
