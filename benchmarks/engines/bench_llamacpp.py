@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: 
 from benchmarks.harness.machine import machine  # noqa: E402
 from benchmarks.harness.publish import add_section_flags, publish_for  # noqa: E402
 from benchmarks.harness.tables import table  # noqa: E402
-from benchmarks.harness.timing import run_child, tail  # noqa: E402
+from benchmarks.harness.floor import streamed_bytes  # noqa: E402
+from benchmarks.harness.timing import rotated, run_child, tail  # noqa: E402
 
 SDIST = "llama-cpp-python==0.3.36"
 TARGETS = ("llama-bench", "llama-speculative-simple", "llama-quantize")
@@ -182,82 +183,125 @@ def per_token_cpu(long: dict, short: dict) -> float:
     return (long["cpu_s"] - short["cpu_s"]) / max(1, long["tokens"] - short["tokens"])
 
 
-def llamacpp_runs(llama: Llama, weights: dict[str, tuple[Path, Path]], args, prompts: list[str]) -> list[dict]:
-    """Every llama.cpp row: per weight format, plain decode of target and drafter (llama-bench) and speculative
-    decode per K, each at --tokens and --short-tokens."""
-    rows = []
+Method = tuple[str, str, str]  # (engine, weights, method): a row of the section
+
+
+def llamacpp_methods(llama: Llama, weights: dict[str, tuple[Path, Path]], args, prompts: list[str]) -> dict:
+    """{(engine, weights, method): fn(prompt index) -> a unit's figures} for llama.cpp: per weight format its plain
+    decode of the target (llama-bench's tg, one repetition: it takes no prompt, and a greedy step's cost does not
+    depend on the tokens) and its speculative decode per K, each at --tokens and --short-tokens."""
+    def plain(gguf, fmt):
+        def fn(i):
+            long, short = (llama.plain(gguf, n, f"{fmt}-plain-p{i}-{n}") for n in (args.tokens, args.short_tokens))
+            return {"tokens": long["tokens"], "wall_s": long["tokens"] / long["tokens_per_s"],
+                    "cpu_token_s": per_token_cpu(long, short), "drafted": 0, "accepted": 0}
+        return fn
+
+    def speculative(target, drafter, fmt, k):
+        def fn(i):
+            long, short = (llama.speculative(target, drafter, k, prompts[i], n, f"{fmt}-k{k}-p{i}-{n}")
+                           for n in (args.tokens, args.short_tokens))
+            return {"tokens": long["tokens"], "wall_s": long["seconds"], "cpu_token_s": per_token_cpu(long, short),
+                    "drafted": long["drafted"], "accepted": long["accepted"]}
+        return fn
+    fns = {}
     for fmt, (target, drafter) in weights.items():
-        for who, gguf in (("target", target), ("drafter", drafter)):
-            long, short = (llama.plain(gguf, n, f"{fmt}-{who}-{n}") for n in (args.tokens, args.short_tokens))
-            rows.append({"engine": "llama.cpp", "weights": fmt, "method": f"plain ({who})",
-                         "wall_tps": long["tokens_per_s"], "cpu_s_token": per_token_cpu(long, short),
-                         "bytes": gguf_stream_bytes(gguf)})
-        for k in args.ks:
-            runs = []
-            for i, prompt in enumerate(prompts):
-                long, short = (llama.speculative(target, drafter, k, prompt, n, f"{fmt}-k{k}-p{i}-{n}")
-                               for n in (args.tokens, args.short_tokens))
-                runs.append((long, short))
-            tokens = sum(lo["tokens"] for lo, _ in runs)
-            drafted = sum(lo["drafted"] for lo, _ in runs)
-            rows.append({"engine": "llama.cpp", "weights": fmt,
-                         "method": f"speculative K = {k}",
-                         "wall_tps": tokens / sum(lo["seconds"] for lo, _ in runs),
-                         "cpu_s_token": statistics.median(per_token_cpu(lo, sh) for lo, sh in runs),
-                         "accept": sum(lo["accepted"] for lo, _ in runs) / drafted if drafted else None,
-                         "bytes": gguf_stream_bytes(target)})
-    return rows
+        fns[("llama.cpp", fmt, "plain")] = plain(target, fmt)
+        fns.update({("llama.cpp", fmt, f"speculative K = {k}"): speculative(target, drafter, fmt, k) for k in args.ks})
+    return fns
 
 
-# ---- ours -------------------------------------------------------------------------------------------------------
-
-def our_runs(args, prompts: list[str]) -> tuple[list[dict], dict]:
-    """Our decoder's rows (AR and fixed K, batch 1, greedy, in --dtype) and its step's parts (v(K + 1), the loop's
-    work per token), the methods taking turns prompt by prompt."""
-    import torch
-
+def our_methods(target, drafter, args, ids: list[list[int]]) -> dict:
+    """{(engine, weights, method): fn(prompt index) -> a unit's figures} for our decoder: AR and fixed K, greedy,
+    batch 1, this process's CPU time (every thread) and wall time of the decode."""
     from specdraft.decoding.batched import generate_batch
     from specdraft.decoding.policies.stopping import FixedK
-    from benchmarks.harness.floor import streamed_bytes
-    from benchmarks.harness.models import DTYPES, load
-    from benchmarks.harness.timing import forward_time, interleave
+
+    def method(k):
+        def fn(i):
+            cpu, start = time.process_time(), time.perf_counter()
+            m = generate_batch(target, [ids[i]], args.tokens, drafter=drafter if k else None,
+                               policy=FixedK(k) if k else None)[0].metrics
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+            return {"tokens": m.n_generated, "wall_s": wall, "cpu_token_s": cpu / m.n_generated,
+                    "drafted": m.n_draft, "accepted": m.n_draft - m.n_discarded}
+        return fn
+    return {("ours", args.dtype, f"fixed K = {k}" if k else "AR"): method(k) for k in [0, *args.ks]}
+
+
+def load_ours(args, prompts: list[str]):
+    """(target, drafter, prompt ids): the HF directories in --dtype, torch at --threads, the prompts tokenized raw."""
+    import torch
     from transformers import AutoTokenizer
+
+    from benchmarks.harness.models import DTYPES, load
 
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
-    target, drafter = load(args.target, "cpu", dtype), load(args.drafter, "cpu", dtype)
     tok = AutoTokenizer.from_pretrained(args.target, trust_remote_code=False)
-    ids = [tok(p)["input_ids"] for p in prompts]
-
-    def method(k):
-        def fn(prompt, seed):
-            start = time.perf_counter()
-            out = generate_batch(target, [prompt], args.tokens, drafter=drafter if k else None,
-                                 policy=FixedK(k) if k else None)[0]
-            return out.metrics, time.perf_counter() - start
-        return fn
-    fns = {k: method(k) for k in [0, *args.ks]}
-    cpu, out = interleave(fns, ids, args.passes, "cpu")
-    rows = []
-    for k in fns:
-        metrics = [m for m, _ in out[k][-1]]
-        tokens = sum(m.n_generated for m in metrics)
-        drafted = sum(m.n_draft for m in metrics)
-        rows.append({"engine": "ours", "weights": args.dtype, "method": f"fixed K = {k}" if k else "AR",
-                     "wall_tps": tokens / sum(w for _, w in out[k][-1]),
-                     "cpu_s_token": min(sum(p) for p in cpu[k]) / tokens,
-                     "accept": (drafted - sum(m.n_discarded for m in metrics)) / drafted if drafted else None,
-                     "bytes": streamed_bytes(target)})
-    steps = {n: forward_time(target, n, reps=10) for n in (1, *(k + 1 for k in args.ks))}
-    parts = {"v": {k: steps[k + 1] / steps[1] for k in args.ks}, "step_s": steps[1],
-             "loop_s": rows[0]["cpu_s_token"] - steps[1],
-             "drafter_step_s": forward_time(drafter, 1, reps=10)}
-    return rows, parts
+    return load(args.target, "cpu", dtype), load(args.drafter, "cpu", dtype), [tok(p)["input_ids"] for p in prompts]
 
 
-def bundle_rows(args, prompts: list[str], work: Path) -> list[dict]:
-    """`specdraft generate BUNDLE` with its defaults on the prompts (raw, as llama.cpp gets them): its records'
-    tokens/s (wall, per generation, the first prompt's left out: it loads and warms), in a child process."""
+def take_turns(fns: dict, units: int, passes: int) -> dict:
+    """{name: [[figures per unit] per pass]}: every method on a unit back to back, the order turning by one each
+    unit and pass (the harness's `rotated`), so the box's load phases hit the engines alike; a pass's ratios are
+    then taken between decodes minutes, not tens of minutes, apart."""
+    out = {name: [[None] * units for _ in range(passes)] for name in fns}
+    for p in range(passes):
+        for u in range(units):
+            for name in rotated(list(fns), p * units + u):
+                out[name][p][u] = fns[name](u)
+            print(f"[bench_llamacpp] pass {p + 1}/{passes}, prompt {u + 1}/{units} done", file=sys.stderr, flush=True)
+    return out
+
+
+def pass_figures(units: list[dict]) -> dict:
+    """A pass's figures of one method: wall tokens/s (tokens over seconds), CPU tokens/s (per-token CPU seconds
+    weighted by tokens), accepted / drafted."""
+    tokens = sum(u["tokens"] for u in units)
+    drafted = sum(u["drafted"] for u in units)
+    return {"wall_tps": tokens / sum(u["wall_s"] for u in units),
+            "cpu_tps": tokens / sum(u["cpu_token_s"] * u["tokens"] for u in units),
+            "accept": sum(u["accepted"] for u in units) / drafted if drafted else None}
+
+
+def summarize(runs: dict) -> dict:
+    """{name: {"wall_tps": [per pass], "cpu_tps": [...], "accept": float | None, "vs_base": [per pass],
+    "vs_llamacpp": [per pass]}}: vs_base over the same engine and weights' plain decode (llama.cpp) or AR (ours),
+    vs_llamacpp over llama.cpp's plain 4-bit decode (wall), each within a pass."""
+    per = {name: [pass_figures(units) for units in passes] for name, passes in runs.items()}
+    out = {}
+    for (engine, fmt, method), figs in per.items():
+        base = per[(engine, fmt, "plain" if engine == "llama.cpp" else "AR")]
+        peer = per.get(("llama.cpp", "q4", "plain"))
+        accepts = [f["accept"] for f in figs if f["accept"] is not None]
+        out[(engine, fmt, method)] = {
+            "wall_tps": [f["wall_tps"] for f in figs], "cpu_tps": [f["cpu_tps"] for f in figs],
+            "accept": statistics.median(accepts) if accepts else None,
+            "vs_base": [f["wall_tps"] / b["wall_tps"] for f, b in zip(figs, base)],
+            "vs_llamacpp": [f["wall_tps"] / q["wall_tps"] for f, q in zip(figs, peer)] if peer else None}
+    return out
+
+
+def spread(xs: list[float] | None, digits: int = 1) -> str:
+    if not xs:
+        return "-"
+    return f"{statistics.median(xs):.{digits}f} ({min(xs):.{digits}f}-{max(xs):.{digits}f})"
+
+
+def our_parts(target, drafter, ks: list[int]) -> dict:
+    """Our step's parts at batch 1: the one-token step's CPU seconds, v(K + 1) and the drafter's step over the
+    target's (transformers' forward over a cache of 64 tokens, no decoder around it)."""
+    from benchmarks.harness.timing import forward_time
+
+    steps = {n: forward_time(target, n, reps=8) for n in (1, *(k + 1 for k in ks))}
+    return {"v": {k: steps[k + 1] / steps[1] for k in ks}, "step_s": steps[1],
+            "drafter_step_s": forward_time(drafter, 1, reps=8)}
+
+
+def bundle_rows(args, prompts: list[str], work: Path) -> list[list]:
+    """`specdraft generate BUNDLE` with its defaults on the prompts (raw, as llama.cpp gets them), in a child process
+    after the interleaved passes: its records' wall tokens/s (the first prompt's left out: it loads and warms)."""
     if not args.bundle:
         return []
     pfile = work / "prompts.jsonl"
@@ -270,42 +314,56 @@ def bundle_rows(args, prompts: list[str], work: Path) -> list[dict]:
         raise SystemExit(f"bench_llamacpp: specdraft generate failed (exit {res['rc']}):\n{tail(work / 'bundle.log')}")
     records = [json.loads(line) for line in out.read_text().splitlines()][1:]
     tokens = sum(r["N"] for r in records)
-    return [{"engine": "ours", "weights": args.dtype, "method": "bundle default",
-             "wall_tps": tokens / sum(r["N"] / r["tokens_per_s"] for r in records), "cpu_s_token": None,
-             "accept": None, "bytes": None}]
+    return [["ours", args.dtype, "bundle default (not interleaved)",
+             f"{tokens / sum(r['N'] / r['tokens_per_s'] for r in records):.1f}", "-", "-", "-", "-", "-"]]
 
 
 # ---- the section ------------------------------------------------------------------------------------------------
 
-def render(rows: list[dict], parts: dict, build_note: str, repack: bool, args, argv: list[str]) -> str:
-    plain = {r["weights"]: r for r in rows if r["method"] == "plain (target)"}
-    ar = next(r for r in rows if r["engine"] == "ours" and r["method"] == "AR")
-
-    def cell(x, fmt):
-        return "-" if x is None else format(x, fmt)
-    body = [[r["engine"], r["weights"], r["method"], cell(r["wall_tps"], ".1f"),
-             cell(1 / r["cpu_s_token"] if r["cpu_s_token"] else None, ".1f"),
-             cell(r.get("accept"), ".2f"), cell(r["bytes"] / 1e6 if r["bytes"] else None, ".0f")] for r in rows]
+def render(summary: dict, extra: list[list], parts: dict, stream: dict, build_note: str, repack: bool, args,
+           argv: list[str]) -> str:
+    """The section: one row per method (medians over passes, their min-max), then what explains the gaps."""
+    body = [[engine, fmt, method, spread(s["wall_tps"]), spread(s["cpu_tps"]),
+             "-" if s["accept"] is None else f"{s['accept']:.2f}", spread(s["vs_base"], 2),
+             spread(s["vs_llamacpp"], 2), f"{stream[(engine, fmt)] / 1e6:.0f}"]
+            for (engine, fmt, method), s in summary.items()]
     lines = [f"## Ours beside llama.cpp, batch 1, greedy ({datetime.date.today()}, {machine()})", "",
-             f"`python benchmarks/engines/bench_llamacpp.py {' '.join(argv)}`: {args.threads} thread(s), "
-             f"{args.n_prompts if not args.prompts else 'the given'} prompt(s) x {args.tokens} tokens; llama.cpp "
+             f"`python benchmarks/engines/bench_llamacpp.py {' '.join(argv)}`: {args.threads} thread(s) each, "
+             f"{args.n_prompts if not args.prompts else 'the given'} prompt(s) x {args.tokens} tokens, {args.passes} "
+             f"passes; every method decodes a prompt back to back with the others, the order turning each prompt and "
+             f"pass, so each ratio is taken within a pass (median over passes, min-max in parentheses). llama.cpp "
              f"{build_note}{'' if repack else '; its AMX kernels fault on this machine (SIGILL): run with --no-repack'}. "
-             "tokens/s: wall clock (llama.cpp's own figure for its generation phase; ours the decode's) and from CPU "
-             "time (llama.cpp: the CPU seconds between a run of --tokens and one of --short-tokens, per token). "
-             "MB a step: the weight bytes one token's forward streams.", "",
+             "tokens/s: wall clock (llama.cpp's own figure for its generation phase; ours the whole decode, prefill "
+             "included) and from CPU time (llama.cpp: the CPU seconds between a run of --tokens and one of "
+             "--short-tokens, per token; ours the decode's). x plain: over the same engine's plain decode (ours: AR) "
+             "at the same weights; x llama.cpp q4: over llama.cpp's plain 4-bit decode. MB a step: the weight bytes one "
+             "token's forward streams.", "",
              *table(["engine", "weights", "method", "tokens/s (wall)", "tokens/s (CPU time)", "accepted / drafted",
-                     "MB a step"], body, "lllrrrr"), "", "What explains the gaps:"]
-    for fmt, r in plain.items():
-        lines.append(f"- llama.cpp {fmt}: {r['bytes'] / 1e6:.0f} MB a step against our {ar['bytes'] / 1e6:.0f} MB in "
-                     f"{args.dtype} ({ar['bytes'] / r['bytes']:.2f}x the bytes); at equal weight bytes our AR would run "
-                     f"{1 / ar['cpu_s_token'] * ar['bytes'] / r['bytes']:.1f} tokens/s (CPU time), llama.cpp's plain "
-                     f"decode {1 / r['cpu_s_token']:.1f}.")
-    v = ", ".join(f"v({k + 1}) {x:.2f}" for k, x in parts["v"].items())
-    lines += [f"- our verify (B = 1, cache of 64 tokens): {v} one-token steps of {parts['step_s'] * 1e3:.1f} ms; "
-              f"the drafter's step {parts['drafter_step_s'] / parts['step_s']:.2f} of the target's.",
-              f"- our loop's own work per AR token: {parts['loop_s'] * 1e3:.1f} ms of CPU time "
-              f"({parts['loop_s'] / ar['cpu_s_token']:.0%} of a token) beyond the one-token step.", ""]
+                     "x plain", "x llama.cpp q4", "MB a step"], body + extra, "lllrrrrrr"), "",
+             *gap_lines(summary, parts, stream, args), ""]
     return "\n".join(lines)
+
+
+def gap_lines(summary: dict, parts: dict, stream: dict, args) -> list[str]:
+    """What explains the gaps: weight bytes, our verify's cost per row, the loop's own work, the drafter's cost."""
+    ar = summary[("ours", args.dtype, "AR")]
+    ar_cpu = statistics.median(ar["cpu_tps"])
+    ours_mb = stream[("ours", args.dtype)]
+    lines = ["What explains the gaps:"]
+    for (engine, fmt, method), s in summary.items():
+        if engine == "llama.cpp" and method == "plain":
+            b = stream[(engine, fmt)]
+            lines.append(f"- llama.cpp {fmt}: {b / 1e6:.0f} MB a step against our {ours_mb / 1e6:.0f} MB in "
+                         f"{args.dtype} ({ours_mb / b:.2f}x the bytes); at equal weight bytes our AR would run "
+                         f"{ar_cpu * ours_mb / b:.1f} tokens/s (CPU time), llama.cpp's plain decode "
+                         f"{statistics.median(s['cpu_tps']):.1f}.")
+    v = ", ".join(f"v({k + 1}) {x:.2f}" for k, x in parts["v"].items())
+    loop = 1 / ar_cpu - parts["step_s"]
+    lines += [f"- our verify (B = 1, cache of 64 tokens, CPU time): {v} one-token steps of {parts['step_s'] * 1e3:.1f} "
+              f"ms; the drafter's step {parts['drafter_step_s'] / parts['step_s']:.2f} of the target's.",
+              f"- our loop's own work per AR token: {loop * 1e3:.1f} ms of CPU time ({loop * ar_cpu:.0%} of a token) "
+              f"beyond the one-token step."]
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -327,8 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--n-prompts", type=int, default=len(PROMPTS), help="the first N prompts")
     ap.add_argument("--threads", type=int, default=1, help="llama.cpp's threads (-t, -td) and torch's")
     add_section_flags(ap)
-    ap.add_argument("--passes", type=int, default=2, help="our decodes' passes over the prompts")
-    ap.add_argument("--bench-reps", type=int, default=3, help="llama-bench's repetitions (-r)")
+    ap.add_argument("--passes", type=int, default=2, help="passes over the prompts, every method taking turns")
+    ap.add_argument("--bench-reps", type=int, default=1, help="llama-bench's repetitions (-r) in each plain run")
     return ap
 
 
@@ -365,10 +423,18 @@ def main(argv=None) -> int:
     if "bf16" in args.weight_formats:
         weights["bf16"] = tuple(bf16_gguf(bin_dir, g, work) for g in q4)
     llama = Llama(bin_dir, args.threads, work, args.bench_reps)
-    rows = llamacpp_runs(llama, weights, args, prompts)
-    ours, parts = our_runs(args, prompts)
-    rows += ours + bundle_rows(args, prompts, work)
-    publish_for(render(rows, parts, build_note, llama.repack, args, argv), not args.no_append, Path(__file__), args.section, args.page)
+    target, drafter, ids = load_ours(args, prompts)
+    fns = {**llamacpp_methods(llama, weights, args, prompts), **our_methods(target, drafter, args, ids)}
+    for name, fn in fns.items():
+        if name[0] == "ours":
+            fn(0)  # warm-up: torch's first calls; llama.cpp starts cold in every run alike
+    summary = summarize(take_turns(fns, len(prompts), args.passes))
+    stream = {("llama.cpp", fmt): gguf_stream_bytes(t) for fmt, (t, _) in weights.items()}
+    stream[("ours", args.dtype)] = streamed_bytes(target)
+    parts = our_parts(target, drafter, args.ks)
+    extra = bundle_rows(args, prompts, work)
+    publish_for(render(summary, extra, parts, stream, build_note, llama.repack, args, argv), not args.no_append,
+                Path(__file__), args.section, args.page)
     return 0
 
 

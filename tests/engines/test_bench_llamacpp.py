@@ -120,3 +120,31 @@ def test_llamacpp_drafting_with_its_own_target_accepts_nearly_every_draft(bench,
     # row and at several round apart)
     assert spec["drafted"] > 0 and spec["accepted"] / spec["drafted"] > 0.9
     assert bench.gguf_stream_bytes(SMOLLM2) < SMOLLM2.stat().st_size
+
+
+def test_methods_take_turns_unit_by_unit_in_a_turning_order(bench):
+    calls = []
+    fns = {name: (lambda u, name=name: calls.append((name, u)) or {"name": name, "unit": u}) for name in "abc"}
+    out = bench.take_turns(fns, 2, 2)
+    assert [u for _, u in calls] == [0, 0, 0, 1, 1, 1] * 2  # a prompt's decodes back to back
+    firsts = [calls[i][0] for i in range(0, 12, 3)]
+    assert firsts == ["a", "b", "c", "a"]  # the first method turns each unit and pass
+    assert out["b"][1][0] == {"name": "b", "unit": 0}
+
+
+def unit(tokens, wall_s, cpu_token_s, drafted=0, accepted=0):
+    return {"tokens": tokens, "wall_s": wall_s, "cpu_token_s": cpu_token_s, "drafted": drafted, "accepted": accepted}
+
+
+def test_ratios_are_taken_within_each_pass(bench):
+    # pass 2 runs on a box twice as slow: every method's tokens/s halves, the ratios stay
+    runs = {("llama.cpp", "q4", "plain"): [[unit(64, 2.0, 0.03)], [unit(64, 4.0, 0.03)]],
+            ("ours", "bfloat16", "AR"): [[unit(64, 8.0, 0.1)], [unit(64, 16.0, 0.1)]],
+            ("ours", "bfloat16", "fixed K = 4"): [[unit(60, 4.0, 0.05, 40, 30), unit(4, 0.0, 0.05, 0, 0)],
+                                                  [unit(64, 8.0, 0.05, 40, 30)]]}
+    s = bench.summarize(runs)
+    k4 = s[("ours", "bfloat16", "fixed K = 4")]
+    assert k4["wall_tps"] == [16.0, 8.0] and k4["vs_base"] == [2.0, 2.0] and k4["vs_llamacpp"] == [0.5, 0.5]
+    assert k4["cpu_tps"] == [pytest.approx(20.0), pytest.approx(20.0)] and k4["accept"] == 0.75
+    assert s[("llama.cpp", "q4", "plain")]["vs_base"] == [1.0, 1.0] and s[("llama.cpp", "q4", "plain")]["accept"] is None
+    assert bench.spread([2.0, 1.0, 4.0]) == "2.0 (1.0-4.0)"
