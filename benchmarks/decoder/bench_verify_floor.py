@@ -49,7 +49,7 @@ from specdraft.decoding.defaults import COMPILE_MODES  # noqa: E402
 from specdraft.decoding.rounds.shapes import decode_cache_length  # noqa: E402
 from specdraft.decoding.rounds.static_cache import forward_rows  # noqa: E402
 from benchmarks.harness.floor import copy_bandwidth, streamed_bytes  # noqa: E402
-from benchmarks.harness.machine import machine  # noqa: E402
+from benchmarks.harness.machine import box_load, machine  # noqa: E402
 from benchmarks.harness.models import DTYPES, demo_shaped_pair, load, random_prompts  # noqa: E402
 from benchmarks.harness.publish import add_section_flags, publish_for  # noqa: E402
 from benchmarks.harness.tables import table  # noqa: E402
@@ -323,6 +323,7 @@ def main(argv=None) -> int:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     work = Path(args.work)
+    loads = [box_load()]
     bandwidths = [copy_bandwidth("cpu", args.copy_mib, 5)]
     results, configs_of, skipped = {}, {}, []
     for name, path in args.model_list:
@@ -334,12 +335,14 @@ def main(argv=None) -> int:
             print(f"[bench_verify_floor] {name}: {', '.join(c.name for c in configs)}", file=sys.stderr, flush=True)
             results[name], configs_of[name] = measure_model(name, source, configs, args), configs
     bandwidths.append(copy_bandwidth("cpu", args.copy_mib, 5))
+    loads.append(box_load())
     bandwidth = max(bandwidths)
     lines = [f"## v(K + 1) and the memory floor per dtype ({datetime.date.today()}, {machine()})", "",
              f"`python benchmarks/decoder/bench_verify_floor.py {' '.join(sys.argv[1:] if argv is None else argv)}`: "
              f"static cache of {args.context} tokens, {args.passes} interleaved passes, process CPU time (wall time in "
              f"parentheses); copy bandwidth {bandwidth / 1e9:.1f} GB/s (start {bandwidths[0] / 1e9:.1f}, end "
-             f"{bandwidths[1] / 1e9:.1f}; {args.copy_mib} MiB, read + written).", ""]
+             f"{bandwidths[1] / 1e9:.1f}; {args.copy_mib} MiB, read + written). The machine was shared: {loads[0]} at the "
+             f"start, {loads[1]} at the end; ratios within a pass are what such a box leaves usable.", ""]
     if skipped:
         lines += ["Left out: " + "; ".join(skipped) + ".", ""]
     floor_lines = []

@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.harness
 
-from benchmarks.harness.machine import machine  # noqa: E402
+from benchmarks.harness.machine import box_load, machine  # noqa: E402
 from benchmarks.harness.publish import add_section_flags, publish_for  # noqa: E402
 from benchmarks.harness.tables import table  # noqa: E402
 from benchmarks.harness.floor import streamed_bytes  # noqa: E402
@@ -321,7 +321,7 @@ def bundle_rows(args, prompts: list[str], work: Path) -> list[list]:
 # ---- the section ------------------------------------------------------------------------------------------------
 
 def render(summary: dict, extra: list[list], parts: dict, stream: dict, build_note: str, repack: bool, args,
-           argv: list[str]) -> str:
+           argv: list[str], loads: list[str]) -> str:
     """The section: one row per method (medians over passes, their min-max), then what explains the gaps."""
     body = [[engine, fmt, method, spread(s["wall_tps"]), spread(s["cpu_tps"]),
              "-" if s["accept"] is None else f"{s['accept']:.2f}", spread(s["vs_base"], 2),
@@ -337,7 +337,8 @@ def render(summary: dict, extra: list[list], parts: dict, stream: dict, build_no
              "included) and from CPU time (llama.cpp: the CPU seconds between a run of --tokens and one of "
              "--short-tokens, per token; ours the decode's). x plain: over the same engine's plain decode (ours: AR) "
              "at the same weights; x llama.cpp q4: over llama.cpp's plain 4-bit decode. MB a step: the weight bytes one "
-             "token's forward streams.", "",
+             f"token's forward streams. The machine was shared ({loads[0]} at the start, {loads[-1]} at the end): "
+             "absolute tokens/s are this box's on that day; the ratios within a pass are the usable figures.", "",
              *table(["engine", "weights", "method", "tokens/s (wall)", "tokens/s (CPU time)", "accepted / drafted",
                      "x plain", "x llama.cpp q4", "MB a step"], body + extra, "lllrrrrrr"), "",
              *gap_lines(summary, parts, stream, args), ""]
@@ -428,12 +429,14 @@ def main(argv=None) -> int:
     for name, fn in fns.items():
         if name[0] == "ours":
             fn(0)  # warm-up: torch's first calls; llama.cpp starts cold in every run alike
+    loads = [box_load()]
     summary = summarize(take_turns(fns, len(prompts), args.passes))
+    loads.append(box_load())
     stream = {("llama.cpp", fmt): gguf_stream_bytes(t) for fmt, (t, _) in weights.items()}
     stream[("ours", args.dtype)] = streamed_bytes(target)
     parts = our_parts(target, drafter, args.ks)
     extra = bundle_rows(args, prompts, work)
-    publish_for(render(summary, extra, parts, stream, build_note, llama.repack, args, argv), not args.no_append,
+    publish_for(render(summary, extra, parts, stream, build_note, llama.repack, args, argv, loads), not args.no_append,
                 Path(__file__), args.section, args.page)
     return 0
 
