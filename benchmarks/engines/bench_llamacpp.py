@@ -207,7 +207,8 @@ def llamacpp_methods(llama: Llama, weights: dict[str, tuple[Path, Path]], args, 
     fns = {}
     for fmt, (target, drafter) in weights.items():
         fns[("llama.cpp", fmt, "plain")] = plain(target, fmt)
-        fns.update({("llama.cpp", fmt, f"speculative K = {k}"): speculative(target, drafter, fmt, k) for k in args.ks})
+        ks = args.bf16_ks if fmt == "bf16" else args.ks
+        fns.update({("llama.cpp", fmt, f"speculative K = {k}"): speculative(target, drafter, fmt, k) for k in ks})
     return fns
 
 
@@ -379,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--work", default="runs/bench_llamacpp", help="build, converted weights and logs")
     ap.add_argument("--weights", default="q4,bf16", help="llama.cpp weight formats: q4 (the files given), bf16")
     ap.add_argument("--ks", default="2,4,8", help="draft lengths, both engines")
+    ap.add_argument("--bf16-ks", help="llama.cpp's draft lengths at bf16 weights (default: --ks; they read three times "
+                    "the 4-bit runs' bytes a step, so a shorter list keeps a run's time in bounds)")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"], help="our decoder's dtype")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--short-tokens", type=int, default=16, help="the shorter run the CPU time per token is taken from")
@@ -396,11 +399,14 @@ def parse(argv) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if not re.fullmatch(r"\d+(,\d+)*", args.ks):
         ap.error("--ks takes comma-separated integers")
+    if args.bf16_ks is not None and not re.fullmatch(r"\d+(,\d+)*", args.bf16_ks):
+        ap.error("--bf16-ks takes comma-separated integers")
     args.ks = [int(k) for k in args.ks.split(",")]
+    args.bf16_ks = args.ks if args.bf16_ks is None else [int(k) for k in args.bf16_ks.split(",")]
     args.weight_formats = [w.strip() for w in args.weights.split(",") if w.strip()]
     if set(args.weight_formats) - {"q4", "bf16"} or not args.weight_formats:
         ap.error(f"--weights takes q4 and/or bf16, got {args.weights!r}")
-    if min(args.ks) < 1 or args.short_tokens < 1 or args.tokens <= args.short_tokens or args.passes < 1:
+    if min(args.ks + args.bf16_ks) < 1 or args.short_tokens < 1 or args.tokens <= args.short_tokens or args.passes < 1:
         ap.error("--ks must be >= 1, --passes >= 1, and --tokens more than --short-tokens (>= 1)")
     for flag in ("target_gguf", "drafter_gguf", "target", "drafter"):
         if not Path(getattr(args, flag)).exists():

@@ -89,7 +89,8 @@ def test_a_build_with_every_target_is_reused(bench, tmp_path):
     assert bin_dir == tmp_path / "bin" and note.startswith("reused")
 
 
-@pytest.mark.parametrize("argv", [["--weights", "q8"], ["--ks", "2,x"], ["--tokens", "8", "--short-tokens", "16"]])
+@pytest.mark.parametrize("argv", [["--weights", "q8"], ["--ks", "2,x"], ["--bf16-ks", "0"],
+                                  ["--tokens", "8", "--short-tokens", "16"]])
 def test_bad_arguments_stop_in_one_line(bench, argv, tmp_path, capsys):
     files = ["--target-gguf", str(tmp_path), "--drafter-gguf", str(tmp_path), "--target", str(tmp_path),
              "--drafter", str(tmp_path)]
@@ -148,3 +149,18 @@ def test_ratios_are_taken_within_each_pass(bench):
     assert k4["cpu_tps"] == [pytest.approx(20.0), pytest.approx(20.0)] and k4["accept"] == 0.75
     assert s[("llama.cpp", "q4", "plain")]["vs_base"] == [1.0, 1.0] and s[("llama.cpp", "q4", "plain")]["accept"] is None
     assert bench.spread([2.0, 1.0, 4.0]) == "2.0 (1.0-4.0)"
+
+
+def test_bf16_weights_run_their_own_draft_lengths(bench, tmp_path):
+    (tmp_path / "bin").mkdir()
+    for target in bench.TARGETS:
+        (tmp_path / "bin" / target).write_text("")
+    files = ["--target-gguf", str(tmp_path), "--drafter-gguf", str(tmp_path), "--target", str(tmp_path),
+             "--drafter", str(tmp_path), "--build-dir", str(tmp_path)]
+    weights = {"q4": (Path("t"), Path("d")), "bf16": (Path("tb"), Path("db"))}
+    for extra, bf16 in (([], [2, 4, 8]), (["--bf16-ks", "4"], [4])):
+        args = bench.parse(files + ["--ks", "2,4,8"] + extra)
+        names = bench.llamacpp_methods(bench.Llama(tmp_path, 1, tmp_path), weights, args, ["p"])
+        assert [m for e, f, m in names if f == "bf16"] == ["plain", *(f"speculative K = {k}" for k in bf16)]
+        assert [m for e, f, m in names if f == "q4"] == ["plain", "speculative K = 2", "speculative K = 4",
+                                                          "speculative K = 8"]
