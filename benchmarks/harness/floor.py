@@ -1,5 +1,5 @@
 """The memory floor of a decode step: the bytes a one-token step must read, over the copy bandwidth measured on the
-same device in the same run (bench_gpu_floor.py on a GPU, bench_verify_floor.py per dtype on a CPU)."""
+same device in the same run (gpu/bench_gpu_floor.py on a GPU, cpu/bench_verify_floor.py per dtype on a CPU)."""
 from __future__ import annotations
 
 import torch

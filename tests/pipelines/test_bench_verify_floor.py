@@ -1,4 +1,4 @@
-"""benchmarks/decoder/bench_verify_floor.py: its parsing, memory budget and paired ratios, and a whole run on a tiny
+"""benchmarks/cpu/bench_verify_floor.py: its parsing, memory budget and paired ratios, and a whole run on a tiny
 Llama (printed only: the RESULTS page stays as it was)."""
 from pathlib import Path
 
