@@ -38,26 +38,11 @@ from specdraft.decoding.defaults import COMPILE_MODES  # noqa: E402
 from specdraft.decoding.rounds.shapes import decode_cache_length  # noqa: E402
 from specdraft.decoding.rounds.static_cache import forward_rows  # noqa: E402
 from specdraft.decoding.timing import timed_call  # noqa: E402
+from benchmarks.harness.floor import copy_bandwidth, streamed_bytes  # noqa: E402
 from benchmarks.harness.models import DTYPES, RANDOM_SHAPES, demo_shaped_pair  # noqa: E402
 from benchmarks.harness.publish import add_section_flags, publish_for  # noqa: E402
 
 GOAL = 1.5  # issue 71: the batch-1 step within 1.5x of weight bytes / measured bandwidth
-
-
-def copy_bandwidth(device: str, mib: int, reps: int) -> float:
-    """Bytes per second of the fastest of `reps` copies of `mib` MiB, bytes read and written both counted."""
-    src = torch.empty(mib << 20, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # the first touch maps the pages
-    best = min(timed_call(lambda: dst.copy_(src), device)[1].time for _ in range(reps))
-    return 2 * src.numel() / best
-
-
-def streamed_bytes(model: torch.nn.Module) -> int:
-    """The bytes a one-token step reads: every parameter once, but for an untied input embedding (a row a token)."""
-    embedding = model.get_input_embeddings().weight
-    tied = model.get_output_embeddings().weight is embedding
-    return sum(p.numel() * p.element_size() for p in model.parameters() if tied or p is not embedding)
 
 
 def step_times(target: torch.nn.Module, compiler: StepCompiler, context: int, tokens: int, steps: int, seed: int,

@@ -10,6 +10,7 @@ the driver (`nvidia-smi`).
 """
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
@@ -24,6 +25,12 @@ def cpu_flags() -> set[str]:
     except OSError:
         return set()
     return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def box_load() -> str:
+    """How busy the machine is now: the 1-minute load average over its CPUs (a timed figure on a shared box is read
+    beside it: a load above the CPU count means other processes took turns with the benchmark)."""
+    return f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
 
 
 def cuda_in(python: str | Path) -> bool:

@@ -121,8 +121,9 @@ def forward_time(model, n_tokens: int, context: int = 64, reps: int = 60, device
 
 
 def run_child(cmd: list[str], log: Path, env: dict | None = None) -> dict:
-    """Run `cmd` from the repository (output to `log`) -> {"seconds", "peak_rss_mib", "rc"}: its wall clock and
-    its own peak resident memory (os.wait4's rusage, ru_maxrss in KiB on Linux), not this process's."""
+    """Run `cmd` from the repository (output to `log`) -> {"seconds", "cpu_s", "peak_rss_mib", "rc"}: its wall clock,
+    its own CPU time (user + system, every thread) and peak resident memory (os.wait4's rusage, ru_maxrss in KiB on
+    Linux), not this process's."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as fh:
         t0 = time.perf_counter()
@@ -130,7 +131,8 @@ def run_child(cmd: list[str], log: Path, env: dict | None = None) -> dict:
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return {"seconds": round(seconds, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024), "rc": proc.returncode}
+    return {"seconds": round(seconds, 1), "cpu_s": usage.ru_utime + usage.ru_stime,
+            "peak_rss_mib": round(usage.ru_maxrss / 1024), "rc": proc.returncode}
 
 
 def tail(log: Path, n: int = 15) -> str:

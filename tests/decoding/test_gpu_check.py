@@ -54,7 +54,7 @@ def test_smoke_runs_every_benchmark_step_on_the_cpu(tmp_path):
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_the_floor_counts_every_weight_a_step_reads(tied):
-    floor = import_benchmark("bench_gpu_floor")
+    floor = import_benchmark("floor")
     cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=1, tie_word_embeddings=tied)
     model = LlamaForCausalLM(cfg)
@@ -64,7 +64,7 @@ def test_the_floor_counts_every_weight_a_step_reads(tied):
 
 
 def test_the_copy_bandwidth_counts_bytes_read_and_written(monkeypatch):
-    floor = import_benchmark("bench_gpu_floor")
+    floor = import_benchmark("floor")
     times = iter([0.5, 0.25, 1.0])
     monkeypatch.setattr(floor, "timed_call", lambda fn, device: (fn(), type("T", (), {"time": next(times)})()))
     assert floor.copy_bandwidth("cpu", 1, 3) == 2 * (1 << 20) / 0.25  # the fastest copy
