@@ -65,7 +65,8 @@ import torch
 
 from specdraft.core.devices import device_name
 from specdraft.core.errors import InputError
-from specdraft.decoding.batched import GREEDY, compiled_segment, forward_step
+from specdraft.decoding.batch_draft import compiled_segment
+from specdraft.decoding.batched import GREEDY, forward_step
 from specdraft.decoding.defaults import COMPILE_MODES
 from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.costs.model import CostTable, nnls2

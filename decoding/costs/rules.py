@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.batched import reads_each_decision, rule_key
+from specdraft.decoding.batch_draft import reads_each_decision, rule_key
 from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.costs.model import CostTable
 from specdraft.decoding.policies.decide import decide
@@ -26,7 +26,7 @@ def _rule_round(policy, hidden: torch.Tensor, drafts: int) -> None:
     every row drafting: its round state and decision 0 (and, a rule that decides at 0, the host read of whether
     any row drafts), then per step the head's forward on e_{i-1} (from the second step: the first has no e yet),
     the decision and, a rule that can stop the batch (a head, or deciding at 0), the host read of whether any
-    row drafts on, as `decoding.batched.draft_positions` makes them; a rule that decides after drafting, its
+    row drafts on, as `decoding.batch_draft.draft_positions` makes them; a rule that decides after drafting, its
     widths."""
     rows, device = hidden.shape[0], hidden.device
     drafting = torch.ones(rows, dtype=torch.bool, device=device)
@@ -44,7 +44,7 @@ def _rule_round(policy, hidden: torch.Tensor, drafts: int) -> None:
 
 
 def _rule_segment(compiler: StepCompiler, policy) -> Callable:
-    """What a stopping rule adds to one compiled draft segment (`decoding.batched.compiled_segment`): per
+    """What a stopping rule adds to one compiled draft segment (`decoding.batch_draft.compiled_segment`): per
     position its head's forward on e_i and its tensor decision, `HEAD_SEGMENT` positions as one graph;
     (state, hidden, drafting) -> (state, drafting)."""
     def segment(state, hidden, drafting):

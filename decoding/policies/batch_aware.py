@@ -230,7 +230,7 @@ class BatchAwareSpecDec(OnePromptRule):
     def zero_stop(self, batch: int) -> bool | None:
         """Decision 0 at `batch` rows, the same for every row (each starts a round with p_hat = 1 and T(0) = 1),
         or None where it depends on the rows (lockstep with the own rate: the batch's tokens over the rows that
-        draft). A compiled decode makes it without reading a tensor (`decoding.batched.zero_decision`)."""
+        draft). A compiled decode makes it without reading a tensor (`decoding.batch_draft.zero_decision`)."""
         if self.reference_rate is None and self.lockstep:
             return None
         rate = 1.0 / self.costs(batch)[0] if self.reference_rate is None else self.row_rate(batch)

@@ -353,7 +353,7 @@ def test_rules_that_differ_only_in_their_cost_tables_get_graphs_of_their_own():
     """A compiled draft graph is kept under `rule_key`: two batch-aware rules with equal numbers but different
     tables print alike, and the second reused the first's graphs, deciding with the first's table (found when a
     benchmark profiled a table per batch size: B = 2's rule raised B = 1's table's 'no batch size = 2')."""
-    from specdraft.decoding.batched import rule_key
+    from specdraft.decoding.batch_draft import rule_key
     from specdraft.decoding.policies.batch_aware import LockstepBatchAwareSpecDec
     from tests.decoding.test_batch_decode import cost_table
 
