@@ -58,6 +58,7 @@ def test_kill_midway_then_resume_is_exactly_once_and_identical(tiny_run, tmp_pat
     assert _rows(tiny_run) == _rows(reference_root)
 
 
+@pytest.mark.slow  # two interpreters load the target (~45 s); the processes-started-here test below proves the same split
 def test_two_processes_share_the_work(tiny_run):
     cfg_file = tiny_run / "cfg.yaml"
     cfg = tiny_config(tiny_run)

@@ -207,6 +207,7 @@ def test_train_heads_prices_its_picks_with_evaluates_calibration(drafted, monkey
     assert all(entry["cost"] == cost for per_tag in sweep.values() for entry in per_tag.values())
 
 
+@pytest.mark.slow  # a second interpreter trains half the grid (~55 s); the sharding is distill-data's, tested there in make test
 def test_train_heads_in_two_processes_writes_the_files_of_one(drafted, capsys):
     """train_heads.processes = 2: this process starts `train-heads --shard 1/2` beside its own grids and merges:
     the files of one process; with c measured, it is measured once, here, and every grid (the other process's

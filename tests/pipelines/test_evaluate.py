@@ -291,6 +291,8 @@ def _counts(metrics: dict) -> tuple[list, list]:
     return runs, rows, batches, pooled
 
 
+@pytest.mark.slow  # two sharded evaluations and an unsharded one (~65 s); make test keeps the stage's units and merge in
+# test_evaluate_plan.py (units split, run and merged back in plan order) and tests/readers/test_shard_readers.py
 def test_shards_merge_to_the_counts_of_one_process(_exported, tmp_path, monkeypatch):
     """Two shards split the plan; a stream bandit's (set, domain) stays on one; a shard killed after
     some units reruns only its unfinished ones; --merge before every unit is done names what is
