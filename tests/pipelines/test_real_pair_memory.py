@@ -1,0 +1,59 @@
+"""A real pair's drafters are each a third of the target (Qwen2.5-Coder 0.5B beside its 1.5B): train-drafters'
+alignment table and acceptance-data hold one drafter in memory at a time, never all of them beside the target."""
+import gc
+import json
+import weakref
+from pathlib import Path
+
+import pytest
+
+import specdraft.pipelines.acceptance_data as ad
+import specdraft.pipelines.train_drafters as td
+from specdraft.pipelines.artifacts import read_manifest
+from specdraft.pipelines.stage import run_stage
+from tests.pipelines.conftest import FAST, tiny_config
+
+
+@pytest.fixture
+def drafters_alive(monkeypatch):
+    """install(stage module) -> a list that gets, at every forward of the target the stage loads, how many of the
+    drafters it loaded are still alive (after a garbage collection: a dropped drafter counts as gone)."""
+    def install(module):
+        loaded, alive = [], []
+        real_drafter, real_target = module.load_drafter, module.load_causal_lm
+
+        def drafter(*args, **kwargs):
+            model = real_drafter(*args, **kwargs)
+            loaded.append(weakref.ref(model))
+            return model
+
+        def count(_module, _args):
+            gc.collect()
+            alive.append(sum(ref() is not None for ref in loaded))
+
+        def target(*args, **kwargs):
+            model = real_target(*args, **kwargs)
+            model.register_forward_pre_hook(count)
+            return model
+
+        monkeypatch.setattr(module, "load_drafter", drafter)
+        monkeypatch.setattr(module, "load_causal_lm", target)
+        return alive
+    return install
+
+
+def test_alignment_table_holds_one_drafter_at_a_time(drafted_run, drafters_alive):
+    alive = drafters_alive(td)
+    cfg = tiny_config(drafted_run, **FAST)
+    out = run_stage(cfg, "train-drafters", force=True)
+    table = json.loads((Path(out) / "alignment.json").read_text())
+    assert sorted(table) == ["base", "math", "ofa", "translate"]  # every drafter measured, each on its own turn
+    assert alive and max(alive) == 1
+
+
+def test_acceptance_data_holds_one_drafter_at_a_time(drafted_run, drafters_alive):
+    alive = drafters_alive(ad)
+    cfg = tiny_config(drafted_run, **FAST)
+    out = run_stage(cfg, "acceptance-data")
+    assert sorted(read_manifest(out).metrics["drafters"]) == ["math", "ofa", "translate"]
+    assert alive and max(alive) == 1
