@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import gc
 import hashlib
 import json
 import math
@@ -390,6 +391,9 @@ def finetune(ctx: Context, tok, specs, train_rows: list[dict], base_dir: Path, t
         on_rank_zero(trainer, lambda: _export(model, tok, done, info, tcfg.save_dtype))
         if global_rank() == 0:  # its checkpoint (weights and optimizer: ~12 bytes a parameter) resumes nothing now
             shutil.rmtree(checkpoint_dir(ctx.work / name / "train"), ignore_errors=True)
+        # the trainer holds the optimizer (8 bytes a parameter): dropped before the next drafter loads, not after
+        del model, trainer
+        gc.collect()
 
 
 def finetune_examples(rows: list[dict], cached: dict | None) -> list[dict]:

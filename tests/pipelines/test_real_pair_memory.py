@@ -17,9 +17,17 @@ from tests.pipelines.conftest import FAST, tiny_config
 @pytest.fixture
 def drafters_alive(monkeypatch):
     """install(stage module) -> a list that gets, at every forward of the target the stage loads, how many of the
-    drafters it loaded are still alive (after a garbage collection: a dropped drafter counts as gone)."""
+    drafters it loaded are still alive (after a garbage collection: a dropped drafter counts as gone); its
+    loaded_alive() counts them at any other moment."""
+    loaded = []
+
+    class Alive(list):
+        def loaded_alive(self) -> int:
+            gc.collect()
+            return sum(ref() is not None for ref in loaded)
+
     def install(module):
-        loaded, alive = [], []
+        alive = Alive()
         real_drafter, real_target = module.load_drafter, module.load_causal_lm
 
         def drafter(*args, **kwargs):
@@ -28,8 +36,7 @@ def drafters_alive(monkeypatch):
             return model
 
         def count(_module, _args):
-            gc.collect()
-            alive.append(sum(ref() is not None for ref in loaded))
+            alive.append(alive.loaded_alive())
 
         def target(*args, **kwargs):
             model = real_target(*args, **kwargs)
@@ -49,6 +56,22 @@ def test_alignment_table_holds_one_drafter_at_a_time(drafted_run, drafters_alive
     table = json.loads((Path(out) / "alignment.json").read_text())
     assert sorted(table) == ["base", "math", "ofa", "translate"]  # every drafter measured, each on its own turn
     assert alive and max(alive) == 1
+
+
+def test_finetuning_holds_one_drafter_at_a_time(drafted_run, drafters_alive, monkeypatch):
+    """The trainer of a finished drafter (its optimizer: twice the drafter again) is gone before the next trains."""
+    alive = drafters_alive(td)  # the patched loader records every drafter loaded
+    at_fit = []
+    real_train = td._train
+
+    def train(model, *args, **kwargs):
+        at_fit.append(alive.loaded_alive())
+        return real_train(model, *args, **kwargs)
+
+    monkeypatch.setattr(td, "_train", train)
+    run_stage(tiny_config(drafted_run, **FAST), "train-drafters", force=True)
+    # the general phase's base (built, not loaded), then math, translate and ofa: each alone when its fit starts
+    assert at_fit == [0, 1, 1, 1]
 
 
 def test_acceptance_data_holds_one_drafter_at_a_time(drafted_run, drafters_alive):
