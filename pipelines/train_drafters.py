@@ -38,6 +38,7 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specdraft.data.chat import chat_format
@@ -410,7 +411,11 @@ def alignment_table(target, drafters: dict, dev_rows: list[dict], pad_id: int, t
     print(f"[train-drafters] alignment on {len(dev_rows)} dev responses")
     table, by_domain = alignment_by_domain(target, drafters, dev_rows, pad_id, tcfg.alignment_batch_size,
                                            tcfg.finetune.max_length)
-    table.update({alias: copy.deepcopy(table[same]) for alias, same in aliases.items()})
+    measured = list(drafters)
+    for alias, same in aliases.items():  # its row and its per-sequence column: the margins index both by name
+        table[alias] = copy.deepcopy(table[same])
+        j = measured.index(same)
+        by_domain = {d: np.concatenate([s, s[:, j:j + 1]], 1) for d, s in by_domain.items()}
     specialist_margins(table, by_domain, rivals=rivals, seed=seed)
     print("[train-drafters] acceptance 1 - TV(p, q) at T=1 (rows: drafters, columns: dev domain)\n"
           + format_alignment(table, "acceptance"))

@@ -80,3 +80,26 @@ def test_acceptance_data_holds_one_drafter_at_a_time(drafted_run, drafters_alive
     out = run_stage(cfg, "acceptance-data")
     assert sorted(read_manifest(out).metrics["drafters"]) == ["math", "ofa", "translate"]
     assert alive and max(alive) == 1
+
+
+def test_a_kept_init_that_is_a_specialists_best_rival_gets_its_margin_column():
+    """With no general phase the kept sibling is measured as `base` and listed under its own name too; where it
+    is the best rival of a specialist (a sibling beats drafters barely finetuned), the margin reads its column."""
+    import torch
+
+    from specdraft.drafters.model import build_causal_lm, preset
+    from specdraft.pipelines.schema import TrainDraftersSection
+
+    def model(seed):
+        return build_causal_lm(preset("demo-tiny"), vocab_size=40, seed=seed).eval()
+
+    target = model(0)
+    loaders = {"math": lambda: model(1), "ofa": lambda: model(2), "base": lambda: model(0)}  # base: the target
+    g = torch.Generator().manual_seed(0)
+    rows = [{"domain": "math", "prompt_ids": torch.randint(3, 40, (5,), generator=g).tolist(),
+             "response_ids": torch.randint(3, 40, (6,), generator=g).tolist()} for _ in range(4)]
+    table = td.alignment_table(target, loaders, rows, 0, TrainDraftersSection(), ["math", "ofa", "sibling"], 0,
+                               {"sibling": "base"})
+    assert table["sibling"]["math"]["agreement"] == 1.0  # the target's own weights
+    own = table["math"]["math"]
+    assert own["agreement_vs_best_other"] == pytest.approx(own["agreement"], abs=1e-3)  # over the sibling's 1.0
