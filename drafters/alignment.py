@@ -8,6 +8,7 @@ Two numbers per (drafter, domain), over every response position of the dev seque
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Callable
 
 import numpy as np
 import torch
@@ -60,25 +61,31 @@ def position_acceptance(target, drafters: dict[str, torch.nn.Module], batch: dic
 
 
 @torch.no_grad()
-def alignment_by_domain(target, drafters: dict[str, torch.nn.Module], rows: list[dict], pad_token_id: int,
-                        batch_size: int = 32, max_length: int | None = None
+def alignment_by_domain(target, drafters: dict[str, Callable[[], torch.nn.Module]], rows: list[dict],
+                        pad_token_id: int, batch_size: int = 32, max_length: int | None = None
                         ) -> tuple[dict[str, dict[str, dict]], dict[str, np.ndarray]]:
-    """rows: {"domain", "prompt_ids", "response_ids"}. The target runs once per batch and is shared by all
-    drafters. Returns (drafter -> domain -> metrics, domain -> per-sequence sums (S, D, 3) of acceptance,
-    agreement and positions, drafters in the order given): the second keeps what a paired comparison
-    between drafters resamples (positions of one response are not independent; responses are)."""
+    """rows: {"domain", "prompt_ids", "response_ids"}; drafters: name -> a function that loads it. One drafter is
+    in memory at a time (loaded, measured on every row, dropped): a real pair's drafters are each a third of the
+    target, so holding all of them beside it would need several targets' memory. The target runs again for each
+    drafter, the forwards traded for that memory. Returns (drafter -> domain -> metrics, domain -> per-sequence
+    sums (S, D, 3) of acceptance, agreement and positions, drafters in the order given): the second keeps what a
+    paired comparison between drafters resamples (positions of one response are not independent; responses are)."""
     collate = CausalLMCollator(pad_token_id=pad_token_id, max_length=max_length)
+    chunks = [rows[start:start + batch_size] for start in range(0, len(rows), batch_size)]
+    sums = [torch.zeros(len(chunk), len(drafters), 3, dtype=torch.float64) for chunk in chunks]
+    for j, (name, load) in enumerate(drafters.items()):
+        drafter = load()
+        for chunk, chunk_sums in zip(chunks, sums):
+            batch = collate([{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in chunk])
+            acc, agree = position_acceptance(target, {name: drafter}, batch)  # (N, 1) each, N = response positions
+            seq = torch.repeat_interleave(torch.arange(len(chunk)), batch["loss_mask"].sum(1))  # (N,) row of each
+            chunk_sums[:, j, 0].index_add_(0, seq, acc[:, 0])
+            chunk_sums[:, j, 1].index_add_(0, seq, agree[:, 0])
+            chunk_sums[:, j, 2].index_add_(0, seq, torch.ones_like(acc[:, 0]))
+        del drafter  # before the next one loads
     per_seq: dict[str, list[np.ndarray]] = defaultdict(list)
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start:start + batch_size]
-        batch = collate([{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in chunk])
-        acc, agree = position_acceptance(target, drafters, batch)  # (N, D) each, N = response positions
-        seq = torch.repeat_interleave(torch.arange(len(chunk)), batch["loss_mask"].sum(1))  # (N,) row of each
-        sums = torch.zeros(len(chunk), len(drafters), 3, dtype=torch.float64)
-        sums[:, :, 0].index_add_(0, seq, acc)
-        sums[:, :, 1].index_add_(0, seq, agree)
-        sums[:, :, 2].index_add_(0, seq, torch.ones_like(acc))
-        for r, s in zip(chunk, sums.numpy()):
+    for chunk, chunk_sums in zip(chunks, sums):
+        for r, s in zip(chunk, chunk_sums.numpy()):
             per_seq[r["domain"]].append(s)
     by_domain = {d: np.stack(v) for d, v in sorted(per_seq.items())}
     table = {name: {d: {"acceptance": round(float(s[:, j, 0].sum() / s[:, j, 2].sum()), 4),

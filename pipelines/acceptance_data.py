@@ -1,13 +1,15 @@
 """Stage `acceptance-data`: SpecDec++ training data for acceptance heads, per drafter (paper §4.4).
 
-For every self-distilled response X (reused from distill-data; nothing is generated), in batches:
-  1. one teacher-forced target forward on (prompt, X) gives p_i (shared by all drafters)
-  2. per drafter, one teacher-forced draft forward on (prompt, X) gives q_i; Y_i ~ q_i;
+Drafter by drafter (one in memory at a time: a real pair's drafter is a third of its target), for every
+self-distilled response X of the drafter's (reused from distill-data; nothing is generated), in batches:
+  1. one teacher-forced target forward on (prompt, X) gives p_i (a response several drafters label is run once
+     for each: target forwards traded for holding one drafter, not all)
+  2. one teacher-forced draft forward on (prompt, X) gives q_i; Y_i ~ q_i;
      label P_i = min(1, p_i(Y_i) / q_i(Y_i)), also 1 - TV(p_i, q_i) and greedy agreement; p and q go
      through a sampling transform the decoder will serve with (acceptance_data.label_transforms; one
      set of labels, features and later heads per transform), never a different one
   3. token mixing: Z_i = X_i with probability r, else Y_i (seeded per example)
-  4. per drafter and transform, one draft forward on (prompt, Z) caches the final hidden state at every position
+  4. per transform, one draft forward on (prompt, Z) caches the final hidden state at every position
      taken from Y (fp16): the head's input e_i(prompt, Z_<i, Y_i); heads then train on the cache
 
 Writes acceptance_data/<drafter>/<transform tag>/   (tag: "greedy", "T1", "T0.7_k50", ...)
@@ -53,8 +55,8 @@ def forward_at_response(model, batch: dict, hidden: bool = False) -> torch.Tenso
 def select_rows(rows: list[dict], domains: list[str], max_sequences: int, seed: int, split: str) -> list[dict]:
     """A drafter's rows of one split: those of its domains, at most max_sequences of them. Every drafter ranks rows
     by the same seeded hash and takes its first ones, so an all-domain drafter's picks are among the specialists'
-    (the first rows overall are among the first of their own domain): the target runs once per row, and a
-    row shared by several drafters costs one forward."""
+    (the first rows overall are among the first of their own domain), and the drafters' labels compare on the
+    same responses."""
     chosen = [r for r in rows if not domains or r["domain"] in domains]  # no domains (an untouched init): all
     if len(chosen) > max_sequences:
         chosen = sorted(sorted(chosen, key=lambda r: derive_seed(seed, split, r["id"]))[:max_sequences],
@@ -72,80 +74,69 @@ def build(ctx: Context) -> dict:
                             cfg.target.trust_remote_code)
     drafters_dir = ctx.input("train-drafters")
     drafter_manifest = ctx.manifests["train-drafters"]
-    drafters, infos = load_drafters_to_label(drafters_dir, acfg.drafters, target, device)
-    names = list(drafters)
+    infos = drafters_to_label(drafters_dir, acfg.drafters)
     distill = load_distill_data(ctx.input("distill-data"))
     collate = CausalLMCollator(pad_token_id=tok.pad_token_id, max_length=acfg.max_length)
 
     # per drafter and split: its sequences (own domains, or all for an OFA drafter), capped
     plan = {n: {s: select_rows([dict(r) for r in distill[s]], infos[n]["domains"],
                                acfg.max_sequences[s] if s in acfg.max_sequences else 10 ** 9, cfg.run.seed, s)
-                for s in ("train", "dev")} for n in names}
-    t0 = time.time()
-    results, counters = label_sequences(target, drafters, plan, transforms, collate, acfg, cfg.run.seed)
-    seconds = time.time() - t0
-
-    summary = {}
-    for n in names:
+                for s in ("train", "dev")} for n in infos}
+    counters = {"target_forwards": 0, "draft_label_forwards": 0, "draft_feature_forwards": 0,
+                "sequences": sum(len({r["id"] for n in plan for r in plan[n][s]}) for s in ("train", "dev"))}
+    summary, t0 = {}, time.time()
+    for n in infos:  # one drafter in memory at a time: a sibling-sized drafter is a third of the target
+        # in the target's precision, as the decoder runs the pair: labels and features are the served ones
+        drafter = load_drafter(drafters_dir / n, dtype_of(target), device)
+        check_same_vocabulary(drafter.config.vocab_size, target.config.vocab_size, name=f"drafter '{n}'")
+        results = label_sequences(target, n, drafter, plan[n], transforms, collate, acfg, cfg.run.seed, counters)
         for sampling in transforms:
-            counts = write_drafter_data(ctx.out / n / sampling.tag, results[n, sampling.tag], n, sampling,
-                                        drafters[n], drafter_manifest, acfg)
+            counts = write_drafter_data(ctx.out / n / sampling.tag, results[sampling.tag], n, sampling,
+                                        drafter, drafter_manifest, acfg)
             summary.setdefault(n, {})[sampling.tag] = counts
             print(f"[acceptance-data] {n} ({sampling.tag}): " + ", ".join(
                 f"{s} {c['sequences']} seqs / {c['y_positions']} Y positions (mean P {c['mean_label']:.3f})"
                 for s, c in counts.items()))
+        del drafter, results  # before the next drafter loads
+    seconds = time.time() - t0
     return {"drafters": summary, "forwards": counters, "seconds": round(seconds, 1),
             "sequences_per_s": round(counters["sequences"] / max(seconds, 1e-9), 2),
             "label_transforms": {t.tag: t.as_dict() for t in transforms}}
 
 
-def load_drafters_to_label(drafters_dir, chosen: list[str] | None, target, device) -> tuple[dict, dict[str, dict]]:
+def drafters_to_label(drafters_dir, chosen: list[str] | None) -> dict[str, dict]:
     """The serving drafters (all but `base`, or the ones acceptance_data.drafters names), by name in sorted
-    order, and their drafter.json; each checked against the target's vocabulary."""
+    order, with their drafter.json; build loads each when its turn comes."""
     names = sorted(p.name for p in drafters_dir.iterdir() if (p / "drafter.json").is_file() and p.name != BASE)
     if chosen is not None:
         missing = sorted(set(chosen) - set(names))
         if missing:
             raise InputError(f"acceptance_data.drafters names {missing}, not in {drafters_dir}; choose from {names}")
         names = [n for n in names if n in chosen]
-    drafters, infos = {}, {}
-    for n in names:
-        # in the target's precision, as the decoder runs the pair: labels and features are the served ones
-        drafters[n] = load_drafter(drafters_dir / n, dtype_of(target), device).eval()
-        check_same_vocabulary(drafters[n].config.vocab_size, target.config.vocab_size, name=f"drafter '{n}'")
-        infos[n] = read_drafter_info(drafters_dir / n)
-    return drafters, infos
+    return {n: read_drafter_info(drafters_dir / n) for n in names}
 
 
-def label_sequences(target, drafters: dict, plan: dict, transforms: list, collate, acfg, seed: int
-                    ) -> tuple[dict, dict[str, int]]:
-    """Steps 1-4 over every planned sequence, in batches: -> ((drafter, transform tag) -> split ->
-    {"rows", "feats"}, forward and sequence counters)."""
-    names = list(drafters)
-    counters = {"target_forwards": 0, "draft_label_forwards": 0, "draft_feature_forwards": 0, "sequences": 0}
-    results = {(n, t.tag): {s: {"rows": [], "feats": []} for s in ("train", "dev")} for n in names for t in transforms}
+def label_sequences(target, n: str, drafter, plan: dict, transforms: list, collate, acfg, seed: int,
+                    counters: dict[str, int]) -> dict:
+    """Steps 1-4 over one drafter's planned sequences (split -> rows), in batches: -> transform tag -> split ->
+    {"rows", "feats"}; forwards counted into `counters`. The target runs on each batch for this drafter: with
+    one drafter in memory at a time a sequence shared by several drafters costs one target forward each."""
+    results = {t.tag: {s: {"rows": [], "feats": []} for s in ("train", "dev")} for t in transforms}
     for split in ("train", "dev"):
-        # each sequence needs one target forward, shared by every drafter that uses it
-        union = sorted({r["id"]: r for n in names for r in plan[n][split]}.values(), key=lambda r: r["id"])
-        users = {n: {r["id"] for r in plan[n][split]} for n in names}
-        for start in tqdm(range(0, len(union), acfg.batch_size), desc=f"acceptance-data {split}", unit="batch"):
-            chunk = union[start:start + acfg.batch_size]
+        rows = sorted(plan[split], key=lambda r: r["id"])
+        for start in tqdm(range(0, len(rows), acfg.batch_size), desc=f"acceptance-data {n} {split}", unit="batch"):
+            chunk = rows[start:start + acfg.batch_size]
             batch = collate([{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in chunk])
             lengths = batch["loss_mask"].sum(1).tolist()  # response tokens kept per row
             p_logits = forward_at_response(target, batch).split(lengths)
+            q_logits = forward_at_response(drafter, batch).split(lengths)
             counters["target_forwards"] += 1
-            counters["sequences"] += len(chunk)
-            for n in names:
-                rows = [i for i, r in enumerate(chunk) if r["id"] in users[n]]
-                if not rows:
-                    continue
-                sub = {k: v[rows] for k, v in batch.items()}
-                q_logits = forward_at_response(drafters[n], sub).split([lengths[i] for i in rows])
-                counters["draft_label_forwards"] += 1
-                for sampling in transforms:  # the logits are shared; Y, Z and so the features are not
-                    _label_and_cache(n, sampling, chunk, rows, sub, lengths, p_logits, q_logits, drafters[n],
-                                     collate, acfg, seed, results[n, sampling.tag][split], counters)
-    return results, counters
+            counters["draft_label_forwards"] += 1
+            every = list(range(len(chunk)))
+            for sampling in transforms:  # the logits are shared; Y, Z and so the features are not
+                _label_and_cache(n, sampling, chunk, every, batch, lengths, p_logits, q_logits, drafter,
+                                 collate, acfg, seed, results[sampling.tag][split], counters)
+    return results
 
 
 def write_drafter_data(out, res: dict, n: str, sampling, drafter, drafter_manifest, acfg) -> dict[str, dict]:

@@ -342,6 +342,9 @@ class TrainDraftersSection:
     # same_steps: it gets as many optimizer steps as one specialist (an equal-compute comparison)
     ofa_compute: Literal["same_epochs", "same_steps"] = "same_epochs"
     alignment_batch_size: int = 32  # sequences per teacher-forced forward when measuring alignment
+    # the weights of the serving drafters as written (the trained ones and init_drafter; they train in fp32):
+    # bfloat16 halves a sibling-sized drafter on disk and in the bundle, where a pair served in bf16 rounds them anyway
+    save_dtype: Literal["float32", "bfloat16"] = "float32"
     device: str = "auto"  # where the target runs for alignment / fkl teachers: auto = cuda if available
     eagle: EagleSection = field(default_factory=EagleSection)  # EAGLE drafters (off by default)
 

@@ -28,13 +28,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import gc
 import hashlib
 import json
 import math
+import os
 import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specdraft.data.chat import chat_format
@@ -42,7 +46,7 @@ from specdraft.data.demo_tokenizer import encode_document, pack
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.pipelines.artifacts import load_dataset_dir
-from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
+from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm, load_tokenizer
 from specdraft.drafters.alignment import alignment_by_domain, format_alignment, specialist_margins
 from specdraft.drafters.data import TEACHER_LOGITS, CausalLMCollator, CausalLMDataModule
 from specdraft.drafters.lit_lm import CausalLMModule, teacher_logits_per_example
@@ -54,7 +58,7 @@ from specdraft.pipelines.readers import BASE, TeacherData, load_distill_data, lo
 from specdraft.pipelines.gguf_convert import convert_gguf
 from specdraft.pipelines.gguf_file import describe, gguf_path
 from specdraft.pipelines.stage import Context, StageIncomplete, global_rank, on_rank_zero
-from specdraft.training.trainer import build_trainer, fit
+from specdraft.training.trainer import build_trainer, checkpoint_dir, fit
 
 INIT_KEY = "train_drafters.init_from"
 
@@ -150,10 +154,12 @@ def teacher_cache(teacher, rows: list[dict], phase, batch_size: int) -> dict[str
     return {r["id"]: x for r, x in zip(rows, logits)}
 
 
-def _export(model, tok, out: Path, info: dict) -> None:
+def _export(model, tok, out: Path, info: dict, dtype: str = "float32") -> None:
+    """`model` written to `out` (atomically) with its weights in `dtype` (the model itself is left as it is)."""
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    weights = None if dtype == "float32" else {k: v.to(getattr(torch, dtype)) for k, v in model.state_dict().items()}
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=weights)
     tok.save_pretrained(tmp)
     (tmp / "drafter.json").write_text(json.dumps(info, indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
@@ -221,7 +227,10 @@ def build(ctx: Context) -> dict:
     # with no general phase, base is the untouched init: the same weights, loaded and measured once
     aliases = {kept: BASE} if kept is not None and not tcfg.general.enabled else {}
     measured = names + ([kept] if kept is not None and not aliases else [])
-    drafters = {n: load_drafter(ctx.work / n / "model", "float32").to(device).eval() for n in measured}
+    # loaded one at a time by the alignment (a sibling-sized drafter is a third of the target), in the target's
+    # dtype, as the decoder runs the pair
+    drafters = {n: functools.partial(load_drafter, ctx.work / n / "model", dtype_of(target), device)
+                for n in measured}
     dev_rows = [dict(r) for r in distill["dev"]]
     if not dev_rows:
         raise InputError("distill_data has no dev rows; keep 'dev' in distill_data.splits for the alignment table")
@@ -267,7 +276,7 @@ def train_base(ctx: Context, tok, train_rows: list[dict], timings: dict[str, dic
     kept = ctx.work / str(tcfg.init_drafter) / "model"
     if tcfg.init_drafter is not None and not kept.is_dir() and global_rank() == 0:
         _export(model, tok, kept, {"name": tcfg.init_drafter, "domains": [], "parameters": num_parameters(model),
-                                   "phase": "init"})
+                                   "phase": "init"}, tcfg.save_dtype)
     info = {"name": BASE, "domains": [], "parameters": num_parameters(model), "phase": "general"}
     if tcfg.general.enabled:
         examples = general_examples(ctx, tok, train_rows)
@@ -380,7 +389,12 @@ def finetune(ctx: Context, tok, specs, train_rows: list[dict], base_dir: Path, t
         trainer, stats, timings[name] = _train(model, examples, phase, tok.pad_token_id, seed, ctx.work / name, teacher)
         info = {"name": name, "domains": domains, "parameters": num_parameters(model), "phase": "finetune",
                 "data_hash": _data_hash(rows), "finetune": stats, "loss": tcfg.finetune.loss}
-        on_rank_zero(trainer, lambda: _export(model, tok, done, info))
+        on_rank_zero(trainer, lambda: _export(model, tok, done, info, tcfg.save_dtype))
+        if global_rank() == 0:  # its checkpoint (weights and optimizer: ~12 bytes a parameter) resumes nothing now
+            shutil.rmtree(checkpoint_dir(ctx.work / name / "train"), ignore_errors=True)
+        # the trainer holds the optimizer (8 bytes a parameter): dropped before the next drafter loads, not after
+        del model, trainer
+        gc.collect()
 
 
 def finetune_examples(rows: list[dict], cached: dict | None) -> list[dict]:
@@ -392,12 +406,16 @@ def finetune_examples(rows: list[dict], cached: dict | None) -> list[dict]:
 def alignment_table(target, drafters: dict, dev_rows: list[dict], pad_id: int, tcfg, rivals: list[str],
                     seed: int, aliases: dict[str, str]) -> dict:
     """The alignment table on the dev responses (drafter -> domain -> acceptance, agreement and each
-    specialist's margin over its rivals), printed; `aliases` (name -> measured drafter of the same weights) get
+    specialist's margin over its rivals; drafters: name -> a function that loads it), printed; `aliases` (name -> measured drafter of the same weights) get
     that drafter's rows."""
     print(f"[train-drafters] alignment on {len(dev_rows)} dev responses")
     table, by_domain = alignment_by_domain(target, drafters, dev_rows, pad_id, tcfg.alignment_batch_size,
                                            tcfg.finetune.max_length)
-    table.update({alias: copy.deepcopy(table[same]) for alias, same in aliases.items()})
+    measured = list(drafters)
+    for alias, same in aliases.items():  # its row and its per-sequence column: the margins index both by name
+        table[alias] = copy.deepcopy(table[same])
+        j = measured.index(same)
+        by_domain = {d: np.concatenate([s, s[:, j:j + 1]], 1) for d, s in by_domain.items()}
     specialist_margins(table, by_domain, rivals=rivals, seed=seed)
     print("[train-drafters] acceptance 1 - TV(p, q) at T=1 (rows: drafters, columns: dev domain)\n"
           + format_alignment(table, "acceptance"))
@@ -411,10 +429,19 @@ def alignment_table(target, drafters: dict, dev_rows: list[dict], pad_id: int, t
     return table
 
 
+def link_or_copy(src: str, dst: str) -> None:
+    """A hard link where the file system allows one (a sibling-sized drafter is GBs; the work dir's files are
+    written once, never changed in place), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def write_drafters(ctx: Context, names: list[str], table: dict, timings: dict[str, dict]) -> dict:
     """The drafters and alignment.json into the stage output; -> the stage metrics."""
     for n in names:
-        shutil.copytree(ctx.work / n / "model", ctx.out / n)
+        shutil.copytree(ctx.work / n / "model", ctx.out / n, copy_function=link_or_copy)
     (ctx.out / "alignment.json").write_text(json.dumps(table, indent=2) + "\n")
     infos = {n: json.loads((ctx.out / n / "drafter.json").read_text()) for n in names}
     return {"drafters": {n: {"domains": i["domains"], "parameters": i["parameters"]} for n, i in infos.items()},

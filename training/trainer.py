@@ -73,6 +73,9 @@ class TrainerConfig:
     num_nodes: int = 1  # nodes (Slurm: one task per device)
     gradient_clip_val: float | None = 1.0  # by norm; None disables clipping
     checkpoint_every_n_steps: int = 200  # 0: no periodic checkpoints (last.ckpt still at the end)
+    # false: no last.ckpt at all, not even at the end (a killed fit starts over): for a model whose checkpoint
+    # (weights and optimizer, written through an in-memory buffer) would not fit in memory beside the model
+    save_last: bool = True
     resume: bool = False  # continue from out_dir/checkpoints/last.ckpt when it exists (stages always do)
     log_every_n_steps: int = 10  # metrics logging interval
     seed: int = 0  # seeds the fit (stages set it from run.seed)
@@ -295,7 +298,8 @@ def build_trainer(cfg: TrainerConfig, out_dir: str | Path | None, callbacks: lis
         "gradient_clip_val": clip,
         "gradient_clip_algorithm": "norm",
         "logger": loggers,
-        "callbacks": [ckpt, RNGState(), *extra],
+        "callbacks": [ckpt, RNGState(), *extra] if cfg.save_last else extra,
+        "enable_checkpointing": cfg.save_last,
         "plugins": plugins,
         "enable_progress_bar": True,
         **overrides,

@@ -251,3 +251,11 @@ def test_each_fit_logs_to_its_own_wandb_run(tmp_path):
     for name in ("a", "b"):
         _run(tmp_path / name, _cfg(max_steps=1, wandb=WandbConfig(mode="offline", project="p", run_name=name)))
         assert list((tmp_path / name / "wandb").glob("offline-run-*")), name
+
+
+@pytest.mark.parametrize("save_last", [True, False])
+def test_save_last_false_writes_no_checkpoint_even_at_the_end(tmp_path, save_last):
+    """A model whose checkpoint would not fit in memory beside it (Lightning buffers the file) trains without one."""
+    trainer = _run(tmp_path, _cfg(max_steps=4, checkpoint_every_n_steps=0, save_last=save_last))
+    assert trainer.global_step == 4
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file() == save_last
