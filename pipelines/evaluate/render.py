@@ -55,10 +55,13 @@ def _opening(metrics: dict) -> list[str]:
         "Every number below is in metrics.json.", "", *target_line(metrics), *timing_lines(metrics),
         "Speedups are against the autoregressive target on the same prompts (its cost per token times the "
         "method's tokens), pooled over prompts as a ratio of totals with its bootstrap 90% interval. "
-        "**Counted** speedup: the cost the run's counts predict on this machine "
-        "(SpecDec++ Eq. 3.1 with the calibrated cost of each round's (K+1)-token verification forward and of a "
-        "draft forward); the counts are exact and load moves it only through that calibration, far less than the "
-        "timed one, so it is the headline on CPU. **Timed** speedup: "
+        "**Counted** speedup: the cost the run's counts predict "
+        + ("(SpecDec++ Eq. 3.1 with the configured cost of each round's (K+1)-token verification forward and of a "
+           "draft forward, evaluate.counted_costs); the counts are exact and nothing timed moves it"
+           if cfg.get("counted_costs") else
+           "on this machine (SpecDec++ Eq. 3.1 with the calibrated cost of each round's (K+1)-token verification "
+           "forward and of a draft forward); the counts are exact and load moves it only through that calibration, "
+           "far less than the timed one") + ", so it is the headline on CPU. **Timed** speedup: "
         "the same ratio of measured times (each run's mean over its passes), the check. An effect is claimed "
         "only where its "
         "interval clears the line.", "",
@@ -200,8 +203,15 @@ def _target_quality_section(quality: dict) -> list[str]:
 def _calibration_section(metrics: dict) -> list[str]:
     """The costs the counted speedup is priced with, as calibrated on this machine."""
     k, cfg, cal = metrics["k"], metrics["config"], metrics["calibration"]
+    pinned = cfg.get("counted_costs")
+    if pinned:  # the prices were the config's; what this machine measured is the table below
+        cal = cal["measured"]
     vk = cal["v"]
     return ["## Calibration (this machine: the counted speedup's costs)", "",
+            *([f"The counted speedups price every run's counts with evaluate.counted_costs, not with this table: c = "
+               f"{pinned['cost_ratio']} and v(K) = 1 + {pinned['verify_slope']} K, so their verdicts depend on the "
+               "counts alone and repeat from run to run; the target's 1-token forward below sets their unit.", ""]
+              if pinned else []),
             f"10% quantile of {cal['reps']} interleaved passes at a {cal['context']}-token context (load only adds "
             "time). v(K) = the target's (K+1)-token cached forward over its 1-token forward; t_draft = a drafter's "
             f"cost per drafted token, timed over {cal.get('draft_run', 1)} forwards in a row right after a target "
