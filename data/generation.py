@@ -1,8 +1,22 @@
-"""Batched generation from a causal LM with Hugging Face `generate`: the target's responses that become
-distillation data (distill-data) and router labels (train-router)."""
+"""Batched generation of the target's answers, the responses that become distillation data (distill-data)
+and router labels (train-router): Hugging Face `generate` on left-padded batches (`generate_responses`), or
+the project's own batched decoder (`decode_responses`: static KV cache, ragged rows, optionally compiled, and
+optionally speculative with a drafter whose drafts the target verifies). Both return, per prompt, the answer's
+token ids (the stop token included when the target stopped) and why it ended ("eos" | "length")."""
 from __future__ import annotations
 
 import torch
+
+from specdraft.decoding.compilation import StepCompiler
+from specdraft.decoding.generate import Plan, decode_batch
+from specdraft.decoding.metrics import GenerationMetrics
+from specdraft.decoding.rounds.sampling import SamplingConfig
+
+
+def cut_at_stop(row: list[int], stops: set[int]) -> tuple[list[int], str]:
+    """`row` up to and including its first stop token -> (ids, "eos"); no stop: (row, "length")."""
+    end = next((i for i, t in enumerate(row) if t in stops), None)
+    return (row[: end + 1], "eos") if end is not None else (row, "length")
 
 
 @torch.no_grad()
@@ -23,11 +37,19 @@ def generate_responses(model, prompts: list[list[int]], pad_id: int, eos_id: int
         dict(do_sample=False, temperature=None, top_k=None, top_p=None)
     out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
                          eos_token_id=sorted(stops), pad_token_id=pad_id, use_cache=True, **sampling)
-    results = []
-    for row in out[:, width:].tolist():
-        end = next((i for i, t in enumerate(row) if t in stops), None)
-        if end is not None:
-            results.append((row[: end + 1], "eos"))
-        else:
-            results.append((row, "length"))
-    return results
+    return [cut_at_stop(row, stops) for row in out[:, width:].tolist()]
+
+
+def decode_responses(target, prompts: list[list[int]], stops: list[int], sampling: SamplingConfig, max_new_tokens: int,
+                     seed: int, plan: Plan | None = None, compiler: StepCompiler | None = None,
+                     metrics: list[GenerationMetrics] | None = None) -> list[tuple[list[int], str]]:
+    """The batch through the decoder's front door (`decode_batch`) under `plan` (None: the target alone; or a
+    drafter and its stopping policy: lossless, so the answers are the target's own), sampling from one generator
+    seeded with `seed`; `compiler`: the StepCompiler a caller keeps over many batches, so each graph compiles once
+    (None: eager). Each row ends at its first stop token, kept, as `generate_responses` returns it. metrics: a list
+    that receives each row's decoder counts (target forwards, drafts), for a caller that reports them."""
+    results = decode_batch(target, prompts, max_new_tokens, plan or Plan("target"), sampling, stops, seed,
+                           compiler or "none")
+    if metrics is not None:
+        metrics.extend(r.metrics for r in results)
+    return [cut_at_stop(list(r.tokens), set(stops)) for r in results]

@@ -130,7 +130,7 @@ class Drafts:
 
 def reads_each_decision(policy) -> bool:
     """Whether an eager round reads, after each of `policy`'s decisions, if any row drafts on: a rule that can stop
-    the whole batch (a head, or one that decides at 0). `costs.profile._rule_round` prices these reads."""
+    the whole batch (a head, or one that decides at 0). `costs.rules._rule_round` prices these reads."""
     return policy.needs_hidden or getattr(policy, "decides_at_zero", False)
 
 

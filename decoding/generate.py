@@ -25,7 +25,7 @@ from specdraft.decoding.compat import check_head, check_pair
 from specdraft.decoding.defaults import DEFAULTS
 from specdraft.decoding.cascades import DEFAULT_BLOCK as CASCADE_BLOCK
 from specdraft.decoding.speculators.eagle_model import EagleDrafter  # loaded with the batched decoder anyway
-from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
+from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm, load_tokenizer
 from specdraft.decoding.metrics import GenerationResult
 from specdraft.decoding.speculators.spectr import check_drafts, drafter_speculator
 from specdraft.decoding.rounds.sampling import SamplingConfig
@@ -160,9 +160,10 @@ def generate_text(tok, target, drafter, prompt: str, max_new_tokens: int = DEFAU
 
 
 def load_pair(bundle: str | None = None, target: str | None = None, drafter: str | None = None,
-              head: str | None = None, device: str = "cpu", dtype: str = "auto", device_map=None,
+              head: str | None = None, device: str = "cpu", dtype: str | None = None, device_map=None,
               drafter_device: str | None = None, sampling: SamplingConfig | None = None):
-    """-> (tokenizer, target model, drafter model, head module or None, head config or None).
+    """-> (tokenizer, target model, drafter model, head module or None, head config or None). dtype: None is the
+    bundle's recorded target dtype (as its stages ran), "auto" without a bundle; the drafter runs in the target's.
 
     From a bundle: `drafter` by name (default: the bundle's all-domain drafter), and without an explicit
     head the drafter's best head labelled under `sampling` (when given and the bundle has one), else its
@@ -180,8 +181,8 @@ def load_pair(bundle: str | None = None, target: str | None = None, drafter: str
     if target is None or drafter is None:
         raise InputError("give a bundle directory, or both --target DIR and --drafter DIR")
     tok = load_tokenizer(target)
-    tgt = load_causal_lm(target, dtype, None if device_map else device, device_map)
-    dft, h, hcfg = load_drafter_dir(drafter, target, tok, tgt, head, dtype, drafter_device)
+    tgt = load_causal_lm(target, dtype or "auto", None if device_map else device, device_map)
+    dft, h, hcfg = load_drafter_dir(drafter, target, tok, tgt, head, dtype_of(tgt), drafter_device)
     return tok, tgt, dft, h, hcfg
 
 

@@ -11,7 +11,10 @@ and, when the examples carry a cached teacher top-k (one row per trained-on toke
     teacher_topk_ids, teacher_topk_logprobs   (B, T, k), rows placed at the loss_mask positions;
 or, when they carry the teacher's cached logits (drafters.lit_lm.teacher_logits_per_example),
     teacher_logits  (N, V): every example's rows stacked in loss_mask order (row-major over (b, t)),
-                    the order in which `losses.gather_positions` reads a live teacher's logits.
+                    the order in which `losses.gather_positions` reads a live teacher's logits;
+and, from a stored teacher signal (drafters/teacher_signal.py),
+    ce_targets      (B, T) the token ce trains on at each loss_mask position (0 elsewhere);
+    teacher_features (B, T, F) the target's hidden states an EAGLE drafter reads, one row per token (0 on pads).
 
 Exact resume: Lightning 2.x saves `state_dict()` of any train DataLoader that has `state_dict` /
 `load_state_dict` (fit_loop "combined_loader" state) and, on restart, adds the restored batch count to
@@ -33,6 +36,7 @@ from specdraft.core.errors import InputError
 
 TOPK_IDS, TOPK_LOGPROBS = "teacher_topk_ids", "teacher_topk_logprobs"
 TEACHER_LOGITS = "teacher_logits"
+CE_TARGETS, TEACHER_FEATURES = "ce_targets", "teacher_features"
 
 
 def fit_to_length(prompt: Sequence[int], response: Sequence[int], max_length: int) -> tuple[list, list, int]:
@@ -98,6 +102,10 @@ class CausalLMCollator:
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
         if TOPK_IDS in examples[0]:
             batch.update(self._topk(examples, layouts, T))
+        if CE_TARGETS in examples[0]:
+            batch[CE_TARGETS] = self._at_loss_positions(examples, layouts, T, CE_TARGETS)
+        if TEACHER_FEATURES in examples[0]:
+            batch[TEACHER_FEATURES] = self._features(examples, layouts, T)
         if TEACHER_LOGITS in examples[0]:
             for ex, (_, _, n) in zip(examples, layouts):
                 if len(ex[TEACHER_LOGITS]) != n:
@@ -107,22 +115,36 @@ class CausalLMCollator:
         return batch
 
     def _topk(self, examples, layouts, T) -> dict[str, torch.Tensor]:
-        k = len(examples[0][TOPK_IDS][0])
-        ids = torch.zeros(len(examples), T, k, dtype=torch.long)
-        logprobs = torch.zeros(len(examples), T, k)
+        return {TOPK_IDS: self._at_loss_positions(examples, layouts, T, TOPK_IDS, torch.long),
+                TOPK_LOGPROBS: self._at_loss_positions(examples, layouts, T, TOPK_LOGPROBS, torch.float)}
+
+    NAMES = {TOPK_IDS: "teacher top-k", TOPK_LOGPROBS: "teacher top-k", CE_TARGETS: "ce target"}
+
+    @classmethod
+    def _at_loss_positions(cls, examples, layouts, T, key: str, dtype=torch.long) -> torch.Tensor:
+        """Per-example rows of `key` (one per trained-on token, in order) placed at the loss_mask positions."""
+        first = torch.as_tensor(examples[0][key])
+        out = torch.zeros(len(examples), T, *first.shape[1:], dtype=dtype)
         for b, (ex, (_, start, n)) in enumerate(zip(examples, layouts)):
             # rows are per trained-on token; an empty prompt has no position for the first one
             skip = 1 if "prompt_ids" in ex and len(ex["prompt_ids"]) == 0 else 0
-            rows_ids = torch.tensor(ex[TOPK_IDS], dtype=torch.long)[skip : skip + n]
-            rows_lp = torch.tensor(ex[TOPK_LOGPROBS], dtype=torch.float)[skip : skip + n]
-            if len(rows_ids) != n:
-                raise InputError(
-                    f"example has {len(ex[TOPK_IDS])} teacher top-k rows for {n + skip} trained-on tokens; "
-                    "cache one row per response token"
-                )
-            ids[b, start : start + n] = rows_ids
-            logprobs[b, start : start + n] = rows_lp
-        return {TOPK_IDS: ids, TOPK_LOGPROBS: logprobs}
+            rows = torch.as_tensor(ex[key])[skip : skip + n]
+            if len(rows) != n:
+                raise InputError(f"example has {len(ex[key])} {cls.NAMES[key]} rows for {n + skip} trained-on tokens; "
+                                 "cache one row per response token")
+            out[b, start : start + n] = rows.to(dtype)
+        return out
+
+    @staticmethod
+    def _features(examples, layouts, T) -> torch.Tensor:
+        first = examples[0][TEACHER_FEATURES]
+        out = torch.zeros(len(examples), T, first.shape[-1], dtype=first.dtype)
+        for b, (ex, (ids, _, _)) in enumerate(zip(examples, layouts)):
+            if len(ex[TEACHER_FEATURES]) != len(ids):
+                raise InputError(f"example has {len(ex[TEACHER_FEATURES])} stored feature rows for {len(ids)} tokens; "
+                                 "rerun stage teacher-data with the training max_length")
+            out[b, : len(ids)] = ex[TEACHER_FEATURES]
+        return out
 
 
 class ResumableBatchSampler(Sampler[list[int]]):

@@ -15,11 +15,12 @@ target's distribution has the same gradient in expectation and is what distillat
 target is at hand). The embedding and LM head are the target's, frozen, and stay out of the module's
 state (not checkpointed, not optimised), like `CausalLMModule`'s teacher.
 
-Features are recomputed online by the target in every step, not cached: on this project's CPU demo the
-target forward costs about as much as reading fp16 features of the same batch from disk would save,
-and a cache of d floats per token (T x d x 2 bytes per sequence) would exceed the run's other artifacts
-combined for a real target (4096-d features: 8 KiB per token). The heads' online path makes the same
-trade. A disk cache would pay off only for many epochs over a large target, on GPUs.
+Where the target's signal is stored (stage teacher-data, drafters/teacher_signal.py), the batch carries it:
+the features at every token (`teacher_features`) and the target's top-k distribution at every trained-on
+position (`teacher_topk_*`), and the target never runs; the token loss is then the forward KL to that top-k,
+renormalised over its k tokens (over those in the draft vocabulary, for a reduced one). Without one the target
+runs on each batch (no gradients) and the loss reads its full distribution: with k = the vocabulary the two
+are the same loss (tests/drafters/test_eagle_stored_signal.py).
 
 EAGLE-3 (Li et al. 2025, arXiv 2503.01840, Sec. 3.1 "training-time test"), `variant="eagle3"` (vLLM's
 layout, decoding/speculators/eagle_model.py) and `"eagle3-proj"` (specdraft's earlier one): the input
@@ -37,8 +38,10 @@ from __future__ import annotations
 
 import math
 import time
+from typing import NamedTuple
 
 import lightning as L
+from lightning.pytorch.callbacks import Callback
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
@@ -46,6 +49,7 @@ from transformers import PreTrainedModel, get_cosine_schedule_with_warmup
 from specdraft.decoding.speculators.eagle_model import EagleDrafter, fused_features
 from specdraft.core.errors import InputError
 from specdraft.drafters import losses
+from specdraft.drafters.data import TEACHER_FEATURES, TOPK_IDS, TOPK_LOGPROBS
 
 FEATURE_NOISE = 0.1  # EAGLE-1: uniform noise U(-0.1, 0.1) on the input features
 TOKEN_WEIGHT = 0.1  # EAGLE-1: w_cls = 0.1 against w_reg = 1.0
@@ -73,15 +77,84 @@ def ttt_mask(valid: torch.Tensor, steps: int) -> torch.Tensor:
     return (allowed[None] & keys[:, None, :])[:, None] | torch.eye(steps * T, dtype=torch.bool)[None, None]
 
 
+class TopK(NamedTuple):
+    """A target distribution kept as its k most likely tokens (ids and log-probabilities, highest first), in the
+    indices of the vocabulary the drafter is trained in; -inf marks an entry outside it."""
+    ids: torch.Tensor  # (N, k)
+    logprobs: torch.Tensor  # (N, k)
+
+
+def in_draft_vocab(target: TopK, draft_ids: torch.Tensor | None, vocab_size: int) -> TopK:
+    """`target` (target-vocabulary ids) in the draft vocabulary's indices: a reduced vocabulary (vLLM's d2t)
+    learns the target renormalised over it, as `Eagle3Drafter.train_logits` does with the full distribution."""
+    if draft_ids is None:
+        return target
+    t2d = torch.full((vocab_size,), -1, dtype=torch.long, device=target.ids.device)
+    t2d[draft_ids.to(t2d.device)] = torch.arange(len(draft_ids), device=t2d.device)
+    idx = t2d[target.ids]
+    return TopK(idx.clamp(min=0), target.logprobs.float().masked_fill(idx < 0, float("-inf")))
+
+
+def token_terms(logits: torch.Tensor, target: torch.Tensor | TopK) -> tuple[torch.Tensor, dict]:
+    """The token loss at N positions: forward KL(p || q) of the drafter's q = softmax(logits (N, V')) to the
+    target's p, given dense (its logits over the same V') or as a TopK. -> (loss, {"agreement": argmax match
+    rate, "acceptance": mean sum_v min(p, q), i.e. 1 - TV}); a top-k row with no entry in the vocabulary counts
+    as a disagreement and adds no loss."""
+    if not isinstance(target, TopK):
+        p = target.float().softmax(-1)
+        q = logits.float().softmax(-1)
+        agree = logits.argmax(-1) == target.argmax(-1)
+        return losses.forward_kl(logits, p), {"agreement": agree.float().mean(),
+                                              "acceptance": torch.minimum(p, q).sum(-1).mean()}
+    inside = torch.isfinite(target.logprobs)
+    has = inside.any(-1)
+    kl = (losses.forward_kl_topk(logits[has], target.ids[has], target.logprobs[has]) if has.any()
+          else logits.sum() * 0.0)
+    best = target.ids.gather(-1, inside.float().argmax(-1, keepdim=True)).squeeze(-1)  # the first entry inside
+    p = target.logprobs.float().softmax(-1).nan_to_num(0.0)
+    q = logits.float().softmax(-1).gather(-1, target.ids)
+    return kl, {"agreement": ((logits.argmax(-1) == best) & has).float().mean(),
+                "acceptance": torch.minimum(p, q).sum(-1).mean()}
+
+
+def trained_logits(drafter: EagleDrafter, pred: torch.Tensor) -> torch.Tensor:
+    """The drafter's logits over the vocabulary it is trained in (the draft vocabulary for vLLM's eagle3)."""
+    return drafter.draft_logits(pred) if drafter.variant == "eagle3" else drafter.lm_logits(pred)
+
+
+def draft_vocab_target(drafter: EagleDrafter, target: TopK) -> TopK:
+    ids = drafter.draft_ids if drafter.variant == "eagle3" else None
+    return in_draft_vocab(target, ids, drafter.config.vocab_size)
+
+
 def eagle_loss(pred: torch.Tensor, target_features: torch.Tensor, pred_logits: torch.Tensor,
-               target_logits: torch.Tensor, token_weight: float = TOKEN_WEIGHT) -> tuple[torch.Tensor, dict]:
-    """EAGLE-1's loss on N gathered positions: pred / target_features (N, d), pred_logits / target_logits
-    (N, V). -> (loss, {"feature": SmoothL1, "token": forward KL, "agreement": argmax match rate})."""
+               target: torch.Tensor | TopK, token_weight: float = TOKEN_WEIGHT) -> tuple[torch.Tensor, dict]:
+    """EAGLE-1's loss on N gathered positions: pred / target_features (N, d), pred_logits (N, V) and the target's
+    distribution (its logits (N, V) or a TopK). -> (loss, {"feature": SmoothL1, "token": forward KL,
+    "agreement", "acceptance"})."""
     feature = F.smooth_l1_loss(pred.float(), target_features.float())
-    token = losses.forward_kl(pred_logits, target_logits.float().softmax(-1))
-    agree = (pred_logits.argmax(-1) == target_logits.argmax(-1)).float().mean()
+    token, parts = token_terms(pred_logits, target)
     return feature + token_weight * token, {"feature": feature.detach(), "token": token.detach(),
-                                            "agreement": agree.detach()}
+                                            **{k: v.detach() for k, v in parts.items()}}
+
+
+class FrozenParts(torch.nn.Module):
+    """The target's input embedding and LM head alone: all of the target that an EAGLE drafter trained on a
+    stored signal reads (the target itself never runs, so it need not be on the training device)."""
+
+    def __init__(self, target: torch.nn.Module):
+        super().__init__()
+        self.embed, self.head = target.get_input_embeddings(), target.get_output_embeddings()
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def get_output_embeddings(self):
+        return self.head
+
+    def forward(self, *args, **kwargs):
+        raise InputError("this EAGLE training has the target's embedding and head only, and a batch without the "
+                         "stored signal (teacher_features); rerun stage teacher-data, or train with the target")
 
 
 def ttt_predictions(drafter: EagleDrafter, features: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor,
@@ -139,62 +212,71 @@ class EagleModule(L.LightningModule):
     def on_fit_start(self) -> None:
         self.target.to(self.device)
 
+    def signal(self, batch: dict[str, torch.Tensor], mask: torch.Tensor):
+        """The target's features (B, T, F) and its distribution at the positions j + 1 that `mask` (B, T - 1)
+        marks: from the stored signal when the batch carries it, else from one forward of the target (its LM
+        head only at the columns some row trains on). -> (features, at) with at(m) the target's distribution at
+        the positions of m (a sub-mask of `mask`): dense logits (N, V) or a TopK (N, k), in row-major order."""
+        if TEACHER_FEATURES in batch:
+            ids, logprobs = batch[TOPK_IDS][:, 1:], batch[TOPK_LOGPROBS][:, 1:]
+            return batch[TEACHER_FEATURES], lambda m: TopK(ids[m], logprobs[m])
+        cols = mask.any(0).nonzero().squeeze(-1)  # with a large vocabulary the prompts' logits were most of the forward
+        with torch.no_grad():
+            out = self.target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False,
+                              output_hidden_states=True, logits_to_keep=cols + 1)
+        # (B, len(cols), V): column i's is index i + 1's; m is False outside cols, so the row-major order is kept
+        return fused_features(out.hidden_states, self.drafter.feature_layers), lambda m: out.logits[m[:, cols]]
+
     def compute_loss(self, batch: dict[str, torch.Tensor], noise: bool = True) -> tuple[torch.Tensor, dict, int]:
         if self.drafter.variant != "eagle1":
             return self.compute_loss_eagle3(batch)
         ids, attn = batch["input_ids"], batch["attention_mask"]
-        with torch.no_grad():
-            out = self.target(input_ids=ids, attention_mask=attn, use_cache=False, output_hidden_states=True)
-            feats = out.hidden_states[-1]  # (B, T, d)
-        inputs = feats[:, :-1]
+        mask = batch["loss_mask"][:, 1:].bool() & attn[:, 1:].bool()
+        n = int(mask.sum())
+        if n == 0:
+            return self.drafter.fc.weight.sum() * 0.0, {}, 0
+        feats, target_at = self.signal(batch, mask)  # (B, T, d): EAGLE-1 reads the final hidden state
+        inputs = feats[:, :-1].to(self.drafter.fc.weight.dtype)
         if noise and self.hparams.feature_noise > 0:
             u = torch.rand(inputs.shape, generator=self._noise).to(inputs.device, inputs.dtype)
             inputs = inputs + (2 * u - 1) * self.hparams.feature_noise
         pred = self.drafter(inputs, ids[:, 1:], attention_mask=attn[:, 1:])  # (B, T-1, d) = f^_1..f^_{T-1}
-        mask = batch["loss_mask"][:, 1:].bool() & attn[:, 1:].bool()
-        n = int(mask.sum())
-        if n == 0:
-            return pred.sum() * 0.0, {}, 0
         pred_n = pred[mask]
-        loss, parts = eagle_loss(pred_n, feats[:, 1:][mask], self.drafter.lm_logits(pred_n), out.logits[:, 1:][mask],
+        target = target_at(mask)
+        target = draft_vocab_target(self.drafter, target) if isinstance(target, TopK) else target
+        loss, parts = eagle_loss(pred_n, feats[:, 1:][mask], self.drafter.lm_logits(pred_n), target,
                                  self.hparams.token_weight)
         return loss, parts, n
 
     def compute_loss_eagle3(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict, int]:
         """EAGLE-3: fused low / middle / high target features, token loss only (forward KL to the target),
-        at each of `ttt_steps` unrolled steps (`ttt_predictions`), step s weighted TTT_DECAY ** s."""
+        at each of `ttt_steps` unrolled steps (`ttt_predictions`), step s weighted TTT_DECAY ** s. parts: each
+        step's token loss and agreement, and step 0's agreement and acceptance (the first draft of a round)."""
         ids, attn = batch["input_ids"], batch["attention_mask"]
-        S = self.hparams.ttt_steps
         tokens, valid = ids[:, 1:], attn[:, 1:]
         mask = batch["loss_mask"][:, 1:].bool() & valid.bool()
         if int(mask.sum()) == 0:
             return self.drafter.fc.weight.sum() * 0.0, {}, 0
-        # the target's LM head only at the columns some row trains on (the prompts' logits are never read; with a
-        # large vocabulary they were most of the target's forward)
-        cols = mask.any(0).nonzero().squeeze(-1)
-        with torch.no_grad():
-            out = self.target(input_ids=ids, attention_mask=attn, use_cache=False, output_hidden_states=True,
-                              logits_to_keep=cols + 1)
-            feats = fused_features(out.hidden_states, self.drafter.feature_layers)  # (B, T, 3d)
-        target_logits = out.logits  # (B, len(cols), V): index i + 1 of column i's
-        preds = ttt_predictions(self.drafter, feats[:, :-1], tokens, valid, S)
+        feats, target_at = self.signal(batch, mask)
+        preds = ttt_predictions(self.drafter, feats[:, :-1], tokens, valid, self.hparams.ttt_steps)
         total, weights, parts = 0.0, 0.0, {}
-        n = int(mask.sum())
         for s, pred in enumerate(preds):
             step_mask = mask.clone()
             step_mask[:, :s] = False  # no chain of s predictions before index s
             if not step_mask.any():
                 continue
-            at = step_mask[:, cols]  # the same positions, in the kept columns (row-major order is kept)
-            # a reduced draft vocabulary (vLLM's eagle3 layout) learns the target renormalised over it
-            logits, wanted = self.drafter.train_logits(pred[:, cols][at], target_logits[at])
-            token = losses.forward_kl(logits, wanted.float().softmax(-1))
+            target = target_at(step_mask)
+            if isinstance(target, TopK):
+                token, terms = token_terms(trained_logits(self.drafter, pred[step_mask]),
+                                           draft_vocab_target(self.drafter, target))
+            else:  # a reduced draft vocabulary learns the target renormalised over it
+                token, terms = token_terms(*self.drafter.train_logits(pred[step_mask], target))
             w = TTT_DECAY ** s
             total, weights = total + w * token, weights + w
-            parts[f"token_step{s}"] = token.detach()
+            parts[f"token_step{s}"], parts[f"agreement_step{s}"] = token.detach(), terms["agreement"].detach()
             if s == 0:
-                parts["agreement"] = (logits.argmax(-1) == wanted.argmax(-1)).float().mean().detach()
-        return total / weights, parts, n
+                parts.update({k: v.detach() for k, v in terms.items()})
+        return total / weights, parts, int(mask.sum())
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
         if self._step_start is None:
@@ -229,3 +311,44 @@ class EagleModule(L.LightningModule):
         sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=math.ceil(hp.warmup_ratio * total),
                                                 num_training_steps=total)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
+
+
+class DevCurve(Callback):
+    """The drafter's dev agreement and acceptance (teacher-forced: the first draft of a round, and the
+    agreement at each training-time-test step) every `every` optimizer steps and at the end of the fit: what
+    more training buys. Its points are checkpointed, so a resumed fit keeps the earlier ones."""
+
+    def __init__(self, batches: list[dict[str, torch.Tensor]], every: int):
+        if every < 1:
+            raise InputError(f"the dev curve needs an interval >= 1 step, got {every}")
+        self.batches, self.every, self.points = batches, every, []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step % self.every == 0:
+            self.measure(trainer.global_step, module)
+
+    def on_train_end(self, trainer, module) -> None:
+        self.measure(trainer.global_step, module)
+
+    @torch.no_grad()
+    def measure(self, step: int, module: EagleModule) -> None:
+        if self.points and self.points[-1]["step"] == step:
+            return
+        training = module.training
+        module.eval()
+        sums: dict[str, float] = {}
+        total = 0
+        for batch in self.batches:
+            _, parts, n = module.compute_loss({k: v.to(module.device) for k, v in batch.items()}, noise=False)
+            for key, value in parts.items():  # each batch's means, weighted by its trained-on positions
+                if key.startswith(("agreement", "acceptance")):
+                    sums[key] = sums.get(key, 0.0) + float(value) * n
+            total += n
+        module.train(training)
+        self.points.append({"step": step, **{k: round(v / max(total, 1), 4) for k, v in sorted(sums.items())}})
+
+    def state_dict(self) -> dict:
+        return {"points": list(self.points)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.points = list(state["points"])

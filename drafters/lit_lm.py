@@ -2,8 +2,10 @@
 
 Loss is taken only where the batch's loss_mask is 1 (see drafters/data.py for the shift). The target's
 distribution for fkl / tvd comes from the batch when it carries it (a cached top-k, `teacher_topk_ids` /
-`teacher_topk_logprobs`, or the teacher's full logits cached by `teacher_logits_per_example`), else from a
-frozen teacher model run on the same batch.
+`teacher_topk_logprobs`, as a stored teacher signal holds it, or the teacher's full logits cached by
+`teacher_logits_per_example`), else from a frozen teacher model run on the same batch. ce trains on the batch's
+`ce_targets` where it has them (a stored signal: the target's greedy token on text it did not write), else on
+the next token.
 Optimisation follows MetaSD App. F.2: AdamW, lr 2e-5, cosine schedule with linear warmup over 3% of
 the optimizer steps, no weight decay by default.
 """
@@ -20,7 +22,7 @@ from specdraft.core.errors import InputError
 from specdraft.core.tokenizers import check_same_vocabulary
 from specdraft.drafters import losses
 from specdraft.drafters.alignment import response_logits
-from specdraft.drafters.data import TEACHER_LOGITS, TOPK_IDS, TOPK_LOGPROBS, CausalLMCollator
+from specdraft.drafters.data import CE_TARGETS, TEACHER_LOGITS, TOPK_IDS, TOPK_LOGPROBS, CausalLMCollator
 
 OPTIMIZERS = ("adamw", "adamw8bit")
 
@@ -87,7 +89,8 @@ class CausalLMModule(L.LightningModule):
                              logits_to_keep=mask.bool()).logits
         name = self.hparams.loss
         if name == "ce":
-            return losses.cross_entropy(student, losses.gather_positions(losses.next_token_targets(batch["input_ids"]), mask)), n
+            targets = batch[CE_TARGETS] if CE_TARGETS in batch else losses.next_token_targets(batch["input_ids"])
+            return losses.cross_entropy(student, losses.gather_positions(targets, mask)), n
         if TOPK_IDS in batch:
             ids = losses.gather_positions(batch[TOPK_IDS], mask)
             logprobs = losses.gather_positions(batch[TOPK_LOGPROBS], mask)

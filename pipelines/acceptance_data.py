@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.core.hashing import derive_seed
-from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
+from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm, load_tokenizer
 from specdraft.drafters.alignment import response_hidden, response_logits
 from specdraft.drafters.data import CausalLMCollator
 from specdraft.core.tokenizers import check_same_vocabulary
@@ -110,7 +110,8 @@ def load_drafters_to_label(drafters_dir, chosen: list[str] | None, target, devic
         names = [n for n in names if n in chosen]
     drafters, infos = {}, {}
     for n in names:
-        drafters[n] = load_drafter(drafters_dir / n, "float32").to(device).eval()
+        # in the target's precision, as the decoder runs the pair: labels and features are the served ones
+        drafters[n] = load_drafter(drafters_dir / n, dtype_of(target), device).eval()
         check_same_vocabulary(drafters[n].config.vocab_size, target.config.vocab_size, name=f"drafter '{n}'")
         infos[n] = read_drafter_info(drafters_dir / n)
     return drafters, infos

@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specdraft", description="Train and evaluate speculative-decoding components.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in STAGE_NAMES:
-        flags = {"distill-data": " [--shard I/N]", "train-heads": " [--shard I/N]",
+        flags = {"distill-data": " [--shard I/N]", "teacher-data": " [--shard I/N]", "train-heads": " [--shard I/N]",
                  "evaluate": " [--shard I/N] [--merge]"}.get(name, "")
         sp = sub.add_parser(name, help=f"run the {name} stage",
                             usage=f"specdraft {name} CONFIG [--force]{flags} [key.path=value ...]")
@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "e.g. pretrain_target.train.max_steps=50")
         sp.add_argument("--config", default=None, help="the run config, when not given first")
         sp.add_argument("--force", action="store_true", help="redo the stage even if its output is cached")
-        if name in ("distill-data", "train-heads", "evaluate"):  # the stages that split their work over processes
+        if name in ("distill-data", "teacher-data", "train-heads", "evaluate"):  # the stages that split their work over processes
             sp.add_argument("--shard", default=None, metavar="I/N",
                             help="run this process's share (i of N); default: Slurm array or RANK/WORLD_SIZE")
         if name == "evaluate":

@@ -13,7 +13,10 @@ and nothing is duplicated. Each batch is seeded from (run seed, chunk, batch), s
 identical. The shard that finds every chunk done merges them into the output dataset (one
 claims the merge when several finish together).
 
-Backends (distill_data.backend): `hf` runs transformers `generate` here, one seed per batch; `vllm`
+Backends (distill_data.backend): `hf` runs transformers `generate` here, one seed per batch; `decoder` runs
+the project's batched decoder here (decoding/generate.py `decode_batch`: static KV cache, ragged rows, one
+StepCompiler for the stage under distill_data.compile), one seed per batch, the target alone or, with
+distill_data.drafter, speculatively (lossless: the target's own answers, in fewer target forwards); `vllm`
 starts a vLLM OpenAI-compatible server on the target from vLLM's own venv (make vllm) for the shard's
 chunks and stops it; `openai` sends the requests to a server already running at distill_data.engine_url. The
 engine backends get the same token-id prompts (chat template applied once, here), the same stop tokens
@@ -37,13 +40,20 @@ from tqdm.auto import tqdm
 
 from specdraft.data.chat import chat_format, row_messages
 from specdraft.data.engines import CompletionsClient, VllmServer, engine_python
-from specdraft.data.generation import generate_responses
+from specdraft.data.generation import decode_responses, generate_responses
 from specdraft.data.prompts import fit_prompt, load_prompt_sets
 from specdraft.decoding.bundle.chat import ChatFormat, end_of_turn_ids, format_prompt
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.core.hashing import derive_seed
 from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer, resolve_dtype
+from specdraft.decoding.compat import context_length
+from specdraft.decoding.compilation import StepCompiler
+from specdraft.decoding.defaults import DEFAULTS
+from specdraft.decoding.generate import Plan, head_spec, load_drafter_dir
+from specdraft.decoding.policies.spec import PolicySpec, build_policy
+from specdraft.decoding.rounds.sampling import SamplingConfig
+from specdraft.decoding.timing import timed_call
 from specdraft.pipelines.shards import (Share, claim_merge, is_helper, processes_started_here, read_piece, this_share,
                                         threads_per_process, write_json_atomic)
 from specdraft.pipelines.stage import Context, StageIncomplete
@@ -109,6 +119,45 @@ def hf_backend(model, tok, dcfg):
     return generate
 
 
+def decoder_backend(model, tok, dcfg, plan: Plan, compiler: StepCompiler, counts: dict | None = None):
+    """The project's batched decoder under `plan`, one seed per batch; `compiler` is kept for the whole stage
+    (graphs compile once). counts: summed answered tokens and per-row target forwards, when given (a drafter's
+    MAT)."""
+    stops = end_of_turn_ids(tok, model)
+
+    def generate(prompts, temperature, batch_seed, request_seeds):
+        check_fits(prompts, dcfg, context_length(model))
+        sampling, rows = SamplingConfig(temperature, dcfg.top_k, dcfg.top_p), []
+        out = decode_responses(model, prompts, stops, sampling, dcfg.max_new_tokens, batch_seed, plan, compiler, rows)
+        if counts is not None:
+            counts["tokens"] = counts.get("tokens", 0) + sum(m.n_generated for m in rows)
+            counts["target_forwards"] = counts.get("target_forwards", 0) + sum(m.n_target for m in rows)
+        return out
+    return generate
+
+
+def check_fits(prompts: list[list[int]], dcfg, context: int | None) -> None:
+    """The decoder's cache holds a prompt and its whole answer within the target's context (transformers would
+    run past it); refused in the stage's keys, before the batch (the chunks done before stay)."""
+    longest = max(map(len, prompts))
+    if context is not None and longest + dcfg.max_new_tokens > context:
+        raise InputError(f"a prompt of {longest} tokens + distill_data.max_new_tokens ({dcfg.max_new_tokens}) exceeds "
+                         f"the target's context ({context}); lower distill_data.max_prompt_tokens to at most "
+                         f"{context - dcfg.max_new_tokens} (longer prompts are truncated) or max_new_tokens")
+
+
+def drafting_plan(dcfg, target_dir: str, tok, model, dtype: str, device: str) -> Plan:
+    """The decoder backend's Plan: the target alone, or distill_data.drafter (checked against the target's
+    tokenizer and vocabulary) drafting fixed K (distill_data.k, else the decoder's default) or SpecDec++ rounds
+    under distill_data.head at the head's own threshold."""
+    if dcfg.drafter is None:
+        return Plan("target")
+    drafter, head, head_config = load_drafter_dir(dcfg.drafter, target_dir, tok, model, dcfg.head, dtype, device)
+    spec = head_spec(None, head_config, DEFAULTS.k_max) if head is not None else \
+        PolicySpec("fixed", k=dcfg.k if dcfg.k is not None else DEFAULTS.k)
+    return Plan(dcfg.drafter, drafter, lambda: build_policy(spec, head=head), head=dcfg.head)
+
+
 def engine_backend(client: CompletionsClient, stops: list[int], dcfg):
     """An OpenAI-compatible server, one request (and seed) per prompt."""
     def generate(prompts, temperature, batch_seed, request_seeds):
@@ -129,16 +178,25 @@ def engine_stops(tok, target: str) -> list[int]:
 
 
 @contextmanager
-def open_backend(ctx: Context, tok):
-    """The configured backend's generate function, for the duration of the block (the vllm backend's
-    server lives exactly that long)."""
-    cfg, dcfg = ctx.cfg, ctx.cfg.distill_data
-    target = ctx.target_path()
-    if dcfg.backend == "hf":
+def open_backend(cfg, target: str, work: Path, tok):
+    """The configured backend's generate function for the target model directory `target`, for the duration of
+    the block (the vllm backend's server lives exactly that long and logs into `work`)."""
+    dcfg = cfg.distill_data
+    if dcfg.backend in ("decoder", "vllm") and cfg.target.quantization != "none":  # bitsandbytes loading is hf's
+        raise InputError(f"distill_data.backend {dcfg.backend} runs the target unquantized, not "
+                         f"{cfg.target.quantization}; set target.quantization: none or use backend hf")
+    if dcfg.backend in ("hf", "decoder"):
         device = resolve_device(dcfg.device)
         model = load_causal_lm(target, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
                                cfg.target.trust_remote_code)
-        yield hf_backend(model, tok, dcfg)
+        if dcfg.backend == "hf":
+            yield hf_backend(model, tok, dcfg)
+            return
+        plan, counts = drafting_plan(dcfg, target, tok, model, cfg.target.dtype, device), {}
+        yield decoder_backend(model, tok, dcfg, plan, StepCompiler(dcfg.compile), counts)
+        if plan.drafter is not None and counts.get("target_forwards"):
+            print(f"[distill-data] drafter {dcfg.drafter}: MAT {counts['tokens'] / counts['target_forwards']:.2f} "
+                  f"over {counts['tokens']} answered tokens (tokens per target forward of a row)")
         return
     stops = engine_stops(tok, target)
     if dcfg.backend == "openai":
@@ -146,15 +204,27 @@ def open_backend(ctx: Context, tok):
         client.check_model()
         yield engine_backend(client, stops, dcfg)
         return
-    if cfg.target.quantization != "none":  # bitsandbytes loading is the hf backend's
-        raise InputError(f"distill_data.backend vllm serves the target as vLLM loads it, not {cfg.target.quantization}; "
-                         "set target.quantization: none or use backend hf")
     dtype = str(resolve_dtype(cfg.target.dtype, resolve_device(dcfg.device))).removeprefix("torch.")  # as hf would
     extra = ("--trust-remote-code",) if cfg.target.trust_remote_code else ()
-    server = VllmServer(engine_python(dcfg.engine_python), target, "target", ctx.work / "vllm-server.log", dtype,
+    server = VllmServer(engine_python(dcfg.engine_python), target, "target", work / "vllm-server.log", dtype,
                         cfg.run.seed, dcfg.engine_timeout_s, extra)
     with server as url:
         yield engine_backend(CompletionsClient(url, "target", dcfg.engine_timeout_s, dcfg.batch_size), stops, dcfg)
+
+
+def answer_rate(generate, prompts: list[list[int]], batch_size: int, temperature: float, seed: int) -> dict:
+    """A backend's speed as the stage uses it (the measure a benchmark sets backends side by side with):
+    `generate` (open_backend's) answers `prompts` in batches of `batch_size`, batch b seeded with seed + b (an
+    engine's request i with seed + i) -> {answers, answered_tokens, wall_s, cpu_s, tokens_per_s (per wall
+    second)}."""
+    def answer_all():
+        return [resp for b in range(0, len(prompts), batch_size)
+                for resp, _ in generate(prompts[b:b + batch_size], temperature, seed + b,
+                                        list(range(seed + b, seed + min(len(prompts), b + batch_size))))]
+    answers, timing = timed_call(answer_all)
+    tokens = sum(map(len, answers))
+    return {"answers": answers, "answered_tokens": tokens, "wall_s": timing.wall, "cpu_s": timing.cpu,
+            "tokens_per_s": tokens / timing.wall if timing.wall > 0 else 0.0}
 
 
 def generate_chunks(ctx: Context, todo: list[dict], chunk_dir: Path, place: Share, done_before: int) -> None:
@@ -164,7 +234,7 @@ def generate_chunks(ctx: Context, todo: list[dict], chunk_dir: Path, place: Shar
     i, n = place.shard, place.count
     print(f"[distill-data] shard {i}/{n}: {len(todo)} chunks to generate ({dcfg.backend} backend)"
           + (f" ({done_before} already done)" if done_before and n == 1 else ""))
-    with open_backend(ctx, tok) as generate, threads_per_process(place.side_by_side):
+    with open_backend(cfg, ctx.target_path(), ctx.work, tok) as generate, threads_per_process(place.side_by_side):
         for chunk in tqdm(todo, desc=f"distill-data shard {i}", unit="chunk"):
             rows = run_chunk(chunk, generate, tok, dcfg, cfg.run.seed, chat_format(cfg.prompts))
             write_json_atomic(chunk_dir / f"{chunk['name']}.json", rows)

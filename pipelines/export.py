@@ -23,7 +23,8 @@
    against the hashes recorded there, so a bundle holds exactly what the stages produced.
 5b. per drafter with an acceptance summary, the engine schedule in its vllm/<name>/ configs: vLLM's K per
    batch-size range, what `specdraft predict` recommends, priced with a cost table timed here (one per target
-   and drafter shape, cached; `export_engine_schedules`), the device named in vllm/<name>/engine_schedule.json;
+   and drafter shape, cached; `export_engine_schedules`; whether it is priced follows from the target's size
+   and the device, never from the clock), the device and dtype named in vllm/<name>/engine_schedule.json;
    `specdraft predict BUNDLE --drafter NAME --write-engine-config` rewrites it for the serving device
 
 Weights are safetensors only: a pickle-based file anywhere in the inputs fails the stage.
@@ -378,18 +379,19 @@ def export_fixed_k(ctx: Context, drafters: dict[str, DrafterEntry], heads: dict,
 def export_engine_schedules(bundle, defaults: DecodingDefaults) -> dict:
     """Step 5b: each drafter with an acceptance summary gets `specdraft predict`'s K per batch size in its
     vLLM configs (pipelines/vllm_export.py, `engine_config_files`), so that the bundle serves with a schedule
-    as exported. The cost table is this machine's (the device auto resolves to), kept cheap: eager,
-    uncalibrated, one timed pass, K <= SCHEDULE_K_MAX, on SCHEDULE_THREADS torch thread, through the
-    cost-table cache, so drafters of one shape share one profile (12.5 s on the demo-shaped pair) and a
-    re-export reads it. Where that profile would take longer than SCHEDULE_BUDGET_S (a real target on a CPU:
-    minutes, for a device nobody serves it on), the configs keep the best fixed K and engine_schedule.json
-    says so (`unpriced_schedules`). Serving elsewhere, `specdraft predict --write-engine-config` rewrites
-    it, as the printed line says. -> stage metrics."""
+    as exported. The cost table is this machine's (the device auto resolves to, the target in the bundle's
+    dtype), kept cheap: eager, uncalibrated, one timed pass, K <= SCHEDULE_K_MAX, on SCHEDULE_THREADS torch
+    thread, through the cost-table cache, so drafters of one shape share one profile (12.5 s on the demo-shaped
+    pair) and a re-export reads it. Where that profile would take minutes (`unpriced_reason`: a target of more
+    than SCHEDULE_CPU_PARAMETERS parameters on a CPU, decided from the target and the device, never timed), the
+    configs keep the best fixed K and engine_schedule.json says so (`unpriced_schedules`). Serving elsewhere,
+    `specdraft predict --write-engine-config` rewrites it, as the printed line says. -> stage metrics."""
     import time
 
     import torch
 
     from specdraft.core.devices import device_name, resolve_device
+    from specdraft.decoding.bundle.loading import dtype_of
     from specdraft.decoding.costs.profile import cached_cost_table
     from specdraft.pipelines.vllm_export import (SCHEDULE_BATCH_SIZES, SCHEDULE_K_MAX, SCHEDULE_REPEATS,
                                                  SCHEDULE_THREADS, engine_config_files, rewrite_bundle_files,
@@ -401,12 +403,14 @@ def export_engine_schedules(bundle, defaults: DecodingDefaults) -> dict:
     t0, device, threads = time.perf_counter(), resolve_device("auto"), SCHEDULE_THREADS
     where = f"{device_name(device)}, torch threads {threads}"
     target = bundle.load_target(device=device)
+    reason = unpriced_reason(target, device)
+    if reason is not None:
+        return unpriced_schedules(bundle, names, where, threads, reason, dtype_of(target))
     width = min(SCHEDULE_K_MAX, defaults.k_max) + 1
     wanted, ranges, profiled, before = {}, {}, 0, torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        foreseen = foreseen_profile_seconds(target, device, width)
-        for name in names if foreseen is None else ():
+        for name in names:
             drafter = bundle.load_drafter(name, device=device, target=target)
             table, _, hit = cached_cost_table(target, drafter, SCHEDULE_BATCH_SIZES, width, "none",
                                               repeats=SCHEDULE_REPEATS, calibrate=False)
@@ -417,48 +421,46 @@ def export_engine_schedules(bundle, defaults: DecodingDefaults) -> dict:
             ranges[name] = schedule_ranges(ks)
     finally:
         torch.set_num_threads(before)
-    if foreseen is not None:
-        return unpriced_schedules(bundle, names, where, threads, foreseen)
     rewrite_bundle_files(bundle, wanted)
     seconds = time.perf_counter() - t0
-    print(f"[export] vLLM K per batch-size range, priced on {where} ({profiled} cost table(s) profiled, {seconds:.1f} s): "
-          + "; ".join(f"{n} {r}" for n, r in ranges.items())
+    print(f"[export] vLLM K per batch-size range, priced on {where} in {dtype_of(target)} ({profiled} cost table(s) "
+          f"profiled, {seconds:.1f} s): " + "; ".join(f"{n} {r}" for n, r in ranges.items())
           + "; to serve elsewhere: `specdraft predict BUNDLE --drafter NAME --device ... --write-engine-config` there")
-    return {"engine_schedule": {"device": where, "seconds": round(seconds, 3), "tables_profiled": profiled,
-                                "ranges": ranges}}
+    return {"engine_schedule": {"device": where, "dtype": dtype_of(target), "seconds": round(seconds, 3),
+                                "tables_profiled": profiled, "ranges": ranges}}
 
 
-def foreseen_profile_seconds(target, device: str, width: int) -> float | None:
-    """None when export's cost table fits SCHEDULE_BUDGET_S, else the seconds it would take, foreseen from
-    one forward of the target at the profile's largest batch and widest verify (a cached table aside: its
-    key needs the drafter, and a re-export of a big target is rare). PROBE_FACTOR of it: the profile's calls,
-    each after an untimed run of itself, a warm-up pass and the drafter's chains, 117-135x measured here."""
+def unpriced_reason(target, device: str) -> str | None:
+    """None where export prices the engine schedule, else why not. Decided from the target's size and the device
+    alone, never from a timed probe, so the same inputs and config give the same bundle on a busy machine and a
+    quiet one: on a CPU a target of more than SCHEDULE_CPU_PARAMETERS parameters is left to `specdraft predict`
+    (export's one-pass profile took 12.9 s for the demo's 3.5M-parameter target and 620 s for SmolLM2-135M beside
+    a 14M drafter on a 2-core box, a table whose single pass was noise); on a GPU every target is priced."""
     import torch
 
-    from specdraft.decoding.timing import timed_call
-    from specdraft.pipelines.vllm_export import PROBE_FACTOR, SCHEDULE_BATCH_SIZES, SCHEDULE_BUDGET_S
+    from specdraft.pipelines.vllm_export import SCHEDULE_CPU_PARAMETERS
 
-    ids = torch.zeros(SCHEDULE_BATCH_SIZES[-1], width, dtype=torch.long, device=device)
-    with torch.inference_mode():
-        target(ids[:1, :1])  # the first call's one-off setup is not the step's cost
-        seconds = PROBE_FACTOR * timed_call(lambda: target(ids), device)[1].wall
-    return None if seconds <= SCHEDULE_BUDGET_S else seconds
+    if torch.device(device).type != "cpu":
+        return None
+    parameters = sum(p.numel() for p in target.parameters())
+    if parameters <= SCHEDULE_CPU_PARAMETERS:
+        return None
+    return (f"its {parameters / 1e6:.3g}M-parameter target's cost table on a CPU would take minutes (export prices "
+            f"targets of up to {SCHEDULE_CPU_PARAMETERS / 1e6:.3g}M parameters there)")
 
 
-def unpriced_schedules(bundle, names: list[str], where: str, threads: int, foreseen: float) -> dict:
+def unpriced_schedules(bundle, names: list[str], where: str, threads: int, reason: str, dtype: str) -> dict:
     """Export's schedule left to `specdraft predict`: each drafter's configs keep its best fixed K, and its
     engine_schedule.json says why and what to run, so a user reading the bundle learns both."""
-    from specdraft.pipelines.vllm_export import (ENGINE_SCHEDULE, SCHEDULE_BUDGET_S, rewrite_bundle_files,
-                                                 schedule_record, vllm_config_dir)
+    from specdraft.pipelines.vllm_export import ENGINE_SCHEDULE, rewrite_bundle_files, schedule_record, vllm_config_dir
 
-    note = (f"not priced at export: its cost table on {where} would take about {foreseen:.0f} s (export allows "
-            f"{SCHEDULE_BUDGET_S:.0f}); the configs serve the best fixed K. Where you serve, run `specdraft predict "
-            "BUNDLE --drafter NAME --device ... --write-engine-config`")
+    note = (f"not priced at export: {reason}; the configs serve the best fixed K. Where you serve, run `specdraft "
+            "predict BUNDLE --drafter NAME --device ... --write-engine-config`")
     rewrite_bundle_files(bundle, {f"vllm/{n}/{ENGINE_SCHEDULE}": schedule_record(
-        n, "export", where, threads, num_speculative_tokens_per_batch_size=None, note=note)
+        n, "export", where, threads, dtype=dtype, num_speculative_tokens_per_batch_size=None, note=note)
         for n in names if vllm_config_dir(bundle, n)})
     print(f"[export] vLLM K per batch-size range {note}")
-    return {"engine_schedule": {"device": where, "foreseen_seconds": round(foreseen, 1), "ranges": None}}
+    return {"engine_schedule": {"device": where, "dtype": dtype, "unpriced": reason, "ranges": None}}
 
 
 def export_routers(ctx: Context, add) -> dict[str, RouterEntry]:

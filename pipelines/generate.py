@@ -39,7 +39,7 @@ from specdraft.core.errors import InputError
 from specdraft.core.jsonl import jsonl_objects
 from specdraft.data.chat import record_messages
 from specdraft.decoding.bundle.chat import ChatFormat, end_of_turn_ids, format_prompt, user_turn
-from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
+from specdraft.decoding.bundle.loading import check_device, choose_dtype, dtype_of, load_causal_lm, load_tokenizer
 from specdraft.decoding.cascades import DEFAULT_BLOCK as CASCADE_BLOCK
 from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.defaults import DEFAULTS, DecodingDefaults
@@ -120,6 +120,13 @@ def settings_from(args, defaults: DecodingDefaults, has_bundle: bool) -> Setting
     sampling = SamplingConfig(given("temperature"), given("top_k"), given("top_p"))
     if args.k is not None and args.threshold is not None:
         raise InputError("--k (fixed K) and --threshold (SpecDec++) choose different policies; give one")
+    rule = getattr(args, "stop_rule", None)
+    if rule is not None and args.method == "ar":
+        raise InputError(f"--stop-rule {rule} is how a head stops a drafter's rounds, and --method ar drafts nothing; "
+                         "give one")
+    if rule is not None and args.k is not None:
+        raise InputError(f"--stop-rule {rule} lets a head choose each round's length, and --k {args.k} fixes it; "
+                         "give one")
     cascade = cascade_from(args, defaults if has_bundle else None)
     if cascade is not None and args.cascade is None and sampling.greedy:
         print(f"note: the bundle's default cascade ({cascade.label}) needs temperature > 0; decoding without it",
@@ -164,9 +171,13 @@ def run(args) -> None:
         raise InputError("give a bundle directory (specdraft generate BUNDLE ...), or --target DIR with --drafter DIR")
     if bundle_dir is None and args.drafter is None and args.method != "ar":
         raise InputError("without a bundle, name the drafter directory (--drafter DIR) or decode with --method ar")
+    check_machine(args)
     out_path = check_output(args.output, args.prompts)
     b = load_bundle(bundle_dir) if bundle_dir is not None else None  # read (and verified) once
     settings = settings_from(args, b.defaults if b is not None else DEFAULTS, b is not None)
+    args.dtype = args.dtype or (b.spec.target.dtype if b is not None else "auto")  # the bundle's, as its stages ran
+    if args.verbose:
+        print(choose_dtype(args.dtype, None if args.device_map else args.device).line(), file=sys.stderr)
     if b is not None:
         check_choice(args, b)
     messages = read_prompts(args.prompts) if args.prompts else [user_turn(args.prompt)]
@@ -217,6 +228,18 @@ def run(args) -> None:
     else:
         print(records[0]["text"])
         print(json.dumps({k: records[0][k] for k in METRIC_KEYS}))
+
+
+def check_machine(args) -> None:
+    """The devices (auto resolved in place) and a dtype given are ones this machine runs, checked before the
+    bundle is read or any model loads (decoding/bundle/loading.py: `check_device`, `choose_dtype`)."""
+    from specdraft.core.devices import resolve_device
+
+    args.device = check_device(resolve_device(args.device))
+    if args.drafter_device is not None:
+        args.drafter_device = check_device(resolve_device(args.drafter_device), "--drafter-device")
+    if args.dtype is not None:
+        choose_dtype(args.dtype, None if args.device_map else args.device)
 
 
 def record(r: Request, res: GenerationResult, plan: Plan, tok) -> dict[str, Any]:
@@ -281,7 +304,7 @@ def make_plan(args, b, name: str, target, tok, settings: Settings,
     if b is not None:
         dft, head, hcfg = load_bundle_drafter(b, name, target, args.head, settings.sampling, device)
     else:
-        dft, head, hcfg = load_drafter_dir(name, args.target, tok, target, args.head, args.dtype, device)
+        dft, head, hcfg = load_drafter_dir(name, args.target, tok, target, args.head, dtype_of(target), device)
     head_name = None
     if head is not None and hcfg is not None:
         lt = hcfg.get("label_transform", {})
@@ -364,6 +387,9 @@ def cost_table_for(args, target, drafter, settings: Settings, head_config: dict 
     note(f"cost table {'read from' if hit else 'profiled into'} {path}")
     if args.verbose:
         note(table.render())
+        if table.extends_prefill(table.cache_length):  # the calibration's prompts, near the cache's length, reach there
+            note(f"note: prefills past {table.prefill_widths[-1]} positions (up to the cache's {table.cache_length}) "
+                 "are priced by extending the two widest timed ones linearly; the stop rule reads round costs only")
     return table
 
 

@@ -70,7 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "second of the decoder's own step times at the batch's size (profiled at start, cached per "
                         "device, model and mode; docs/decoder.md), the default for a bundle's drafter whose acceptance "
                         "summary it ships; or specdecpp, SpecDec++'s fixed h (the default otherwise)")
-    p.add_argument("--verbose", action="store_true", help="print the cost table the batch-aware rule uses")
+    p.add_argument("--verbose", action="store_true",
+                   help="say which dtype runs and why, and print the cost table the batch-aware rule uses")
     p.add_argument("--threshold", type=threshold, default=None,
                    help="SpecDec++ h in (0, 1) (default: the bundle's, else the head's chosen h)")
     p.add_argument("--temperature", type=temperature, default=None, help="0 = greedy (default: the bundle's)")
@@ -79,10 +80,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=None, help="per prompt (default: the bundle's)")
     p.add_argument("--compile", choices=COMPILE_MODES, default=None,
                    help="torch.compile mode of the decoder's steps (default: the bundle's)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps or auto")
     p.add_argument("--drafter-device", default=None)
     p.add_argument("--device-map", default=None, help='"auto" to spread the target over the visible GPUs')
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"],
+                   help="what the target and its drafters run in (default: the bundle's target dtype, as its stages "
+                        "ran; auto without a bundle): auto is bf16 on a GPU with bf16 and on a CPU with bf16 units "
+                        "(avx512_bf16 or AMX), else float32; --verbose says which and why")
     p.add_argument("--seed", type=int, default=0, help="prompt i samples with seed + i")
     p.add_argument("--drafts", type=positive_int, default=None,
                    help="K i.i.d. drafts per round, verified with SpecTr's k-Seq (default: the bundle's, else 1)")

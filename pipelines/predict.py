@@ -8,7 +8,7 @@ With --write-engine-config the K it recommends per batch size (the "K per B" col
 vllm/<drafter>/ configs as vLLM's `num_speculative_tokens_per_batch_size` (pipelines/vllm_export.py,
 `engine_config_files`): the schedule export wrote from its own machine's table, rewritten for this device.
 
-  specdraft predict runs/demo/bundle [--batch-sizes 1,2,4,8,16,32,64] [--device cpu] [--compile none]
+  specdraft predict runs/demo/bundle [--batch-sizes 1,2,4,8,16,32,64] [--device cpu] [--dtype auto] [--compile none]
       [--drafter NAME] [--cost-table FILE] [--cache-dir DIR] [--refresh] [--rounds 200] [--seed 0] [--json FILE]
       [--write-engine-config]
 """
@@ -27,7 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options (no heavy imports: `specdraft predict --help` answers at once)."""
     p.add_argument("bundle", help="an exported bundle directory (runs/<run>/bundle)")
     p.add_argument("--batch-sizes", default=DEFAULT_BATCH_SIZES, help=f"comma-separated (default {DEFAULT_BATCH_SIZES})")
-    p.add_argument("--device", default="auto", help="where the cost table is measured: cpu, cuda, auto (default)")
+    p.add_argument("--device", default="auto", help="where the cost table is measured: cpu, cuda, cuda:N, auto (default)")
+    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"],
+                   help="what the target and drafter run in (default: the bundle's target dtype, as its stages ran); "
+                        "a table is per dtype: one profiled in another is never used")
     p.add_argument("--compile", default="none", help="the decoder's compile mode to price: none (default), default, "
                                                      "reduce-overhead")
     p.add_argument("--drafter", default=None, help="the drafter to predict for (default: the all-domain drafter)")
@@ -93,6 +96,7 @@ def run(args: argparse.Namespace) -> dict:
     from specdraft.core.devices import resolve_device
     from specdraft.decoding.defaults import COMPILE_MODES
     from specdraft.decoding.bundle.directory import load_bundle
+    from specdraft.decoding.bundle.loading import check_device, choose_dtype
     from specdraft.decoding.costs.profile import cached_cost_table
     from specdraft.decoding.costs.model import CostTable
     from specdraft.decoding.costs.throughput import predict_throughput, render_prediction
@@ -100,7 +104,11 @@ def run(args: argparse.Namespace) -> dict:
     sizes = parse_batch_sizes(args.batch_sizes)
     if args.compile not in COMPILE_MODES:
         raise InputError(f"--compile must be one of {', '.join(COMPILE_MODES)}, got {args.compile!r}")
+    device = check_device(resolve_device(args.device))  # before the bundle's hashes are read or any model loads
+    if args.dtype is not None:
+        choose_dtype(args.dtype, device)
     bundle = load_bundle(args.bundle)
+    choice = choose_dtype(args.dtype or bundle.spec.target.dtype, device)
     name = pick_drafter(bundle, args.drafter)
     entry, summary = bundle.drafter(name), bundle.acceptance_summary(name)
     if args.write_engine_config:  # before minutes of profiling: a bundle with no configs to rewrite stops here
@@ -111,10 +119,10 @@ def run(args: argparse.Namespace) -> dict:
     k_max = min(bundle.defaults.k_max, summary.k_max)
     if args.cost_table is not None:
         table = CostTable.load(args.cost_table)
+        table.check_dtype(choice.name, args.cost_table)  # a table of another dtype prices another decoder
         source = f"from {args.cost_table}"
     else:
-        device = resolve_device(args.device)
-        target = bundle.load_target(device=device)
+        target = bundle.load_target(dtype=choice.name, device=device)
         drafter = bundle.load_drafter(name, device=device, target=target)
         # the drafter's default head (the summary's): its forward and each rule's decisions priced in the table
         head = bundle.load_head(name, device=device)[0] if entry.head is not None else None
@@ -128,9 +136,10 @@ def run(args: argparse.Namespace) -> dict:
     result = predict_throughput(summary, table, sizes, prior, min(k_max, table.max_drafts),
                                 args.rounds, args.seed)
     result.update(drafter=name, head=summary.head, cost_table=table.as_dict(), cost_table_source=source,
-                  torch_threads=torch.get_num_threads())
+                  torch_threads=torch.get_num_threads(), dtype={"name": choice.name, "reason": choice.reason})
     print(f"drafter {name}, head {summary.head or '-'} (h = {summary.threshold:g}; {summary.dev_sequences} dev "
           f"sequences, mean acceptance {summary.mean_accept:.3f}, mean head prediction {summary.mean_sigma:.3f})")
+    print(choice.line())
     print(f"{table.render()}\n({source})\n")
     print(render_prediction(result, table))
     if args.write_engine_config:

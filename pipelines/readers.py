@@ -4,12 +4,14 @@ Each reader knows one output's layout and fails with a one-line InputError namin
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
 import torch
 
 from specdraft.core.errors import InputError
+from specdraft.drafters.teacher_signal import SignalFormat
 from specdraft.pipelines.artifacts import load_dataset_dir, load_safetensors, read_json
 
 BASE = "base"  # the general-phase drafter: the "trained on the raw corpus, no target generations" reference
@@ -17,6 +19,45 @@ BASE = "base"  # the general-phase drafter: the "trained on the raw corpus, no t
 
 def load_distill_data(path: str | Path) -> datasets.DatasetDict:
     return load_dataset_dir(Path(path) / "data", "distill-data")
+
+
+TEACHER_INFO = "info.json"
+
+
+@dataclass(frozen=True)
+class TeacherData:
+    """Stage teacher-data's output: the stored rows per split (memory-mapped; drafters/teacher_signal.py has the
+    columns), their format, and the distill-data output they were scored from (its manifest content hash)."""
+
+    format: SignalFormat
+    distill_data: str
+    splits: dict[str, datasets.Dataset]
+
+    def indices(self, split: str, domains) -> list[int]:
+        """The rows of `split` in `domains`, by index (none when the split is absent)."""
+        data = self.splits.get(split)
+        return [] if data is None else [i for i, d in enumerate(data["domain"]) if d in domains]
+
+    def has_extra_rows(self) -> bool:
+        """Whether the train split holds rows of text the target did not write (teacher_data.extra)."""
+        return any(s != "distilled" for s in self.splits["train"]["source"])
+
+
+def load_teacher_data(path: str | Path) -> TeacherData:
+    """teacher_data/: info.json (the format, the chunks of each split in order) and data/<split>/<chunk>/."""
+    fix = "rerun stage 'teacher-data' with --force"
+    info = _checked(Path(path) / TEACHER_INFO, "teacher data info", fix,
+                    {"format": lambda v: isinstance(v, dict), "distill_data": _text,
+                     "chunks": lambda v: isinstance(v, dict) and all(_names(c) for c in v.values())})
+    try:
+        fmt = SignalFormat.from_json(info["format"])
+    except TypeError:
+        raise InputError(f"'{Path(path) / TEACHER_INFO}' has a format this specdraft does not read; {fix}") from None
+    splits = {}
+    for split, chunks in info["chunks"].items():
+        parts = [load_dataset_dir(Path(path) / "data" / split / c, "teacher-data") for c in chunks]
+        splits[split] = datasets.concatenate_datasets(parts) if parts else None
+    return TeacherData(fmt, info["distill_data"], {k: v for k, v in splits.items() if v is not None})
 
 
 def transform_dirs(acc_dir) -> list:

@@ -38,7 +38,11 @@ class TargetSection:
     # manifest (a local dir is pinned by the content hash of its files instead; pipelines/pinning.py)
     revision: Optional[str] = None
     trust_remote_code: bool = False  # never on unless you trust the model repository
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    # what the target and its drafters run in wherever a stage or the decoder runs them for inference (training
+    # keeps its own precision). auto: bf16 on a GPU with bf16 and on a CPU with bf16 units (avx512_bf16 or AMX),
+    # where a (K + 1)-token verify costs about one forward; fp32 on other CPUs. float16 on a CPU without float16
+    # units is refused (slower than fp32 there)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     quantization: Literal["none", "int8", "nf4"] = "none"  # bitsandbytes loading of the target
     device_map: Union[str, dict[str, Any], None] = None  # "auto", an explicit map, or null (one device)
     # a target shipped as GGUF (one file, or one split over package files); stage convert-target loads it with
@@ -152,11 +156,22 @@ class DistillDataSection:
     long_prompts: Literal["truncate", "refuse"] = "truncate"  # truncate keeps BOS and the last tokens
     splits: list[str] = field(default_factory=lambda: ["train", "dev"])  # prompt splits the target answers
     device: str = "auto"  # where the target runs without a device_map: auto = cuda if available, else cpu
-    # who generates: hf = transformers generate in this process; vllm = a vLLM OpenAI-compatible server this
-    # stage starts on the target from engine_python and stops when done; openai = a server you run at
-    # engine_url (an engine whose /v1/completions takes token-id prompts and returns token ids, e.g. vLLM).
-    # The engine_* keys say where, not what: a rerun at another URL resumes the same work
-    backend: Literal["hf", "vllm", "openai"] = "hf"
+    # who generates: hf = transformers generate in this process; decoder = the project's batched decoder in this
+    # process (static KV cache, ragged rows, optionally compiled and speculative: compile, drafter); vllm = a vLLM
+    # OpenAI-compatible server this stage starts on the target from engine_python and stops when done; openai = a
+    # server you run at engine_url (an engine whose /v1/completions takes token-id prompts and returns token ids,
+    # e.g. vLLM). The engine_* keys say where, not what: a rerun at another URL resumes the same work
+    backend: Literal["hf", "decoder", "vllm", "openai"] = "hf"
+    # decoder backend: torch.compile mode of the decoder's steps (none | default | reduce-overhead); one compiler
+    # serves the whole stage, so each graph (a batch size, a padded prompt width) compiles once
+    compile: Literal["none", "default", "reduce-overhead"] = "none"
+    # decoder backend: a drafter whose drafts the target verifies: a model directory with the target's tokenizer (a
+    # causal LM such as the target's small sibling or a first round's drafter, or an EAGLE drafter of this target).
+    # Lossless: the answers are the target's own (greedy: the same tokens; sampled: the same distribution, other
+    # draws), made in fewer target forwards where its drafts are accepted. null: the target alone
+    drafter: Optional[str] = None
+    k: Optional[int] = None  # drafts per round with a drafter (fixed K); null: 4, or the head's own rounds with head
+    head: Optional[str] = None  # a SpecDec++ head directory of the drafter: each round's length, at the head's threshold
     engine_url: Optional[str] = None  # openai backend: the server's base URL, e.g. http://localhost:8000/v1
     engine_model: Optional[str] = None  # openai backend: the name the server serves the target under (checked on /v1/models)
     engine_python: Optional[str] = None  # vllm backend: python of vLLM's own venv; null: $SPECDRAFT_VLLM_PYTHON or .venv-vllm (make vllm)
@@ -178,6 +193,7 @@ class DistillDataSection:
                              "and distill_data.engine_model (the name the server serves the target under)")
         if self.engine_timeout_s <= 0:
             raise InputError(f"distill_data.engine_timeout_s must be > 0, got {self.engine_timeout_s}")
+        self.check_decoder()
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise InputError(f"distill_data.temperatures must be a non-empty list of values >= 0, got {self.temperatures}")
         if not 0 < self.top_p <= 1 or self.top_k < 0:
@@ -188,6 +204,23 @@ class DistillDataSection:
         for s in self.splits:
             if s not in ("train", "dev", "test"):
                 raise InputError(f"distill_data.splits: unknown split '{s}'; use train, dev or test")
+
+    def check_decoder(self) -> None:
+        """The decoder backend's keys: set only with it, a drafter's only with a drafter, one rule per round."""
+        if self.backend != "decoder":
+            given = [f"{k}: {v}" for k, v in (("compile", self.compile if self.compile != "none" else None),
+                                              ("drafter", self.drafter), ("k", self.k), ("head", self.head)) if v]
+            if given:
+                raise InputError(f"distill_data.{given[0]} applies to backend decoder, not {self.backend}; set "
+                                 "distill_data.backend: decoder or leave it out")
+        if self.drafter is None and (self.k is not None or self.head is not None):
+            raise InputError("distill_data.k and distill_data.head shape a drafter's rounds; name it with "
+                             "distill_data.drafter: DIR or leave them out")
+        if self.k is not None and self.head is not None:
+            raise InputError("distill_data.k (fixed K) and distill_data.head (SpecDec++ rounds) both set the round's "
+                             "length; keep one")
+        if self.k is not None:
+            require_int(self.k, "distill_data.k")
 
 
 @dataclass
@@ -231,8 +264,9 @@ class EagleTreeSection:
 
 @dataclass
 class EagleSection:
-    """White-box EAGLE drafters over the target's features (EAGLE-1; drafters/eagle.py), trained on the
-    same self-distilled rows as the independent drafters, with the target's features computed online."""
+    """White-box EAGLE drafters over the target's features (drafters/eagle.py), trained on the same
+    self-distilled rows as the independent drafters, with the target's features and distribution from stage
+    teacher-data's stored signal (computed by the target in every step where that stage did not run)."""
     enabled: bool = False  # train EAGLE drafters beside the independent ones
     drafters: Optional[list[str]] = None  # names of drafters (as train_drafters names them) to give an
     #                                       EAGLE twin "eagle-<name>" with the same domains; null: all of them
@@ -257,6 +291,9 @@ class EagleSection:
     token_weight: float = 0.1  # EAGLE-1: 0.1 x token loss (forward KL to the target) + SmoothL1 on features
     max_length: int = 512  # tokens per (prompt + response) training sequence
     train: TrainerConfig = field(default_factory=lambda: TrainerConfig(max_epochs=3, batch_size=8))  # the loop
+    # every this many optimizer steps (and at the end), the drafter's teacher-forced dev agreement and acceptance
+    # go into its eagle_config.json (`dev_curve`): acceptance against training steps. 0: none
+    eval_every_n_steps: int = 0
     tree: EagleTreeSection = field(default_factory=EagleTreeSection)  # the tree rows of evaluate / generate
 
     def check(self) -> None:
@@ -266,6 +303,9 @@ class EagleSection:
             raise InputError("train_drafters.eagle: lr must be > 0, feature_noise and token_weight >= 0")
         if self.ttt_steps < 1:
             raise InputError("train_drafters.eagle.ttt_steps must be >= 1 (1 = no training-time test)")
+        if self.eval_every_n_steps < 0:
+            raise InputError(f"train_drafters.eagle.eval_every_n_steps must be >= 0 (0: no dev curve), got "
+                             f"{self.eval_every_n_steps}")
         if self.layers is not None and (self.variant == "eagle1" or len(self.layers) != 3):
             raise InputError("train_drafters.eagle.layers takes 3 hidden-state indices (low, middle, high) and only "
                              "with variant: eagle3; drop it for EAGLE-3's default or for eagle1")
@@ -315,6 +355,53 @@ class TrainDraftersSection:
         if not self.finetune.enabled:
             raise InputError("train_drafters.finetune.enabled: false is not supported (the finetune phase makes the "
                              "serving drafters); turn off train_drafters.general.enabled instead, or drop the key")
+
+
+@dataclass
+class TeacherDataSection:
+    """The target's signal over the training rows, computed once (stage teacher-data) so that no drafter's training
+    runs the target: its top-k distribution at every trained-on position and, for EAGLE drafters, the hidden
+    states they read at every token."""
+    # false: no stored signal; fkl / tvd and the EAGLE drafters then run the target at every training step
+    enabled: bool = True
+    top_k: int = 64  # the target's most likely tokens kept per trained-on position (the distillation target)
+    hidden_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # how the EAGLE features are stored
+    logprob_dtype: Literal["float16", "float32"] = "float16"  # how the top-k log-probabilities are stored
+    # a second source of training rows at prefill speed, text the target did not write, scored in the same pass:
+    # reference = the train prompts' reference answers (each after its prompt), corpus = prepare-data's corpus
+    # (demo and quality worlds; held-out domains excluded). ce trains on the target's greedy token there, fkl / tvd
+    # and EAGLE on its top-k. []: the target's own answers only
+    extra: list[Literal["reference", "corpus"]] = field(default_factory=list)
+    extra_per_domain: Optional[int] = None  # at most this many extra rows per source and domain; null: all
+    batch_size: int = 16  # rows per teacher-forced forward
+    chunk_size: int = 64  # rows per resumable shard (the unit of sharding and of redo after a kill)
+    # processes on this machine that share the chunks (as distill_data.processes); 1: this process alone
+    processes: int = 1
+    device: str = "auto"  # where the target runs without a device_map: auto = cuda if available, else cpu
+
+    def check(self) -> None:
+        for name in ("top_k", "batch_size", "chunk_size", "processes"):
+            if getattr(self, name) < 1:
+                raise InputError(f"teacher_data.{name} must be >= 1, got {getattr(self, name)}")
+        if self.extra_per_domain is not None and self.extra_per_domain < 1:
+            raise InputError(f"teacher_data.extra_per_domain must be >= 1 or null (all), got {self.extra_per_domain}")
+        if len(set(self.extra)) != len(self.extra):
+            raise InputError(f"teacher_data.extra names a source twice ({self.extra}); name each once")
+
+
+def stored_signal_readers(cfg: "RunConfig") -> dict[str, int]:
+    """The training phases that read the target's stored signal, each with the context length it trains at:
+    the finetune phase (fkl / tvd, or extra rows), the EAGLE drafters. Empty: stage teacher-data has nothing to
+    do (it is off, or the drafters train on reference answers it does not score)."""
+    tcfg, dcfg = cfg.train_drafters, cfg.teacher_data
+    if not dcfg.enabled or tcfg.finetune_on != "distilled":
+        return {}
+    readers = {}
+    if tcfg.finetune.loss != "ce" or dcfg.extra:
+        readers["train_drafters.finetune"] = tcfg.finetune.max_length
+    if tcfg.eagle.enabled:
+        readers["train_drafters.eagle"] = tcfg.eagle.max_length
+    return readers
 
 
 @dataclass
@@ -581,6 +668,7 @@ class RunConfig:
     prompts: PromptsSection = field(default_factory=PromptsSection)  # user prompt sets for a real run
     pretrain_target: PretrainTargetSection = field(default_factory=PretrainTargetSection)  # demo only: the tiny target's tokenizer and pretraining
     distill_data: DistillDataSection = field(default_factory=DistillDataSection)  # the target answers the train/dev prompts (MetaSD App. F.2)
+    teacher_data: TeacherDataSection = field(default_factory=TeacherDataSection)  # the target's signal over the training rows, computed once
     train_drafters: TrainDraftersSection = field(default_factory=TrainDraftersSection)  # general pretraining, then self-distillation per domain + OFA (MetaSD App. F.2)
     acceptance_data: AcceptanceDataSection = field(default_factory=AcceptanceDataSection)  # SpecDec++ §4.4: token-mixed acceptance labels and drafter features
     train_heads: TrainHeadsSection = field(default_factory=TrainHeadsSection)  # SpecDec++ §5.1 grid of acceptance heads; thresholds chosen by simulation
@@ -595,3 +683,8 @@ class RunConfig:
         from specdraft.decoding.cascades import method_from_spec
 
         method_from_spec(self.decoding.cascade, "decoding.cascade")  # bundle.json's reader checks it again
+        lengths = stored_signal_readers(self)
+        if len(set(lengths.values())) > 1:  # one stored signal, computed over one context
+            raise InputError(f"{' and '.join(f'{k}.max_length ({v})' for k, v in lengths.items())} differ, and both "
+                             "read the target's stored signal (teacher-data), computed over one context: set them "
+                             "equal, or teacher_data.enabled: false")

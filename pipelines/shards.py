@@ -176,3 +176,20 @@ def threads_per_process(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def merger_or_stop(ctx, stage: str, place: Share, missing: list[str]) -> None:
+    """Returns in the one process that merges the stage's finished pieces; elsewhere raises StageIncomplete: a
+    process started here (the one that started it merges), pieces still missing (other shards' work; the shard
+    that finishes last, or a rerun, merges), or another shard that finished at the same time claimed the merge
+    (its commit then removes the work dir, which the others must not be reading from)."""
+    from specdraft.pipelines.stage import StageIncomplete
+
+    shard, n = place.shard, place.count
+    if not place.started_here and is_helper():
+        raise StageIncomplete(f"shard {shard}/{n} is done; the process that started it merges")
+    if missing:
+        raise StageIncomplete(f"shard {shard}/{n} is done; {len(missing)} chunks remain for other shards "
+                              f"(the shard that finishes last, or a rerun, writes the {stage} output)")
+    if n > 1 and not place.started_here and not claim_merge(ctx.work, shard):
+        raise StageIncomplete(f"shard {shard}/{n} is done; another shard merges the {stage} output")

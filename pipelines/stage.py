@@ -59,6 +59,17 @@ def _gguf_only(cfg: RunConfig) -> str | None:
     return None if cfg.target.gguf is not None else "no GGUF target (target.gguf is null)"
 
 
+def _no_stored_signal(cfg: RunConfig) -> str | None:
+    from specdraft.pipelines.schema import stored_signal_readers
+
+    if stored_signal_readers(cfg):
+        return None
+    if not cfg.teacher_data.enabled:
+        return "teacher_data.enabled is false (the drafters' training runs the target)"
+    return ("no drafter's training reads it (train_drafters.finetune.loss ce on the target's answers, no "
+            "teacher_data.extra rows, no EAGLE drafters, or finetune_on: reference)")
+
+
 # the two stages that make the target inside the run (one runs, the other is skipped): every stage that reads
 # the target lists both
 IN_RUN_TARGET = ("convert-target", "pretrain-target")
@@ -70,9 +81,19 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("prepare-data", "prompts", (), ("demo", "prompts"), "prepare_data"),
     StageSpec("pretrain-target", "target", ("prepare-data",), ("prompts", "pretrain_target"), "pretrain_target", _demo_only),
     StageSpec("distill-data", "distill_data", ("prepare-data", *IN_RUN_TARGET), ("target", "prompts", "distill_data"), "distill_data"),
-    # the general phase trains on the demo corpus less the held-out domains
+    # the target's signal over the training rows for every drafter's training: its top-k at the length the
+    # readers train at, the hidden states of the layers the EAGLE drafters read; extra rows of the prompt
+    # world's own text, formatted as prompts are, held-out domains excluded
+    StageSpec("teacher-data", "teacher_data", ("prepare-data", *IN_RUN_TARGET, "distill-data"),
+              ("target", "prompts", "teacher_data", "demo.heldout_domains", "train_drafters.finetune_on",
+               "train_drafters.finetune.loss", "train_drafters.finetune.max_length", "train_drafters.eagle.enabled",
+               "train_drafters.eagle.variant", "train_drafters.eagle.layers", "train_drafters.eagle.max_length"),
+              "teacher_data", _no_stored_signal),
+    # the general phase trains on the demo corpus less the held-out domains; with a stored signal (teacher-data)
+    # no drafter's training runs the target
     StageSpec("train-drafters", "drafters", ("prepare-data", *IN_RUN_TARGET, "distill-data"),
-              ("target", "prompts", "train_drafters", "demo.heldout_domains"), "train_drafters"),
+              ("target", "prompts", "train_drafters", "demo.heldout_domains"), "train_drafters",
+              optional=("teacher-data",)),
     StageSpec("acceptance-data", "acceptance_data", (*IN_RUN_TARGET, "distill-data", "train-drafters"), ("target", "acceptance_data"), "acceptance_data"),
     # rounds are simulated under the decoder's SpecDec++ cap (decoding.k_max), and the cost ratio is
     # timed with the drafts of a round it serves (decoding.k)

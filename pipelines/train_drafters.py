@@ -6,7 +6,8 @@ target's own responses (self-distillation). Here:
      so they stay out-of-domain for every drafter), or (general_on: distilled, a real target with no corpus)
      on the self-distilled responses of every training domain; every drafter starts from it
   2. finetune phase: per drafter, on distill_data train rows of its domains (all domains for OFA);
-     loss ce (sequence-level KD on target samples), fkl or tvd against the target
+     loss ce (sequence-level KD on target samples), fkl or tvd against the target: its top-k stored by stage
+     teacher-data when that ran (with its extra rows, if any; the target never runs), else its logits
   3. alignment table on distill_data dev rows: 1 - TV(p, q) at T=1 and greedy agreement, per
      drafter x domain, with the general-only base drafter as the no-distillation reference
 
@@ -48,8 +49,8 @@ from specdraft.drafters.lit_lm import CausalLMModule, teacher_logits_per_example
 from specdraft.drafters.model import build_causal_lm, num_parameters
 from specdraft.decoding.bundle.loading import load_causal_lm as load_drafter
 from specdraft.core.tokenizers import check_same_vocabulary
-from specdraft.pipelines.readers import load_distill_data
-from specdraft.pipelines.readers import BASE
+from specdraft.drafters.teacher_signal import StoredExamples
+from specdraft.pipelines.readers import BASE, TeacherData, load_distill_data, load_teacher_data
 from specdraft.pipelines.gguf_convert import convert_gguf
 from specdraft.pipelines.gguf_file import describe, gguf_path
 from specdraft.pipelines.stage import Context, StageIncomplete, global_rank, on_rank_zero
@@ -183,6 +184,7 @@ def build(ctx: Context) -> dict:
     train_domains = sorted({r["domain"] for r in train_rows})
     specs = drafter_specs(cfg, train_domains)
     device = resolve_device(tcfg.device)
+    stored = stored_signal(ctx)
     if tcfg.eagle.enabled:  # an EAGLE variant this target cannot hold stops now, not after the drafters trained
         from specdraft.pipelines import train_eagle
 
@@ -195,10 +197,11 @@ def build(ctx: Context) -> dict:
                          "name (e.g. sibling)")
     base_dir = train_base(ctx, tok, train_rows, timings, target_path)  # phase 1
     teacher = None
-    if tcfg.finetune.loss != "ce":
+    finetune_stored = stored if stored is not None and (tcfg.finetune.loss != "ce" or stored.has_extra_rows()) else None
+    if tcfg.finetune.loss != "ce" and finetune_stored is None:
         teacher = load_causal_lm(target_path, cfg.target.dtype, device, cfg.target.device_map,
                                  cfg.target.quantization, cfg.target.trust_remote_code)
-    finetune(ctx, tok, specs, train_rows, base_dir, teacher, timings)  # phase 2
+    finetune(ctx, tok, specs, train_rows, base_dir, teacher, timings, finetune_stored)  # phase 2
     if tcfg.eagle.enabled:  # EAGLE twins of the drafters, over the target's features (pipelines/train_eagle.py)
         from specdraft.pipelines import train_eagle
 
@@ -206,7 +209,7 @@ def build(ctx: Context) -> dict:
             target_path, cfg.target.dtype, device, cfg.target.device_map, cfg.target.quantization,
             cfg.target.trust_remote_code)
         timings.update(train_eagle.train_eagle(ctx, eagle_target, specs, train_rows, tok.pad_token_id, seed,
-                                               target_path))
+                                               target_path, stored, [dict(r) for r in distill.get("dev", [])]))
     if global_rank() != 0:
         raise StageIncomplete(f"rank {global_rank()} finished training; rank 0 writes the stage output")
 
@@ -233,6 +236,22 @@ def build(ctx: Context) -> dict:
         for name in metrics["eagle"]["drafters"]:
             metrics["eagle"]["drafters"][name].update(timings.get(name, {}))
     return metrics
+
+
+def stored_signal(ctx: Context) -> TeacherData | None:
+    """Stage teacher-data's stored signal when it ran for this run (an optional input), checked against the
+    distill-data output this stage reads; None: the drafters that need the target run it at every step."""
+    tcfg = ctx.cfg.train_drafters
+    if "teacher-data" not in ctx.inputs:
+        if tcfg.finetune.loss != "ce" or tcfg.eagle.enabled:
+            print("[train-drafters] no stored target signal (stage teacher-data has not run): the target runs at "
+                  "every training step")
+        return None
+    stored = load_teacher_data(ctx.input("teacher-data"))
+    if stored.distill_data != ctx.manifests["distill-data"].content_hash:
+        raise InputError("teacher_data was scored from another distill-data output than this run's; rerun stage "
+                         "teacher-data (specdraft run does it in order)")
+    return stored
 
 
 def train_base(ctx: Context, tok, train_rows: list[dict], timings: dict[str, dict], target_path: str) -> Path:
@@ -327,10 +346,16 @@ def general_examples(ctx: Context, tok, train_rows: list[dict]) -> list[dict]:
 
 
 def finetune(ctx: Context, tok, specs, train_rows: list[dict], base_dir: Path, teacher,
-             timings: dict[str, dict]) -> None:
+             timings: dict[str, dict], stored: TeacherData | None = None) -> None:
     """Phase 2: self-distillation finetuning from the base drafter, one drafter at a time (finished ones are
-    skipped on rerun); against `teacher`'s logits (cached once when they fit) unless the loss is ce."""
+    skipped on rerun); on `stored` rows and top-k when given, else against `teacher`'s logits (cached once when
+    they fit) unless the loss is ce."""
     tcfg, seed = ctx.cfg.train_drafters, ctx.cfg.run.seed
+    if stored is not None:
+        if stored.format.max_length != tcfg.finetune.max_length:
+            raise InputError(f"the stored signal was computed at length {stored.format.max_length}, the finetune phase "
+                             f"trains at {tcfg.finetune.max_length}; rerun stage teacher-data")
+        train_rows = stored.splits["train"].select_columns(["id", "domain"]).to_list()
     cached = None
     for name, domains in specs:
         done = ctx.work / name / "model"
@@ -343,18 +368,25 @@ def finetune(ctx: Context, tok, specs, train_rows: list[dict], base_dir: Path, t
         if teacher is not None and cached is None:  # the first drafter left to train builds it for all
             cached = teacher_cache(teacher, train_rows, tcfg.finetune, tcfg.alignment_batch_size)
         model = load_drafter(base_dir, "float32").train()  # from_pretrained returns eval mode
-        examples = [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"],
-                     **({TEACHER_LOGITS: cached[r["id"]]} if cached else {})} for r in rows]
+        examples = finetune_examples(rows, cached) if stored is None else StoredExamples(
+            stored.splits["train"], stored.indices("train", domains), stored.format, topk=tcfg.finetune.loss != "ce")
         phase = tcfg.finetune
         if tcfg.ofa_compute == "same_steps" and len(domains) > 1:
             phase = dataclasses.replace(phase, train=dataclasses.replace(
                 phase.train, max_steps=specialist_steps(specs, train_rows, phase.train)))
-        print(f"[train-drafters] {name}: finetuning on {len(rows)} self-distilled responses ({', '.join(domains)})"
+        print(f"[train-drafters] {name}: finetuning on {len(rows)} rows ({', '.join(domains)})"
+              + (" from the target's stored signal" if stored is not None else "")
               + (f" for {phase.train.max_steps} steps (as many as a specialist)" if phase is not tcfg.finetune else ""))
         trainer, stats, timings[name] = _train(model, examples, phase, tok.pad_token_id, seed, ctx.work / name, teacher)
         info = {"name": name, "domains": domains, "parameters": num_parameters(model), "phase": "finetune",
                 "data_hash": _data_hash(rows), "finetune": stats, "loss": tcfg.finetune.loss}
         on_rank_zero(trainer, lambda: _export(model, tok, done, info))
+
+
+def finetune_examples(rows: list[dict], cached: dict | None) -> list[dict]:
+    """The distilled rows as examples, with the target's cached logits when there are (fkl / tvd)."""
+    return [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"],
+             **({TEACHER_LOGITS: cached[r["id"]]} if cached else {})} for r in rows]
 
 
 def alignment_table(target, drafters: dict, dev_rows: list[dict], pad_id: int, tcfg, rivals: list[str],

@@ -1,14 +1,16 @@
 """The EAGLE part of stage `train-drafters` (train_drafters.eagle): white-box drafters over the target.
 
 For each named drafter spec (default: all, i.e. one per domain + OFA, as MetaEagle does) an EAGLE drafter
-"eagle-<name>" is trained on the same self-distilled rows (drafters/eagle.py: EAGLE-1 loss, features
-computed online by the frozen target in every step; see that module for why no disk cache; or EAGLE-3
-with `variant: eagle3`). Each is
+"eagle-<name>" is trained on the same self-distilled rows (drafters/eagle.py: EAGLE-1 loss, or EAGLE-3 with
+`variant: eagle3`), for epochs over every row. Its features and the target's distribution come from the stored
+signal of stage teacher-data when there is one (with its extra rows, if any; the target never runs), else from
+the frozen target in every step. Each is
 written as a self-describing directory (eagle_config.json with the target's content hash, and
 model.safetensors with the projection and decoder layer only) under drafters/eagle/<name>/, where the
 stages that read independent drafters (they look for drafter.json) do not see it; export bundles them.
 
-A teacher-forced alignment on the dev rows (the drafter's q from its prediction at each response
+With `eval_every_n_steps`, the drafter's teacher-forced dev agreement and acceptance every so many steps go into
+its eagle_config.json (`dev_curve`). A teacher-forced alignment on the dev rows (the drafter's q from its prediction at each response
 position, against the target's p there) goes to eagle/alignment.json, like the independent drafters'.
 """
 from __future__ import annotations
@@ -25,7 +27,8 @@ from specdraft.decoding.speculators.eagle_model import (EagleDrafter, count_para
                                                         new_eagle_drafter, save_eagle, target_dir_hash)
 from specdraft.core.errors import InputError
 from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
-from specdraft.drafters.eagle import EagleModule
+from specdraft.drafters.eagle import DevCurve, EagleModule, FrozenParts
+from specdraft.drafters.teacher_signal import StoredExamples
 from specdraft.pipelines.stage import on_rank_zero
 from specdraft.training.trainer import build_trainer, fit
 
@@ -54,8 +57,11 @@ def check_target(ecfg, target_path, trust_remote_code: bool) -> None:
         new_eagle_drafter(target_config, variant=ecfg.variant, n_layers=ecfg.n_layers, feature_layers=ecfg.layers)
 
 
-def train_eagle(ctx, target, specs, train_rows: list[dict], pad_id: int, seed: int, target_path) -> dict:
-    """Train the EAGLE drafters not yet in the work dir; -> {name: timing} of the fits this process ran."""
+def train_eagle(ctx, target, specs, train_rows: list[dict], pad_id: int, seed: int, target_path, stored=None,
+                dev_rows: list[dict] | None = None) -> dict:
+    """Train the EAGLE drafters not yet in the work dir, on `stored` (pipelines.readers.TeacherData: the target's
+    stored signal) when given, else on `train_rows` with the target run at every step; -> {name: timing} of the
+    fits this process ran."""
     ecfg = ctx.cfg.train_drafters.eagle
     target_hash = target_dir_hash(target_path)
     timings = {}
@@ -73,24 +79,50 @@ def train_eagle(ctx, target, specs, train_rows: list[dict], pad_id: int, seed: i
         if hasattr(drafter, "init_from_target"):
             drafter.init_from_target(target)
         drafter.to(dtype=next(target.parameters()).dtype)
-        module = EagleModule(drafter, target, lr=ecfg.lr, warmup_ratio=ecfg.warmup_ratio,
-                             weight_decay=ecfg.weight_decay, feature_noise=ecfg.feature_noise,
-                             token_weight=ecfg.token_weight, seed=seed, ttt_steps=ecfg.ttt_steps)
-        examples = [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in rows]
+        examples, dev = eagle_examples(ecfg, drafter, rows, domains, stored, dev_rows or [], pad_id)
+        module = EagleModule(drafter, target if stored is None else FrozenParts(target), lr=ecfg.lr,
+                             warmup_ratio=ecfg.warmup_ratio, weight_decay=ecfg.weight_decay,
+                             feature_noise=ecfg.feature_noise, token_weight=ecfg.token_weight, seed=seed,
+                             ttt_steps=ecfg.ttt_steps)
         data = CausalLMDataModule(examples, CausalLMCollator(pad_token_id=pad_id, max_length=ecfg.max_length),
                                   batch_size=ecfg.train.batch_size, seed=seed)
+        curve = DevCurve(dev, ecfg.eval_every_n_steps) if ecfg.eval_every_n_steps else None
         train_cfg = dataclasses.replace(ecfg.train, resume=True, seed=seed)
-        trainer = build_trainer(train_cfg, ctx.work / name / "train")
-        print(f"[train-drafters] {name}: EAGLE drafter on {len(rows)} self-distilled responses ({', '.join(domains)})")
+        trainer = build_trainer(train_cfg, ctx.work / name / "train", callbacks=[curve] if curve else None)
+        print(f"[train-drafters] {name}: EAGLE drafter on {len(examples)} rows ({', '.join(domains)})"
+              + (" from the target's stored signal" if stored is not None else ", the target run at every step"))
         t0 = time.time()
         fit(trainer, module, data, train_cfg)
         seconds = time.time() - t0
         loss = trainer.callback_metrics.get("train/loss")
         info = {"name": name, "domains": domains, "kind": "eagle", "steps": trainer.global_step,
-                "examples": len(rows), "final_loss": round(float(loss), 4) if loss is not None else None}
+                "examples": len(examples), "final_loss": round(float(loss), 4) if loss is not None else None,
+                **({"dev_curve": curve.points} if curve else {})}
         timings[name] = {"seconds": round(seconds, 1)}
         on_rank_zero(trainer, lambda: _export(drafter, done, info))
     return timings
+
+
+def eagle_examples(ecfg, drafter, rows: list[dict], domains: list[str], stored, dev_rows: list[dict], pad_id: int):
+    """(training examples, dev batches for the dev curve): the stored rows of `domains` (extra rows included) and
+    stored dev rows when the signal is stored, else `rows` and `dev_rows` for the target to run on."""
+    collate = CausalLMCollator(pad_token_id=pad_id, max_length=ecfg.max_length)
+    if stored is None:
+        examples = [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in rows]
+        dev = [{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in dev_rows]
+    else:
+        fmt = stored.format
+        if fmt.feature_layers != tuple(drafter.feature_layers) or fmt.max_length != ecfg.max_length:
+            raise InputError(f"the stored signal holds features of layers {fmt.feature_layers} at length "
+                             f"{fmt.max_length}; this EAGLE drafter reads {tuple(drafter.feature_layers)} at "
+                             f"{ecfg.max_length}: rerun stage teacher-data")
+        examples = StoredExamples(stored.splits["train"], stored.indices("train", domains), fmt, features=True)
+        dev = ([] if "dev" not in stored.splits else
+               StoredExamples(stored.splits["dev"], stored.indices("dev", domains), fmt, features=True))
+    if ecfg.eval_every_n_steps and not len(dev):
+        raise InputError("train_drafters.eagle.eval_every_n_steps needs dev rows; keep 'dev' in distill_data.splits")
+    size = ecfg.train.batch_size
+    return examples, [collate([dev[i] for i in range(j, min(j + size, len(dev)))]) for j in range(0, len(dev), size)]
 
 
 def frequent_tokens(rows: list[dict], n: int, vocab_size: int) -> list[int]:
@@ -149,7 +181,7 @@ def finish(ctx, target, specs, dev_rows: list[dict], pad_id: int) -> dict:
         shutil.copytree(ctx.work / name / "model", ctx.out / EAGLE_DIR / name)
         meta = json.loads((ctx.out / EAGLE_DIR / name / "eagle_config.json").read_text())
         infos[name] = {"domains": meta["domains"], "variant": meta.get("variant", "eagle1"), "parameters": count_parameters(drafter), "steps": meta["steps"],
-                       "final_loss": meta["final_loss"]}
+                       "final_loss": meta["final_loss"], **({"dev_curve": meta["dev_curve"]} if "dev_curve" in meta else {})}
         print(f"[train-drafters] {name}: teacher-forced acceptance "
               + ", ".join(f"{d} {v['acceptance']:.3f}" for d, v in table[name].items()))
     (ctx.out / EAGLE_DIR / "alignment.json").write_text(json.dumps(table, indent=2) + "\n")

@@ -56,12 +56,11 @@ SCHEDULE_FORMAT = "specdraft-engine-schedule/1"
 SCHEDULE_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 SCHEDULE_K_MAX = 8
 SCHEDULE_REPEATS = 1
-# ... unless it would take longer than this: foreseen as PROBE_FACTOR x one forward of the target at the largest
-# batch and widest verify (the profile took 117x that for the demo-shaped pair, 12.9 s, and 135x for SmolLM2-135M
-# beside a 14M drafter, 620 s on 2 threads of a busy box, whose one-pass schedule was noise; foreseen there on
-# one thread: 250 s)
-SCHEDULE_BUDGET_S = 60.0
-PROBE_FACTOR = 100
+# ... unless the target has more parameters than this on a CPU, where the profile takes minutes (12.9 s for the
+# demo-shaped pair, a 3.5M-parameter target; 620 s for SmolLM2-135M beside a 14M drafter on 2 threads of a busy box,
+# whose one-pass schedule was noise): decided from the target and the device, never timed (pipelines/export.py,
+# `unpriced_reason`), so a bundle's bytes follow from its inputs and config. A GPU prices every target
+SCHEDULE_CPU_PARAMETERS = 30_000_000
 # timed on one torch thread, as evaluate decodes (evaluate.threads): on this 2-core box beside another process,
 # the demo-shaped pair's table took 12.9 s on one thread and 221 s on two (threads spinning against each other)
 SCHEDULE_THREADS = 1
@@ -276,7 +275,8 @@ def engine_config_files(b, name: str, ks: Mapping[int, int], table, summary, wri
             check_rates(spec["synthetic_acceptance_rates"], n)
         wanted[f"vllm/{name}/{fname}"] = spec
     wanted[f"vllm/{name}/{ENGINE_SCHEDULE}"] = schedule_record(
-        name, written_by, schedule_device(table, torch_threads), torch_threads, num_speculative_tokens=n,
+        name, written_by, schedule_device(table, torch_threads), torch_threads, dtype=table.dtype or None,
+        num_speculative_tokens=n,
         num_speculative_tokens_per_batch_size=ranges, k_per_batch_size={str(bs): int(k) for bs, k in sorted(ks.items())},
         cost_table=table.as_dict())
     return wanted

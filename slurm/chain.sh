@@ -5,8 +5,9 @@
 #
 #   slurm/chain.sh CONFIG [N_DISTILL_SHARDS [N_EVAL_SHARDS]] [key=value ...]   (from the directory CONFIG is relative to)
 #
-# distill-data and evaluate run as job arrays (N_DISTILL_SHARDS, default 4; N_EVAL_SHARDS, default 4), each
-# followed by a job that merges the shards (a cache hit when the last task to finish already did).
+# distill-data, teacher-data and evaluate run as job arrays (N_DISTILL_SHARDS, default 4, for the first two;
+# N_EVAL_SHARDS, default 4), each followed by a job that merges the shards (a cache hit when the last task to
+# finish already did; teacher-data's tasks exit at once where no drafter reads its stored signal).
 # Prints one job id per line, the last job's id last. Every job inherits this environment: set
 # SBATCH_GPUS_PER_NODE=1 (and SBATCH_PARTITION, ...) here for a GPU cluster; SPECDRAFT_PYTHON picks the
 # interpreter (default: this checkout's .venv/bin/python).
@@ -30,6 +31,8 @@ dep=$(submit "$here/stage.sbatch" prepare-data "$CONFIG" "$@"); echo "$dep"
 dep=$(submit "$here/stage.sbatch" pretrain-target "$CONFIG" "$@"); echo "$dep"
 dep=$(submit --array=0-$((SHARDS - 1)) "$here/distill_data.sbatch" "$CONFIG" "$@"); echo "$dep"
 dep=$(submit "$here/stage.sbatch" distill-data "$CONFIG" "$@"); echo "$dep"   # merges the shards (or a cache hit)
+dep=$(submit --array=0-$((SHARDS - 1)) "$here/teacher_data.sbatch" "$CONFIG" "$@"); echo "$dep"
+dep=$(submit "$here/stage.sbatch" teacher-data "$CONFIG" "$@"); echo "$dep"   # merges the shards (or a cache hit)
 for stage in train-drafters acceptance-data train-heads train-router export; do
   dep=$(submit "$here/stage.sbatch" "$stage" "$CONFIG" "$@"); echo "$dep"
 done

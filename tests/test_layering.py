@@ -280,7 +280,7 @@ DECODING_ROOMS = (
     ("defaults", {"defaults", "compat"}),
     ("policies", {"policies"}),
     ("speculators", {"speculators"}),
-    ("loops", {"autoregressive", "speculative", "batched", "cascades", "compilation"}),
+    ("loops", {"autoregressive", "speculative", "batched", "cascades", "compilation", "near_ties"}),
     ("costs", {"costs"}),
     ("bundle", {"bundle"}),
     ("front door", {"generate"}),

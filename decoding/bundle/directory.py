@@ -286,12 +286,16 @@ class Bundle:
                              f"the bundle's drafters expect {want}; point to the original target")
         return model
 
-    def load_drafter(self, name: str, device: str | None = None, dtype: str = "auto", target=None):
-        """A drafter LM (eval mode). With `target` given, also checks the pair with decoding.compat."""
+    def load_drafter(self, name: str, device: str | None = None, dtype: str | None = None, target=None):
+        """A drafter LM (eval mode). With `target` given, also checks the pair with decoding.compat. dtype
+        defaults to the target's: the loaded target's weights', else the one recorded at export (a drafter
+        runs in the precision its target runs in, as acceptance-data labelled it)."""
         from specdraft.decoding.compat import check_pair
-        from specdraft.decoding.bundle.loading import load_causal_lm
+        from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm
 
         entry = self.drafter(name)
+        if dtype is None:
+            dtype = dtype_of(target) if target is not None else self.spec.target.dtype
         model = load_causal_lm(entry.path, dtype, device)
         if model.config.vocab_size != self.spec.target.vocab_size:
             raise InputError(f"drafter '{name}' has vocabulary size {model.config.vocab_size}, the target "

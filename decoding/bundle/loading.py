@@ -3,9 +3,18 @@
 The target may be spread over several GPUs (`device_map="auto"` or an explicit map, through
 accelerate); drafters and heads sit on one named device. Weights load from safetensors only
 (`use_safetensors=True`: nothing is unpickled) and `trust_remote_code` stays off unless asked for.
+
+`dtype: auto` picks what runs fastest on the device at hand (`choose_dtype`): bf16 on a CUDA device that has
+it, and on a CPU with bf16 units (avx512_bf16 or AMX), fp32 on any other CPU. Why the CPU matters: a decode step
+streams the weights, and in bf16 on a CPU with bf16 units a (K + 1)-token verify costs about one one-token
+forward (Qwen2.5-Coder-0.5B, 2 threads of an Intel Xeon: fp32 87 ms one token / 195 ms five; bf16 101 / 88 ms),
+where fp32's matrix-matrix kernels at a few rows cost two forwards; without those units torch computes bf16
+through conversions and fp32 is the faster choice (docs/decoder.md, "Which dtype").
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +23,138 @@ import torch
 from specdraft.core.errors import InputError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEVICE_TYPES = ("cpu", "cuda", "mps")  # where the decoder and the stages run
 
 
-def resolve_dtype(dtype: str, device: str | None = None) -> torch.dtype:
-    """"auto" is bf16 on a CUDA device that supports it, fp32 otherwise (CPU half precision is slow)."""
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is no such file: not Linux)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _torch_cpu_probe(name: str) -> bool | None:
+    """torch's own answer (torch.cpu._is_<name>_supported, what its kernels dispatch on), None where this torch
+    has no such probe."""
+    probe = getattr(torch.cpu, f"_is_{name}_supported", None)
+    if probe is None:
+        return None
+    try:
+        return bool(probe())
+    except RuntimeError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_bf16_units() -> tuple[str, ...]:
+    """The bf16 units of this CPU by name ("avx512_bf16", "AMX"), () where it has none: asked of torch
+    (`torch.cpu._is_avx512_bf16_supported`, `_is_amx_tile_supported`), else of /proc/cpuinfo's flags
+    (avx512_bf16, amx_bf16). AMX tiles without amx_bf16 in the flags do not count."""
+    flags = _cpu_flags()
+    avx, tiles = _torch_cpu_probe("avx512_bf16"), _torch_cpu_probe("amx_tile")
+    has_avx = avx if avx is not None else "avx512_bf16" in flags
+    # tiles are AMX's registers; bf16 products on them are the amx_bf16 flag (every AMX CPU so far has it)
+    has_amx = ("amx_bf16" in flags and tiles is not False) if flags else bool(tiles)
+    return tuple(name for name, has in (("avx512_bf16", has_avx), ("AMX", has_amx)) if has)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_fp16_units() -> bool:
+    """Whether torch runs float16 matrix products on this CPU in hardware (oneDNN on avx512_fp16 or AMX-FP16:
+    `torch.ops.mkldnn._is_mkldnn_fp16_supported`, else the avx512_fp16 / amx_fp16 flags). Without them its
+    generic kernels convert every element: with oneDNN turned off here, an 896 x 4864 linear layer took 1.3x
+    fp32's time at one row and 2.2x at five (fastest of 195 interleaved calls, two runs)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        return bool({"avx512_fp16", "amx_fp16"} & _cpu_flags())
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype a model runs in and why: what `--verbose`, `specdraft predict` and the evaluate report say."""
+
+    dtype: torch.dtype
+    reason: str  # e.g. "auto: this CPU has avx512_bf16/AMX", "as given"
+
+    @property
+    def name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def line(self) -> str:
+        """One line: "dtype bfloat16 (auto: this CPU has avx512_bf16/AMX)"."""
+        return f"dtype {self.name} ({self.reason})"
+
+
+def _device_type(device: str | torch.device | None) -> str | None:
+    return None if device is None else torch.device(device).type
+
+
+def choose_dtype(dtype: str, device: str | torch.device | None = None) -> DtypeChoice:
+    """The dtype `dtype` means on `device` (None: placed by a device_map, CUDA when there is one) and why.
+    "auto": bf16 on a CUDA device that supports it and on a CPU with bf16 units (`cpu_bf16_units`), fp32
+    elsewhere (a CPU without them computes bf16 through conversions; mps: fp32). An explicit float16 on a
+    CPU without float16 units is refused (`cpu_fp16_units`): it would run, slower than float32, so
+    nobody asking for it gets what they asked for."""
+    kind = _device_type(device)
     if dtype == "auto":
-        cuda = torch.cuda.is_available() and (device is None or str(device).startswith("cuda"))
-        return torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
+        if (kind in (None, "cuda")) and torch.cuda.is_available():
+            if torch.cuda.is_bf16_supported():
+                return DtypeChoice(torch.bfloat16, "auto: this CUDA device has bf16")
+            return DtypeChoice(torch.float32, "auto: this CUDA device has no bf16")
+        if kind in (None, "cpu"):
+            units = cpu_bf16_units()
+            if units:
+                return DtypeChoice(torch.bfloat16, f"auto: this CPU has {'/'.join(units)}")
+            return DtypeChoice(torch.float32, "auto: this CPU has no bf16 units (avx512_bf16 or AMX)")
+        return DtypeChoice(torch.float32, f"auto: float32 on {kind}")
     if dtype not in DTYPES:
         raise InputError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
-    return DTYPES[dtype]
+    if dtype == "float16" and kind == "cpu" and not cpu_fp16_units():
+        raise InputError("dtype float16 on this CPU: it has no float16 units (avx512_fp16 or AMX-FP16), so torch "
+                         "would convert every element and run slower than float32; use bfloat16"
+                         + (" (this CPU has bf16 units)" if cpu_bf16_units() else "") + ", float32 or auto")
+    return DtypeChoice(DTYPES[dtype], "as given")
+
+
+def resolve_dtype(dtype: str, device: str | torch.device | None = None) -> torch.dtype:
+    """The torch dtype of `choose_dtype`."""
+    return choose_dtype(dtype, device).dtype
+
+
+def dtype_of(model) -> str:
+    """The dtype a loaded model computes in, by name: its input embeddings' (a quantized model's compute dtype:
+    bitsandbytes leaves embeddings unquantized). A drafter loaded beside a target takes it, so the pair runs in
+    one precision wherever `auto` resolved the target's."""
+    return str(model.get_input_embeddings().weight.dtype).removeprefix("torch.")
+
+
+def check_device(device: str, option: str = "--device") -> str:
+    """`device` if this machine can run models on it, else InputError naming `option` and what to give instead
+    (before any model loads): a name torch does not know ("tpu9"), a type the decoder does not run on, or a
+    CUDA / mps device this machine does not have."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InputError(f"{option} {device!r} is not a device name; give cpu, cuda, cuda:N, mps or auto") from None
+    if dev.type not in DEVICE_TYPES:
+        raise InputError(f"{option} {device!r}: models run on {', '.join(DEVICE_TYPES)} here, not {dev.type}; "
+                         "give cpu, cuda, cuda:N, mps or auto")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            build = "a CPU-only torch build" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
+            raise InputError(f"{option} {device}: this machine has no CUDA device ({build}); use --device cpu or auto")
+        if dev.index is not None and dev.index >= count:
+            raise InputError(f"{option} {device}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise InputError(f"{option} {device}: this machine has no mps device; use --device cpu or auto")
+    return device
 
 
 def quantization_config(quantization: str, compute_dtype: torch.dtype):
@@ -69,6 +200,8 @@ def load_causal_lm(
 
     name_or_path = str(name_or_path)
     local = _check_local_or_hub(name_or_path)
+    if device is not None:
+        check_device(str(device), "device")
     torch_dtype = resolve_dtype(dtype, device)
     kwargs: dict[str, Any] = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code, use_safetensors=True,
                                   local_files_only=local)

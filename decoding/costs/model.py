@@ -149,6 +149,14 @@ def _interpolate(xs: Sequence[int], ys: Sequence[float], x: float, what: str) ->
     return ys[0]  # one measured point, x equal to it
 
 
+def _extend(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
+    """`_interpolate` within [xs[0], xs[-1]]; past xs[-1] the line through the last two points (flat with one)."""
+    if x <= xs[-1]:
+        return _interpolate(xs, ys, x, "prefill width")
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+    return ys[-1] + max(0.0, slope) * (x - xs[-1])
+
+
 @dataclass(frozen=True)
 class CostTable:
     """Seconds per decoder step on one device, one compile mode, one (target, drafter) pair:
@@ -171,7 +179,7 @@ class CostTable:
         prefill_draft[B][p] the drafter's
         rules         a stopping rule's own work, per rule (its class name): per round (its round state and
                       decision 0) and per draft step (the head's forward on e_i and the decision), beyond fixed
-                      K's (`decoding.costs.profile.price_rules`); a round of a rule not listed pays nothing extra
+                      K's (`decoding.costs.rules.price_rules`); a round of a rule not listed pays nothing extra
     The fastest of repeated, interleaved calls after a warm-up over a static cache of `cache_length` slots
     holding `context` tokens: attention runs over every slot of the decoder's static cache (masked), so a step's
     cost grows with the cache a decode allocates (`decoding.rounds.shapes.decode_cache_length`; on the
@@ -202,6 +210,9 @@ class CostTable:
     prefill_widths: tuple[int, ...] = ()  # positions per row the prefill steps were timed at
     prefill: tuple[tuple[float, ...], ...] = ()  # [batch index][prefill width index], the target's
     prefill_draft: tuple[tuple[float, ...], ...] = ()  # [batch index][prefill width index], the drafter's
+    # the target's dtype the steps ran in ("bfloat16", "float32"; "": not recorded, an older table): a table is
+    # never used to price another dtype's decodes (`check_dtype`)
+    dtype: str = ""
 
     def __post_init__(self):
         if not self.batch_sizes or list(self.batch_sizes) != sorted(set(self.batch_sizes)) or self.batch_sizes[0] < 1:
@@ -242,7 +253,17 @@ class CostTable:
                                                                    for v in part) for part in rule[1:]))
             if not ok:
                 raise InputError("cost table rule costs must name a rule and give one finite number >= 0 per batch size, "
-                                 "per round and per draft; re-price them (decoding.costs.profile.price_rules)")
+                                 "per round and per draft; re-price them (decoding.costs.rules.price_rules)")
+
+    def check_dtype(self, dtype: str, source: str) -> None:
+        """InputError unless the table's steps ran in `dtype` (the target's dtype where it prices decodes): a
+        step's cost moves with its dtype (on a CPU with bf16 units a 5-token verify costs 2.2 one-token forwards
+        in fp32 and 0.9 in bf16), so a table of another dtype, or of an unrecorded one, prices the wrong decoder."""
+        if self.dtype == dtype:
+            return
+        timed = f"was profiled in {self.dtype}" if self.dtype else "records no dtype (an older table)"
+        raise InputError(f"the cost table {source} {timed}, and the target runs in {dtype} here: profile one in {dtype} "
+                         "(leave out --cost-table), or decode in the table's dtype (--dtype)")
 
     @property
     def max_drafts(self) -> int:
@@ -324,12 +345,19 @@ class CostTable:
     def t_prefill(self, batch: float, positions: float, drafter: bool) -> float:
         """Seconds of a call's prefill steps at `batch` over `positions` per row: the target's, and with
         `drafter` the drafter's too; interpolated linearly between timed widths (compiled prefills run at
-        exactly those), a prefill shorter than the narrowest priced as it (its cost is nearly flat there),
-        InputError past the widest."""
+        exactly those), a prefill shorter than the narrowest priced as it (its cost is nearly flat there), one
+        longer than the widest extended along the line through the two widest (`extends_prefill` says when: a
+        long prompt is an ordinary prompt, and a prefill's cost is close to linear in its width there; its
+        attention's quadratic share makes this a little low)."""
         positions = max(positions, self.prefill_widths[0])
         parts = (self.prefill, self.prefill_draft) if drafter else (self.prefill,)
-        return sum(_interpolate(self.batch_sizes, [_interpolate(self.prefill_widths, r, positions, "prefill width")
-                                                   for r in part], batch, "batch size") for part in parts)
+        return sum(_interpolate(self.batch_sizes, [_extend(self.prefill_widths, r, positions) for r in part], batch,
+                                "batch size") for part in parts)
+
+    def extends_prefill(self, positions: float) -> bool:
+        """Whether a prefill over `positions` per row lies past the table's widest timed prefill (`t_prefill`
+        prices it by linear extension)."""
+        return bool(self.prefill_widths) and positions > self.prefill_widths[-1]
 
     def prefill_positions(self, longest: int) -> int:
         """The positions per row a call's prefill runs at, in this table's compile mode, when its longest
@@ -343,7 +371,7 @@ class CostTable:
 
     def as_dict(self) -> dict:
         return {"format": COST_TABLE_FORMAT, "device": self.device, "torch_version": self.torch_version,
-                "compile": self.compile, "target_id": self.target_id, "drafter_id": self.drafter_id,
+                "dtype": self.dtype, "compile": self.compile, "target_id": self.target_id, "drafter_id": self.drafter_id,
                 "context": self.context, "cache_length": self.cache_length, "repeats": self.repeats,
                 "batch_sizes": list(self.batch_sizes),
                 "widths": list(self.widths), "verify": [list(r) for r in self.verify], "draft": list(self.draft),
@@ -364,6 +392,7 @@ class CostTable:
                        draft=tuple(float(v) for v in data["draft"]), catchup=tuple(float(v) for v in data["catchup"]),
                        device=str(data["device"]), torch_version=str(data["torch_version"]), compile=str(data["compile"]),
                        target_id=str(data["target_id"]), drafter_id=str(data["drafter_id"]),
+                       dtype=str(data.get("dtype", "")),
                        context=int(data.get("context", 64)), cache_length=int(data.get("cache_length", 0)),
                        repeats=int(data.get("repeats", 0)),
                        loop=tuple(float(v) for v in data.get("loop", ())),
@@ -419,5 +448,7 @@ class CostTable:
                          + "; ".join(f"B={b} " + " ".join(f"{(t + d) * 1e3:.1f}" for t, d in zip(rt, rd))
                                      for b, rt, rd in zip(self.batch_sizes, self.prefill, self.prefill_draft)))
         slots = f", cache {self.cache_length} slots" if self.cache_length else ""
-        return "\n".join([f"cost table (ms per step; {self.device}, torch {self.torch_version}, compile {self.compile}{slots})",
+        dtype = f", {self.dtype}" if self.dtype else ""
+        return "\n".join([f"cost table (ms per step; {self.device}{dtype}, torch {self.torch_version}, "
+                          f"compile {self.compile}{slots})",
                           head] + rows + rules)

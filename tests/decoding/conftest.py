@@ -108,6 +108,17 @@ def chi2_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
     return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
 
 
+def shifted(exact: torch.Tensor, mass: float = 0.02) -> torch.Tensor:
+    """`exact` with `mass` moved from its most to its least likely cell of those above 0.03: a wrong distribution the
+    statistical tests' samples must reject (their power)."""
+    wrong = exact.clone()
+    kept = (exact > 0.03).nonzero().flatten()
+    hi, lo = kept[exact[kept].argmax()], kept[exact[kept].argmin()]
+    wrong[hi] -= mass
+    wrong[lo] += mass
+    return wrong
+
+
 def exact_distribution(table: torch.Tensor, cfg, prompt: list[int], n_tokens: int) -> torch.Tensor:
     """P(x_1..x_n | prompt) of autoregressive sampling from a TableLM (next token depends on the last two),
     enumerated over every sequence: (V ** n_tokens,), cells in itertools.product order."""

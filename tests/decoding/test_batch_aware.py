@@ -221,7 +221,7 @@ def test_the_rules_first_decision_inside_a_draft_graph_breaks_no_graph():
     constants there. A keyed max() among them (tried for a segment plan) broke the graph, and the priced per-draft
     work of the batch-aware rules came out 0.09-0.10 ms at B = 1 against 0.03."""
     from specdraft.decoding.compilation import StepCompiler
-    from specdraft.decoding.costs.profile import _rule_segment
+    from specdraft.decoding.costs.rules import _rule_segment
     from tests.decoding.test_greedy_equivalence import random_head
 
     head = random_head(32, 0)

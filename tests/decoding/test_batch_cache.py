@@ -55,6 +55,29 @@ def test_rollback_matches_a_dynamic_cache(make_llama, attention):
     assert cache.lengths.tolist() == [len(r) for r in rows]
 
 
+def test_a_bfloat16_cache_write_copies_only_the_new_entries():
+    """A step writes B x kv_heads x T x head_dim numbers into each layer, not the layer: CPU `scatter_` into a bf16
+    buffer converted the whole buffer to float32 and back (two copies of its shape per call, ~70x the store's time
+    at B = 16), and every bf16 decode step paid it in every layer. The write lands where scatter_ put it."""
+    from transformers import LlamaConfig
+    from torch.profiler import ProfilerActivity, profile
+
+    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2)
+    cache = RowStaticCache(config, 3, 16, torch.bfloat16, torch.device("cpu"), forward_kwarg="past_key_values")
+    layer, shape = cache.layers[0], tuple(cache.layers[0].keys.shape)
+    cache.slots = torch.tensor([[0, 1], [5, 6], [14, 15]])
+    k, v = torch.randn(3, 2, 2, 8), torch.randn(3, 2, 2, 8)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        layer.update(k, v)
+    full_copies = [e.name for e in prof.events() if "copy" in e.name and e.input_shapes and tuple(e.input_shapes[0]) == shape]
+    assert full_copies == []
+    index = cache.slots[:, None, :, None].expand(-1, 2, -1, 8)
+    expected = torch.zeros(shape, dtype=torch.bfloat16).scatter_(2, index, k.bfloat16())
+    assert torch.equal(layer.keys, expected)
+    assert torch.equal(layer.values, torch.zeros(shape, dtype=torch.bfloat16).scatter_(2, index, v.bfloat16()))
+
+
 def test_mask_sees_exactly_the_row_prefix():
     mask = attention_mask(torch.tensor([2, 0]), 3, 6, torch.float32)  # (2, 1, 3, 6)
     seen = (mask[:, 0] == 0).int().tolist()

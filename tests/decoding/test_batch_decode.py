@@ -202,7 +202,7 @@ def test_fixed_k_synchronises_once_per_round(llama_pair, ragged, monkeypatch):
 def test_an_eager_head_rule_reads_the_host_once_per_decision(llama_pair, ragged, monkeypatch, name):
     """Eagerly, a rule that can stop the whole batch reads whether any row drafts on once after each decision
     (before the feed it decides), and the draft loop reuses that read: at most one read per drafted position,
-    plus decision 0's for a rule that decides there (`costs.profile._rule_round` prices exactly these reads).
+    plus decision 0's for a rule that decides there (`costs.rules._rule_round` prices exactly these reads).
     Each read is a device sync; on a GPU it waits for the queue. Until this was fixed the loop read the same
     flag a second time per position (74 reads for SpecDec++'s 39 drafts on the first prompt here)."""
     target, drafter = llama_pair

@@ -1,6 +1,7 @@
 """The decoder's measured cost table (decoding/costs/model.CostTable) and its profiler
 (decoding/costs/profile.py) on tiny random models: shape, the sanity that must hold, the on-disk cache,
 the JSON round trip, and one-line errors."""
+import copy
 import dataclasses
 import json
 
@@ -9,7 +10,8 @@ import torch
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.costs.profile import (cached_cost_table, isotonic, model_identity, monotone_grid,
-                                             price_head_rules, price_rules, profile_cost_table, profiled_widths)
+                                             profile_cost_table, profiled_widths)
+from specdraft.decoding.costs.rules import price_head_rules, price_rules
 from specdraft.decoding.costs.model import CostTable
 from specdraft.decoding.rounds.shapes import verify_width
 from tests.decoding.conftest import tiny_llama
@@ -228,6 +230,41 @@ def test_a_compiled_start_is_priced_at_the_prefill_width():
         dataclasses.replace(timed, prefill=((1, 2, 3), (4, 6, 10)))
 
 
+def test_a_prefill_past_the_widest_timed_width_is_extended_not_refused():
+    """A long prompt is an ordinary prompt: past the widest timed prefill its cost follows the line through the
+    two widest (B = 8: 10 -> 40 over 64 -> 128 positions, 30 per 64), and `extends_prefill` says so; within the
+    widths nothing changes, and a batch size or verify width outside the table is still refused."""
+    timed = CostTable(batch_sizes=(1, 8), widths=(1, 2), verify=((1.0, 1.1), (2.0, 2.2)), draft=(0.1, 0.2),
+                      catchup=(0.1, 0.2), device="cpu", torch_version="x", compile="none", target_id="t",
+                      drafter_id="d", context=40, loop=(0.0, 0.0), loop_draft=(0.0, 0.0), start=(3.0, 6.0),
+                      start_draft=(1.0, 2.0), prefill_widths=(16, 32, 64, 128), prefill=((1, 2, 3, 5), (4, 6, 10, 40)),
+                      prefill_draft=((0.1, 0.2, 0.3, 0.5), (0.4, 0.6, 1.0, 4.0)))
+    assert timed.t_prefill(8, 256, False) == pytest.approx(40 + 30 * 2)
+    assert timed.t_prefill(8, 2048, True) == pytest.approx(40 + 30 * 30 + 4.0 + 3.0 * 30)
+    assert timed.t_start(1, False, 379) == pytest.approx(3.0 + 5 + 2 / 64 * (379 - 128))
+    assert [timed.extends_prefill(n) for n in (64, 128, 129, 2048)] == [False, False, True, True]
+    with pytest.raises(InputError, match="batch size = 9"):
+        timed.t_prefill(9, 256, False)
+    with pytest.raises(InputError, match="verify width = 3"):
+        timed.t_verify(1, 3)
+
+
+def test_a_table_records_its_dtype_and_prices_no_other(pair):
+    """The steps' dtype is the target's, recorded with the table (JSON round trip, the rendered header) and in its
+    cache key; a table of another dtype, or of none (an older one), is refused for a decoder of this one."""
+    t = profile_cost_table(*pair, batch_sizes=[1], max_width=2, repeats=1)
+    assert t.dtype == "float32" and ", float32," in t.render() and CostTable.from_dict(t.as_dict()) == t
+    t.check_dtype("float32", "here")
+    with pytest.raises(InputError, match=r"profiled in float32, and the target runs in bfloat16 here"):
+        t.check_dtype("bfloat16", "here")
+    older = {k: v for k, v in t.as_dict().items() if k != "dtype"}
+    with pytest.raises(InputError, match="records no dtype"):
+        CostTable.from_dict(older).check_dtype("float32", "FILE")
+    bf16 = [copy.deepcopy(m).to(torch.bfloat16) for m in pair]
+    assert model_identity(bf16[0]) != model_identity(pair[0])
+    assert profile_cost_table(*bf16, batch_sizes=[1], max_width=2, repeats=1).dtype == "bfloat16"
+
+
 def test_lookup_interpolates_and_never_extrapolates(profiled):
     t = profiled
     mid = t.t_verify(10, 3)
@@ -341,7 +378,7 @@ def test_compiled_rules_are_priced_from_a_compiled_segment(profiled):
     from specdraft.decoding.policies.decide import head_sigma
     from specdraft.decoding.rounds.shapes import HEAD_SEGMENT
     from specdraft.decoding.compilation import StepCompiler
-    from specdraft.decoding.costs.profile import _rule_segment
+    from specdraft.decoding.costs.rules import _rule_segment
     from specdraft.decoding.policies.stopping import LockstepSpecDecPP, SpecDecPP
     from tests.decoding.test_greedy_equivalence import random_head
 

@@ -254,7 +254,9 @@ def test_heads_train_online_without_a_feature_cache(drafted_run):
     out = run_stage(cached, "acceptance-data")
     want = load_features(out / "math" / "T1", "dev")["features"].float()
     rows = [dict(r) for r in load_from_disk(str(out / "math" / "T1" / "sequences"))["dev"]]
-    got = compute_features(load_causal_lm(out.parent / "drafters" / "math", "float32"), rows, pad_token_id=0)
+    # in the target's dtype, as acceptance-data and train-heads run the drafter (bf16 under auto on a CPU with bf16 units)
+    got = compute_features(load_causal_lm(out.parent / "drafters" / "math", cached.target.dtype, "cpu"), rows,
+                           pad_token_id=0)
     assert torch.allclose(got, want, atol=1e-2)  # the cache is fp16
 
     online = tiny_config(drafted_run, **{**FAST, "acceptance_data": {**FAST["acceptance_data"], "cache_features": False}})

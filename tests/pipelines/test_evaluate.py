@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from specdraft.core.errors import InputError
+from specdraft.decoding.bundle.loading import choose_dtype
 from specdraft.pipelines.evaluate.methods import key_of, label
 from specdraft.pipelines.evaluate.plots import PLOTS
 from specdraft.pipelines.evaluate.render import headline
@@ -64,9 +65,11 @@ def test_report_numbers_come_from_metrics_json(run_root):
     metrics = json.loads((out / "metrics.json").read_text())
     rows = metrics["rows"]
     # where the target ran and how it was loaded; the bandits' c (the bundle's) beside the calibrated one
-    assert metrics["target_load"]["devices"] == ["cpu"] and metrics["target_load"]["dtype"] == "float32"
+    # target.dtype auto: what it means on this CPU (bf16 with bf16 units, else fp32), and why, in one line
+    auto = choose_dtype("auto", "cpu")
+    assert metrics["target_load"]["devices"] == ["cpu"] and metrics["target_load"]["dtype"] == auto.name
     report_text = (out / "report.md").read_text()
-    assert "Target on cpu, dtype float32, quantization none." in report_text
+    assert f"Target on cpu, dtype {auto.name} ({auto.reason}), quantization none." in report_text
     bundle_c = json.loads((run_root / "bundle" / "bundle.json").read_text())["decoding"]["cost_ratio"]
     assert metrics["bundle_cost_ratio"] == bundle_c and "bundle's c" in report_text
     timing = metrics["timing"]

@@ -15,14 +15,31 @@ from tests.pipelines.test_evaluate import _exported  # noqa: F401  (the module's
 
 
 @pytest.mark.parametrize("dtype, device_map", [("bfloat16", None), ("float32", "cpu"), ("float16", {"": "cpu"})])
-def test_target_loads_with_the_configured_dtype_and_device_map(_exported, dtype, device_map):  # noqa: F811
+def test_target_loads_with_the_configured_dtype_and_device_map(_exported, dtype, device_map, monkeypatch):  # noqa: F811
+    import specdraft.decoding.bundle.loading as loading
+
+    monkeypatch.setattr(loading, "cpu_fp16_units", lambda: True)  # float16 on a CPU runs where it has the units
     bundle = load_bundle(_exported / "bundle")
     tcfg = TargetSection(dtype=dtype, device_map=device_map)
     target = load_target(bundle, tcfg, "cpu")
     assert {p.dtype for p in target.parameters()} == {getattr(torch, dtype)}
     placed = target_placement(target, tcfg, bundle)
     assert placed["devices"] == ["cpu"] and placed["dtype"] == dtype and placed["quantization"] == "none"
-    assert placed["device_map"] == device_map
+    assert placed["device_map"] == device_map and placed["dtype_reason"] == "as given"
+
+
+def test_the_report_says_which_dtype_auto_chose_and_why(_exported, monkeypatch):  # noqa: F811
+    """target.dtype auto on a CPU: bf16 where it has bf16 units, fp32 where not (both taken by patching the probe),
+    and the report's target line says which and why."""
+    import specdraft.decoding.bundle.loading as loading
+
+    bundle = load_bundle(_exported / "bundle")
+    for units, dtype, why in ((("avx512_bf16", "AMX"), "bfloat16", "auto: this CPU has avx512_bf16/AMX"),
+                              ((), "float32", "auto: this CPU has no bf16 units (avx512_bf16 or AMX)")):
+        monkeypatch.setattr(loading, "cpu_bf16_units", lambda units=units: units)
+        placed = target_placement(load_target(bundle, TargetSection(dtype="auto"), "cpu"), TargetSection(), bundle)
+        assert placed["dtype"] == dtype and placed["dtype_reason"] == why
+        assert f"Target on cpu, dtype {dtype} ({why}), quantization none." in " ".join(target_line({"target_load": placed}))
 
 
 def test_bundle_records_how_the_target_was_loaded(_exported, tmp_path):  # noqa: F811

@@ -310,26 +310,34 @@ def test_each_drafter_ships_the_k_per_batch_size_predict_recommends(run_root, tm
     verify_files(out)
 
 
-def test_a_profile_over_budget_leaves_the_schedule_to_predict(run_root, tmp_path, monkeypatch, capsys):
-    """Where export's cost table would take longer than its budget (a real target on a CPU), the configs keep
-    the best fixed K and engine_schedule.json says why and what to run; `specdraft predict
-    --write-engine-config` then writes the schedule into the verified bundle."""
+def test_a_target_too_big_to_price_here_leaves_the_schedule_to_predict(run_root, tmp_path, monkeypatch, capsys):
+    """Where export's cost table would take minutes (a target of more than SCHEDULE_CPU_PARAMETERS on a CPU), the
+    configs keep the best fixed K and engine_schedule.json says why and what to run, decided without timing
+    anything (nothing is timed on this path: a stage's output follows from its inputs, not the clock); `specdraft
+    predict --write-engine-config` then writes the schedule into the verified bundle."""
+    import dataclasses
+
+    import specdraft.decoding.timing as timing
     from specdraft.pipelines import vllm_export
     from specdraft.pipelines.artifacts import verify_files
     from tests.decoding.test_batch_aware import table
 
-    monkeypatch.setattr(vllm_export, "SCHEDULE_BUDGET_S", 0.0)
+    monkeypatch.setattr(vllm_export, "SCHEDULE_CPU_PARAMETERS", 0)
+    monkeypatch.setattr(timing, "timed_call", lambda *a, **k: pytest.fail("export timed something to decide"))
     out = run_stage(_config(run_root), "export")
     assert "not priced at export" in capsys.readouterr().out
     meta = json.loads((out / BUNDLE_JSON).read_text())
-    assert read_manifest(out).metrics["engine_schedule"]["ranges"] is None
+    metrics = read_manifest(out).metrics["engine_schedule"]
+    assert metrics["ranges"] is None and "M-parameter target's cost table on a CPU" in metrics["unpriced"]
     for name, entry in meta["drafters"].items():
         spec = json.loads((out / "vllm" / name / "speculative_config.json").read_text())
         assert spec["num_speculative_tokens"] == entry["fixed_k"] and "num_speculative_tokens_per_batch_size" not in spec
         record = json.loads((out / "vllm" / name / "engine_schedule.json").read_text())
         assert record["num_speculative_tokens_per_batch_size"] is None and "--write-engine-config" in record["note"]
+        assert record["dtype"] == metrics["dtype"]
+    monkeypatch.undo()
     steep = table(verify=lambda b, w: 1e-3 * (1 + (b / 4) * (w - 1)), draft=lambda b: 1e-4, batch_sizes=(1, 64), k_max=8)
-    steep.save(tmp_path / "t.json")
+    dataclasses.replace(steep, dtype=metrics["dtype"]).save(tmp_path / "t.json")
     assert cli_main(["predict", str(out), "--drafter", "math", "--batch-sizes", "1,64", "--cost-table",
                      str(tmp_path / "t.json"), "--rounds", "3", "--write-engine-config"]) == 0
     spec = json.loads((out / "vllm" / "math" / "speculative_config.json").read_text())

@@ -86,10 +86,49 @@ def test_bad_input_is_one_line_and_exit_2(headed, capsys, extra, message):
 
 
 def test_a_batch_size_the_table_lacks_is_refused(headed, tmp_path, capsys):
-    t = table(verify=lambda b, w: 1e-3, draft=lambda b: 1e-4, batch_sizes=(1, 4), k_max=8)
+    t = dataclasses.replace(table(verify=lambda b, w: 1e-3, draft=lambda b: 1e-4, batch_sizes=(1, 4), k_max=8),
+                            dtype="float32")
     t.save(tmp_path / "t.json")
     assert main(["predict", str(headed), "--batch-sizes", "1,8", "--cost-table", str(tmp_path / "t.json")]) == 2
     assert "batch size 8" in capsys.readouterr().err
+
+
+def test_a_table_of_another_dtype_is_never_used(headed, tmp_path, capsys):
+    """The bundle's target runs in float32 (as its stages ran); a saved bf16 table, or one that records no dtype, is
+    one line and exit 2; asked for bfloat16, the float32 table is refused and a bf16 one predicts. The dtype and
+    why it was chosen head the output."""
+    base = table(verify=lambda b, w: 1e-3 * (1 + 0.2 * w), draft=lambda b: 1e-4, batch_sizes=(1, 4), k_max=8)
+    for dtype in ("bfloat16", "float32", ""):
+        dataclasses.replace(base, dtype=dtype).save(tmp_path / f"{dtype or 'older'}.json")
+    argv = ["predict", str(headed), "--batch-sizes", "1,4", "--rounds", "20", "--cost-table"]
+    assert main(argv + [str(tmp_path / "bfloat16.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "was profiled in bfloat16, and the target runs in float32 here" in err and "\n" not in err
+    assert main(argv + [str(tmp_path / "older.json")]) == 2
+    assert "records no dtype" in capsys.readouterr().err
+    assert main(argv + [str(tmp_path / "float32.json"), "--dtype", "bfloat16"]) == 2
+    assert "was profiled in float32, and the target runs in bfloat16 here" in capsys.readouterr().err
+    assert main(argv + [str(tmp_path / "bfloat16.json"), "--dtype", "bfloat16"]) == 0
+    assert "dtype bfloat16 (as given)" in capsys.readouterr().out
+    assert main(argv + [str(tmp_path / "float32.json")]) == 0
+    assert "\ndtype float32 (as given)\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--device", "tpu9"], "--device 'tpu9' is not a device name; give cpu, cuda, cuda:N, mps or auto"),
+    (["--device", "cuda:0"], "--device cuda:0: this machine has no CUDA device"),
+    (["--dtype", "float16"], "dtype float16 on this CPU: it has no float16 units"),
+])
+def test_a_device_or_dtype_this_machine_cannot_run_is_refused_first(headed, capsys, monkeypatch, extra, message):
+    import specdraft.decoding.bundle.directory as directory
+    import specdraft.decoding.bundle.loading as loading
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(loading, "cpu_fp16_units", lambda: False)
+    monkeypatch.setattr(directory, "load_bundle", lambda *a, **k: pytest.fail("the bundle was read"))
+    assert main(["predict", str(headed), "--device", "cpu", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specdraft: error:") and message in err and "\n" not in err, err
 
 
 def test_simulated_rounds_match_the_exact_expectation_at_batch_one():
@@ -246,7 +285,7 @@ def _steep_table(tmp_path):
     a quarter of a step per row at B = 4): a schedule with several K and a K = 0 range."""
     t = table(verify=lambda b, w: 1e-3 * (1 + (b / 4) * (w - 1)), draft=lambda b: 1e-4, batch_sizes=(1, 2, 4, 8, 64),
               k_max=8)
-    t.save(tmp_path / "t.json")
+    dataclasses.replace(t, dtype="float32").save(tmp_path / "t.json")  # the bundle's target dtype
     return tmp_path / "t.json"
 
 

@@ -27,19 +27,19 @@ def _chain(tmp_path, *args):
 def test_chain_submits_every_stage_after_the_previous_one(tmp_path):
     out, calls = _chain(tmp_path, "cfg.yaml", "3", "2", "evaluate.k=2")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [str(i) for i in range(101, 113)]  # one id per job, ";cluster" cut off
+    assert out.stdout.split() == [str(i) for i in range(101, 115)]  # one id per job, ";cluster" cut off
     assert all(c[1] == f"SPECDRAFT_HOME={REPO}" for c in calls)
     stages = [c[c.index("--parsable") + 1:] for c in calls]
     deps = [next((a for a in s if a.startswith("--dependency")), None) for s in stages]
-    assert deps == [None] + [f"--dependency=afterok:{i}" for i in range(101, 112)]
+    assert deps == [None] + [f"--dependency=afterok:{i}" for i in range(101, 114)]
     scripts = [next(Path(a).name for a in s if a.endswith(".sbatch")) for s in stages]
-    assert scripts == ["stage.sbatch"] * 3 + ["distill_data.sbatch"] + ["stage.sbatch"] * 6 + \
-        ["evaluate.sbatch", "stage.sbatch"]
-    assert "--array=0-2" in stages[3] and "--array=0-1" in stages[10]
-    arrays = (3, 10)
+    assert scripts == ["stage.sbatch"] * 3 + ["distill_data.sbatch", "stage.sbatch", "teacher_data.sbatch"] + \
+        ["stage.sbatch"] * 6 + ["evaluate.sbatch", "stage.sbatch"]
+    assert "--array=0-2" in stages[3] and "--array=0-2" in stages[5] and "--array=0-1" in stages[12]
+    arrays = (3, 5, 12)
     names = [s[s.index(str(REPO / "slurm" / "stage.sbatch")) + 1] for i, s in enumerate(stages) if i not in arrays]
-    assert names == ["convert-target", "prepare-data", "pretrain-target", "distill-data", "train-drafters", "acceptance-data",
-                     "train-heads", "train-router", "export", "evaluate"]
+    assert names == ["convert-target", "prepare-data", "pretrain-target", "distill-data", "teacher-data", "train-drafters",
+                     "acceptance-data", "train-heads", "train-router", "export", "evaluate"]
     assert all(s[-2:] == ["cfg.yaml", "evaluate.k=2"] for s in stages[:-1])
     # the last job merges evaluate's shards, after every array task succeeded
     assert stages[-1][-3:] == ["cfg.yaml", "evaluate.k=2", "--merge"]
@@ -51,7 +51,8 @@ def test_chain_shard_count_is_optional(tmp_path):
     out, calls = _chain(tmp_path, "cfg.yaml", "evaluate.k=2")
     assert out.returncode == 0, out.stderr
     assert "--array=0-3" in calls[3] and calls[3][-2:] == ["cfg.yaml", "evaluate.k=2"]
-    assert "--array=0-3" in calls[10] and calls[10][-2:] == ["cfg.yaml", "evaluate.k=2"]  # evaluate's default too
+    assert "--array=0-3" in calls[5] and calls[5][-2:] == ["cfg.yaml", "evaluate.k=2"]  # teacher-data's too
+    assert "--array=0-3" in calls[12] and calls[12][-2:] == ["cfg.yaml", "evaluate.k=2"]  # evaluate's default too
     out, calls = _chain(tmp_path / "zero", "cfg.yaml", "0") if (tmp_path / "zero").mkdir() is None else (None, None)
     assert out.returncode == 2 and "N_DISTILL_SHARDS" in out.stderr and not calls
     (tmp_path / "zero_eval").mkdir()
