@@ -68,6 +68,9 @@ class Manifest:
     wall_time_s: float
     content_hash: str
     files: dict[str, str]
+    # CPU seconds (user + system) of the stage's process and of the processes it started and waited for
+    # (its helper shards, training ranks): on a busy machine the wall time says little, this says the work
+    cpu_time_s: float | None = None
     package_version: str = field(default_factory=package_version)
     git_commit: str = field(default_factory=git_commit)
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
@@ -82,20 +85,23 @@ class Manifest:
 _MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {
     "stage": (str,), "config": (dict,), "cache_key": (str,), "inputs": (dict,), "metrics": (dict,),
     "wall_time_s": (int, float), "content_hash": (str,), "files": (dict,), "package_version": (str,),
-    "git_commit": (str,), "created": (str,), "format_version": (int,),
+    "git_commit": (str,), "created": (str,), "format_version": (int,), "cpu_time_s": (int, float, type(None)),
 }
+_OPTIONAL_FIELDS = {"cpu_time_s"}  # added later: a manifest written before it reads as it was
 
 
 def _check_manifest(data: Any, path: Path) -> None:
     fix = "rerun the stage that wrote it with --force"
     if not isinstance(data, dict):
         raise InputError(f"'{path}' is not a manifest (a JSON object is expected); {fix}")
-    missing = [k for k in _MANIFEST_FIELDS if k not in data]
+    missing = [k for k in _MANIFEST_FIELDS if k not in data and k not in _OPTIONAL_FIELDS]
     extra = [k for k in data if k not in _MANIFEST_FIELDS]
     if missing or extra:
         what = ", ".join([f"missing '{k}'" for k in missing] + [f"unknown '{k}'" for k in extra])
         raise InputError(f"'{path}' does not follow the manifest schema ({what}); {fix}")
     for key, types_ in _MANIFEST_FIELDS.items():
+        if key not in data:
+            continue
         value = data[key]
         if not isinstance(value, types_) or isinstance(value, bool):
             raise InputError(f"'{path}' field '{key}' has the wrong type ({type(value).__name__}); {fix}")

@@ -517,6 +517,13 @@ BANDITS: dict[str, tuple[str, str, str]] = {
 
 
 @dataclass
+class CountedCosts:
+    """Fixed prices of a run's counts, in the target's 1-token forwards (its milliseconds still timed)."""
+    cost_ratio: float = 0.1  # c = t_draft / t_target: a drafted token (every drafter alike)
+    verify_slope: float = 0.0  # the (K+1)-token verification forward costs v(K) = 1 + verify_slope * K
+
+
+@dataclass
 class EvaluateSection:
     # the directory under run.root it writes (report.md, metrics.json, plots): a second, bigger evaluation
     # (configs/reproduce.yaml) reuses the run's trained stages and keeps the demo's report/ intact
@@ -578,6 +585,9 @@ class EvaluateSection:
     repeat_ci: float = 0.05  # the half-width of the 90% interval, as a share of the mean, that ends the passes
     warmup: bool = True  # one untimed decode per method and prompt-length class (power of two) before its timed ones
     calibration_reps: int = 50  # interleaved passes over the target's / drafters' forward sizes (counted speedup)
+    # the counted speedup's prices: null (default) the calibration's v(K) and c, timed on this machine; pinned,
+    # counts alone decide every counted verdict, the same on every run (the calibration is reported beside)
+    counted_costs: Optional[CountedCosts] = None
     # torch CPU threads while evaluating (0: torch's default). 1 makes a run's process CPU time its own
     # compute: with more, idle OpenMP workers spin and bill CPU time that depends on the machine's load
     threads: int = 1
@@ -613,6 +623,10 @@ class EvaluateSection:
         for a in self.model_free_arms:
             if a not in ("lookup", "rest", "suffix"):
                 raise InputError(f"evaluate.model_free_arms: unknown arm '{a}'; use lookup, rest, suffix")
+        c = self.counted_costs
+        if c is not None and not (c.cost_ratio > 0 and c.verify_slope >= 0):
+            raise InputError(f"evaluate.counted_costs needs cost_ratio > 0 and verify_slope >= 0, got {c.cost_ratio} "
+                             f"and {c.verify_slope}; or null: calibrate them on this machine")
         if self.threads < 0:
             raise InputError(f"evaluate.threads must be >= 0 (0: torch's default), got {self.threads}")
         for s in self.sets + self.per_drafter_sets + self.eagle_sets:

@@ -10,6 +10,7 @@ import hashlib
 import importlib
 import json
 import os
+import resource
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -375,7 +376,7 @@ def _build_stage(cfg: RunConfig, spec: StageSpec, manifests: dict[str, Manifest]
     if work.is_dir() and any(work.iterdir()):
         log(f"[{name}] resuming from {work} (progress of an earlier, unfinished run)")
     work.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
+    t0, cpu0 = time.time(), cpu_seconds()
     with StageOutput(out) as staged:
         ctx = Context(cfg=cfg, spec=spec, root=root, out=staged.tmp, work=work,
                       inputs={k: stage_dir(cfg, k) for k in manifests}, manifests=manifests)
@@ -387,8 +388,16 @@ def _build_stage(cfg: RunConfig, spec: StageSpec, manifests: dict[str, Manifest]
         inputs = {k: {"path": str(stage_dir(cfg, k)), "content_hash": m.content_hash, "verified": verified}
                   for k, m in manifests.items()}
         inputs.update(ctx.input_hashes)
+        wall, cpu = time.time() - t0, cpu_seconds() - cpu0
         staged.commit(stage=name, config=to_dict(cfg), cache_key=key, inputs=inputs, metrics=metrics,
-                      wall_time_s=round(time.time() - t0, 3))
+                      wall_time_s=round(wall, 3), cpu_time_s=round(cpu, 3))
     shutil.rmtree(work, ignore_errors=True)
-    log(f"[{name}] done in {time.time() - t0:.1f}s -> {out}")
+    log(f"[{name}] done in {wall:.1f}s ({cpu:.1f} CPU s) -> {out}")
     return out
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of the children it has waited for (a stage's helper
+    processes and training ranks are waited for before it commits, so their work counts)."""
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))

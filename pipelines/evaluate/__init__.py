@@ -86,7 +86,7 @@ from specdraft.decoding.compat import check_k
 from specdraft.decoding.speculators.eagle import TreeShape
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.drafters.roles import drafter_roles
-from specdraft.decoding.costs.calibration import Calibrator
+from specdraft.decoding.costs.calibration import Calibration, Calibrator
 from specdraft.pipelines.evaluate.aggregate import (Setup, beside_measured, quality_scores, score_quality, summarize,
                                                    target_quality)
 from specdraft.pipelines.evaluate.claims import judge
@@ -97,7 +97,7 @@ from specdraft.pipelines.evaluate.plan import Env, Run, batches, build_plan
 from specdraft.pipelines.evaluate.render import write_report
 from specdraft.pipelines.evaluate.run import Record, TimingPolicy, calls, execute
 from specdraft.pipelines.evaluate.units import missing, read_back, run_units, share, unfinished_error, units
-from specdraft.pipelines.schema import EvaluateSection
+from specdraft.pipelines.schema import CountedCosts, EvaluateSection
 from specdraft.pipelines.shards import claim_merge, is_helper, processes_started_here, this_share
 from specdraft.pipelines.stage import Context, StageIncomplete
 
@@ -222,12 +222,15 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
         runs, target, ecfg.max_new_tokens, modes, eos, device, ecfg.repeats,
         between=None if runs[0].prompt.batch else lambda: calibrator.sample(per_prompt), bar=bar, policy=policy,
         warmed=warmed), calibrator)
-    calib = calibrator.result()
+    measured = calibrator.result()
+    calib = pinned_costs(measured, ecfg.counted_costs) if ecfg.counted_costs else measured
     score_quality(records, {(p.set, p.id): p.reference for p in prompts}, tok)
 
     metrics = summarize(records, calib, Setup(ecfg, k_main, own, ofa, heads, modes["sampling"], device, len(prompts),
                                               len(drafters), arm_names, notes, cfg.run.seed, len(plan),
                                               bundle.defaults.cost_ratio))
+    if ecfg.counted_costs:
+        metrics["calibration"]["measured"] = measured.as_dict()
     if ecfg.drafter_quality:
         metrics["quality_scores"] = quality_scores(records, prompts, tok, _drafters_alone(
             drafters, [p for p in prompts if p.set == "test" and p.domain in SCORED_DOMAINS and p.reference],
@@ -242,6 +245,16 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     metrics["drafter_alignment"] = {n: dict(e.alignment) for n, e in sorted(bundle.drafters.items()) if e.alignment}
     write_report(metrics, ctx.out)
     return {"headline": metrics["headline"], "cost_fit": metrics["cost_fit"], "runs": len(records)}
+
+
+def pinned_costs(measured: Calibration, costs: CountedCosts) -> Calibration:
+    """The calibration with its ratios replaced by the configured ones (evaluate.counted_costs): every forward
+    priced in the target's 1-token forward, whose timed milliseconds only set the unit, so no ratio of two
+    counted costs, and no verdict read from one, depends on the machine or its load."""
+    t1 = measured.target_s[1]
+    return Calibration({n: t1 * (1 + costs.verify_slope * (n - 1)) for n in measured.target_s},
+                       {name: t1 * costs.cost_ratio for name in measured.drafter_s}, measured.context, measured.reps,
+                       measured.draft_run)
 
 
 def _price_throughput(ctx: Context, env: Env, bundle: Bundle, prompts: list, notes: list[str]):

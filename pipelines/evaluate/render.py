@@ -55,10 +55,13 @@ def _opening(metrics: dict) -> list[str]:
         "Every number below is in metrics.json.", "", *target_line(metrics), *timing_lines(metrics),
         "Speedups are against the autoregressive target on the same prompts (its cost per token times the "
         "method's tokens), pooled over prompts as a ratio of totals with its bootstrap 90% interval. "
-        "**Counted** speedup: the cost the run's counts predict on this machine "
-        "(SpecDec++ Eq. 3.1 with the calibrated cost of each round's (K+1)-token verification forward and of a "
-        "draft forward); the counts are exact and load moves it only through that calibration, far less than the "
-        "timed one, so it is the headline on CPU. **Timed** speedup: "
+        "**Counted** speedup: the cost the run's counts predict "
+        + ("(SpecDec++ Eq. 3.1 with the configured cost of each round's (K+1)-token verification forward and of a "
+           "draft forward, evaluate.counted_costs); the counts are exact and nothing timed moves it"
+           if cfg.get("counted_costs") else
+           "on this machine (SpecDec++ Eq. 3.1 with the calibrated cost of each round's (K+1)-token verification "
+           "forward and of a draft forward); the counts are exact and load moves it only through that calibration, "
+           "far less than the timed one") + ", so it is the headline on CPU. **Timed** speedup: "
         "the same ratio of measured times (each run's mean over its passes), the check. An effect is claimed "
         "only where its "
         "interval clears the line.", "",
@@ -167,7 +170,7 @@ def _further_sections(metrics: dict) -> list[str]:
                   "Sampling-mode rows are compared with the target sampling alone.", "", further, ""]
     eagle = eagle_table(metrics)
     if eagle:
-        ms = metrics["calibration"].get("drafter_ms", {})
+        ms = measured_calibration(metrics).get("drafter_ms", {})
         costs = ", ".join(f"{n} {t:.3f} ms" for n, t in sorted(ms.items()))
         parts += ["## EAGLE drafters vs independent drafters (MetaSD Tables 4 / 7 shape; greedy)", "",
                   "EAGLE: one decoder layer over the target's features and the target's embedding (EAGLE-3, "
@@ -198,22 +201,38 @@ def _target_quality_section(quality: dict) -> list[str]:
     return parts
 
 
+def measured_calibration(metrics: dict) -> dict:
+    """The forward costs timed on this machine (beside the configured prices where evaluate.counted_costs
+    pinned them, else the calibration the counted speedups are priced with)."""
+    return metrics["calibration"].get("measured", metrics["calibration"])
+
+
 def _calibration_section(metrics: dict) -> list[str]:
-    """The costs the counted speedup is priced with, as calibrated on this machine."""
+    """The costs the counted speedup is priced with: calibrated on this machine, or pinned by the config
+    with this machine's calibration in the row beside them."""
     k, cfg, cal = metrics["k"], metrics["config"], metrics["calibration"]
-    vk = cal["v"]
-    return ["## Calibration (this machine: the counted speedup's costs)", "",
-            f"10% quantile of {cal['reps']} interleaved passes at a {cal['context']}-token context (load only adds "
-            "time). v(K) = the target's (K+1)-token cached forward over its 1-token forward; t_draft = a drafter's "
-            f"cost per drafted token, timed over {cal.get('draft_run', 1)} forwards in a row right after a target "
-            "forward, as a round drafts.", "",
-            "c = t_draft / t_target: calibrated here; the bundle's c is the one train-heads measured (or "
-            "export pinned), the price of a drafted token in every bandit's throughput reward.", "",
-            table(["t_target 1 token (ms)", "mean t_draft (ms)", "c = t_draft / t_target", "bundle's c"]
-                  + [f"v({kk})" for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k],
-                  [[cal["target_ms"]["1"], cal["drafter_mean_ms"], cal.get("cost_ratio"),
-                    metrics.get("bundle_cost_ratio")]
-                   + [vk[str(kk)] for kk in sorted(map(int, vk)) if kk in cfg["ks"] or kk == k]]), ""]
+    pinned, measured = cfg.get("counted_costs"), measured_calibration(metrics)
+    ks = [kk for kk in sorted(map(int, measured["v"])) if kk in cfg["ks"] or kk == k]
+
+    def row(name: str, c: dict) -> list:
+        return [name, c["target_ms"]["1"], c["drafter_mean_ms"], c.get("cost_ratio"),
+                metrics.get("bundle_cost_ratio")] + [c["v"][str(kk)] for kk in ks]
+
+    rows = ([row("pinned (evaluate.counted_costs): the counted speedups' prices", cal)] if pinned else []) \
+        + [row("calibrated on this machine" + (", beside" if pinned else ": the counted speedups' prices"), measured)]
+    return ["## Calibration (the counted speedup's costs)", "",
+            *([f"The counted speedups price every run's counts with evaluate.counted_costs: c = "
+               f"{pinned['cost_ratio']} and v(K) = 1 + {pinned['verify_slope']} K, so their verdicts depend on the "
+               "counts alone and repeat from run to run; this machine's 1-token target forward only sets their "
+               "unit. What this machine measured is the row below them.", ""] if pinned else []),
+            f"10% quantile of {measured['reps']} interleaved passes at a {measured['context']}-token context (load "
+            "only adds time). v(K) = the target's (K+1)-token cached forward over its 1-token forward; t_draft = a "
+            f"drafter's cost per drafted token, timed over {measured.get('draft_run', 1)} forwards in a row right "
+            "after a target forward, as a round drafts.", "",
+            "The bundle's c is the one train-heads measured (or export pinned), the price of a drafted token in "
+            "every bandit's throughput reward.", "",
+            table(["prices", "t_target 1 token (ms)", "mean t_draft (ms)", "c = t_draft / t_target", "bundle's c"]
+                  + [f"v({kk})" for kk in ks], rows), ""]
 
 
 def _cost_fit_section(fit: dict | None) -> list[str]:

@@ -53,7 +53,7 @@ def effect_lines(metrics: dict) -> list[str]:
     if sd:
         by = {v: [x for x in sd if x["holds"] == v] for v in ("above", "below", "within noise")}
         lines.append(
-            "- **SpecDec++ beats the best fixed K in counted cost per token (Eq. 3.1 with the calibrated v(K); "
+            "- **SpecDec++ beats the best fixed K in counted cost per token (Eq. 3.1 with the verification cost v(K); "
             "speedup of SpecDec++ over that K, 90% interval over prompts):** "
             + "; ".join(f"{word} for {len(xs)} of {len(sd)} domain/drafter pairs"
                         + (": " + ", ".join(f"{x['domain']}/{x['drafter']} vs K={x['best_fixed_k']} "

@@ -232,6 +232,35 @@ def test_drafter_quality_beside_the_targets_and_the_cascades_plot(run_root):
     assert (out / "cascades.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_pinned_counted_costs_price_every_run_and_the_report_shows_the_calibration_beside(run_root):
+    """evaluate.counted_costs: each run's counted cost over AR's on its prompt is Eq. 3.1 with the configured c
+    and v(K) (the counts alone), whatever this machine timed; the report names the pinned prices and shows
+    the calibration this machine measured in its own row."""
+    pinned = {"cost_ratio": 0.05, "verify_slope": 0.25}  # far from anything a CPU measures for this pair
+    cfg = tiny_config(run_root, **{**FAST, "acceptance_data": TWO_TRANSFORMS},
+                      evaluate={**TINY_EVAL, "sampling_prompts": 0, "bandits": [], "stream_bandits": [],
+                                "spectr_drafts": [], "cascades": [], "model_free_arms": [], "model_free_bandit": None,
+                                "batch_sizes": [], "repeats": 1, "repeats_max": 1, "counted_costs": pinned})
+    out = run_stage(cfg, "evaluate")
+    metrics = json.loads((out / "metrics.json").read_text())
+    cal, measured = metrics["calibration"], metrics["calibration"]["measured"]
+    assert cal["cost_ratio"] == pinned["cost_ratio"] and cal["v"]["2"] == pytest.approx(1.5, abs=1e-3)
+    assert measured["cost_ratio"] != pinned["cost_ratio"] and measured["v"]["2"] != cal["v"]["2"]
+    assert measured["target_ms"]["1"] == cal["target_ms"]["1"]  # the unit stays this machine's 1-token forward
+    ar = {r["prompt"]: r for r in metrics["runs"] if r["family"] == "ar" and r["mode"] == "greedy"}
+    spec = [r for r in metrics["runs"] if r["mode"] == "greedy" and r["family"] in ("fixed", "specdecpp")]
+    assert spec
+    for r in spec:
+        rounds = sum(1 + pinned["verify_slope"] * k for k in r["drafted"]) + r["N_target"] - len(r["drafted"])
+        by_hand = (rounds + pinned["cost_ratio"] * r["N_draft"]) / ar[r["prompt"]]["N_target"]
+        assert r["counted_s"] / ar[r["prompt"]]["counted_s"] == pytest.approx(by_hand, rel=1e-6), label(r)
+    report = (out / "report.md").read_text()
+    assert "c = 0.05 and v(K) = 1 + 0.25 K" in report
+    pinned_row = next(line for line in report.splitlines() if line.startswith("| pinned"))
+    measured_row = next(line for line in report.splitlines() if line.startswith("| calibrated on this machine"))
+    assert f"| {measured['cost_ratio']:.3f} |" in measured_row and "| 0.050 |" in pinned_row
+
+
 def test_stopping_time_regret_by_hand():
     from specdraft.decoding.metrics import GenerationMetrics
     from specdraft.pipelines.evaluate.aggregate import stopping_time_regret

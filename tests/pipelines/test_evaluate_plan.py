@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from specdraft.core.errors import InputError
 from specdraft.decoding.metrics import GenerationMetrics
 from specdraft.decoding.speculators.prompt_lookup import PromptLookupSpeculator
 from specdraft.decoding.rounds.sampling import SamplingConfig
@@ -126,6 +127,30 @@ def test_counted_cost_by_hand():
     seq = Record(MethodKey("cascade", drafter="a"), "p", "test", "x",
                  GenerationMetrics(n_generated=9, n_target=2, n_draft=9), drafter="a")
     assert calib.cost(seq) == pytest.approx((2 * 1.0 + 9 * 0.3) * 1e-3)
+
+
+def test_pinned_costs_make_counted_ratios_independent_of_the_clock():
+    """evaluate.counted_costs: two machines (or two load phases) calibrate different v(K), c and milliseconds;
+    priced with the pinned ratios, a run's counted cost over AR's is the same number on both, the one the
+    counts give by hand."""
+    from specdraft.pipelines.evaluate import pinned_costs
+    from specdraft.pipelines.schema import CountedCosts
+
+    m = GenerationMetrics(n_generated=9, n_target=3, n_draft=7, drafted=[4, 3, 0], accepted=[4, 2, 0])
+    spec = Record(MethodKey("fixed", drafter="a", k=4), "p", "test", "x", m, drafter="a")
+    ar = Record(MethodKey("ar"), "p", "test", "x", GenerationMetrics(n_generated=9, n_target=9))
+    quiet = Calibration({n: (1 + 0.1 * (n - 1)) * 1e-3 for n in range(1, 6)}, {"a": 0.3e-3}, 16, 1)
+    busy = Calibration({n: (2.5 + 0.01 * (n - 1)) * 1e-3 for n in range(1, 6)}, {"a": 0.2e-3}, 16, 1)
+    assert quiet.cost(spec) / quiet.cost(ar) != pytest.approx(busy.cost(spec) / busy.cost(ar), rel=0.05)
+    costs = CountedCosts(cost_ratio=0.1, verify_slope=0.02)
+    by_hand = ((1 + 0.02 * 4) + (1 + 0.02 * 3) + 1.0 + 7 * 0.1) / 9
+    for measured in (quiet, busy):
+        pinned = pinned_costs(measured, costs)
+        assert pinned.cost(spec) / pinned.cost(ar) == pytest.approx(by_hand)
+        assert pinned.target(1) == measured.target(1)  # the unit stays this machine's 1-token forward
+        assert pinned.as_dict()["cost_ratio"] == pytest.approx(0.1) and pinned.v(4) == pytest.approx(1.08)
+    with pytest.raises(InputError, match="evaluate.counted_costs"):
+        EvaluateSection(counted_costs=CountedCosts(cost_ratio=0.0)).check()
 
 
 def test_sequential_cascades_decode_with_their_own_loop(env):

@@ -25,7 +25,14 @@ def test_manifest_fields_and_cache_hit(tmp_path):
     for key in ("stage", "config", "inputs", "package_version", "git_commit", "metrics", "wall_time_s", "content_hash"):
         assert key in json.loads((out / "manifest.json").read_text())
     assert m.config["demo"]["train_per_domain"] == 4 and m.metrics["prompts"]["train"]["math"] == 4
+    # the stage's CPU seconds beside its wall time: building the world is work, so more than nothing
+    assert 0 < m.cpu_time_s and "CPU s)" in logs[-1]
     verify_files(out)
+    # a manifest written before cpu_time_s was recorded still reads (and is still a cache hit)
+    data = json.loads((out / "manifest.json").read_text())
+    del data["cpu_time_s"]
+    (out / "manifest.json").write_text(json.dumps(data))
+    assert read_manifest(out).cpu_time_s is None
     stamp = (out / "manifest.json").stat().st_mtime_ns
     run_stage(cfg, "prepare-data", log=logs.append)
     assert "cache hit" in logs[-1] and (out / "manifest.json").stat().st_mtime_ns == stamp
