@@ -532,5 +532,5 @@ class RunConfig:
         lengths = stored_signal_readers(self)
         if len(set(lengths.values())) > 1:  # one stored signal, computed over one context
             raise InputError(f"{' and '.join(f'{k}.max_length ({v})' for k, v in lengths.items())} differ, and both "
-                             "read the target's stored signal (teacher-data), computed over one context: set them "
+                             "read the target's stored signal (teacher-data), computed over one context; set them "
                              "equal, or teacher_data.enabled: false")
