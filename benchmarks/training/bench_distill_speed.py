@@ -1,0 +1,112 @@
+"""distill-data's local backends side by side on a real target: transformers `generate` (hf) against the project's
+batched decoder (decoder: eager, and compiled), and, given a drafter, the decoder speculative (lossless: the
+target's own answers in fewer target forwards), each called as the stage calls it (pipelines/distill_data.py
+`hf_backend` / `decoder_backend`).
+
+    python benchmarks/training/bench_distill_speed.py --target DIR [--drafter DIR] [--prompt-set RUN/prompts/sets
+        --domain code] [--n-prompts 16] [--batch 16] [--tokens 64] [--passes 2] [--dtype float32] [--threads 2]
+        [--no-compile] [--no-append]
+
+Every backend answers the same prompts, in batches of --batch, greedy, at most --tokens new tokens; batch by batch
+the backends take turns (the order turning each batch and pass: benchmarks/harness/timing.py `interleave`), one
+untimed warm-up call of each on each batch first (a compiled decoder builds its graphs there). Reported per
+backend: answered tokens per second (the median over passes of the pass's total, min-max), its ratio to hf within
+the same pass (median, min-max), and how many greedy answers equal hf's token for token (fp32: all should; bf16:
+the step's shape changes the rounding, see decoding/near_ties.py). Writes its section of
+benchmarks/training/RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.harness
+
+from specdraft.decoding.compilation import StepCompiler  # noqa: E402
+from specdraft.decoding.generate import Plan  # noqa: E402
+from specdraft.decoding.policies.spec import PolicySpec, build_policy  # noqa: E402
+from specdraft.pipelines.distill_data import decoder_backend, hf_backend  # noqa: E402
+from specdraft.pipelines.schema import DistillDataSection  # noqa: E402
+from benchmarks.harness.machine import box_load  # noqa: E402
+from benchmarks.harness.models import DTYPES, add_device_flags, load, load_prompts  # noqa: E402
+from benchmarks.harness.publish import publish  # noqa: E402
+from benchmarks.harness.timing import interleave  # noqa: E402
+
+
+def backends(target, drafter, tok, dcfg, k: int, compiled: bool) -> dict:
+    """{name: generate(prompts, temperature, batch_seed, request_seeds)} as distill-data opens them."""
+    out = {"hf": hf_backend(target, tok, dcfg),
+           "decoder eager": decoder_backend(target, tok, dcfg, Plan("target"), StepCompiler("none"))}
+    if compiled:
+        out["decoder compiled"] = decoder_backend(target, tok, dcfg, Plan("target"), StepCompiler("default"))
+    if drafter is not None:
+        spec = Plan("drafter", drafter, lambda: build_policy(PolicySpec("fixed", k=k)))
+        out[f"decoder K={k} eager"] = decoder_backend(target, tok, dcfg, spec, StepCompiler("none"))
+    return out
+
+
+def ratio_cell(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.2f}x ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def main(argv=None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", required=True, help="the target's model directory (e.g. a run's target/)")
+    ap.add_argument("--drafter", help="a drafter's model directory: adds the speculative decoder backend")
+    ap.add_argument("--k", type=int, default=4, help="the speculative backend's fixed draft length")
+    ap.add_argument("--prompt-set", help="a run's prompts/sets dir: its test prompts of --domain")
+    ap.add_argument("--prompts", help="text file, one prompt per line")
+    ap.add_argument("--domain", default="code")
+    ap.add_argument("--n-prompts", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--no-compile", action="store_true", help="leave out the compiled decoder (its compile takes minutes)")
+    ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md alone")
+    add_device_flags(ap)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from transformers import AutoTokenizer
+
+    dtype = DTYPES[args.dtype]
+    target = load(args.target, args.device, dtype)
+    drafter = load(args.drafter, args.device, dtype) if args.drafter else None
+    tok = AutoTokenizer.from_pretrained(args.target, trust_remote_code=False)
+    prompts = load_prompts(args, target.config.vocab_size, lengths=(16, 49), lowest_id=3)
+    dcfg = DistillDataSection(max_new_tokens=args.tokens, batch_size=args.batch, top_k=0, top_p=1.0)
+    fns = {name: (lambda unit, seed, g=g: g(unit, 0.0, seed, list(range(len(unit)))))
+           for name, g in backends(target, drafter, tok, dcfg, args.k, not args.no_compile).items()}
+    units = [prompts[b:b + args.batch] for b in range(0, len(prompts), args.batch)]
+    load_before = box_load()
+    times, outs = interleave(fns, units, args.passes, args.device)
+    answers = {name: [a for unit in per_pass[0] for a, _ in unit] for name, per_pass in outs.items()}
+    tokens = {name: sum(map(len, a)) for name, a in answers.items()}
+    rate = {name: [tokens[name] / sum(ts) for ts in per_pass] for name, per_pass in times.items()}
+    lines = [
+        f"## distill-data's local backends on {'/'.join(Path(args.target).resolve().parts[-2:])} ({args.dtype})", "",
+        f"{len(prompts)} prompts ({args.domain if args.prompt_set else 'given' if args.prompts else 'random ids'}), "
+        f"batches of {args.batch}, greedy, at most {args.tokens} new tokens; {args.passes} passes, the backends taking "
+        f"turns batch by batch; {args.threads} torch thread(s); {platform.machine()} CPU, {os.cpu_count()} cores; "
+        f"{load_before} at the start, {box_load()} at the end.", "",
+        "| backend | answered tokens | tokens/s median (min-max) | x hf, within a pass | greedy answers equal to hf's |",
+        "|---|---|---|---|---|",
+    ]
+    for name in fns:
+        ratios = [r / h for r, h in zip(rate[name], rate["hf"])]
+        same = sum(a == b for a, b in zip(answers[name], answers["hf"]))
+        lines.append(f"| {name} | {tokens[name]} | {statistics.median(rate[name]):.1f} ({min(rate[name]):.1f}-"
+                     f"{max(rate[name]):.1f}) | {ratio_cell(ratios)} | {same}/{len(prompts)} |")
+    text = "\n".join(lines)
+    publish(text, write=not args.no_append)
+    return text
+
+
+if __name__ == "__main__":
+    main()
