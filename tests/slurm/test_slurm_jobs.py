@@ -247,13 +247,14 @@ def _root_free_bundle(root) -> tuple[dict, dict]:
 
 
 def test_chain_equals_specdraft_run(slurm, job_env, distilled, tmp_path):
-    """slurm/chain.sh submits every stage as dependent jobs (distill-data and evaluate each as a 2-task array
-    + merge job); its drafters, heads, bundle.json and report counts equal `specdraft run` on the same config."""
+    """slurm/chain.sh submits every stage as dependent jobs (distill-data, teacher-data and evaluate each as a
+    2-task array + merge job); its drafters, heads, bundle.json and report counts equal `specdraft run` on the same
+    config."""
     root, cfg_file = _copy(None, tmp_path, "chain", **CHAIN)
     out = slurm.run(str(SLURM / "chain.sh"), str(cfg_file), "2", "2", cwd=root.parent, env=job_env)
     jobs = out.split()
-    assert len(jobs) == 12 and all(j.isdigit() for j in jobs), out
-    arrays = (jobs[3], jobs[10])  # distill-data's and evaluate's
+    assert len(jobs) == 14 and all(j.isdigit() for j in jobs), out
+    arrays = (jobs[3], jobs[5], jobs[12])  # distill-data's, teacher-data's and evaluate's
     states = slurm.wait(jobs, timeout=900)
     for a in arrays:
         states.update({f"{a}_{i}": slurm.job_state(f"{a}_{i}") for i in range(2)})
@@ -265,10 +266,10 @@ def test_chain_equals_specdraft_run(slurm, job_env, distilled, tmp_path):
              for j in jobs]
     assert all(spans[i][0] >= spans[i - 1][1] for i in range(1, len(spans))), spans
     # evaluate: each array task ran its own share of the plan's units; one of them (or the merge job) merged
-    eval_logs = _log(root.parent, f"slurm-specdraft-evaluate-{jobs[10]}_*.out")
+    eval_logs = _log(root.parent, f"slurm-specdraft-evaluate-{jobs[12]}_*.out")
     shares = {int(i): int(n) for i, n in re.findall(r"shard (\d)/2: \d+ of its (\d+) units to run", eval_logs)}
     assert sorted(shares) == [0, 1] and all(shares.values()), eval_logs[-3000:]
-    merge_log = _log(root.parent, f"slurm-specdraft-{jobs[11]}.out")
+    merge_log = _log(root.parent, f"slurm-specdraft-{jobs[13]}.out")
     assert ("[evaluate] done in" in eval_logs) != ("[evaluate] done in" in merge_log), merge_log[-3000:]
     assert "[evaluate] cache hit" in merge_log or "[evaluate] done in" in merge_log, merge_log[-3000:]
 
@@ -284,9 +285,12 @@ def test_chain_equals_specdraft_run(slurm, job_env, distilled, tmp_path):
     assert _root_free_bundle(root) == _root_free_bundle(ref)
     assert _report_counts(root) == _report_counts(ref)
     logs = _log(root.parent, "slurm-*.out")
-    # every stage ran as a job of its own, but convert-target, which a config without a GGUF target skips
-    assert all(f"[{stage}] slurm job" in logs for stage in STAGE_NAMES if stage != "convert-target"), logs[-3000:]
+    # every stage ran as a job of its own, but convert-target, which a config without a GGUF target skips, and
+    # teacher-data, which this config's drafters (ce on the target's answers, no EAGLE) do not read
+    skipped = ("convert-target", "teacher-data")
+    assert all(f"[{stage}] slurm job" in logs for stage in STAGE_NAMES if stage not in skipped), logs[-3000:]
     assert "[convert-target] skipped: no GGUF target" in logs
+    assert "[teacher-data] skipped: no drafter's training reads it" in logs
 
 
 @pytest.fixture(scope="module")
