@@ -16,7 +16,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 # pytest-xdist workers for make test: one per core of the 2-core boxes it is budgeted on; a file's tests stay on
-# one worker (--dist loadfile), so a module's fixtures (the real target's conversion) run once
+# one worker (--dist loadfile), so a module's fixtures (the real target's conversion) run once. --durations: every
+# run (CI's included) prints its 25 slowest steps, so the 8-minute budget's spending is always on record
 TEST_WORKERS ?= 2
 
 .PHONY: demo reproduce quality real real-pair test test-slow test-gpu gpu-wheels test-slurm test-vllm vllm bench-speculators \
@@ -77,7 +78,7 @@ real-pair: $(STAMP) $(PAIR_STAMP)
 	$(VENV)/bin/specdraft run configs/real-pair.yaml
 
 test: $(STAMP) $(REAL_STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 test-slow: $(STAMP) $(REAL_STAMP)
 	$(PY) -m pytest -q -m slow
