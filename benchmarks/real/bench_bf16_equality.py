@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from specdraft.data.chat import row_messages  # noqa: E402
 from specdraft.decoding.batched import generate_batch  # noqa: E402
 from specdraft.decoding.bundle.chat import format_prompt  # noqa: E402
-from specdraft.decoding.near_ties import classify, fp32_copy  # noqa: E402
+from specdraft.decoding.near_ties import classify, first_divergence, fp32_copy  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from benchmarks.harness.machine import box_load, machine  # noqa: E402
 from benchmarks.harness.models import load  # noqa: E402
@@ -44,10 +44,16 @@ def held_out_prompts(target_dir: str, prompt_set: str, split: str, n: int) -> li
     return [(r["domain"], format_prompt(tok, row_messages(r))) for r in rows]
 
 
-def compare(target, reference, prompts: list[list[int]], spec: list[list[int]], ar: list[list[int]], k: int,
+def compare(target, reference: dict, prompts: list[list[int]], spec: list[list[int]], ar: list[list[int]], k: int,
             rows: int) -> list:
-    """classify() of every prompt's speculative tokens against its AR tokens: None where equal."""
-    return [classify(target, p, s, a, k + 1, rows=rows, reference=reference) for p, s, a in zip(prompts, spec, ar)]
+    """classify() of every prompt's speculative tokens against its AR tokens: None where equal. `reference` holds
+    the fp32 copy of the target once a divergence needs it (a 1.5B target's is 7 GB: made only then, once)."""
+    out = []
+    for p, s, a in zip(prompts, spec, ar):
+        if first_divergence(s, a) is not None and "fp32" not in reference:
+            reference["fp32"] = fp32_copy(target)
+        out.append(classify(target, p, s, a, k + 1, rows=rows, reference=reference.get("fp32")))
+    return out
 
 
 def main(argv=None) -> str:
@@ -67,7 +73,7 @@ def main(argv=None) -> str:
     torch.set_num_threads(args.threads)
     target = load(args.target, "cpu", torch.bfloat16)
     drafter = load(args.drafter, "cpu", torch.bfloat16)
-    reference = fp32_copy(target)  # the near-tie judge's fp32 logits (the bf16 weights, widened)
+    reference = {}  # the near-tie judge's fp32 copy of the target (its bf16 weights, widened), made when needed
     items = held_out_prompts(args.target, args.prompt_set, args.split, args.n_prompts)
     prompts = [p for _, p in items]
 
@@ -95,7 +101,7 @@ def main(argv=None) -> str:
     drafter_name = "/".join(Path(args.drafter).resolve().parts[-2:])
     lines = [f"## bf16 greedy: fixed K = {args.k} against AR on {args.split} prompts ({machine('cpu', 'bfloat16')})", "",
              f"`python benchmarks/real/bench_bf16_equality.py --target {target_name} --drafter {drafter_name} "
-             f"--split {args.split} --n-prompts {args.n_prompts} --tokens {args.tokens} --k {args.k} --batch {args.batch}`"
+             f"--prompt-set {'/'.join(Path(args.prompt_set).resolve().parts[-3:])} --split {args.split} --n-prompts {args.n_prompts} --tokens {args.tokens} --k {args.k} --batch {args.batch}`"
              f": {len(prompts)} prompts ({', '.join(sorted({d for d, _ in items}))}) x {args.tokens} tokens, greedy, "
              f"bf16, no end-of-turn stop; every speculative decode against the target's AR decode alone; "
              f"{args.threads} thread(s), {platform.machine()}, {box_load()}. Counted: the load does not move it.", ""]

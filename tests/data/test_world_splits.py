@@ -74,6 +74,8 @@ def test_the_check_sees_a_leak():
                             "[('dev', 'translate'), ('train', 'summarize')]"]
 
 
+@pytest.mark.slow  # 9.5 CPU s of a fresh process's imports: the refusal is checked in process for every world
+# below, the console script's exit code and one-line stderr in test_config.py's test_console_script_exit_code
 def test_a_heldout_domain_that_also_trains_is_refused_in_one_line():
     r = subprocess.run([sys.executable, "-m", "specdraft.pipelines.cli", "validate", str(REPO / "configs/demo.yaml"),
                         "demo.heldout_domains=[code]"], capture_output=True, text=True)
