@@ -66,14 +66,16 @@ def random_prompts(n: int, vocab: int, lengths: tuple[int, int] = (4, 24), lowes
 
 
 def load_prompts(args, vocab: int, lengths: tuple[int, int] = (4, 24), lowest_id: int = 0) -> list[list[int]]:
-    """--n-prompts prompts: the test prompts of --domain from a run's --prompt-set (formatted as the pipeline
-    serves them), the lines of a --prompts file, or else random ids (`random_prompts`)."""
+    """--n-prompts prompts: the prompts of --domain (None: every domain) in a run's --prompt-set, of its --split
+    where the benchmark has one (else its test set), formatted as the pipeline serves them; the lines of a --prompts
+    file; or else random ids (`random_prompts`)."""
     if args.prompt_set:
         from datasets import load_from_disk
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(args.target, trust_remote_code=False)
-        rows = [r for r in load_from_disk(args.prompt_set)["test"] if r["domain"] == args.domain]
+        rows = [r for r in load_from_disk(args.prompt_set)[getattr(args, "split", "test")]
+                if args.domain in (None, r["domain"])]
         return [format_prompt(tok, row_messages(r)) for r in rows[: args.n_prompts]]
     if getattr(args, "prompts", None):
         from transformers import AutoTokenizer

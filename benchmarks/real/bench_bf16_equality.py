@@ -23,25 +23,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from specdraft.data.chat import row_messages  # noqa: E402
 from specdraft.decoding.batched import generate_batch  # noqa: E402
-from specdraft.decoding.bundle.chat import format_prompt  # noqa: E402
 from specdraft.decoding.near_ties import classify, first_divergence, fp32_copy  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
-from benchmarks.harness.machine import box_load, machine  # noqa: E402
-from benchmarks.harness.models import load  # noqa: E402
+from benchmarks.harness.machine import box_load, cpu_flags, machine  # noqa: E402
+from benchmarks.harness.models import load, load_prompts  # noqa: E402
 from benchmarks.harness.publish import publish  # noqa: E402
 from benchmarks.harness.tables import table  # noqa: E402
-
-
-def held_out_prompts(target_dir: str, prompt_set: str, split: str, n: int) -> list[tuple[str, list[int]]]:
-    """(domain, prompt ids) of the first `n` prompts of `split`, formatted as the pipeline serves them."""
-    from datasets import load_from_disk
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(target_dir, trust_remote_code=False)
-    rows = list(load_from_disk(prompt_set)[split])[:n]
-    return [(r["domain"], format_prompt(tok, row_messages(r))) for r in rows]
 
 
 def compare(target, reference: dict, prompts: list[list[int]], spec: list[list[int]], ar: list[list[int]], k: int,
@@ -62,6 +50,7 @@ def main(argv=None) -> str:
     ap.add_argument("--drafter", required=True, help="the drafter's model directory")
     ap.add_argument("--prompt-set", required=True, help="a run's prompts/sets directory")
     ap.add_argument("--split", default="ood", help="which set (held-out: ood; or test, perturbed)")
+    ap.add_argument("--domain", help="only this domain's prompts (default: every domain of the set)")
     ap.add_argument("--n-prompts", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=64, help="new tokens a decode (no end-of-turn stop: every decode "
                                                            "runs the whole length, so every position is compared)")
@@ -74,8 +63,8 @@ def main(argv=None) -> str:
     target = load(args.target, "cpu", torch.bfloat16)
     drafter = load(args.drafter, "cpu", torch.bfloat16)
     reference = {}  # the near-tie judge's fp32 copy of the target (its bf16 weights, widened), made when needed
-    items = held_out_prompts(args.target, args.prompt_set, args.split, args.n_prompts)
-    prompts = [p for _, p in items]
+    prompts = load_prompts(args, target.config.vocab_size)
+    domain = args.domain or "every domain"
 
     ar = [generate_batch(target, [p], args.tokens)[0].tokens for p in prompts]  # the reference: AR alone
     runs = {"B = 1": [generate_batch(target, [p], args.tokens, drafter=drafter, policy=FixedK(args.k))[0]
@@ -94,17 +83,18 @@ def main(argv=None) -> str:
         mat = sum(r.metrics.n_generated for r in results) / sum(r.metrics.n_target for r in results)
         rows.append([name, len(prompts), f"{equal} ({equal / len(prompts):.0%})", near, len(diverged) - near,
                      f"{mat:.2f}"])
-        found += [[name, items[i][0], i, d.position, d.speculative, d.autoregressive, f"{d.gap:.3f}", f"{d.delta:.3f}",
+        found += [[name, domain, i, d.position, d.speculative, d.autoregressive, f"{d.gap:.3f}", f"{d.delta:.3f}",
                    "yes" if d.near_tie else "**no**"] for i, d in diverged]
         ok &= equal >= 0.95 * len(prompts) and near == len(diverged)
     target_name = "/".join(Path(args.target).resolve().parts[-2:])
     drafter_name = "/".join(Path(args.drafter).resolve().parts[-2:])
     lines = [f"## bf16 greedy: fixed K = {args.k} against AR on {args.split} prompts ({machine('cpu', 'bfloat16')})", "",
              f"`python benchmarks/real/bench_bf16_equality.py --target {target_name} --drafter {drafter_name} "
-             f"--prompt-set {'/'.join(Path(args.prompt_set).resolve().parts[-3:])} --split {args.split} --n-prompts {args.n_prompts} --tokens {args.tokens} --k {args.k} --batch {args.batch}`"
-             f": {len(prompts)} prompts ({', '.join(sorted({d for d, _ in items}))}) x {args.tokens} tokens, greedy, "
+             f"--prompt-set {'/'.join(Path(args.prompt_set).resolve().parts[-3:])} --split {args.split}{f' --domain {args.domain}' if args.domain else ''} --n-prompts {args.n_prompts} --tokens {args.tokens} --k {args.k} --batch {args.batch}`"
+             f": {len(prompts)} prompts ({domain}) x {args.tokens} tokens, greedy, "
              f"bf16, no end-of-turn stop; every speculative decode against the target's AR decode alone; "
-             f"{args.threads} thread(s), {platform.machine()}, {box_load()}. Counted: the load does not move it.", ""]
+             f"{args.threads} thread(s), {platform.machine()}, bf16 units: "
+             f"{', '.join(sorted(cpu_flags() & {'avx512_bf16', 'amx_bf16'})) or 'none'}; {box_load()}. Counted: the load does not move it.", ""]
     lines += table(["decode", "prompts", "equal to AR", "near-tie divergences", "other divergences",
                     "MAT (tokens a target forward)"], rows, "lrrrrr")
     if found:
