@@ -51,7 +51,12 @@ def position_acceptance(target, drafters: dict[str, torch.nn.Module], batch: dic
     """Per response position and drafter: teacher-forced acceptance 1 - TV(p, q) = sum_v min(p, q) at T=1
     (the expected acceptance of one draft token under speculative sampling, Leviathan et al. Thm 3.5) and
     greedy agreement 1{argmax p == argmax q}; both (N, len(drafters)) float64. The target runs once."""
-    p = response_logits(target, batch).softmax(-1)  # (N, V)
+    return _against(response_logits(target, batch).softmax(-1), drafters, batch)
+
+
+def _against(p: torch.Tensor, drafters: dict[str, torch.nn.Module], batch: dict[str, torch.Tensor]
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """position_acceptance given the target's distributions p (N, V) at the batch's response positions."""
     acc, agree = [], []
     for drafter in drafters.values():
         q = response_logits(drafter, batch).softmax(-1)
@@ -62,22 +67,35 @@ def position_acceptance(target, drafters: dict[str, torch.nn.Module], batch: dic
 
 @torch.no_grad()
 def alignment_by_domain(target, drafters: dict[str, Callable[[], torch.nn.Module]], rows: list[dict],
-                        pad_token_id: int, batch_size: int = 32, max_length: int | None = None
-                        ) -> tuple[dict[str, dict[str, dict]], dict[str, np.ndarray]]:
+                        pad_token_id: int, batch_size: int = 32, max_length: int | None = None,
+                        keep_bytes: int = 1 << 30) -> tuple[dict[str, dict[str, dict]], dict[str, np.ndarray]]:
     """rows: {"domain", "prompt_ids", "response_ids"}; drafters: name -> a function that loads it. One drafter is
     in memory at a time (loaded, measured on every row, dropped): a real pair's drafters are each a third of the
-    target, so holding all of them beside it would need several targets' memory. The target runs again for each
-    drafter, the forwards traded for that memory. Returns (drafter -> domain -> metrics, domain -> per-sequence
-    sums (S, D, 3) of acceptance, agreement and positions, drafters in the order given): the second keeps what a
-    paired comparison between drafters resamples (positions of one response are not independent; responses are)."""
+    target, so holding all of them beside it would need several targets' memory. The target's distributions are
+    kept for every drafter after the first where they fit `keep_bytes` (the demo's 800 responses over a small
+    vocabulary: the target's forwards were five sixths of its alignment), else the target runs again for each
+    drafter, the forwards traded for memory (a real pair's 152k vocabulary). Returns (drafter -> domain ->
+    metrics, domain -> per-sequence sums (S, D, 3) of acceptance, agreement and positions, drafters in the order
+    given): the second keeps what a paired comparison between drafters resamples (positions of one response are
+    not independent; responses are)."""
     collate = CausalLMCollator(pad_token_id=pad_token_id, max_length=max_length)
     chunks = [rows[start:start + batch_size] for start in range(0, len(rows), batch_size)]
     sums = [torch.zeros(len(chunk), len(drafters), 3, dtype=torch.float64) for chunk in chunks]
+    batches = [collate([{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in chunk])
+               for chunk in chunks]
+    positions = sum(int(b["loss_mask"].sum()) for b in batches)
+    fits = positions * target.get_output_embeddings().weight.shape[0] * 4 <= keep_bytes
+    kept: list[torch.Tensor] | None = [] if len(drafters) > 1 and fits else None
     for j, (name, load) in enumerate(drafters.items()):
         drafter = load()
-        for chunk, chunk_sums in zip(chunks, sums):
-            batch = collate([{"prompt_ids": r["prompt_ids"], "response_ids": r["response_ids"]} for r in chunk])
-            acc, agree = position_acceptance(target, {name: drafter}, batch)  # (N, 1) each, N = response positions
+        for c, (chunk, chunk_sums, batch) in enumerate(zip(chunks, sums, batches)):
+            if kept is not None and c < len(kept):
+                p = kept[c]
+            else:
+                p = response_logits(target, batch).softmax(-1)  # (N, V), N = response positions
+                if kept is not None:
+                    kept.append(p)
+            acc, agree = _against(p, {name: drafter}, batch)  # (N, 1) each
             seq = torch.repeat_interleave(torch.arange(len(chunk)), batch["loss_mask"].sum(1))  # (N,) row of each
             chunk_sums[:, j, 0].index_add_(0, seq, acc[:, 0])
             chunk_sums[:, j, 1].index_add_(0, seq, agree[:, 0])
