@@ -2,7 +2,7 @@
 bundle's acceptance summary (decoding/costs/throughput.py) and the decoder's cost table on this device
 (decoding/costs/profile.py: profiled here, or read from the on-disk cache a previous start left, or from
 --cost-table FILE). Nothing is decoded: the prediction is a simulation of rounds priced with measured
-step times (docs/decoder.md, "Predicting served throughput").
+step times (docs/predict.md).
 
 With --write-engine-config the K it recommends per batch size (the "K per B" column) goes into the bundle's
 vllm/<drafter>/ configs as vLLM's `num_speculative_tokens_per_batch_size` (pipelines/vllm_export.py,

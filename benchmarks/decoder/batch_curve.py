@@ -236,7 +236,7 @@ def curve_notes(args, paired: list, pooled: list, tables: list[CostTable], compi
              "from (a) when it ran). Batch-aware lockstep: the batch drafts on while a longer round's expected "
              "tokens exceed lam times its extra cost in the decoder's measured step times at B, lam = the cost "
              "model's best fixed-K rate at B (own rate: lam = the round's own tokens per second so far) ("
-             f"{args.prior}; docs/decoder.md); global budget: every row drafts 4, the top-N drafts of the batch by "
+             f"{args.prior}; docs/predict.md); global budget: every row drafts 4, the top-N drafts of the batch by "
              "survival are verified (vLLM #47808). MAT = tokens per target forward (bonus counted), summed over rows.",
              ""] + paired_table([(B, *goal) for B, goal, _ in paired], args.goal_ks)
     if pooled:

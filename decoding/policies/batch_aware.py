@@ -1,5 +1,5 @@
 """Length policies that price a round with the decoder's measured cost at the batch in use
-(docs/decoder.md, "The stop rule", derives them; docs/algorithms.md, "Batch-aware rule", "Engine rules"):
+(docs/predict.md, "The stop rule", derives them; docs/algorithms.md, "Batch-aware rule", "Engine rules"):
 
     BatchAwareSpecDec          per row: stop where the row's expected tokens per unit of round cost stop rising
     LockstepBatchAwareSpecDec  the batch's expected tokens over the batch's round cost: all rows stop together
@@ -127,7 +127,7 @@ class BatchAwareSpecDec(OnePromptRule):
     the model, a policy maximising E[T - lam C] per round has a rate >= lam, so >= the best fixed K and
     >= batched AR), or a number given, or None: the round's own T_b(k) / C_B(k) (stops a round that goes
     well too early: it weighs the tokens already banked). With costs linear in k and a fixed lam it is
-    SpecDec++'s fixed-h rule, h = 1 - lam t_draft / prior^2 (docs/decoder.md). Decision 0 is asked before
+    SpecDec++'s fixed-h rule, h = 1 - lam t_draft / prior^2 (docs/predict.md). Decision 0 is asked before
     any drafter forward, so a row may verify no drafts: a plain target step whenever drafting is predicted
     not to pay at B."""
 

@@ -235,7 +235,7 @@ def test_the_rules_first_decision_inside_a_draft_graph_breaks_no_graph():
 
 
 def test_linear_costs_and_a_fixed_rate_give_specdecpp_with_its_threshold():
-    """Regime (docs/decoder.md): verify flat in w, every drafter forward t_d, a fixed reference rate lam:
+    """Regime (docs/predict.md): verify flat in w, every drafter forward t_d, a fixed reference rate lam:
     stop iff s_{k-1} prior^2 < lam t_d, i.e. SpecDec++'s 1 - p_hat > h with h = 1 - lam t_d / prior^2."""
     gen = torch.Generator().manual_seed(0)
     t_d, prior, k_max = 0.1, 0.8, 6
