@@ -73,9 +73,10 @@ def stdlib_modules() -> tuple[tuple[str, str], ...]:
 
 
 @lru_cache(maxsize=1)
-def stdlib_functions() -> tuple[tuple[str, str, str], ...]:
-    """(module, function name, source text) of module-level and method functions of 4-40 lines."""
-    out = []
+def _stdlib_scan() -> tuple[tuple[tuple[str, str, str], ...], tuple[tuple[str, str], ...]]:
+    """stdlib_functions() and stdlib_docstrings() from one parse and one walk of each module (parsing the standard
+    library was most of prepare-data's seconds, and both used to parse it)."""
+    functions, docstrings = [], []
     for module, source in stdlib_modules():
         lines = source.splitlines()
         for node in ast.walk(ast.parse(source)):
@@ -86,22 +87,23 @@ def stdlib_functions() -> tuple[tuple[str, str, str], ...]:
                     indent = len(body[0]) - len(body[0].lstrip())
                     text = "\n".join(line[indent:] for line in body)
                     if text.isascii():
-                        out.append((module, node.name, text))
-    return tuple(out)
-
-
-@lru_cache(maxsize=1)
-def stdlib_docstrings() -> tuple[tuple[str, str], ...]:
-    """(qualified name, cleaned docstring) for modules, classes and functions."""
-    out = []
-    for module, source in stdlib_modules():
-        for node in ast.walk(ast.parse(source)):
+                        functions.append((module, node.name, text))
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)):
                 doc = ast.get_docstring(node)
                 if doc and doc.isascii():
                     name = module if isinstance(node, ast.Module) else f"{module}.{node.name}"
-                    out.append((name, doc))
-    return tuple(out)
+                    docstrings.append((name, doc))
+    return tuple(functions), tuple(docstrings)
+
+
+def stdlib_functions() -> tuple[tuple[str, str, str], ...]:
+    """(module, function name, source text) of module-level and method functions of 4-40 lines."""
+    return _stdlib_scan()[0]
+
+
+def stdlib_docstrings() -> tuple[tuple[str, str], ...]:
+    """(qualified name, cleaned docstring) for modules, classes and functions."""
+    return _stdlib_scan()[1]
 
 
 _PLAIN = re.compile(r"^[A-Z][A-Za-z ,'-]+[a-z][.!?]$")
