@@ -72,7 +72,7 @@ def alignment_by_domain(target, drafters: dict[str, Callable[[], torch.nn.Module
     """rows: {"domain", "prompt_ids", "response_ids"}; drafters: name -> a function that loads it. One drafter is
     in memory at a time (loaded, measured on every row, dropped): a real pair's drafters are each a third of the
     target, so holding all of them beside it would need several targets' memory. The target's distributions are
-    kept for every drafter after the first where they fit `keep_bytes` (the demo's 800 responses over a small
+    kept for every drafter after the first where they fit `keep_bytes` (the demo's dev responses over a small
     vocabulary: the target's forwards were five sixths of its alignment), else the target runs again for each
     drafter, the forwards traded for memory (a real pair's 152k vocabulary). Returns (drafter -> domain ->
     metrics, domain -> per-sequence sums (S, D, 3) of acceptance, agreement and positions, drafters in the order

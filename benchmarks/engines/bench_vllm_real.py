@@ -381,7 +381,8 @@ def main(argv=None) -> None:
     torch.set_num_threads(max(os.cpu_count() or 1, 1))
     bundle = load_bundle(str(run / "bundle"))
     tok = bundle.load_tokenizer()
-    model = bundle.load_target(dtype=args.dtype, device="cpu")  # specdraft's side: end of turn, its greedy decode, its drafters' decodes
+    # specdraft's side, in the servers' precision: end of turn, its greedy decode, its drafters' decodes
+    model = bundle.load_target(dtype=args.dtype, device="cpu")
     eos = list(end_of_turn_ids(tok, model))
     prompts = test_prompts(run, tok, bundle.chat, args.prompts_per_domain)
     # what the kept servings must have been made for: this run's target and distilled data, these prompts' ids
