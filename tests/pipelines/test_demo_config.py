@@ -8,7 +8,7 @@ from specdraft.pipelines.config import load_config
 from specdraft.pipelines.schema import RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
-QUIET_REPORT = REPO / "benchmarks" / "pipeline" / "reproduce-16x128-batch4-2026-11-23.md"
+QUIET_REPORT = REPO / "benchmarks" / "pipeline" / "reproduce-2026-11-23" / "README.md"
 
 
 def _quiet_calibration() -> dict[str, float]:
