@@ -48,7 +48,8 @@ from specdraft.decoding.policies.decide import decide
 from specdraft.decoding.rounds.batch_verify import verify_greedy, verify_sampled
 from specdraft.decoding.rounds.kv import input_device
 from specdraft.decoding.rounds.sampling import SamplingConfig, probs
-from specdraft.decoding.rounds.shapes import decode_cache_length, prefill_width, segments, static_length, verify_width
+from specdraft.decoding.rounds.shapes import (decode_cache_length, prefill_width, segments, static_length, verify_floor,
+                                               verify_width)
 from specdraft.decoding.rounds.static_cache import eagle_rows, forward_rows
 from specdraft.decoding.speculators.eagle_model import EagleDrafter
 
@@ -192,6 +193,7 @@ class Decode:
     commit: Callable = commit_round  # the round's tails, compiled by `start` (their graphs hold no model)
     greedy_tail: Callable = verify_commit_greedy
     behind: int = 0  # rounds since the drafter's last catch-up (rounds with no draft defer it: `catch_up`)
+    floor: int = 1  # the fewest positions per row a target forward runs at (`rounds.shapes.verify_floor`)
 
     @property
     def width(self) -> int:
@@ -333,7 +335,10 @@ def verify_and_commit(d: Decode, state: RowState, drafts: Drafts):
     row, and the commit (`commit_round`); the row state advanced in place. Returns (emitted, count,
     stats, the verify's hidden states, each row's committed length before the round)."""
     width = verify_width(drafts.steps, d.width) if not d.compiler.eager else drafts.steps
-    tokens = drafts.tokens[:, :width]
+    tokens, q = drafts.tokens[:, :width], (drafts.q[:, :width] if drafts.q is not None else None)
+    if width + 1 < d.floor:  # filler past every row's drafts (k stays): its logits are never read
+        tokens = torch.nn.functional.pad(tokens, (0, d.floor - 1 - width))
+        q = torch.nn.functional.pad(q, (0, 0, 0, d.floor - 1 - width)) if q is not None else None
     logits, verified = d.target_step(d.tcache, torch.cat([state.last[:, None], tokens], dim=1), d.eagle,
                                      None, d.feature_layers)
     committed_before = state.plens + state.n_out
@@ -341,9 +346,10 @@ def verify_and_commit(d: Decode, state: RowState, drafts: Drafts):
     if d.sampling.greedy:
         n, emitted, count, active, *advanced, stats = d.greedy_tail(logits, tokens, drafts.k, *rest)
     else:
-        q = drafts.q[:, :width] if drafts.q is not None else logits.new_zeros(tokens.shape[0], 0, logits.shape[-1])
+        q = q if q is not None else logits.new_zeros(*tokens.shape, logits.shape[-1])  # no draft: no q
         # acceptance uniforms for every position up to K_max: a compiled verify, padded wider, draws what eager draws
         r = torch.rand(tokens.shape[0], d.width, generator=d.generator, device=tokens.device)
+        r = torch.nn.functional.pad(r, (0, max(0, tokens.shape[1] - d.width)), value=1.0)  # the floor's filler: none drafted
         n, extra = verify_sampled(probs(logits, d.sampling), q.float(), tokens, drafts.k, d.generator, r)
         emitted, count, active, *advanced, stats = d.commit(tokens, drafts.k, n, extra, *rest)
     state.n_out, state.done, state.last, state.prev, d.tcache.lengths = advanced
@@ -447,15 +453,19 @@ def start(target, prompts, max_new_tokens, drafter, policy, sampling, eos, seed,
     """The Decode of a call and its right-padded prompts (compiled: padded to `prefill_width`)."""
     device = input_device(target)
     B, W = len(prompts), (policy.max_tokens if policy is not None else 0)
+    floor = verify_floor(str(target.get_input_embeddings().weight.dtype).removeprefix("torch."), device.type)
     ids, plens = right_pad(prompts, device)
-    max_len = decode_cache_length(ids.shape[1], max_new_tokens, W, compiler.mode)
+    # the prefill too runs at least `floor` positions (the last prompt token is not prefilled): a row alone then
+    # writes its cache as it does in a batch with longer prompts
+    ids = torch.nn.functional.pad(ids, (0, max(0, floor + 1 - ids.shape[1])))
+    max_len = decode_cache_length(ids.shape[1], max_new_tokens, max(W, floor - 1), compiler.mode)
     if not compiler.eager:  # the prefills run compiled too, at a few padded widths
         ids = torch.nn.functional.pad(ids, (0, prefill_width(ids.shape[1]) - ids.shape[1]))
 
     d = Decode(target=target, drafter=drafter, policy=policy, sampling=sampling,
                generator=torch.Generator(device=device).manual_seed(seed),
                eos=torch.tensor(eos, dtype=torch.long, device=device) if eos else None, max_new=max_new_tokens,
-               compiler=compiler, tcache=compiler.cache(target, B, max_len),
+               compiler=compiler, tcache=compiler.cache(target, B, max_len), floor=floor,
                target_step=forward_step(compiler, target),
                # the output buffer's width rounded up as a cache's is: the round's compiled tails guard on it, so
                # with max_new + K_max + 2 every K_max was a graph of its own at every width and batch size (a sweep

@@ -5,7 +5,10 @@ In fp32 greedy speculative output equals greedy autoregressive output token for 
 greedy output depends on the shape of the step that computes it: a (K + 1)-row verify rounds its products
 differently from a one-row step, so where two tokens' logits lie within that rounding of each other the two decodes
 may pick different ones, and from there on continue different (equally valid) texts. Such a divergence is a
-property of the target in bf16, not of the decoder. A bug (a verify that accepts a wrong draft, a cache rolled back
+property of the target in bf16, not of the decoder. The batched decoder removes it on CPUs whose kernels compute
+every width from some floor on alike (`width_classes` tells; `rounds.shapes.verify_floor` pads every target forward
+to that floor): there its greedy outputs are equal by construction, and this judge is for every other decode (the
+per-prompt decoder's DynamicCache steps, other machines, an engine). A bug (a verify that accepts a wrong draft, a cache rolled back
 to the wrong length) also makes the outputs differ, at a token the target does not rank near its top.
 
 The test (`classify`), at the first token where the two decodes differ (`first_divergence`), from their common
@@ -35,6 +38,8 @@ from typing import Sequence
 import torch
 
 from specdraft.decoding.rounds import kv
+from specdraft.decoding.rounds.shapes import static_length
+from specdraft.decoding.rounds.static_cache import forward_rows
 
 
 @dataclass(frozen=True)
@@ -111,3 +116,33 @@ def classify(target: torch.nn.Module, prompt: list[int], speculative: Sequence[i
     shaped = [row_logits(target, prefix, w, b) for w, b in shapes]
     gap, delta, near = judge(z, shaped, (speculative[i], autoregressive[i]))
     return Divergence(i, speculative[i], autoregressive[i], gap, delta, near)
+
+
+def width_classes(model: torch.nn.Module, ids: Sequence[int], widths: Sequence[int], positions: int = 16) -> dict[int, int]:
+    """Which decode widths compute a position's logits alike on this machine, in the model's dtype: the model's
+    static-cache step (`forward_rows`, the batched decoder's) over the first len(ids) - positions tokens, then the
+    last `positions` in blocks of each width (every row kept, as a verify whose drafts were all accepted: the cache
+    each width writes is read by its next block). Returns width -> the smallest of `widths` whose logits at all those
+    positions were equal bit for bit (its class). On an AMD EPYC with avx512_bf16 (torch 2.13) the Qwen pair's 0.5B
+    in bf16 gave {1: 1, 2: 2, 3: 2, 4: 4, 5: 4, ..., 16: 4}: `verify_floor`'s 4."""
+    from specdraft.decoding.compilation import StepCompiler
+
+    ids = list(ids)
+    if len(ids) <= positions:
+        raise ValueError(f"width_classes needs more than {positions} ids (a context, then the positions compared)")
+    start, compiler, device = len(ids) - positions, StepCompiler("none"), model.get_input_embeddings().weight.device
+    seq = torch.tensor([ids], device=device)
+    logits = {}
+    with torch.inference_mode():
+        for w in widths:
+            cache = compiler.cache(model, 1, static_length(len(ids) + max(widths) + 2))  # as the decoder sizes it
+            forward_rows(model, cache, seq[:, :start])
+            cache.lengths += start
+            rows = []
+            for at in range(start, len(ids), w):
+                block = seq[:, at:at + w]
+                block = torch.nn.functional.pad(block, (0, w - block.shape[1]))  # the last block's filler
+                rows.append(forward_rows(model, cache, block)[0][0, : min(w, len(ids) - at)].float())
+                cache.lengths += w
+            logits[w] = torch.cat(rows)
+    return {w: next(v for v in widths if torch.equal(logits[v], logits[w])) for w in widths}

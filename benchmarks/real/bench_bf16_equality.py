@@ -3,9 +3,14 @@ bf16, on a real target and drafter; how many prompts decode equal, and whether e
 near-tie of the target (decoding/near_ties.py).
 
 In bf16 the target's own greedy output depends on the step's shape (a (K + 1)-row verify rounds differently from a
-one-row step), so equality is not guaranteed; the claim is that it holds on nearly every prompt (the goal: at least
-95% at 64 tokens) and that wherever it does not, the first differing token is a near-tie: its fp32 gap to the top
-is within twice the rounding bf16 puts on that row's logits. A divergence that fails that test is a decoder bug.
+one-row step). The batched decoder runs every bf16 target forward on a CPU at least `verify_floor` (4) positions wide,
+where the CPU's kernels compute every width alike, so that equality holds by construction; this benchmark checks
+that premise on the machine (the target's width classes: which widths compute a position's logits bit for bit
+alike, `decoding.near_ties.width_classes`) and the consequence (the goal: equal on at least 95% of prompts at 64
+tokens), and wherever a decode still differs, whether the first differing token is a near-tie: its fp32 gap to the
+top within twice the rounding bf16 puts on that row's logits. A divergence that fails that test is a decoder bug.
+With --floor-cost N it also times what the floor costs: greedy AR decodes of the first 4 prompts with the floor and
+without it (one position a step), interleaved prompt by prompt over N passes, as tokens/s and their paired ratio.
 Each prompt is decoded alone (B = 1) and, with --batch B, also in batches of B (every row against its AR alone).
 Counted, not timed: the figures do not depend on the box's load. Writes its section of benchmarks/real/RESULTS.md.
 
@@ -24,12 +29,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from specdraft.decoding.batched import generate_batch  # noqa: E402
-from specdraft.decoding.near_ties import classify, first_divergence, fp32_copy  # noqa: E402
+import specdraft.decoding.batched as batched  # noqa: E402
+from specdraft.decoding.near_ties import classify, first_divergence, fp32_copy, width_classes  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from benchmarks.harness.machine import box_load, cpu_flags, machine  # noqa: E402
 from benchmarks.harness.models import load, load_prompts  # noqa: E402
 from benchmarks.harness.publish import publish  # noqa: E402
 from benchmarks.harness.tables import table  # noqa: E402
+from benchmarks.harness.timing import interleave  # noqa: E402
+from specdraft.decoding.timing import bootstrap_rate_ratio  # noqa: E402
 
 
 def compare(target, reference: dict, prompts: list[list[int]], spec: list[list[int]], ar: list[list[int]], k: int,
@@ -57,6 +65,8 @@ def main(argv=None) -> str:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--batch", type=int, default=1, help="also decode in batches of this many (1: alone only)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--floor-cost", type=int, default=0, metavar="PASSES",
+                    help="also time AR with and without the verify floor over this many interleaved passes (0: not)")
     ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md alone")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -67,6 +77,8 @@ def main(argv=None) -> str:
     domain = args.domain or "every domain"
 
     ar = [generate_batch(target, [p], args.tokens)[0].tokens for p in prompts]  # the reference: AR alone
+    # the premise, on this machine: which widths compute a position alike (the first prompt's AR, its last 16 tokens)
+    classes = width_classes(target, prompts[0] + ar[0], range(1, args.k + 2), positions=min(16, args.tokens))
     runs = {"B = 1": [generate_batch(target, [p], args.tokens, drafter=drafter, policy=FixedK(args.k))[0]
                       for p in prompts]}
     if args.batch > 1:
@@ -103,6 +115,12 @@ def main(argv=None) -> str:
                   "a near-tie when gap <= 2 delta):", ""]
         lines += table(["decode", "domain", "prompt", "token", "speculative", "AR", "gap", "delta", "near-tie"],
                        found, "llrrrrrrl")
+    floor = batched.verify_floor("bfloat16", "cpu")
+    lines += ["", f"Width classes of the target here (each width -> the narrowest computing a position's logits alike, "
+              f"bit for bit): {', '.join(f'{w}: {c}' for w, c in classes.items())}; the decoder's floor: {floor} positions "
+              f"({'every width from it alike' if len({classes[w] for w in classes if w >= floor}) == 1 else '**widths from it differ**'})."]
+    if args.floor_cost:
+        lines += floor_cost(target, prompts[:4], args.tokens, args.floor_cost)
     positions = [int(f[3]) for f in found]
     lines += ["", f"Goal (equal on at least 95% of prompts, every divergence a near-tie): {'met' if ok else 'not met'}"
               + (f"; divergences at token {statistics.median(positions):.0f} (median) of {args.tokens}"
@@ -110,6 +128,29 @@ def main(argv=None) -> str:
     text = "\n".join(lines) + "\n"
     publish(text, write=not args.no_append)
     return text
+
+
+def floor_cost(target, prompts: list[list[int]], tokens: int, passes: int) -> list[str]:
+    """AR decodes with the floor (the decoder as it runs) and without it, interleaved prompt by prompt: tokens/s of
+    each (the fastest pass per prompt, summed) and the ratio with its bootstrap interval over (pass, prompt) pairs."""
+    floor = batched.verify_floor
+
+    def decode(unit, seed, padded):
+        batched.verify_floor = floor if padded else (lambda *a: 1)
+        try:
+            return generate_batch(target, [unit], tokens)[0].tokens
+        finally:
+            batched.verify_floor = floor
+    times, out = interleave({"floor": lambda u, s: decode(u, s, True), "one": lambda u, s: decode(u, s, False)},
+                            prompts, passes, "cpu")
+    rate = {name: len(prompts) * tokens / sum(min(per) for per in zip(*ts)) for name, ts in times.items()}
+    pairs = [(tokens, a, tokens, b) for pa, pb in zip(times["floor"], times["one"]) for a, b in zip(pa, pb)]
+    ratio = bootstrap_rate_ratio(pairs)
+    same = sum(a == b for a, b in zip(out["floor"][0], out["one"][0]))
+    return ["", f"The floor's cost, greedy AR at batch 1 ({len(prompts)} prompts x {tokens} tokens, {passes} interleaved "
+            f"passes, process CPU time): {rate['floor']:.2f} tokens/s with the floor, {rate['one']:.2f} one position a step; "
+            f"floor / one {ratio.median:.3f} [{ratio.lo:.3f}, {ratio.hi:.3f}] (90% bootstrap over pass x prompt); "
+            f"the two AR outputs equal on {same} of {len(prompts)} prompts."]
 
 
 if __name__ == "__main__":

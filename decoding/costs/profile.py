@@ -72,7 +72,7 @@ from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.costs.model import CostTable, nnls2
 from specdraft.decoding.costs.rules import price_head_rules
 from specdraft.decoding.policies.spec import PolicySpec, build_policy
-from specdraft.decoding.rounds.shapes import (CACHE_ROUND, decode_cache_length, static_length,
+from specdraft.decoding.rounds.shapes import (CACHE_ROUND, decode_cache_length, static_length, verify_floor,
                                               verify_width)
 from specdraft.decoding.rounds.static_cache import forward_rows
 from specdraft.decoding.timing import timed_call
@@ -177,6 +177,7 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
     widths = profiled_widths(max_width, compile)
     device = target.get_input_embeddings().weight.device
     vocab = min(target.config.vocab_size, drafter.config.vocab_size)
+    floor = verify_floor(str(target.get_input_embeddings().weight.dtype).removeprefix("torch."), device.type)
     gen = torch.Generator().manual_seed(seed)
     max_len = static_length(cache_length)  # rounded up as the decoder sizes its caches
     compiler = StepCompiler(compile)
@@ -194,8 +195,9 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
         forward_rows(drafter, dcache, prompt)
         at[batch] = torch.full((batch,), context, dtype=torch.long, device=device)
         widest[batch] = torch.randint(0, vocab, (batch, widths[-1]), generator=gen).to(device)
-        ids = {w: torch.randint(0, vocab, (batch, w), generator=gen).to(device) for w in sorted(set(widths) | {2})}
-        calls.update({(batch, "verify", w): (lambda t=tcache, x=ids[w]: target_step(t, x)) for w in widths})
+        ids = {w: torch.randint(0, vocab, (batch, w), generator=gen).to(device) for w in sorted(set(widths) | {2, floor})}
+        # a w-wide verify runs at least `floor` positions in the decoder (`verify_floor`): priced as it runs
+        calls.update({(batch, "verify", w): (lambda t=tcache, x=ids[max(w, floor)]: target_step(t, x)) for w in widths})
 
         def chain(n, d=dcache, ids=ids, start=at[batch]):
             # a round's drafting: the catch-up, then n width-1 steps, each committed as the round commits it

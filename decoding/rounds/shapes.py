@@ -73,6 +73,27 @@ def prefill_positions(longest: int, compile: str) -> int:
     return longest if compile == "none" else prefill_width(longest)
 
 
+# The fewest positions a target forward of a decode runs per row in bf16 on a CPU (`verify_floor`).
+HALF_CPU_FLOOR = 4
+
+
+def verify_floor(dtype: str, device_type: str) -> int:
+    """The fewest positions per row a decode's target forwards run at (a round's verify, a plain AR step and the
+    prefill are padded with filler up to it; nothing reads the filler's logits, and what it writes in the cache
+    lies past every row's length, overwritten before any query sees it): 4 in bf16 on a CPU, else 1 (no padding).
+
+    Why: a CPU's bf16 kernels compute a row at one query position, at two or three and at four or more in three
+    different ways (the attention's products; on an AMD EPYC with avx512_bf16 under torch 2.13, a row's logits at
+    widths 4, 5, 8, 9 and 16 are equal bit for bit, at 1 and at 2-3 not: benchmarks/real/bench_bf16_equality.py
+    --widths), so a one-token AR step and a (K + 1)-token verify round a token's logits differently and greedy
+    outputs part where two tokens nearly tie (4 of 16 held-out prompts at 64 tokens on the Qwen pair's 0.5B).
+    At four or more positions every step computes a position alike: greedy speculative output equals greedy AR
+    output by construction, and a row alone equals itself in a batch. In bf16 a 4-position step costs about a
+    1-position one (the weights are streamed once either way: `bench_verify_floor`'s v(4)). fp32 keeps 1: a
+    4-position step costs ~1.8 one-position ones there, and fp32's rounding leaves greedy outputs equal."""
+    return HALF_CPU_FLOOR if dtype == "bfloat16" and device_type == "cpu" else 1
+
+
 def verify_width(steps: int, width: int) -> int:
     """The drafts a compiled round verifies: the positions drafted (`steps`, the longest row's) rounded up
     to a power of two, at most the policy's `width`. A few fixed shapes (0, 1, 2, 4, ..., W) instead of

@@ -13,7 +13,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import specdraft.decoding.batched as batched
 from specdraft.decoding.batched import generate_batch
-from specdraft.decoding.near_ties import classify, first_divergence, fp32_copy, judge
+from specdraft.decoding.near_ties import classify, first_divergence, fp32_copy, judge, width_classes
+from specdraft.decoding.rounds.shapes import verify_floor
 from specdraft.decoding.policies.stopping import FixedK, SpecDecPP
 from specdraft.decoding.rounds.batch_verify import verify_greedy
 from specdraft.decoding.rounds.sampling import SamplingConfig
@@ -86,6 +87,23 @@ def test_every_bf16_divergence_is_a_near_tie(bf16_pair, prompts):
         d = classify(target, prompts[i], spec_alone[i], alone[i], K + 1, reference=reference)
         assert d is None or d.near_tie, d
     print(f"{len(judged)} divergences, all near-ties")
+
+
+def test_bf16_greedy_equals_ar_by_construction_at_the_floor(bf16_pair, prompts):
+    """On a CPU the batched decoder runs every bf16 target forward at least `verify_floor` positions wide, where this
+    machine's kernels compute every width alike (the premise, checked on the twin target: its widths 1-2 and 3+ part
+    at near-ties); so every row's greedy output, speculative (K = 1, 4) or AR, alone or in the batch, equals AR alone
+    token for token, on a target whose steps nearly all hold a near-tie. Without the floor 2 of 16 such rows parted."""
+    target, drafter = bf16_pair
+    floor = verify_floor("bfloat16", "cpu")
+    for p in prompts[:3]:
+        classes = width_classes(target, p + generate_batch(target, [p], NEW)[0].tokens, range(1, 10), positions=NEW)
+        assert len({classes[w] for w in range(floor, 10)}) == 1, f"widths >= {floor} compute alike: {classes}"
+    ar = [generate_batch(target, [p], NEW)[0].tokens for p in prompts]
+    assert [r.tokens for r in generate_batch(target, prompts, NEW)] == ar
+    for k in (1, K):
+        assert [r.tokens for r in generate_batch(target, prompts, NEW, drafter=drafter, policy=FixedK(k))] == ar, k
+        assert [generate_batch(target, [p], NEW, drafter=drafter, policy=FixedK(k))[0].tokens for p in prompts] == ar, k
 
 
 def test_an_exact_tie_is_a_near_tie_and_a_wrong_token_is_not(prompts):

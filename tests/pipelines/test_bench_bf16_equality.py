@@ -1,6 +1,7 @@
 """benchmarks/real/bench_bf16_equality.py on a tiny Llama pair (printed only: the RESULTS page stays as it was): every
 prompt is counted once per decode, equal or diverged, and no divergence of a correct decoder fails the near-tie
-test."""
+test; on this CPU, where the decoder's floor covers the widths that compute alike, every prompt decodes equal, and the
+floor's cost is timed beside it."""
 import re
 
 import datasets
@@ -19,11 +20,14 @@ def test_every_prompt_is_equal_or_a_near_tie_alone_and_in_a_batch(tmp_path):
     datasets.DatasetDict({"ood": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "sets"))
     text = bench.main(["--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
                        "--prompt-set", str(tmp_path / "sets"), "--n-prompts", "4", "--tokens", "12", "--k", "3",
-                       "--batch", "2", "--no-append"])
+                       "--batch", "2", "--floor-cost", "1", "--no-append"])
     counts = {m.group(1): tuple(map(int, m.groups()[1:])) for m in
               re.finditer(r"^\| (B = \d) \| (\d+) \| (\d+) \(\d+%\) \| (\d+) \| (\d+) \|", text, re.M)}
     assert set(counts) == {"B = 1", "B = 2"}
     for name, (prompts, equal, near, other) in counts.items():
         assert prompts == 4 and equal + near + other == 4, name
         assert other == 0, text  # a divergence beyond bf16's rounding would be a decoder bug
+        assert equal == 4, text  # at the floor: equal by construction
+    assert "the decoder's floor: 4 positions (every width from it alike)" in text
+    assert re.search(r"The floor's cost, .* floor / one \d\.\d{3} \[", text), text
     assert "Goal (equal on at least 95% of prompts, every divergence a near-tie):" in text
