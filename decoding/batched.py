@@ -48,8 +48,8 @@ from specdraft.decoding.policies.decide import decide
 from specdraft.decoding.rounds.batch_verify import verify_greedy, verify_sampled
 from specdraft.decoding.rounds.kv import input_device
 from specdraft.decoding.rounds.sampling import SamplingConfig, probs
-from specdraft.decoding.rounds.shapes import (decode_cache_length, prefill_width, segments, static_length, verify_floor,
-                                               verify_width)
+from specdraft.decoding.rounds.shapes import (decode_cache_length, drafts_reserved, prefill_width, segments,
+                                               static_length, verify_floor, verify_width)
 from specdraft.decoding.rounds.static_cache import eagle_rows, forward_rows
 from specdraft.decoding.speculators.eagle_model import EagleDrafter
 
@@ -457,8 +457,9 @@ def start(target, prompts, max_new_tokens, drafter, policy, sampling, eos, seed,
     ids, plens = right_pad(prompts, device)
     # the prefill too runs at least `floor` positions (the last prompt token is not prefilled): a row alone then
     # writes its cache as it does in a batch with longer prompts
-    ids = torch.nn.functional.pad(ids, (0, max(0, floor + 1 - ids.shape[1])))
-    max_len = decode_cache_length(ids.shape[1], max_new_tokens, max(W, floor - 1), compiler.mode)
+    if floor > 1:
+        ids = torch.nn.functional.pad(ids, (0, max(0, floor + 1 - ids.shape[1])))
+    max_len = decode_cache_length(ids.shape[1], max_new_tokens, drafts_reserved(W, floor), compiler.mode)
     if not compiler.eager:  # the prefills run compiled too, at a few padded widths
         ids = torch.nn.functional.pad(ids, (0, prefill_width(ids.shape[1]) - ids.shape[1]))
 

@@ -94,6 +94,15 @@ def verify_floor(dtype: str, device_type: str) -> int:
     return HALF_CPU_FLOOR if dtype == "bfloat16" and device_type == "cpu" else 1
 
 
+def drafts_reserved(width: int, floor: int) -> int:
+    """The cache slots a decode reserves for a round beyond its prompt and new tokens (`decode_cache_length`'s
+    max_drafts): the policy's width; under a verify floor (`verify_floor` > 1) CACHE_ROUND - 2 whatever the width
+    (when the width fits in it), so that AR and every K up to 62 decode over a cache of the same length. Attention's
+    sum over the keys runs over the whole cache, masked, and its blocking follows the cache's length: on the Qwen
+    pair's 1.5B in bf16, AR over a 256-slot cache and K = 4 over a 320-slot one parted at a prompt's 4th token."""
+    return max(width, CACHE_ROUND - 2) if floor > 1 else width
+
+
 def verify_width(steps: int, width: int) -> int:
     """The drafts a compiled round verifies: the positions drafted (`steps`, the longest row's) rounded up
     to a power of two, at most the policy's `width`. A few fixed shapes (0, 1, 2, 4, ..., W) instead of

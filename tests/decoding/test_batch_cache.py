@@ -256,6 +256,21 @@ def test_compiled_prefills_run_at_a_few_widths_never_shorter_than_the_prompt():
     assert all(w >= n for n, w in zip(range(1, 300), widths))
 
 
+def test_under_a_verify_floor_every_k_decodes_over_a_cache_of_one_length():
+    """bf16 on a CPU: AR and every K up to 62 allocate the same cache for the same prompts and new tokens (attention's
+    sum over the keys follows the cache's length: a 256- and a 320-slot cache parted a real target's greedy output),
+    and it holds any of their rounds; fp32 keeps the policy's own reservation."""
+    from specdraft.decoding.rounds.shapes import decode_cache_length, drafts_reserved, verify_floor
+
+    floor = verify_floor("bfloat16", "cpu")
+    assert floor > 1 and verify_floor("float32", "cpu") == verify_floor("bfloat16", "cuda") == 1
+    for longest in range(1, 300, 7):
+        for new in (1, 48, 64, 200):
+            lengths = {decode_cache_length(longest, new, drafts_reserved(w, floor), "none") for w in (0, 1, 4, 8, 16, 62)}
+            assert len(lengths) == 1 and lengths.pop() >= longest + new + 62 + 2, (longest, new)
+    assert drafts_reserved(4, 1) == 4 and drafts_reserved(100, floor) == 100
+
+
 def test_a_decode_cache_holds_the_longest_prompt_and_the_round_not_the_padding(llama_pair):
     """A decode's static cache: the longest prompt, the new tokens, a round's drafts and two more, rounded up to
     64 slots; compiled, also the padded prefill's width (which the prefill writes). A 68-token prompt prefills 128
