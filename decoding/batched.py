@@ -455,8 +455,8 @@ def start(target, prompts, max_new_tokens, drafter, policy, sampling, eos, seed,
     B, W = len(prompts), (policy.max_tokens if policy is not None else 0)
     floor = verify_floor(str(target.get_input_embeddings().weight.dtype).removeprefix("torch."), device.type)
     ids, plens = right_pad(prompts, device)
-    # the prefill too runs at least `floor` positions (the last prompt token is not prefilled): a row alone then
-    # writes its cache as it does in a batch with longer prompts
+    # the prefill too runs at least `floor` positions (the last prompt token is not prefilled): a short prompt's
+    # cache is then written by the kernels that write a long one's
     if floor > 1:
         ids = torch.nn.functional.pad(ids, (0, max(0, floor + 1 - ids.shape[1])))
     max_len = decode_cache_length(ids.shape[1], max_new_tokens, drafts_reserved(W, floor), compiler.mode)

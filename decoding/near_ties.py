@@ -8,8 +8,9 @@ may pick different ones, and from there on continue different (equally valid) te
 property of the target in bf16, not of the decoder. The batched decoder removes it on CPUs whose kernels compute
 every width from some floor on alike (`width_classes` tells; `rounds.shapes.verify_floor` pads every target forward
 to that floor): there its greedy outputs are equal by construction, and this judge is for every other decode (the
-per-prompt decoder's DynamicCache steps, other machines, an engine). A bug (a verify that accepts a wrong draft, a cache rolled back
-to the wrong length) also makes the outputs differ, at a token the target does not rank near its top.
+per-prompt decoder's DynamicCache steps, other machines, an engine). A bug (a verify that accepts a wrong draft, a
+cache rolled back to the wrong length) also makes the outputs differ, at a token the target does not rank near its
+top.
 
 The test (`classify`), at the first token where the two decodes differ (`first_divergence`), from their common
 prefix:
@@ -37,6 +38,7 @@ from typing import Sequence
 
 import torch
 
+from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.rounds import kv
 from specdraft.decoding.rounds.shapes import static_length
 from specdraft.decoding.rounds.static_cache import forward_rows
@@ -118,15 +120,14 @@ def classify(target: torch.nn.Module, prompt: list[int], speculative: Sequence[i
     return Divergence(i, speculative[i], autoregressive[i], gap, delta, near)
 
 
-def width_classes(model: torch.nn.Module, ids: Sequence[int], widths: Sequence[int], positions: int = 16) -> dict[int, int]:
+def width_classes(model: torch.nn.Module, ids: Sequence[int], widths: Sequence[int],
+                  positions: int = 16) -> dict[int, int]:
     """Which decode widths compute a position's logits alike on this machine, in the model's dtype: the model's
     static-cache step (`forward_rows`, the batched decoder's) over the first len(ids) - positions tokens, then the
     last `positions` in blocks of each width (every row kept, as a verify whose drafts were all accepted: the cache
     each width writes is read by its next block). Returns width -> the smallest of `widths` whose logits at all those
     positions were equal bit for bit (its class). On an AMD EPYC with avx512_bf16 (torch 2.13) the Qwen pair's 0.5B
     in bf16 gave {1: 1, 2: 2, 3: 2, 4: 4, 5: 4, ..., 16: 4}: `verify_floor`'s 4."""
-    from specdraft.decoding.compilation import StepCompiler
-
     ids = list(ids)
     if len(ids) <= positions:
         raise ValueError(f"width_classes needs more than {positions} ids (a context, then the positions compared)")

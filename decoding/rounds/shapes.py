@@ -82,15 +82,16 @@ def verify_floor(dtype: str, device_type: str) -> int:
     prefill are padded with filler up to it; nothing reads the filler's logits, and what it writes in the cache
     lies past every row's length, overwritten before any query sees it): 4 in bf16 on a CPU, else 1 (no padding).
 
-    Why: a CPU's bf16 kernels compute a row at one query position, at two or three and at four or more in three
-    different ways (the attention's products; on an AMD EPYC with avx512_bf16 under torch 2.13, a row's logits at
-    widths 4, 5, 8, 9 and 16 are equal bit for bit, at 1 and at 2-3 not: benchmarks/real/bench_bf16_equality.py
-    --widths), so a one-token AR step and a (K + 1)-token verify round a token's logits differently and greedy
-    outputs part where two tokens nearly tie (4 of 16 held-out prompts at 64 tokens on the Qwen pair's 0.5B).
-    At four or more positions every step computes a position alike: greedy speculative output equals greedy AR
-    output by construction, and a row alone equals itself in a batch. In bf16 a 4-position step costs about a
-    1-position one (the weights are streamed once either way: `bench_verify_floor`'s v(4)). fp32 keeps 1: a
-    4-position step costs ~1.8 one-position ones there, and fp32's rounding leaves greedy outputs equal."""
+    Why: this CPU's bf16 kernels compute a row at one query position, at two or three and at four or more in three
+    different ways (the attention's products; on an AMD EPYC with avx512_bf16 under torch 2.13, SmolLM2-135M's and
+    the Qwen pair's logits at widths 4 to 16 are equal bit for bit, at 1 and at 2-3 not: `near_ties.width_classes`,
+    printed by benchmarks/real/bench_bf16_equality.py), so a one-token AR step and a (K + 1)-token verify round a
+    token's logits differently and greedy outputs part where two tokens nearly tie (4 of 16 held-out prompts at 64
+    tokens on the Qwen pair's 0.5B). At four or more positions every step computes a position alike, and with the
+    cache's length the same for every K (`drafts_reserved`) greedy speculative output equals greedy AR output by
+    construction. In bf16 a 4-position step costs about a 1-position one on the 1.5B (within the spread) and 12% more
+    on SmolLM2-135M, whose step is mostly op overhead (docs/decoder.md). fp32 keeps 1: a 4-position step costs
+    ~1.8-2 one-position ones there, and fp32's rounding leaves greedy outputs equal."""
     return HALF_CPU_FLOOR if dtype == "bfloat16" and device_type == "cpu" else 1
 
 
