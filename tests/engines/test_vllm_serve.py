@@ -137,7 +137,13 @@ def test_served_greedy_equals_the_server_without_speculation_and_the_schedule_se
     for c in CONCURRENCY:
         batch = prompts(2 * c, seed=c)
         plain, plain_counts = run_at(client(servers, "plain"), c, batch)
-        spec, counts = run_at(client(servers, "spec"), c, batch)
+        # the schedule shows only in steps that hold two requests; the server may still take a batch's requests one
+        # at a time (once in two runs on a quiet 2-core EPYC, all 64 steps at concurrency 4 held one request): such a
+        # batch exercised nothing, so it is sent again (at most three times) before the counts are judged
+        for _ in range(3):
+            spec, counts = run_at(client(servers, "spec"), c, batch)
+            if c == 1 or counts["num_draft_tokens"] < SCHEDULE[1] * counts["num_drafts"]:
+                break
         assert spec == plain, f"concurrency {c}: speculative greedy output differs from the plain server's"
         assert plain_counts["num_drafts"] == 0
         assert counts["num_drafts"] > 0
