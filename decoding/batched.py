@@ -49,8 +49,8 @@ from specdraft.decoding.rounds.batch_verify import verify_greedy, verify_sampled
 from specdraft.decoding.rounds.kv import input_device
 from specdraft.decoding.rounds.sampling import SamplingConfig, probs
 from specdraft.decoding.rounds.shapes import (decode_cache_length, drafts_reserved, prefill_width, segments,
-                                               static_length, verify_floor, verify_width)
-from specdraft.decoding.rounds.static_cache import eagle_rows, forward_rows
+                                               static_length, verify_width)
+from specdraft.decoding.rounds.static_cache import eagle_rows, forward_rows, model_floor
 from specdraft.decoding.speculators.eagle_model import EagleDrafter
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -453,7 +453,7 @@ def start(target, prompts, max_new_tokens, drafter, policy, sampling, eos, seed,
     """The Decode of a call and its right-padded prompts (compiled: padded to `prefill_width`)."""
     device = input_device(target)
     B, W = len(prompts), (policy.max_tokens if policy is not None else 0)
-    floor = verify_floor(str(target.get_input_embeddings().weight.dtype).removeprefix("torch."), device.type)
+    floor = model_floor(target)
     ids, plens = right_pad(prompts, device)
     # the prefill too runs at least `floor` positions (the last prompt token is not prefilled): a short prompt's
     # cache is then written by the kernels that write a long one's

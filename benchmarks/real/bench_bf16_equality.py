@@ -32,11 +32,12 @@ from specdraft.decoding.batched import generate_batch  # noqa: E402
 import specdraft.decoding.batched as batched  # noqa: E402
 from specdraft.decoding.near_ties import classify, first_divergence, fp32_copy, width_classes  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
+from specdraft.decoding.rounds.shapes import verify_floor  # noqa: E402
 from benchmarks.harness.machine import box_load, cpu_flags, machine  # noqa: E402
 from benchmarks.harness.models import load, load_prompts  # noqa: E402
-from benchmarks.harness.publish import publish  # noqa: E402
+from benchmarks.harness.publish import add_section_flags, publish_for  # noqa: E402
 from benchmarks.harness.tables import table  # noqa: E402
-from benchmarks.harness.timing import interleave  # noqa: E402
+from benchmarks.harness.timing import fastest_total, interleave  # noqa: E402
 from specdraft.decoding.timing import bootstrap_rate_ratio  # noqa: E402
 
 
@@ -67,7 +68,7 @@ def main(argv=None) -> str:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--floor-cost", type=int, default=0, metavar="PASSES",
                     help="also time AR with and without the verify floor over this many interleaved passes (0: not)")
-    ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md alone")
+    add_section_flags(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     target = load(args.target, "cpu", torch.bfloat16)
@@ -115,7 +116,7 @@ def main(argv=None) -> str:
                   "a near-tie when gap <= 2 delta):", ""]
         lines += table(["decode", "domain", "prompt", "token", "speculative", "AR", "gap", "delta", "near-tie"],
                        found, "llrrrrrrl")
-    floor = batched.verify_floor("bfloat16", "cpu")
+    floor = verify_floor("bfloat16", "cpu")
     lines += ["", f"Width classes of the target here (each width -> the narrowest computing a position's logits alike, "
               f"bit for bit): {', '.join(f'{w}: {c}' for w, c in classes.items())}; the decoder's floor: {floor} positions "
               f"({'every width from it alike' if len({classes[w] for w in classes if w >= floor}) == 1 else '**widths from it differ**'})."]
@@ -126,24 +127,24 @@ def main(argv=None) -> str:
               + (f"; divergences at token {statistics.median(positions):.0f} (median) of {args.tokens}"
                  if positions else "") + "."]
     text = "\n".join(lines) + "\n"
-    publish(text, write=not args.no_append)
+    publish_for(text, not args.no_append, Path(__file__), args.section, args.page)
     return text
 
 
 def floor_cost(target, prompts: list[list[int]], tokens: int, passes: int) -> list[str]:
     """AR decodes with the floor (the decoder as it runs) and without it, interleaved prompt by prompt: tokens/s of
     each (the fastest pass per prompt, summed) and the ratio with its bootstrap interval over (pass, prompt) pairs."""
-    floor = batched.verify_floor
+    floor = batched.model_floor
 
     def decode(unit, seed, padded):
-        batched.verify_floor = floor if padded else (lambda *a: 1)
+        batched.model_floor = floor if padded else (lambda model: 1)
         try:
             return generate_batch(target, [unit], tokens)[0].tokens
         finally:
-            batched.verify_floor = floor
+            batched.model_floor = floor
     times, out = interleave({"floor": lambda u, s: decode(u, s, True), "one": lambda u, s: decode(u, s, False)},
                             prompts, passes, "cpu")
-    rate = {name: len(prompts) * tokens / sum(min(per) for per in zip(*ts)) for name, ts in times.items()}
+    rate = {name: len(prompts) * tokens / fastest_total(ts) for name, ts in times.items()}
     pairs = [(tokens, a, tokens, b) for pa, pb in zip(times["floor"], times["one"]) for a, b in zip(pa, pb)]
     ratio = bootstrap_rate_ratio(pairs)
     same = sum(a == b for a, b in zip(out["floor"][0], out["one"][0]))

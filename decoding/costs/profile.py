@@ -72,9 +72,9 @@ from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.costs.model import CostTable, nnls2
 from specdraft.decoding.costs.rules import price_head_rules
 from specdraft.decoding.policies.spec import PolicySpec, build_policy
-from specdraft.decoding.rounds.shapes import (CACHE_ROUND, decode_cache_length, static_length, verify_floor,
+from specdraft.decoding.rounds.shapes import (CACHE_ROUND, decode_cache_length, static_length,
                                               verify_width)
-from specdraft.decoding.rounds.static_cache import forward_rows
+from specdraft.decoding.rounds.static_cache import forward_rows, model_floor
 from specdraft.decoding.timing import timed_call
 
 
@@ -177,7 +177,7 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
     widths = profiled_widths(max_width, compile)
     device = target.get_input_embeddings().weight.device
     vocab = min(target.config.vocab_size, drafter.config.vocab_size)
-    floor = verify_floor(str(target.get_input_embeddings().weight.dtype).removeprefix("torch."), device.type)
+    floor = model_floor(target)
     gen = torch.Generator().manual_seed(seed)
     max_len = static_length(cache_length)  # rounded up as the decoder sizes its caches
     compiler = StepCompiler(compile)

@@ -31,6 +31,7 @@ from transformers.cache_utils import Cache, StaticLayer
 
 from specdraft.core.errors import InputError
 from specdraft.decoding.rounds.kv import layer_features
+from specdraft.decoding.rounds.shapes import verify_floor
 
 
 class RowStaticLayer(StaticLayer):
@@ -156,6 +157,12 @@ def eagle_rows(drafter: torch.nn.Module, cache: RowStaticCache, features: torch.
     mask = attention_mask(cache.lengths, width, cache.max_len, None if sdpa else drafter.fc.weight.dtype)
     pred = drafter(features, ids, past_key_values=cache, attention_mask=mask, position_ids=positions, use_cache=True)
     return drafter.lm_logits(pred), pred
+
+
+def model_floor(model: torch.nn.Module) -> int:
+    """`rounds.shapes.verify_floor` for `model`'s weights: its dtype and the device its embedding sits on."""
+    weight = model.get_input_embeddings().weight
+    return verify_floor(str(weight.dtype).removeprefix("torch."), weight.device.type)
 
 
 def forward_rows(model: torch.nn.Module, cache: RowStaticCache, ids: torch.Tensor, hidden: bool = False,
