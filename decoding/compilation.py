@@ -17,6 +17,7 @@ from typing import Callable, Hashable
 import torch
 
 from specdraft.core.errors import InputError
+from specdraft.decoding.bundle.packed_linear import is_packed, unpack_linears
 from specdraft.decoding.defaults import COMPILE_MODES
 from specdraft.decoding.rounds.static_cache import RowStaticCache, cache_kwarg
 from specdraft.decoding.speculators.eagle_model import EagleDrafter
@@ -116,6 +117,10 @@ def compile_for_model(fn: Callable, model: torch.nn.Module | None, mode: str,
     limit = max(dynamo_config.recompile_limit, getattr(dynamo_config, "accumulated_recompile_limit", 256))
     dynamo_config.recompile_limit = limit
     dynamo_config.cache_size_limit = limit
+    if model is not None and is_packed(model):
+        # inductor cannot trace oneDNN's opaque packed weights; it packs a CPU graph's linears itself where its
+        # freezing pass is on. In place: the model's compiled steps read the plain layers from now on
+        unpack_linears(model)
     fn = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     device = model.get_input_embeddings().weight.device if model is not None else torch.device("cpu")
     options = compile_options(mode, device) if model is not None else {"guard_filter_fn": argument_guards}

@@ -38,6 +38,7 @@ from typing import Sequence
 
 import torch
 
+from specdraft.decoding.bundle.packed_linear import unpack_linears
 from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.rounds import kv
 from specdraft.decoding.rounds.shapes import static_length
@@ -93,7 +94,9 @@ def row_logits(model: torch.nn.Module, prefix: list[int], width: int | None, row
 
 def fp32_copy(target: torch.nn.Module) -> torch.nn.Module:
     """The target widened to fp32 (its weights exactly, its activations no longer rounded), eval mode."""
-    return copy.deepcopy(target).float().eval()
+    wide = copy.deepcopy(target)
+    unpack_linears(wide)  # a packed bf16 layer takes bf16 inputs only
+    return wide.float().eval()
 
 
 @torch.inference_mode()

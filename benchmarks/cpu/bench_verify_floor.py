@@ -44,6 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.harness
 
 from specdraft.decoding.batched import forward_step, generate_batch  # noqa: E402
+from specdraft.decoding.bundle.packed_linear import can_pack, pack_linears  # noqa: E402
 from specdraft.decoding.compilation import StepCompiler  # noqa: E402
 from specdraft.decoding.defaults import COMPILE_MODES  # noqa: E402
 from specdraft.decoding.rounds.shapes import decode_cache_length  # noqa: E402
@@ -61,25 +62,35 @@ V5_GOAL, AR_GOAL, FLOOR_GOAL = 1.25, 1.5, 2.0  # bf16 at B = 1: v(5); AR tokens/
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """A dtype and the compile mode its steps run under."""
+    """A dtype, the compile mode its steps run under, and whether its bf16 linears keep torch's own weight layout
+    (plain) instead of the loader's packed one (decoding/bundle/packed_linear.py)."""
 
     dtype: str
     compile: str = "none"
+    plain: bool = False
+
+    @property
+    def weights(self) -> str:
+        """The model the config runs: configs with one dtype and layout share it."""
+        return self.dtype + (":plain" if self.plain else "")
 
     @property
     def name(self) -> str:
-        return self.dtype if self.compile == "none" else f"{self.dtype}/{self.compile}"
+        return self.weights if self.compile == "none" else f"{self.weights}/{self.compile}"
 
 
 def parse_configs(text: str) -> list[Config]:
-    """`float32,bfloat16/default` -> Configs; ValueError naming a dtype or mode this benchmark does not know."""
+    """`float32,bfloat16:plain,bfloat16/default` -> Configs; ValueError naming a dtype or mode this benchmark does
+    not know."""
     out = []
     for item in filter(None, (s.strip() for s in text.split(","))):
-        dtype, _, mode = item.partition("/")
-        if dtype not in DTYPES or (mode and mode not in COMPILE_MODES):
-            raise ValueError(f"config {item!r}: a dtype of {', '.join(DTYPES)}, then optionally /MODE with MODE one "
-                             f"of {', '.join(COMPILE_MODES)}")
-        out.append(Config(dtype, mode or "none"))
+        weights, _, mode = item.partition("/")
+        dtype, _, layout = weights.partition(":")
+        if dtype not in DTYPES or layout not in ("", "plain") or (mode and mode not in COMPILE_MODES):
+            raise ValueError(f"config {item!r}: a dtype of {', '.join(DTYPES)}, optionally :plain (torch's weight "
+                             f"layout, not the packed one), then optionally /MODE with MODE one of "
+                             f"{', '.join(COMPILE_MODES)}")
+        out.append(Config(dtype, mode or "none", layout == "plain"))
     if not out or len(set(out)) != len(out):
         raise ValueError(f"--configs {text!r}: name each config once")
     return out
@@ -119,10 +130,13 @@ def model_source(name: str, path: str | None, work: Path) -> str | None:
     return str(out)
 
 
-def build(source: str | None, dtype: str) -> torch.nn.Module:
+def build(source: str | None, config: Config) -> torch.nn.Module:
     if source is None:
-        return demo_shaped_pair(None, 1.0, "cpu", DTYPES[dtype])[0]
-    return load(source, "cpu", DTYPES[dtype])
+        model = demo_shaped_pair(None, 1.0, "cpu", DTYPES[config.dtype])[0]
+        if not config.plain and can_pack(DTYPES[config.dtype], "cpu"):
+            pack_linears(model)
+        return model
+    return load(source, "cpu", DTYPES[config.dtype], packed=not config.plain)
 
 
 def weight_gb(source: str | None, dtype: str) -> float:
@@ -139,17 +153,17 @@ def weight_gb(source: str | None, dtype: str) -> float:
 
 
 def fit_configs(configs: list[Config], gb: dict[str, float], max_gb: float) -> tuple[list[Config], list[str]]:
-    """The configs whose weights fit --max-gb together, in order (a dtype's weights count once: its configs share one
-    model, and a compiled one adds no copy but for inductor's frozen constants, not counted), and why each other
-    config was left out."""
+    """The configs whose weights fit --max-gb together, in order (a model's weights count once: the configs of one
+    dtype and layout share it, and a compiled one adds no copy but for inductor's frozen constants, not counted),
+    and why each other config was left out."""
     kept, left, held = [], [], {}
     for c in configs:
-        need = sum(held.values()) + (0 if c.dtype in held else gb[c.dtype])
+        need = sum(held.values()) + (0 if c.weights in held else gb[c.dtype])
         if need > max_gb:
             left.append(f"{c.name} ({gb[c.dtype]:.1f} GB of weights; {need:.1f} GB with the configs before it > "
                         f"--max-gb {max_gb:g})")
             continue
-        held[c.dtype] = gb[c.dtype]
+        held[c.weights] = gb[c.dtype]
         kept.append(c)
     return kept, left
 
@@ -189,12 +203,12 @@ def spread_cell(xs: list[float], digits: int = 2) -> str:
 @torch.inference_mode()
 def measure_model(name: str, source: str | None, configs: list[Config], args) -> dict:
     """One model's configs, timed interleaved: {"v": {config: {(B, w): [ratio per pass]}}, "step": {config: [CPU s,
-    wall s of the B = 1 one-token step per pass]}, "ar": {config: (CPU s, wall s, tokens)}, "bytes": {dtype: int}}."""
-    models = {dtype: build(source, dtype) for dtype in dict.fromkeys(c.dtype for c in configs)}
+    wall s of the B = 1 one-token step per pass]}, "ar": {config: (CPU s, wall s, tokens)}, "bytes": {weights: int}}."""
+    models = {c.weights: build(source, c) for c in {c.weights: c for c in reversed(configs)}.values()}
     compilers = {c: StepCompiler(c.compile) for c in configs}
     widths = list(range(1, args.max_k + 2))
     units = [(b, w) for b in args.batch_sizes for w in widths]
-    calls = {c: verify_units(models[c.dtype], compilers[c], args.batch_sizes, widths, args.context, args.seed)
+    calls = {c: verify_units(models[c.weights], compilers[c], args.batch_sizes, widths, args.context, args.seed)
              for c in configs}
     fns = {c.name: (lambda unit, seed, c=c: walled(calls[c][unit])) for c in configs}
     cpu, wall = interleave(fns, units, args.passes, "cpu")
@@ -212,7 +226,7 @@ def ar_decodes(models: dict, compilers: dict, configs: list[Config], args) -> di
     (`interleave`): {config: (CPU seconds, wall seconds, tokens) summed over prompts, each prompt's fastest pass}."""
     vocab = next(iter(models.values())).config.vocab_size
     prompts = random_prompts(args.ar_prompts, vocab, (16, 32), lowest_id=3)
-    fns = {c.name: (lambda prompt, seed, c=c: decoded(models[c.dtype], prompt, args.ar_tokens, compilers[c]))
+    fns = {c.name: (lambda prompt, seed, c=c: decoded(models[c.weights], prompt, args.ar_tokens, compilers[c]))
            for c in configs}
     cpu, out = interleave(fns, prompts, max(1, args.passes // 2), "cpu")
     result = {}
@@ -252,7 +266,7 @@ def v_table(name: str, result: dict, configs: list[Config], args) -> list[str]:
 def floor_rows(name: str, result: dict, configs: list[Config], bandwidth: float) -> list[list]:
     rows = []
     for c in configs:
-        weights = result["bytes"][c.dtype]
+        weights = result["bytes"][c.weights]
         floor = weights / bandwidth
         cpu, wall = (statistics.median(x) for x in result["step"][c.name])
         ar_cpu, ar_wall, tokens = result["ar"][c.name]
@@ -287,7 +301,7 @@ def verdicts(results: dict, configs_of: dict) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="smollm2,demo", help="smollm2, demo, or NAME=DIR, comma-separated")
-    ap.add_argument("--configs", default="float32,bfloat16", help="DTYPE or DTYPE/COMPILE_MODE, comma-separated")
+    ap.add_argument("--configs", default="float32,bfloat16", help="DTYPE[:plain][/COMPILE_MODE], comma-separated")
     ap.add_argument("--batch-sizes", default="1,2,4,8,16")
     ap.add_argument("--max-k", type=int, default=8, help="verify widths 1..K + 1")
     ap.add_argument("--context", type=int, default=64, help="tokens in the cache under each timed step")

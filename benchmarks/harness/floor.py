@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from specdraft.decoding.bundle.packed_linear import PackedLinear
 from specdraft.decoding.timing import timed_call
 
 
@@ -21,4 +22,5 @@ def streamed_bytes(model: torch.nn.Module) -> int:
     """The bytes a one-token step reads: every parameter once, but for an untied input embedding (a row a token)."""
     embedding = model.get_input_embeddings().weight
     tied = model.get_output_embeddings().weight is embedding
-    return sum(p.numel() * p.element_size() for p in model.parameters() if tied or p is not embedding)
+    packed = sum(m.weight_bytes for m in model.modules() if isinstance(m, PackedLinear))  # not parameters
+    return packed + sum(p.numel() * p.element_size() for p in model.parameters() if tied or p is not embedding)

@@ -15,6 +15,7 @@ import torch
 
 from specdraft.data.chat import row_messages
 from specdraft.decoding.bundle.chat import format_prompt  # prompts as the pipeline serves them
+from specdraft.decoding.bundle.packed_linear import can_pack, pack_linears
 from specdraft.decoding.rounds import kv
 from specdraft.decoding.rounds.sampling import SamplingConfig
 
@@ -50,12 +51,16 @@ def add_pair_flags(parser: argparse.ArgumentParser, required: bool = False) -> N
     parser.add_argument("--n-prompts", type=int, default=8, help="batch-1 prompts")
 
 
-def load(path: str, device: str, dtype: torch.dtype):
-    """A causal LM directory (safetensors only, no remote code) on `device` in `dtype`, in eval mode."""
+def load(path: str, device: str, dtype: torch.dtype, packed: bool = True):
+    """A causal LM directory (safetensors only, no remote code) on `device` in `dtype`, in eval mode; its linears
+    packed as the project's loader packs them (bf16 on a CPU with bf16 units) unless `packed` is False."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, trust_remote_code=False, dtype=dtype)
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if packed and can_pack(dtype, torch.device(device).type):
+        pack_linears(model)
+    return model
 
 
 def random_prompts(n: int, vocab: int, lengths: tuple[int, int] = (4, 24), lowest_id: int = 0) -> list[list[int]]:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from specdraft.core.errors import InputError
+from specdraft.decoding.bundle.packed_linear import can_pack, pack_linears
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICE_TYPES = ("cpu", "cuda", "mps")  # where the decoder and the stages run
@@ -193,7 +194,8 @@ def load_causal_lm(
     max_memory: dict | None = None,
     revision: str | None = None,
 ) -> Any:
-    """An eval-mode causal LM. `device_map` (multi-GPU) wins over `device`; quantized models are placed
+    """An eval-mode causal LM, for inference only: in bf16 on a CPU with bf16 units its linear layers are
+    packed (`packed_linear.pack_linears`; `unpack_linears` gives them back). `device_map` (multi-GPU) wins over `device`; quantized models are placed
     by bitsandbytes/accelerate (device_map defaults to the named device, else CPU). `max_memory`
     ({0: bytes or "10GiB", "cpu": ...}) caps what device_map="auto" puts on each device."""
     from transformers import AutoModelForCausalLM
@@ -222,6 +224,8 @@ def load_causal_lm(
                          "check the path and that it holds safetensors weights") from None
     if qcfg is None and device_map is None and device is not None:
         model = model.to(device)
+    if qcfg is None and device_map is None and can_pack(torch_dtype, torch.device(device or "cpu").type):
+        pack_linears(model)  # bf16 on a CPU: its linears' weights in oneDNN's layout (packed_linear.py)
     return model.eval()
 
 

@@ -28,7 +28,11 @@ def test_configs_are_a_dtype_and_a_compile_mode(bench):
     configs = bench.parse_configs("float32,bfloat16/default")
     assert [(c.dtype, c.compile, c.name) for c in configs] == [("float32", "none", "float32"),
                                                                ("bfloat16", "default", "bfloat16/default")]
-    for bad in ("float64", "bfloat16/fast", "float32,float32", ""):
+    plain = bench.parse_configs("bfloat16:plain,bfloat16:plain/default")
+    assert [(c.dtype, c.plain, c.weights, c.name) for c in plain] == [
+        ("bfloat16", True, "bfloat16:plain", "bfloat16:plain"),
+        ("bfloat16", True, "bfloat16:plain", "bfloat16:plain/default")]
+    for bad in ("float64", "bfloat16/fast", "float32,float32", "", "bfloat16:packed"):
         with pytest.raises(ValueError):
             bench.parse_configs(bad)
 
@@ -47,6 +51,9 @@ def test_configs_past_the_memory_budget_are_left_out_and_named(bench):
     assert len(left) == 1 and left[0].startswith("float32 (7.1 GB")
     kept, left = bench.fit_configs(configs, {"float32": 4.0, "bfloat16": 2.5}, 6.0)
     assert [c.name for c in kept] == ["float32"] and len(left) == 2 and "bfloat16 (2.5 GB" in left[0]
+    # the packed and the plain layout are two models: each holds its own weights
+    kept, left = bench.fit_configs(bench.parse_configs("bfloat16,bfloat16:plain"), {"bfloat16": 3.6}, 6.0)
+    assert [c.name for c in kept] == ["bfloat16"] and left[0].startswith("bfloat16:plain (3.6 GB of weights; 7.2 GB")
 
 
 def test_v_is_taken_within_each_pass(bench):
