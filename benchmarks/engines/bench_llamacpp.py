@@ -12,8 +12,9 @@ llama-quantize), never into the project's venv: --build-dir reuses a build (its 
 --sdist names the archive or its unpacked directory, and without either `pip download` fetches the sdist. The
 section says how long the build took. bf16 weights: `llama-quantize --allow-requantize` of each 4-bit file to
 BF16 (the same values the project's converted directories hold, which transformers dequantized from these files,
-rounded to bf16). Where the CPU backend's AMX kernels fault (SIGILL: the machine does not let the process use AMX
-tiles, as on this box), the runs repeat with `--no-repack`, and the section says so.
+rounded to bf16). Where the CPU backend's repacked (AMX) kernels fault (SIGILL or SIGSEGV: the machine does not
+let the process use AMX tiles, as on this box), every run goes `--no-repack`, decided by a probe run before
+anything is timed, and the section says so.
 
 Figures: llama.cpp's own (wall-clock tokens/s of the generation phase) and, robust on a shared box, CPU seconds per
 generated token, from the process's CPU time at --tokens and at --short-tokens (the difference cancels loading and
@@ -52,7 +53,7 @@ TARGETS = ("llama-bench", "llama-speculative-simple", "llama-quantize")
 CMAKE_FLAGS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON")
 PROMPTS = ("def quicksort(arr):\n", "# Parse a CSV file and print the sum of its second column\nimport csv\n",
            "class LRUCache:\n    \"\"\"A least-recently-used cache of fixed capacity.\"\"\"\n")
-SIGILL = -signal.SIGILL
+FAULTS = {-signal.SIGILL: "SIGILL", -signal.SIGSEGV: "SIGSEGV"}  # a killed child's rc -> the signal's name
 
 
 # ---- llama.cpp: build, weights, runs ----------------------------------------------------------------------------
@@ -142,25 +143,39 @@ def parse_bench(text: str) -> dict:
 
 
 class Llama:
-    """llama.cpp's binaries at a thread count; `repack` False adds --no-repack (set once a run faults in AMX)."""
+    """llama.cpp's binaries at a thread count; `repack` False adds --no-repack (`probe` sets it)."""
 
     def __init__(self, bin_dir: Path, threads: int, work: Path, reps: int = 3):
         self.bin_dir, self.threads, self.work, self.reps, self.repack = bin_dir, threads, work, reps, True
 
     def run(self, name: str, args: list[str], log: Path) -> tuple[dict, str]:
-        """Run binary `name`; -> (run_child's figures, its output). A SIGILL with repacking on retries without."""
-        for _ in range(2):
-            extra = [] if self.repack else (["--repack", "0"] if name == "llama-bench" else ["--no-repack"])
-            res = run_child([str(self.bin_dir / name), *args, *extra], log)
-            if res["rc"] == SIGILL and self.repack:
-                print("[bench_llamacpp] llama.cpp's AMX kernels fault here (SIGILL): --no-repack from now on",
-                      file=sys.stderr, flush=True)
-                self.repack = False
-                continue
-            break
+        """Run binary `name` (with --no-repack once `probe` found the repacked kernels fault); -> (run_child's
+        figures, its output)."""
+        extra = [] if self.repack else (["--repack", "0"] if name == "llama-bench" else ["--no-repack"])
+        res = run_child([str(self.bin_dir / name), *args, *extra], log)
         if res["rc"] != 0:
             raise SystemExit(f"bench_llamacpp: {name} failed (exit {res['rc']}); {log}:\n{tail(log)}")
         return res, log.read_text(errors="replace")
+
+    def probe(self, target: Path, drafter: Path) -> str:
+        """Before anything is timed: one short speculative decode with llama.cpp's repacked CPU weights (its AMX
+        kernels, where the CPU has AMX). Where the process is killed by SIGILL or SIGSEGV there (a machine that does
+        not let a process use AMX tiles; on one Xeon here speculative decoding segfaulted at start with repacking
+        and ran without), every run goes --no-repack, so that all of llama.cpp's figures share one kernel set;
+        -> the section's note."""
+        log = self.work / "probe.log"
+        res = run_child([str(self.bin_dir / "llama-speculative-simple"), "-m", str(target), "-md", str(drafter),
+                         "--spec-type", "draft-simple", "--spec-draft-n-max", "2", "-p", PROMPTS[0], "-n", "4",
+                         "--temp", "0", "-t", str(self.threads), "-td", str(self.threads)], log)
+        if res["rc"] in FAULTS:
+            self.repack = False
+            print(f"[bench_llamacpp] llama.cpp's repacked kernels fault here ({FAULTS[res['rc']]}): every run "
+                  "--no-repack", file=sys.stderr, flush=True)
+            return f"; its repacked (AMX) kernels fault on this machine ({FAULTS[res['rc']]} in a probe run): every run with --no-repack"
+        if res["rc"] != 0:
+            raise SystemExit(f"bench_llamacpp: the probe run of llama-speculative-simple failed (exit {res['rc']}); "
+                             f"{log}:\n{tail(log)}")
+        return ""
 
     def plain(self, gguf: Path, tokens: int, label: str) -> dict:
         """llama-bench's tg at `tokens` (its own repetitions, wall tokens/s)."""
@@ -321,7 +336,7 @@ def bundle_rows(args, prompts: list[str], work: Path) -> list[list]:
 
 # ---- the section ------------------------------------------------------------------------------------------------
 
-def render(summary: dict, extra: list[list], parts: dict, stream: dict, build_note: str, repack: bool, args,
+def render(summary: dict, extra: list[list], parts: dict, stream: dict, build_note: str, repack_note: str, args,
            argv: list[str], loads: list[str]) -> str:
     """The section: one row per method (medians over passes, their min-max), then what explains the gaps."""
     body = [[engine, fmt, method, spread(s["wall_tps"]), spread(s["cpu_tps"]),
@@ -333,7 +348,7 @@ def render(summary: dict, extra: list[list], parts: dict, stream: dict, build_no
              f"{args.n_prompts if not args.prompts else 'the given'} prompt(s) x {args.tokens} tokens, {args.passes} "
              f"passes; every method decodes a prompt back to back with the others, the order turning each prompt and "
              f"pass, so each ratio is taken within a pass (median over passes, min-max in parentheses). llama.cpp "
-             f"{build_note}{'' if repack else '; its AMX kernels fault on this machine (SIGILL): run with --no-repack'}. "
+             f"{build_note}{repack_note}. "
              "tokens/s: wall clock (llama.cpp's own figure for its generation phase; ours the whole decode, prefill "
              "included) and from CPU time (llama.cpp: the CPU seconds between a run of --tokens and one of "
              "--short-tokens, per token; ours the decode's). x plain: over the same engine's plain decode (ours: AR) "
@@ -430,6 +445,7 @@ def main(argv=None) -> int:
     if "bf16" in args.weight_formats:
         weights["bf16"] = tuple(bf16_gguf(bin_dir, g, work) for g in q4)
     llama = Llama(bin_dir, args.threads, work, args.bench_reps)
+    repack_note = llama.probe(*q4)
     target, drafter, ids = load_ours(args, prompts)
     fns = {**llamacpp_methods(llama, weights, args, prompts), **our_methods(target, drafter, args, ids)}
     for name, fn in fns.items():
@@ -442,7 +458,7 @@ def main(argv=None) -> int:
     stream[("ours", args.dtype)] = streamed_bytes(target)
     parts = our_parts(target, drafter, args.ks)
     extra = bundle_rows(args, prompts, work)
-    publish_for(render(summary, extra, parts, stream, build_note, llama.repack, args, argv, loads), not args.no_append,
+    publish_for(render(summary, extra, parts, stream, build_note, repack_note, args, argv, loads), not args.no_append,
                 Path(__file__), args.section, args.page)
     return 0
 

@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from specdraft.decoding.batched import generate_batch  # noqa: E402
 import specdraft.decoding.batched as batched  # noqa: E402
+from specdraft.decoding.bundle.packed_linear import is_packed  # noqa: E402
 from specdraft.decoding.near_ties import classify, first_divergence, fp32_copy, width_classes  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.rounds.shapes import verify_floor  # noqa: E402
@@ -66,13 +67,16 @@ def main(argv=None) -> str:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--batch", type=int, default=1, help="also decode in batches of this many (1: alone only)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--layout", choices=("packed", "plain"), default="packed",
+                    help="the bf16 linears' weight layout: packed, as the project's loader leaves them on a CPU with "
+                         "bf16 units (decoding/bundle/packed_linear.py), or plain: torch's own")
     ap.add_argument("--floor-cost", type=int, default=0, metavar="PASSES",
                     help="also time AR with and without the verify floor over this many interleaved passes (0: not)")
     add_section_flags(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    target = load(args.target, "cpu", torch.bfloat16)
-    drafter = load(args.drafter, "cpu", torch.bfloat16)
+    target = load(args.target, "cpu", torch.bfloat16, packed=args.layout == "packed")
+    drafter = load(args.drafter, "cpu", torch.bfloat16, packed=args.layout == "packed")
     reference = {}  # the near-tie judge's fp32 copy of the target (its bf16 weights, widened), made when needed
     prompts = load_prompts(args, target.config.vocab_size)
     domain = args.domain or "every domain"
@@ -99,13 +103,14 @@ def main(argv=None) -> str:
         found += [[name, domain, i, d.position, d.speculative, d.autoregressive, f"{d.gap:.3f}", f"{d.delta:.3f}",
                    "yes" if d.near_tie else "**no**"] for i, d in diverged]
         ok &= equal >= 0.95 * len(prompts) and near == len(diverged)
+    layout = "linears packed" if is_packed(target) else "torch's weight layout"
     target_name = "/".join(Path(args.target).resolve().parts[-2:])
     drafter_name = "/".join(Path(args.drafter).resolve().parts[-2:])
     lines = [f"## bf16 greedy: fixed K = {args.k} against AR on {args.split} prompts ({machine('cpu', 'bfloat16')})", "",
              f"`python benchmarks/real/bench_bf16_equality.py --target {target_name} --drafter {drafter_name} "
-             f"--prompt-set {'/'.join(Path(args.prompt_set).resolve().parts[-3:])} --split {args.split}{f' --domain {args.domain}' if args.domain else ''} --n-prompts {args.n_prompts} --tokens {args.tokens} --k {args.k} --batch {args.batch}`"
+             f"--prompt-set {'/'.join(Path(args.prompt_set).resolve().parts[-3:])} --split {args.split}{f' --domain {args.domain}' if args.domain else ''} --n-prompts {args.n_prompts} --tokens {args.tokens} --k {args.k} --batch {args.batch} --layout {args.layout}`"
              f": {len(prompts)} prompts ({domain}) x {args.tokens} tokens, greedy, "
-             f"bf16, no end-of-turn stop; every speculative decode against the target's AR decode alone; "
+             f"bf16 ({layout}), no end-of-turn stop; every speculative decode against the target's AR decode alone; "
              f"{args.threads} thread(s), {platform.machine()}, bf16 units: "
              f"{', '.join(sorted(cpu_flags() & {'avx512_bf16', 'amx_bf16'})) or 'none'}; {box_load()}. Counted: the load does not move it.", ""]
     lines += table(["decode", "prompts", "equal to AR", "near-tie divergences", "other divergences",

@@ -1,5 +1,6 @@
-"""benchmarks/engines/bench_llamacpp.py: reading llama.cpp's outputs, the CPU time per token, the SIGILL retry
-without AMX repacking, the build reused; with -m slow, llama.cpp itself on SmolLM2's GGUF when a build exists."""
+"""benchmarks/engines/bench_llamacpp.py: reading llama.cpp's outputs, the CPU time per token, the probe that
+turns AMX repacking off where it faults, the build reused; with -m slow, llama.cpp itself on SmolLM2's GGUF when
+a build exists."""
 import os
 import stat
 import sysconfig
@@ -60,17 +61,28 @@ def fake_binary(directory: Path, name: str, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def test_a_sigill_in_amx_kernels_reruns_without_repacking(bench, tmp_path):
-    # faults (as llama.cpp's AMX tiles do where the kernel refuses them) unless told --no-repack
+@pytest.mark.parametrize("signal", ["ILL", "SEGV"])
+def test_a_fault_in_repacked_kernels_sends_every_run_without_repacking(bench, tmp_path, signal):
+    # faults (as llama.cpp's AMX tiles do where the kernel refuses them: SIGILL on one Xeon, SIGSEGV on another)
+    # unless told --no-repack: the probe finds it before anything is timed, and every run after goes without
     fake_binary(tmp_path, "llama-speculative-simple",
-                'case "$*" in *--no-repack*) printf "%s" "$OUT";; *) kill -ILL $$;; esac\n')
+                f'case "$*" in *--no-repack*) printf "%s" "$OUT";; *) kill -{signal} $$;; esac\n')
     os.environ["OUT"] = SPECULATIVE_OUT
     try:
         llama = bench.Llama(tmp_path, 1, tmp_path)
+        assert f"SIG{signal} in a probe run" in llama.probe(Path("t.gguf"), Path("d.gguf")) and not llama.repack
         got = llama.speculative(Path("t.gguf"), Path("d.gguf"), 4, "def f():", 37, "run")
     finally:
         del os.environ["OUT"]
-    assert not llama.repack and got["accepted"] == 27 and got["cpu_s"] >= 0
+    assert got["accepted"] == 27 and got["cpu_s"] >= 0
+
+
+def test_a_probe_that_runs_keeps_repacking_and_a_fault_later_stops(bench, tmp_path):
+    fake_binary(tmp_path, "llama-speculative-simple", 'case "$*" in *"-n 4"*) exit 0;; *) kill -SEGV $$;; esac\n')
+    llama = bench.Llama(tmp_path, 1, tmp_path)
+    assert llama.probe(Path("t.gguf"), Path("d.gguf")) == "" and llama.repack
+    with pytest.raises(SystemExit, match="failed"):  # a fault in a timed run is not retried with other kernels
+        llama.speculative(Path("t.gguf"), Path("d.gguf"), 4, "def f():", 37, "run")
 
 
 def test_another_failure_stops_with_the_log(bench, tmp_path):
