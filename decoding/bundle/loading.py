@@ -13,6 +13,7 @@ through conversions and fp32 is the faster choice (docs/decoder.md, "Which dtype
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,14 +83,15 @@ class DtypeChoice:
 
     dtype: torch.dtype
     reason: str  # e.g. "auto: this CPU has avx512_bf16/AMX", "as given"
+    packed: bool = False  # the loader packs the linears (bf16 on a CPU whose oneDNN computes it: packed_linear.py)
 
     @property
     def name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
 
     def line(self) -> str:
-        """One line: "dtype bfloat16 (auto: this CPU has avx512_bf16/AMX)"."""
-        return f"dtype {self.name} ({self.reason})"
+        """One line: "dtype bfloat16 (auto: this CPU has avx512_bf16/AMX), linears packed"."""
+        return f"dtype {self.name} ({self.reason})" + (", linears packed" if self.packed else "")
 
 
 def _device_type(device: str | torch.device | None) -> str | None:
@@ -101,8 +103,14 @@ def choose_dtype(dtype: str, device: str | torch.device | None = None) -> DtypeC
     "auto": bf16 on a CUDA device that supports it and on a CPU with bf16 units (`cpu_bf16_units`), fp32
     elsewhere (a CPU without them computes bf16 through conversions; mps: fp32). An explicit float16 on a
     CPU without float16 units is refused (`cpu_fp16_units`): it would run, slower than float32, so
-    nobody asking for it gets what they asked for."""
+    nobody asking for it gets what they asked for. `packed`: whether `load_causal_lm` packs the linears there."""
     kind = _device_type(device)
+    choice = _choose(dtype, kind)
+    on_cpu = kind == "cpu" or (kind is None and not torch.cuda.is_available())
+    return dataclasses.replace(choice, packed=on_cpu and can_pack(choice.dtype, "cpu"))
+
+
+def _choose(dtype: str, kind: str | None) -> DtypeChoice:
     if dtype == "auto":
         if (kind in (None, "cuda")) and torch.cuda.is_available():
             if torch.cuda.is_bf16_supported():
