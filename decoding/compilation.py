@@ -17,7 +17,7 @@ from typing import Callable, Hashable
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.bundle.packed_linear import is_packed, unpack_linears
+from specdraft.decoding.rounds.packed_linear import is_packed, unpack_linears
 from specdraft.decoding.defaults import COMPILE_MODES
 from specdraft.decoding.rounds.static_cache import RowStaticCache, cache_kwarg
 from specdraft.decoding.speculators.eagle_model import EagleDrafter

@@ -38,7 +38,7 @@ from typing import Sequence
 
 import torch
 
-from specdraft.decoding.bundle.packed_linear import unpack_linears
+from specdraft.decoding.rounds.packed_linear import unpack_linears
 from specdraft.decoding.compilation import StepCompiler
 from specdraft.decoding.rounds import kv
 from specdraft.decoding.rounds.shapes import static_length

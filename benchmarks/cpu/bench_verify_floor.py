@@ -44,7 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.harness
 
 from specdraft.decoding.batched import forward_step, generate_batch  # noqa: E402
-from specdraft.decoding.bundle.packed_linear import can_pack, pack_linears  # noqa: E402
+from specdraft.decoding.rounds.packed_linear import can_pack, pack_linears  # noqa: E402
 from specdraft.decoding.compilation import StepCompiler  # noqa: E402
 from specdraft.decoding.defaults import COMPILE_MODES  # noqa: E402
 from specdraft.decoding.rounds.shapes import decode_cache_length  # noqa: E402
@@ -63,7 +63,7 @@ V5_GOAL, AR_GOAL, FLOOR_GOAL = 1.25, 1.5, 2.0  # bf16 at B = 1: v(5); AR tokens/
 @dataclasses.dataclass(frozen=True)
 class Config:
     """A dtype, the compile mode its steps run under, and whether its bf16 linears keep torch's own weight layout
-    (plain) instead of the loader's packed one (decoding/bundle/packed_linear.py)."""
+    (plain) instead of the loader's packed one (decoding/rounds/packed_linear.py)."""
 
     dtype: str
     compile: str = "none"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specdraft.decoding.bundle.packed_linear import PackedLinear
+from specdraft.decoding.rounds.packed_linear import PackedLinear
 from specdraft.decoding.timing import timed_call
 
 

@@ -15,7 +15,7 @@ import torch
 
 from specdraft.data.chat import row_messages
 from specdraft.decoding.bundle.chat import format_prompt  # prompts as the pipeline serves them
-from specdraft.decoding.bundle.packed_linear import can_pack, pack_linears
+from specdraft.decoding.rounds.packed_linear import can_pack, pack_linears
 from specdraft.decoding.rounds import kv
 from specdraft.decoding.rounds.sampling import SamplingConfig
 
@@ -53,7 +53,7 @@ def add_pair_flags(parser: argparse.ArgumentParser, required: bool = False) -> N
 
 def load(path: str, device: str, dtype: torch.dtype, packed: bool = True):
     """A causal LM directory (safetensors only, no remote code) on `device` in `dtype`, in eval mode; its linears
-    packed as the project's loader packs them (bf16 on a CPU with bf16 units) unless `packed` is False."""
+    packed (decoding/rounds/packed_linear.py: bf16 on a CPU with bf16 units) unless `packed` is False."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, trust_remote_code=False, dtype=dtype)

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from specdraft.decoding.batched import generate_batch  # noqa: E402
 import specdraft.decoding.batched as batched  # noqa: E402
-from specdraft.decoding.bundle.packed_linear import is_packed  # noqa: E402
+from specdraft.decoding.rounds.packed_linear import is_packed  # noqa: E402
 from specdraft.decoding.near_ties import classify, first_divergence, fp32_copy, width_classes  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.rounds.shapes import verify_floor  # noqa: E402
@@ -68,8 +68,8 @@ def main(argv=None) -> str:
     ap.add_argument("--batch", type=int, default=1, help="also decode in batches of this many (1: alone only)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--layout", choices=("packed", "plain"), default="packed",
-                    help="the bf16 linears' weight layout: packed, as the project's loader leaves them on a CPU with "
-                         "bf16 units (decoding/bundle/packed_linear.py), or plain: torch's own")
+                    help="the bf16 linears' weight layout: packed (on a CPU with "
+                         "bf16 units (decoding/rounds/packed_linear.py), or plain: torch's own")
     ap.add_argument("--floor-cost", type=int, default=0, metavar="PASSES",
                     help="also time AR with and without the verify floor over this many interleaved passes (0: not)")
     add_section_flags(ap)

@@ -5,7 +5,7 @@ target's own answers in fewer target forwards), each called as the stage calls i
 
     python benchmarks/training/bench_distill_speed.py --target DIR [--drafter DIR] [--prompt-set RUN/prompts/sets
         --domain code] [--n-prompts 16] [--batch 16] [--tokens 64] [--passes 2] [--dtype float32] [--threads 2]
-        [--no-compile] [--no-append]
+        [--split test] [--no-compile] [--section S] [--page P] [--no-append]
 
 Every backend answers the same prompts, in batches of --batch, greedy, at most --tokens new tokens; batch by batch
 the backends take turns (the order turning each batch and pass: benchmarks/harness/timing.py `interleave`), one
@@ -35,7 +35,7 @@ from specdraft.pipelines.distill_data import decoder_backend, hf_backend  # noqa
 from specdraft.pipelines.schema import DistillDataSection  # noqa: E402
 from benchmarks.harness.machine import box_load  # noqa: E402
 from benchmarks.harness.models import DTYPES, add_device_flags, load, load_prompts  # noqa: E402
-from benchmarks.harness.publish import publish  # noqa: E402
+from benchmarks.harness.publish import add_section_flags, publish_for  # noqa: E402
 from benchmarks.harness.timing import interleave  # noqa: E402
 
 
@@ -63,12 +63,13 @@ def main(argv=None) -> str:
     ap.add_argument("--prompt-set", help="a run's prompts/sets dir: its test prompts of --domain")
     ap.add_argument("--prompts", help="text file, one prompt per line")
     ap.add_argument("--domain", default="code")
+    ap.add_argument("--split", default="test", help="which set of --prompt-set (train holds the most prompts)")
     ap.add_argument("--n-prompts", type=int, default=16)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--no-compile", action="store_true", help="leave out the compiled decoder (its compile takes minutes)")
-    ap.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md alone")
+    add_section_flags(ap)
     add_device_flags(ap)
     args = ap.parse_args(argv)
     if args.threads:
@@ -91,7 +92,7 @@ def main(argv=None) -> str:
     rate = {name: [tokens[name] / sum(ts) for ts in per_pass] for name, per_pass in times.items()}
     lines = [
         f"## distill-data's local backends on {'/'.join(Path(args.target).resolve().parts[-2:])} ({args.dtype})", "",
-        f"{len(prompts)} prompts ({args.domain if args.prompt_set else 'given' if args.prompts else 'random ids'}), "
+        f"{len(prompts)} prompts ({f'{args.domain}, {args.split} set' if args.prompt_set else 'given' if args.prompts else 'random ids'}), "
         f"batches of {args.batch}, greedy, at most {args.tokens} new tokens; {args.passes} passes, the backends taking "
         f"turns batch by batch; {args.threads} torch thread(s); {platform.machine()} CPU, {os.cpu_count()} cores; "
         f"{load_before} at the start, {box_load()} at the end.", "",
@@ -104,7 +105,7 @@ def main(argv=None) -> str:
         lines.append(f"| {name} | {tokens[name]} | {statistics.median(rate[name]):.1f} ({min(rate[name]):.1f}-"
                      f"{max(rate[name]):.1f}) | {ratio_cell(ratios)} | {same}/{len(prompts)} |")
     text = "\n".join(lines)
-    publish(text, write=not args.no_append)
+    publish_for(text, not args.no_append, Path(__file__), args.section, args.page)
     return text
 
 

@@ -13,7 +13,6 @@ through conversions and fp32 is the faster choice (docs/decoder.md, "Which dtype
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.bundle.packed_linear import can_pack, pack_linears
+from specdraft.decoding.rounds.packed_linear import can_pack, pack_linears
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICE_TYPES = ("cpu", "cuda", "mps")  # where the decoder and the stages run
@@ -83,15 +82,14 @@ class DtypeChoice:
 
     dtype: torch.dtype
     reason: str  # e.g. "auto: this CPU has avx512_bf16/AMX", "as given"
-    packed: bool = False  # the loader packs the linears (bf16 on a CPU whose oneDNN computes it: packed_linear.py)
 
     @property
     def name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
 
     def line(self) -> str:
-        """One line: "dtype bfloat16 (auto: this CPU has avx512_bf16/AMX), linears packed"."""
-        return f"dtype {self.name} ({self.reason})" + (", linears packed" if self.packed else "")
+        """One line: "dtype bfloat16 (auto: this CPU has avx512_bf16/AMX)"."""
+        return f"dtype {self.name} ({self.reason})"
 
 
 def _device_type(device: str | torch.device | None) -> str | None:
@@ -103,14 +101,8 @@ def choose_dtype(dtype: str, device: str | torch.device | None = None) -> DtypeC
     "auto": bf16 on a CUDA device that supports it and on a CPU with bf16 units (`cpu_bf16_units`), fp32
     elsewhere (a CPU without them computes bf16 through conversions; mps: fp32). An explicit float16 on a
     CPU without float16 units is refused (`cpu_fp16_units`): it would run, slower than float32, so
-    nobody asking for it gets what they asked for. `packed`: whether `load_causal_lm` packs the linears there."""
+    nobody asking for it gets what they asked for."""
     kind = _device_type(device)
-    choice = _choose(dtype, kind)
-    on_cpu = kind == "cpu" or (kind is None and not torch.cuda.is_available())
-    return dataclasses.replace(choice, packed=on_cpu and can_pack(choice.dtype, "cpu"))
-
-
-def _choose(dtype: str, kind: str | None) -> DtypeChoice:
     if dtype == "auto":
         if (kind in (None, "cuda")) and torch.cuda.is_available():
             if torch.cuda.is_bf16_supported():
@@ -201,11 +193,13 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     max_memory: dict | None = None,
     revision: str | None = None,
+    pack: bool = False,
 ) -> Any:
-    """An eval-mode causal LM, for inference only: in bf16 on a CPU with bf16 units its linear layers are
-    packed (`packed_linear.pack_linears`; `unpack_linears` gives them back). `device_map` (multi-GPU) wins over `device`; quantized models are placed
-    by bitsandbytes/accelerate (device_map defaults to the named device, else CPU). `max_memory`
-    ({0: bytes or "10GiB", "cpu": ...}) caps what device_map="auto" puts on each device."""
+    """An eval-mode causal LM. pack: in bf16 on a CPU with bf16 units, its linear layers packed for inference
+    (`rounds.packed_linear.pack_linears`; off by default: see that module on reproducibility). `device_map` (multi-GPU)
+    wins over `device`; quantized models are placed by bitsandbytes/accelerate (device_map defaults to the named
+    device, else CPU). `max_memory` ({0: bytes or "10GiB", "cpu": ...}) caps what device_map="auto" puts on each
+    device."""
     from transformers import AutoModelForCausalLM
 
     name_or_path = str(name_or_path)
@@ -232,8 +226,8 @@ def load_causal_lm(
                          "check the path and that it holds safetensors weights") from None
     if qcfg is None and device_map is None and device is not None:
         model = model.to(device)
-    if qcfg is None and device_map is None and can_pack(torch_dtype, torch.device(device or "cpu").type):
-        pack_linears(model)  # bf16 on a CPU: its linears' weights in oneDNN's layout (packed_linear.py)
+    if pack and qcfg is None and device_map is None and can_pack(torch_dtype, torch.device(device or "cpu").type):
+        pack_linears(model)  # bf16 on a CPU: its linears' weights in oneDNN's layout (rounds/packed_linear.py)
     return model.eval()
 
 

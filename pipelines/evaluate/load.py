@@ -32,7 +32,7 @@ def target_placement(target, tcfg: TargetSection, bundle: Bundle) -> dict[str, A
     floating point one of its weights; a quantized target's compute dtype), quantization and device_map,
     beside how the bundle says the stages loaded it."""
     from specdraft.decoding.bundle.loading import choose_dtype
-    from specdraft.decoding.bundle.packed_linear import is_packed
+    from specdraft.decoding.rounds.packed_linear import is_packed
 
     params = list(target.parameters())
     devices = sorted({str(p.device) for p in params})

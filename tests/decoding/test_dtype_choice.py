@@ -8,7 +8,6 @@ import torch
 import specdraft.decoding.bundle.loading as loading
 from specdraft.core.errors import InputError
 from specdraft.decoding.bundle.loading import check_device, choose_dtype, dtype_of, load_causal_lm, resolve_dtype
-from specdraft.decoding.bundle.packed_linear import can_pack
 from tests.decoding.conftest import tiny_llama
 from tests.decoding.test_bundle import bundle, template  # noqa: F401 (fixtures: a hand-built bundle)
 
@@ -34,9 +33,7 @@ def test_auto_is_bf16_on_a_cpu_with_bf16_units_and_fp32_without(monkeypatch, no_
     monkeypatch.setattr(loading, "cpu_bf16_units", lambda: ("avx512_bf16", "AMX"))
     choice = choose_dtype("auto", "cpu")
     assert choice.dtype == torch.bfloat16
-    packed = ", linears packed" if can_pack(torch.bfloat16, "cpu") else ""  # this machine's oneDNN decides
-    assert choice.line() == "dtype bfloat16 (auto: this CPU has avx512_bf16/AMX)" + packed and choice.packed == bool(packed)
-    assert not choose_dtype("float32", "cpu").packed
+    assert choice.line() == "dtype bfloat16 (auto: this CPU has avx512_bf16/AMX)"
     assert resolve_dtype("auto", None) == torch.bfloat16  # a device_map on a machine without CUDA: the CPU's rule
     monkeypatch.setattr(loading, "cpu_bf16_units", lambda: ())
     choice = choose_dtype("auto", "cpu")

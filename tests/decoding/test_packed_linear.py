@@ -1,4 +1,4 @@
-"""bf16 linears packed in oneDNN's layout (decoding/bundle/packed_linear.py): the weights survive packing bit for
+"""bf16 linears packed in oneDNN's layout (decoding/rounds/packed_linear.py): the weights survive packing bit for
 bit, a packed model decodes greedy speculative output equal to its own AR output on every row, alone and batched
 (the twin-token target of test_near_ties, whose steps nearly all hold a near-tie), and the code that widens,
 copies or compiles a model gets plain layers back. Where this CPU's oneDNN has no native bf16 (`can_pack` false)
@@ -10,7 +10,7 @@ import torch
 
 from specdraft.decoding.batched import generate_batch
 from specdraft.decoding.bundle.loading import load_causal_lm
-from specdraft.decoding.bundle.packed_linear import PackedLinear, can_pack, is_packed, pack_linears, unpack_linears
+from specdraft.decoding.rounds.packed_linear import PackedLinear, can_pack, is_packed, pack_linears, unpack_linears
 from specdraft.decoding.compilation import compile_for_model
 from specdraft.decoding.near_ties import fp32_copy, width_classes
 from specdraft.decoding.policies.stopping import FixedK
@@ -50,10 +50,11 @@ def test_packing_keeps_every_weight_and_refuses_a_wider_input(plain):
     assert is_packed(packed)  # the copies left the original packed
 
 
-def test_the_loader_packs_bf16_on_a_cpu_that_computes_it_and_nothing_else(plain, tmp_path):
+def test_the_loader_packs_bf16_on_a_cpu_that_computes_it_when_asked_and_nothing_else(plain, tmp_path):
     plain.save_pretrained(tmp_path)
-    assert is_packed(load_causal_lm(tmp_path, "bfloat16", "cpu")) == can_pack(torch.bfloat16, "cpu")
-    assert not is_packed(load_causal_lm(tmp_path, "float32", "cpu"))
+    assert is_packed(load_causal_lm(tmp_path, "bfloat16", "cpu", pack=True)) == can_pack(torch.bfloat16, "cpu")
+    assert not is_packed(load_causal_lm(tmp_path, "bfloat16", "cpu"))  # off by default
+    assert not is_packed(load_causal_lm(tmp_path, "float32", "cpu", pack=True))
 
 
 @needs_packing

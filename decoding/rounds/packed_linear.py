@@ -2,10 +2,16 @@
 
 torch's eager bf16 `F.linear` hands oneDNN the weight in its row-major layout at every call, and the kernel reads
 it transposed: on an Intel Xeon with AMX (torch 2.13, one thread) a one-row product over Qwen2.5-Coder-1.5B's MLP
-weights ran at 15 GB/s, the same weights reordered once into oneDNN's blocked layout at 27 GB/s (1.6-1.85x), and a whole one-token step of the 1.5B 1.32x faster
-(0.5B: 1.42x). This is what inductor's freezing pass does to a compiled CPU model's linears
-(`mkldnn._reorder_linear_weight` and `mkldnn._linear_pointwise`, torch/_inductor/fx_passes/mkldnn_fusion.py);
-here it is done eagerly at load, so every stage that decodes gets it without a compile.
+weights ran at 15 GB/s, the same weights reordered once into oneDNN's blocked layout at 27 GB/s (1.6-1.85x), and
+a one-token step of the 1.5B 1.26x faster (cpu/RESULTS.md). This is what inductor's freezing pass does to a
+compiled CPU model's linears (`mkldnn._reorder_linear_weight` and `mkldnn._linear_pointwise`,
+torch/_inductor/fx_passes/mkldnn_fusion.py), done eagerly at load (`load_causal_lm(pack=True)`).
+
+Off by default, and why: with packed linears a distill-data run with a drafter, sampled at T = 0.7, wrote other
+rows when run a second time in the same process (tests/pipelines/test_distill_decoder.py's reproducibility check
+failed; unpacked it passes), and a stage's output must follow from its seed. Two loads of one model packed give
+equal logits, so the cause is elsewhere (oneDNN's kernel choice across calls of other shapes is the suspect) and
+is not found yet. The benchmarks' loader (benchmarks/harness/models.py `load`) packs, to measure it.
 
 Numerics: the blocked kernel sums in another order than eager's, so a packed model's logits differ from the same
 model's eager ones in the last bits; what the decoder's losslessness needs is that the packed model agrees with
