@@ -68,8 +68,8 @@ def main(argv=None) -> str:
     ap.add_argument("--batch", type=int, default=1, help="also decode in batches of this many (1: alone only)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--layout", choices=("packed", "plain"), default="packed",
-                    help="the bf16 linears' weight layout: packed (on a CPU with "
-                         "bf16 units (decoding/rounds/packed_linear.py), or plain: torch's own")
+                    help="the bf16 linears' weight layout: packed into oneDNN's (on a CPU with bf16 units: "
+                         "decoding/rounds/packed_linear.py) or plain: torch's own")
     ap.add_argument("--floor-cost", type=int, default=0, metavar="PASSES",
                     help="also time AR with and without the verify floor over this many interleaved passes (0: not)")
     add_section_flags(ap)

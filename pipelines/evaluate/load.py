@@ -32,15 +32,13 @@ def target_placement(target, tcfg: TargetSection, bundle: Bundle) -> dict[str, A
     floating point one of its weights; a quantized target's compute dtype), quantization and device_map,
     beside how the bundle says the stages loaded it."""
     from specdraft.decoding.bundle.loading import choose_dtype
-    from specdraft.decoding.rounds.packed_linear import is_packed
 
     params = list(target.parameters())
     devices = sorted({str(p.device) for p in params})
     floats = sorted({str(p.dtype).removeprefix("torch.") for p in params if p.dtype.is_floating_point})
     # why that dtype: target.dtype as configured, or what auto chose on this device (decoding/bundle/loading.py)
     reason = choose_dtype(tcfg.dtype, target.get_input_embeddings().weight.device).reason
-    return {"devices": devices, "dtype": ", ".join(floats), "dtype_reason": reason, "packed": is_packed(target),
-            "quantization": tcfg.quantization,
+    return {"devices": devices, "dtype": ", ".join(floats), "dtype_reason": reason, "quantization": tcfg.quantization,
             "device_map": tcfg.device_map,
             "bundle": {"dtype": bundle.spec.target.dtype, "quantization": bundle.spec.target.quantization,
                        "device_map": bundle.spec.target.device_map}}

@@ -100,8 +100,7 @@ def target_line(metrics: dict) -> list[str]:
     if not t:
         return []
     why = f" ({t['dtype_reason']})" if t.get("dtype_reason") else ""
-    packed = ", linears packed in oneDNN's layout" if t.get("packed") else ""
-    line = (f"Target on {', '.join(t['devices'])}, dtype {t['dtype']}{why}{packed}, quantization {t['quantization']}"
+    line = (f"Target on {', '.join(t['devices'])}, dtype {t['dtype']}{why}, quantization {t['quantization']}"
             + (f", device_map {t['device_map']}" if t.get("device_map") is not None else "") + ".")
     b = t.get("bundle") or {}
     differs = [f"{k} {b[k]}" for k in ("quantization", "device_map") if k in b and b[k] != t.get(k)]

@@ -39,7 +39,6 @@ def test_the_report_says_which_dtype_auto_chose_and_why(_exported, monkeypatch):
         monkeypatch.setattr(loading, "cpu_bf16_units", lambda units=units: units)
         placed = target_placement(load_target(bundle, TargetSection(dtype="auto"), "cpu"), TargetSection(), bundle)
         assert placed["dtype"] == dtype and placed["dtype_reason"] == why
-        assert not placed["packed"]  # the stages load plain layers (rounds/packed_linear.py: off by default)
         assert f"Target on cpu, dtype {dtype} ({why}), quantization none." in " ".join(target_line({"target_load": placed}))
 
 
