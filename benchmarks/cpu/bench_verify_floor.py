@@ -44,7 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.harness
 
 from specdraft.decoding.batched import forward_step, generate_batch  # noqa: E402
-from specdraft.decoding.rounds.packed_linear import can_pack, pack_linears  # noqa: E402
+from specdraft.decoding.rounds.packed_linear import pack_linears  # noqa: E402
 from specdraft.decoding.compilation import StepCompiler  # noqa: E402
 from specdraft.decoding.defaults import COMPILE_MODES  # noqa: E402
 from specdraft.decoding.rounds.shapes import decode_cache_length  # noqa: E402
@@ -133,7 +133,7 @@ def model_source(name: str, path: str | None, work: Path) -> str | None:
 def build(source: str | None, config: Config) -> torch.nn.Module:
     if source is None:
         model = demo_shaped_pair(None, 1.0, "cpu", DTYPES[config.dtype])[0]
-        if not config.plain and can_pack(DTYPES[config.dtype], "cpu"):
+        if not config.plain:
             pack_linears(model)
         return model
     return load(source, "cpu", DTYPES[config.dtype], packed=not config.plain)

@@ -15,7 +15,7 @@ import torch
 
 from specdraft.data.chat import row_messages
 from specdraft.decoding.bundle.chat import format_prompt  # prompts as the pipeline serves them
-from specdraft.decoding.rounds.packed_linear import can_pack, pack_linears
+from specdraft.decoding.rounds.packed_linear import pack_linears
 from specdraft.decoding.rounds import kv
 from specdraft.decoding.rounds.sampling import SamplingConfig
 
@@ -58,7 +58,7 @@ def load(path: str, device: str, dtype: torch.dtype, packed: bool = True):
 
     model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, trust_remote_code=False, dtype=dtype)
     model = model.to(device).eval()
-    if packed and can_pack(dtype, torch.device(device).type):
+    if packed:
         pack_linears(model)
     return model
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.rounds.packed_linear import can_pack, pack_linears
+from specdraft.decoding.rounds.packed_linear import pack_linears
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICE_TYPES = ("cpu", "cuda", "mps")  # where the decoder and the stages run
@@ -226,7 +226,7 @@ def load_causal_lm(
                          "check the path and that it holds safetensors weights") from None
     if qcfg is None and device_map is None and device is not None:
         model = model.to(device)
-    if pack and qcfg is None and device_map is None and can_pack(torch_dtype, torch.device(device or "cpu").type):
+    if pack and qcfg is None and device_map is None:
         pack_linears(model)  # bf16 on a CPU: its linears' weights in oneDNN's layout (rounds/packed_linear.py)
     return model.eval()
 

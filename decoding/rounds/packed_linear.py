@@ -92,7 +92,10 @@ def pack_linears(model: torch.nn.Module) -> int:
     """Every `nn.Linear` of a bf16 CPU model packed in place but the output layer, which stays plain: code reads
     its weight (an EAGLE head's initialisation, the vocabulary's size), it is the input embedding itself where the
     two are tied, and it gained least (1.2x: its 151,936 rows stream from memory at either layout); -> how many
-    were packed."""
+    were packed (0, the model untouched, where `can_pack` says no for its weights' dtype and device)."""
+    weight = model.get_input_embeddings().weight
+    if not can_pack(weight.dtype, weight.device.type):
+        return 0
     head = model.get_output_embeddings()
     return _swap(model, torch.nn.Linear, lambda lin: lin if lin is head else PackedLinear(lin))
 
