@@ -300,7 +300,7 @@ def init_model(ctx: Context, tok, target_path: str):
         return build_causal_lm(tcfg.model, len(tok), seed=cfg.run.seed, bos_token_id=tok.bos_token_id,
                                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     if isinstance(init, str):
-        model = load_drafter(init, "float32")
+        model = load_drafter(init, "float32", pack=False)  # trained: plain linears
         check_same_vocabulary(model.config.vocab_size, len(tok), name=f"init_from {init}")
         return model
     from transformers import AutoConfig
@@ -376,7 +376,7 @@ def finetune(ctx: Context, tok, specs, train_rows: list[dict], base_dir: Path, t
             raise InputError(f"drafter '{name}' has no training rows for domains {domains}")
         if teacher is not None and cached is None:  # the first drafter left to train builds it for all
             cached = teacher_cache(teacher, train_rows, tcfg.finetune, tcfg.alignment_batch_size)
-        model = load_drafter(base_dir, "float32").train()  # from_pretrained returns eval mode
+        model = load_drafter(base_dir, "float32", pack=False).train()  # from_pretrained returns eval mode
         examples = finetune_examples(rows, cached) if stored is None else StoredExamples(
             stored.splits["train"], stored.indices("train", domains), stored.format, topk=tcfg.finetune.loss != "ce")
         phase = tcfg.finetune

@@ -193,10 +193,11 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     max_memory: dict | None = None,
     revision: str | None = None,
-    pack: bool = False,
+    pack: bool = True,
 ) -> Any:
-    """An eval-mode causal LM. pack: in bf16 on a CPU with bf16 units, its linear layers packed for inference
-    (`rounds.packed_linear.pack_linears`; off by default: see that module on reproducibility). `device_map` (multi-GPU)
+    """An eval-mode causal LM for inference. pack: in bf16 on a CPU with bf16 units, its linear layers packed
+    (`rounds.packed_linear.pack_linears`: 1.2-1.3x faster steps; pack=False for code that trains or rewrites the
+    linears' weights in place; saving a packed model writes its plain weights). `device_map` (multi-GPU)
     wins over `device`; quantized models are placed by bitsandbytes/accelerate (device_map defaults to the named
     device, else CPU). `max_memory` ({0: bytes or "10GiB", "cpu": ...}) caps what device_map="auto" puts on each
     device."""

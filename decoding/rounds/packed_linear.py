@@ -7,11 +7,10 @@ a one-token step of the 1.5B 1.26x faster (cpu/RESULTS.md). This is what inducto
 compiled CPU model's linears (`mkldnn._reorder_linear_weight` and `mkldnn._linear_pointwise`,
 torch/_inductor/fx_passes/mkldnn_fusion.py), done eagerly at load (`load_causal_lm(pack=True)`).
 
-Off by default, and why: with packed linears a distill-data run with a drafter, sampled at T = 0.7, wrote other
-rows when run a second time in the same process (tests/pipelines/test_distill_decoder.py's reproducibility check
-failed; unpacked it passes), and a stage's output must follow from its seed. Two loads of one model packed give
-equal logits, so the cause is elsewhere (oneDNN's kernel choice across calls of other shapes is the suspect) and
-is not found yet. The benchmarks' loader (benchmarks/harness/models.py `load`) packs, to measure it.
+On by default in the loader (`load_causal_lm(pack=True)`), so every inference stage runs the layout. Its state
+dict is the plain layer's (`weight`, bit for bit), so `save_pretrained` of a packed model writes a model any loader
+reads: before it did, a saved packed drafter had no linear weights, each load of it initialised them at random,
+and a distill-data run with it sampled other rows when run twice (what kept packing off in the stages at first).
 
 Numerics: the blocked kernel sums in another order than eager's, so a packed model's logits differ from the same
 model's eager ones in the last bits; what the decoder's losslessness needs is that the packed model agrees with
@@ -64,6 +63,23 @@ class PackedLinear(torch.nn.Module):
         if self.bias is not None:
             plain.bias = torch.nn.Parameter(self.bias.detach().clone(), requires_grad=False)
         return plain
+
+    # The state dict is an nn.Linear's: `weight` plain, bit for bit. The packed tensor is no parameter, so without
+    # this `save_pretrained` of a packed model wrote no linear weights at all, and every later load of it
+    # initialised them at random (the "reproducibility" failure that kept packing off in the stages).
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = self.unpacked().weight.detach()
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        weight = state_dict.get(prefix + "weight")
+        if weight is None:
+            missing_keys.append(prefix + "weight")
+        else:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16), 1)
+        super()._load_from_state_dict({k: v for k, v in state_dict.items() if k != prefix + "weight"}, prefix,
+                                      local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
     def __deepcopy__(self, memo) -> "PackedLinear":
         # oneDNN's blocked tensor has no storage that copy can reach: repack a plain copy

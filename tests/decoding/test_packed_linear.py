@@ -50,11 +50,30 @@ def test_packing_keeps_every_weight_and_refuses_a_wider_input(plain):
     assert is_packed(packed)  # the copies left the original packed
 
 
-def test_the_loader_packs_bf16_on_a_cpu_that_computes_it_when_asked_and_nothing_else(plain, tmp_path):
+def test_the_loader_packs_bf16_on_a_cpu_that_computes_it_unless_told_not_to_and_nothing_else(plain, tmp_path):
     plain.save_pretrained(tmp_path)
-    assert is_packed(load_causal_lm(tmp_path, "bfloat16", "cpu", pack=True)) == can_pack(torch.bfloat16, "cpu")
-    assert not is_packed(load_causal_lm(tmp_path, "bfloat16", "cpu"))  # off by default
-    assert not is_packed(load_causal_lm(tmp_path, "float32", "cpu", pack=True))
+    assert is_packed(load_causal_lm(tmp_path, "bfloat16", "cpu")) == can_pack(torch.bfloat16, "cpu")  # the default
+    assert not is_packed(load_causal_lm(tmp_path, "bfloat16", "cpu", pack=False))
+    assert not is_packed(load_causal_lm(tmp_path, "float32", "cpu"))
+
+
+@needs_packing
+def test_a_packed_model_saves_and_loads_its_plain_weights(plain, tmp_path):
+    """Its state dict is the plain model's, bit for bit: save_pretrained of a packed model once wrote no linear
+    weight at all, and each load of the saved drafter initialised them at random."""
+    packed = packed_copy(plain)
+    want = plain.state_dict()
+    got = packed.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    packed.save_pretrained(tmp_path, safe_serialization=True)
+    again = load_causal_lm(tmp_path, "bfloat16", "cpu", pack=False)
+    assert all(torch.equal(v, want[k]) for k, v in again.state_dict().items())
+    other = packed_copy(noisy_copy(copy.deepcopy(plain).float(), 0.3, seed=2).to(torch.bfloat16))
+    other.load_state_dict(want)  # loading into packed layers repacks the given weights
+    ids = torch.tensor([[1, 5, 9, 3]])
+    assert torch.equal(other(ids).logits, packed(ids).logits)
+    missing = {k: v for k, v in want.items() if k != "model.layers.0.mlp.up_proj.weight"}
+    assert other.load_state_dict(missing, strict=False).missing_keys == ["model.layers.0.mlp.up_proj.weight"]
 
 
 @needs_packing
