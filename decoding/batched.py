@@ -193,7 +193,6 @@ class Decode:
     commit: Callable = commit_round  # the round's tails, compiled by `start` (their graphs hold no model)
     greedy_tail: Callable = verify_commit_greedy
     behind: int = 0  # rounds since the drafter's last catch-up (rounds with no draft defer it: `catch_up`)
-    floor: int = 1  # the fewest positions per row a target forward runs at (`rounds.shapes.verify_floor`)
 
     @property
     def width(self) -> int:
@@ -336,9 +335,11 @@ def verify_and_commit(d: Decode, state: RowState, drafts: Drafts):
     stats, the verify's hidden states, each row's committed length before the round)."""
     width = verify_width(drafts.steps, d.width) if not d.compiler.eager else drafts.steps
     tokens, q = drafts.tokens[:, :width], (drafts.q[:, :width] if drafts.q is not None else None)
-    if width + 1 < d.floor:  # filler past every row's drafts (k stays): its logits are never read
-        tokens = torch.nn.functional.pad(tokens, (0, d.floor - 1 - width))
-        q = torch.nn.functional.pad(q, (0, 0, 0, d.floor - 1 - width)) if q is not None else None
+    # the floor counts the rows still live (`verify_floor`; an eager decode drops finished ones)
+    floor = model_floor(d.target, tokens.shape[0])
+    if width + 1 < floor:  # filler past every row's drafts (k stays): its logits are never read
+        tokens = torch.nn.functional.pad(tokens, (0, floor - 1 - width))
+        q = torch.nn.functional.pad(q, (0, 0, 0, floor - 1 - width)) if q is not None else None
     logits, verified = d.target_step(d.tcache, torch.cat([state.last[:, None], tokens], dim=1), d.eagle,
                                      None, d.feature_layers)
     committed_before = state.plens + state.n_out
@@ -453,20 +454,20 @@ def start(target, prompts, max_new_tokens, drafter, policy, sampling, eos, seed,
     """The Decode of a call and its right-padded prompts (compiled: padded to `prefill_width`)."""
     device = input_device(target)
     B, W = len(prompts), (policy.max_tokens if policy is not None else 0)
-    floor = model_floor(target)
+    floor = model_floor(target, B)
     ids, plens = right_pad(prompts, device)
     # the prefill too runs at least `floor` positions (the last prompt token is not prefilled): a short prompt's
     # cache is then written by the kernels that write a long one's
     if floor > 1:
         ids = torch.nn.functional.pad(ids, (0, max(0, floor + 1 - ids.shape[1])))
-    max_len = decode_cache_length(ids.shape[1], max_new_tokens, drafts_reserved(W, floor), compiler.mode)
+    max_len = decode_cache_length(ids.shape[1], max_new_tokens, drafts_reserved(W, model_floor(target)), compiler.mode)
     if not compiler.eager:  # the prefills run compiled too, at a few padded widths
         ids = torch.nn.functional.pad(ids, (0, prefill_width(ids.shape[1]) - ids.shape[1]))
 
     d = Decode(target=target, drafter=drafter, policy=policy, sampling=sampling,
                generator=torch.Generator(device=device).manual_seed(seed),
                eos=torch.tensor(eos, dtype=torch.long, device=device) if eos else None, max_new=max_new_tokens,
-               compiler=compiler, tcache=compiler.cache(target, B, max_len), floor=floor,
+               compiler=compiler, tcache=compiler.cache(target, B, max_len),
                target_step=forward_step(compiler, target),
                # the output buffer's width rounded up as a cache's is: the round's compiled tails guard on it, so
                # with max_new + K_max + 2 every K_max was a graph of its own at every width and batch size (a sweep

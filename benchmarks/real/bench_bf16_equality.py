@@ -3,8 +3,9 @@ bf16, on a real target and drafter; how many prompts decode equal, and whether e
 near-tie of the target (decoding/near_ties.py).
 
 In bf16 the target's own greedy output depends on the step's shape (a (K + 1)-row verify rounds differently from a
-one-row step). The batched decoder runs every bf16 target forward on a CPU at least `verify_floor` (4) positions wide,
-where the CPU's kernels compute every width alike, so that equality holds by construction; this benchmark checks
+one-row step). At batch 1 the batched decoder runs every bf16 target forward on a CPU at least `verify_floor` (4)
+positions wide, where the CPU's kernels compute every width alike, so that equality holds by construction (in a batch
+the floor counts rows: 1 position a row from batch 4 on); this benchmark checks
 that premise on the machine (the target's width classes: which widths compute a position's logits bit for bit
 alike, `decoding.near_ties.width_classes`) and the consequence (the goal: equal on at least 95% of prompts at 64
 tokens), and wherever a decode still differs, whether the first differing token is a near-tie: its fp32 gap to the
@@ -123,7 +124,7 @@ def main(argv=None) -> str:
                        found, "llrrrrrrl")
     floor = verify_floor("bfloat16", "cpu")
     lines += ["", f"Width classes of the target here (each width -> the narrowest computing a position's logits alike, "
-              f"bit for bit): {', '.join(f'{w}: {c}' for w, c in classes.items())}; the decoder's floor: {floor} positions "
+              f"bit for bit): {', '.join(f'{w}: {c}' for w, c in classes.items())}; the decoder's floor at batch 1: {floor} positions "
               f"({'every width from it alike' if len({classes[w] for w in classes if w >= floor}) == 1 else '**widths from it differ**'})."]
     if args.floor_cost:
         lines += floor_cost(target, prompts[:4], args.tokens, args.floor_cost)
@@ -142,7 +143,7 @@ def floor_cost(target, prompts: list[list[int]], tokens: int, passes: int) -> li
     floor = batched.model_floor
 
     def decode(unit, seed, padded):
-        batched.model_floor = floor if padded else (lambda model: 1)
+        batched.model_floor = floor if padded else (lambda model, rows=1: 1)
         try:
             return generate_batch(target, [unit], tokens)[0].tokens
         finally:

@@ -177,7 +177,6 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
     widths = profiled_widths(max_width, compile)
     device = target.get_input_embeddings().weight.device
     vocab = min(target.config.vocab_size, drafter.config.vocab_size)
-    floor = model_floor(target)
     gen = torch.Generator().manual_seed(seed)
     max_len = static_length(cache_length)  # rounded up as the decoder sizes its caches
     compiler = StepCompiler(compile)
@@ -195,6 +194,7 @@ def profile_cost_table(target: torch.nn.Module, drafter: torch.nn.Module, batch_
         forward_rows(drafter, dcache, prompt)
         at[batch] = torch.full((batch,), context, dtype=torch.long, device=device)
         widest[batch] = torch.randint(0, vocab, (batch, widths[-1]), generator=gen).to(device)
+        floor = model_floor(target, batch)
         ids = {w: torch.randint(0, vocab, (batch, w), generator=gen).to(device) for w in sorted(set(widths) | {2, floor})}
         # a w-wide verify runs at least `floor` positions in the decoder (`verify_floor`): priced as it runs
         calls.update({(batch, "verify", w): (lambda t=tcache, x=ids[max(w, floor)]: target_step(t, x)) for w in widths})

@@ -73,31 +73,37 @@ def prefill_positions(longest: int, compile: str) -> int:
     return longest if compile == "none" else prefill_width(longest)
 
 
-# The fewest positions a target forward of a decode runs per row in bf16 on a CPU (`verify_floor`).
+# The fewest rows (batch rows x positions) a target forward of a decode runs at in bf16 on a CPU (`verify_floor`).
 HALF_CPU_FLOOR = 4
 
 
-def verify_floor(dtype: str, device_type: str) -> int:
-    """The fewest positions per row a decode's target forwards run at (a round's verify, a plain AR step and the
-    prefill are padded with filler up to it; nothing reads the filler's logits, and what it writes in the cache
-    lies past every row's length, overwritten before any query sees it): 4 in bf16 on a CPU, else 1 (no padding).
+def verify_floor(dtype: str, device_type: str, rows: int = 1) -> int:
+    """The fewest positions per row a decode's target forwards run at when `rows` rows are live (a round's verify,
+    a plain AR step and the prefill are padded with filler up to it; nothing reads the filler's logits, and what it
+    writes in the cache lies past every row's length, overwritten before any query sees it): in bf16 on a CPU
+    enough for the forward to hold 4 rows of positions, ceil(4 / rows) (4 at batch 1, 2 at 2, 1 from 4 on); else 1.
 
     Why: this CPU's bf16 kernels compute a row at one query position, at two or three and at four or more in three
-    different ways (the attention's products; on an AMD EPYC with avx512_bf16 under torch 2.13, SmolLM2-135M's and
-    the Qwen pair's logits at widths 4 to 16 are equal bit for bit, at 1 and at 2-3 not: `near_ties.width_classes`,
-    printed by benchmarks/real/bench_bf16_equality.py), so a one-token AR step and a (K + 1)-token verify round a
+    different ways (on an AMD EPYC with avx512_bf16 under torch 2.13, SmolLM2-135M's and the Qwen pair's logits at
+    widths 4 to 16 are equal bit for bit, at 1 and at 2-3 not: `near_ties.width_classes`, printed by
+    benchmarks/real/bench_bf16_equality.py), so at batch 1 a one-token AR step and a (K + 1)-token verify round a
     token's logits differently and greedy outputs part where two tokens nearly tie (4 of 16 held-out prompts at 64
     tokens on the Qwen pair's 0.5B). At four or more positions every step computes a position alike, and with the
     cache's length the same for every K (`drafts_reserved`) greedy speculative output equals greedy AR output by
-    construction. In bf16 a 4-position step costs about a 1-position one on the 1.5B (within the spread) and 12% more
-    on SmolLM2-135M, whose step is mostly op overhead (docs/decoder.md). fp32 keeps 1: a 4-position step costs
-    ~1.8-2 one-position ones there, and fp32's rounding leaves greedy outputs equal."""
-    return HALF_CPU_FLOOR if dtype == "bfloat16" and device_type == "cpu" else 1
+    construction. Counted in rows, not positions a row: past a few rows a product's kernel is chosen by the rows it
+    multiplies (a packed 8960 -> 1536 projection rounded 32 rows otherwise than 1 on an Intel Xeon with AMX), so at
+    batch 8 a floor of 4 positions a row (32 rows) buys no equality over 1 (8 rows): on Qwen2.5-Coder-0.5B, 8 chat
+    prompts x 48 tokens, K = 4 against AR in the same batch was 7 of 8 rows equal either way, and AR ran 1.3-1.5x
+    faster at 1 (2.6 against 1.7 s on SmolLM2); at batch 2 and 4 every row was equal either way. fp32 keeps 1: a
+    4-position step costs ~1.8-2 one-position ones there, and fp32's rounding leaves greedy outputs equal."""
+    if dtype == "bfloat16" and device_type == "cpu":
+        return -(-HALF_CPU_FLOOR // max(1, rows))
+    return 1
 
 
 def drafts_reserved(width: int, floor: int) -> int:
     """The cache slots a decode reserves for a round beyond its prompt and new tokens (`decode_cache_length`'s
-    max_drafts): the policy's width; under a verify floor (`verify_floor` > 1) CACHE_ROUND - 2 whatever the width
+    max_drafts): the policy's width; under a verify floor (`verify_floor` > 1 at one row) CACHE_ROUND - 2 whatever the width
     (when the width fits in it), so that AR and every K up to 62 decode over a cache of the same length. Attention's
     sum over the keys runs over the whole cache, masked, and its blocking follows the cache's length: on the Qwen
     pair's 1.5B in bf16, AR over a 256-slot cache and K = 4 over a 320-slot one parted at a prompt's 4th token."""

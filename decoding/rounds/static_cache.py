@@ -159,10 +159,11 @@ def eagle_rows(drafter: torch.nn.Module, cache: RowStaticCache, features: torch.
     return drafter.lm_logits(pred), pred
 
 
-def model_floor(model: torch.nn.Module) -> int:
-    """`rounds.shapes.verify_floor` for `model`'s weights: its dtype and the device its embedding sits on."""
+def model_floor(model: torch.nn.Module, rows: int = 1) -> int:
+    """`rounds.shapes.verify_floor` for `model`'s weights (its dtype and the device its embedding sits on) at
+    `rows` live rows."""
     weight = model.get_input_embeddings().weight
-    return verify_floor(str(weight.dtype).removeprefix("torch."), weight.device.type)
+    return verify_floor(str(weight.dtype).removeprefix("torch."), weight.device.type, rows)
 
 
 def forward_rows(model: torch.nn.Module, cache: RowStaticCache, ids: torch.Tensor, hidden: bool = False,

@@ -5,6 +5,8 @@ Rows of different lengths are prefilled right-padded, rolled back to different l
 only new lengths: stale slots stay in the buffers), fed more tokens, rolled back again: every row's
 logits equal a DynamicCache fed that row's surviving tokens alone.
 """
+import copy
+
 import pytest
 import torch
 
@@ -269,6 +271,36 @@ def test_under_a_verify_floor_every_k_decodes_over_a_cache_of_one_length():
             lengths = {decode_cache_length(longest, new, drafts_reserved(w, floor), "none") for w in (0, 1, 4, 8, 16, 62)}
             assert len(lengths) == 1 and lengths.pop() >= longest + new + 62 + 2, (longest, new)
     assert drafts_reserved(4, 1) == 4 and drafts_reserved(100, floor) == 100
+
+
+def test_a_bf16_cpu_decode_runs_its_target_forwards_at_least_four_rows_as_its_rows_go(llama_pair):
+    """The verify floor counts a forward's rows (batch rows x positions): an AR decode of 8 rows steps 1 position a
+    row while 4 or more rows are live, 2 at 2-3 rows, 4 once one is left (an eager decode drops finished rows), and
+    alone 4 throughout; K = 4's verify is 5 positions anyway. fp32 steps 1 position a row at every batch size."""
+    target = copy.deepcopy(llama_pair[0]).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 64, (6,), generator=gen).tolist() for _ in range(8)]
+    seen = []
+    hook = target.model.register_forward_pre_hook(lambda m, a, kw: seen.append(tuple(kw["input_ids"].shape)),
+                                                  with_kwargs=True)
+    try:
+        free = generate_batch(target, prompts, 24)
+        # stop tokens the rows emit at different steps: the batch shrinks as they stop
+        stop = sorted({r.tokens[2 + 2 * i] for i, r in enumerate(free[:7])})
+        shapes = {}
+        for name, batch in (("batch", prompts), ("alone", prompts[:1])):
+            seen.clear()
+            generate_batch(target, batch, 24, eos_token_id=stop)
+            shapes[name] = steps = seen[1:]  # after the prefill
+            assert steps and all(width == -(-4 // rows) for rows, width in steps), steps
+        live = {rows for rows, _ in shapes["batch"]}
+        assert 8 in live and min(live) < 4 and {w for _, w in shapes["alone"]} == {4}, live
+        target.float()
+        seen.clear()
+        generate_batch(target, prompts, 8)
+        assert all(width == 1 for _, width in seen[1:]), seen
+    finally:
+        hook.remove()
 
 
 def test_a_decode_cache_holds_the_longest_prompt_and_the_round_not_the_padding(llama_pair):

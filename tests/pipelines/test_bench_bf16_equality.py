@@ -28,6 +28,6 @@ def test_every_prompt_is_equal_or_a_near_tie_alone_and_in_a_batch(tmp_path):
         assert prompts == 4 and equal + near + other == 4, name
         assert other == 0, text  # a divergence beyond bf16's rounding would be a decoder bug
         assert equal == 4, text  # at the floor: equal by construction
-    assert "the decoder's floor: 4 positions (every width from it alike)" in text
+    assert "the decoder's floor at batch 1: 4 positions (every width from it alike)" in text
     assert re.search(r"The floor's cost, .* floor / one \d\.\d{3} \[", text), text
     assert "Goal (equal on at least 95% of prompts, every divergence a near-tie):" in text
