@@ -243,8 +243,18 @@ def _evaluate(ctx: Context, ecfg: EvaluateSection, bundle: Bundle, k_main: int, 
     # teacher-forced on the dev responses at train-drafters: thousands of positions per cell where the test
     # prompts give tens of rounds, so "a specialist wins in its domain" is decided here, MAT beside it
     metrics["drafter_alignment"] = {n: dict(e.alignment) for n, e in sorted(bundle.drafters.items()) if e.alignment}
+    metrics["eagle_training"] = {n: eagle_training(e.path) for n, e in sorted(bundle.eagle.items())}
     write_report(metrics, ctx.out)
     return {"headline": metrics["headline"], "cost_fit": metrics["cost_fit"], "runs": len(records)}
+
+
+def eagle_training(path) -> dict:
+    """What train-drafters recorded of an EAGLE drafter's training (eagle_config.json): its optimizer steps, final
+    loss and, with train_drafters.eagle.eval_every_n_steps, its dev curve (teacher-forced acceptance against steps)."""
+    from specdraft.decoding.speculators.eagle_model import read_eagle_config
+
+    meta = read_eagle_config(path)
+    return {k: meta[k] for k in ("steps", "examples", "final_loss", "dev_curve") if k in meta}
 
 
 def pinned_costs(measured: Calibration, costs: CountedCosts) -> Calibration:

@@ -179,7 +179,25 @@ def _further_sections(metrics: dict) -> list[str]:
                   "target forward (its counted cost prices the verification by tree depth, as for SpecTr, so it "
                   "flatters the tree: read its MAT and timed speedup). The domain drafter row is the independent "
                   f"(SpS) drafter at K. One draft forward per drafter on this machine: {costs}.", "", eagle, ""]
+        parts += _eagle_training_lines(metrics.get("eagle_training") or {})
     return parts
+
+
+def _eagle_training_lines(training: dict) -> list[str]:
+    """Each EAGLE drafter's training as train-drafters recorded it: steps on how many rows, and its dev curve
+    (teacher-forced 1 - TV on the dev answers against optimizer steps) where one was taken."""
+    lines = []
+    for name, t in sorted(training.items()):
+        if "steps" not in t:
+            continue
+        line = f"- **{name}** trained {t['steps']} steps" + (f" on {t['examples']} rows" if "examples" in t else "")
+        if t.get("dev_curve"):
+            line += "; dev acceptance (teacher-forced 1 - TV) against steps: " + ", ".join(
+                f"{p['step']}: {p['acceptance']:.3f}" for p in t["dev_curve"])
+        else:
+            line += " (no dev curve: train_drafters.eagle.eval_every_n_steps is 0)"
+        lines.append(line + ".")
+    return ["Training (train-drafters):", "", *lines, ""] if lines else []
 
 
 def _target_quality_section(quality: dict) -> list[str]:

@@ -14,7 +14,7 @@ from specdraft.pipelines.artifacts import read_manifest
 from specdraft.pipelines.stage import run_stage
 from tests.pipelines.conftest import fresh_copy, tiny_config
 
-EAGLE = {"eagle": {"enabled": True, "variant": "eagle1", "drafters": ["ofa", "math", "translate"], "lr": 1e-3, "max_length": 64,
+EAGLE = {"eagle": {"enabled": True, "variant": "eagle1", "drafters": ["ofa", "math", "translate"], "lr": 1e-3, "max_length": 64, "eval_every_n_steps": 2,
                    "train": {"max_steps": 3, "batch_size": 4, "wandb": {"mode": "disabled"}},
                    "tree": {"depth": 3, "top_k": 2, "nodes": 5}}}
 FAST = {"train_heads": {"depths": [0], "w_rejs": [1.0], "epochs": 1, "cost_ratio": 0.2},
@@ -116,6 +116,12 @@ def test_evaluate_reports_metaeagle_rows(run_root):
     report = (out / "report.md").read_text()
     assert "## EAGLE drafters vs independent drafters" in report and "MetaEagle-UCB (BD)" in report
     assert "EAGLE eagle-ofa tree 3x2x5" in report and "domain drafter K=2" in report
+    # each drafter's training as train-drafters recorded it, its dev curve beside it
+    ofa = metrics["eagle_training"]["eagle-ofa"]
+    assert ofa["steps"] == 3 and [p["step"] for p in ofa["dev_curve"]] == [2, 3]  # every 2 steps, and the last
+    assert set(metrics["eagle_training"]) == {"eagle-ofa", "eagle-math", "eagle-translate"}
+    assert (f"- **eagle-ofa** trained 3 steps on {ofa['examples']} rows; dev acceptance (teacher-forced 1 - TV) "
+            f"against steps: 2: {ofa['dev_curve'][0]['acceptance']:.3f}, 3: {ofa['dev_curve'][1]['acceptance']:.3f}.") in report
 
 
 def test_the_default_eagle3_on_a_target_of_too_few_layers_stops_before_training(_bundled, tmp_path):
