@@ -76,6 +76,9 @@ class PackedLinear(torch.nn.Module):
         weight = state_dict.get(prefix + "weight")
         if weight is None:
             missing_keys.append(prefix + "weight")
+        elif tuple(weight.shape) != (self.out_features, self.in_features):
+            error_msgs.append(f"size mismatch for {prefix}weight: copying a param with shape {tuple(weight.shape)}, "
+                              f"the packed layer is {(self.out_features, self.in_features)}")
         else:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16), 1)
         super()._load_from_state_dict({k: v for k, v in state_dict.items() if k != prefix + "weight"}, prefix,

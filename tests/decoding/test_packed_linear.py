@@ -74,6 +74,9 @@ def test_a_packed_model_saves_and_loads_its_plain_weights(plain, tmp_path):
     assert torch.equal(other(ids).logits, packed(ids).logits)
     missing = {k: v for k, v in want.items() if k != "model.layers.0.mlp.up_proj.weight"}
     assert other.load_state_dict(missing, strict=False).missing_keys == ["model.layers.0.mlp.up_proj.weight"]
+    wrong = {**want, "model.layers.0.mlp.up_proj.weight": want["model.layers.0.mlp.up_proj.weight"][:-1]}
+    with pytest.raises(RuntimeError, match="size mismatch for model.layers.0.mlp.up_proj.weight"):
+        other.load_state_dict(wrong)
 
 
 @needs_packing
