@@ -92,9 +92,10 @@ def verify_floor(dtype: str, device_type: str, rows: int = 1) -> int:
     cache's length the same for every K (`drafts_reserved`) greedy speculative output equals greedy AR output by
     construction. Counted in rows, not positions a row: past a few rows a product's kernel is chosen by the rows it
     multiplies (a packed 8960 -> 1536 projection rounded 32 rows otherwise than 1 on an Intel Xeon with AMX), so at
-    batch 8 a floor of 4 positions a row (32 rows) buys no equality over 1 (8 rows): on Qwen2.5-Coder-0.5B, 8 chat
-    prompts x 48 tokens, K = 4 against AR in the same batch was 7 of 8 rows equal either way, and AR ran 1.3-1.5x
-    faster at 1 (2.6 against 1.7 s on SmolLM2); at batch 2 and 4 every row was equal either way. fp32 keeps 1: a
+    batch 8 a floor of 4 positions a row (32 rows) buys no equality over 1 (8 rows). Checked by hand on the Xeon with
+    AMX (2 threads, packed): on Qwen2.5-Coder-0.5B, 8 chat prompts x 48 tokens, K = 4 against AR in the same batch
+    was 7 of 8 rows equal either way, at batch 2 and 4 every row; AR's wall time fell 1.3-1.5x at 1 (SmolLM2: 2.6
+    against 1.7 s). The benchmarked effect is distill-data's (training/bench_distill_speed.py, batch 32). fp32 keeps 1: a
     4-position step costs ~1.8-2 one-position ones there, and fp32's rounding leaves greedy outputs equal."""
     if dtype == "bfloat16" and device_type == "cpu":
         return -(-HALF_CPU_FLOOR // max(1, rows))
