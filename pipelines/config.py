@@ -110,12 +110,27 @@ def _merge(base: dict, given: dict) -> dict:
 
 def _over_default(f: dataclasses.Field, value: Any) -> Any:
     """A partial mapping for a nested section fills in the field's own default instance, not the
-    section class's bare defaults (e.g. `train: {max_steps: 7}` keeps the stage's batch size)."""
+    section class's bare defaults (e.g. `train: {max_steps: 7}` keeps the stage's batch size). A key the mapping
+    gives never loses to a default it would otherwise lose to: the section class's GIVEN_IMPLIES names what a given
+    key resets when the mapping leaves it out (`train: {max_epochs: 2}` over a default of max_steps 200 trains two
+    epochs, not 200 steps)."""
     if isinstance(value, dict) and f.default_factory is not dataclasses.MISSING:
         default = f.default_factory()
         if dataclasses.is_dataclass(default):
-            return _merge(dataclasses.asdict(default), value)
+            return _given_over(default, value)
     return value
+
+
+def _given_over(default: Any, given: dict) -> dict:
+    """The dataclass instance `default` as a mapping with `given` merged in, section by section, each section's
+    GIVEN_IMPLIES applied (keys `given` does not know stay, for from_dict to name)."""
+    base = dataclasses.asdict(default)
+    for key, implied in getattr(type(default), "GIVEN_IMPLIES", {}).items():
+        if key in given:
+            base.update({k: v for k, v in implied.items() if k not in given})
+    sections = {k: _given_over(getattr(default, k), v) for k, v in given.items()
+                if isinstance(v, dict) and dataclasses.is_dataclass(getattr(default, k, None))}
+    return _merge(base, {**given, **sections})
 
 
 def from_dict(cls: type, data: Any, where: str = "") -> Any:

@@ -24,7 +24,7 @@ import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import numpy as np
@@ -62,6 +62,8 @@ class WandbConfig:
 
 @dataclass
 class TrainerConfig:
+    # a config that gives max_epochs and not max_steps trains for epochs, whatever max_steps its section defaults to
+    GIVEN_IMPLIES: ClassVar[dict] = {"max_epochs": {"max_steps": -1}}
     max_steps: int = -1  # optimizer steps; -1: run max_epochs
     max_epochs: int = 1  # used when max_steps is -1
     batch_size: int = 8  # per device

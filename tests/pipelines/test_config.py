@@ -93,6 +93,19 @@ def test_partial_section_keeps_the_stage_defaults():
     assert cfg.pretrain_target.model.hidden == default.model.hidden and cfg.pretrain_target.model.n_layers == 2
 
 
+def test_epochs_given_over_a_section_defaulting_to_steps_train_for_epochs():
+    """The general phase defaults to max_steps 200: a config that gives its max_epochs and not its max_steps means
+    epochs (before, the default's 200 steps silently won); given both, max_steps decides, as documented."""
+    given = from_dict(RunConfig, {"train_drafters": {"general": {"train": {"max_epochs": 2, "batch_size": 8}}}})
+    assert (given.train_drafters.general.train.max_steps, given.train_drafters.general.train.max_epochs) == (-1, 2)
+    both = from_dict(RunConfig, {"train_drafters": {"general": {"train": {"max_epochs": 2, "max_steps": 50}}}})
+    assert both.train_drafters.general.train.max_steps == 50
+    untouched = from_dict(RunConfig, {"train_drafters": {"general": {"train": {"batch_size": 8}}}})
+    assert untouched.train_drafters.general.train.max_steps == RunConfig().train_drafters.general.train.max_steps == 200
+    over = load_config(RunConfig, None, ["train_drafters.general.train.max_epochs=3"])  # a command-line override too
+    assert over.train_drafters.general.train.max_steps == -1
+
+
 def test_reproduce_is_the_demo_with_another_evaluation():
     """configs/reproduce.yaml takes demo.yaml through `base`: every training section is the demo's but the
     EAGLE set (so prepare-data, pretrain-target and distill-data are cache hits on a finished demo root) and

@@ -1,0 +1,48 @@
+"""benchmarks/training/bench_data_scaling.py's choice of rows per scale, on hand-made rows (no model)."""
+import datasets
+import pytest
+
+from specdraft.drafters.teacher_signal import SignalFormat
+from specdraft.pipelines.readers import TeacherData
+from tests.conftest import import_benchmark
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return import_benchmark("bench_data_scaling")
+
+
+def rows(prompts: int, temperatures=(0.0, 1.0), domains=("code", "math")) -> list[dict]:
+    # distill-data's order: one temperature after another; prompt ids "<domain>/train/<index>"
+    return [{"id": f"{d}/train/{i:06d}@t{t:g}", "prompt_id": f"{d}/train/{i:06d}", "domain": d, "temperature": t,
+             "response_ids": [1, 2]} for t in temperatures for d in domains for i in range(prompts)]
+
+
+def test_the_scales_are_nested_and_use_a_temperature_only_once_its_predecessor_is_spent(bench):
+    data = rows(4)
+    by_scale = {n: bench.scale_rows(data, [0.0, 1.0], n) for n in (1, 2, 4, 8)}
+    for small, large in ((1, 2), (2, 4), (4, 8)):
+        assert {r["id"] for r in by_scale[small]} < {r["id"] for r in by_scale[large]}
+    assert {r["temperature"] for r in by_scale[4]} == {0.0}  # all 4 prompts a domain answered greedily first
+    assert sorted(r["id"] for r in by_scale[2] if r["domain"] == "math") == ["math/train/000000@t0",
+                                                                              "math/train/000001@t0"]
+    assert sum(r["temperature"] == 1.0 for r in by_scale[8]) == 8  # then the T = 1 answers to the same prompts
+    # the listed order decides, not the values: T = 1 first when distill-data listed it first
+    assert {r["temperature"] for r in bench.scale_rows(data, [1.0, 0.0], 4)} == {1.0}
+
+
+def test_a_scale_the_rows_cannot_fill_is_refused_in_one_line(bench):
+    with pytest.raises(SystemExit, match="holds 8 code train rows, a scale needs 9"):
+        bench.scale_rows(rows(4), [0.0, 1.0], 9)
+
+
+def test_the_stored_signal_is_cut_to_the_scale_s_rows_and_a_missing_row_is_refused(bench):
+    train = datasets.Dataset.from_list([{"id": r["id"], "domain": r["domain"]} for r in rows(3)])
+    dev = datasets.Dataset.from_list([{"id": "code/dev/000000@t0", "domain": "code"}])
+    stored = TeacherData(SignalFormat(top_k=4, vocab_size=10, max_length=16, feature_layers=None, feature_width=0), "hash", {"train": train, "dev": dev})
+    chosen = bench.scale_rows(rows(3), [0.0, 1.0], 2)
+    cut = bench.subset(stored, {r["id"] for r in chosen})
+    assert sorted(cut.splits["train"]["id"]) == sorted(r["id"] for r in chosen)
+    assert cut.splits["dev"]["id"] == ["code/dev/000000@t0"]  # the dev curve's rows stay whole
+    with pytest.raises(SystemExit, match="rerun stage teacher-data"):
+        bench.subset(stored, {"code/train/000009@t0"})
