@@ -1,6 +1,6 @@
 """Data scaling: what more distilled data buys a drafter trained from scratch, for both drafter families.
 
-    python benchmarks/training/bench_data_scaling.py RUN [--config configs/real.yaml] [--scales 1,2,4,8]
+    python benchmarks/real/bench_data_scaling.py RUN [--config configs/real.yaml] [--scales 1,2,4,8]
         [--independent-epochs 4] [--eagle-epochs 2] [--tokens 64] [--k 4] [--no-append]
 
 RUN is a run root of --config whose prepare-data, distill-data and teacher-data ran at the largest scale's data,
@@ -25,8 +25,8 @@ train_eagle) into RUN/bench_data_scaling/<scale>x/, so a killed run resumes with
 Judged by the acceptance length at K = --k (MAT: tokens per target forward, bonus counted; exact, greedy) of the
 decoder at batch 1 over every test prompt of the training domains, chat-templated as evaluate formats them, in the
 dtype the run's target.dtype picks; 90% intervals bootstrap over prompts. Training times are wall clock on the
-box as it was. Writes the table as this script's section of benchmarks/training/RESULTS.md and the curve as
-benchmarks/training/data_scaling.png.
+box as it was. Writes the table as this script's section of benchmarks/real/RESULTS.md and the curve as
+benchmarks/real/data_scaling.png.
 """
 from __future__ import annotations
 
@@ -200,6 +200,9 @@ def run_bench(args) -> str:
                                         args.tokens, eos)})
         print(f"[bench_data_scaling] {s}x: independent {points[-1]['independent'][0]:.3f}, "
               f"EAGLE-3 {points[-1]['eagle3'][0]:.3f}")
+    # what RUN holds, for the section's rerun line: its prompts a domain and the temperatures it was distilled at
+    held = min(1 + max(int(r["prompt_id"].rsplit("/", 1)[1]) for r in all_rows if r["domain"] == d) for d in domains)
+    args.data = f"demo.train_per_domain={held} distill_data.temperatures=[{','.join(map(str, temperatures))}]"
     return render(args, cfg, target, points, unit, len(prompts))
 
 
@@ -217,7 +220,8 @@ def render(args, cfg: RunConfig, target, points: list[dict], unit: int, n_prompt
     return "\n".join([
         f"## Acceptance length against distilled data ({datetime.date.today()}, {machine('cpu', dtype)}; "
         f"{box_load()})", "",
-        f"`python benchmarks/training/bench_data_scaling.py {' '.join(args.argv)}`", "",
+        f"`python benchmarks/real/bench_data_scaling.py {' '.join('RUN' if a == args.run else a for a in args.argv)}`, RUN: {args.config}'s "
+        f"prepare-data, distill-data and teacher-data with {args.data}", "",
         f"Target {name}; {cfg.demo.world} world; drafters from random "
         f"weights at each scale: the independent drafter ({cfg.train_drafters.model.hidden} wide, "
         f"{cfg.train_drafters.model.n_layers} layers) for {args.independent_epochs} passes, EAGLE-3 "
