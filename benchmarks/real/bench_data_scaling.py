@@ -21,7 +21,8 @@ recipes do):
     vocabulary, lr 1e-3, batch 8) for --eagle-epochs passes, on teacher-data's stored features (the target never
     runs in training).
 Each is trained by the stage's own code (pipelines/train_drafters.py train_base, pipelines/train_eagle.py
-train_eagle) into RUN/bench_data_scaling/<scale>x/, so a killed run resumes with the next unfinished drafter.
+train_eagle) into RUN/bench_data_scaling/<answers a domain>-a-domain-<hash of the target, the rows and the
+training config>/, so a killed run resumes with the next unfinished drafter, and a changed input trains anew.
 Judged by the acceptance length at K = --k (MAT: tokens per target forward, bonus counted; exact, greedy) of the
 decoder at batch 1 over every test prompt of the training domains, chat-templated as evaluate formats them, in the
 dtype the run's target.dtype picks; 90% intervals bootstrap over prompts. Training times are wall clock on the
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import hashlib
 import json
 import sys
 import time
@@ -54,7 +56,7 @@ from specdraft.decoding.speculators.drafter import DrafterSpeculator  # noqa: E4
 from specdraft.decoding.speculators.eagle import EagleSpeculator  # noqa: E402
 from specdraft.decoding.speculators.eagle_model import load_eagle, target_dir_hash  # noqa: E402
 from specdraft.decoding.timing import bootstrap_rate_ratio  # noqa: E402
-from specdraft.pipelines.config import load_config  # noqa: E402
+from specdraft.pipelines.config import load_config, to_dict  # noqa: E402
 from specdraft.pipelines.readers import BASE, TeacherData, load_distill_data, load_teacher_data  # noqa: E402
 from specdraft.pipelines.schema import RunConfig  # noqa: E402
 from specdraft.pipelines.train_drafters import train_base  # noqa: E402
@@ -105,6 +107,13 @@ def point_config(cfg: RunConfig, args) -> RunConfig:
         tcfg, general=general, eagle=eagle, general_on="distilled", init_from=None, init_drafter=None))
 
 
+def point_key(cfg: RunConfig, rows: list[dict], target_path: Path) -> str:
+    """What a point's drafters are made of (the target's content, the rows, the training sections): its work dir
+    is named by it, so a rerun resumes only what the same inputs made."""
+    made_of = [target_dir_hash(target_path), [r["id"] for r in rows], to_dict(cfg.train_drafters), cfg.run.seed]
+    return hashlib.sha256(json.dumps(made_of, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
 def train_point(cfg: RunConfig, work: Path, rows: list[dict], stored: TeacherData, target, tok, target_path: Path,
                 dev_rows: list[dict]) -> dict:
     """Both families at one scale, by the stage's code, into `work` (resumed: a finished drafter is kept);
@@ -125,7 +134,7 @@ def train_point(cfg: RunConfig, work: Path, rows: list[dict], stored: TeacherDat
     return merged
 
 
-def test_prompts(run: Path, cfg: RunConfig, tok, domains: list[str], max_prompt: int) -> list[tuple[str, list[int]]]:
+def judged_prompts(run: Path, cfg: RunConfig, tok, domains: list[str], max_prompt: int) -> list[tuple[str, list[int]]]:
     """(domain, token ids) of every test prompt of `domains`, formatted as evaluate serves them."""
     chat = chat_format(cfg.prompts)
     return [(row["domain"], fit_prompt(format_prompt(tok, row_messages(row), chat), max_prompt, "truncate",
@@ -182,11 +191,11 @@ def run_bench(args) -> str:
     pcfg = point_config(cfg, args)
     domains = sorted({r["domain"] for r in all_rows})
     eos = end_of_turn_ids(tok, target)
-    prompts = test_prompts(run, cfg, tok, domains, args.max_prompt_tokens)
+    prompts = judged_prompts(run, cfg, tok, domains, args.max_prompt_tokens)
     points = []
     for s in args.scales:
         rows = scale_rows(all_rows, temperatures, s * unit)
-        work = run / "bench_data_scaling" / f"{s * unit}-a-domain"
+        work = run / "bench_data_scaling" / f"{s * unit}-a-domain-{point_key(pcfg, rows, target_path)}"
         print(f"[bench_data_scaling] {s}x: {len(rows)} rows")
         seconds = train_point(pcfg, work, rows, stored, target, tok, target_path, dev_rows)
         drafter = load_causal_lm(work / BASE / "model", dtype_of(target), "cpu")

@@ -46,3 +46,25 @@ def test_the_stored_signal_is_cut_to_the_scale_s_rows_and_a_missing_row_is_refus
     assert cut.splits["dev"]["id"] == ["code/dev/000000@t0"]  # the dev curve's rows stay whole
     with pytest.raises(SystemExit, match="rerun stage teacher-data"):
         bench.subset(stored, {"code/train/000009@t0"})
+
+
+def test_a_point_s_work_dir_is_named_by_its_target_rows_and_training(bench, tmp_path):
+    """A rerun resumes a point only from drafters made of the same inputs: other rows, other passes or another
+    target name another work dir (before, a dir named by the scale alone was reused whatever made it)."""
+    import dataclasses
+
+    from specdraft.pipelines.schema import RunConfig
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    cfg = RunConfig()
+    data = rows(4)
+    key = bench.point_key(cfg, bench.scale_rows(data, [0.0, 1.0], 2), target)
+    assert key == bench.point_key(cfg, bench.scale_rows(data, [0.0, 1.0], 2), target)
+    assert key != bench.point_key(cfg, bench.scale_rows(data, [0.0, 1.0], 3), target)
+    more = dataclasses.replace(cfg, train_drafters=dataclasses.replace(cfg.train_drafters, eagle=dataclasses.replace(
+        cfg.train_drafters.eagle, lr=1e-2)))
+    assert key != bench.point_key(more, bench.scale_rows(data, [0.0, 1.0], 2), target)
+    (target / "config.json").write_text('{"hidden_size": 8}')
+    assert key != bench.point_key(cfg, bench.scale_rows(data, [0.0, 1.0], 2), target)
