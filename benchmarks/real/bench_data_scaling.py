@@ -45,9 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: 
 
 import torch  # noqa: E402
 
-from specdraft.data.chat import chat_format, row_messages  # noqa: E402
-from specdraft.data.prompts import fit_prompt, load_prompt_sets  # noqa: E402
-from specdraft.decoding.bundle.chat import end_of_turn_ids, format_prompt  # noqa: E402
+from specdraft.data.chat import chat_format  # noqa: E402
+from specdraft.decoding.bundle.chat import end_of_turn_ids  # noqa: E402
 from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm, load_tokenizer  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
@@ -55,12 +54,12 @@ from specdraft.decoding.speculative import generate_speculative  # noqa: E402
 from specdraft.decoding.speculators.drafter import DrafterSpeculator  # noqa: E402
 from specdraft.decoding.speculators.eagle import EagleSpeculator  # noqa: E402
 from specdraft.decoding.speculators.eagle_model import load_eagle, target_dir_hash  # noqa: E402
-from specdraft.decoding.timing import bootstrap_rate_ratio  # noqa: E402
 from specdraft.pipelines.config import load_config, to_dict  # noqa: E402
 from specdraft.pipelines.readers import BASE, TeacherData, load_distill_data, load_teacher_data  # noqa: E402
 from specdraft.pipelines.schema import RunConfig  # noqa: E402
 from specdraft.pipelines.train_drafters import train_base  # noqa: E402
 from specdraft.pipelines.train_eagle import PREFIX, train_eagle  # noqa: E402
+from benchmarks.engines.acceptance import pooled_mal, test_prompts  # noqa: E402
 from benchmarks.harness.machine import box_load, machine  # noqa: E402
 from benchmarks.harness.publish import publish  # noqa: E402
 from benchmarks.harness.tables import interval, table  # noqa: E402
@@ -134,23 +133,11 @@ def train_point(cfg: RunConfig, work: Path, rows: list[dict], stored: TeacherDat
     return merged
 
 
-def judged_prompts(run: Path, cfg: RunConfig, tok, domains: list[str], max_prompt: int) -> list[tuple[str, list[int]]]:
-    """(domain, token ids) of every test prompt of `domains`, formatted as evaluate serves them."""
-    chat = chat_format(cfg.prompts)
-    return [(row["domain"], fit_prompt(format_prompt(tok, row_messages(row), chat), max_prompt, "truncate",
-                                       row["id"])[0])
-            for row in load_prompt_sets(run / "prompts")["test"] if row["domain"] in domains]
-
-
 def acceptance_length(target, speculator, prompts, tokens: int, eos) -> tuple[float, float, float]:
     """MAT over `prompts` (a fresh speculator per prompt), pooled, with a 90% bootstrap interval over prompts."""
-    items = []
     with torch.inference_mode():
-        for _, ids in prompts:
-            m = generate_speculative(target, speculator(), ids, tokens, GREEDY, eos).metrics
-            items.append((m.n_generated, m.n_target, 1.0, 1.0))
-    s = bootstrap_rate_ratio(items)
-    return s.median, s.lo, s.hi
+        counts = [generate_speculative(target, speculator(), ids, tokens, GREEDY, eos).metrics for _, ids in prompts]
+    return pooled_mal([m.n_generated for m in counts], [m.n_target for m in counts], n_boot=1000)
 
 
 def plot(points: list[dict], title: str) -> None:
@@ -191,7 +178,8 @@ def run_bench(args) -> str:
     pcfg = point_config(cfg, args)
     domains = sorted({r["domain"] for r in all_rows})
     eos = end_of_turn_ids(tok, target)
-    prompts = judged_prompts(run, cfg, tok, domains, args.max_prompt_tokens)
+    prompts = [(d, ids) for d, ids in test_prompts(run, tok, chat_format(cfg.prompts), cfg.demo.test_per_domain,
+                                                   args.max_prompt_tokens) if d in domains]
     points = []
     for s in args.scales:
         rows = scale_rows(all_rows, temperatures, s * unit)
