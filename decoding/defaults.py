@@ -17,6 +17,7 @@ from typing import Any, Literal, Optional
 from specdraft.core.errors import InputError, require_int
 
 COMPILE_MODES = ("none", "default", "reduce-overhead")
+DRAFT_WEIGHTS = ("auto", "int8", "dtype")  # a drafter's weights for inference (decoding.bundle.loading.load_drafter)
 # SpecDec++'s own default h (§5.2), for a SpecDecPP built by hand; a bundled head serves at the h
 # train-heads chose for it by simulation, unless `DecodingDefaults.threshold` pins one
 SPECDECPP_PAPER_THRESHOLD = 0.7
@@ -47,6 +48,9 @@ class DecodingDefaults:
     drafts: int = 1  # i.i.d. drafts per round; > 1 decodes with SpecTr (decoding/speculators/spectr.py)
     cascade: Optional[dict[str, Any]] = None  # {rule, alpha[, beta]}: serve a speculative cascade (decoding/cascades.py)
     compile: Literal["none", "default", "reduce-overhead"] = "none"  # torch.compile mode of the decoder's steps
+    # a drafter's linear weights when it runs: int8 (its one-row steps stream half the bytes; the target verifies
+    # every draft, so the output is unchanged), the dtype's, or auto: int8 where bf16 runs on a CPU's bf16 units
+    draft_weights: Literal["auto", "int8", "dtype"] = "auto"
 
     def check(self, where: str = "decoding") -> None:
         """Every value one that can work; InputError naming the key otherwise (the config loader calls it on
@@ -73,6 +77,9 @@ class DecodingDefaults:
                              f"got {self.cost_ratio}")
         if self.compile not in COMPILE_MODES:
             raise InputError(f"{where}.compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
+        if self.draft_weights not in DRAFT_WEIGHTS:
+            raise InputError(f"{where}.draft_weights must be one of {', '.join(DRAFT_WEIGHTS)}, got "
+                             f"{self.draft_weights!r}")
         from specdraft.decoding.bandits.selectors import SELECTORS
 
         # the decoder builds a selector from this name: a bad one must stop here, not mid-evaluation (the

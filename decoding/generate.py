@@ -25,7 +25,7 @@ from specdraft.decoding.compat import check_head, check_pair
 from specdraft.decoding.defaults import DEFAULTS
 from specdraft.decoding.cascades import DEFAULT_BLOCK as CASCADE_BLOCK
 from specdraft.decoding.speculators.eagle_model import EagleDrafter  # loaded with the batched decoder anyway
-from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm, load_tokenizer
+from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm, load_drafter, load_tokenizer
 from specdraft.decoding.metrics import GenerationResult
 from specdraft.decoding.speculators.spectr import check_drafts, drafter_speculator
 from specdraft.decoding.rounds.sampling import SamplingConfig
@@ -202,14 +202,16 @@ def load_bundle_drafter(b, name: str, target, head: str | None, sampling: Sampli
     return dft, h, hcfg
 
 
-def load_drafter_dir(drafter: str, target_dir: str, tok, target, head: str | None, dtype: str, device: str | None):
-    """(drafter model, head module or None, head config or None) from model directories."""
+def load_drafter_dir(drafter: str, target_dir: str, tok, target, head: str | None, dtype: str, device: str | None,
+                     draft_weights: str = DEFAULTS.draft_weights):
+    """(drafter model, head module or None, head config or None) from model directories; the drafter's weights as
+    `draft_weights` says (`decoding.bundle.loading.choose_draft_weights`)."""
     from specdraft.decoding.speculators.eagle_model import is_eagle_dir, load_eagle, target_dir_hash
 
     if is_eagle_dir(drafter):  # an EAGLE drafter speaks the target's tokenizer (its embedding and LM head)
         return load_eagle(drafter, target, target_dir_hash(target_dir), device), None, None
     check_same_vocabulary(None, None, load_tokenizer(drafter), tok, name=f"drafter '{drafter}'")
-    dft = load_causal_lm(drafter, dtype, device)
+    dft = load_drafter(drafter, dtype, device, draft_weights)
     check_pair(target, dft)
     if head is None:
         return dft, None, None

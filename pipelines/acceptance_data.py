@@ -33,11 +33,10 @@ from tqdm.auto import tqdm
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.core.hashing import derive_seed
-from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm, load_tokenizer
+from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm, load_drafter, load_tokenizer
 from specdraft.drafters.alignment import response_hidden, response_logits
 from specdraft.drafters.data import CausalLMCollator
 from specdraft.core.tokenizers import check_same_vocabulary
-from specdraft.decoding.bundle.loading import load_causal_lm as load_drafter
 from specdraft.heads.labels import acceptance_labels, mix_tokens
 from specdraft.decoding.bundle.directory import subdir_files
 from specdraft.core.hashing import drafter_hash
@@ -87,7 +86,7 @@ def build(ctx: Context) -> dict:
     summary, t0 = {}, time.time()
     for n in infos:  # one drafter in memory at a time: a sibling-sized drafter is a third of the target
         # in the target's precision, as the decoder runs the pair: labels and features are the served ones
-        drafter = load_drafter(drafters_dir / n, dtype_of(target), device)
+        drafter = load_drafter(drafters_dir / n, dtype_of(target), device, cfg.decoding.draft_weights)
         check_same_vocabulary(drafter.config.vocab_size, target.config.vocab_size, name=f"drafter '{n}'")
         results = label_sequences(target, n, drafter, plan[n], transforms, collate, acfg, cfg.run.seed, counters)
         for sampling in transforms:

@@ -146,13 +146,14 @@ def check_fits(prompts: list[list[int]], dcfg, context: int | None) -> None:
                          f"{context - dcfg.max_new_tokens} (longer prompts are truncated) or max_new_tokens")
 
 
-def drafting_plan(dcfg, target_dir: str, tok, model, dtype: str, device: str) -> Plan:
+def drafting_plan(dcfg, target_dir: str, tok, model, dtype: str, device: str, draft_weights: str) -> Plan:
     """The decoder backend's Plan: the target alone, or distill_data.drafter (checked against the target's
     tokenizer and vocabulary) drafting fixed K (distill_data.k, else the decoder's default) or SpecDec++ rounds
-    under distill_data.head at the head's own threshold."""
+    under distill_data.head at the head's own threshold; the drafter's weights as decoding.draft_weights says."""
     if dcfg.drafter is None:
         return Plan("target")
-    drafter, head, head_config = load_drafter_dir(dcfg.drafter, target_dir, tok, model, dcfg.head, dtype, device)
+    drafter, head, head_config = load_drafter_dir(dcfg.drafter, target_dir, tok, model, dcfg.head, dtype, device,
+                                                  draft_weights)
     spec = head_spec(None, head_config, DEFAULTS.k_max) if head is not None else \
         PolicySpec("fixed", k=dcfg.k if dcfg.k is not None else DEFAULTS.k)
     return Plan(dcfg.drafter, drafter, lambda: build_policy(spec, head=head), head=dcfg.head)
@@ -192,7 +193,7 @@ def open_backend(cfg, target: str, work: Path, tok):
         if dcfg.backend == "hf":
             yield hf_backend(model, tok, dcfg)
             return
-        plan, counts = drafting_plan(dcfg, target, tok, model, cfg.target.dtype, device), {}
+        plan, counts = drafting_plan(dcfg, target, tok, model, cfg.target.dtype, device, cfg.decoding.draft_weights), {}
         yield decoder_backend(model, tok, dcfg, plan, StepCompiler(dcfg.compile), counts)
         if plan.drafter is not None and counts.get("target_forwards"):
             print(f"[distill-data] drafter {dcfg.drafter}: MAT {counts['tokens'] / counts['target_forwards']:.2f} "

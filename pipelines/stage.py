@@ -80,7 +80,10 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("convert-target", "target", (), ("target.gguf",), "convert_target", _gguf_only),
     StageSpec("prepare-data", "prompts", (), ("demo", "prompts"), "prepare_data"),
     StageSpec("pretrain-target", "target", ("prepare-data",), ("prompts", "pretrain_target"), "pretrain_target", _demo_only),
-    StageSpec("distill-data", "distill_data", ("prepare-data", *IN_RUN_TARGET), ("target", "prompts", "distill_data"), "distill_data"),
+    # a drafter that drafts (distill_data.drafter) or is measured (the alignment table, acceptance-data's labels,
+    # train-heads' cost ratio, the router's labels) runs with the weights decoding.draft_weights gives it
+    StageSpec("distill-data", "distill_data", ("prepare-data", *IN_RUN_TARGET),
+              ("target", "prompts", "distill_data", "decoding.draft_weights"), "distill_data"),
     # the target's signal over the training rows for every drafter's training: its top-k at the length the
     # readers train at, the hidden states of the layers the EAGLE drafters read; extra rows of the prompt
     # world's own text, formatted as prompts are, held-out domains excluded
@@ -92,17 +95,18 @@ STAGES: tuple[StageSpec, ...] = (
     # the general phase trains on the demo corpus less the held-out domains; with a stored signal (teacher-data)
     # no drafter's training runs the target
     StageSpec("train-drafters", "drafters", ("prepare-data", *IN_RUN_TARGET, "distill-data"),
-              ("target", "prompts", "train_drafters", "demo.heldout_domains"), "train_drafters",
+              ("target", "prompts", "train_drafters", "demo.heldout_domains", "decoding.draft_weights"), "train_drafters",
               optional=("teacher-data",)),
-    StageSpec("acceptance-data", "acceptance_data", (*IN_RUN_TARGET, "distill-data", "train-drafters"), ("target", "acceptance_data"), "acceptance_data"),
+    StageSpec("acceptance-data", "acceptance_data", (*IN_RUN_TARGET, "distill-data", "train-drafters"), ("target", "acceptance_data", "decoding.draft_weights"), "acceptance_data"),
     # rounds are simulated under the decoder's SpecDec++ cap (decoding.k_max), and the cost ratio is
     # timed with the drafts of a round it serves (decoding.k)
     StageSpec("train-heads", "heads", (*IN_RUN_TARGET, "train-drafters", "acceptance-data"),
-              ("target", "train_heads", "decoding.k", "decoding.k_max"), "train_heads"),
+              ("target", "train_heads", "decoding.k", "decoding.k_max", "decoding.draft_weights"), "train_heads"),
     # the perturbed / ood sets are answered as distill-data answers; acceptance is measured over sequences
     # of the finetune phase's length
     StageSpec("train-router", "router", ("prepare-data", *IN_RUN_TARGET, "distill-data", "train-drafters"),
-              ("target", "prompts", "train_router", "distill_data", "train_drafters.finetune.max_length"), "train_router"),
+              ("target", "prompts", "train_router", "distill_data", "train_drafters.finetune.max_length",
+               "decoding.draft_weights"), "train_router"),
     # EAGLE drafters are served with the tree train-drafters names
     StageSpec("export", "bundle", (*IN_RUN_TARGET, "train-drafters", "train-heads"),
               ("target", "prompts", "export", "decoding", "train_drafters.eagle.tree"), "export",

@@ -46,12 +46,11 @@ from specdraft.data.demo_tokenizer import encode_document, pack
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.pipelines.artifacts import load_dataset_dir
-from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm, load_tokenizer
+from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm, load_drafter, load_tokenizer
 from specdraft.drafters.alignment import alignment_by_domain, format_alignment, specialist_margins
 from specdraft.drafters.data import TEACHER_LOGITS, CausalLMCollator, CausalLMDataModule
 from specdraft.drafters.lit_lm import CausalLMModule, teacher_logits_per_example
 from specdraft.drafters.model import build_causal_lm, num_parameters
-from specdraft.decoding.bundle.loading import load_causal_lm as load_drafter
 from specdraft.core.tokenizers import check_same_vocabulary
 from specdraft.drafters.teacher_signal import StoredExamples
 from specdraft.pipelines.readers import BASE, TeacherData, load_distill_data, load_teacher_data
@@ -228,9 +227,9 @@ def build(ctx: Context) -> dict:
     aliases = {kept: BASE} if kept is not None and not tcfg.general.enabled else {}
     measured = names + ([kept] if kept is not None and not aliases else [])
     # loaded one at a time by the alignment (a sibling-sized drafter is a third of the target), in the target's
-    # dtype, as the decoder runs the pair
-    drafters = {n: functools.partial(load_drafter, ctx.work / n / "model", dtype_of(target), device)
-                for n in measured}
+    # dtype and the served weights, as the decoder runs the pair
+    drafters = {n: functools.partial(load_drafter, ctx.work / n / "model", dtype_of(target), device,
+                                     cfg.decoding.draft_weights) for n in measured}
     dev_rows = [dict(r) for r in distill["dev"]]
     if not dev_rows:
         raise InputError("distill_data has no dev rows; keep 'dev' in distill_data.splits for the alignment table")
@@ -290,6 +289,12 @@ def train_base(ctx: Context, tok, train_rows: list[dict], timings: dict[str, dic
     return base_dir
 
 
+def load_to_train(path) -> torch.nn.Module:
+    """A drafter's starting weights for training: fp32, plain linears (the inference loader's packing and int8
+    weights are for drafters that propose, `load_drafter`)."""
+    return load_causal_lm(path, "float32", pack=False)
+
+
 def init_model(ctx: Context, tok, target_path: str):
     """The model every drafter starts from (train_drafters.init_from): random weights of train_drafters.model, a
     drafter checkpoint dir, or a GGUF model converted once into the work dir, whose tokenizer must be the target's
@@ -300,13 +305,13 @@ def init_model(ctx: Context, tok, target_path: str):
         return build_causal_lm(tcfg.model, len(tok), seed=cfg.run.seed, bos_token_id=tok.bos_token_id,
                                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     if isinstance(init, str):
-        model = load_drafter(init, "float32", pack=False)  # trained: plain linears
+        model = load_to_train(init)
         check_same_vocabulary(model.config.vocab_size, len(tok), name=f"init_from {init}")
         return model
     from transformers import AutoConfig
 
     directory = converted_init(ctx, init)
-    model = load_drafter(directory, "float32")
+    model = load_to_train(directory)
     target_vocab = AutoConfig.from_pretrained(target_path, trust_remote_code=cfg.target.trust_remote_code).vocab_size
     check_same_vocabulary(model.config.vocab_size, target_vocab, directory, tok,
                           name=f"the init_from model ({describe(init, INIT_KEY)})")
@@ -376,7 +381,7 @@ def finetune(ctx: Context, tok, specs, train_rows: list[dict], base_dir: Path, t
             raise InputError(f"drafter '{name}' has no training rows for domains {domains}")
         if teacher is not None and cached is None:  # the first drafter left to train builds it for all
             cached = teacher_cache(teacher, train_rows, tcfg.finetune, tcfg.alignment_batch_size)
-        model = load_drafter(base_dir, "float32", pack=False).train()  # from_pretrained returns eval mode
+        model = load_to_train(base_dir).train()  # from_pretrained returns eval mode
         examples = finetune_examples(rows, cached) if stored is None else StoredExamples(
             stored.splits["train"], stored.indices("train", domains), stored.format, topk=tcfg.finetune.loss != "ce")
         phase = tcfg.finetune

@@ -32,8 +32,7 @@ from torch.utils.data import DataLoader
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.pipelines.artifacts import load_dataset_dir
-from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm, load_tokenizer
-from specdraft.decoding.bundle.loading import load_causal_lm as load_drafter
+from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm, load_drafter, load_tokenizer
 from specdraft.decoding.policies.acceptance_head import save_head
 from specdraft.heads.lit_head import HeadTrainConfig, predict_logits, train_head_grid
 from specdraft.heads.metrics import constant_baseline, overlap_reference
@@ -131,7 +130,7 @@ def shared_cost(ctx: Context, first_set: Path, device: str) -> dict:
         info = read_acceptance_info(first_set)
         # c is the served pair's ratio: the drafter in the target's precision, as the decoder runs them
         drafter = load_drafter(ctx.input("train-drafters") / info["drafter"], dtype_of(target),
-                               target.get_input_embeddings().weight.device).eval()
+                               target.get_input_embeddings().weight.device, cfg.decoding.draft_weights).eval()
         cost = measure_cost_ratio(target, drafter, device, cfg.run.seed, draft_run=cfg.decoding.k)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(cost))
@@ -211,7 +210,8 @@ def load_acceptance_data(ctx: Context, data_dir, info: dict, tok,
     loader = None
     if "features" not in tr:  # acceptance_data.cache_features was off: recompute every epoch
         # in the target's configured precision, as acceptance-data computed the cached ones
-        drafter = load_drafter(ctx.input("train-drafters") / info["drafter"], ctx.cfg.target.dtype, device).eval()
+        drafter = load_drafter(ctx.input("train-drafters") / info["drafter"], ctx.cfg.target.dtype, device,
+                               ctx.cfg.decoding.draft_weights).eval()
         pad = tok.pad_token_id
         loader = DataLoader(OnlineFeatures(drafter, [dict(r) for r in seqs_ds["train"]], pad, hcfg.batch_size,
                                            max_length=info["max_length"], seed=seed), batch_size=None)

@@ -42,11 +42,10 @@ from specdraft.core.tokenizers import tokenizer_fingerprint
 from specdraft.core.devices import resolve_device
 from specdraft.core.errors import InputError
 from specdraft.core.hashing import derive_seed
-from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm, load_tokenizer
+from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm, load_drafter, load_tokenizer
 from specdraft.drafters.alignment import position_acceptance
 from specdraft.drafters.data import CausalLMCollator
 from specdraft.drafters.roles import DrafterRoles, drafter_roles
-from specdraft.decoding.bundle.loading import load_causal_lm as load_drafter
 from specdraft.routers.lit_router import train_classifier
 from specdraft.routers.router import CentroidRouter, Router, mean_pooled, save_router
 from specdraft.data.prompts import fit_prompt
@@ -166,7 +165,8 @@ def build(ctx: Context) -> dict:
     if not train_rows:
         raise InputError("distill_data has no train rows; the router needs labelled training prompts")
     train_domains = sorted({r["domain"] for r in train_rows})
-    roles, models = load_routing_drafters(ctx.input("train-drafters"), train_domains, device, dtype_of(target))
+    roles, models = load_routing_drafters(ctx.input("train-drafters"), train_domains, device, dtype_of(target),
+                                          cfg.decoding.draft_weights)
     special, general, by_domain = roles.special, roles.general, roles.own
     names = special + general
     measure = dict(pad_token_id=tok.pad_token_id, batch_size=rcfg.label_batch_size,
@@ -214,14 +214,15 @@ def build(ctx: Context) -> dict:
                      for s, res in results.items()}}
 
 
-def load_routing_drafters(drafters_dir, train_domains: list[str], device,
-                          dtype: str) -> tuple[DrafterRoles, dict[str, torch.nn.Module]]:
+def load_routing_drafters(drafters_dir, train_domains: list[str], device, dtype: str,
+                          draft_weights: str) -> tuple[DrafterRoles, dict[str, torch.nn.Module]]:
     """The serving drafters' roles, and the specialised and general drafters themselves (in that order)."""
     infos = {p.name: read_drafter_info(p) for p in sorted(drafters_dir.iterdir()) if (p / "drafter.json").is_file()}
     roles = routing_roles(infos, train_domains)
     names = roles.special + roles.general
-    # in the target's precision, as the decoder runs the pair (the labels are the served acceptance)
-    return roles, {n: load_drafter(drafters_dir / n, dtype, device).eval() for n in names}
+    # in the target's precision and the served weights, as the decoder runs the pair (the labels are the served
+    # acceptance)
+    return roles, {n: load_drafter(drafters_dir / n, dtype, device, draft_weights).eval() for n in names}
 
 
 def train_labels(prompts: list[dict], acceptance: torch.Tensor, special: list[str], by_domain: dict[str, str],

@@ -291,12 +291,12 @@ class Bundle:
         defaults to the target's: the loaded target's weights', else the one recorded at export (a drafter
         runs in the precision its target runs in, as acceptance-data labelled it)."""
         from specdraft.decoding.compat import check_pair
-        from specdraft.decoding.bundle.loading import dtype_of, load_causal_lm
+        from specdraft.decoding.bundle.loading import dtype_of, load_drafter
 
         entry = self.drafter(name)
         if dtype is None:
             dtype = dtype_of(target) if target is not None else self.spec.target.dtype
-        model = load_causal_lm(entry.path, dtype, device)
+        model = load_drafter(entry.path, dtype, device, self.spec.decoding.draft_weights)
         if model.config.vocab_size != self.spec.target.vocab_size:
             raise InputError(f"drafter '{name}' has vocabulary size {model.config.vocab_size}, the target "
                              f"{self.spec.target.vocab_size}; re-export with drafters trained on this target")

@@ -10,6 +10,11 @@ streams the weights, and in bf16 on a CPU with bf16 units a (K + 1)-token verify
 forward (Qwen2.5-Coder-0.5B, 2 threads of an Intel Xeon: fp32 87 ms one token / 195 ms five; bf16 101 / 88 ms),
 where fp32's matrix-matrix kernels at a few rows cost two forwards; without those units torch computes bf16
 through conversions and fp32 is the faster choice (docs/decoder.md, "Which dtype").
+
+A drafter loaded for inference (`load_drafter`) may also take int8 weights (`decoding.draft_weights`): its
+proposals are verified by the target, so they need not be exact, and on a CPU a one-row draft step that streams
+half the bytes costs two thirds of the time (decoding/rounds/int8_linear.py). "auto" takes them where the pair
+runs bf16 on a CPU's bf16 units, the machines it was measured on; a target is never quantized by it.
 """
 from __future__ import annotations
 
@@ -21,7 +26,9 @@ from typing import Any
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.rounds.packed_linear import pack_linears
+from specdraft.decoding.defaults import DRAFT_WEIGHTS
+from specdraft.decoding.rounds.int8_linear import can_quantize, quantize_linears
+from specdraft.decoding.rounds.packed_linear import can_pack, pack_linears
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICE_TYPES = ("cpu", "cuda", "mps")  # where the decoder and the stages run
@@ -230,6 +237,31 @@ def load_causal_lm(
     if pack and qcfg is None and device_map is None:
         pack_linears(model)  # bf16 on a CPU: its linears' weights in oneDNN's layout (rounds/packed_linear.py)
     return model.eval()
+
+
+def choose_draft_weights(draft_weights: str, dtype: torch.dtype, device_type: str) -> str:
+    """"int8" or "dtype": what `draft_weights` means for a drafter in `dtype` on `device_type`. auto: int8 where
+    bf16 runs on a CPU's bf16 units (where packed layers run; measured there), the dtype's weights elsewhere; an
+    explicit int8 off a CPU is refused (the kernel is the CPU's)."""
+    if draft_weights not in DRAFT_WEIGHTS:
+        raise InputError(f"draft_weights {draft_weights!r} is not one of {', '.join(DRAFT_WEIGHTS)}")
+    if draft_weights == "auto":
+        return "int8" if can_pack(dtype, device_type) else "dtype"
+    if draft_weights == "int8" and not can_quantize(dtype, device_type):
+        raise InputError(f"draft_weights int8 runs on a CPU in bfloat16 or float32, not {device_type} in "
+                         f"{str(dtype).removeprefix('torch.')}; use draft_weights auto or dtype")
+    return draft_weights
+
+
+def load_drafter(path: str | Path, dtype: str, device: str | None = None, draft_weights: str = "auto") -> Any:
+    """A drafter for inference: `load_causal_lm`, then int8 weights where `choose_draft_weights` says so. Every
+    stage that runs a drafter to propose or to label what it proposes loads it here, so the heads' features, the
+    cost ratio and the router's labels are the served drafter's."""
+    model = load_causal_lm(path, dtype, device)
+    weight = model.get_input_embeddings().weight
+    if choose_draft_weights(draft_weights, weight.dtype, weight.device.type) == "int8":
+        quantize_linears(model)
+    return model
 
 
 # tokenizer_config.json classes meaning "the tokenizer.json as saved": loaded as such, whatever the model

@@ -75,17 +75,22 @@ from specdraft.decoding.policies.spec import PolicySpec, build_policy
 from specdraft.decoding.rounds.shapes import (CACHE_ROUND, decode_cache_length, static_length,
                                               verify_width)
 from specdraft.decoding.rounds.static_cache import forward_rows, model_floor
+from specdraft.decoding.rounds.int8_linear import is_quantized
 from specdraft.decoding.timing import timed_call
 
 
 def model_identity(model: torch.nn.Module) -> str:
-    """A model's identity for its costs: the sha256 of its config (architecture, sizes) and dtype. The
-    weights' values do not change a step's time, so a retrained drafter of the same shape shares a table."""
+    """A model's identity for its costs: the sha256 of its config (architecture, sizes), dtype, and int8 weights
+    where it has them (`rounds.int8_linear`: a one-row step of other cost). The weights' values do not change a
+    step's time, so a retrained drafter of the same shape shares a table."""
     config = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(vars(model.config))
     for volatile in ("_name_or_path", "transformers_version", "_commit_hash"):
         config.pop(volatile, None)
     dtype = str(model.get_input_embeddings().weight.dtype)
-    blob = json.dumps({"config": config, "dtype": dtype, "class": type(model).__name__}, sort_keys=True, default=str)
+    ident = {"config": config, "dtype": dtype, "class": type(model).__name__}
+    if is_quantized(model):  # only then: every identity recorded before int8 weights existed stays as it was
+        ident["weights"] = "int8"
+    blob = json.dumps(ident, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

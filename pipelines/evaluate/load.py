@@ -31,14 +31,20 @@ def target_placement(target, tcfg: TargetSection, bundle: Bundle) -> dict[str, A
     """How the target was loaded here, for the report: the devices its weights sit on, its dtype (the
     floating point one of its weights; a quantized target's compute dtype), quantization and device_map,
     beside how the bundle says the stages loaded it."""
-    from specdraft.decoding.bundle.loading import choose_dtype
+    from specdraft.decoding.bundle.loading import choose_draft_weights, choose_dtype
 
     params = list(target.parameters())
     devices = sorted({str(p.device) for p in params})
     floats = sorted({str(p.dtype).removeprefix("torch.") for p in params if p.dtype.is_floating_point})
     # why that dtype: target.dtype as configured, or what auto chose on this device (decoding/bundle/loading.py)
-    reason = choose_dtype(tcfg.dtype, target.get_input_embeddings().weight.device).reason
+    weight = target.get_input_embeddings().weight
+    reason = choose_dtype(tcfg.dtype, weight.device).reason
+    # the drafters' weights as bundle.load_drafter took them (decoding.draft_weights in bundle.json)
+    asked = bundle.spec.decoding.draft_weights
+    drafters = {"int8": "int8", "dtype": "the target's dtype"}[choose_draft_weights(asked, weight.dtype,
+                                                                                    weight.device.type)]
     return {"devices": devices, "dtype": ", ".join(floats), "dtype_reason": reason, "quantization": tcfg.quantization,
+            "draft_weights": f"{drafters} (decoding.draft_weights {asked})",
             "device_map": tcfg.device_map,
             "bundle": {"dtype": bundle.spec.target.dtype, "quantization": bundle.spec.target.quantization,
                        "device_map": bundle.spec.target.device_map}}

@@ -13,6 +13,7 @@ from specdraft.decoding.costs.profile import (cached_cost_table, isotonic, model
                                              profile_cost_table, profiled_widths)
 from specdraft.decoding.costs.rules import price_head_rules, price_rules
 from specdraft.decoding.costs.model import CostTable
+from specdraft.decoding.rounds.int8_linear import quantize_linears
 from specdraft.decoding.rounds.shapes import verify_width
 from tests.decoding.conftest import tiny_llama
 
@@ -36,6 +37,8 @@ def test_shape_identity_and_sanity(profiled, pair):
     assert t.target_id == model_identity(pair[0]) != t.drafter_id == model_identity(pair[1])
     # the identity is the shape, not the weights: a retrained drafter of the same shape shares the table
     assert model_identity(tiny_llama(7, layers=1)) == t.drafter_id
+    int8 = tiny_llama(7, layers=1)  # the same shape with int8 weights steps at another cost: a table of its own
+    assert quantize_linears(int8) and model_identity(int8) != t.drafter_id
     # what must hold whatever the load: 80 positions through 4 layers cost more than 1; a round that drafts
     # pays the drafter on top of its verify
     assert t.t_verify(16, 5) > t.t_verify(1, 1)

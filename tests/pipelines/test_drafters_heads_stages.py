@@ -250,15 +250,16 @@ def test_heads_train_online_without_a_feature_cache(drafted_run):
     and still exports scored heads. The recomputed dev features equal what the cache would hold."""
     from specdraft.heads.online import compute_features
     from datasets import load_from_disk
-    from specdraft.decoding.bundle.loading import load_causal_lm
+    from specdraft.decoding.bundle.loading import load_drafter
 
     cached = tiny_config(drafted_run, **FAST)
     out = run_stage(cached, "acceptance-data")
     want = load_features(out / "math" / "T1", "dev")["features"].float()
     rows = [dict(r) for r in load_from_disk(str(out / "math" / "T1" / "sequences"))["dev"]]
-    # in the target's dtype, as acceptance-data and train-heads run the drafter (bf16 under auto on a CPU with bf16 units)
-    got = compute_features(load_causal_lm(out.parent / "drafters" / "math", cached.target.dtype, "cpu"), rows,
-                           pad_token_id=0)
+    # in the target's dtype and the served weights, as acceptance-data and train-heads run the drafter (bf16 and
+    # int8 weights under auto on a CPU with bf16 units)
+    got = compute_features(load_drafter(out.parent / "drafters" / "math", cached.target.dtype, "cpu",
+                                        cached.decoding.draft_weights), rows, pad_token_id=0)
     assert torch.allclose(got, want, atol=1e-2)  # the cache is fp16
 
     online = tiny_config(drafted_run, **{**FAST, "acceptance_data": {**FAST["acceptance_data"], "cache_features": False}})

@@ -30,10 +30,12 @@ def drafters_alive(monkeypatch):
         alive = Alive()
         real_drafter, real_target = module.load_drafter, module.load_causal_lm
 
-        def drafter(*args, **kwargs):
-            model = real_drafter(*args, **kwargs)
-            loaded.append(weakref.ref(model))
-            return model
+        def tracked(load):
+            def drafter(*args, **kwargs):
+                model = load(*args, **kwargs)
+                loaded.append(weakref.ref(model))
+                return model
+            return drafter
 
         def count(_module, _args):
             alive.append(alive.loaded_alive())
@@ -43,7 +45,9 @@ def drafters_alive(monkeypatch):
             model.register_forward_pre_hook(count)
             return model
 
-        monkeypatch.setattr(module, "load_drafter", drafter)
+        monkeypatch.setattr(module, "load_drafter", tracked(real_drafter))
+        if hasattr(module, "load_to_train"):  # train-drafters: the drafters it trains, beside those it measures
+            monkeypatch.setattr(module, "load_to_train", tracked(module.load_to_train))
         monkeypatch.setattr(module, "load_causal_lm", target)
         return alive
     return install

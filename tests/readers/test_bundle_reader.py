@@ -31,7 +31,8 @@ def decoding_sections(draw):
             "cost_ratio": draw(st.floats(0, 10)), "selector": draw(st.sampled_from(["ucb", "exp3", "ucbspec"])),
             "max_new_tokens": draw(st.integers(1, 4096)), "drafts": draw(st.integers(1, 8)),
             "cascade": draw(st.sampled_from([None, {"rule": "token", "alpha": 0.3}, {"rule": "opt", "alpha": 1}])),
-            "compile": draw(st.sampled_from(["none", "default", "reduce-overhead"]))}
+            "compile": draw(st.sampled_from(["none", "default", "reduce-overhead"])),
+            "draft_weights": draw(st.sampled_from(["auto", "int8", "dtype"]))}
 
 
 @given(section=decoding_sections())

@@ -101,6 +101,7 @@ REFUSED = [
     ("decoding.k_max", st.integers(1, 3)),  # below k (4)
     ("decoding.threshold", st.one_of(st.floats(max_value=0), st.floats(min_value=1))),
     ("decoding.selector", st.text("xyz", max_size=4)),
+    ("decoding.draft_weights", st.sampled_from(["int4", "bf16", "none"])),
     ("pretrain_target.seq_len", st.integers(10**5, 10**6)),  # above model.max_positions
     ("evaluate.nope", st.integers()),
     ("nope", st.integers()),
