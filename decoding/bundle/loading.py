@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from specdraft.core.errors import InputError
-from specdraft.decoding.defaults import DRAFT_WEIGHTS
+from specdraft.decoding.defaults import DEFAULTS, DRAFT_WEIGHTS
 from specdraft.decoding.rounds.int8_linear import can_quantize, quantize_linears
 from specdraft.decoding.rounds.packed_linear import can_pack, pack_linears
 
@@ -253,14 +253,16 @@ def choose_draft_weights(draft_weights: str, dtype: torch.dtype, device_type: st
     return draft_weights
 
 
-def load_drafter(path: str | Path, dtype: str, device: str | None = None, draft_weights: str = "auto") -> Any:
+def load_drafter(path: str | Path, dtype: str, device: str | None = None,
+                 draft_weights: str = DEFAULTS.draft_weights) -> Any:
     """A drafter for inference: `load_causal_lm`, then int8 weights where `choose_draft_weights` says so. Every
     stage that runs a drafter to propose or to label what it proposes loads it here, so the heads' features, the
     cost ratio and the router's labels are the served drafter's."""
-    model = load_causal_lm(path, dtype, device)
+    model = load_causal_lm(path, dtype, device, pack=False)
     weight = model.get_input_embeddings().weight
     if choose_draft_weights(draft_weights, weight.dtype, weight.device.type) == "int8":
-        quantize_linears(model)
+        quantize_linears(model)  # from the plain weights, before packing: no unpacked copy in passing
+    pack_linears(model)  # the wrapped layers too: a wide call runs as fast as the plain drafter's
     return model
 
 

@@ -10,16 +10,20 @@ row's largest magnitude over 127), computed by `aten._weight_int8pack_mm`, the k
 
 That kernel reads each weight row once per input row, so past two rows it loses to the dtype's own layer (at 5
 rows it took 86 ms against 69): wider calls (a batch of three or more rows, a prefill, acceptance-data's teacher-
-forced rows) run a layer of the model's dtype holding the same int8 values (packed where the original was), so
-every call computes one model, the int8 one, and the heads' features and labels are the served drafter's. A tied
-output layer gets a copy of its own (the input embedding keeps the unrounded weights). Activations stay in the
+forced rows) run the layer the int8 copy was made from, kept as it was (packed by `pack_linears` like any other;
+a tied output layer stays the input embedding). The int8 copy is the only memory added, half the layers' bf16
+bytes (0.5 GB for the 0.5B): a copy of the int8 values in bf16 for the wide calls would have added the tied head
+again, and a run's evaluate holds every drafter beside the target. So a drafter's wide calls compute its weights
+and its narrow calls those weights rounded to int8: its drafts at batch 1 and 2 come from the int8 model, its
+labels and features in acceptance-data from its own weights, which agree with the int8 model's to within that
+rounding (on the Qwen pair, 0.643 of int8 drafts accepted against 0.646). Activations stay in the
 model's dtype: int8 activations (torch's dynamic quantization) cut the 0.5B's agreement with its fp32 self to
 0.60 (outlier channels); int8 weights alone keep 1 - TV at 0.972 against bf16's 0.986. int4 (groupwise, 64) was
 faster still at one row (29 ms) but kept only 0.82.
 
-Inference only, applied after loading (`decoding.bundle.loading.load_drafter`); a layer whose input width is not
-a multiple of 16 stays as it was (the kernel faults on other widths). The state dict is the wide layer's: a saved
-model holds the int8 values in its dtype.
+Inference only, applied after loading and before packing (`decoding.bundle.loading.load_drafter`); a layer whose
+input width is not a multiple of 16 stays as it was (the kernel faults on other widths). The state dict is the
+wrapped layer's: a saved model is the plain one.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ import torch
 
 from specdraft.decoding.rounds.packed_linear import PackedLinear
 
-INT8_ROWS = 2  # the widest call the int8 kernel takes; wider ones run the wide layer (measured above)
+INT8_ROWS = 2  # the widest call the int8 kernel takes; wider ones run the wrapped layer (measured above)
 KERNEL_WIDTH = 16  # `_weight_int8pack_mm` needs in_features % 16 == 0 (torch 2.13 CPU: other widths segfault)
 
 
@@ -36,31 +40,30 @@ def can_quantize(dtype: torch.dtype, device_type: str) -> bool:
     return device_type == "cpu" and dtype in (torch.bfloat16, torch.float32)
 
 
-def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 weight (N, K), scales (N,) in the weight's dtype): symmetric, one scale per output row."""
-    w = weight.detach().float()
-    # the scale rounded to the weight's dtype first, as the kernel reads it: each weight then within half a step
-    scales = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny).to(weight.dtype)
-    q = torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+def int8_rows(weight: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weight (N, K), scales (N,) in the weight's dtype): symmetric, one scale per output row. Computed
+    `chunk` rows at a time: an fp32 copy of a 151,936-row output layer at once would be 0.5 GB of passing memory."""
+    q = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+    scales = torch.empty(weight.shape[0], dtype=weight.dtype, device=weight.device)
+    for start in range(0, weight.shape[0], chunk):
+        w = weight.detach()[start:start + chunk].float()
+        # the scale rounded to the weight's dtype first, as the kernel reads it: each weight within half a step
+        s = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny).to(weight.dtype)
+        q[start:start + chunk] = torch.round(w / s.float()[:, None]).clamp(-127, 127).to(torch.int8)
+        scales[start:start + chunk] = s
     return q, scales
 
 
 class Int8Linear(torch.nn.Module):
-    """A linear layer with int8 weights: calls of at most `INT8_ROWS` rows read them as int8, wider calls run
-    `wide`, a layer of the model's dtype holding the same values (a `PackedLinear` where `layer` was one)."""
+    """A linear layer (`wide`: an `nn.Linear`, or a `PackedLinear` once packed) with an int8 copy of its weights:
+    calls of at most `INT8_ROWS` rows read the copy, wider calls run `wide`."""
 
-    def __init__(self, layer: torch.nn.Module):
+    def __init__(self, wide: torch.nn.Module):
         super().__init__()
-        self.in_features, self.out_features = layer.in_features, layer.out_features
-        weight = layer.unpacked().weight if isinstance(layer, PackedLinear) else layer.weight
-        q, scales = int8_rows(weight)
-        wide = torch.nn.Linear(self.in_features, self.out_features, bias=layer.bias is not None,
-                               dtype=weight.dtype, device="meta")
-        wide.weight = torch.nn.Parameter((q.float() * scales.float()[:, None]).to(weight.dtype), requires_grad=False)
-        if layer.bias is not None:
-            wide.bias = torch.nn.Parameter(layer.bias.detach().clone(), requires_grad=False)
-        self.wide = PackedLinear(wide) if isinstance(layer, PackedLinear) else wide
-        # not persistent: the state dict is the wide layer's (see state_dict)
+        self.wide = wide
+        self.in_features, self.out_features = wide.in_features, wide.out_features
+        q, scales = int8_rows(wide.unpacked().weight if isinstance(wide, PackedLinear) else wide.weight)
+        # not persistent: the state dict is the wrapped layer's (see state_dict)
         self.register_buffer("qweight", q, persistent=False)
         self.register_buffer("scales", scales, persistent=False)
 
@@ -75,11 +78,11 @@ class Int8Linear(torch.nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        """The weight in the model's dtype (code that reads a head's weight or its vocabulary size)."""
+        """The wrapped layer's weight (code that reads a head's weight or its vocabulary size)."""
         return self.wide.unpacked().weight if isinstance(self.wide, PackedLinear) else self.wide.weight
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
-        # the wide layer's keys under this layer's own prefix: a saved model is a plain one
+        # the wrapped layer's keys under this layer's own prefix: a saved model is a plain one
         return self.wide.state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
 
     def extra_repr(self) -> str:

@@ -116,6 +116,7 @@ def pack_linears(model: torch.nn.Module) -> int:
     if not can_pack(weight.dtype, weight.device.type):
         return 0
     head = model.get_output_embeddings()
+    head = getattr(head, "wide", head)  # an int8 drafter's head (rounds/int8_linear.py) wraps the plain layer
     return _swap(model, torch.nn.Linear, lambda lin: lin if lin is head else PackedLinear(lin))
 
 

@@ -102,7 +102,8 @@ def target_line(metrics: dict) -> list[str]:
     why = f" ({t['dtype_reason']})" if t.get("dtype_reason") else ""
     line = (f"Target on {', '.join(t['devices'])}, dtype {t['dtype']}{why}, quantization {t['quantization']}"
             + (f", device_map {t['device_map']}" if t.get("device_map") is not None else "") + "."
-            + (f" Drafters' linear weights: {t['draft_weights']}." if t.get("draft_weights") else ""))
+            + (f" Drafter LMs' linear weights (EAGLE drafters keep theirs): {t['draft_weights']}."
+               if t.get("draft_weights") else ""))
     b = t.get("bundle") or {}
     differs = [f"{k} {b[k]}" for k in ("quantization", "device_map") if k in b and b[k] != t.get(k)]
     if differs:

@@ -1,6 +1,5 @@
 """A drafter with int8 weights (decoding/rounds/int8_linear.py): its narrow calls read int8 weights and its wide
-calls compute the same values in the model's dtype, a layer the kernel cannot take stays as it was, its state
-dict is a plain model's, greedy speculative output with it equals the target's AR output on every row, and the
+calls run the layer it wraps, a layer the kernel cannot take stays as it was, its state dict is a plain model's, greedy speculative output with it equals the target's AR output on every row, and the
 loader takes int8 where `decoding.draft_weights` says so and refuses it where it cannot run."""
 import copy
 
@@ -20,7 +19,7 @@ from tests.decoding.test_near_ties import NEW, twin_target
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_narrow_and_wide_calls_compute_the_same_int8_weights(dtype):
+def test_narrow_calls_read_the_int8_weights_and_wide_calls_the_wrapped_layer(dtype):
     torch.manual_seed(0)
     plain = torch.nn.Linear(64, 48, bias=True).to(dtype)
     layer = Int8Linear(plain)
@@ -28,14 +27,18 @@ def test_narrow_and_wide_calls_compute_the_same_int8_weights(dtype):
     assert q.dtype == torch.int8 and int(q.abs().max()) == 127  # each row's largest weight maps to +-127
     dequant = q.float() * scales.float()[:, None]
     assert (dequant - plain.weight.float()).abs().max() <= scales.float().max() / 2 + 1e-6  # rounding, no more
+    chunked = int8_rows(plain.weight, chunk=5)  # computed a few rows at a time: the same
+    assert torch.equal(chunked[0], q) and torch.equal(chunked[1], scales)
     x = torch.randn(5, 64).to(dtype)
     want = x.float() @ dequant.t() + plain.bias.float()
     tol = 1e-4 if dtype == torch.float32 else 0.05
-    for rows in range(1, 6):  # 1..INT8_ROWS through the int8 kernel, the rest through the wide layer
+    for rows in range(1, INT8_ROWS + 1):  # through the int8 kernel
         got = layer(x[:rows].unsqueeze(0))
         assert got.shape == (1, rows, 48) and got.dtype == dtype
         assert torch.allclose(got.float()[0], want[:rows], atol=tol, rtol=tol), rows
-    assert layer.weight.dtype == dtype and torch.equal(layer.weight.float(), dequant.to(dtype).float())
+    for rows in range(INT8_ROWS + 1, 6):  # through the wrapped layer, exactly
+        assert torch.equal(layer(x[:rows].unsqueeze(0)), plain(x[:rows].unsqueeze(0))), rows
+    assert layer.weight is plain.weight
 
 
 def test_quantize_wraps_every_linear_the_kernel_takes_once_and_keeps_a_plain_state_dict(tmp_path):
@@ -43,23 +46,27 @@ def test_quantize_wraps_every_linear_the_kernel_takes_once_and_keeps_a_plain_sta
     keys = model.state_dict().keys()
     assert quantize_linears(model) == 7 * 2 + 1  # q, k, v, o, gate, up, down in two layers, and the LM head
     assert isinstance(model.lm_head, Int8Linear) and model.get_output_embeddings().weight.shape == (256, 64)
+    assert pack_linears(model) == 0  # fp32: nothing to pack
     assert quantize_linears(model) == 0  # already wrapped: nothing twice
     assert model.state_dict().keys() == keys  # the wide layers' keys under their own names
     ids = torch.tensor([[1, 5, 9, 3, 7]])
     model.save_pretrained(tmp_path, safe_serialization=True)
     again = load_causal_lm(tmp_path, "float32", "cpu")
-    assert torch.allclose(again(ids).logits, model(ids).logits, atol=1e-5)  # 5 rows: the wide path, same values
+    assert torch.equal(again(ids).logits, model(ids).logits)  # 5 rows: the wrapped layers, the saved weights
     odd = torch.nn.Sequential(torch.nn.Linear(20, 32))  # the kernel faults on input widths not a multiple of 16
     odd.get_input_embeddings = lambda: odd[0]
     assert quantize_linears(odd) == 0 and type(odd[0]) is torch.nn.Linear
 
 
 @pytest.mark.skipif(not can_pack(torch.bfloat16, "cpu"), reason="no native bf16 here: nothing is packed")
-def test_a_packed_layer_keeps_its_packed_layout_for_wide_calls():
-    plain = torch.nn.Linear(64, 32, bias=False).to(torch.bfloat16)
-    layer = Int8Linear(PackedLinear(plain))
-    assert isinstance(layer.wide, PackedLinear)
+def test_the_loader_packs_an_int8_drafters_wrapped_layers_but_its_output_layer(tmp_path):
+    twin_target().to(torch.bfloat16).save_pretrained(tmp_path, safe_serialization=True)
+    model = load_drafter(tmp_path, "bfloat16", "cpu", "int8")
+    wrapped = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert len(wrapped) == 7 * 2 + 1 and type(model.lm_head.wide) is torch.nn.Linear  # the head stays plain
+    assert all(isinstance(m.wide, PackedLinear) for m in wrapped if m is not model.lm_head)
     x = torch.randn(INT8_ROWS + 3, 64).to(torch.bfloat16)
+    layer = wrapped[0]
     narrow = torch.cat([layer(x[i:i + 1]) for i in range(len(x))])
     assert torch.allclose(narrow.float(), layer(x).float(), atol=0.05, rtol=0.05)
 

@@ -10,6 +10,7 @@ from specdraft.decoding.bundle.directory import load_bundle
 from specdraft.decoding.bundle.schema import BundleSpec
 from specdraft.pipelines.evaluate.load import load_target, target_placement
 from specdraft.pipelines.evaluate.render import target_line
+from specdraft.decoding.rounds.packed_linear import can_pack
 from specdraft.pipelines.schema import TargetSection
 from tests.pipelines.test_evaluate import _exported  # noqa: F401  (the module's exported tiny run)
 
@@ -39,7 +40,12 @@ def test_the_report_says_which_dtype_auto_chose_and_why(_exported, monkeypatch):
         monkeypatch.setattr(loading, "cpu_bf16_units", lambda units=units: units)
         placed = target_placement(load_target(bundle, TargetSection(dtype="auto"), "cpu"), TargetSection(), bundle)
         assert placed["dtype"] == dtype and placed["dtype_reason"] == why
-        assert f"Target on cpu, dtype {dtype} ({why}), quantization none." in " ".join(target_line({"target_load": placed}))
+        line = " ".join(target_line({"target_load": placed}))
+        assert f"Target on cpu, dtype {dtype} ({why}), quantization none." in line
+        # the drafters as bundle.load_drafter takes them under decoding.draft_weights auto: int8 where bf16 packs
+        drafters = "int8" if dtype == "bfloat16" and can_pack(torch.bfloat16, "cpu") else "the target's dtype"
+        assert f"Drafter LMs' linear weights (EAGLE drafters keep theirs): {drafters} (decoding.draft_weights auto)." \
+            in line
 
 
 def test_bundle_records_how_the_target_was_loaded(_exported, tmp_path):  # noqa: F811
