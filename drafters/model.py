@@ -119,5 +119,9 @@ def build_causal_lm(
 
 
 def num_parameters(model: torch.nn.Module) -> int:
-    """Unique parameters (tied embeddings counted once)."""
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    """Unique parameters (tied embeddings counted once), a packed linear layer's weight among them (it holds no
+    parameter: decoding/rounds/packed_linear.py)."""
+    from specdraft.decoding.rounds.packed_linear import PackedLinear
+
+    packed = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, PackedLinear))
+    return packed + sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

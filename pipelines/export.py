@@ -49,6 +49,7 @@ from specdraft.decoding.speculators.datastore import build_datastore
 from specdraft.decoding.costs.throughput import ACCEPTANCE_FILE
 from specdraft.core.errors import InputError
 from specdraft.decoding.bundle.loading import load_tokenizer
+from specdraft.drafters.model import num_parameters
 from specdraft.decoding.rounds.sampling import SamplingConfig
 from specdraft.decoding.policies.acceptance_head import CONFIG_NAME as HEAD_CONFIG
 from specdraft.pipelines.artifacts import MANIFEST, Manifest
@@ -442,7 +443,7 @@ def unpriced_reason(target, device: str) -> str | None:
 
     if torch.device(device).type != "cpu":
         return None
-    parameters = sum(p.numel() for p in target.parameters())
+    parameters = num_parameters(target)  # a packed target's linears hold no parameters
     if parameters <= SCHEDULE_CPU_PARAMETERS:
         return None
     return (f"its {parameters / 1e6:.3g}M-parameter target's cost table on a CPU would take minutes (export prices "

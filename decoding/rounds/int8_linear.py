@@ -3,9 +3,9 @@
 A drafter's proposals need not be exact: the target verifies every one, so any drafter is lossless, and what
 bounds the speedup on the CPU path is its cost per drafted token (c = t_draft / t_target). A one-row step streams
 the drafter's weights from memory; at int8 it streams half the bytes of bf16. On an Intel Xeon with AMX (torch
-2.13, 2 threads), Qwen2.5-Coder-0.5B's one-token step took 43 ms with int8 weights against 65 ms with packed bf16
-ones, and with it drafting K = 4 for the 1.5B the pair ran 1.58x AR against 1.30x, accepting as many drafts
-(benchmarks/cpu/bench_draft_weights.py). The weights are symmetric per output channel (one scale a row, the
+2.13, 2 threads), Qwen2.5-Coder-0.5B's one-token step took 102 CPU ms with int8 weights against 137 with packed
+bf16 ones (c 0.44 -> 0.33 of its 1.5B sibling's), and drafting K = 4 for the 1.5B the pair ran 1.52x its AR
+against 1.26x, accepting as many drafts (benchmarks/cpu/bench_draft_weights.py, cpu/RESULTS.md). The weights are symmetric per output channel (one scale a row, the
 row's largest magnitude over 127), computed by `aten._weight_int8pack_mm`, the kernel gpt-fast's int8 path calls.
 
 That kernel reads each weight row once per input row, so past two rows it loses to the dtype's own layer (at 5
@@ -16,7 +16,7 @@ bytes (0.5 GB for the 0.5B): a copy of the int8 values in bf16 for the wide call
 again, and a run's evaluate holds every drafter beside the target. So a drafter's wide calls compute its weights
 and its narrow calls those weights rounded to int8: its drafts at batch 1 and 2 come from the int8 model, its
 labels and features in acceptance-data from its own weights, which agree with the int8 model's to within that
-rounding (on the Qwen pair, 0.643 of int8 drafts accepted against 0.646). Activations stay in the
+rounding (on the Qwen pair, 0.654 of int8 drafts accepted against 0.646). Activations stay in the
 model's dtype: int8 activations (torch's dynamic quantization) cut the 0.5B's agreement with its fp32 self to
 0.60 (outlier channels); int8 weights alone keep 1 - TV at 0.972 against bf16's 0.986. int4 (groupwise, 64) was
 faster still at one row (29 ms) but kept only 0.82.

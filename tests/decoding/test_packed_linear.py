@@ -13,6 +13,7 @@ from specdraft.decoding.bundle.loading import load_causal_lm
 from specdraft.decoding.rounds.packed_linear import PackedLinear, can_pack, is_packed, pack_linears, unpack_linears
 from specdraft.decoding.compilation import compile_for_model
 from specdraft.decoding.near_ties import fp32_copy, width_classes
+from specdraft.drafters.model import num_parameters
 from specdraft.decoding.policies.stopping import FixedK
 from specdraft.decoding.rounds.shapes import verify_floor
 from tests.decoding.conftest import noisy_copy
@@ -48,6 +49,7 @@ def test_packing_keeps_every_weight_and_refuses_a_wider_input(plain):
     wide = fp32_copy(packed)
     assert not is_packed(wide) and all(torch.equal(v, want[k].float()) for k, v in wide.state_dict().items())
     assert is_packed(packed)  # the copies left the original packed
+    assert num_parameters(packed) == num_parameters(plain)  # a packed layer's weight counts (export's pricing rule)
 
 
 def test_the_loader_packs_bf16_on_a_cpu_that_computes_it_unless_told_not_to_and_nothing_else(plain, tmp_path):
