@@ -57,10 +57,10 @@ def parse_pair(text: str) -> tuple[str, Path, Path, Path]:
 def decode(target, drafter, k: int, tokens: int, eos) -> callable:
     """fn(prompt ids, seed) -> (output tokens, generated, target forwards, drafted, accepted): greedy, batch 1."""
     def fn(ids, seed):
-        m_result = generate_batch(target, [ids], tokens, drafter=drafter, policy=FixedK(k) if drafter else None,
-                                  eos_token_id=eos)[0]
-        m = m_result.metrics
-        return m_result.tokens, m.n_generated, m.n_target, m.n_draft, m.n_draft - m.n_discarded
+        result = generate_batch(target, [ids], tokens, drafter=drafter, policy=FixedK(k) if drafter else None,
+                                eos_token_id=eos)[0]
+        m = result.metrics
+        return result.tokens, m.n_generated, m.n_target, m.n_draft, m.n_draft - m.n_discarded
     return fn
 
 
@@ -99,12 +99,18 @@ def measure_pair(name: str, target_dir: Path, drafter_dir: Path, run: Path, args
             "step_ms": step_ms, "times": times, "out": out, "wall_s": time.perf_counter() - start}
 
 
+def per_prompt(r: dict) -> tuple[dict, dict]:
+    """({method: seconds per prompt}, {method: tokens per prompt}), each summed over the passes (greedy: every
+    pass decodes the same tokens, so the first pass's count times the passes)."""
+    secs = {m: [sum(p[i] for p in ts) for i in range(r["prompts"])] for m, ts in r["times"].items()}
+    gen = {m: [o[1] * len(r["times"][m]) for o in r["out"][m][0]] for m in r["times"]}
+    return secs, gen
+
+
 def pair_rows(r: dict) -> list[list]:
     methods = list(r["times"])
-    # per prompt: seconds summed over passes, outputs of the first pass (greedy: every pass decodes the same)
-    secs = {m: [sum(p[i] for p in r["times"][m]) for i in range(r["prompts"])] for m in methods}
+    secs, gen = per_prompt(r)
     first = {m: r["out"][m][0] for m in methods}
-    gen = {m: [o[1] * len(r["times"][m]) for o in first[m]] for m in methods}
     rows = []
     for m in methods:
         toks, calls = sum(o[1] for o in first[m]), sum(o[2] for o in first[m])
@@ -134,8 +140,7 @@ def render(results: list[dict], args) -> str:
         lines += table(["method", "MAT", "accepted / drafted", "equal to AR", "tokens per CPU s", "speedup over AR"],
                        pair_rows(r), "lrrrrr")
         methods = list(r["times"])
-        secs = {m: [sum(p[i] for p in r["times"][m]) for i in range(r["prompts"])] for m in methods}
-        gen = {m: [o[1] for o in r["out"][m][0]] for m in methods}
+        secs, gen = per_prompt(r)
         a, b = methods[2], methods[1]
         ratio = bootstrap_rate_ratio([(gen[a][i], secs[a][i], gen[b][i], secs[b][i]) for i in range(r["prompts"])])
         lines += ["", f"int8 drafter over the dtype's drafter, tokens per CPU second: "

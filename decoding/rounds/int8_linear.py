@@ -5,11 +5,13 @@ bounds the speedup on the CPU path is its cost per drafted token (c = t_draft / 
 the drafter's weights from memory; at int8 it streams half the bytes of bf16. On an Intel Xeon with AMX (torch
 2.13, 2 threads), Qwen2.5-Coder-0.5B's one-token step took 102 CPU ms with int8 weights against 137 with packed
 bf16 ones (c 0.44 -> 0.33 of its 1.5B sibling's), and drafting K = 4 for the 1.5B the pair ran 1.52x its AR
-against 1.26x, accepting as many drafts (benchmarks/cpu/bench_draft_weights.py, cpu/RESULTS.md). The weights are symmetric per output channel (one scale a row, the
-row's largest magnitude over 127), computed by `aten._weight_int8pack_mm`, the kernel gpt-fast's int8 path calls.
+against 1.26x, accepting as many drafts (benchmarks/cpu/bench_draft_weights.py, cpu/RESULTS.md). The weights are
+symmetric per output row (one scale a row, the row's largest magnitude over 127), multiplied by
+`aten._weight_int8pack_mm`, the kernel gpt-fast's int8 path calls.
 
-That kernel reads each weight row once per input row, so past two rows it loses to the dtype's own layer (at 5
-rows it took 86 ms against 69): wider calls (a batch of three or more rows, a prefill, acceptance-data's teacher-
+That kernel reads each weight row once per input row, so past two rows it loses to the dtype's own layer (by hand,
+the 0.5B's step in wall time at 2 threads: 43 ms against packed bf16's 65 at one row, 86 against 69 at five):
+wider calls (a batch of three or more rows, a prefill, acceptance-data's teacher-
 forced rows) run the layer the int8 copy was made from, kept as it was (packed by `pack_linears` like any other;
 a tied output layer stays the input embedding). The int8 copy is the only memory added, half the layers' bf16
 bytes (0.5 GB for the 0.5B): a copy of the int8 values in bf16 for the wide calls would have added the tied head
@@ -19,7 +21,7 @@ labels and features in acceptance-data from its own weights, which agree with th
 rounding (on the Qwen pair, 0.654 of int8 drafts accepted against 0.646). Activations stay in the
 model's dtype: int8 activations (torch's dynamic quantization) cut the 0.5B's agreement with its fp32 self to
 0.60 (outlier channels); int8 weights alone keep 1 - TV at 0.972 against bf16's 0.986. int4 (groupwise, 64) was
-faster still at one row (29 ms) but kept only 0.82.
+faster still at one row (29 ms by the same hand) but kept only 0.82.
 
 Inference only, applied after loading and before packing (`decoding.bundle.loading.load_drafter`); a layer whose
 input width is not a multiple of 16 stays as it was (the kernel faults on other widths). The state dict is the
