@@ -81,7 +81,7 @@ def build(ctx: Context) -> dict:
                               batch_size=pt.train.batch_size, seed=cfg.run.seed)
     # Checkpoints live in the stage's work dir (keyed by the cache key), so a killed run resumes.
     train_cfg = dataclasses.replace(pt.train, resume=True, seed=cfg.run.seed)
-    trainer = build_trainer(train_cfg, ctx.work / "train")
+    trainer = build_trainer(train_cfg, ctx.work / "train", parameters=num_parameters(model))
     fit(trainer, module, data, train_cfg)
     leave_unless_rank_zero(trainer)
     model = module.model.float().eval()

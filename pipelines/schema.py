@@ -40,7 +40,7 @@ class TargetSection:
     revision: Optional[str] = None
     trust_remote_code: bool = False  # never on unless you trust the model repository
     # what the target and its drafters run in wherever a stage or the decoder runs them for inference (training
-    # keeps its own precision). auto: bf16 on a GPU with bf16 and on a CPU with bf16 units (avx512_bf16 or AMX),
+    # has its own: trainer.precision). auto: bf16 on a GPU with bf16 and on a CPU with bf16 units (avx512_bf16 or AMX),
     # where a (K + 1)-token verify costs about one forward; fp32 on other CPUs. float16 on a CPU without float16
     # units is refused (slower than fp32 there)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

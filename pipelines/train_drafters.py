@@ -93,14 +93,14 @@ def _train(model, examples: list[dict], phase, pad_id: int, seed: int, work: Pat
     data = CausalLMDataModule(examples, CausalLMCollator(pad_token_id=pad_id, max_length=phase.max_length),
                               batch_size=phase.train.batch_size, seed=seed)
     train_cfg = dataclasses.replace(phase.train, resume=True, seed=seed)
-    trainer = build_trainer(train_cfg, work / "train")
+    trainer = build_trainer(train_cfg, work / "train", parameters=num_parameters(model))
     t0 = time.time()
     fit(trainer, module, data, train_cfg)
     seconds = time.time() - t0
     avg_tokens = sum(len(e["input_ids"]) if "input_ids" in e else len(e["prompt_ids"]) + len(e["response_ids"])
                      for e in examples) / len(examples)
     loss = trainer.callback_metrics.get("train/loss")
-    stats = {"steps": trainer.global_step, "examples": len(examples),
+    stats = {"steps": trainer.global_step, "examples": len(examples), "precision": trainer.precision,
              "final_loss": round(float(loss), 4) if loss is not None else None}
     timing = {"seconds": round(seconds, 1),
               "tokens_per_s": round(trainer.global_step * phase.train.batch_size * avg_tokens / max(seconds, 1e-9))}

@@ -34,10 +34,25 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from specdraft.core.errors import InputError
+from specdraft.core import devices  # the CPU's bf16 units: one probe for inference and training
 
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
 GPU_ONLY_STRATEGIES = ("fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
 PRECISIONS = {"32": "32-true", "32-true": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
+# On a CPU with bf16 units, bf16 autocast (fp32 master weights and optimizer) pays from about this size. Measured on
+# the project's Xeon with AMX, 2 threads, the stage's module and Trainer (benchmarks/training/bench_train_precision.py):
+# a step 1.21x faster for the 630M Qwen 0.5B sibling (2 x 256 tokens), 1.24x for a 14M SmolLM2 drafter (8 x 256),
+# with the same dev agreement at every step measured; by hand, a plain loop at 16 x 128 tokens: 1.00x for a 4.7M
+# model and 0.78x for a 0.4M one, whose steps are op overhead that the casts add to
+BF16_MIXED_MIN_PARAMETERS = 10_000_000
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    precision: str  # Lightning's name: "32-true", "bf16-mixed" or "16-mixed"
+    why: str  # one line for the stage's log
+
+
 WANDB_MODES = ("online", "offline", "disabled")
 
 
@@ -68,7 +83,9 @@ class TrainerConfig:
     max_epochs: int = 1  # used when max_steps is -1
     batch_size: int = 8  # per device
     accumulate_grad_batches: int = 1  # batches per optimizer step
-    precision: str | None = None  # "32" | "bf16-mixed" | "16-mixed"; None: bf16-mixed on CUDA, 32 on CPU
+    # "32" | "bf16-mixed" | "16-mixed"; None: bf16-mixed on CUDA with bf16, and on a CPU with bf16 units for a model
+    # of at least BF16_MIXED_MIN_PARAMETERS; 32 elsewhere (choose_precision says which and why)
+    precision: str | None = None
     strategy: str = "auto"  # auto | ddp | ddp_spawn | fsdp | deepspeed_stage_2 | deepspeed_stage_3
     accelerator: str = "auto"  # auto | cpu | gpu
     devices: int | str = "auto"  # per node: a count, or "auto"
@@ -105,11 +122,33 @@ class TrainerConfig:
             raise InputError(f"trainer.checkpoint_every_n_steps must be >= 0, got {self.checkpoint_every_n_steps}")
         self.wandb.check()
 
-    def resolved_precision(self) -> str:
-        if self.precision is not None:
-            return PRECISIONS[self.precision]
+    def choose_precision(self, parameters: int | None = None) -> PrecisionChoice:
+        """The Lightning precision this config trains in and why; `parameters`: the trained model's count (None:
+        unknown, which keeps a CPU in fp32). An explicit choice the device cannot run is refused in one line."""
         cuda = torch.cuda.is_available() and self.accelerator != "cpu"
-        return "bf16-mixed" if cuda and torch.cuda.is_bf16_supported() else "32-true"
+        if self.precision is not None:
+            chosen = PRECISIONS[self.precision]
+            if chosen == "16-mixed" and not cuda:
+                raise InputError(f"trainer.precision {self.precision!r} needs a CUDA GPU; use '32', 'bf16-mixed' "
+                                 "(on a CPU with bf16 units) or null on CPU")
+            if chosen == "bf16-mixed" and not cuda and not devices.cpu_bf16_units():
+                raise InputError(f"trainer.precision {self.precision!r} on this CPU: it has no bf16 units "
+                                 "(avx512_bf16 or AMX), so autocast would convert every element; use '32' or null")
+            return PrecisionChoice(chosen, "as given")
+        if cuda:
+            if torch.cuda.is_bf16_supported():
+                return PrecisionChoice("bf16-mixed", "auto: this CUDA device has bf16")
+            return PrecisionChoice("32-true", "auto: this CUDA device has no bf16")
+        units = devices.cpu_bf16_units()
+        if not units:
+            return PrecisionChoice("32-true", "auto: this CPU has no bf16 units (avx512_bf16 or AMX)")
+        pays = f"bf16 autocast pays on a CPU from {BF16_MIXED_MIN_PARAMETERS / 1e6:.0f}M parameters"
+        if parameters is None:
+            return PrecisionChoice("32-true", f"auto: the model's size was not given ({pays})")
+        if parameters < BF16_MIXED_MIN_PARAMETERS:
+            return PrecisionChoice("32-true", f"auto: a model of {parameters / 1e6:.1f}M parameters ({pays})")
+        return PrecisionChoice("bf16-mixed", f"auto: this CPU has {'/'.join(units)} and the model "
+                                             f"{parameters / 1e6:.0f}M parameters")
 
 
 class RNGState(Callback):
@@ -228,21 +267,20 @@ def checkpoint_dir(out_dir: str | Path) -> Path:
 
 
 def build_trainer(cfg: TrainerConfig, out_dir: str | Path | None, callbacks: list[Callback] | None = None,
-                  **overrides: Any) -> L.Trainer:
+                  parameters: int | None = None, **overrides: Any) -> L.Trainer:
     """A Trainer with loggers, periodic last.ckpt, RNG checkpointing and Slurm requeue from `cfg`.
 
     out_dir None: an in-memory fit (no loggers, checkpoints, requeue or progress bar) for fits that take
     seconds and are redone rather than resumed (the acceptance heads). `overrides`: further
-    lightning.Trainer arguments, applied last."""
+    lightning.Trainer arguments, applied last. `parameters`: the trained model's, for `choose_precision`."""
     cfg.check()
     cuda = torch.cuda.is_available() and cfg.accelerator != "cpu"
     if cfg.strategy in GPU_ONLY_STRATEGIES and not cuda:
         raise InputError(
             f"trainer.strategy {cfg.strategy!r} needs CUDA GPUs and none is available; use 'ddp' (or 'auto') on CPU"
         )
-    precision = cfg.resolved_precision()
-    if precision != "32-true" and not cuda:
-        raise InputError(f"trainer.precision {cfg.precision!r} needs a CUDA GPU; use '32' (or null) on CPU")
+    choice = cfg.choose_precision(parameters)
+    precision = choice.precision
 
     precision_and_devices = dict(
         max_steps=cfg.max_steps,
@@ -265,6 +303,7 @@ def build_trainer(cfg: TrainerConfig, out_dir: str | Path | None, callbacks: lis
                             "enable_checkpointing": False, "enable_progress_bar": False,
                             "callbacks": list(callbacks or []), **overrides})
     out_dir = Path(out_dir)
+    print(f"[train] precision {precision} ({choice.why})")
     loggers = [CSVLogger(out_dir, name="csv", flush_logs_every_n_steps=cfg.log_every_n_steps)]
     if cfg.wandb.mode != "disabled":
         from lightning.pytorch.loggers import WandbLogger

@@ -5,6 +5,7 @@ are one-line input errors before any model loads."""
 import pytest
 import torch
 
+import specdraft.core.devices as devices
 import specdraft.decoding.bundle.loading as loading
 from specdraft.core.errors import InputError
 from specdraft.decoding.bundle.loading import check_device, choose_dtype, dtype_of, load_causal_lm, resolve_dtype
@@ -22,11 +23,11 @@ def probes(monkeypatch):
     """Patch what the probes read: torch's answers (None: this torch has no such probe) and /proc/cpuinfo's flags."""
     def set_probes(avx512_bf16=None, amx_tile=None, flags=()):
         answers = {"avx512_bf16": avx512_bf16, "amx_tile": amx_tile}
-        monkeypatch.setattr(loading, "_torch_cpu_probe", lambda name: answers[name])
-        monkeypatch.setattr(loading, "_cpu_flags", lambda: set(flags))
-        loading.cpu_bf16_units.cache_clear()
+        monkeypatch.setattr(devices, "_torch_cpu_probe", lambda name: answers[name])
+        monkeypatch.setattr(devices, "_cpu_flags", lambda: set(flags))
+        devices.cpu_bf16_units.cache_clear()
     yield set_probes
-    loading.cpu_bf16_units.cache_clear()
+    devices.cpu_bf16_units.cache_clear()
 
 
 def test_auto_is_bf16_on_a_cpu_with_bf16_units_and_fp32_without(monkeypatch, no_cuda):
@@ -54,18 +55,18 @@ def test_auto_on_cuda_follows_the_device(monkeypatch):
 
 def test_the_bf16_probe_asks_torch_then_the_cpu_flags(probes):
     probes(avx512_bf16=True, amx_tile=True, flags={"avx512_bf16", "amx_bf16", "amx_tile"})
-    assert loading.cpu_bf16_units() == ("avx512_bf16", "AMX")
+    assert devices.cpu_bf16_units() == ("avx512_bf16", "AMX")
     probes(avx512_bf16=False, amx_tile=False, flags={"avx512f", "avx2"})  # an AVX-512 CPU without bf16 (Skylake)
-    assert loading.cpu_bf16_units() == ()
+    assert devices.cpu_bf16_units() == ()
     probes(avx512_bf16=True, amx_tile=False, flags={"avx512_bf16"})  # AMD EPYC (Zen 4): no AMX
-    assert loading.cpu_bf16_units() == ("avx512_bf16",)
+    assert devices.cpu_bf16_units() == ("avx512_bf16",)
     # a torch without the probes: the flags decide
     probes(flags={"avx512_bf16", "amx_bf16", "amx_tile"})
-    assert loading.cpu_bf16_units() == ("avx512_bf16", "AMX")
+    assert devices.cpu_bf16_units() == ("avx512_bf16", "AMX")
     probes(flags={"avx2"})
-    assert loading.cpu_bf16_units() == ()
+    assert devices.cpu_bf16_units() == ()
     probes(amx_tile=True, flags={"amx_tile", "amx_int8"})  # tiles without bf16 products do not count
-    assert loading.cpu_bf16_units() == ()
+    assert devices.cpu_bf16_units() == ()
 
 
 def test_float16_on_a_cpu_without_float16_units_is_refused(monkeypatch, no_cuda):

@@ -1,5 +1,6 @@
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,7 +16,8 @@ from specdraft.core.errors import InputError
 from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
 from specdraft.drafters.lit_lm import CausalLMModule
 from specdraft.drafters.model import build_causal_lm
-from specdraft.training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
+from specdraft.core import devices
+from specdraft.training.trainer import BF16_MIXED_MIN_PARAMETERS, TrainerConfig, WandbConfig, build_trainer, fit
 
 REPO = Path(__file__).resolve().parents[2]
 V = 48
@@ -34,10 +36,10 @@ def _cfg(**kw) -> TrainerConfig:
     return TrainerConfig(**{**base, **kw})
 
 
-def _run(out_dir, cfg, callbacks=None):
+def _run(out_dir, cfg, callbacks=None, parameters=None):
     module = CausalLMModule(build_causal_lm("demo-tiny", V, seed=0), lr=1e-2)
     dm = CausalLMDataModule(_data(), CausalLMCollator(pad_token_id=0), batch_size=cfg.batch_size, seed=cfg.seed)
-    trainer = build_trainer(cfg, out_dir, callbacks=callbacks)
+    trainer = build_trainer(cfg, out_dir, callbacks=callbacks, parameters=parameters)
     fit(trainer, module, dm, cfg)
     return trainer
 
@@ -99,8 +101,40 @@ def test_gpu_only_strategies_are_refused_on_cpu(tmp_path, strategy):
         build_trainer(_cfg(strategy=strategy), tmp_path)
 
 
-def test_precision_defaults_to_32_on_cpu():
-    assert _cfg().resolved_precision() == "32-true"
+@pytest.mark.parametrize("units, parameters, chosen", [
+    ((), 600_000_000, "32-true"),  # no bf16 units: bf16 would be converted element by element
+    (("avx512_bf16",), None, "32-true"),  # a model of unknown size stays in fp32
+    (("avx512_bf16", "AMX"), BF16_MIXED_MIN_PARAMETERS - 1, "32-true"),  # small: the casts cost more than they save
+    (("avx512_bf16", "AMX"), BF16_MIXED_MIN_PARAMETERS, "bf16-mixed"),
+    (("AMX",), 600_000_000, "bf16-mixed"),
+])
+def test_automatic_precision_on_cpu_follows_the_units_and_the_size(monkeypatch, units, parameters, chosen):
+    monkeypatch.setattr(devices, "cpu_bf16_units", lambda: units)
+    choice = _cfg().choose_precision(parameters)
+    assert choice.precision == chosen and choice.why.startswith("auto: ")
+
+
+def test_explicit_precision_on_cpu_is_what_runs_or_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(devices, "cpu_bf16_units", lambda: ())
+    assert _cfg(precision="32").choose_precision(10**9).precision == "32-true"  # given: never replaced
+    with pytest.raises(InputError, match="no bf16 units .* use '32' or null"):
+        build_trainer(_cfg(precision="bf16-mixed"), tmp_path)
+    with pytest.raises(InputError, match="needs a CUDA GPU"):
+        build_trainer(_cfg(precision="16-mixed"), tmp_path)
+    monkeypatch.setattr(devices, "cpu_bf16_units", lambda: ("AMX",))
+    assert _cfg(precision="bf16-mixed").choose_precision(1).precision == "bf16-mixed"  # given, even when small
+
+
+def test_bf16_mixed_trains_on_cpu(monkeypatch, tmp_path, capsys):
+    # autocast runs on any CPU (slowly where it has no bf16 units): the fit is what is checked here
+    monkeypatch.setattr(devices, "cpu_bf16_units", lambda: ("AMX",))
+    trainer = _run(tmp_path, _cfg(max_steps=3), parameters=BF16_MIXED_MIN_PARAMETERS)
+    assert trainer.precision == "bf16-mixed" and trainer.global_step == 3
+    assert "[train] precision bf16-mixed (auto: this CPU has AMX" in capsys.readouterr().out
+    losses = list(_logged(tmp_path).values())
+    assert len(losses) == 3 and all(map(math.isfinite, losses))
+    # the weights stay fp32 (autocast computes in bf16; the master weights and AdamW's state do not)
+    assert {p.dtype for p in trainer.lightning_module.parameters()} == {torch.float32}
 
 
 _DDP_SCRIPT = textwrap.dedent(
@@ -110,7 +144,8 @@ _DDP_SCRIPT = textwrap.dedent(
     from specdraft.drafters.data import CausalLMCollator, CausalLMDataModule
     from specdraft.drafters.lit_lm import CausalLMModule
     from specdraft.drafters.model import build_causal_lm
-    from specdraft.training.trainer import TrainerConfig, WandbConfig, build_trainer, fit
+    from specdraft.core import devices
+from specdraft.training.trainer import BF16_MIXED_MIN_PARAMETERS, TrainerConfig, WandbConfig, build_trainer, fit
 
     class Seen(__import__("lightning").Callback):
         seen = []
@@ -159,7 +194,7 @@ def test_wandb_offline_run_is_written_under_out_dir(tmp_path):
 @pytest.mark.parametrize("strategy", ["auto", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3"])
 def test_gpu_strategies_train_in_bf16(tmp_path, strategy):
     cfg = _cfg(strategy=strategy, accelerator="gpu", devices=1, max_steps=4)
-    assert cfg.resolved_precision() == "bf16-mixed"
+    assert cfg.choose_precision().precision == "bf16-mixed"
     trainer = _run(tmp_path, cfg)
     assert trainer.global_step == 4
     assert trainer.precision == "bf16-mixed"
