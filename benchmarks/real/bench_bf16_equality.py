@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from specdraft.decoding.batched import generate_batch  # noqa: E402
 import specdraft.decoding.batched as batched  # noqa: E402
+from specdraft.decoding.bundle.loading import load_drafter  # noqa: E402
 from specdraft.decoding.rounds.packed_linear import is_packed  # noqa: E402
 from specdraft.decoding.near_ties import classify, first_divergence, fp32_copy, width_classes  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
@@ -55,7 +56,7 @@ def compare(target, reference: dict, prompts: list[list[int]], spec: list[list[i
     return out
 
 
-def main(argv=None) -> str:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True, help="the target's model directory (e.g. a run's target/)")
     ap.add_argument("--drafter", required=True, help="the drafter's model directory")
@@ -71,13 +72,21 @@ def main(argv=None) -> str:
     ap.add_argument("--layout", choices=("packed", "plain"), default="packed",
                     help="the bf16 linears' weight layout: packed into oneDNN's (on a CPU with bf16 units: "
                          "decoding/rounds/packed_linear.py) or plain: torch's own")
+    ap.add_argument("--draft-weights", choices=("dtype", "int8"), default="dtype",
+                    help="the drafter's weights: bf16 as --layout says, or int8 as the stages and the decoder load a "
+                         "drafter where decoding.draft_weights: auto picks it (decoding.bundle.loading.load_drafter)")
     ap.add_argument("--floor-cost", type=int, default=0, metavar="PASSES",
                     help="also time AR with and without the verify floor over this many interleaved passes (0: not)")
     add_section_flags(ap)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> str:
+    args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     target = load(args.target, "cpu", torch.bfloat16, packed=args.layout == "packed")
-    drafter = load(args.drafter, "cpu", torch.bfloat16, packed=args.layout == "packed")
+    drafter = (load_drafter(args.drafter, "bfloat16", "cpu", "int8") if args.draft_weights == "int8"
+               else load(args.drafter, "cpu", torch.bfloat16, packed=args.layout == "packed"))
     reference = {}  # the near-tie judge's fp32 copy of the target (its bf16 weights, widened), made when needed
     prompts = load_prompts(args, target.config.vocab_size)
     domain = args.domain or "every domain"
@@ -109,9 +118,9 @@ def main(argv=None) -> str:
     drafter_name = "/".join(Path(args.drafter).resolve().parts[-2:])
     lines = [f"## bf16 greedy: fixed K = {args.k} against AR on {args.split} prompts ({machine('cpu', 'bfloat16')})", "",
              f"`python benchmarks/real/bench_bf16_equality.py --target {target_name} --drafter {drafter_name} "
-             f"--prompt-set {'/'.join(Path(args.prompt_set).resolve().parts[-3:])} --split {args.split}{f' --domain {args.domain}' if args.domain else ''} --n-prompts {args.n_prompts} --tokens {args.tokens} --k {args.k} --batch {args.batch} --layout {args.layout}`"
+             f"--prompt-set {'/'.join(Path(args.prompt_set).resolve().parts[-3:])} --split {args.split}{f' --domain {args.domain}' if args.domain else ''} --n-prompts {args.n_prompts} --tokens {args.tokens} --k {args.k} --batch {args.batch} --layout {args.layout}{' --draft-weights int8' if args.draft_weights == 'int8' else ''}`"
              f": {len(prompts)} prompts ({domain}) x {args.tokens} tokens, greedy, "
-             f"bf16 ({layout}), no end-of-turn stop; every speculative decode against the target's AR decode alone; "
+             f"bf16 ({layout}{'; the drafter int8' if args.draft_weights == 'int8' else ''}), no end-of-turn stop; every speculative decode against the target's AR decode alone; "
              f"{args.threads} thread(s), {platform.machine()}, bf16 units: "
              f"{', '.join(sorted(cpu_flags() & {'avx512_bf16', 'amx_bf16'})) or 'none'}; {box_load()}. Counted: the load does not move it.", ""]
     lines += table(["decode", "prompts", "equal to AR", "near-tie divergences", "other divergences",

@@ -31,3 +31,18 @@ def test_every_prompt_is_equal_or_a_near_tie_alone_and_in_a_batch(tmp_path):
     assert "the decoder's floor at batch 1: 4 positions (every width from it alike)" in text
     assert re.search(r"The floor's cost, .* floor / one \d\.\d{3} \[", text), text
     assert "Goal (equal on at least 95% of prompts, every divergence a near-tie):" in text
+
+
+def test_the_served_int8_drafter_is_judged_as_the_stages_load_it(tmp_path):
+    bench = import_benchmark("bench_bf16_equality")
+    backends = import_benchmark("bench_distill_backends")
+    target = backends.demo_shaped_target(2, tmp_path / "target")
+    type(target)(target.config).save_pretrained(tmp_path / "drafter")
+    rows = [{"id": f"r{i}", "domain": "fix", "prompt": f"w{i} w{i + 1} w{i + 2}", "messages": ""} for i in range(2)]
+    datasets.DatasetDict({"ood": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "sets"))
+    text = bench.main(["--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
+                       "--prompt-set", str(tmp_path / "sets"), "--n-prompts", "2", "--tokens", "10", "--k", "3",
+                       "--draft-weights", "int8", "--no-append"])
+    assert "--draft-weights int8`" in text and "; the drafter int8)" in text
+    found = re.search(r"^\| B = 1 \| 2 \| (\d+) \(\d+%\) \| (\d+) \| (\d+) \|", text, re.M)
+    assert found and int(found.group(3)) == 0, text  # int8 drafts change what is proposed, never what is kept
