@@ -20,7 +20,8 @@ for each EOS setting decoded for these prompts, and --render-only prints it from
 
     python benchmarks/real/bench_metasd_long.py runs/real --config configs/real.yaml [--prompts 4] [--tokens 256] [--ignore-eos]
 
-Writes the tables as this script's section of benchmarks/real/RESULTS.md (--no-append: print only).
+Writes the tables as this script's section of benchmarks/real/RESULTS.md (--no-append: print only; --section NAME: another
+section, for another run than make real's).
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ from specdraft.decoding.timing import bootstrap_rate_ratio  # noqa: E402
 from specdraft.pipelines.evaluate.load import load_prompts  # noqa: E402
 from specdraft.pipelines.evaluate.plan import fixed_k_policy  # noqa: E402
 from specdraft.pipelines.schema import BANDITS, EvaluateSection, RunConfig  # noqa: E402
-from benchmarks.harness.publish import publish  # noqa: E402
+from benchmarks.harness.publish import add_section_flags, publish_for  # noqa: E402
 
 BANDIT = "ucb-bd"  # MetaSD-UCB with its block-divergence reward (evaluate's `ucb-bd`)
 GREEDY = SamplingConfig(temperature=0.0)
@@ -169,7 +170,7 @@ def main() -> None:
     ap.add_argument("--beta", type=float, default=EvaluateSection.beta, help="MetaSD-UCB exploration strength")
     ap.add_argument("--ignore-eos", action="store_true", help="generate to --tokens past the end of turn")
     ap.add_argument("--render-only", action="store_true", help="the table from RUN/bench_metasd_long.jsonl alone")
-    ap.add_argument("--no-append", action="store_true")
+    add_section_flags(ap)  # --section: another run's section beside make real's (e.g. the real pair's)
     args = ap.parse_args()
     run = Path(args.run)
     cfg = load_config(RunConfig, args.config, [f"run.root={run}"])
@@ -196,7 +197,8 @@ def main() -> None:
         rows = finished_rows(store, dict(setting, ignore_eos=ignore_eos))
         if all(p.id in rows for p in prompts):
             tables[ignore_eos] = [rows[p.id] for p in prompts]
-    publish(render(args, tables, list(bundle.drafters), arms, roles.own, roles.ofa), write=not args.no_append)
+    publish_for(render(args, tables, list(bundle.drafters), arms, roles.own, roles.ofa), not args.no_append, Path(__file__),
+                args.section, args.page)
 
 
 def decode_all(bundle, tok, prompts: list, arms: list[str], args, setting: dict, store: Path, seed: int) -> None:
