@@ -122,10 +122,14 @@ class TrainerConfig:
             raise InputError(f"trainer.checkpoint_every_n_steps must be >= 0, got {self.checkpoint_every_n_steps}")
         self.wandb.check()
 
+    def on_cuda(self) -> bool:
+        """Whether this config trains on CUDA GPUs: one is visible and the accelerator is not forced to cpu."""
+        return torch.cuda.is_available() and self.accelerator != "cpu"
+
     def choose_precision(self, parameters: int | None = None) -> PrecisionChoice:
         """The Lightning precision this config trains in and why; `parameters`: the trained model's count (None:
         unknown, which keeps a CPU in fp32). An explicit choice the device cannot run is refused in one line."""
-        cuda = torch.cuda.is_available() and self.accelerator != "cpu"
+        cuda = self.on_cuda()
         if self.precision is not None:
             chosen = PRECISIONS[self.precision]
             if chosen == "16-mixed" and not cuda:
@@ -274,7 +278,7 @@ def build_trainer(cfg: TrainerConfig, out_dir: str | Path | None, callbacks: lis
     seconds and are redone rather than resumed (the acceptance heads). `overrides`: further
     lightning.Trainer arguments, applied last. `parameters`: the trained model's, for `choose_precision`."""
     cfg.check()
-    cuda = torch.cuda.is_available() and cfg.accelerator != "cpu"
+    cuda = cfg.on_cuda()
     if cfg.strategy in GPU_ONLY_STRATEGIES and not cuda:
         raise InputError(
             f"trainer.strategy {cfg.strategy!r} needs CUDA GPUs and none is available; use 'ddp' (or 'auto') on CPU"
