@@ -14,7 +14,10 @@ one-prompt loop (`generate_speculative`), and prints per domain and pooled:
 MAT is counted (a forward is a forward whatever the box's load), so the figures are exact for these prompts.
 A real chat model's answers often end long before 256 tokens; with --ignore-eos every generation runs to
 --tokens (the target writes on past its answer's end of turn). Every greedy decode of a prompt must give the same
-tokens (each equals the target's greedy output); the table says how many prompts did. Each finished prompt is
+tokens (each equals the target's greedy output); the table says how many prompts did. In bf16 the one-prompt loop has
+no verify floor and decodes can part where a step's width rounds the target's logits otherwise: once every prompt
+is decoded, each method's first divergence from the prompt's first decode is judged a near-tie or not
+(decoding/near_ties.py, against an fp32 copy of the target), and the table counts them. Each finished prompt is
 appended to RUN/bench_metasd_long.jsonl, so a killed run resumes with the next prompt; the section holds a table
 for each EOS setting decoded for these prompts, and --render-only prints it from that file alone.
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import sys
 import time
@@ -42,6 +46,7 @@ from specdraft.data.chat import chat_format  # noqa: E402
 from specdraft.decoding.bandits.selectors import make_selector  # noqa: E402
 from specdraft.decoding.bundle.chat import end_of_turn_ids  # noqa: E402
 from specdraft.decoding.bundle.directory import load_bundle  # noqa: E402
+from specdraft.decoding.near_ties import classify, fp32_copy  # noqa: E402
 from specdraft.decoding.rounds.sampling import SamplingConfig  # noqa: E402
 from specdraft.decoding.speculative import generate_speculative, generate_with_drafter  # noqa: E402
 from specdraft.decoding.speculators.drafter import DrafterSpeculator  # noqa: E402
@@ -75,9 +80,33 @@ def decode_prompt(target, drafters: dict, arms: list[str], prompt, tokens: int, 
     results[BANDIT] = generate_speculative(target, bandit(drafters, arms, k, beta, derive_seed(seed, prompt.id, BANDIT)),
                                            prompt.ids, tokens, GREEDY, eos)
     counts = {n: (res.metrics.n_generated, res.metrics.n_target) for n, res in results.items()}
-    outputs = [list(res.tokens) for res in results.values()]
+    outputs = {n: list(res.tokens) for n, res in results.items()}
+    first = next(iter(outputs.values()))
     return {"domain": prompt.domain, "id": prompt.id, "counts": counts,
-            "same_tokens": all(o == outputs[0] for o in outputs)}
+            "same_tokens": all(o == first for o in outputs.values()), "outputs": outputs}
+
+
+def judge_divergences(target, row: dict, prompt_ids: list[int], k: int, reference) -> list[dict]:
+    """Every method's first divergence from the row's first decode (in bf16 the one-prompt loop has no verify floor,
+    so the target's greedy choice can flip with the step's width), judged a near-tie or not (decoding/near_ties.py):
+    one list entry per method that differs."""
+    first, *rest = row["outputs"].items()
+    out = []
+    for name, tokens in rest:
+        d = classify(target, prompt_ids, tokens, first[1], k + 1, reference=reference)
+        if d is not None:
+            out.append({"method": name, "against": first[0], "position": d.position, "gap": round(d.gap, 4),
+                        "delta": round(d.delta, 4), "near_tie": d.near_tie})
+    return out
+
+
+def same_tokens_cell(rows: list[dict]) -> str:
+    """How many prompts decoded alike with every method, and how many divergences were judged near-ties."""
+    cell = f"{sum(r['same_tokens'] for r in rows)}/{len(rows)}"
+    if any("divergences" not in r for r in rows if not r["same_tokens"]):
+        return cell + " (divergences not judged)"
+    found = [d for r in rows for d in r.get("divergences", [])]
+    return cell + (f"; {sum(d['near_tie'] for d in found)} of {len(found)} divergences near-ties" if found else "")
 
 
 def counts_of(row: dict, method: str | dict) -> tuple[int, int]:
@@ -130,7 +159,7 @@ def domain_rows(rows: list[dict], drafters: list[str], arms: list[str], own: dic
                      + " | ".join(f"{pooled_mat(rs, n):.3f}" for n in drafters)
                      + f" | {pooled_mat(rs, BANDIT):.3f} | {'per domain' if domain == 'all' else pick} | "
                      + f"{vs_single} | {vs_prompt} | {vs_ofa} | "
-                     + f"{sum(r['same_tokens'] for r in rs)}/{len(rs)} |")
+                     + f"{same_tokens_cell(rs)} |")
     return lines
 
 
@@ -215,6 +244,24 @@ def decode_all(bundle, tok, prompts: list, arms: list[str], args, setting: dict,
             out.write(json.dumps(row) + "\n")
         print(f"[{time.perf_counter() - start:6.0f}s] {i + 1}/{len(prompts)} {p.domain} {p.id}: "
               f"{row['counts'][BANDIT][0]} tokens", file=sys.stderr)
+    del drafters
+    gc.collect()  # the fp32 copy of the target (7 GB for the pair's 1.5B) takes the drafters' place
+    judge_store(target, {p.id: p.ids for p in prompts}, args.k, store)
+
+
+def judge_store(target, prompt_ids: dict[str, list[int]], k: int, store: Path) -> None:
+    """Judge the divergences of every row of `store` decoded with its outputs and not yet judged, then rewrite the
+    store atomically (a killed judgement leaves the decodes as they were)."""
+    rows = [json.loads(line) for line in store.read_text().splitlines() if line.strip()]
+    todo = [r for r in rows if r["id"] in prompt_ids and "outputs" in r and "divergences" not in r]
+    if not todo:
+        return
+    reference = fp32_copy(target) if any(not r["same_tokens"] for r in todo) else None
+    for r in todo:
+        r["divergences"] = [] if r["same_tokens"] else judge_divergences(target, r, prompt_ids[r["id"]], k, reference)
+    tmp = store.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(store)
 
 
 if __name__ == "__main__":

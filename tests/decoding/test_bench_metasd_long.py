@@ -40,7 +40,9 @@ def test_hindsight_picks_and_ratios_pool_counts_per_domain(bench):
     assert one == f"{10 / 15:.3f} [{10 / 15:.3f}, {10 / 15:.3f}]"  # one prompt: every resample is that prompt
     lines = bench.domain_rows(rows, ["a", "b"], ["a", "b"], own={"code": "a"}, ofa="b")
     cells = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines[2:]}
-    assert cells["all"][-1] == "2/3" and cells["math"][-1] == "0/1"
+    assert cells["all"][-1] == "2/3 (divergences not judged)" and cells["code"][-1] == "2/2"
+    rows[2]["divergences"] = [{"near_tie": True}, {"near_tie": False}]
+    assert bench.same_tokens_cell(rows) == "2/3; 1 of 2 divergences near-ties"
     assert cells["all"][6] == "per domain" and cells["code"][6] == "a"
     assert cells["all"][7].startswith(f"{(110 / 47) / (110 / 40):.3f} [")  # bandit 110/47 over the picks' 110/40
     assert cells["code"][9] == "1.000 [0.500, 2.000]"  # own drafter a over OFA b: 80/30 each, prompts 2x / 0.5x
@@ -61,3 +63,24 @@ def test_finished_prompts_are_kept_per_setting_and_each_complete_setting_gets_a_
     text = bench.render(args, tables, ["a", "b"], ["a", "b"], {"code": "a"}, "b")
     assert "end at the end of turn" in text and "EOS ignored" in text and "2 s of decoding" in text
     assert text.count("| code | 1 | 8 | 2.000 | 1.000 | 1.600 | a |") == 2
+
+
+def test_judging_a_store_finds_each_method_s_first_divergence_and_a_made_up_token_is_no_near_tie(bench, tmp_path):
+    """An fp32 target rounds nothing, so a token other than its greedy choice is never a near-tie: the judgement
+    catches a decoder that picks a wrong token. The store is rewritten with the verdicts, and judged rows are kept."""
+    target = tiny_llama(0)
+    drafters = {"a": noisy_copy(target, 0.05, seed=1)}
+    prompt = SimpleNamespace(domain="d", id="d/0", ids=(5, 9, 17, 3))
+    decoded = bench.decode_prompt(target, drafters, ["a"], prompt, 12, 4, 0.01, seed=0, eos=None)
+    assert decoded["same_tokens"] and set(decoded["outputs"]) == {"a", bench.BANDIT}
+    wrong = list(decoded["outputs"][bench.BANDIT])
+    wrong[5] = (wrong[5] + 1) % target.config.vocab_size
+    bad = dict(decoded, id="d/1", same_tokens=False, outputs={"a": decoded["outputs"]["a"], bench.BANDIT: wrong})
+    store = tmp_path / "rows.jsonl"
+    store.write_text("".join(bench.json.dumps(r) + "\n" for r in (decoded, bad)))
+    bench.judge_store(target, {"d/0": list(prompt.ids), "d/1": list(prompt.ids)}, 4, store)
+    judged = {r["id"]: r for r in map(bench.json.loads, store.read_text().splitlines())}
+    assert judged["d/0"]["divergences"] == []
+    (d,) = judged["d/1"]["divergences"]
+    assert (d["method"], d["against"], d["position"], d["near_tie"]) == (bench.BANDIT, "a", 5, False)
+    assert d["gap"] > 0
