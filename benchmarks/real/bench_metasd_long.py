@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import json
 import sys
 import time
@@ -220,7 +219,9 @@ def main() -> None:
     arms = sorted(set(roles.own.values()))  # the bandit's arms as evaluate's `bandit_arms: specialists` picks them
     if todo:
         decode_all(bundle, tok, todo, arms, args, setting, store, cfg.run.seed)
-        done = finished_rows(store, setting)
+    if not args.render_only:
+        judge_store(lambda: bundle.load_target(device="cpu"), {p.id: list(p.ids) for p in prompts}, args.k, store,
+                    setting)
     tables = {}
     for ignore_eos in (False, True):  # both settings' tables where both are decoded, the one just run at least
         rows = finished_rows(store, dict(setting, ignore_eos=ignore_eos))
@@ -244,18 +245,19 @@ def decode_all(bundle, tok, prompts: list, arms: list[str], args, setting: dict,
             out.write(json.dumps(row) + "\n")
         print(f"[{time.perf_counter() - start:6.0f}s] {i + 1}/{len(prompts)} {p.domain} {p.id}: "
               f"{row['counts'][BANDIT][0]} tokens", file=sys.stderr)
-    del drafters
-    gc.collect()  # the fp32 copy of the target (7 GB for the pair's 1.5B) takes the drafters' place
-    judge_store(target, {p.id: p.ids for p in prompts}, args.k, store)
 
 
-def judge_store(target, prompt_ids: dict[str, list[int]], k: int, store: Path) -> None:
-    """Judge the divergences of every row of `store` decoded with its outputs and not yet judged, then rewrite the
-    store atomically (a killed judgement leaves the decodes as they were)."""
-    rows = [json.loads(line) for line in store.read_text().splitlines() if line.strip()]
-    todo = [r for r in rows if r["id"] in prompt_ids and "outputs" in r and "divergences" not in r]
+def judge_store(load_target, prompt_ids: dict[str, list[int]], k: int, store: Path, setting: dict) -> None:
+    """Judge the divergences of every row of `store` with `setting` decoded with its outputs and not yet judged
+    (a resumed run's too), then rewrite the store atomically (a killed judgement leaves the decodes as they were).
+    The target is loaded (`load_target()`) only when a row waits, alone: its fp32 copy (7 GB for the pair's 1.5B)
+    takes the drafters' place."""
+    rows = [json.loads(line) for line in store.read_text().splitlines() if line.strip()] if store.is_file() else []
+    todo = [r for r in rows if r["setting"] == setting and r["id"] in prompt_ids and "outputs" in r
+            and "divergences" not in r]
     if not todo:
         return
+    target = load_target()
     reference = fp32_copy(target) if any(not r["same_tokens"] for r in todo) else None
     for r in todo:
         r["divergences"] = [] if r["same_tokens"] else judge_divergences(target, r, prompt_ids[r["id"]], k, reference)

@@ -105,10 +105,11 @@ def sibling_layers(run: Path) -> int:
     return int(json.loads((run / "drafters" / "sibling" / "config.json").read_text())["num_hidden_layers"])
 
 
-def prepare(run: Path, cfg: RunConfig, depth: int, rows: list[dict], tok) -> tuple[Path, Path | None, float | None]:
+def prepare(run: Path, cfg: RunConfig, depth: int, n_layers: int, rows: list[dict], tok
+            ) -> tuple[Path, Path | None, float | None]:
     """The cut model's directory and the distilled one's (trained here unless a finished one is found; None at the
     sibling's own depth); -> (cut, distilled, its training seconds: None where not recorded)."""
-    if depth == sibling_layers(run):  # the whole sibling, the control: as the run keeps it, not trained again (its
+    if depth == n_layers:  # the whole sibling, the control: as the run keeps it, not trained again (its
         return run / "drafters" / "sibling", None, None  # distilled drafters are the run's; a step costs ~15 s here)
     work = run / "bench_shallow_sibling" / f"{depth}-{made_of(run, cfg, depth, rows)}"
     cut_dir = work / "cut"
@@ -142,7 +143,8 @@ def parameters(path: Path) -> int:
 
 
 def counted(target, drafter, prompts, k: int, tokens: int, eos) -> list:
-    """Each prompt's GenerationMetrics: the decoder's fixed-K chain at batch 1, greedy."""
+    """Each prompt's GenerationMetrics: the decoder's fixed-K chain at batch 1, greedy (as the engines' benchmarks'
+    `decode_counts` decodes, whose rows they store as JSON: the metrics, which pricing needs, stay here)."""
     spec = PolicySpec("fixed", k=k)
     plan = Plan(f"K={k}", drafter, lambda: build_policy(spec))
     with torch.inference_mode():
@@ -172,11 +174,11 @@ def run_bench(args) -> str:
     made, seconds = {}, {}
     for depth in args.depths:  # train first, the target not yet loaded: one fit's memory at a time
         print(f"[bench_shallow_sibling] depth {depth}: {len(rows)} rows, {args.epochs} passes at lr {args.lr:g}")
-        made[f"cut-{depth}"], made[f"distilled-{depth}"], seconds[depth] = prepare(run, cfg, depth, rows, tok)
+        made[f"cut-{depth}"], made[f"distilled-{depth}"], seconds[depth] = prepare(run, cfg, depth, n_layers, rows, tok)
     made = {name: path for name, path in made.items() if path is not None}
     target = load_causal_lm(run / "target", cfg.target.dtype, "cpu")
     eos = end_of_turn_ids(tok, target)
-    prompts = test_prompts(run, tok, chat_format(cfg.prompts), 10 ** 6, args.max_prompt_tokens)
+    prompts = test_prompts(run, tok, chat_format(cfg.prompts), cfg.demo.test_per_domain, args.max_prompt_tokens)
     drafters = {name: load_drafter(path, dtype_of(target), "cpu", cfg.decoding.draft_weights)
                 for name, path in made.items()}
     cal = calibrate(target, drafters, args.k + 1, args.context, args.calibration_reps, "cpu", cfg.run.seed,

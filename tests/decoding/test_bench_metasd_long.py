@@ -71,14 +71,15 @@ def test_judging_a_store_finds_each_method_s_first_divergence_and_a_made_up_toke
     target = tiny_llama(0)
     drafters = {"a": noisy_copy(target, 0.05, seed=1)}
     prompt = SimpleNamespace(domain="d", id="d/0", ids=(5, 9, 17, 3))
-    decoded = bench.decode_prompt(target, drafters, ["a"], prompt, 12, 4, 0.01, seed=0, eos=None)
+    setting = {"tokens": 12, "k": 4}
+    decoded = dict(bench.decode_prompt(target, drafters, ["a"], prompt, 12, 4, 0.01, seed=0, eos=None), setting=setting)
     assert decoded["same_tokens"] and set(decoded["outputs"]) == {"a", bench.BANDIT}
     wrong = list(decoded["outputs"][bench.BANDIT])
     wrong[5] = (wrong[5] + 1) % target.config.vocab_size
     bad = dict(decoded, id="d/1", same_tokens=False, outputs={"a": decoded["outputs"]["a"], bench.BANDIT: wrong})
     store = tmp_path / "rows.jsonl"
     store.write_text("".join(bench.json.dumps(r) + "\n" for r in (decoded, bad)))
-    bench.judge_store(target, {"d/0": list(prompt.ids), "d/1": list(prompt.ids)}, 4, store)
+    bench.judge_store(lambda: target, {"d/0": list(prompt.ids), "d/1": list(prompt.ids)}, 4, store, setting)
     judged = {r["id"]: r for r in map(bench.json.loads, store.read_text().splitlines())}
     assert judged["d/0"]["divergences"] == []
     (d,) = judged["d/1"]["divergences"]
