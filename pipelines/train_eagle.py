@@ -49,10 +49,13 @@ def eagle_specs(ecfg, specs: list[tuple[str, list[str]]]) -> list[tuple[str, lis
 
 def check_target(ecfg, target_path, trust_remote_code: bool) -> None:
     """The drafter `ecfg` asks for, built on the meta device from the target's config alone (no weights): its
-    InputError (an eagle3 drafter over a target of fewer than 3 layers, layer ids past the target's depth)."""
+    InputError (an eagle3 drafter over a target of fewer than 3 layers, layer ids past the target's depth, a
+    draft vocabulary larger than the target's)."""
     from transformers import AutoConfig
 
     target_config = AutoConfig.from_pretrained(target_path, trust_remote_code=trust_remote_code)
+    if ecfg.draft_vocab is not None:
+        check_draft_vocab(ecfg.draft_vocab, target_config.vocab_size)
     with torch.device("meta"):
         new_eagle_drafter(target_config, variant=ecfg.variant, n_layers=ecfg.n_layers, feature_layers=ecfg.layers)
 
@@ -125,11 +128,16 @@ def eagle_examples(ecfg, drafter, rows: list[dict], domains: list[str], stored, 
     return examples, [collate([dev[i] for i in range(j, min(j + size, len(dev)))]) for j in range(0, len(dev), size)]
 
 
+def check_draft_vocab(n: int, vocab_size: int) -> None:
+    if n > vocab_size:
+        raise InputError(f"train_drafters.eagle.draft_vocab is {n}, the target's vocabulary only {vocab_size}; "
+                         f"set it to at most {vocab_size}, or null for the whole vocabulary")
+
+
 def frequent_tokens(rows: list[dict], n: int, vocab_size: int) -> list[int]:
     """The draft vocabulary: the `n` tokens most frequent in the rows' responses (what the drafter is
     trained to predict), ties to the lower id, in id order."""
-    if n > vocab_size:
-        raise InputError(f"train_drafters.eagle.draft_vocab is {n}, the target's vocabulary only {vocab_size}")
+    check_draft_vocab(n, vocab_size)
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for r in rows:
         counts += torch.bincount(torch.as_tensor(r["response_ids"], dtype=torch.long), minlength=vocab_size)

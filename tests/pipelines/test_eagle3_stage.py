@@ -119,6 +119,15 @@ def test_layers_need_an_eagle3_variant(tmp_path):
         _config(tmp_path, {"eagle": dict(EAGLE["eagle"], draft_vocab=100)}).train_drafters.eagle.check()
 
 
+def test_a_draft_vocabulary_past_the_targets_stops_train_drafters_before_any_drafter_trains(_trained, tmp_path):
+    root = fresh_copy(_trained, tmp_path)
+    shutil.rmtree(root / "drafters")
+    with pytest.raises(InputError, match="draft_vocab is 1000, the target's vocabulary only 300") as err:
+        run_stage(_config(root, {"eagle": dict(EAGLE3["eagle"], draft_vocab=1000)}), "train-drafters")
+    assert "\n" not in str(err.value) and not (root / "drafters").exists()
+    assert not list(root.glob(".work/**/model"))  # checked before the first fit, not after the drafters trained
+
+
 def test_export_writes_a_draft_model_speculative_config_per_independent_drafter(_exported):
     """At its best fixed K, or, with an acceptance summary, at the K per batch-size range export priced (its
     largest K as num_speculative_tokens); the eagle3 config keeps the bundle's K (no schedule: no summary)."""

@@ -2,6 +2,7 @@
 sibling written as GGUF files, each split into the parts of a package, as the real pair ships), with overrides
 that shrink only the counts, so a key the config names that the code no longer reads, or a stage the chain
 breaks, fails here and not after an hour of `make real-pair`."""
+import json
 import re
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ SHRINK = ["demo.domains=[write, math]", "demo.train_per_domain=2", "demo.dev_per
           "distill_data.max_new_tokens=4", "distill_data.max_prompt_tokens=96",
           "train_drafters.finetune.max_length=112", "train_drafters.finetune.train.batch_size=2",
           "train_drafters.finetune.train.wandb.mode=disabled",
+          "train_drafters.eagle.max_length=112", "train_drafters.eagle.draft_vocab=200",
+          "train_drafters.eagle.train.wandb.mode=disabled",
           "acceptance_data.max_length=112", "acceptance_data.max_sequences={train: 2, dev: 1}",
           "train_heads.epochs=1", "train_heads.cost_ratio=0.3", "train_router.train.max_epochs=2",
           "train_router.train.wandb.mode=disabled", "evaluate.max_new_tokens=6", "evaluate.max_prompt_tokens=96",
@@ -31,10 +34,10 @@ SHRINK = ["demo.domains=[write, math]", "demo.train_per_domain=2", "demo.dev_per
 
 @pytest.fixture
 def tiny_pair(tmp_path, monkeypatch):
-    """A tiny target (2 layers, width 32) and sibling (1 layer, width 16) with one tokenizer, each cut into 3
-    parts of a package on sys.path; -> {name: (part specs, sha256 of the whole)}."""
+    """A tiny target (3 layers, the fewest an EAGLE-3 drafter reads; width 32) and sibling (1 layer, width 16) with
+    one tokenizer, each cut into 3 parts of a package on sys.path; -> {name: (part specs, sha256 of the whole)}."""
     site = tmp_path / "site"
-    files = {"target": write_tiny_gguf(tmp_path / "target.gguf", layers=2, hidden=32, seed=1),
+    files = {"target": write_tiny_gguf(tmp_path / "target.gguf", layers=3, hidden=32, seed=1),
              "sibling": write_tiny_gguf(tmp_path / "sibling.gguf", layers=1, hidden=16, seed=2)}
     parts = {n: (package_parts(p, site, f"tinyrealpair_{n}", 3), sha256(p)) for n, p in files.items()}
     monkeypatch.syspath_prepend(str(site))
@@ -65,8 +68,13 @@ def test_the_real_pair_config_runs_every_stage_on_a_tiny_pair(tiny_pair, tmp_pat
             (root / "drafters" / name).glob("*.safetensors"))
         with safe_open(str(weights), "pt") as f:
             assert {str(f.get_slice(k).get_dtype()) for k in f.keys()} == {"BF16"}
-    report = read_manifest(root / "report").metrics
-    assert report  # evaluate finished and recorded its figures
+    # the target's EAGLE-3 drafter, trained on teacher-data's stored features, is served from the bundle in vLLM's
+    # layout and decoded by evaluate beside the sibling's drafters
+    assert read_manifest(root / "teacher_data").metrics
+    assert (bundle / "vllm" / "eagle-ofa" / "speculative_config.json").is_file()
+    assert read_manifest(root / "report").metrics  # evaluate finished and recorded its figures
+    runs = json.loads((root / "report" / "metrics.json").read_text())["runs"]
+    assert {r["drafter"] for r in runs if r["family"] == "eagle"} == {"eagle-ofa"}
 
 
 def test_the_makefile_installs_the_parts_the_config_names():
