@@ -33,6 +33,7 @@ from specdraft.decoding.batched import generate_batch  # noqa: E402
 import specdraft.decoding.batched as batched  # noqa: E402
 from specdraft.decoding.bundle.loading import load_drafter  # noqa: E402
 from specdraft.decoding.rounds.packed_linear import is_packed  # noqa: E402
+from specdraft.decoding.speculators.eagle_model import is_eagle_dir, load_eagle, target_dir_hash  # noqa: E402
 from specdraft.decoding.near_ties import classify, first_divergence, fp32_copy, width_classes  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.rounds.shapes import verify_floor  # noqa: E402
@@ -59,7 +60,8 @@ def compare(target, reference: dict, prompts: list[list[int]], spec: list[list[i
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True, help="the target's model directory (e.g. a run's target/)")
-    ap.add_argument("--drafter", required=True, help="the drafter's model directory")
+    ap.add_argument("--drafter", required=True, help="the drafter's model directory, or an EAGLE drafter's (a bundle's "
+                                                     "eagle/NAME: it drafts a chain from the target's features)")
     ap.add_argument("--prompt-set", required=True, help="a run's prompts/sets directory")
     ap.add_argument("--split", default="ood", help="which set (held-out: ood; or test, perturbed)")
     ap.add_argument("--domain", help="only this domain's prompts (default: every domain of the set)")
@@ -82,11 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> str:
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if is_eagle_dir(args.drafter) and args.draft_weights == "int8":
+        ap.error("an EAGLE drafter runs in the target's dtype: leave out --draft-weights int8")
     torch.set_num_threads(args.threads)
     target = load(args.target, "cpu", torch.bfloat16, packed=args.layout == "packed")
-    drafter = (load_drafter(args.drafter, "bfloat16", "cpu", "int8") if args.draft_weights == "int8"
-               else load(args.drafter, "cpu", torch.bfloat16, packed=args.layout == "packed"))
+    eagle = is_eagle_dir(args.drafter)
+    if eagle:  # reads the target's features and shares its embedding and LM head; refuses another target's drafter
+        drafter = load_eagle(args.drafter, target, target_dir_hash(args.target), "cpu")
+    else:
+        drafter = (load_drafter(args.drafter, "bfloat16", "cpu", "int8") if args.draft_weights == "int8"
+                   else load(args.drafter, "cpu", torch.bfloat16, packed=args.layout == "packed"))
     reference = {}  # the near-tie judge's fp32 copy of the target (its bf16 weights, widened), made when needed
     prompts = load_prompts(args, target.config.vocab_size)
     domain = args.domain or "every domain"
@@ -120,7 +129,7 @@ def main(argv=None) -> str:
              f"`python benchmarks/real/bench_bf16_equality.py --target {target_name} --drafter {drafter_name} "
              f"--prompt-set {'/'.join(Path(args.prompt_set).resolve().parts[-3:])} --split {args.split}{f' --domain {args.domain}' if args.domain else ''} --n-prompts {args.n_prompts} --tokens {args.tokens} --k {args.k} --batch {args.batch} --layout {args.layout}{' --draft-weights int8' if args.draft_weights == 'int8' else ''}`"
              f": {len(prompts)} prompts ({domain}) x {args.tokens} tokens, greedy, "
-             f"bf16 ({layout}{'; the drafter int8' if args.draft_weights == 'int8' else ''}), no end-of-turn stop; every speculative decode against the target's AR decode alone; "
+             f"bf16 ({layout}{'; the drafter int8' if args.draft_weights == 'int8' else ''}{'; an EAGLE drafter, chain' if eagle else ''}), no end-of-turn stop; every speculative decode against the target's AR decode alone; "
              f"{args.threads} thread(s), {platform.machine()}, bf16 units: "
              f"{', '.join(sorted(cpu_flags() & {'avx512_bf16', 'amx_bf16'})) or 'none'}; {box_load()}. Counted: the load does not move it.", ""]
     lines += table(["decode", "prompts", "equal to AR", "near-tie divergences", "other divergences",

@@ -75,6 +75,10 @@ def test_the_real_pair_config_runs_every_stage_on_a_tiny_pair(tiny_pair, tmp_pat
     assert read_manifest(root / "report").metrics  # evaluate finished and recorded its figures
     runs = json.loads((root / "report" / "metrics.json").read_text())["runs"]
     assert {r["drafter"] for r in runs if r["family"] == "eagle"} == {"eagle-ofa"}
+    # its dev curve (acceptance against steps) reaches the report, as the config asks
+    curve = json.loads((root / "report" / "metrics.json").read_text())["eagle_training"]["eagle-ofa"]["dev_curve"]
+    assert curve and curve[-1]["step"] % cfg.train_drafters.eagle.eval_every_n_steps == 0
+    assert "dev acceptance (teacher-forced 1 - TV) against steps: " in (root / "report" / "report.md").read_text()
 
 
 def test_the_makefile_installs_the_parts_the_config_names():
