@@ -86,11 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> str:
     ap = build_parser()
     args = ap.parse_args(argv)
-    if is_eagle_dir(args.drafter) and args.draft_weights == "int8":
+    eagle = is_eagle_dir(args.drafter)
+    if eagle and args.draft_weights == "int8":
         ap.error("an EAGLE drafter runs in the target's dtype: leave out --draft-weights int8")
     torch.set_num_threads(args.threads)
     target = load(args.target, "cpu", torch.bfloat16, packed=args.layout == "packed")
-    eagle = is_eagle_dir(args.drafter)
     if eagle:  # reads the target's features and shares its embedding and LM head; refuses another target's drafter
         drafter = load_eagle(args.drafter, target, target_dir_hash(args.target), "cpu")
     else:
