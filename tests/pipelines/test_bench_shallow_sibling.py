@@ -1,4 +1,4 @@
-"""benchmarks/real/bench_shallow_sibling.py's layer cut, on a tiny Qwen2 model (the pair's architecture)."""
+"""benchmarks/sibling/bench_shallow_sibling.py's layer cut, on a tiny Qwen2 model (the pair's architecture)."""
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM

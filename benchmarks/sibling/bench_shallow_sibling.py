@@ -1,6 +1,6 @@
 """A shallower sibling: does dropping layers from the drafter, then distilling it, buy speed on the real pair?
 
-    python benchmarks/real/bench_shallow_sibling.py runs/real-pair [--config configs/real-pair.yaml]
+    python benchmarks/sibling/bench_shallow_sibling.py runs/real-pair [--config configs/real-pair.yaml]
         [--depths 24,18,12] [--epochs 3] [--lr 5e-5] [--tokens 64] [--k 4]
 
 On the pair (Qwen2.5-Coder-1.5B-Instruct and its 0.5B sibling) speculation is bounded by what a draft step costs
@@ -20,7 +20,7 @@ the decoder (decode_batch), in the dtype the config's target.dtype picks, each d
 (`load_drafter`: int8 weights where decoding.draft_weights: auto picks them): MAT (tokens per target forward, bonus
 counted) and the counted speedup over the target alone, pricing each prompt's rounds with one calibration of every
 drafter beside the target (decoding/costs/calibration.py, interleaved passes: c and v(K) are this box's); 90%
-intervals bootstrap over prompts. Writes its section of benchmarks/real/RESULTS.md.
+intervals bootstrap over prompts. Writes its section of benchmarks/sibling/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -213,7 +213,7 @@ def render(args, cfg, dtype: str, results: dict, seconds: dict, calibration: dic
     ft = cfg.train_drafters.finetune
     return "\n".join([
         f"## A shallower sibling ({datetime.date.today()}, {machine('cpu', dtype)}; {box_load()})", "",
-        f"`python benchmarks/real/bench_shallow_sibling.py {' '.join('RUN' if a == args.run else a for a in args.argv)}`"
+        f"`python benchmarks/sibling/bench_shallow_sibling.py {' '.join('RUN' if a == args.run else a for a in args.argv)}`"
         f", RUN: `make real-pair`'s run ({args.config})", "",
         f"The sibling's first L - 1 layers and its last kept; distilled: train-drafters' finetune phase ({ft.loss}, "
         f"lr {ft.lr:g}, batch {ft.train.batch_size}, {ft.max_length} tokens) on all {n_rows} distilled answers for "
