@@ -1,13 +1,22 @@
 """Data scaling: what more distilled data buys a drafter trained from scratch, for both drafter families.
 
     python benchmarks/real/bench_data_scaling.py RUN [--config configs/real.yaml] [--scales 1,2,4,8]
-        [--independent-epochs 4] [--eagle-epochs 2] [--tokens 64] [--k 4] [--no-append]
+        [--families independent,eagle3] [--independent-epochs 4] [--eagle-epochs 2] [--specialist-epochs N]
+        [--tokens 64] [--k 4] [--no-append] [--section S --page P --plot NAME.png]
 
 RUN is a run root of --config whose prepare-data, distill-data and teacher-data ran at the largest scale's data,
 e.g. for SmolLM2 at 8x make real's (96 prompts a domain at T = 0, 384 answers):
 
     specdraft prepare-data configs/real.yaml run.root=RUN demo.train_per_domain=384 distill_data.temperatures=[0.0,1.0]
     (then distill-data and teacher-data with the same overrides)
+
+and for the Qwen pair's specialists (stages prepare-data and distill-data only), at 4x its 16 answers a domain:
+
+    specdraft run configs/real-pair.yaml run.root=RUN demo.train_per_domain=64 demo.test_per_domain=4 \
+        'run.stages=[convert-target,prepare-data,distill-data]'
+    python benchmarks/real/bench_data_scaling.py RUN --config configs/real-pair.yaml --families specialists \
+        --scales 1,4 --page benchmarks/sibling/RESULTS.md --section "bench_data_scaling.py (pair)" \
+        --plot data_scaling_pair.png
 
 Scale s takes, per training domain, the first s x U rows (U: --config's demo.train_per_domain, make real's 96) in the
 order (temperature as listed, prompt index): so the scales are nested, and past the world's distinct prompts (the
@@ -20,14 +29,20 @@ recipes do):
   - EAGLE-3: make real's train_drafters.eagle (vLLM's layout, 3-step training-time test, 8192-token draft
     vocabulary, lr 1e-3, batch 8) for --eagle-epochs passes, on teacher-data's stored features (the target never
     runs in training).
-Each is trained by the stage's own code (pipelines/train_drafters.py train_base, pipelines/train_eagle.py
-train_eagle) into RUN/bench_data_scaling/<answers a domain>-a-domain-<hash of the target, the rows and the
+For a config whose drafters start from a sibling model (train_drafters.init_from, the Qwen pair's
+configs/real-pair.yaml), `--families specialists` measures self-distillation instead:
+  - specialists: one drafter a training domain, each the init_from model finetuned by the stage's finetune phase
+    on its domain's rows of the scale (--config's finetune section: loss, lr, batch) for --specialist-epochs passes
+    (default: the config's); judged on its own domain's test prompts, beside the untouched init_from model (the
+    "0x" row) on the same prompts, paired.
+Each is trained by the stage's own code (pipelines/train_drafters.py train_base and finetune,
+pipelines/train_eagle.py train_eagle) into RUN/bench_data_scaling/<answers a domain>-a-domain-<hash of the target, the rows and the
 training config>/, so a killed run resumes with the next unfinished drafter, and a changed input trains anew.
 Judged by the acceptance length at K = --k (MAT: tokens per target forward, bonus counted; exact, greedy) of the
 decoder at batch 1 over every test prompt of the training domains, chat-templated as evaluate formats them, in the
 dtype the run's target.dtype picks; 90% intervals bootstrap over prompts. Training times are wall clock on the
-box as it was. Writes the table as this script's section of benchmarks/real/RESULTS.md and the curve as
-benchmarks/real/data_scaling.png.
+box as it was. Writes the table as this script's section of benchmarks/real/RESULTS.md (or --section of --page)
+and the curve as --plot beside that page (data_scaling.png).
 """
 from __future__ import annotations
 
@@ -36,6 +51,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -57,15 +73,16 @@ from specdraft.decoding.speculators.eagle_model import load_eagle, target_dir_ha
 from specdraft.pipelines.config import load_config, to_dict  # noqa: E402
 from specdraft.pipelines.readers import BASE, TeacherData, load_distill_data, load_teacher_data  # noqa: E402
 from specdraft.pipelines.schema import RunConfig  # noqa: E402
-from specdraft.pipelines.train_drafters import train_base  # noqa: E402
+from specdraft.pipelines.train_drafters import converted_init, finetune, train_base  # noqa: E402
 from specdraft.pipelines.train_eagle import PREFIX, train_eagle  # noqa: E402
-from benchmarks.engines.acceptance import pooled_mal, test_prompts  # noqa: E402
+from benchmarks.engines.acceptance import paired_ratio, pooled_mal, test_prompts  # noqa: E402
 from benchmarks.harness.machine import box_load, machine  # noqa: E402
-from benchmarks.harness.publish import publish  # noqa: E402
+from benchmarks.harness.publish import add_section_flags, page_of, publish_for  # noqa: E402
 from benchmarks.harness.tables import interval, table  # noqa: E402
 
 GREEDY = SamplingConfig(temperature=0.0)
-PLOT = Path(__file__).resolve().with_name("data_scaling.png")
+FAMILIES = {"independent": "independent", "specialists": "specialists", "eagle3": "EAGLE-3"}  # name -> label
+INIT = "init"  # the untouched init_from model: the specialists' 0x point
 
 
 def scale_rows(rows: list[dict], temperatures: list[float], per_domain: int) -> list[dict]:
@@ -102,55 +119,116 @@ def point_config(cfg: RunConfig, args) -> RunConfig:
         tcfg.general.train, max_steps=-1, max_epochs=args.independent_epochs))
     eagle = dataclasses.replace(tcfg.eagle, drafters=["ofa"], eval_every_n_steps=0, train=dataclasses.replace(
         tcfg.eagle.train, max_steps=-1, max_epochs=args.eagle_epochs))
+    epochs = args.specialist_epochs or tcfg.finetune.train.max_epochs
+    tune = dataclasses.replace(tcfg.finetune, train=dataclasses.replace(
+        tcfg.finetune.train, max_steps=-1, max_epochs=epochs))
+    # init_from stays in the key (point_key) but not in the recipe: the independent drafter starts from random
+    # weights, the specialists from the init's converted directory (`init_dir`)
     return dataclasses.replace(cfg, train_drafters=dataclasses.replace(
-        tcfg, general=general, eagle=eagle, general_on="distilled", init_from=None, init_drafter=None))
+        tcfg, general=general, eagle=eagle, finetune=tune, general_on="distilled", init_from=None, init_drafter=None))
 
 
-def point_key(cfg: RunConfig, rows: list[dict], target_path: Path) -> str:
-    """What a point's drafters are made of (the target's content, the rows, the training sections): its work dir
-    is named by it, so a rerun resumes only what the same inputs made."""
+def point_key(cfg: RunConfig, rows: list[dict], target_path: Path, init=None) -> str:
+    """What a point's drafters are made of (the target's content, the rows, the training sections, the model the
+    specialists start from): its work dir is named by it, so a rerun resumes only what the same inputs made."""
     made_of = [target_dir_hash(target_path), [r["id"] for r in rows], to_dict(cfg.train_drafters), cfg.run.seed]
+    if init is not None:
+        made_of.append(to_dict(init) if dataclasses.is_dataclass(init) else str(init))
     return hashlib.sha256(json.dumps(made_of, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def train_point(cfg: RunConfig, work: Path, rows: list[dict], stored: TeacherData, target, tok, target_path: Path,
-                dev_rows: list[dict]) -> dict:
-    """Both families at one scale, by the stage's code, into `work` (resumed: a finished drafter is kept);
+def init_dir(cfg: RunConfig, run: Path) -> Path:
+    """The specialists' starting model as a directory: init_from's own, or its GGUF converted once under RUN."""
+    init = cfg.train_drafters.init_from
+    if init is None:
+        raise SystemExit("error: --families specialists needs a config whose train_drafters.init_from names the model "
+                         "they start from (configs/real-pair.yaml); use --families independent,eagle3")
+    return Path(init) if isinstance(init, str) else converted_init(SimpleNamespace(cfg=cfg, work=run / "bench_data_scaling"),
+                                                                   init)
+
+
+def train_point(cfg: RunConfig, work: Path, rows: list[dict], stored: TeacherData | None, target, tok,
+                target_path: Path, dev_rows: list[dict], families: list[str], init: Path | None) -> dict:
+    """`families` at one scale, by the stage's code, into `work` (resumed: a finished drafter is kept);
     -> {family: training seconds of this process, None where resumed}."""
     ctx = SimpleNamespace(cfg=cfg, work=work)
     timings: dict[str, dict] = {}
-    t0 = time.perf_counter()
-    train_base(ctx, tok, rows, timings, str(target_path))
-    independent = round(time.perf_counter() - t0, 1) if BASE in timings else None
     domains = sorted({r["domain"] for r in rows})
-    eagle = train_eagle(ctx, target, [("ofa", domains)], rows, tok.pad_token_id, cfg.run.seed, target_path,
-                        subset(stored, {r["id"] for r in rows}), dev_rows)
-    done = {"independent": independent, "eagle3": eagle.get(PREFIX + "ofa", {}).get("seconds")}
+    done: dict[str, float | None] = {}
+    if "independent" in families:
+        train_base(ctx, tok, rows, timings, str(target_path))
+        done["independent"] = timings.get(BASE, {}).get("seconds")
+    if "specialists" in families:
+        tune = cfg.train_drafters.finetune
+        finetune(ctx, tok, [(d, [d]) for d in domains], rows, init, target if tune.loss != "ce" else None, timings)
+        trained = [timings[d]["seconds"] for d in domains if d in timings]
+        done["specialists"] = round(sum(trained), 1) if len(trained) == len(domains) else None
+    if "eagle3" in families:
+        eagle = train_eagle(ctx, target, [("ofa", domains)], rows, tok.pad_token_id, cfg.run.seed, target_path,
+                            subset(stored, {r["id"] for r in rows}), dev_rows)
+        done["eagle3"] = eagle.get(PREFIX + "ofa", {}).get("seconds")
     record = work / "training.json"  # the first run's times: a resumed point reports what it cost then
     first = json.loads(record.read_text()) if record.is_file() else {}
-    merged = {k: first.get(k) if done[k] is None else done[k] for k in done}
+    merged = {**first, **{k: first.get(k) if v is None else v for k, v in done.items()}}
     record.write_text(json.dumps(merged) + "\n")
     return merged
 
 
-def acceptance_length(target, speculator, prompts, tokens: int, eos) -> tuple[float, float, float]:
-    """MAT over `prompts` (a fresh speculator per prompt), pooled, with a 90% bootstrap interval over prompts."""
+def counts(target, speculator, prompts, tokens: int, eos) -> dict:
+    """{"tokens", "calls"}: generated tokens and target forwards per prompt, greedy, a fresh `speculator(domain)`
+    per prompt (so a specialist drafts its own domain's prompts)."""
     with torch.inference_mode():
-        counts = [generate_speculative(target, speculator(), ids, tokens, GREEDY, eos).metrics for _, ids in prompts]
-    return pooled_mal([m.n_generated for m in counts], [m.n_target for m in counts], n_boot=1000)
+        made = [generate_speculative(target, speculator(d), ids, tokens, GREEDY, eos).metrics for d, ids in prompts]
+    return {"tokens": [m.n_generated for m in made], "calls": [m.n_target for m in made]}
 
 
-def plot(points: list[dict], title: str) -> None:
+def mat(c: dict) -> tuple[float, float, float]:
+    """MAT pooled over prompts with a 90% bootstrap interval over prompts."""
+    return pooled_mal(c["tokens"], c["calls"], n_boot=1000)
+
+
+def only(c: dict, prompts, domain: str) -> dict:
+    """`c` cut to `domain`'s prompts."""
+    keep = [i for i, (d, _) in enumerate(prompts) if d == domain]
+    return {k: [v[i] for i in keep] for k, v in c.items()}
+
+
+def judge(family: str, work: Path, target, target_path: Path, prompts, args, eos) -> dict:
+    """Per-prompt counts of `family`'s drafter(s) trained in `work`; a specialist is loaded for its own domain's
+    prompts only, one at a time (each is the size of the init)."""
+    dtype = dtype_of(target)
+    if family == "independent":
+        drafter = load_causal_lm(work / BASE / "model", dtype, "cpu")
+        return counts(target, lambda d: DrafterSpeculator(drafter, FixedK(args.k)), prompts, args.tokens, eos)
+    if family == "eagle3":
+        eagle = load_eagle(work / (PREFIX + "ofa") / "model", target=target, target_hash=target_dir_hash(target_path))
+        return counts(target, lambda d: EagleSpeculator(eagle, FixedK(args.k)), prompts, args.tokens, eos)
+    out = {"tokens": [0] * len(prompts), "calls": [0] * len(prompts)}
+    for domain in sorted({d for d, _ in prompts}):
+        drafter = load_causal_lm(work / domain / "model", dtype, "cpu")
+        mine = [(i, p) for i, p in enumerate(prompts) if p[0] == domain]
+        got = counts(target, lambda d: DrafterSpeculator(drafter, FixedK(args.k)), [p for _, p in mine], args.tokens, eos)
+        for j, (i, _) in enumerate(mine):
+            out["tokens"][i], out["calls"][i] = got["tokens"][j], got["calls"][j]
+        del drafter
+    return out
+
+
+def plot(points: list[dict], families: list[str], title: str, path: Path, init: tuple | None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for family, style in (("independent", "o-"), ("eagle3", "s-")):
+    for family, style in zip(families, ("o-", "s-", "^-")):
         xs = [p["tokens"] for p in points]
-        ax.errorbar(xs, [p[family][0] for p in points], fmt=style, capsize=3, label=family,
-                    yerr=[[p[family][0] - p[family][1] for p in points], [p[family][2] - p[family][0] for p in points]])
+        ms = [mat(p[family]) for p in points]
+        ax.errorbar(xs, [m[0] for m in ms], fmt=style, capsize=3, label=FAMILIES[family],
+                    yerr=[[m[0] - m[1] for m in ms], [m[2] - m[0] for m in ms]])
+    if init is not None:  # the untouched init_from model: what the specialists must beat
+        ax.axhline(init[0], color="grey", ls="--", label="the init, untouched")
+        ax.axhspan(init[1], init[2], color="grey", alpha=0.15)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("distilled response tokens")
     ax.set_ylabel("acceptance length at K = 4 (MAT)")
@@ -158,7 +236,7 @@ def plot(points: list[dict], title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
@@ -167,6 +245,7 @@ def run_bench(args) -> str:
     cfg = load_config(RunConfig, args.config, [f"run.root={run}"])
     unit = args.unit or cfg.demo.train_per_domain
     target_path = run / "target"
+    init = init_dir(cfg, run) if "specialists" in args.families else None
     tok = load_tokenizer(target_path, cfg.target.trust_remote_code)
     target = load_causal_lm(target_path, cfg.target.dtype, "cpu")
     distill = load_distill_data(run / "distill_data")
@@ -174,85 +253,129 @@ def run_bench(args) -> str:
     temperatures = list(dict.fromkeys(float(t) for t in distill["train"]["temperature"]))
     all_rows = [dict(r) for r in distill["train"]]
     dev_rows = [dict(r) for r in distill["dev"]]
-    stored = load_teacher_data(run / "teacher_data")
+    stored = load_teacher_data(run / "teacher_data") if "eagle3" in args.families else None
     pcfg = point_config(cfg, args)
     domains = sorted({r["domain"] for r in all_rows})
     eos = end_of_turn_ids(tok, target)
     prompts = [(d, ids) for d, ids in test_prompts(run, tok, chat_format(cfg.prompts), cfg.demo.test_per_domain,
                                                    args.max_prompt_tokens) if d in domains]
+    untouched = None
+    if init is not None:  # the 0x point: the init itself drafting every prompt
+        drafter = load_causal_lm(init, dtype_of(target), "cpu")
+        untouched = counts(target, lambda d: DrafterSpeculator(drafter, FixedK(args.k)), prompts, args.tokens, eos)
+        del drafter
+        print(f"[bench_data_scaling] the init, untouched: {mat(untouched)[0]:.3f}")
     points = []
     for s in args.scales:
         rows = scale_rows(all_rows, temperatures, s * unit)
-        work = run / "bench_data_scaling" / f"{s * unit}-a-domain-{point_key(pcfg, rows, target_path)}"
+        key = point_key(pcfg, rows, target_path, cfg.train_drafters.init_from)
+        work = run / "bench_data_scaling" / f"{s * unit}-a-domain-{key}"
         print(f"[bench_data_scaling] {s}x: {len(rows)} rows")
-        seconds = train_point(pcfg, work, rows, stored, target, tok, target_path, dev_rows)
-        drafter = load_causal_lm(work / BASE / "model", dtype_of(target), "cpu")
-        eagle = load_eagle(work / (PREFIX + "ofa") / "model", target=target, target_hash=target_dir_hash(target_path))
-        points.append({
-            "scale": s, "rows": len(rows), "tokens": sum(len(r["response_ids"]) for r in rows),
-            "temperatures": sorted({float(r["temperature"]) for r in rows}), "seconds": seconds,
-            "independent": acceptance_length(target, lambda: DrafterSpeculator(drafter, FixedK(args.k)), prompts,
-                                             args.tokens, eos),
-            "eagle3": acceptance_length(target, lambda: EagleSpeculator(eagle, FixedK(args.k)), prompts,
-                                        args.tokens, eos)})
-        print(f"[bench_data_scaling] {s}x: independent {points[-1]['independent'][0]:.3f}, "
-              f"EAGLE-3 {points[-1]['eagle3'][0]:.3f}")
+        seconds = train_point(pcfg, work, rows, stored, target, tok, target_path, dev_rows, args.families, init)
+        points.append({"scale": s, "rows": len(rows), "tokens": sum(len(r["response_ids"]) for r in rows),
+                       "temperatures": sorted({float(r["temperature"]) for r in rows}), "seconds": seconds,
+                       **{f: judge(f, work, target, target_path, prompts, args, eos) for f in args.families}})
+        print(f"[bench_data_scaling] {s}x: " + ", ".join(f"{FAMILIES[f]} {mat(points[-1][f])[0]:.3f}"
+                                                         for f in args.families))
     # what RUN holds, for the section's rerun line: its prompts a domain and the temperatures it was distilled at
     held = min(1 + max(int(r["prompt_id"].rsplit("/", 1)[1]) for r in all_rows if r["domain"] == d) for d in domains)
     args.data = f"demo.train_per_domain={held} distill_data.temperatures=[{','.join(map(str, temperatures))}]"
-    return render(args, cfg, target, points, unit, len(prompts))
+    return render(args, cfg, target, points, unit, prompts, untouched)
 
 
-def render(args, cfg: RunConfig, target, points: list[dict], unit: int, n_prompts: int) -> str:
+def recipe(args, cfg: RunConfig, family: str) -> str:
+    """How `family`'s drafters are made at each scale, for the section's prose."""
+    tcfg = cfg.train_drafters
+    if family == "independent":
+        return (f"the independent drafter ({tcfg.model.hidden} wide, {tcfg.model.n_layers} layers) from random "
+                f"weights for {args.independent_epochs} passes")
+    if family == "eagle3":
+        return (f"EAGLE-3 ({tcfg.eagle.draft_vocab} draft tokens, test length {tcfg.eagle.ttt_steps}) from random "
+                f"weights for {args.eagle_epochs} passes on the stored features")
+    tune = tcfg.finetune
+    return (f"a specialist a domain from the init_from model (the 0x row), the stage's finetune phase ({tune.loss}, "
+            f"lr {tune.lr:g}, batch {tune.train.batch_size}) for {args.specialist_epochs or tune.train.max_epochs} "
+            "pass(es) of its domain's rows, judged on its own domain's prompts")
+
+
+def render(args, cfg: RunConfig, target, points: list[dict], unit: int, prompts, untouched: dict | None) -> str:
     gguf = cfg.target.gguf
     name = (Path(gguf.file).name if gguf and gguf.file else f"GGUF of {len(gguf.parts)} parts" if gguf
             else str(cfg.target.name_or_path))
     name += f" ({target.config.num_hidden_layers} x {target.config.hidden_size})"
+    families = args.families
     if not args.no_append:
-        plot(points, f"{name}, {cfg.demo.world} world, K = {args.k}")
-    rows = [[f"{p['scale']}x", p["rows"], f"{p['tokens']:,}", ", ".join(f"{t:g}" for t in p["temperatures"]),
-             interval(p["independent"]), p["seconds"]["independent"], interval(p["eagle3"]), p["seconds"]["eagle3"]]
-            for p in points]
+        plot(points, families, f"{name}, {cfg.demo.world} world, K = {args.k}",
+             Path(args.page or page_of(__file__)).with_name(args.plot), untouched and mat(untouched))
+    rows = [["0x (the init, untouched)", 0, 0, "",
+             *[x for f in families for x in ((interval(mat(untouched)), "") if f == "specialists" else ("", ""))]]
+            ] if untouched else []
+    rows += [[f"{p['scale']}x", p["rows"], f"{p['tokens']:,}", ", ".join(f"{t:g}" for t in p["temperatures"]),
+              *[x for f in families for x in (interval(mat(p[f])), p["seconds"].get(f))]] for p in points]
+    header = ["scale", "answers", "response tokens", "temperatures",
+              *[x for f in families for x in (f"{FAMILIES[f]} MAT", "its training s")]]
     dtype = str(dtype_of(target)).removeprefix("torch.")
-    return "\n".join([
+    lines = [
         f"## Acceptance length against distilled data ({datetime.date.today()}, {machine('cpu', dtype)}; "
         f"{box_load()})", "",
-        f"`python benchmarks/real/bench_data_scaling.py {' '.join('RUN' if a == args.run else a for a in args.argv)}`, RUN: {args.config}'s "
-        f"prepare-data, distill-data and teacher-data with {args.data}", "",
-        f"Target {name}; {cfg.demo.world} world; drafters from random "
-        f"weights at each scale: the independent drafter ({cfg.train_drafters.model.hidden} wide, "
-        f"{cfg.train_drafters.model.n_layers} layers) for {args.independent_epochs} passes, EAGLE-3 "
-        f"({cfg.train_drafters.eagle.draft_vocab} draft tokens, test length {cfg.train_drafters.eagle.ttt_steps}) for "
-        f"{args.eagle_epochs} passes on the stored features. 1x = {unit} answers a domain"
-        + (" (make real's)" if unit == cfg.demo.train_per_domain else "") + f". MAT at K = {args.k} "
-        f"(tokens per target forward), greedy, batch 1, {n_prompts} test prompts x {args.tokens} new tokens, "
-        "pooled, 90% interval over prompts; training seconds wall clock (this process).", "",
-        *table(["scale", "answers", "response tokens", "temperatures", "independent MAT", "its training s",
-                "EAGLE-3 MAT", "its training s"], rows, "lrrlrrrr"),
-        "", "![acceptance length against distilled tokens](data_scaling.png)", ""])
+        f"`python benchmarks/real/bench_data_scaling.py {shlex.join('RUN' if a == args.run else a for a in args.argv)}`, RUN: {args.config}'s "
+        f"prepare-data, distill-data" + (" and teacher-data" if "eagle3" in families else "") + f" with {args.data}", "",
+        f"Target {name}; {cfg.demo.world} world; at each scale " + "; ".join(recipe(args, cfg, f) for f in families)
+        + f". 1x = {unit} answers a domain" + (" (the config's)" if unit == cfg.demo.train_per_domain else "")
+        + f". MAT at K = {args.k} (tokens per target forward), greedy, batch 1, {len(prompts)} test prompts x "
+        f"{args.tokens} new tokens, pooled, 90% interval over prompts; training seconds: the fits' wall clock.", "",
+        *table(header, rows, "lrrl" + "rr" * len(families))]
+    if untouched:  # in domain, each specialist against the init on the same prompts, paired
+        domains = sorted({d for d, _ in prompts})
+        per = [[d, interval(mat(only(untouched, prompts, d))),
+                *[f"{interval(mat(only(p['specialists'], prompts, d)))}, "
+                  f"x{interval(paired_ratio(only(p['specialists'], prompts, d), only(untouched, prompts, d)))}"
+                  for p in points]] for d in domains]
+        per.append(["pooled", interval(mat(untouched)),
+                    *[f"{interval(mat(p['specialists']))}, x{interval(paired_ratio(p['specialists'], untouched))}"
+                      for p in points]])
+        lines += ["", "In domain: each specialist's MAT on its own domain's test prompts, and its ratio to the init's "
+                  "on the same prompts (paired, 90% interval over prompts):", "",
+                  *table(["domain", "the init", *[f"{p['scale']}x: MAT, x the init" for p in points]], per,
+                         "l" + "r" * (1 + len(points)))]
+    return "\n".join([*lines, "", f"![acceptance length against distilled tokens]({args.plot})", ""])
+
+
+def families(text: str) -> list[str]:
+    names = [f for f in text.split(",") if f]
+    bad = [f for f in names if f not in FAMILIES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown famil(ies) {bad}: choose among {', '.join(FAMILIES)}")
+    return names
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("run", help="a run root whose distill-data and teacher-data ran at the largest scale")
+    parser.add_argument("run", help="a run root whose distill-data (and teacher-data for eagle3) ran at the largest scale")
     parser.add_argument("--config", default="configs/real.yaml", help="the run's config: 1x and the recipes")
     parser.add_argument("--scales", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8],
                         help="multiples of the config's demo.train_per_domain, comma-separated")
+    parser.add_argument("--families", type=families, default=["independent", "eagle3"],
+                        help=f"drafter families, comma-separated, of {', '.join(FAMILIES)} (specialists: the config's "
+                             "init_from model distilled, one a domain)")
     parser.add_argument("--independent-epochs", type=int, default=4, help="passes of the independent drafter")
     parser.add_argument("--eagle-epochs", type=int, default=2, help="passes of the EAGLE-3 drafter")
+    parser.add_argument("--specialist-epochs", type=int, default=None,
+                        help="passes of each specialist (default: the config's train_drafters.finetune)")
     parser.add_argument("--unit", type=int, default=None,
                         help="answers a domain at 1x (default: the config's demo.train_per_domain)")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per test prompt")
     parser.add_argument("--k", type=int, default=4, help="draft length")
     parser.add_argument("--max-prompt-tokens", type=int, default=448, help="test prompts truncated from the left")
-    parser.add_argument("--no-append", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--plot", default="data_scaling.png", help="the curve's file name, beside the page")
+    add_section_flags(parser)
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    publish(run_bench(args), write=not args.no_append)
+    publish_for(run_bench(args), not args.no_append, Path(__file__), args.section, args.page)
     return 0
 
 

@@ -68,3 +68,49 @@ def test_a_point_s_work_dir_is_named_by_its_target_rows_and_training(bench, tmp_
     assert key != bench.point_key(more, bench.scale_rows(data, [0.0, 1.0], 2), target)
     (target / "config.json").write_text('{"hidden_size": 8}')
     assert key != bench.point_key(cfg, bench.scale_rows(data, [0.0, 1.0], 2), target)
+
+
+# --------------------------------------------------------------------------- specialists from a sibling (the pair's)
+
+from tests.pipelines.test_gguf_source import distilled, init_config, pair  # noqa: E402,F401  (module fixtures)
+
+
+def test_specialists_from_the_init_are_judged_beside_it_in_domain_and_resumed(bench, pair, distilled, tmp_path):  # noqa: F811
+    """--families specialists: one drafter a domain, each the config's init_from finetuned on its domain's rows of
+    the scale, judged on its own domain's prompts beside the untouched init (the 0x row, paired); a rerun trains
+    nothing again and reports the first run's seconds."""
+    import json
+    import shutil
+
+    import yaml
+
+    from specdraft.pipelines.config import to_dict
+
+    root = tmp_path / "run"
+    shutil.copytree(distilled, root)
+    config = tmp_path / "pair.yaml"
+    config.write_text(yaml.safe_dump(to_dict(init_config(root, pair))))
+    page, argv = tmp_path / "RESULTS.md", [str(root), "--config", str(config), "--scales", "1,2", "--unit", "2",
+                                           "--families", "specialists", "--tokens", "6"]
+    assert bench.main([*argv, "--page", str(page), "--section", "bench_data_scaling.py (pair)",
+                       "--plot", "pair.png"]) == 0
+    text = page.read_text()
+    assert "<!-- bench_data_scaling.py (pair) -->" in text and (tmp_path / "pair.png").is_file()
+    assert "| 0x (the init, untouched) |" in text and "In domain:" in text
+    works = sorted((root / "bench_data_scaling").glob("*-a-domain-*"))
+    assert [w.name.split("-")[0] for w in works] == ["2", "4"]
+    for w in works:
+        assert sorted(p.name for p in w.iterdir() if (p / "model").is_dir()) == ["math", "translate"]
+    first = json.loads((works[0] / "training.json").read_text())["specialists"]
+    assert first > 0
+    stamp = (works[0] / "math" / "model" / "model.safetensors").stat().st_mtime_ns
+    bench.main([*argv, "--no-append"])
+    assert (works[0] / "math" / "model" / "model.safetensors").stat().st_mtime_ns == stamp
+    assert json.loads((works[0] / "training.json").read_text())["specialists"] == first
+
+
+def test_specialists_need_a_config_that_names_their_init(bench, tmp_path):
+    from specdraft.pipelines.schema import RunConfig
+
+    with pytest.raises(SystemExit, match="init_from"):
+        bench.init_dir(RunConfig(), tmp_path)
