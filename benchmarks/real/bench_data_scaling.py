@@ -257,7 +257,8 @@ def run_bench(args) -> str:
     pcfg = point_config(cfg, args)
     domains = sorted({r["domain"] for r in all_rows})
     eos = end_of_turn_ids(tok, target)
-    prompts = [(d, ids) for d, ids in test_prompts(run, tok, chat_format(cfg.prompts), cfg.demo.test_per_domain,
+    # every test prompt RUN holds (its prepare-data may have made more than --config's demo.test_per_domain)
+    prompts = [(d, ids) for d, ids in test_prompts(run, tok, chat_format(cfg.prompts), sys.maxsize,
                                                    args.max_prompt_tokens) if d in domains]
     untouched = None
     if init is not None:  # the 0x point: the init itself drafting every prompt
