@@ -15,7 +15,7 @@ and for the Qwen pair's specialists (stages prepare-data and distill-data only),
     specdraft run configs/real-pair.yaml run.root=RUN demo.train_per_domain=64 demo.test_per_domain=4 \
         'run.stages=[convert-target,prepare-data,distill-data]'
     python benchmarks/real/bench_data_scaling.py RUN --config configs/real-pair.yaml --families specialists \
-        --scales 1,4 --page benchmarks/sibling/RESULTS.md --section "bench_data_scaling.py (pair)" \
+        --scales 1,2,4 --page benchmarks/sibling/RESULTS.md --section "bench_data_scaling.py (pair)" \
         --plot data_scaling_pair.png
 
 Scale s takes, per training domain, the first s x U rows (U: --config's demo.train_per_domain, make real's 96) in the
@@ -82,7 +82,6 @@ from benchmarks.harness.tables import interval, table  # noqa: E402
 
 GREEDY = SamplingConfig(temperature=0.0)
 FAMILIES = {"independent": "independent", "specialists": "specialists", "eagle3": "EAGLE-3"}  # name -> label
-INIT = "init"  # the untouched init_from model: the specialists' 0x point
 
 
 def scale_rows(rows: list[dict], temperatures: list[float], per_domain: int) -> list[dict]:
