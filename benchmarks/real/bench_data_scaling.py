@@ -192,24 +192,26 @@ def only(c: dict, prompts, domain: str) -> dict:
     return {k: [v[i] for i in keep] for k, v in c.items()}
 
 
+def drafted(path: Path, target, prompts, args, eos) -> dict:
+    """Per-prompt counts of the model drafter at `path` (loaded in the target's dtype, dropped after) at K = --k."""
+    drafter = load_causal_lm(path, dtype_of(target), "cpu")
+    return counts(target, lambda d: DrafterSpeculator(drafter, FixedK(args.k)), prompts, args.tokens, eos)
+
+
 def judge(family: str, work: Path, target, target_path: Path, prompts, args, eos) -> dict:
     """Per-prompt counts of `family`'s drafter(s) trained in `work`; a specialist is loaded for its own domain's
     prompts only, one at a time (each is the size of the init)."""
-    dtype = dtype_of(target)
     if family == "independent":
-        drafter = load_causal_lm(work / BASE / "model", dtype, "cpu")
-        return counts(target, lambda d: DrafterSpeculator(drafter, FixedK(args.k)), prompts, args.tokens, eos)
+        return drafted(work / BASE / "model", target, prompts, args, eos)
     if family == "eagle3":
         eagle = load_eagle(work / (PREFIX + "ofa") / "model", target=target, target_hash=target_dir_hash(target_path))
         return counts(target, lambda d: EagleSpeculator(eagle, FixedK(args.k)), prompts, args.tokens, eos)
     out = {"tokens": [0] * len(prompts), "calls": [0] * len(prompts)}
     for domain in sorted({d for d, _ in prompts}):
-        drafter = load_causal_lm(work / domain / "model", dtype, "cpu")
         mine = [(i, p) for i, p in enumerate(prompts) if p[0] == domain]
-        got = counts(target, lambda d: DrafterSpeculator(drafter, FixedK(args.k)), [p for _, p in mine], args.tokens, eos)
+        got = drafted(work / domain / "model", target, [p for _, p in mine], args, eos)
         for j, (i, _) in enumerate(mine):
             out["tokens"][i], out["calls"][i] = got["tokens"][j], got["calls"][j]
-        del drafter
     return out
 
 
@@ -261,9 +263,7 @@ def run_bench(args) -> str:
                                                    args.max_prompt_tokens) if d in domains]
     untouched = None
     if init is not None:  # the 0x point: the init itself drafting every prompt
-        drafter = load_causal_lm(init, dtype_of(target), "cpu")
-        untouched = counts(target, lambda d: DrafterSpeculator(drafter, FixedK(args.k)), prompts, args.tokens, eos)
-        del drafter
+        untouched = drafted(init, target, prompts, args, eos)
         print(f"[bench_data_scaling] the init, untouched: {mat(untouched)[0]:.3f}")
     points = []
     for s in args.scales:
