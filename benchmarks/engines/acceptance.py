@@ -85,6 +85,51 @@ def decode_counts(target, drafter, prompts, ks: list[int], tokens: int, eos, ref
     return out
 
 
+def vllm_tally(head: list[int], tokens: list[int], drafted: list[int], accepted: list[int], max_tokens: int,
+               eos) -> dict:
+    """A decode's rounds counted the way vLLM counts a request: its steps run until the output holds an end-of-turn
+    token or `max_tokens` tokens, and a step's drafts count whole, even those accepted past the cap or past an
+    end-of-turn token (vLLM verifies first and stops after). head: the tokens before the first round (vLLM's
+    prefill token, where our decode started after it); tokens, drafted, accepted: the decode's output and its rounds,
+    decoded with no end-of-turn stop and room for a whole last round. -> {"drafts", "accepted", "output"}."""
+    eos = set(eos or ())
+    out, drafts, taken, at = list(head), 0, 0, 0
+    for d, a in zip(drafted, accepted):
+        if len(out) >= max_tokens or eos & set(out):
+            break
+        out += tokens[at:at + a + 1]
+        at += a + 1
+        drafts += d > 0
+        taken += a
+    stop = next((i + 1 for i, t in enumerate(out) if t in eos), len(out))
+    return {"drafts": drafts, "accepted": taken, "output": out[:min(stop, max_tokens)]}
+
+
+def vllm_counts(target, drafter, prompts, k: int, tokens: int, eos, first: list[int]) -> dict:
+    """{"drafts", "accepted", "outputs"}, each a list over prompts: specdraft's decoder at fixed K, greedy, on
+    vLLM's rounds and counted as vLLM counts them (`vllm_tally`), so its acceptance length and vLLM's compare
+    round for round. vLLM's prefill emits the first token and drafts nothing; a drafter LM's first round in our
+    decoder drafts from the prompt, so it starts after that token (`first`: the target's greedy first token of each
+    prompt); an EAGLE drafter's first round drafts nothing already (no target features yet), so it starts at the
+    prompt. No end-of-turn stop and K more tokens of room: the drafter drafts past an end-of-turn token and the
+    last round past the cap, as vLLM's do."""
+    from specdraft.decoding.generate import Plan, decode_batch
+    from specdraft.decoding.policies.spec import PolicySpec, build_policy
+    from specdraft.decoding.rounds.sampling import SamplingConfig
+    from specdraft.decoding.speculators.eagle_model import EagleDrafter
+
+    spec = PolicySpec("fixed", k=k)
+    plan = Plan(f"K={k}", drafter, lambda: build_policy(spec))
+    rows = {"drafts": [], "accepted": [], "outputs": []}
+    for (_, ids), y0 in zip(prompts, first, strict=True):
+        head = [] if isinstance(drafter, EagleDrafter) else [y0]
+        res = decode_batch(target, [list(ids) + head], tokens + k, plan, SamplingConfig(0.0), None, seed=0)[0]
+        tally = vllm_tally(head, res.tokens, res.metrics.drafted, res.metrics.accepted, tokens, eos)
+        for key, name in (("drafts", "drafts"), ("accepted", "accepted"), ("outputs", "output")):
+            rows[key].append(tally[name])
+    return rows
+
+
 @torch.inference_mode()
 def greedy_reference(target, prompts, tokens: int, eos) -> list[list[int]]:
     """The target's plain greedy output (one token per forward) of every prompt."""

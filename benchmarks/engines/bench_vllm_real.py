@@ -17,9 +17,10 @@ serves them) one at a time, through the project's httpx client; a prompt's count
 server's /metrics around it. vLLM's acceptance length is 1 + accepted / drafts (its definition: the prefill's
 first token verifies nothing), pooled over prompts with a 90% bootstrap interval over prompts. Each output is
 compared with the plain server's, token for token, and the plain server's with specdraft's own greedy decode.
-For the bundle's draft_model drafters specdraft's decoder decodes the same prompts at the same fixed K, its
-acceptance length taken the same way (1 + accepted / rounds that drafted; it drafts in its first round too, so the
-segmentation differs slightly: docs/acceptance_length.md).
+For the bundle's drafters (draft_model and its EAGLE-3 ones) specdraft's decoder decodes the same prompts at the
+same fixed K on vLLM's rounds and counts them as vLLM does (acceptance.vllm_counts: it starts after the prefill's
+token, and a round's drafts count whole past the token cap or an end-of-turn token), so the two acceptance lengths
+differ only where the engines' numbers do (docs/acceptance_length.md has both definitions).
 
 Servings already in WORK/results.json for the same prompts and tokens are kept, so a second call after
 bench_speculators adds only its pair (one serving takes 1-3 minutes here, most of it the server's start).
@@ -45,8 +46,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.harness
 
 from specdraft.core.errors import InputError  # noqa: E402
-from benchmarks.engines.acceptance import (decode_counts, greedy_reference, ids_digest, paired_difference,  # noqa: E402
-                                           paired_ratio, pooled_mal, run_key, test_prompts)
+from benchmarks.engines.acceptance import (greedy_reference, ids_digest, paired_difference, paired_ratio,  # noqa: E402
+                                           pooled_mal, run_key, test_prompts, vllm_counts)
 from benchmarks.harness.machine import vllm_unavailable  # noqa: E402
 from benchmarks.harness.publish import publish  # noqa: E402
 from benchmarks.harness.tables import interval, table  # noqa: E402
@@ -253,40 +254,43 @@ def pair_lines(args, results: dict) -> list[str]:
             *table(["seed", *(f"K={k}" for k in ks)], rows)]
 
 
-def draft_model_lines(results: dict, facts: dict, plain: list) -> list[str]:
-    """The bundle's independent drafters at their exported K and the others asked for, in vLLM and in specdraft."""
-    draft = sorted(label for label, r in results.items() if r.get("family") == "draft_model")
-    if not draft:
+def bundle_lines(results: dict, facts: dict, plain: list) -> list[str]:
+    """The bundle's drafters (independent and EAGLE-3) at each K served, in vLLM and in specdraft's decoder."""
+    drafters = sorted((label for label, r in results.items() if bundle_drafter(label, r)), key=eagle_order)
+    if not drafters:
         return []
     domains, n = facts["domains"], len(plain)
     rows = []
-    for label in draft:
+    for label in drafters:
         r = results[label]
         for k in sorted(k for k in r if isinstance(k, int)):
-            served, ours = r[k], r.get("ours", {}).get(k)
+            served, ours = r[k], r.get(OURS, {}).get(k)
             by_domain = []
             for dom in domains:
                 idx = [i for i, d in enumerate(facts["prompt_domains"]) if d == dom]
                 sub = {key: [served[key][i] for i in idx] for key in ("drafts", "accepted")}
                 by_domain.append(f"{mal(sub)[0]:.3f}" if k else "-")
+            gap = f"{mal(served)[0] - mal(ours)[0]:+.3f}" if ours and k else "-"
             # K = 0 (an exported schedule that drafts nothing at batch 1) is plain decoding: no acceptance
-            rows.append([label, f"{k}{'*' if k == r['exported_k'] else ''}",
+            exported = r["family"] == "draft_model" and k == r["exported_k"]
+            rows.append([label, f"{k}{'*' if exported else ''}",
                          interval(mal(served)) if k else "- (no drafts)", *by_domain,
-                         interval(mal(ours)) if ours else "-",
+                         interval(mal(ours)) if ours and k else "-", gap,
                          f"{sum(served['outputs'][i] == plain[i] for i in range(n))}/{n}",
                          f"{sum(ours['outputs'][i] == plain[i] for i in range(n))}/{n}" if ours else "-"])
-    return ["", "The bundle's independent drafters (vLLM `draft_model`): each config as exported (K marked *: the "
-            "exported K) and at the other K asked for, vLLM's acceptance length on every prompt and on each "
-            "domain's, beside specdraft's decoder at the same K on the same prompts (the same definition on its "
-            "rounds):", "",
+    return ["", "The bundle's drafters (vLLM `draft_model` for the independent ones, each config as exported, K marked "
+            "*, and at the other K asked for; `eagle3` for its EAGLE-3 drafters): vLLM's acceptance length on every "
+            "prompt and on each domain's, beside specdraft's decoder at the same K on the same prompts, run on "
+            "vLLM's rounds and counted as vLLM counts (its first round after the prefill's token; a round's drafts "
+            "counted whole, also past the token cap or an end-of-turn token; acceptance.vllm_counts):", "",
             *table(["drafter", "K", "vLLM, all", *(f"vLLM, {d}" for d in domains), "specdraft decoder, all",
-                    "= plain (vLLM)", "= plain (specdraft)"], rows)]
+                    "vLLM - specdraft", "= plain (vLLM)", "= plain (specdraft)"], rows)]
 
 
 def render(args, results: dict, facts: dict) -> str:
     plain = results["plain"]["outputs"]
     lines = opening_lines(args, facts, len(plain)) + eagle_lines(args, results, plain) + pair_lines(args, results)
-    lines += draft_model_lines(results, facts, plain)
+    lines += bundle_lines(results, facts, plain)
     starts = [results[label][k]["start_seconds"] for label, r in results.items() if label != "plain"
               for k in r if isinstance(k, int)]
     lines += ["", f"- Servers: {len(starts) + 1}, {args.parallel} alive at once; a server's start (load, warm-up, "
@@ -339,18 +343,35 @@ def serve_all(args, python: Path, work: Path, items: list[dict], prompts, eos, t
     return results
 
 
-def decode_ours(args, work: Path, bundle, model, results: dict, prompts, eos, earlier_s: float) -> None:
-    """specdraft's decoder beside vLLM for the bundle's independent drafters, at the Ks they were served at."""
+def decode_ours(args, work: Path, bundle, model, results: dict, prompts, eos, first: list[int],
+                earlier_s: float) -> None:
+    """specdraft's decoder beside vLLM for the bundle's drafters (the independent ones and its EAGLE-3 drafters), at
+    the Ks they were served at, on vLLM's rounds and counted as vLLM counts (acceptance.vllm_counts)."""
     for label, r in results.items():
-        if r["family"] != "draft_model":
+        name = bundle_drafter(label, r)
+        todo_k = [k for k in r if isinstance(k, int) and k > 0 and k not in r.get(OURS, {})]
+        if name is None or not todo_k:
             continue
-        todo_k = [k for k in r if isinstance(k, int) and k > 0 and k not in r.get("ours", {})]
-        drafter = bundle.load_drafter(label, device="cpu", target=model) if todo_k else None  # once for its Ks
+        # loaded once for its Ks
+        drafter = (bundle.load_eagle(name, model, device="cpu") if r["family"] == "eagle3"
+                   else bundle.load_drafter(name, device="cpu", target=model))
         for k in todo_k:
             t0 = time.perf_counter()
-            r.setdefault("ours", {})[k] = decode_counts(model, drafter, prompts, [k], args.tokens, eos)[k]
+            r.setdefault(OURS, {})[k] = vllm_counts(model, drafter, prompts, k, args.tokens, eos, first)
             print(f"[bench_vllm_real] specdraft decoder, {label} K={k}: {time.perf_counter() - t0:.0f} s", flush=True)
             save(work, results, {"partial": "specdraft's decoder under way", "seconds": earlier_s}, args)
+
+
+# where a serving keeps specdraft's decode of the same drafter (before the vLLM-shaped count it was "ours": not read)
+OURS = "ours_as_vllm"
+
+
+def bundle_drafter(label: str, r: dict) -> str | None:
+    """The bundle's name of a served drafter: an independent drafter's label, or "bundle NAME" of its EAGLE-3
+    drafters; None for plain and the speculators pairs (not the bundle's)."""
+    if r.get("family") == "draft_model":
+        return label
+    return label.split(" ", 1)[1] if r.get("family") == "eagle3" and label.startswith("bundle ") else None
 
 
 def main(argv=None) -> None:
@@ -391,8 +412,8 @@ def main(argv=None) -> None:
     print(f"[bench_vllm_real] {len(items)} servings, {len(prompts)} prompts each, {args.parallel} at once", flush=True)
     kept = kept_results(work, args)
     results = serve_all(args, python, work, items, prompts, eos, str(Path(bundle.target_path).resolve()), kept)
-    decode_ours(args, work, bundle, model, results, prompts, eos, kept[1])
     ours_plain = greedy_reference(model, prompts, args.tokens, eos)
+    decode_ours(args, work, bundle, model, results, prompts, eos, [out[0] for out in ours_plain], kept[1])
     version = subprocess.run([str(python), "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
                              text=True).stdout.strip()
     facts = {"run": str(run), "domains": sorted({d for d, _ in prompts}), "prompt_domains": [d for d, _ in prompts],
@@ -433,7 +454,7 @@ def load(work: Path) -> tuple[dict, dict, dict]:
         raise InputError(f"{file} does not exist; run the benchmark without --render-only first")
     saved = json.loads(file.read_text())
     ints = lambda d: {int(k) if k.isdigit() else k: v for k, v in d.items()}  # noqa: E731
-    results = {label: {**ints(r), **({"ours": ints(r["ours"])} if "ours" in r else {})}
+    results = {label: {**ints(r), **({OURS: ints(r[OURS])} if OURS in r else {})}
                for label, r in saved["results"].items()}
     return results, saved["facts"], saved["args"]
 

@@ -72,3 +72,36 @@ def test_each_run_has_its_own_section():
     """make real's run keeps the script's plain section; another run (the real pair's) gets one beside it."""
     assert bench.section_name(Path("runs/real")) == "bench_vllm_real.py"
     assert bench.section_name(Path("runs/real-pair")) == "bench_vllm_real.py real-pair"
+
+
+def test_the_decoders_rounds_are_counted_as_vllm_counts_past_the_cap_and_past_an_end_of_turn_token():
+    acceptance = import_benchmark("acceptance")
+    # after the prefill's token 9, rounds of 4 drafts accepting 4, 1, 4: vLLM stops after the round that reaches the
+    # cap of 8 tokens and counts its drafts whole (accepted past the cap), its output cut at 8
+    tally = acceptance.vllm_tally([9], list(range(20)), [4, 4, 4], [4, 1, 4], 8, [])
+    assert tally == {"drafts": 2, "accepted": 5, "output": [9, 0, 1, 2, 3, 4, 5, 6]}
+    # an end-of-turn token (2) accepted mid-round ends the request after that round, its later drafts still counted
+    tally = acceptance.vllm_tally([9], [0, 1, 2, 3, 4, 5, 6], [4, 4], [4, 1], 64, [2])
+    assert tally == {"drafts": 1, "accepted": 4, "output": [9, 0, 1, 2]}
+    # an EAGLE decode's first round drafts nothing (vLLM's prefill): it emits a token and is no draft
+    tally = acceptance.vllm_tally([], [7, 0, 1, 2, 3], [0, 3], [0, 3], 64, [3])
+    assert tally == {"drafts": 1, "accepted": 3, "output": [7, 0, 1, 2, 3]}
+    # an end-of-turn prefill token: no step drafts at all
+    assert acceptance.vllm_tally([2], [0, 1], [4], [1], 64, [2]) == {"drafts": 0, "accepted": 0, "output": [2]}
+
+
+def test_the_target_as_its_own_drafter_counted_as_vllm_accepts_every_draft_of_every_round():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    acceptance = import_benchmark("acceptance")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128, bos_token_id=None, eos_token_id=None,
+                      pad_token_id=None)
+    target = LlamaForCausalLM(cfg).eval()
+    prompts = [("math", [3, 4, 5]), ("code", [7, 8, 9, 10])]
+    reference = acceptance.greedy_reference(target, prompts, 10, [])
+    rows = acceptance.vllm_counts(target, target, prompts, 4, 10, [], [r[0] for r in reference])
+    # the prefill's token, then rounds of 5 tokens until 10 are out: 1 + 5 + 5, 2 drafts of 4 accepted
+    assert rows == {"drafts": [2, 2], "accepted": [8, 8], "outputs": reference}
