@@ -125,8 +125,9 @@ def vllm_counts(target, drafter, prompts, k: int, tokens: int, eos, first: list[
         head = [] if isinstance(drafter, EagleDrafter) else [y0]
         res = decode_batch(target, [list(ids) + head], tokens + k, plan, SamplingConfig(0.0), None, seed=0)[0]
         tally = vllm_tally(head, res.tokens, res.metrics.drafted, res.metrics.accepted, tokens, eos)
-        for key, name in (("drafts", "drafts"), ("accepted", "accepted"), ("outputs", "output")):
-            rows[key].append(tally[name])
+        rows["drafts"].append(tally["drafts"])
+        rows["accepted"].append(tally["accepted"])
+        rows["outputs"].append(tally["output"])
     return rows
 
 

@@ -91,15 +91,10 @@ def test_the_decoders_rounds_are_counted_as_vllm_counts_past_the_cap_and_past_an
 
 
 def test_the_target_as_its_own_drafter_counted_as_vllm_accepts_every_draft_of_every_round():
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.decoding.conftest import tiny_llama
 
     acceptance = import_benchmark("acceptance")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128, bos_token_id=None, eos_token_id=None,
-                      pad_token_id=None)
-    target = LlamaForCausalLM(cfg).eval()
+    target = tiny_llama(0, vocab=64)
     prompts = [("math", [3, 4, 5]), ("code", [7, 8, 9, 10])]
     reference = acceptance.greedy_reference(target, prompts, 10, [])
     rows = acceptance.vllm_counts(target, target, prompts, 4, 10, [], [r[0] for r in reference])
