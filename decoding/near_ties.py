@@ -123,6 +123,21 @@ def classify(target: torch.nn.Module, prompt: list[int], speculative: Sequence[i
     return Divergence(i, speculative[i], autoregressive[i], gap, delta, near)
 
 
+def classify_all(target: torch.nn.Module, prompts: Sequence[Sequence[int]], decodes: Sequence[Sequence[int]],
+                 references: Sequence[Sequence[int]], verify_width: int, rows: int = 1,
+                 wide: dict | None = None) -> list[Divergence | None]:
+    """classify() of every prompt's decode against its reference decode. The fp32 copy is made only once a
+    divergence needs it (a 1.5B target's is 7 GB) and kept in `wide["fp32"]`, so a caller judging several sets
+    passes one dict to every call."""
+    wide = {} if wide is None else wide
+    out = []
+    for p, d, r in zip(prompts, decodes, references):
+        if first_divergence(d, r) is not None and "fp32" not in wide:
+            wide["fp32"] = fp32_copy(target)
+        out.append(classify(target, list(p), d, r, verify_width, rows=rows, reference=wide.get("fp32")))
+    return out
+
+
 def width_classes(model: torch.nn.Module, ids: Sequence[int], widths: Sequence[int],
                   positions: int = 16) -> dict[int, int]:
     """Which decode widths compute a position's logits alike on this machine, in the model's dtype: the model's

@@ -31,6 +31,7 @@ and writes nothing. Writes its table as this script's section of benchmarks/engi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -254,6 +255,11 @@ def pair_lines(args, results: dict) -> list[str]:
             *table(["seed", *(f"K={k}" for k in ks)], rows)]
 
 
+def pick(rows: dict, idx: list[int]) -> dict:
+    """A serving's (or decode's) drafts and accepted counts on the prompts `idx`."""
+    return {key: [rows[key][i] for i in idx] for key in ("drafts", "accepted")}
+
+
 def bundle_lines(results: dict, facts: dict, plain: list) -> list[str]:
     """The bundle's drafters (independent and EAGLE-3) at each K served, in vLLM and in specdraft's decoder."""
     drafters = sorted((label for label, r in results.items() if bundle_drafter(label, r)), key=eagle_order)
@@ -268,29 +274,73 @@ def bundle_lines(results: dict, facts: dict, plain: list) -> list[str]:
             by_domain = []
             for dom in domains:
                 idx = [i for i, d in enumerate(facts["prompt_domains"]) if d == dom]
-                sub = {key: [served[key][i] for i in idx] for key in ("drafts", "accepted")}
-                by_domain.append(f"{mal(sub)[0]:.3f}" if k else "-")
+                by_domain.append(f"{mal(pick(served, idx))[0]:.3f}" if k else "-")
             gap = f"{mal(served)[0] - mal(ours)[0]:+.3f}" if ours and k else "-"
+            # the same difference on the prompts both decoded alike, where the two engines' rounds can differ only
+            # in what the drafter proposed, not in the text it drafted for
+            alike = [i for i in range(n) if ours and served["outputs"][i] == ours["outputs"][i]]
+            gap_alike = (f"{mal(pick(served, alike))[0] - mal(pick(ours, alike))[0]:+.3f} ({len(alike)})"
+                         if alike and k else "-")
             # K = 0 (an exported schedule that drafts nothing at batch 1) is plain decoding: no acceptance
             exported = r["family"] == "draft_model" and k == r["exported_k"]
             rows.append([label, f"{k}{'*' if exported else ''}",
                          interval(mal(served)) if k else "- (no drafts)", *by_domain,
-                         interval(mal(ours)) if ours and k else "-", gap,
+                         interval(mal(ours)) if ours and k else "-", gap, gap_alike,
                          f"{sum(served['outputs'][i] == plain[i] for i in range(n))}/{n}",
                          f"{sum(ours['outputs'][i] == plain[i] for i in range(n))}/{n}" if ours else "-"])
     return ["", "The bundle's drafters (vLLM `draft_model` for the independent ones, each config as exported, K marked "
             "*, and at the other K asked for; `eagle3` for its EAGLE-3 drafters): vLLM's acceptance length on every "
             "prompt and on each domain's, beside specdraft's decoder at the same K on the same prompts, run on "
             "vLLM's rounds and counted as vLLM counts (its first round after the prefill's token; a round's drafts "
-            "counted whole, also past the token cap or an end-of-turn token; acceptance.vllm_counts):", "",
+            "counted whole, also past the token cap or an end-of-turn token; acceptance.vllm_counts), each drafter "
+            "with the weights vLLM serves (the dtype's; not the int8 a CPU decode may pick). Where both decoded a "
+            "prompt alike, the counts can still differ by what the drafter proposed at its own near-ties:", "",
             *table(["drafter", "K", "vLLM, all", *(f"vLLM, {d}" for d in domains), "specdraft decoder, all",
-                    "vLLM - specdraft", "= plain (vLLM)", "= plain (specdraft)"], rows)]
+                    "vLLM - specdraft", "the same, outputs alike (prompts)", "= plain (vLLM)",
+                    "= plain (specdraft)"], rows)]
+
+
+def divergence_lines(facts: dict) -> list[str]:
+    """Where outputs part from the plain server's, grouped by the point they part at (a prompt, a position, the two
+    tokens: the fp32 gap is that point's), with the rounding bound of each shape that parts there."""
+    parted = facts.get("divergences")
+    if parted is None:  # results from before the judge
+        return []
+    if not parted:
+        return ["", "Every output above equals the plain server's, token for token."]
+    groups: dict[tuple, list[dict]] = {}
+    for d in parted:
+        groups.setdefault((d["prompt"], d["position"], d["speculative"], d["autoregressive"]), []).append(d)
+    rows = []
+    for (i, pos, _, _), ds in sorted(groups.items()):
+        bounds = [2 * d["delta"] for d in ds]
+        who = "; ".join(f"{engine}: " + ", ".join(f"{d['drafter']}" + (f" K={d['k']}" if d["k"] else "")
+                                                   for d in ds if d["engine"] == engine)
+                        for engine in ("vLLM", "specdraft") if any(d["engine"] == engine for d in ds))
+        texts = ds[0].get("texts") or ["?", "?"]
+        near = sum(d["near_tie"] for d in ds)
+        rows.append([f"{i} ({facts['prompt_domains'][i]})", pos, repr(texts[1]), repr(texts[0]),
+                     f"{ds[0]['gap']:.3f}", f"{min(bounds):.3f}-{max(bounds):.3f}",
+                     "yes" if near == len(ds) else f"**{len(ds) - near} of {len(ds)} not**", who])
+    failed = [d for d in parted if not d["near_tie"]]
+    verdict = ("every divergence is a near-tie" if not failed else
+               f"**{len(failed)} are not near-ties**: a decoder's or an engine's error, or an engine whose rounding is "
+               "wider than torch's measured here")
+    return ["", f"Where an output parts from the plain server's ({len(parted)} outputs, at {len(groups)} points): the "
+            "first differing token, judged by the target in fp32 from the plain output's prefix (decoding/near_ties.py): "
+            "the gap from the fp32 top to the lower of the two tokens, against twice the rounding bf16 puts on that "
+            "row's logits (torch's kernels here, at one forward, the one-token step and the K + 1 verify). vLLM's own "
+            "kernels round otherwise; their rounding is not measured, so the bound is torch's. Verdict: "
+            f"{verdict}.", "",
+            *table(["prompt", "token", "plain server", "the other", "fp32 gap", "2 x rounding", "near-tie",
+                    "outputs that part there"], rows)]
 
 
 def render(args, results: dict, facts: dict) -> str:
     plain = results["plain"]["outputs"]
     lines = opening_lines(args, facts, len(plain)) + eagle_lines(args, results, plain) + pair_lines(args, results)
     lines += bundle_lines(results, facts, plain)
+    lines += divergence_lines(facts)
     starts = [results[label][k]["start_seconds"] for label, r in results.items() if label != "plain"
               for k in r if isinstance(k, int)]
     lines += ["", f"- Servers: {len(starts) + 1}, {args.parallel} alive at once; a server's start (load, warm-up, "
@@ -352,9 +402,10 @@ def decode_ours(args, work: Path, bundle, model, results: dict, prompts, eos, fi
         todo_k = [k for k in r if isinstance(k, int) and k > 0 and k not in r.get(OURS, {})]
         if name is None or not todo_k:
             continue
-        # loaded once for its Ks
+        # loaded once for its Ks, with the weights vLLM serves (the dtype's, not the int8 a CPU decode may pick:
+        # a drafter's proposals at its own near-ties move the counts where the outputs agree)
         drafter = (bundle.load_eagle(name, model, device="cpu") if r["family"] == "eagle3"
-                   else bundle.load_drafter(name, device="cpu", target=model))
+                   else bundle.load_drafter(name, device="cpu", target=model, draft_weights="dtype"))
         for k in todo_k:
             t0 = time.perf_counter()
             r.setdefault(OURS, {})[k] = vllm_counts(model, drafter, prompts, k, args.tokens, eos, first)
@@ -362,8 +413,31 @@ def decode_ours(args, work: Path, bundle, model, results: dict, prompts, eos, fi
             save(work, results, {"partial": "specdraft's decoder under way", "seconds": earlier_s}, args)
 
 
-# where a serving keeps specdraft's decode of the same drafter (before the vLLM-shaped count it was "ours": not read)
-OURS = "ours_as_vllm"
+def divergences(target, prompts, results: dict, ours_plain: list) -> list[dict]:
+    """Every greedy output that parts from the plain server's, judged at its first differing token: a numerical
+    near-tie of the target (its fp32 logits' gap between the two tokens within twice the rounding bf16 puts on that
+    row), or not (decoding.near_ties). Judged: specdraft's greedy decode of the target, every serving, and
+    specdraft's decode of every bundle drafter. -> one dict per divergence."""
+    from specdraft.decoding.near_ties import classify_all
+
+    plain, ids = results["plain"]["outputs"], [p for _, p in prompts]
+    cases = [("specdraft", "plain", 0, ours_plain)]
+    for label, r in results.items():
+        for k in sorted(key for key in r if isinstance(key, int) and key > 0):
+            cases.append(("vLLM", label, k, r[k]["outputs"]))
+            if k in r.get(OURS, {}):
+                cases.append(("specdraft", label, k, r[OURS][k]["outputs"]))
+    wide, out = {}, []  # wide: the fp32 copy, made once a divergence needs it
+    for engine, label, k, outputs in cases:
+        for i, d in enumerate(classify_all(target, ids, outputs, plain, k + 1, wide=wide)):
+            if d is not None:
+                out.append({"engine": engine, "drafter": label, "k": k, "prompt": i, **dataclasses.asdict(d)})
+    return out
+
+
+# where a serving keeps specdraft's decode of the same drafter with the weights vLLM serves (earlier keys, not read:
+# "ours", before the vLLM-shaped count; "ours_as_vllm", whose drafter could be the int8 a CPU decode picks)
+OURS = "ours_as_served"
 
 
 def bundle_drafter(label: str, r: dict) -> str | None:
@@ -416,8 +490,12 @@ def main(argv=None) -> None:
     decode_ours(args, work, bundle, model, results, prompts, eos, [out[0] for out in ours_plain], kept[1])
     version = subprocess.run([str(python), "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
                              text=True).stdout.strip()
+    parted = divergences(model, prompts, results, ours_plain)
+    for d in parted:  # the two tokens as text, for the reader
+        d["texts"] = [tok.decode([t]) if t >= 0 else "(stopped)" for t in (d["speculative"], d["autoregressive"])]
     facts = {"run": str(run), "domains": sorted({d for d, _ in prompts}), "prompt_domains": [d for d, _ in prompts],
              "plain_equal_ours": sum(a == b for a, b in zip(ours_plain, results["plain"]["outputs"])),
+             "divergences": parted,
              "vllm": version or "?", "seconds": kept[1] + time.perf_counter() - t_start}
     save(work, results, facts, args)
     publish(render(args, results, facts), write=not args.no_append, script=section_name(run))

@@ -34,7 +34,7 @@ import specdraft.decoding.batched as batched  # noqa: E402
 from specdraft.decoding.bundle.loading import load_drafter  # noqa: E402
 from specdraft.decoding.rounds.packed_linear import is_packed  # noqa: E402
 from specdraft.decoding.speculators.eagle_model import is_eagle_dir, load_eagle, target_dir_hash  # noqa: E402
-from specdraft.decoding.near_ties import classify, first_divergence, fp32_copy, width_classes  # noqa: E402
+from specdraft.decoding.near_ties import classify_all, width_classes  # noqa: E402
 from specdraft.decoding.policies.stopping import FixedK  # noqa: E402
 from specdraft.decoding.rounds.shapes import verify_floor  # noqa: E402
 from benchmarks.harness.machine import box_load, cpu_flags, machine  # noqa: E402
@@ -43,18 +43,6 @@ from benchmarks.harness.publish import add_section_flags, publish_for  # noqa: E
 from benchmarks.harness.tables import table  # noqa: E402
 from benchmarks.harness.timing import fastest_total, interleave  # noqa: E402
 from specdraft.decoding.timing import bootstrap_rate_ratio  # noqa: E402
-
-
-def compare(target, reference: dict, prompts: list[list[int]], spec: list[list[int]], ar: list[list[int]], k: int,
-            rows: int) -> list:
-    """classify() of every prompt's speculative tokens against its AR tokens: None where equal. `reference` holds
-    the fp32 copy of the target once a divergence needs it (a 1.5B target's is 7 GB: made only then, once)."""
-    out = []
-    for p, s, a in zip(prompts, spec, ar):
-        if first_divergence(s, a) is not None and "fp32" not in reference:
-            reference["fp32"] = fp32_copy(target)
-        out.append(classify(target, p, s, a, k + 1, rows=rows, reference=reference.get("fp32")))
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,7 +84,7 @@ def main(argv=None) -> str:
     else:
         drafter = (load_drafter(args.drafter, "bfloat16", "cpu", "int8") if args.draft_weights == "int8"
                    else load(args.drafter, "cpu", torch.bfloat16, packed=args.layout == "packed"))
-    reference = {}  # the near-tie judge's fp32 copy of the target (its bf16 weights, widened), made when needed
+    wide = {}  # the near-tie judge's fp32 copy of the target (its bf16 weights, widened), made when needed
     prompts = load_prompts(args, target.config.vocab_size)
     domain = args.domain or "every domain"
 
@@ -112,7 +100,7 @@ def main(argv=None) -> str:
     rows, found, ok = [], [], True
     for name, results in runs.items():
         width = 1 if name == "B = 1" else args.batch
-        judged = compare(target, reference, prompts, [r.tokens for r in results], ar, args.k, width)
+        judged = classify_all(target, prompts, [r.tokens for r in results], ar, args.k + 1, width, wide)
         diverged = [(i, d) for i, d in enumerate(judged) if d is not None]
         near = sum(d.near_tie for _, d in diverged)
         equal = len(prompts) - len(diverged)

@@ -286,17 +286,20 @@ class Bundle:
                              f"the bundle's drafters expect {want}; point to the original target")
         return model
 
-    def load_drafter(self, name: str, device: str | None = None, dtype: str | None = None, target=None):
+    def load_drafter(self, name: str, device: str | None = None, dtype: str | None = None, target=None,
+                     draft_weights: str | None = None):
         """A drafter LM (eval mode). With `target` given, also checks the pair with decoding.compat. dtype
         defaults to the target's: the loaded target's weights', else the one recorded at export (a drafter
-        runs in the precision its target runs in, as acceptance-data labelled it)."""
+        runs in the precision its target runs in, as acceptance-data labelled it). draft_weights: the bundle's
+        `decoding.draft_weights` unless given (a comparison with an engine that serves the dtype's weights asks
+        for "dtype")."""
         from specdraft.decoding.compat import check_pair
         from specdraft.decoding.bundle.loading import dtype_of, load_drafter
 
         entry = self.drafter(name)
         if dtype is None:
             dtype = dtype_of(target) if target is not None else self.spec.target.dtype
-        model = load_drafter(entry.path, dtype, device, self.spec.decoding.draft_weights)
+        model = load_drafter(entry.path, dtype, device, draft_weights or self.spec.decoding.draft_weights)
         if model.config.vocab_size != self.spec.target.vocab_size:
             raise InputError(f"drafter '{name}' has vocabulary size {model.config.vocab_size}, the target "
                              f"{self.spec.target.vocab_size}; re-export with drafters trained on this target")

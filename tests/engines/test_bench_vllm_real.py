@@ -5,6 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
+
 from specdraft.data.engines import parse_spec_counters, spec_counter_difference
 from tests.conftest import import_benchmark
 
@@ -100,3 +102,27 @@ def test_the_target_as_its_own_drafter_counted_as_vllm_accepts_every_draft_of_ev
     rows = acceptance.vllm_counts(target, target, prompts, 4, 10, [], [r[0] for r in reference])
     # the prefill's token, then rounds of 5 tokens until 10 are out: 1 + 5 + 5, 2 drafts of 4 accepted
     assert rows == {"drafts": [2, 2], "accepted": [8, 8], "outputs": reference}
+
+
+def test_an_output_that_parts_from_the_plain_servers_is_judged_where_it_parts_and_a_wrong_token_is_no_near_tie():
+    from tests.decoding.conftest import tiny_llama
+
+    acceptance = import_benchmark("acceptance")
+    target = tiny_llama(0, vocab=64)
+    prompts = [("math", [3, 4, 5]), ("code", [7, 8, 9, 10])]
+    plain = acceptance.greedy_reference(target, prompts, 8, [])
+    # a serving that took, at the second prompt's token 5, the token the target ranks last there
+    prefix = prompts[1][1] + plain[1][:5]
+    with torch.inference_mode():
+        worst = int(target(torch.tensor([prefix])).logits[0, -1].argmin())
+    wrong = [plain[0], plain[1][:5] + [worst] + plain[1][6:]]
+    results = {"plain": {"family": "none", "exported_k": 0, 0: {"outputs": plain}, "outputs": plain},
+               "ofa": {"family": "draft_model", "exported_k": 4, 4: {"outputs": wrong},
+                       bench.OURS: {4: {"outputs": plain}}}}
+    parted = bench.divergences(target, prompts, results, plain)
+    assert [(d["engine"], d["drafter"], d["k"], d["prompt"], d["position"], d["speculative"], d["near_tie"])
+            for d in parted] == [("vLLM", "ofa", 4, 1, 5, worst, False)]
+    assert parted[0]["gap"] > 2 * parted[0]["delta"]
+    section = "\n".join(bench.divergence_lines({"divergences": parted, "prompt_domains": ["math", "code"]}))
+    assert "**1 are not near-ties**" in section and "| 1 (code) | 5 |" in section and "vLLM: ofa K=4" in section
+    assert bench.divergence_lines({"divergences": [], "prompt_domains": []})[-1].startswith("Every output above")
