@@ -47,7 +47,7 @@ def add_pair_flags(parser: argparse.ArgumentParser, required: bool = False) -> N
     parser.add_argument("--drafter", required=required, help="the drafter's directory")
     parser.add_argument("--prompt-set", help="a run's prompts/sets dir: use its test prompts of --domain")
     parser.add_argument("--prompts", help="text file, one prompt per line")
-    parser.add_argument("--domain", default="math", help="domain of --prompt-set prompts")
+    parser.add_argument("--domain", default="math", help="domain of --prompt-set prompts (all: every domain)")
     parser.add_argument("--n-prompts", type=int, default=8, help="batch-1 prompts")
 
 
@@ -71,7 +71,7 @@ def random_prompts(n: int, vocab: int, lengths: tuple[int, int] = (4, 24), lowes
 
 
 def load_prompts(args, vocab: int, lengths: tuple[int, int] = (4, 24), lowest_id: int = 0) -> list[list[int]]:
-    """--n-prompts prompts: the prompts of --domain (None: every domain) in a run's --prompt-set, of its --split
+    """--n-prompts prompts: the prompts of --domain (None or "all": every domain) in a run's --prompt-set, of its --split
     where the benchmark has one (else its test set), formatted as the pipeline serves them; the lines of a --prompts
     file; or else random ids (`random_prompts`)."""
     if args.prompt_set:
@@ -80,7 +80,7 @@ def load_prompts(args, vocab: int, lengths: tuple[int, int] = (4, 24), lowest_id
 
         tok = AutoTokenizer.from_pretrained(args.target, trust_remote_code=False)
         rows = [r for r in load_from_disk(args.prompt_set)[getattr(args, "split", "test")]
-                if args.domain in (None, r["domain"])]
+                if args.domain in (None, "all", r["domain"])]
         return [format_prompt(tok, row_messages(r)) for r in rows[: args.n_prompts]]
     if getattr(args, "prompts", None):
         from transformers import AutoTokenizer
