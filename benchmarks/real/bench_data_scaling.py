@@ -1,7 +1,7 @@
 """Data scaling: what more distilled data buys a drafter trained from scratch, for both drafter families.
 
-    python benchmarks/real/bench_data_scaling.py RUN [--config configs/real.yaml] [--scales 1,2,4,8]
-        [--families independent,eagle3] [--independent-epochs 4] [--eagle-epochs 2] [--specialist-epochs N]
+    python benchmarks/real/bench_data_scaling.py RUN [key.path=value ...] [--config configs/real.yaml] [--scales 1,2,4,8]
+        [--families independent,eagle3,eagle3-extra] [--independent-epochs 4] [--eagle-epochs 2] [--specialist-epochs N]
         [--tokens 64] [--k 4] [--no-append] [--section S --page P --plot NAME.png]
 
 RUN is a run root of --config whose prepare-data, distill-data and teacher-data ran at the largest scale's data,
@@ -18,6 +18,9 @@ and for the Qwen pair's specialists (stages prepare-data and distill-data only),
         --scales 1,2,4 --page benchmarks/sibling/RESULTS.md --section "bench_data_scaling.py (pair)" \
         --plot data_scaling_pair.png
 
+key.path=value overrides --config as the stages' own command line does (e.g. train_drafters.eagle.ttt_steps=7: a
+recipe of the authors' own beside the config's, in a section of its own).
+
 Scale s takes, per training domain, the first s x U rows (U: --config's demo.train_per_domain, make real's 96) in the
 order (temperature as listed, prompt index): so the scales are nested, and past the world's distinct prompts (the
 instruct world has 395 code functions to ask about) the larger scales add the target's answers at the next
@@ -28,7 +31,11 @@ recipes do):
     batch 8) for --independent-epochs passes (make real: 200 steps, ~4 passes of its 384 answers);
   - EAGLE-3: make real's train_drafters.eagle (vLLM's layout, 3-step training-time test, 8192-token draft
     vocabulary, lr 1e-3, batch 8) for --eagle-epochs passes, on teacher-data's stored features (the target never
-    runs in training).
+    runs in training);
+  - eagle3-extra: the same EAGLE-3 recipe on the same answers plus the reference answer of each of the scale's
+    prompts, text the target did not write, scored by teacher-data (`teacher_data.extra: [reference]`) at prefill
+    speed: whether that second source adds acceptance beyond the target's own answers. The same passes, so it
+    trains on more rows and takes longer.
 For a config whose drafters start from a sibling model (train_drafters.init_from, the Qwen pair's
 configs/real-pair.yaml), `--families specialists` measures self-distillation instead:
   - specialists: one drafter a training domain, each the init_from model finetuned by the stage's finetune phase
@@ -81,7 +88,9 @@ from benchmarks.harness.publish import add_section_flags, page_of, publish_for  
 from benchmarks.harness.tables import interval, table  # noqa: E402
 
 GREEDY = SamplingConfig(temperature=0.0)
-FAMILIES = {"independent": "independent", "specialists": "specialists", "eagle3": "EAGLE-3"}  # name -> label
+FAMILIES = {"independent": "independent", "specialists": "specialists", "eagle3": "EAGLE-3",
+            "eagle3-extra": "EAGLE-3 + references"}  # name -> label
+EXTRA = "extra"  # eagle3-extra's drafter: under <point>/extra-<hash of its reference rows>/
 
 
 def scale_rows(rows: list[dict], temperatures: list[float], per_domain: int) -> list[dict]:
@@ -109,6 +118,23 @@ def subset(stored: TeacherData, ids: set[str]) -> TeacherData:
     if len(keep) != len(ids):
         raise SystemExit("error: teacher_data lacks rows of distill_data's train split; rerun stage teacher-data")
     return dataclasses.replace(stored, splits={**stored.splits, "train": train.select(keep)})
+
+
+def reference_ids(stored: TeacherData, rows: list[dict]) -> list[str]:
+    """The ids of teacher-data's reference rows (`teacher_data.extra: [reference]`) of the prompts `rows` answer,
+    sorted; refused in one line when teacher-data stored none."""
+    prompts = {r["prompt_id"] for r in rows}
+    ids = sorted(x for x, source in zip(stored.splits["train"]["id"], stored.splits["train"]["source"])
+                 if source == "reference" and x.split(":", 1)[1] in prompts)
+    if not ids:
+        raise SystemExit("error: teacher_data holds no reference rows of these prompts; rerun stage teacher-data "
+                         "with teacher_data.extra=[reference] (a prompt world with reference answers)")
+    return ids
+
+
+def extra_dir(work: Path, ids: list[str]) -> Path:
+    """eagle3-extra's work dir within a point's: named by its reference rows, so other extras train anew."""
+    return work / f"{EXTRA}-{hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:12]}"
 
 
 def point_config(cfg: RunConfig, args) -> RunConfig:
@@ -166,6 +192,13 @@ def train_point(cfg: RunConfig, work: Path, rows: list[dict], stored: TeacherDat
         eagle = train_eagle(ctx, target, [("ofa", domains)], rows, tok.pad_token_id, cfg.run.seed, target_path,
                             subset(stored, {r["id"] for r in rows}), dev_rows)
         done["eagle3"] = eagle.get(PREFIX + "ofa", {}).get("seconds")
+    if "eagle3-extra" in families:
+        more = reference_ids(stored, rows)
+        # the answers as above (they pick the draft vocabulary, as in the stage) and their prompts' references
+        eagle = train_eagle(SimpleNamespace(cfg=cfg, work=extra_dir(work, more)), target, [("ofa", domains)], rows,
+                            tok.pad_token_id, cfg.run.seed, target_path,
+                            subset(stored, {r["id"] for r in rows} | set(more)), dev_rows)
+        done["eagle3-extra"] = eagle.get(PREFIX + "ofa", {}).get("seconds")
     record = work / "training.json"  # the first run's times: a resumed point reports what it cost then
     first = json.loads(record.read_text()) if record.is_file() else {}
     merged = {**first, **{k: first.get(k) if v is None else v for k, v in done.items()}}
@@ -198,13 +231,14 @@ def drafted(path: Path, target, prompts, args, eos) -> dict:
     return counts(target, lambda d: DrafterSpeculator(drafter, FixedK(args.k)), prompts, args.tokens, eos)
 
 
-def judge(family: str, work: Path, target, target_path: Path, prompts, args, eos) -> dict:
+def judge(family: str, work: Path, target, target_path: Path, prompts, args, eos, stored=None, rows=None) -> dict:
     """Per-prompt counts of `family`'s drafter(s) trained in `work`; a specialist is loaded for its own domain's
     prompts only, one at a time (each is the size of the init)."""
     if family == "independent":
         return drafted(work / BASE / "model", target, prompts, args, eos)
-    if family == "eagle3":
-        eagle = load_eagle(work / (PREFIX + "ofa") / "model", target=target, target_hash=target_dir_hash(target_path))
+    if family in ("eagle3", "eagle3-extra"):
+        where = work if family == "eagle3" else extra_dir(work, reference_ids(stored, rows))
+        eagle = load_eagle(where / (PREFIX + "ofa") / "model", target=target, target_hash=target_dir_hash(target_path))
         return counts(target, lambda d: EagleSpeculator(eagle, FixedK(args.k)), prompts, args.tokens, eos)
     out = {"tokens": [0] * len(prompts), "calls": [0] * len(prompts)}
     for domain in sorted({d for d, _ in prompts}):
@@ -222,7 +256,7 @@ def plot(points: list[dict], families: list[str], title: str, path: Path, init: 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for family, style in zip(families, ("o-", "s-", "^-")):
+    for family, style in zip(families, ("o-", "s-", "^-", "D-")):
         xs = [p["tokens"] for p in points]
         ms = [mat(p[family]) for p in points]
         ax.errorbar(xs, [m[0] for m in ms], fmt=style, capsize=3, label=FAMILIES[family],
@@ -241,9 +275,14 @@ def plot(points: list[dict], families: list[str], title: str, path: Path, init: 
     plt.close(fig)
 
 
+def run_config(args) -> RunConfig:
+    """--config with RUN as its root and the command line's overrides."""
+    return load_config(RunConfig, args.config, [f"run.root={args.run}", *args.overrides])
+
+
 def run_bench(args) -> str:
     run = Path(args.run)
-    cfg = load_config(RunConfig, args.config, [f"run.root={run}"])
+    cfg = run_config(args)
     unit = args.unit or cfg.demo.train_per_domain
     target_path = run / "target"
     init = init_dir(cfg, run) if "specialists" in args.families else None
@@ -254,7 +293,7 @@ def run_bench(args) -> str:
     temperatures = list(dict.fromkeys(float(t) for t in distill["train"]["temperature"]))
     all_rows = [dict(r) for r in distill["train"]]
     dev_rows = [dict(r) for r in distill["dev"]]
-    stored = load_teacher_data(run / "teacher_data") if "eagle3" in args.families else None
+    stored = load_teacher_data(run / "teacher_data") if {"eagle3", "eagle3-extra"} & set(args.families) else None
     pcfg = point_config(cfg, args)
     domains = sorted({r["domain"] for r in all_rows})
     eos = end_of_turn_ids(tok, target)
@@ -274,7 +313,9 @@ def run_bench(args) -> str:
         seconds = train_point(pcfg, work, rows, stored, target, tok, target_path, dev_rows, args.families, init)
         points.append({"scale": s, "rows": len(rows), "tokens": sum(len(r["response_ids"]) for r in rows),
                        "temperatures": sorted({float(r["temperature"]) for r in rows}), "seconds": seconds,
-                       **{f: judge(f, work, target, target_path, prompts, args, eos) for f in args.families}})
+                       "references": len(reference_ids(stored, rows)) if "eagle3-extra" in args.families else None,
+                       **{f: judge(f, work, target, target_path, prompts, args, eos, stored, rows)
+                          for f in args.families}})
         print(f"[bench_data_scaling] {s}x: " + ", ".join(f"{FAMILIES[f]} {mat(points[-1][f])[0]:.3f}"
                                                          for f in args.families))
     # what RUN holds, for the section's rerun line: its prompts a domain and the temperatures it was distilled at
@@ -292,6 +333,9 @@ def recipe(args, cfg: RunConfig, family: str) -> str:
     if family == "eagle3":
         return (f"EAGLE-3 ({tcfg.eagle.draft_vocab} draft tokens, test length {tcfg.eagle.ttt_steps}) from random "
                 f"weights for {args.eagle_epochs} passes on the stored features")
+    if family == "eagle3-extra":
+        return ("EAGLE-3 + references: the same recipe on the same answers plus the reference answer of each of "
+                "the scale's prompts (the references column: text the target did not write, scored by teacher-data)")
     tune = tcfg.finetune
     return (f"a specialist a domain from the init_from model (the 0x row), the stage's finetune phase ({tune.loss}, "
             f"lr {tune.lr:g}, batch {tune.train.batch_size}) for {args.specialist_epochs or tune.train.max_epochs} "
@@ -307,24 +351,27 @@ def render(args, cfg: RunConfig, target, points: list[dict], unit: int, prompts,
     if not args.no_append:
         plot(points, families, f"{name}, {cfg.demo.world} world, K = {args.k}",
              Path(args.page or page_of(__file__)).with_name(args.plot), untouched and mat(untouched))
-    rows = [["0x (the init, untouched)", 0, 0, "",
+    refs = "eagle3-extra" in families  # a column of the reference rows added to the answers
+    rows = [["0x (the init, untouched)", 0, 0, "", *([""] if refs else []),
              *[x for f in families for x in ((interval(mat(untouched)), "") if f == "specialists" else ("", ""))]]
             ] if untouched else []
     rows += [[f"{p['scale']}x", p["rows"], f"{p['tokens']:,}", ", ".join(f"{t:g}" for t in p["temperatures"]),
+              *([p["references"]] if refs else []),
               *[x for f in families for x in (interval(mat(p[f])), p["seconds"].get(f))]] for p in points]
-    header = ["scale", "answers", "response tokens", "temperatures",
+    header = ["scale", "answers", "response tokens", "temperatures", *(["references"] if refs else []),
               *[x for f in families for x in (f"{FAMILIES[f]} MAT", "its training s")]]
     dtype = str(dtype_of(target)).removeprefix("torch.")
     lines = [
         f"## Acceptance length against distilled data ({datetime.date.today()}, {machine('cpu', dtype)}; "
         f"{box_load()})", "",
         f"`python benchmarks/real/bench_data_scaling.py {shlex.join('RUN' if a == args.run else a for a in args.argv)}`, RUN: {args.config}'s "
-        f"prepare-data, distill-data" + (" and teacher-data" if "eagle3" in families else "") + f" with {args.data}", "",
+        f"prepare-data, distill-data" + (" and teacher-data" if {"eagle3", "eagle3-extra"} & set(families) else "")
+        + f" with {args.data}" + (" teacher_data.extra=[reference]" if refs else ""), "",
         f"Target {name}; {cfg.demo.world} world; at each scale " + "; ".join(recipe(args, cfg, f) for f in families)
         + f". 1x = {unit} answers a domain" + (" (the config's)" if unit == cfg.demo.train_per_domain else "")
         + f". MAT at K = {args.k} (tokens per target forward), greedy, batch 1, {len(prompts)} test prompts x "
         f"{args.tokens} new tokens, pooled, 90% interval over prompts; training seconds: the fits' wall clock.", "",
-        *table(header, rows, "lrrl" + "rr" * len(families))]
+        *table(header, rows, "lrrl" + "r" * refs + "rr" * len(families))]
     if untouched:  # in domain, each specialist against the init on the same prompts, paired
         domains = sorted({d for d, _ in prompts})
         per = [[d, interval(mat(only(untouched, prompts, d))),
@@ -352,6 +399,8 @@ def families(text: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("run", help="a run root whose distill-data (and teacher-data for eagle3) ran at the largest scale")
+    parser.add_argument("overrides", nargs="*", metavar="key.path=value",
+                        help="overrides of --config's recipes, e.g. train_drafters.eagle.ttt_steps=7")
     parser.add_argument("--config", default="configs/real.yaml", help="the run's config: 1x and the recipes")
     parser.add_argument("--scales", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8],
                         help="multiples of the config's demo.train_per_domain, comma-separated")
@@ -359,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"drafter families, comma-separated, of {', '.join(FAMILIES)} (specialists: the config's "
                              "init_from model distilled, one a domain)")
     parser.add_argument("--independent-epochs", type=int, default=4, help="passes of the independent drafter")
-    parser.add_argument("--eagle-epochs", type=int, default=2, help="passes of the EAGLE-3 drafter")
+    parser.add_argument("--eagle-epochs", type=int, default=2, help="passes of the EAGLE-3 drafters")
     parser.add_argument("--specialist-epochs", type=int, default=None,
                         help="passes of each specialist (default: the config's train_drafters.finetune)")
     parser.add_argument("--unit", type=int, default=None,

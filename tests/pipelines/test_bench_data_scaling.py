@@ -48,6 +48,42 @@ def test_the_stored_signal_is_cut_to_the_scale_s_rows_and_a_missing_row_is_refus
         bench.subset(stored, {"code/train/000009@t0"})
 
 
+def test_eagle3_extra_adds_the_references_of_the_scale_s_prompts_only(bench, tmp_path):
+    """--families eagle3-extra: the reference rows teacher-data stored for the prompts a scale answers (not every
+    reference it holds), in a work dir named by them; none stored is refused in one line."""
+    data = rows(3, temperatures=(0.0,))
+    refs = [{"id": f"reference:{r['prompt_id']}", "domain": r["domain"], "source": "reference"} for r in data]
+    train = datasets.Dataset.from_list([{"id": r["id"], "domain": r["domain"], "source": "distilled"} for r in data]
+                                       + refs)
+    stored = TeacherData(SignalFormat(top_k=4, vocab_size=10, max_length=16, feature_layers=None, feature_width=0),
+                         "hash", {"train": train})
+    small, large = bench.scale_rows(data, [0.0], 1), bench.scale_rows(data, [0.0], 2)
+    assert bench.reference_ids(stored, small) == ["reference:code/train/000000", "reference:math/train/000000"]
+    assert len(bench.reference_ids(stored, large)) == 4
+    cut = bench.subset(stored, {r["id"] for r in small} | set(bench.reference_ids(stored, small)))
+    assert sorted(cut.splits["train"]["source"]) == ["distilled", "distilled", "reference", "reference"]
+    assert bench.extra_dir(tmp_path, bench.reference_ids(stored, small)) != \
+        bench.extra_dir(tmp_path, bench.reference_ids(stored, large))
+    answers_only = TeacherData(stored.format, "hash", {"train": train.select(range(len(data)))})
+    with pytest.raises(SystemExit, match=r"teacher_data.extra=\[reference\]"):
+        bench.reference_ids(answers_only, small)
+
+
+def test_overrides_after_run_change_the_config_s_recipe_and_a_wrong_key_is_refused(bench, tmp_path):
+    from pathlib import Path
+
+    from specdraft.core.errors import InputError
+
+    config = str(Path(__file__).resolve().parents[2] / "configs" / "real.yaml")
+    args = bench.build_parser().parse_args([str(tmp_path), "train_drafters.eagle.ttt_steps=7", "--config", config])
+    assert bench.run_config(args).train_drafters.eagle.ttt_steps == 7
+    assert bench.run_config(bench.build_parser().parse_args([str(tmp_path), "--config", config])
+                            ).train_drafters.eagle.ttt_steps == 3
+    with pytest.raises(InputError, match="ttt_step"):
+        bench.run_config(bench.build_parser().parse_args([str(tmp_path), "train_drafters.eagle.ttt_step=7",
+                                                          "--config", config]))
+
+
 def test_a_point_s_work_dir_is_named_by_its_target_rows_and_training(bench, tmp_path):
     """A rerun resumes a point only from drafters made of the same inputs: other rows, other passes or another
     target name another work dir (before, a dir named by the scale alone was reused whatever made it)."""
