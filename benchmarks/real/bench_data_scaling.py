@@ -348,7 +348,7 @@ def render(args, cfg: RunConfig, target, points: list[dict], unit: int, prompts,
             else str(cfg.target.name_or_path))
     name += f" ({target.config.num_hidden_layers} x {target.config.hidden_size})"
     families = args.families
-    if not args.no_append:
+    if not args.no_append and args.plot:
         plot(points, families, f"{name}, {cfg.demo.world} world, K = {args.k}",
              Path(args.page or page_of(__file__)).with_name(args.plot), untouched and mat(untouched))
     refs = "eagle3-extra" in families  # a column of the reference rows added to the answers
@@ -385,7 +385,8 @@ def render(args, cfg: RunConfig, target, points: list[dict], unit: int, prompts,
                   "on the same prompts (paired, 90% interval over prompts):", "",
                   *table(["domain", "the init", *[f"{p['scale']}x: MAT, x the init" for p in points]], per,
                          "l" + "r" * (1 + len(points)))]
-    return "\n".join([*lines, "", f"![acceptance length against distilled tokens]({args.plot})", ""])
+    figure = [f"![acceptance length against distilled tokens]({args.plot})", ""] if args.plot else []
+    return "\n".join([*lines, "", *figure])
 
 
 def families(text: str) -> list[str]:
@@ -416,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per test prompt")
     parser.add_argument("--k", type=int, default=4, help="draft length")
     parser.add_argument("--max-prompt-tokens", type=int, default=448, help="test prompts truncated from the left")
-    parser.add_argument("--plot", default="data_scaling.png", help="the curve's file name, beside the page")
+    parser.add_argument("--plot", default="data_scaling.png",
+                        help="the curve's file name, beside the page; '' for none (a page's folder holds at most ten files)")
     add_section_flags(parser)
     return parser
 
