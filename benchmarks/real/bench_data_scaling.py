@@ -137,6 +137,11 @@ def extra_dir(work: Path, ids: list[str]) -> Path:
     return work / f"{EXTRA}-{hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:12]}"
 
 
+def eagle_work(family: str, work: Path, refs: list[str]) -> Path:
+    """Where an EAGLE family's drafter of a point trains: eagle3 in the point's dir, eagle3-extra in `extra_dir`."""
+    return work if family == "eagle3" else extra_dir(work, refs)
+
+
 def point_config(cfg: RunConfig, args) -> RunConfig:
     """--config's training sections with the epochs of this benchmark (max_steps off, so passes decide)."""
     tcfg = cfg.train_drafters
@@ -173,9 +178,10 @@ def init_dir(cfg: RunConfig, run: Path) -> Path:
 
 
 def train_point(cfg: RunConfig, work: Path, rows: list[dict], stored: TeacherData | None, target, tok,
-                target_path: Path, dev_rows: list[dict], families: list[str], init: Path | None) -> dict:
-    """`families` at one scale, by the stage's code, into `work` (resumed: a finished drafter is kept);
-    -> {family: training seconds of this process, None where resumed}."""
+                target_path: Path, dev_rows: list[dict], families: list[str], init: Path | None,
+                refs: list[str]) -> dict:
+    """`families` at one scale, by the stage's code, into `work` (resumed: a finished drafter is kept); `refs`: the
+    reference rows eagle3-extra adds; -> {family: training seconds of this process, None where resumed}."""
     ctx = SimpleNamespace(cfg=cfg, work=work)
     timings: dict[str, dict] = {}
     domains = sorted({r["domain"] for r in rows})
@@ -188,17 +194,15 @@ def train_point(cfg: RunConfig, work: Path, rows: list[dict], stored: TeacherDat
         finetune(ctx, tok, [(d, [d]) for d in domains], rows, init, target if tune.loss != "ce" else None, timings)
         trained = [timings[d]["seconds"] for d in domains if d in timings]
         done["specialists"] = round(sum(trained), 1) if len(trained) == len(domains) else None
-    if "eagle3" in families:
-        eagle = train_eagle(ctx, target, [("ofa", domains)], rows, tok.pad_token_id, cfg.run.seed, target_path,
-                            subset(stored, {r["id"] for r in rows}), dev_rows)
-        done["eagle3"] = eagle.get(PREFIX + "ofa", {}).get("seconds")
-    if "eagle3-extra" in families:
-        more = reference_ids(stored, rows)
-        # the answers as above (they pick the draft vocabulary, as in the stage) and their prompts' references
-        eagle = train_eagle(SimpleNamespace(cfg=cfg, work=extra_dir(work, more)), target, [("ofa", domains)], rows,
-                            tok.pad_token_id, cfg.run.seed, target_path,
-                            subset(stored, {r["id"] for r in rows} | set(more)), dev_rows)
-        done["eagle3-extra"] = eagle.get(PREFIX + "ofa", {}).get("seconds")
+    for family in ("eagle3", "eagle3-extra"):
+        if family in families:
+            # the answers pick the draft vocabulary, as in the stage; eagle3-extra trains on their prompts'
+            # references too
+            more = set(refs) if family == "eagle3-extra" else set()
+            eagle = train_eagle(SimpleNamespace(cfg=cfg, work=eagle_work(family, work, refs)), target,
+                                [("ofa", domains)], rows, tok.pad_token_id, cfg.run.seed, target_path,
+                                subset(stored, {r["id"] for r in rows} | more), dev_rows)
+            done[family] = eagle.get(PREFIX + "ofa", {}).get("seconds")
     record = work / "training.json"  # the first run's times: a resumed point reports what it cost then
     first = json.loads(record.read_text()) if record.is_file() else {}
     merged = {**first, **{k: first.get(k) if v is None else v for k, v in done.items()}}
@@ -231,14 +235,13 @@ def drafted(path: Path, target, prompts, args, eos) -> dict:
     return counts(target, lambda d: DrafterSpeculator(drafter, FixedK(args.k)), prompts, args.tokens, eos)
 
 
-def judge(family: str, work: Path, target, target_path: Path, prompts, args, eos, stored=None, rows=None) -> dict:
+def judge(family: str, work: Path, target, target_path: Path, prompts, args, eos, refs: list[str]) -> dict:
     """Per-prompt counts of `family`'s drafter(s) trained in `work`; a specialist is loaded for its own domain's
     prompts only, one at a time (each is the size of the init)."""
     if family == "independent":
         return drafted(work / BASE / "model", target, prompts, args, eos)
     if family in ("eagle3", "eagle3-extra"):
-        where = work if family == "eagle3" else extra_dir(work, reference_ids(stored, rows))
-        eagle = load_eagle(where / (PREFIX + "ofa") / "model", target=target, target_hash=target_dir_hash(target_path))
+        eagle = load_eagle(eagle_work(family, work, refs) / (PREFIX + "ofa") / "model", target=target, target_hash=target_dir_hash(target_path))
         return counts(target, lambda d: EagleSpeculator(eagle, FixedK(args.k)), prompts, args.tokens, eos)
     out = {"tokens": [0] * len(prompts), "calls": [0] * len(prompts)}
     for domain in sorted({d for d, _ in prompts}):
@@ -310,11 +313,12 @@ def run_bench(args) -> str:
         key = point_key(pcfg, rows, target_path, cfg.train_drafters.init_from)
         work = run / "bench_data_scaling" / f"{s * unit}-a-domain-{key}"
         print(f"[bench_data_scaling] {s}x: {len(rows)} rows")
-        seconds = train_point(pcfg, work, rows, stored, target, tok, target_path, dev_rows, args.families, init)
+        refs = reference_ids(stored, rows) if "eagle3-extra" in args.families else []
+        seconds = train_point(pcfg, work, rows, stored, target, tok, target_path, dev_rows, args.families, init, refs)
         points.append({"scale": s, "rows": len(rows), "tokens": sum(len(r["response_ids"]) for r in rows),
                        "temperatures": sorted({float(r["temperature"]) for r in rows}), "seconds": seconds,
-                       "references": len(reference_ids(stored, rows)) if "eagle3-extra" in args.families else None,
-                       **{f: judge(f, work, target, target_path, prompts, args, eos, stored, rows)
+                       "references": len(refs) if "eagle3-extra" in args.families else None,
+                       **{f: judge(f, work, target, target_path, prompts, args, eos, refs)
                           for f in args.families}})
         print(f"[bench_data_scaling] {s}x: " + ", ".join(f"{FAMILIES[f]} {mat(points[-1][f])[0]:.3f}"
                                                          for f in args.families))
