@@ -5,15 +5,17 @@ target's own answers in fewer target forwards), each called as the stage calls i
 
     python benchmarks/training/bench_distill_speed.py --target DIR [--drafter DIR] [--prompt-set RUN/prompts/sets
         --domain code] [--n-prompts 16] [--batch 16] [--tokens 64] [--passes 2] [--dtype float32] [--threads 2]
-        [--split test] [--no-compile] [--section S] [--page P] [--no-append]
+        [--split test] [--no-compile] [--profile] [--section S] [--page P] [--no-append]
 
 Every backend answers the same prompts, in batches of --batch, greedy, at most --tokens new tokens; batch by batch
 the backends take turns (the order turning each batch and pass: benchmarks/harness/timing.py `interleave`), one
 untimed warm-up call of each on each batch first (a compiled decoder builds its graphs there). Reported per
 backend: answered tokens per second (the median over passes of the pass's total, min-max), its ratio to hf within
 the same pass (median, min-max), and how many greedy answers equal hf's token for token (fp32: all should; bf16:
-the step's shape changes the rounding, see decoding/near_ties.py). Writes its section of
-benchmarks/training/RESULTS.md.
+the step's shape changes the rounding, see decoding/near_ties.py). --profile adds where each backend's time goes:
+one more call over the first batch under torch.profiler, its operators' self time summed as the products (the
+linear layers and the LM head), attention, and the rest; hf's products bound what any backend running them at this
+batch can gain. Writes its section of benchmarks/training/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -51,6 +53,22 @@ def backends(target, drafter, tok, dcfg, k: int, compiled: bool) -> dict:
     return out
 
 
+# operators whose self time is a matrix product: packed and plain linears, the LM head, int8 drafter weights
+PRODUCTS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm")
+
+
+def op_seconds(fn, unit) -> dict[str, float]:
+    """Self CPU seconds of one call `fn(unit, 0)` under torch.profiler: products, attention, the rest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn(unit, 0)
+    own = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
+    products = sum(v for k, v in own.items() if k in PRODUCTS)
+    attention = sum(v for k, v in own.items() if "scaled_dot_product" in k)
+    return {"products": products, "attention": attention, "rest": sum(own.values()) - products - attention}
+
+
 def ratio_cell(xs: list[float]) -> str:
     return f"{statistics.median(xs):.2f}x ({min(xs):.2f}-{max(xs):.2f})"
 
@@ -69,6 +87,7 @@ def main(argv=None) -> str:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--no-compile", action="store_true", help="leave out the compiled decoder (its compile takes minutes)")
+    ap.add_argument("--profile", action="store_true", help="add where each backend's time goes over the first batch")
     add_section_flags(ap)
     add_device_flags(ap)
     args = ap.parse_args(argv)
@@ -104,6 +123,17 @@ def main(argv=None) -> str:
         same = sum(a == b for a, b in zip(answers[name], answers["hf"]))
         lines.append(f"| {name} | {tokens[name]} | {statistics.median(rate[name]):.1f} ({min(rate[name]):.1f}-"
                      f"{max(rate[name]):.1f}) | {ratio_cell(ratios)} | {same}/{len(prompts)} |")
+    if args.profile:
+        lines += ["", "Where the time goes: one more call of each over the first batch under torch.profiler, operators' "
+                  "self time (s); the unprofiled call's time is the median over passes.", "",
+                  "| backend | unprofiled call s | products s | attention s | the rest s |", "|---|---|---|---|---|"]
+        for name, fn in fns.items():
+            ops, alone = op_seconds(fn, units[0]), statistics.median(ts[0] for ts in times[name])
+            lines.append(f"| {name} | {alone:.2f} | {ops['products']:.2f} | {ops['attention']:.2f} | {ops['rest']:.2f} |")
+            if name == "hf":
+                bound = alone / ops["products"]
+        lines += ["", f"A backend running hf's products at this batch takes at least their time: at most {bound:.1f}x "
+                  "hf's rate on the first batch."]
     text = "\n".join(lines)
     publish_for(text, not args.no_append, Path(__file__), args.section, args.page)
     return text
