@@ -159,10 +159,13 @@ $(SPEC_STAMP):
 	$(SPEC_PY) -c 'import speculators.train.cli, speculators.models.eagle3'
 	touch $(SPEC_STAMP)
 
-# on `make real`'s run (a cache hit once it finished; about 55 min from nothing): trains both drafters and decodes
-# 3 test prompts a domain at K = 1..5 (81 min on 2 shared cores)
+# on `make real`'s run (a cache hit once it finished; 19-55 min from nothing): trains both drafters at equal steps
+# and decodes 3 test prompts a domain at K = 1..5, then speculators' drafter again for our training's wall time
+# (16 min on an AMD EPYC with avx512_bf16, 2 cores)
 bench-speculators: real $(SPEC_STAMP)
 	nice -n 10 $(PY) benchmarks/engines/bench_speculators.py --run runs/real --spec-python $(SPEC_PY)
+	nice -n 10 $(PY) benchmarks/engines/bench_speculators.py --run runs/real --spec-python $(SPEC_PY) \
+		--ablation equal-time --equal-time
 
 # vLLM's acceptance counters for the real target's drafters, one `vllm serve` per drafter and K (AVX-512 or a GPU;
 # elsewhere it says why and writes nothing); serves bench-speculators' seed-0 pair when that has run

@@ -82,7 +82,21 @@ def decode_counts(target, drafter, prompts, ks: list[int], tokens: int, eos, ref
         if reference is not None:
             rows["equal"] = [a == b for a, b in zip(rows["outputs"], reference)]
         out[k] = rows
+    if reference is not None and next(target.parameters()).dtype != torch.float32:
+        judge_divergences(target, prompts, out, reference)
     return out
+
+
+def judge_divergences(target, prompts, by_k: dict, reference: list[list[int]], wide: dict | None = None) -> None:
+    """Adds "near_tie" to each K's rows of decode_counts: per prompt None where the output equals `reference`, else
+    whether their first differing token is a near-tie of the target (decoding/near_ties.py: below fp32 a K + 1-row
+    verify and a one-token step can round two close logits apart; a wrong draft accepted is no near-tie)."""
+    from specdraft.decoding.near_ties import classify_all
+
+    wide = {} if wide is None else wide
+    for k, rows in by_k.items():
+        judged = classify_all(target, [ids for _, ids in prompts], rows["outputs"], reference, k + 1, 1, wide)
+        rows["near_tie"] = [None if d is None else bool(d.near_tie) for d in judged]
 
 
 def vllm_tally(head: list[int], tokens: list[int], drafted: list[int], accepted: list[int], max_tokens: int,

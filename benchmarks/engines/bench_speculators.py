@@ -2,13 +2,13 @@
 
     python benchmarks/engines/bench_speculators.py [--run runs/real] [--config configs/real.yaml] [--seeds 0]
         [--prompts-per-domain 3] [--tokens 48] [--ks 1,2,3,4,5] [--spec-python .venv-speculators/bin/python]
-        [--peer-flag=--ttt-step-loss-decay=0.8 ...] [--no-append]
+        [--peer-flag=--ttt-step-loss-decay=0.8 ...] [--no-append] [--ablation NAME [--equal-time]]
 
 RUN is a finished `make real` run (target/, distill_data/, prompts/, bundle/eagle/eagle-ofa/). Per seed:
-  1. the exact rows specdraft's EAGLE trainer sees (its seeded batch sampler's first `steps` batches of 8, built
-     by the collator it uses: input_ids and the loss mask of the response) are written as speculators' prepared
-     dataset (input_ids, loss_mask, seq_len), followed by the dev rows as its validation split; the target's
-     hidden states (layers 2 / 15 / 27 inputs and the last layer's output before the final norm, [T, 4, H]) are
+  1. the exact rows specdraft's EAGLE trainer sees (its seeded batch sampler's batches of 8 over the config's
+     passes or steps, built by the collator it uses: input_ids and the loss mask of the response) are written as
+     speculators' prepared dataset (input_ids, loss_mask, seq_len), followed by the dev rows as its validation
+     split; the target's hidden states (layers 2 / 15 / 27 inputs and the last layer's output before the final norm, [T, 4, H]) are
      computed once with transformers and written in its file layout hidden_states/hs_{i}.safetensors; the draft
      vocabulary (d2t / t2d) is specdraft's (the 8192 most frequent response tokens), so both draft in one vocabulary
      (speculators_data.py).
@@ -16,12 +16,17 @@ RUN is a finished `make real` run (target/, distill_data/, prompts/, bundle/eagl
      its peak resident memory (os.wait4): speculators' (speculators_launch.py, its CPU launcher; one epoch over
      those rows packed into at most as many batches as specdraft's steps, the steps it ran read from its log:
      speculators_peer.py) and specdraft's (pipelines/train_eagle.train_eagle, the train-drafters stage's EAGLE
-     call, with configs/real.yaml's settings).
+     call, with configs/real.yaml's settings, on the run's stored features from stage teacher-data when the config
+     reads them, as make real does; that stage's wall time is shown beside speculators' extraction).
   3. the speculators checkpoint is loaded into specdraft's decoder (`layers.N.*` -> `body.layers.N.*`; its extra
      norms, norm_before_fc and norm_output, by speculators_peer.PeerEagle3Drafter) and both drafters decode the
      test prompts, greedy, at fixed K = 1..5: mean acceptance length (generated tokens per target forward, pooled
      over prompts, a 90% bootstrap interval over prompts) and whether every output equals the target's plain greedy
      output (acceptance.py).
+After a full run, `--ablation NAME` retrains speculators' drafter on seed 0's rows with the --peer-flag flags, and
+`--ablation NAME --equal-time` for specdraft's seed-0 wall time instead of its steps: on the rows of specdraft's first
+n batches, n = its batches x (specdraft's wall s / speculators' wall s), both from the full run (past one pass when
+speculators is the faster); each in the section's ablation table, paired against specdraft s0.
 Seeds already trained and decoded in WORK/results.json for the same run (the target's and the distilled data's
 content hashes), prompts (their token ids), tokens, K and peer flags are kept: `--seeds 0,1` after a run of seed 0
 trains and decodes seed 1 only. The hidden states and datasets are kept likewise, per run (speculators_data.py).
@@ -31,7 +36,9 @@ the section says so. Writes its table as this script's section of benchmarks/eng
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import shutil
 import sys
@@ -43,8 +50,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.harness
 
 from specdraft.core.errors import InputError  # noqa: E402
-from benchmarks.engines.acceptance import (decode_counts, greedy_reference, ids_digest, run_key,  # noqa: E402
-                                           test_prompts)
+from benchmarks.engines.acceptance import (decode_counts, greedy_reference, ids_digest, judge_divergences,  # noqa: E402
+                                           run_key, test_prompts)
 from benchmarks.engines.speculators_data import (child_extract, extract, hs_cache, our_batches,  # noqa: E402
                                                  prepare_seed, source_rows, vocab_files)
 from benchmarks.engines.speculators_peer import load_peer, train_peer  # noqa: E402
@@ -72,6 +79,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ablation", default=None, metavar="NAME",
                    help="after a full run: retrain only speculators' drafter on seed 0's data with the --peer-flag "
                         "flags, decode it, write WORK/ablation-NAME/results.json and render the section again")
+    p.add_argument("--equal-time", action="store_true",
+                   help="with --ablation: speculators' drafter trained for specdraft's seed-0 wall time, not its steps: "
+                        "on the rows of specdraft's first n batches, n its batches scaled by the two trainers' seed-0 "
+                        "wall times (past one pass when speculators is the faster)")
     p.add_argument("--render-only", action="store_true",
                    help="no training or decoding: render the section again from WORK/results.json of an earlier run")
     p.add_argument("--train-ours", default=None, help=argparse.SUPPRESS)  # child mode: OUT dir
@@ -111,9 +122,37 @@ def load_settings(config: str, run: Path):
 # ---- child processes: each trainer timed and measured alone -------------------------------------------
 
 
+def stored_signal(run: Path, cfg):
+    """The run's teacher-data output when its config has the EAGLE drafters read it (make real does), checked to
+    be scored from this run's distilled data, as stage train-drafters checks it; None: they run the target."""
+    from specdraft.pipelines.artifacts import read_manifest
+    from specdraft.pipelines.readers import load_teacher_data
+    from specdraft.pipelines.schema import stored_signal_readers
+
+    if "train_drafters.eagle" not in stored_signal_readers(cfg):
+        return None
+    if not (run / "teacher_data" / "manifest.json").is_file():
+        raise InputError(f"{run}/teacher_data is missing and the config's EAGLE drafters read it; run `make real` first")
+    stored = load_teacher_data(run / "teacher_data")
+    if stored.distill_data != read_manifest(run / "distill_data").content_hash:
+        raise InputError(f"{run}/teacher_data was scored from another distill-data output; rerun `make real`")
+    return stored
+
+
+def stored_cost(run: Path, cfg) -> dict | None:
+    """{"seconds"}: the wall time of the run's stage teacher-data when specdraft's EAGLE trainer reads its output."""
+    from specdraft.pipelines.artifacts import read_manifest
+    from specdraft.pipelines.schema import stored_signal_readers
+
+    if "train_drafters.eagle" not in stored_signal_readers(cfg):
+        return None
+    return {"seconds": round(read_manifest(run / "teacher_data").wall_time_s, 1)}
+
+
 def child_train_ours(args, run: Path, out: Path) -> None:
     """Child mode: specdraft's EAGLE-3 training exactly as stage train-drafters calls it (train_eagle.train_eagle
-    with the run config's eagle section, all training rows, one all-domain drafter)."""
+    with the run config's eagle section, all training rows, one all-domain drafter, on teacher-data's stored
+    features when the config reads them)."""
     from types import SimpleNamespace
 
     from specdraft.decoding.bundle.loading import load_causal_lm, load_tokenizer
@@ -127,7 +166,8 @@ def child_train_ours(args, run: Path, out: Path) -> None:
     ctx = SimpleNamespace(cfg=cfg, work=out)
     name = train_eagle.PREFIX + "ofa"
     specs = [("ofa", sorted({r["domain"] for r in rows}))]
-    timings = train_eagle.train_eagle(ctx, target, specs, rows, tok.pad_token_id, args.seed, run / "target")
+    timings = train_eagle.train_eagle(ctx, target, specs, rows, tok.pad_token_id, args.seed, run / "target",
+                                      stored_signal(run, cfg))
     print(json.dumps({"timings": timings, "model": str(out / name / "model")}))
 
 
@@ -188,7 +228,8 @@ def evaluate(args, run: Path, trained: dict, meta: dict, prompts) -> tuple[dict,
     eos = end_of_turn_ids(tok, target)
     t0 = time.perf_counter()
     reference = greedy_reference(target, prompts, args.tokens, eos)
-    facts = {"prompts": len(prompts), "domains": sorted({d for d, _ in prompts}), "ar_seconds": round(time.perf_counter() - t0, 1)}
+    facts = {"prompts": len(prompts), "domains": sorted({d for d, _ in prompts}), "ar_seconds": round(time.perf_counter() - t0, 1),
+             "dtype": str(next(target.parameters()).dtype).removeprefix("torch.")}
     results = {}
     for seed, info in trained.items():
         ours = load_eagle(info["specdraft"]["model"], target=target, target_hash=target_dir_hash(bundle.target_path))
@@ -217,6 +258,9 @@ def run_ablation(args, run: Path, work: Path, meta: dict, ecfg) -> None:
                          "changed since); run the benchmark without --ablation first")
     n_train, steps = saved["trained"]["0"]["steps"] * ecfg.train.batch_size, saved["trained"]["0"]["steps"]
     n_rows = len(list((data / "hidden_states").iterdir()))
+    flags = list(args.peer_flag)
+    if args.equal_time:
+        data, n_train, n_rows, steps, flags = equal_time_data(args, run, work, saved["trained"]["0"], meta, ecfg)
     save = work / f"ablation-{args.ablation}" / "ckpt"
     info = train_peer(args, run, data, save, work / f"d2t-{meta['draft_vocab_size']}.npy",
                       work / f"t2d-{meta['draft_vocab_size']}.npy", meta, ecfg, steps, n_train, n_rows, 0)
@@ -227,9 +271,39 @@ def run_ablation(args, run: Path, work: Path, meta: dict, ecfg) -> None:
     tokens, ks = keep.get("tokens", args.tokens), keep.get("k_list", args.k_list)
     reference = greedy_reference(target, prompts, tokens, eos)
     res = decode_counts(target, load_peer(Path(info["model"]), meta, target), prompts, ks, tokens, eos, reference)
-    out = {"train": info, "results": res, "flags": args.peer_flag}
+    out = {"train": info, "results": res, "flags": flags}
     (work / f"ablation-{args.ablation}" / "results.json").write_text(json.dumps(out))
     args.peer_flag = []  # the section's own run had none: the ablation has its own table
+
+
+def equal_time_data(args, run: Path, work: Path, seed0: dict, meta: dict, ecfg) -> tuple:
+    """speculators' dataset for specdraft's seed-0 wall time: the rows of specdraft's first n batches in its order,
+    n = its seed-0 batches x (specdraft's wall s / speculators' wall s), both as the full run measured them (more
+    than one pass when speculators was the faster). -> (dir, train rows, rows with dev, n, [the row's label])."""
+    _, prepared, dev = source_rows(run, collator(meta, ecfg))
+    ours, peer = seed0["specdraft"]["seconds"], seed0["speculators"]["seconds"]
+    cut = dataclasses.replace(ecfg, train=dataclasses.replace(ecfg.train, max_steps=equal_time_steps(seed0)))
+    cache = hs_cache(work, args.key["run"], meta["feature_layers"])
+    needed = [i for b in our_batches(len(prepared), cut, 0) for i in b] + [len(prepared) + j for j in range(len(dev))]
+    extract(Path(__file__).resolve(), run, work, cache, prepared + dev, needed, meta["feature_layers"])
+    data, n_train, steps = prepare_seed(work / f"ablation-{args.ablation}", cache, args.key["run"], 0, cut, prepared,
+                                        dev)
+    label = (f"for specdraft's wall time (the rows of its first {steps} of {seed0['steps']} batches: its {ours:.0f} s "
+             f"against speculators' {peer:.0f} s for all)")
+    return data, n_train, n_train + len(dev), steps, [label]
+
+
+def equal_time_steps(seed0: dict) -> int:
+    """specdraft's seed-0 batches scaled by its wall time over speculators' (at least one): how many of them
+    speculators, at the rate it trained at, gets through in specdraft's time."""
+    return max(1, math.floor(seed0["steps"] * seed0["specdraft"]["seconds"] / seed0["speculators"]["seconds"]))
+
+
+def collator(meta: dict, ecfg):
+    """The collator specdraft's EAGLE trainer builds its batches with (input ids, the response's loss mask)."""
+    from specdraft.drafters.data import CausalLMCollator
+
+    return CausalLMCollator(pad_token_id=meta["target_config"].get("pad_token_id") or 0, max_length=ecfg.max_length)
 
 
 def render_saved(args, work: Path, meta: dict, ecfg) -> None:
@@ -244,7 +318,30 @@ def render_saved(args, work: Path, meta: dict, ecfg) -> None:
         setattr(args, key, saved.get("args", {}).get(key, getattr(args, key)))
     trained = {int(seed): info for seed, info in saved["trained"].items()}
     results = {label: {int(k): rows for k, rows in by_k.items()} for label, by_k in saved["results"].items()}
+    if judge_saved(args, Path(args.run), saved["facts"], results):
+        file.write_text(json.dumps({**saved, "results": results}, indent=1))
     publish(render(args, meta, ecfg, trained, saved["extract"], results, saved["facts"]), write=not args.no_append)
+
+
+def judge_saved(args, run: Path, facts: dict, results: dict) -> bool:
+    """Divergences of saved decodes from a target below fp32 that were not judged when they ran (acceptance.
+    judge_divergences), judged now against the target's greedy output again; -> whether any were."""
+    from specdraft.decoding.bundle.chat import end_of_turn_ids
+
+    todo = [by_k for by_k in results.values() if any("near_tie" not in rows for rows in by_k.values())]
+    if not todo:
+        return False
+    bundle, tok, prompts = test_set(run, args.prompts_per_domain)
+    target = bundle.load_target(device="cpu")
+    facts["dtype"] = str(next(target.parameters()).dtype).removeprefix("torch.")
+    if facts["dtype"] == "float32":
+        return True
+    torch.set_num_threads(max(os.cpu_count() or 1, 1))
+    reference = greedy_reference(target, prompts, args.tokens, end_of_turn_ids(tok, target))
+    wide: dict = {}
+    for by_k in todo:
+        judge_divergences(target, prompts, by_k, reference, wide)
+    return True
 
 
 def settings(args, run: Path, meta: dict):
@@ -268,7 +365,6 @@ def main(argv=None) -> None:
         print(f"[bench_speculators] skipped: {args.spec_python} does not exist (build it with `make bench-speculators`)")
         return
     ecfg = settings(args, run, meta)
-    from specdraft.drafters.data import CausalLMCollator
     from specdraft.pipelines.train_eagle import frequent_tokens
 
     work = Path(args.work or run / "bench_speculators")
@@ -276,12 +372,13 @@ def main(argv=None) -> None:
     _, _, prompts = test_set(run, args.prompts_per_domain)
     # what every cache here is for: this run's target and distilled data, these prompts' token ids
     args.key = {"run": run_key(run), "prompts": ids_digest(ids for _, ids in prompts)}
+    if args.equal_time and args.ablation is None:
+        raise InputError("--equal-time retrains speculators' drafter as an ablation; give it a name: --ablation NAME")
     if args.ablation is not None:
         run_ablation(args, run, work, meta, ecfg)
     if args.render_only or args.ablation is not None:
         return render_saved(args, work, meta, ecfg)
-    collate = CausalLMCollator(pad_token_id=meta["target_config"].get("pad_token_id") or 0, max_length=ecfg.max_length)
-    train, prepared, dev = source_rows(run, collate)
+    train, prepared, dev = source_rows(run, collator(meta, ecfg))
     kept_trained, kept_results, kept_facts = finished_seeds(work, args)
     args.seed_list = [s for s in args.seed_list if s not in kept_trained]
     if args.seed_list:
@@ -297,7 +394,7 @@ def main(argv=None) -> None:
     trained, results = {**kept_trained, **trained}, {**kept_results, **results}
     args.seed_list = sorted(trained)
     args.seeds = ",".join(str(s) for s in args.seed_list)
-    facts = {**kept_facts, **facts}
+    facts = {**kept_facts, **facts, "stored": stored_cost(run, load_settings(args.config, run))}
     saved = {"trained": trained, "results": results, "facts": facts, "extract": extract_cost, "args": vars(args)}
     (work / "results.json").write_text(json.dumps(saved, indent=1))
     publish(render(args, meta, ecfg, trained, extract_cost, results, facts), write=not args.no_append)

@@ -28,7 +28,9 @@ def mal_table(results: dict, ks: list[int]) -> list[str]:
     for label, by_k in results.items():
         equal = sum(sum(by_k[k]["equal"]) for k in ks)
         total = sum(len(by_k[k]["equal"]) for k in ks)
-        rows.append([label, *(fmt_mal(by_k[k]) for k in ks), f"{equal}/{total}"])
+        judged = [t for k in ks for t in by_k[k].get("near_tie", []) if t is not None]
+        ties = f" ({sum(judged)} near-ties, {len(judged) - sum(judged)} other)" if judged else ""
+        rows.append([label, *(fmt_mal(by_k[k]) for k in ks), f"{equal}/{total}{ties}"])
     return table(["drafter", *(f"K={k}" for k in ks), "greedy output = target's"], rows)
 
 
@@ -49,8 +51,10 @@ def seed_sum(runs: list[dict], ks: list[int]) -> dict:
     return {k: {key: [sum(v) for v in zip(*(run[k][key] for run in runs))] for key in ("tokens", "calls")} for k in ks}
 
 
-def cost_table(trained: dict, extract_cost: dict) -> list[str]:
-    """Each trainer's optimizer steps (speculators': as its log says it ran them), tokens, wall time and memory."""
+def cost_table(trained: dict, extract_cost: dict, stored: dict | None = None) -> list[str]:
+    """Each trainer's optimizer steps (speculators': as its log says it ran them), tokens, wall time and memory;
+    the offline signal each read: speculators' hidden states, and `stored` ({"seconds"}: the run's teacher-data
+    stage) when specdraft's trainer read that."""
     rows = []
     for seed, info in trained.items():
         for name in ("speculators", "specdraft"):
@@ -60,18 +64,25 @@ def cost_table(trained: dict, extract_cost: dict) -> list[str]:
     rows.append(["all", f"speculators' offline hidden states (target forwards, transformers): {extract_cost['computed']} "
                  f"of {extract_cost['rows']} rows computed in this run, the rest cached", "-", "-",
                  extract_cost["seconds"], f"{extract_cost['peak_rss_mib']:,}"])
+    if stored:
+        rows.append(["all", "specdraft's stored signal (the run's stage teacher-data: the target's hidden states and "
+                     "top-k of every train and dev row, bf16)", "-", "-", stored["seconds"], "-"])
     return table(["seed", "trainer", "optimizer steps", "training tokens", "wall s", "peak RSS MiB"], rows)
 
 
-def settings_lines(meta: dict, ecfg, args, facts: dict) -> list[str]:
-    """What both trainers share, and every setting left at a different value (with why)."""
+def settings_lines(meta: dict, ecfg, args, facts: dict, steps: list[int]) -> list[str]:
+    """What both trainers share, and every setting left at a different value (with why); `steps`: specdraft's
+    optimizer steps in the seeds."""
     norms = facts.get("peer_norms", {})
+    online = ("specdraft's trainer reads the run's stored hidden states (stage teacher-data, timed apart: its row)"
+              if facts.get("stored") else "specdraft's trainer runs the target online in every step (inside its wall "
+              "time and memory)")
     return [
         f"- Shared: target {meta['target_config'].get('_model_name_or_path')} (runs/real/target), target layer ids "
         f"{meta['feature_layers']}, draft vocabulary {meta['draft_vocab_size']} (specdraft's most frequent response "
         f"tokens, given to speculators as d2t / t2d), {meta['n_layers']} decoder layer, lr {ecfg.lr}, "
-        f"{ecfg.ttt_steps} TTT steps, the same rows once in specdraft's sampled order ({ecfg.train.max_steps} steps of "
-        f"{ecfg.train.batch_size} rows; speculators packs the same rows into at most as many batches), fp32 on CPU, "
+        f"{ecfg.ttt_steps} TTT steps, the same rows in specdraft's sampled order ({' / '.join(map(str, steps))} steps "
+        f"of {ecfg.train.batch_size} rows; speculators packs the same rows into at most as many batches), fp32 on CPU, "
         "loss = KL(target || draft) over the draft vocabulary on the response positions.",
         "- Left at each tool's own default (part of what is compared): optimizer (speculators: Muon on 2-D weights + "
         f"AdamW wd 0.01; specdraft: AdamW betas (0.9, 0.95) wd {ecfg.weight_decay}), schedule (linear, warmup 1% vs "
@@ -81,10 +92,12 @@ def settings_lines(meta: dict, ecfg, args, facts: dict) -> list[str]:
         f"norm_before_residual={norms.get('norm_before_residual')} (specdraft: none / no / {meta.get('norm_before_residual')}).",
         "- Could not match: batching (speculators packs rows into one sequence per step with document masks; "
         "specdraft pads batches of 8), so per-step token counts differ while the total is equal; speculators "
-        "validates on the dev rows after its epoch (it refuses no validation split), specdraft's stage does not; "
-        "speculators' hidden states are computed offline (timed apart: extraction row), specdraft's trainer runs the "
-        "target online in every step (inside its wall time and memory); speculators writes its checkpoint in bf16 "
-        "(decoded here in fp32 from those bf16 weights), specdraft in fp32; gradient clipping is 1.0 in both.",
+        "validates on the dev rows after its epoch (it refuses no validation split), "
+        + (f"specdraft's measures its dev curve every {ecfg.eval_every_n_steps} steps (train_drafters.eagle"
+           ".eval_every_n_steps, inside its wall time); " if ecfg.eval_every_n_steps else "specdraft's stage does not; ")
+        + f"speculators' hidden states are computed offline (timed apart: extraction row), {online}; speculators "
+        f"writes its checkpoint in bf16, specdraft in fp32 (both decoded here in the target's "
+        f"{facts.get('dtype', 'float32')}); gradient clipping is 1.0 in both.",
         f"- Ablation flags given to speculators: {' '.join(args.peer_flag) or 'none'}.",
     ]
 
@@ -113,15 +126,19 @@ def render(args, meta, ecfg, trained, extract_cost, results, facts) -> str:
              f"torch {torch.__version__})", "",
              f"Mean acceptance length (generated tokens per target forward, bonus token counted, pooled over "
              f"{facts['prompts']} test prompts of {', '.join(facts['domains'])}; 90% bootstrap interval over prompts), "
-             f"greedy, fixed K, at most {args.tokens} new tokens, in specdraft's decoder (decode_batch). The last column "
-             "counts decodes whose output equals the target's plain greedy output token for token.", ""]
+             f"greedy, fixed K, at most {args.tokens} new tokens, in specdraft's decoder (decode_batch), the target in "
+             f"{facts.get('dtype', 'float32')}. The last column counts decodes whose output equals the target's plain "
+             "greedy output token for token" + ("; below fp32 each divergence is judged at its first differing token: "
+             "a near-tie of the target (two logits within the rounding of the shapes that compute them, "
+             "decoding/near_ties.py) or other (a wrong draft accepted would be)"
+             if facts.get("dtype", "float32") != "float32" else "") + ".", ""]
     lines += mal_table(results, args.k_list)
     lines += ["", "specdraft minus speculators (paired over prompts, 90% bootstrap interval):", ""]
     lines += difference_table(results, list(trained), args.k_list)
     lines += ["", "Training cost (each trainer a child process: wall clock and its peak resident memory):", ""]
-    lines += cost_table(trained, extract_cost)
+    lines += cost_table(trained, extract_cost, facts.get("stored"))
     lines += ablation_lines(Path(args.work or Path(args.run) / "bench_speculators"), args.k_list, results.get("specdraft s0"))
-    lines += [""] + settings_lines(meta, ecfg, args, facts)
+    lines += [""] + settings_lines(meta, ecfg, args, facts, sorted({info["steps"] for info in trained.values()}))
     vllm = (f"not run: {why_no_vllm}. On a machine with AVX-512 or a GPU: `{VLLM_COMMAND}`" if why_no_vllm
             else f"not run by this script; the hardware allows it: `{VLLM_COMMAND}`")
     lines += [f"- vLLM serving of both drafters at K = 1..5 with vLLM's own acceptance counters: {vllm}.",

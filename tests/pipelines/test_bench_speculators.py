@@ -274,6 +274,9 @@ def test_the_speculators_row_prints_the_steps_its_log_says_it_ran(tmp_path):
                    "specdraft": {"seconds": 2.0, "peak_rss_mib": 20}}}
     rows = report.cost_table(trained, {"computed": 1, "rows": 2, "seconds": 3.0, "peak_rss_mib": 30})
     assert "| 0 | speculators | 22 | 1,000 |" in "\n".join(rows) and "| 0 | specdraft | 24 | 1,000 |" in "\n".join(rows)
+    assert not any("stored signal" in r for r in rows)
+    rows = report.cost_table(trained, {"computed": 1, "rows": 2, "seconds": 3.0, "peak_rss_mib": 30}, {"seconds": 4.0})
+    assert any("stored signal" in r and "| 4.0 |" in r for r in rows)  # teacher-data's time beside the extraction's
     log.write_text("no launcher line\n")
     with pytest.raises(RuntimeError, match="packed"):
         speculators_peer.steps_run(log)
@@ -295,3 +298,76 @@ def test_decode_counts_give_both_definitions_and_the_target_as_its_own_drafter_a
         # every draft accepted: rounds of K + 1 tokens, the last one cut at 8 tokens
         assert rows["calls"] == [-(-8 // (k + 1))] * 2 and rows["tokens"] == [8, 8]
         assert rows["drafts"] == rows["calls"] and rows["accepted"] == [8 - c for c in rows["calls"]]
+    assert all("near_tie" not in rows for rows in counts.values())  # fp32: equality is exact, nothing to judge
+
+
+def test_equal_wall_time_gives_speculators_the_batches_its_rate_fits_in_specdraft_s_time():
+    """--ablation NAME --equal-time: speculators trains on the rows of specdraft's first n batches, n its seed-0
+    batches scaled by the two wall times; past one pass (the same rows again, in specdraft's next epochs) when
+    speculators was the faster."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from specdraft.training.trainer import TrainerConfig
+
+    def seed0(ours: float, peer: float) -> dict:
+        return {"steps": 12, "specdraft": {"seconds": ours}, "speculators": {"seconds": peer}}
+
+    assert bench.equal_time_steps(seed0(30.0, 90.0)) == 4
+    assert bench.equal_time_steps(seed0(30.0, 15.0)) == 24
+    assert bench.equal_time_steps(seed0(1.0, 1000.0)) == 1
+    ecfg = SimpleNamespace(train=TrainerConfig(batch_size=4, max_epochs=2))  # 24 rows: 6 batches a pass, 12 in all
+    full = data.our_batches(24, ecfg, seed=0)
+    cut = lambda n: data.our_batches(24, SimpleNamespace(train=dataclasses.replace(ecfg.train, max_steps=n)), seed=0)
+    assert len(full) == 12 and cut(4) == full[:4]
+    assert len(cut(24)) == 24 and cut(24)[:12] == full
+    assert sorted(i for b in cut(24)[18:] for i in b) == list(range(24))  # the fourth pass: every row once more
+
+
+def test_specdraft_trains_on_the_run_s_stored_signal_and_refuses_a_missing_or_stale_one(tmp_path):
+    """When the config's EAGLE drafters read teacher-data (make real's), the child trains on the run's stored
+    features as the stage does; a run without them, or with them scored from other answers, is refused in one line."""
+    from specdraft.core.errors import InputError
+    from specdraft.drafters.teacher_signal import SignalFormat
+    from specdraft.pipelines.schema import RunConfig
+
+    cfg = RunConfig()
+    cfg.train_drafters.eagle.enabled = True
+    write_stage_manifest(tmp_path / "distill_data", "distill-data", "answers 1")
+    with pytest.raises(InputError, match="teacher_data is missing"):
+        bench.stored_signal(tmp_path, cfg)
+    info = {"format": SignalFormat(4, 10, 16, (0,), 8).to_json(), "chunks": {"train": []},
+            "distill_data": __import__("hashlib").sha256(b"answers 2").hexdigest()}
+    write_stage_manifest(tmp_path / "teacher_data", "teacher-data", "signal")
+    (tmp_path / "teacher_data" / "info.json").write_text(json.dumps(info))
+    with pytest.raises(InputError, match="another distill-data"):
+        bench.stored_signal(tmp_path, cfg)
+    write_stage_manifest(tmp_path / "distill_data", "distill-data", "answers 2")
+    assert bench.stored_signal(tmp_path, cfg).format.top_k == 4
+    assert bench.stored_cost(tmp_path, cfg) == {"seconds": 1.0}
+    cfg.train_drafters.eagle.enabled = False  # nothing reads it: the trainer runs the target, no stored row
+    assert bench.stored_signal(tmp_path, cfg) is None and bench.stored_cost(tmp_path, cfg) is None
+
+
+def test_below_fp32_a_divergence_is_judged_a_near_tie_or_not():
+    """A bf16 target's decodes get each divergence judged at its first differing token: an output equal to the
+    reference is not judged, one that took the target's least likely token there is no near-tie."""
+    import copy
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128, bos_token_id=None, eos_token_id=None,
+                      pad_token_id=None)
+    target = copy.deepcopy(LlamaForCausalLM(cfg).eval()).to(torch.bfloat16)
+    prompts = [("math", [3, 4, 5]), ("code", [7, 8, 9, 10])]
+    reference = acceptance.greedy_reference(target, prompts, 6, [])
+    with torch.inference_mode():
+        worst = int(target(torch.tensor([prompts[1][1] + reference[1][:2]])).logits[0, -1].float().argmin())
+    wrong = reference[1][:2] + [worst] + reference[1][3:]
+    by_k = {2: {"outputs": [reference[0], wrong]}}
+    acceptance.judge_divergences(target, prompts, by_k, reference)
+    assert by_k[2]["near_tie"] == [None, False]
+    counts = acceptance.decode_counts(target, target, prompts, [2], 6, [], reference)
+    assert "near_tie" in counts[2] and len(counts[2]["near_tie"]) == 2
+    rows = report.mal_table({"x": {2: {**counts[2], **by_k[2], "equal": [True, False]}}}, [2])
+    assert "1/2 (0 near-ties, 1 other)" in "\n".join(rows)
