@@ -164,6 +164,11 @@ class StoredExamples(torch.utils.data.Dataset):
         if features and fmt.feature_layers is None:
             raise InputError("the stored signal holds no hidden states; rerun stage teacher-data with the EAGLE "
                              "drafters enabled (train_drafters.eagle.enabled)")
+        if data._indices is not None:
+            # a select()ed dataset keeps the whole table beside a mapping of its rows, and the cells below read the
+            # table: without this, row i would be the table's i-th, not the selection's (datasets has no public
+            # accessor for the mapping; flattening keeps only the selected rows, in memory)
+            data = data.flatten_indices(keep_in_memory=True)
         self.table, self.indices, self.fmt = data.data, list(indices), fmt  # the Arrow table: no row dicts
         self.topk, self.features = topk, features
 

@@ -134,3 +134,17 @@ def test_a_row_without_a_prompt_and_features_never_stored_are_refused():
         StoredExamples(data, [0], fmt, features=True)
     with pytest.raises(InputError, match="top_k"):
         signal_format(target.config, V + 1, 16, None)
+
+
+def test_a_selection_of_the_stored_rows_reads_the_selected_rows():
+    """A select()ed dataset (bench_data_scaling's scales: some rows of each domain) keeps the whole Arrow table
+    beside a mapping; the examples are the selection's rows, not the table's first ones."""
+    target = tiny_target("llama", 0, vocab=V, layers=3)
+    data, fmt = stored_dataset(target, rows(7), k=4)
+    keep = [1, 4, 6]
+    picked = StoredExamples(data.select(keep), range(3), fmt, features=True)
+    whole = StoredExamples(data, keep, fmt, features=True)
+    for j in range(3):
+        assert picked[j]["response_ids"] == data[keep[j]]["response_ids"]
+        assert all(torch.equal(torch.as_tensor(picked[j][key]), torch.as_tensor(whole[j][key]))
+                   for key in picked[j] if key not in ("prompt_ids", "response_ids"))
