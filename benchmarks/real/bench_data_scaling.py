@@ -1,8 +1,9 @@
 """Data scaling: what more distilled data buys a drafter trained from scratch, for both drafter families.
 
     python benchmarks/real/bench_data_scaling.py RUN [key.path=value ...] [--config configs/real.yaml] [--scales 1,2,4,8]
-        [--families independent,eagle3,eagle3-extra] [--independent-epochs 4] [--eagle-epochs 2] [--specialist-epochs N]
-        [--tokens 64] [--k 4] [--no-append] [--section S --page P --plot NAME.png]
+        [--families independent,eagle3,eagle3-extra,independent-ce,independent-fkl,independent-tvd]
+        [--independent-epochs 4] [--eagle-epochs 2] [--specialist-epochs N] [--tokens 64] [--k 4] [--temperature 0]
+        [--no-append] [--section S --page P --plot NAME.png]
 
 RUN is a run root of --config whose prepare-data, distill-data and teacher-data ran at the largest scale's data,
 e.g. for SmolLM2 at 8x make real's (96 prompts a domain at T = 0, 384 answers):
@@ -35,7 +36,12 @@ recipes do):
   - eagle3-extra: the same EAGLE-3 recipe on the same answers plus the reference answer of each of the scale's
     prompts, text the target did not write, scored by teacher-data (`teacher_data.extra: [reference]`) at prefill
     speed: whether that second source adds acceptance beyond the target's own answers. The same passes, so it
-    trains on more rows and takes longer.
+    trains on more rows and takes longer;
+  - independent-ce, independent-fkl, independent-tvd: the independent drafter's loss measured. The same drafter,
+    random weights (the general phase's own seeded start), rate, batch and passes as `independent`, trained by the
+    stage's finetune phase on teacher-data's stored rows: cross-entropy on the target's greedy tokens, forward
+    KL(p || q) or total variation against the target's stored top-k (renormalised over its k tokens). All three read
+    the same rows through the same code, so only the loss differs; `independent` is the general phase's own CE.
 For a config whose drafters start from a sibling model (train_drafters.init_from, the Qwen pair's
 configs/real-pair.yaml), `--families specialists` measures self-distillation instead:
   - specialists: one drafter a training domain, each the init_from model finetuned by the stage's finetune phase
@@ -47,7 +53,9 @@ pipelines/train_eagle.py train_eagle) into RUN/bench_data_scaling/<answers a dom
 training config>/, so a killed run resumes with the next unfinished drafter, and a changed input trains anew.
 Judged by the acceptance length at K = --k (MAT: tokens per target forward, bonus counted; exact, greedy) of the
 decoder at batch 1 over every test prompt of the training domains, chat-templated as evaluate formats them, in the
-dtype the run's target.dtype picks; 90% intervals bootstrap over prompts. Training times are wall clock on the
+dtype the run's target.dtype picks; 90% intervals bootstrap over prompts. --temperature T > 0 decodes by speculative
+sampling at T instead (the acceptance TVD aims at), each prompt's generator seeded from run.seed and its index, the
+same for every drafter. Training times are wall clock on the
 box as it was. Writes the table as this script's section of benchmarks/real/RESULTS.md (or --section of --page)
 and the curve as --plot beside that page (data_scaling.png).
 """
@@ -87,9 +95,12 @@ from benchmarks.harness.machine import box_load, machine  # noqa: E402
 from benchmarks.harness.publish import add_section_flags, page_of, publish_for  # noqa: E402
 from benchmarks.harness.tables import interval, table  # noqa: E402
 
-GREEDY = SamplingConfig(temperature=0.0)
 FAMILIES = {"independent": "independent", "specialists": "specialists", "eagle3": "EAGLE-3",
-            "eagle3-extra": "EAGLE-3 + references"}  # name -> label
+            "eagle3-extra": "EAGLE-3 + references", "independent-ce": "independent, CE",
+            "independent-fkl": "independent, forward KL", "independent-tvd": "independent, TVD"}  # name -> label
+LOSSES = {"independent-ce": "ce", "independent-fkl": "fkl", "independent-tvd": "tvd"}  # family -> finetune loss
+STORED = {"eagle3", "eagle3-extra", *LOSSES}  # the families that read teacher-data's stored signal
+UNTRAINED = "untrained"  # the loss families' common start: <point>/untrained/base/model
 EXTRA = "extra"  # eagle3-extra's drafter: under <point>/extra-<hash of its reference rows>/
 
 
@@ -140,6 +151,16 @@ def extra_dir(work: Path, ids: list[str]) -> Path:
 def eagle_work(family: str, work: Path, refs: list[str]) -> Path:
     """Where an EAGLE family's drafter of a point trains: eagle3 in the point's dir, eagle3-extra in `extra_dir`."""
     return work if family == "eagle3" else extra_dir(work, refs)
+
+
+def loss_config(cfg: RunConfig, loss: str) -> RunConfig:
+    """A point's config for a loss family: the general phase off (so the base is the untrained drafter, the general
+    phase's own seeded start) and the finetune phase the general phase's recipe with `loss`; one drafter of every
+    domain trained for its passes (same_epochs: no specialist to match)."""
+    tcfg = cfg.train_drafters
+    return dataclasses.replace(cfg, train_drafters=dataclasses.replace(
+        tcfg, general=dataclasses.replace(tcfg.general, enabled=False),
+        finetune=dataclasses.replace(tcfg.general, loss=loss), ofa_compute="same_epochs"))
 
 
 def point_config(cfg: RunConfig, args) -> RunConfig:
@@ -203,6 +224,12 @@ def train_point(cfg: RunConfig, work: Path, rows: list[dict], stored: TeacherDat
                                 [("ofa", domains)], rows, tok.pad_token_id, cfg.run.seed, target_path,
                                 subset(stored, {r["id"] for r in rows} | more), dev_rows)
             done[family] = eagle.get(PREFIX + "ofa", {}).get("seconds")
+    for family in [f for f in LOSSES if f in families]:
+        lcfg = loss_config(cfg, LOSSES[family])
+        base = train_base(SimpleNamespace(cfg=lcfg, work=work / UNTRAINED), tok, rows, {}, str(target_path))
+        finetune(SimpleNamespace(cfg=lcfg, work=work / family), tok, [("ofa", domains)], rows, base, None, timings,
+                 stored=subset(stored, {r["id"] for r in rows}))
+        done[family] = timings.pop("ofa", {}).get("seconds")
     record = work / "training.json"  # the first run's times: a resumed point reports what it cost then
     first = json.loads(record.read_text()) if record.is_file() else {}
     merged = {**first, **{k: first.get(k) if v is None else v for k, v in done.items()}}
@@ -210,11 +237,15 @@ def train_point(cfg: RunConfig, work: Path, rows: list[dict], stored: TeacherDat
     return merged
 
 
-def counts(target, speculator, prompts, tokens: int, eos) -> dict:
-    """{"tokens", "calls"}: generated tokens and target forwards per prompt, greedy, a fresh `speculator(domain)`
+def counts(target, speculator, prompts, args, eos) -> dict:
+    """{"tokens", "calls"}: generated tokens and target forwards per prompt at --temperature (greedy at 0; else
+    sampled, prompt i's generator seeded with run.seed + i for every drafter alike), a fresh `speculator(domain)`
     per prompt (so a specialist drafts its own domain's prompts)."""
+    sampling = SamplingConfig(temperature=args.temperature)
     with torch.inference_mode():
-        made = [generate_speculative(target, speculator(d), ids, tokens, GREEDY, eos).metrics for d, ids in prompts]
+        made = [generate_speculative(target, speculator(d), ids, args.tokens, sampling, eos,
+                                     generator=torch.Generator().manual_seed(args.seed + i)).metrics
+                for i, (d, ids) in enumerate(prompts)]
     return {"tokens": [m.n_generated for m in made], "calls": [m.n_target for m in made]}
 
 
@@ -232,7 +263,7 @@ def only(c: dict, prompts, domain: str) -> dict:
 def drafted(path: Path, target, prompts, args, eos) -> dict:
     """Per-prompt counts of the model drafter at `path` (loaded in the target's dtype, dropped after) at K = --k."""
     drafter = load_causal_lm(path, dtype_of(target), "cpu")
-    return counts(target, lambda d: DrafterSpeculator(drafter, FixedK(args.k)), prompts, args.tokens, eos)
+    return counts(target, lambda d: DrafterSpeculator(drafter, FixedK(args.k)), prompts, args, eos)
 
 
 def judge(family: str, work: Path, target, target_path: Path, prompts, args, eos, refs: list[str]) -> dict:
@@ -240,9 +271,11 @@ def judge(family: str, work: Path, target, target_path: Path, prompts, args, eos
     prompts only, one at a time (each is the size of the init)."""
     if family == "independent":
         return drafted(work / BASE / "model", target, prompts, args, eos)
+    if family in LOSSES:
+        return drafted(work / family / "ofa" / "model", target, prompts, args, eos)
     if family in ("eagle3", "eagle3-extra"):
         eagle = load_eagle(eagle_work(family, work, refs) / (PREFIX + "ofa") / "model", target=target, target_hash=target_dir_hash(target_path))
-        return counts(target, lambda d: EagleSpeculator(eagle, FixedK(args.k)), prompts, args.tokens, eos)
+        return counts(target, lambda d: EagleSpeculator(eagle, FixedK(args.k)), prompts, args, eos)
     out = {"tokens": [0] * len(prompts), "calls": [0] * len(prompts)}
     for domain in sorted({d for d, _ in prompts}):
         mine = [(i, p) for i, p in enumerate(prompts) if p[0] == domain]
@@ -259,7 +292,7 @@ def plot(points: list[dict], families: list[str], title: str, path: Path, init: 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for family, style in zip(families, ("o-", "s-", "^-", "D-")):
+    for family, style in zip(families, ("o-", "s-", "^-", "D-", "v-", "P-", "X-")):
         xs = [p["tokens"] for p in points]
         ms = [mat(p[family]) for p in points]
         ax.errorbar(xs, [m[0] for m in ms], fmt=style, capsize=3, label=FAMILIES[family],
@@ -286,6 +319,7 @@ def run_config(args) -> RunConfig:
 def run_bench(args) -> str:
     run = Path(args.run)
     cfg = run_config(args)
+    args.seed = cfg.run.seed  # the sampled decodes' generators
     unit = args.unit or cfg.demo.train_per_domain
     target_path = run / "target"
     init = init_dir(cfg, run) if "specialists" in args.families else None
@@ -296,7 +330,8 @@ def run_bench(args) -> str:
     temperatures = list(dict.fromkeys(float(t) for t in distill["train"]["temperature"]))
     all_rows = [dict(r) for r in distill["train"]]
     dev_rows = [dict(r) for r in distill["dev"]]
-    stored = load_teacher_data(run / "teacher_data") if {"eagle3", "eagle3-extra"} & set(args.families) else None
+    stored = load_teacher_data(run / "teacher_data") if STORED & set(args.families) else None
+    args.top_k = stored and stored.format.top_k  # as teacher-data stored it, for the section's prose
     pcfg = point_config(cfg, args)
     domains = sorted({r["domain"] for r in all_rows})
     eos = end_of_turn_ids(tok, target)
@@ -337,6 +372,10 @@ def recipe(args, cfg: RunConfig, family: str) -> str:
     if family == "eagle3":
         return (f"EAGLE-3 ({tcfg.eagle.draft_vocab} draft tokens, test length {tcfg.eagle.ttt_steps}) from random "
                 f"weights for {args.eagle_epochs} passes on the stored features")
+    if family in LOSSES:  # the recipe they share is said once, by `recipes`
+        return {"ce": "cross-entropy on the target's greedy tokens (CE)", "fkl": "forward KL against the target's "
+                f"stored top-{args.top_k}", "tvd": f"total variation against its stored top-{args.top_k} (TVD)"
+                }[LOSSES[family]]
     if family == "eagle3-extra":
         return ("EAGLE-3 + references: the same recipe on the same answers plus the reference answer of each of "
                 "the scale's prompts (the references column: text the target did not write, scored by teacher-data)")
@@ -344,6 +383,17 @@ def recipe(args, cfg: RunConfig, family: str) -> str:
     return (f"a specialist a domain from the init_from model (the 0x row), the stage's finetune phase ({tune.loss}, "
             f"lr {tune.lr:g}, batch {tune.train.batch_size}) for {args.specialist_epochs or tune.train.max_epochs} "
             "pass(es) of its domain's rows, judged on its own domain's prompts")
+
+
+def recipes(args, cfg: RunConfig, families: list[str]) -> str:
+    """Every family's recipe for the section's prose, the loss families' shared one said once."""
+    tcfg = cfg.train_drafters
+    losses = [recipe(args, cfg, f) for f in families if f in LOSSES]
+    shared = (f"the independent drafter ({tcfg.model.hidden} wide, {tcfg.model.n_layers} layers) from the general "
+              f"phase's random weights for {args.independent_epochs} passes at its rate and batch on teacher-data's "
+              "stored rows by the finetune phase, with " + ", ".join(losses)) if losses else None
+    told = [recipe(args, cfg, f) for f in families if f not in LOSSES]
+    return "; ".join(told + [shared] if shared else told)
 
 
 def render(args, cfg: RunConfig, target, points: list[dict], unit: int, prompts, untouched: dict | None) -> str:
@@ -369,11 +419,14 @@ def render(args, cfg: RunConfig, target, points: list[dict], unit: int, prompts,
         f"## Acceptance length against distilled data ({datetime.date.today()}, {machine('cpu', dtype)}; "
         f"{box_load()})", "",
         f"`python benchmarks/real/bench_data_scaling.py {shlex.join('RUN' if a == args.run else a for a in args.argv)}`, RUN: {args.config}'s "
-        f"prepare-data, distill-data" + (" and teacher-data" if {"eagle3", "eagle3-extra"} & set(families) else "")
+        f"prepare-data, distill-data" + (" and teacher-data" if STORED & set(families) else "")
         + f" with {args.data}" + (" teacher_data.extra=[reference]" if refs else ""), "",
-        f"Target {name}; {cfg.demo.world} world; at each scale " + "; ".join(recipe(args, cfg, f) for f in families)
+        f"Target {name}; {cfg.demo.world} world; at each scale " + recipes(args, cfg, families)
         + f". 1x = {unit} answers a domain" + (" (the config's)" if unit == cfg.demo.train_per_domain else "")
-        + f". MAT at K = {args.k} (tokens per target forward), greedy, batch 1, {len(prompts)} test prompts x "
+        + f". MAT at K = {args.k} (tokens per target forward), "
+        + ("greedy" if args.temperature == 0 else f"sampled at T = {args.temperature:g} (prompt i's generator seeded "
+           f"{args.seed} + i, the same for every drafter)")
+        + f", batch 1, {len(prompts)} test prompts x "
         f"{args.tokens} new tokens, pooled, 90% interval over prompts; training seconds: the fits' wall clock.", "",
         *table(header, rows, "lrrl" + "r" * refs + "rr" * len(families))]
     if untouched:  # in domain, each specialist against the init on the same prompts, paired
@@ -420,6 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="answers a domain at 1x (default: the config's demo.train_per_domain)")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per test prompt")
     parser.add_argument("--k", type=int, default=4, help="draft length")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy decodes; T > 0: speculative sampling at T, seeded per prompt")
     parser.add_argument("--max-prompt-tokens", type=int, default=448, help="test prompts truncated from the left")
     parser.add_argument("--plot", default="data_scaling.png",
                         help="the curve's file name, beside the page; '' for none (a page's folder holds at most ten files)")

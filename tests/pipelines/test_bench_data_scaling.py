@@ -1,4 +1,4 @@
-"""benchmarks/training/bench_data_scaling.py's choice of rows per scale, on hand-made rows (no model)."""
+"""benchmarks/real/bench_data_scaling.py: the rows of each scale (hand-made rows), and its families trained and judged on a tiny GGUF pair."""
 import datasets
 import pytest
 
@@ -150,3 +150,63 @@ def test_specialists_need_a_config_that_names_their_init(bench, tmp_path):
 
     with pytest.raises(SystemExit, match="init_from"):
         bench.init_dir(RunConfig(), tmp_path)
+
+
+# --------------------------------------------------------------------------- the independent drafter's loss
+
+
+def test_the_loss_families_train_from_one_start_on_the_stored_rows_and_only_the_loss_differs(bench, pair, distilled,  # noqa: F811
+                                                                                             tmp_path, capsys):
+    """--families independent-ce,independent-fkl,independent-tvd: the general phase's drafter, start and recipe,
+    trained by the finetune phase on teacher-data's rows with each loss; a rerun trains nothing again; and a
+    sampled judge (--temperature 1) gives the same counts twice (its generators are seeded)."""
+    import json
+    import shutil
+
+    import torch
+    import yaml
+    from safetensors.torch import load_file
+
+    from specdraft.pipelines.config import to_dict
+    from specdraft.pipelines.stage import run_stage
+    from tests.pipelines.test_gguf_source import OFF, pair_config
+
+    root = tmp_path / "run"
+    shutil.copytree(distilled, root)
+    phase = {"lr": 1e-2, "max_length": 128, "train": {"max_epochs": 1, "batch_size": 4, **OFF}}
+    cfg = pair_config(root, pair, train_drafters={"general": phase, "finetune": {**phase, "loss": "fkl"}})
+    run_stage(cfg, "teacher-data")  # fkl in the finetune phase: the stage stores the target's top-k
+    config = tmp_path / "losses.yaml"
+    config.write_text(yaml.safe_dump(to_dict(cfg)))
+    families = ["independent-ce", "independent-fkl", "independent-tvd"]
+    argv = [str(root), "--config", str(config), "--scales", "1", "--unit", "2", "--families", ",".join(families),
+            "--independent-epochs", "2", "--tokens", "6"]
+    page = tmp_path / "RESULTS.md"
+    assert bench.main([*argv, "--page", str(page), "--section", "bench_data_scaling.py (losses)", "--plot", ""]) == 0
+    text = page.read_text()
+    assert all(f"| independent, {name} MAT |" in text for name in ("CE", "forward KL", "TVD")), text
+    assert "top-" in text and "greedy" in text
+    (work,) = (root / "bench_data_scaling").glob("2-a-domain-*")
+    assert sorted(p.name for p in work.iterdir() if p.is_dir()) == sorted([*families, "untrained"])
+    info = {f: json.loads((work / f / "ofa" / "model" / "drafter.json").read_text()) for f in families}
+    assert [info[f]["loss"] for f in families] == ["ce", "fkl", "tvd"]
+    assert {info[f]["finetune"]["steps"] for f in families} == {2}  # 4 rows, batch 4, 2 passes: the same steps
+    weights = {f: load_file(work / f / "ofa" / "model" / "model.safetensors") for f in families}
+    start = load_file(work / "untrained" / "base" / "model" / "model.safetensors")
+    key = next(k for k in start if "layers.0.mlp" in k)
+    assert all(not torch.equal(weights[f][key], start[key]) for f in families)  # each trained from it ...
+    assert not torch.equal(weights["independent-ce"][key], weights["independent-fkl"][key])  # ... to its own loss
+    assert not torch.equal(weights["independent-fkl"][key], weights["independent-tvd"][key])
+    seconds = json.loads((work / "training.json").read_text())
+    assert all(seconds[f] is not None for f in families)
+    stamp = (work / "independent-tvd" / "ofa" / "model" / "model.safetensors").stat().st_mtime_ns
+    capsys.readouterr()
+    sampled = []
+    for _ in range(2):
+        bench.main([*argv, "--temperature", "1", "--no-append"])
+        out = capsys.readouterr().out
+        assert "sampled at T = 1" in out
+        sampled.append([line for line in out.splitlines() if line.startswith("| 1x")])
+    assert sampled[0] == sampled[1] and sampled[0]
+    assert (work / "independent-tvd" / "ofa" / "model" / "model.safetensors").stat().st_mtime_ns == stamp
+    assert json.loads((work / "training.json").read_text()) == seconds
