@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from specdraft.core.errors import InputError
+from specdraft.decoding.bundle.loading import dtype_of
 from specdraft.decoding.timing import bootstrap_rate_ratio, bootstrap_ratio
 
 
@@ -82,7 +83,7 @@ def decode_counts(target, drafter, prompts, ks: list[int], tokens: int, eos, ref
         if reference is not None:
             rows["equal"] = [a == b for a, b in zip(rows["outputs"], reference)]
         out[k] = rows
-    if reference is not None and next(target.parameters()).dtype != torch.float32:
+    if reference is not None and dtype_of(target) != "float32":
         judge_divergences(target, prompts, out, reference)
     return out
 

@@ -50,6 +50,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: benchmarks.harness
 
 from specdraft.core.errors import InputError  # noqa: E402
+from specdraft.decoding.bundle.loading import dtype_of  # noqa: E402
 from benchmarks.engines.acceptance import (decode_counts, greedy_reference, ids_digest, judge_divergences,  # noqa: E402
                                            run_key, test_prompts)
 from benchmarks.engines.speculators_data import (child_extract, extract, hs_cache, our_batches,  # noqa: E402
@@ -229,7 +230,7 @@ def evaluate(args, run: Path, trained: dict, meta: dict, prompts) -> tuple[dict,
     t0 = time.perf_counter()
     reference = greedy_reference(target, prompts, args.tokens, eos)
     facts = {"prompts": len(prompts), "domains": sorted({d for d, _ in prompts}), "ar_seconds": round(time.perf_counter() - t0, 1),
-             "dtype": str(next(target.parameters()).dtype).removeprefix("torch.")}
+             "dtype": dtype_of(target)}
     results = {}
     for seed, info in trained.items():
         ours = load_eagle(info["specdraft"]["model"], target=target, target_hash=target_dir_hash(bundle.target_path))
@@ -333,7 +334,7 @@ def judge_saved(args, run: Path, facts: dict, results: dict) -> bool:
         return False
     bundle, tok, prompts = test_set(run, args.prompts_per_domain)
     target = bundle.load_target(device="cpu")
-    facts["dtype"] = str(next(target.parameters()).dtype).removeprefix("torch.")
+    facts["dtype"] = dtype_of(target)
     if facts["dtype"] == "float32":
         return True
     torch.set_num_threads(max(os.cpu_count() or 1, 1))

@@ -215,20 +215,22 @@ def train_point(cfg: RunConfig, work: Path, rows: list[dict], stored: TeacherDat
         finetune(ctx, tok, [(d, [d]) for d in domains], rows, init, target if tune.loss != "ce" else None, timings)
         trained = [timings[d]["seconds"] for d in domains if d in timings]
         done["specialists"] = round(sum(trained), 1) if len(trained) == len(domains) else None
+    ids = {r["id"] for r in rows}
+    answers = subset(stored, ids) if STORED & set(families) else None  # the scale's stored rows, cut once
     for family in ("eagle3", "eagle3-extra"):
         if family in families:
             # the answers pick the draft vocabulary, as in the stage; eagle3-extra trains on their prompts'
             # references too
-            more = set(refs) if family == "eagle3-extra" else set()
+            rows_of = answers if family == "eagle3" else subset(stored, ids | set(refs))
             eagle = train_eagle(SimpleNamespace(cfg=cfg, work=eagle_work(family, work, refs)), target,
-                                [("ofa", domains)], rows, tok.pad_token_id, cfg.run.seed, target_path,
-                                subset(stored, {r["id"] for r in rows} | more), dev_rows)
+                                [("ofa", domains)], rows, tok.pad_token_id, cfg.run.seed, target_path, rows_of,
+                                dev_rows)
             done[family] = eagle.get(PREFIX + "ofa", {}).get("seconds")
     for family in [f for f in LOSSES if f in families]:
         lcfg = loss_config(cfg, LOSSES[family])
         base = train_base(SimpleNamespace(cfg=lcfg, work=work / UNTRAINED), tok, rows, {}, str(target_path))
         finetune(SimpleNamespace(cfg=lcfg, work=work / family), tok, [("ofa", domains)], rows, base, None, timings,
-                 stored=subset(stored, {r["id"] for r in rows}))
+                 stored=answers)
         done[family] = timings.pop("ofa", {}).get("seconds")
     record = work / "training.json"  # the first run's times: a resumed point reports what it cost then
     first = json.loads(record.read_text()) if record.is_file() else {}
