@@ -43,12 +43,17 @@ class TeacherData:
         return any(s != "distilled" for s in self.splits["train"]["source"])
 
 
-def load_teacher_data(path: str | Path) -> TeacherData:
-    """teacher_data/: info.json (the format, the chunks of each split in order) and data/<split>/<chunk>/."""
+def load_teacher_data(path: str | Path, distill_data: str | None = None,
+                      stale_fix: str = "rerun stage teacher-data (specdraft run does it in order)") -> TeacherData:
+    """teacher_data/: info.json (the format, the chunks of each split in order) and data/<split>/<chunk>/. With
+    `distill_data` (a distill-data output's content hash) it must have been scored from that output, else one line
+    ending in `stale_fix`: its rows pair with those answers by id."""
     fix = "rerun stage 'teacher-data' with --force"
     info = _checked(Path(path) / TEACHER_INFO, "teacher data info", fix,
                     {"format": lambda v: isinstance(v, dict), "distill_data": _text,
                      "chunks": lambda v: isinstance(v, dict) and all(_names(c) for c in v.values())})
+    if distill_data is not None and info["distill_data"] != distill_data:
+        raise InputError(f"'{path}' was scored from another distill-data output than this run's; {stale_fix}")
     try:
         fmt = SignalFormat.from_json(info["format"])
     except TypeError:

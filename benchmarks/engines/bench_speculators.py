@@ -134,10 +134,7 @@ def stored_signal(run: Path, cfg):
         return None
     if not (run / "teacher_data" / "manifest.json").is_file():
         raise InputError(f"{run}/teacher_data is missing and the config's EAGLE drafters read it; run `make real` first")
-    stored = load_teacher_data(run / "teacher_data")
-    if stored.distill_data != read_manifest(run / "distill_data").content_hash:
-        raise InputError(f"{run}/teacher_data was scored from another distill-data output; rerun `make real`")
-    return stored
+    return load_teacher_data(run / "teacher_data", read_manifest(run / "distill_data").content_hash, "rerun `make real`")
 
 
 def stored_cost(run: Path, cfg) -> dict | None:
